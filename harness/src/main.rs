@@ -1,0 +1,5 @@
+//! The `lockstep` binary: a thin shell over [`lockstep::cli`].
+
+fn main() -> std::process::ExitCode {
+    lockstep::cli::main()
+}
