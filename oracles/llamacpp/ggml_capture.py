@@ -1,0 +1,519 @@
+"""Run llama.cpp (through llama-cpp-python's low-level ctypes API) and capture every named stage of
+its compute graph through the ggml scheduler's eval callback -- the mechanism of llama.cpp's
+``examples/eval-callback`` -- without patching llama.cpp and without any C/C++ of our own.
+
+How the capture works (see ``ggml_backend_sched_compute_splits`` in the vendored
+``ggml/src/ggml-backend.cpp``): with ``llama_context_params.cb_eval`` set, the scheduler asks the
+callback about every graph node in order (``ask=True``). For a node we want it returns true; the
+scheduler then computes the graph up to and including that node and calls back with ``ask=False``,
+at which point the node's data is final and in host memory (CPU backend), and we copy it out. Nodes
+we do not want are computed together in one ``ggml_graph_view``, exactly as without a callback, so
+the CPU backend's RMS_NORM+MUL fusion still happens (we never ask for the ``norm-N`` node in the
+middle of it). Whether capturing changes anything is measured, not assumed: ``Oracle.run`` is
+repeated without the callback and the logits compared (``capture_changes_logits`` in the manifest).
+
+Several nodes share a name: ``Qcur-N`` is the Q projection (MUL_MAT), its RESHAPE to
+[head_dim, n_head, T] (a view of the same data) and the RoPE'd tensor (ROPE). A stage is therefore
+identified by (name, op), where op is ``ggml_op_desc`` of the node (the GLU/unary sub-op for
+GGML_OP_GLU / GGML_OP_UNARY, e.g. ``SWIGLU``; otherwise ``ggml_op_name``, e.g. ``MUL_MAT``), both
+read from the vendored libggml-base itself rather than from hard-coded enum values.
+
+Array layout: numpy's shape of a ggml tensor is its ``ne`` reversed, so a 2-D node with
+ne = [D, T] is [T, D] and the 3-D Q/K tensors with ne = [head_dim, n_head, T] are [T, n_head,
+head_dim], flattened head-major to [T, n_head * head_dim]. Strides (``nb``) are honoured, so
+non-contiguous views would be read correctly; F32 and F16 nodes are accepted, anything else is an
+error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+import llama_cpp as L
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+# vendor/llama.cpp of llama-cpp-python v0.3.36 (the sdist ships the submodule's gitdir; its HEAD and
+# the superproject's gitlink agree; CHANGELOG: "update llama.cpp to ggml-org/llama.cpp@0c1e57098").
+LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+
+GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
+# sizeof(struct ggml_object) in the vendored ggml.c: size_t offs, size_t size, ptr next, enum type,
+# char padding[4]; ggml_tensor_overhead() == GGML_OBJECT_SIZE + sizeof(struct ggml_tensor).
+GGML_OBJECT_SIZE = 32
+
+
+class GgmlTensor(ctypes.Structure):
+    """``struct ggml_tensor`` of the vendored ``ggml/include/ggml.h`` (GGML_MAX_DIMS 4, GGML_MAX_SRC 10,
+    GGML_MAX_OP_PARAMS 64, GGML_MAX_NAME 64). The layout is checked against the library at run time
+    (``ggml_tensor_overhead``, ``ggml_get_name``, ``ggml_nbytes``)."""
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("buffer", ctypes.c_void_p),
+        ("ne", ctypes.c_int64 * 4),
+        ("nb", ctypes.c_size_t * 4),
+        ("op", ctypes.c_int),
+        ("op_params", ctypes.c_int32 * 16),
+        ("flags", ctypes.c_int32),
+        ("src", ctypes.c_void_p * 10),
+        ("view_src", ctypes.c_void_p),
+        ("view_offs", ctypes.c_size_t),
+        ("data", ctypes.c_void_p),
+        ("name", ctypes.c_char * 64),
+        ("extra", ctypes.c_void_p),
+        ("padding", ctypes.c_char * 8),
+    ]
+
+
+class _Ggml:
+    """The few libggml-base functions the capture needs, with their C signatures."""
+
+    def __init__(self) -> None:
+        libdir = os.path.join(os.path.dirname(L.__file__), "lib")
+        lib = ctypes.CDLL(os.path.join(libdir, "libggml-base.so"))
+        sigs = {
+            "ggml_commit": ([], ctypes.c_char_p),
+            "ggml_version": ([], ctypes.c_char_p),
+            "ggml_tensor_overhead": ([], ctypes.c_size_t),
+            "ggml_op_desc": ([ctypes.c_void_p], ctypes.c_char_p),
+            "ggml_nbytes": ([ctypes.c_void_p], ctypes.c_size_t),
+            "ggml_get_name": ([ctypes.c_void_p], ctypes.c_void_p),
+            "ggml_type_name": ([ctypes.c_int], ctypes.c_char_p),
+            "ggml_backend_buffer_is_host": ([ctypes.c_void_p], ctypes.c_bool),
+        }
+        for name, (args, res) in sigs.items():
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = res
+        self.lib = lib
+
+    def commit(self) -> str:
+        return self.lib.ggml_commit().decode()
+
+    def version(self) -> str:
+        return self.lib.ggml_version().decode()
+
+
+GGML = _Ggml()
+
+
+def build_problems() -> list[str]:
+    """Mismatches between the loaded llama.cpp build and the pinned one (empty when it matches)."""
+    problems = []
+    if L.__version__ != LLAMA_CPP_PYTHON_VERSION:
+        problems.append(f"llama_cpp: version {L.__version__}, want {LLAMA_CPP_PYTHON_VERSION}")
+    commit = GGML.commit()
+    if not commit.startswith(LLAMA_CPP_COMMIT[:7]):
+        problems.append(f"llama.cpp: ggml_commit() is {commit!r}, want {LLAMA_CPP_COMMIT[:7]}...")
+    overhead = GGML.lib.ggml_tensor_overhead()
+    if overhead != ctypes.sizeof(GgmlTensor) + GGML_OBJECT_SIZE:
+        problems.append(
+            f"ggml: ggml_tensor_overhead() = {overhead}, but sizeof(GgmlTensor) + GGML_OBJECT_SIZE = "
+            f"{ctypes.sizeof(GgmlTensor) + GGML_OBJECT_SIZE}: the struct layout changed"
+        )
+    return problems
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of the stage map: the node ``oracle_name`` (with ``{N}`` for the layer) computed by
+    ``op`` is the canonical stage ``canonical``; ``layout`` says where ggml keeps the token axis
+    (``"2d"``: ne = [width, T]; ``"3d"``: ne = [head_dim, n_head, T])."""
+
+    oracle_name: str
+    op: str
+    canonical: str
+    layout: str
+
+    @property
+    def per_layer(self) -> bool:
+        return "{N}" in self.canonical
+
+
+# The llama graph of the vendored src/models/llama.cpp + src/llama-graph.cpp, in forward order.
+# Notes (from that source and the node inventory printed by `make_goldens.py --list-nodes`):
+# - the token embedding is the GET_ROWS node "embd" (llama-graph.cpp build_inp_embd); "inp_embd" is
+#   the name of the input leaf of the *vector* embedding path, which a token batch never computes;
+# - "attn_out-N" is the output projection (wo) result, named in models/llama.cpp after build_attn;
+# - the gated activation is "ffn_swiglu-N" (GGML_OP_GLU / SWIGLU, ggml_swiglu_split(gate, up));
+# - there is no separate "ffn_down-N" node (only named when the down projection has a bias): the
+#   down projection itself is "ffn_out-N" (MUL_MAT), before the residual add "l_out-N";
+# - in the last layer, two unnamed GET_ROWS nodes pick the output rows (all rows here, since logits
+#   are requested at every position) between "attn_out-29" and "ffn_inp-29".
+LLAMA_STAGES: tuple[Stage, ...] = (
+    Stage("embd", "GET_ROWS", "embed", "2d"),
+    Stage("attn_norm-{N}", "MUL", "blk.{N}.attn_norm", "2d"),
+    Stage("Qcur-{N}", "MUL_MAT", "blk.{N}.q", "2d"),
+    Stage("Kcur-{N}", "MUL_MAT", "blk.{N}.k", "2d"),
+    Stage("Vcur-{N}", "MUL_MAT", "blk.{N}.v", "2d"),
+    Stage("Qcur-{N}", "ROPE", "blk.{N}.q_rope", "3d"),
+    Stage("Kcur-{N}", "ROPE", "blk.{N}.k_rope", "3d"),
+    Stage("kqv_out-{N}", "CONT", "blk.{N}.attn_out", "2d"),
+    Stage("attn_out-{N}", "MUL_MAT", "blk.{N}.attn_proj", "2d"),
+    Stage("ffn_inp-{N}", "ADD", "blk.{N}.ffn_inp", "2d"),
+    Stage("ffn_norm-{N}", "MUL", "blk.{N}.ffn_norm", "2d"),
+    Stage("ffn_gate-{N}", "MUL_MAT", "blk.{N}.ffn_gate", "2d"),
+    Stage("ffn_up-{N}", "MUL_MAT", "blk.{N}.ffn_up", "2d"),
+    Stage("ffn_swiglu-{N}", "SWIGLU", "blk.{N}.ffn_act", "2d"),
+    Stage("ffn_out-{N}", "MUL_MAT", "blk.{N}.ffn_out", "2d"),
+    Stage("l_out-{N}", "ADD", "blk.{N}.out", "2d"),
+    Stage("result_norm", "MUL", "output_norm", "2d"),
+    Stage("result_output", "MUL_MAT", "logits", "2d"),
+)
+# Canonical stages the llama.cpp llama graph does not expose as a node of their own.
+LLAMA_NOT_EXPOSED: tuple[str, ...] = ()
+
+
+def canonical_ids(stages: Sequence[Stage], n_layer: int) -> list[str]:
+    """Every canonical id of ``stages`` for a model with ``n_layer`` layers, in forward order
+    (per-layer stages layer by layer)."""
+    out: list[str] = []
+    pre = [s for s in stages if not s.per_layer and s.canonical in ("embed",)]
+    post = [s for s in stages if not s.per_layer and s.canonical not in ("embed",)]
+    out += [s.canonical for s in pre]
+    for n in range(n_layer):
+        out += [s.canonical.replace("{N}", str(n)) for s in stages if s.per_layer]
+    out += [s.canonical for s in post]
+    return out
+
+
+def tensor_rows(t: GgmlTensor, addr: int, n_tokens: int, layout: str) -> np.ndarray:
+    """Copy a computed node out of host memory as float32 ``[n_tokens, width]``."""
+    dtypes = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16}
+    if t.type not in dtypes:
+        raise ValueError(f"{t.name.decode()}: type {GGML.lib.ggml_type_name(t.type).decode()} is neither F32 nor F16")
+    if not t.buffer or not GGML.lib.ggml_backend_buffer_is_host(t.buffer):
+        raise ValueError(f"{t.name.decode()}: data is not in host memory")
+    ne = [int(x) for x in t.ne]
+    nb = [int(x) for x in t.nb]
+    if layout == "2d":
+        ok = ne[1] == n_tokens and ne[2] == 1 and ne[3] == 1
+    elif layout == "3d":
+        ok = ne[2] == n_tokens and ne[3] == 1
+    else:
+        raise ValueError(f"unknown layout {layout!r}")
+    if not ok:
+        raise ValueError(f"{t.name.decode()}: ne = {ne} does not fit layout {layout} with {n_tokens} tokens")
+    dtype = np.dtype(dtypes[t.type])
+    if nb[0] != dtype.itemsize:
+        raise ValueError(f"{t.name.decode()}: nb[0] = {nb[0]} for a {dtype} tensor")
+    nbytes = int(GGML.lib.ggml_nbytes(addr))
+    extent = dtype.itemsize + sum((n - 1) * s for n, s in zip(ne, nb))
+    if extent != nbytes:
+        raise ValueError(f"{t.name.decode()}: ggml_nbytes = {nbytes} but ne/nb span {extent} bytes")
+    buf = (ctypes.c_char * nbytes).from_address(t.data)
+    view = np.ndarray(shape=tuple(reversed(ne)), dtype=dtype, buffer=buf, strides=tuple(reversed(nb)))
+    # an explicit copy: the node's memory belongs to the compute buffer, reused by later nodes
+    return np.array(view, dtype=np.float32, order="C", copy=True).reshape(n_tokens, -1)
+
+
+class Capture:
+    """The eval callback: copies the wanted (name, op) nodes of each graph evaluation.
+
+    ``wanted`` maps a node name to {op: canonical id}. ``begin(n_tokens)`` must be called before
+    every ``llama_decode``; ``finish()`` afterwards returns {canonical id: [n_tokens, width]} and
+    raises if a wanted node was missing, seen twice, or could not be read."""
+
+    def __init__(self, wanted: dict[str, dict[str, tuple[str, str]]], inventory: bool = False) -> None:
+        self.wanted = wanted
+        self.inventory: Optional[list[tuple[str, str, str, tuple[int, ...]]]] = [] if inventory else None
+        self.n_tokens = 0
+        self.got: dict[str, np.ndarray] = {}
+        self.errors: list[str] = []
+        self._layout_checked = False
+        self.cfunc = L.ggml_backend_sched_eval_callback(self._callback)
+
+    def begin(self, n_tokens: int) -> None:
+        self.n_tokens = n_tokens
+        self.got = {}
+        self.errors = []
+
+    def finish(self) -> dict[str, np.ndarray]:
+        missing = [c for ops in self.wanted.values() for (c, _) in ops.values() if c not in self.got]
+        if missing:
+            self.errors.append(f"{len(missing)} wanted nodes never evaluated, e.g. {missing[:5]}")
+        if self.errors:
+            raise RuntimeError("capture failed: " + "; ".join(self.errors[:10]))
+        return self.got
+
+    def _match(self, addr: int, t: GgmlTensor) -> Optional[tuple[str, str]]:
+        ops = self.wanted.get(t.name.decode(errors="replace"))
+        if not ops:
+            return None
+        return ops.get(GGML.lib.ggml_op_desc(addr).decode())
+
+    def _callback(self, addr: int, ask: bool, _user_data) -> bool:
+        try:
+            t = GgmlTensor.from_address(addr)
+            if not self._layout_checked:
+                name_addr = GGML.lib.ggml_get_name(addr)
+                if name_addr != addr + GgmlTensor.name.offset:
+                    raise RuntimeError("ggml_get_name disagrees with the GgmlTensor layout")
+                self._layout_checked = True
+            if ask:
+                if self.inventory is not None:
+                    self.inventory.append(
+                        (t.name.decode(errors="replace"), GGML.lib.ggml_op_desc(addr).decode(),
+                         GGML.lib.ggml_type_name(t.type).decode(), tuple(int(x) for x in t.ne))
+                    )
+                return self._match(addr, t) is not None
+            hit = self._match(addr, t)
+            if hit is None:
+                return True
+            canonical, layout = hit
+            if canonical in self.got:
+                self.errors.append(f"{canonical}: node {t.name.decode()} evaluated twice")
+                return True
+            self.got[canonical] = tensor_rows(t, addr, self.n_tokens, layout)
+        except BaseException as e:  # never let an exception cross the C boundary
+            self.errors.append(f"{type(e).__name__}: {e}")
+        return True
+
+
+def wanted_nodes(stages: Sequence[Stage], n_layer: int) -> dict[str, dict[str, tuple[str, str]]]:
+    """Expand the stage map into {node name: {op: (canonical id, layout)}} for every layer."""
+    wanted: dict[str, dict[str, tuple[str, str]]] = {}
+    for s in stages:
+        layers = range(n_layer) if s.per_layer else [None]
+        for n in layers:
+            name = s.oracle_name if n is None else s.oracle_name.replace("{N}", str(n))
+            canon = s.canonical if n is None else s.canonical.replace("{N}", str(n))
+            wanted.setdefault(name, {})[s.op] = (canon, s.layout)
+    return wanted
+
+
+KV_TYPES = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16}
+
+
+@dataclass
+class Settings:
+    """llama.cpp context settings; all recorded in the manifest."""
+
+    n_threads: int = 2
+    n_ctx: int = 512
+    n_batch: int = 512
+    n_ubatch: int = 512
+    flash_attn: str = "disabled"  # llama_context_params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED
+
+    def as_dict(self, kv: str) -> dict:
+        return {
+            "n_threads": self.n_threads,
+            "n_threads_batch": self.n_threads,
+            "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch,
+            "n_ubatch": self.n_ubatch,
+            "n_seq_max": 1,
+            "flash_attn": self.flash_attn,
+            "flash_attn_type": "LLAMA_FLASH_ATTN_TYPE_DISABLED",
+            "type_k": kv,
+            "type_v": kv,
+            "n_gpu_layers": 0,
+            "use_mmap": True,
+            "seed": None,
+            "sampling": "greedy: numpy argmax of the f32 logits (ties -> lowest token id); no llama.cpp sampler",
+            "logits_requested": "every prompt position (batch.logits[i] = 1 for all i)",
+        }
+
+
+@dataclass
+class RunResult:
+    """What one prefill + decode run produced (all float32)."""
+
+    tokens: np.ndarray  # int32 [T]
+    logits: np.ndarray  # [T, V] from llama_get_logits_ith
+    stages: dict[str, np.ndarray] = field(default_factory=dict)  # canonical -> [T, D]
+    decode_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [N]
+    decode_logits: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))  # [N, V]
+    decode_stages: dict[str, np.ndarray] = field(default_factory=dict)  # canonical -> [N, D]
+    inventory: list = field(default_factory=list)
+
+
+_LOG_KEEP = {3, 4}  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
+
+
+class Oracle:
+    """A loaded model plus the means to run it with or without capture."""
+
+    def __init__(self, model_path: str, settings: Settings, quiet: bool = True) -> None:
+        self.settings = settings
+        if quiet:
+            self._last_level = 0
+
+            def _log(level, text, _ud):
+                if level == 5:  # GGML_LOG_LEVEL_CONT continues the previous message
+                    level = self._last_level
+                self._last_level = level
+                if level in _LOG_KEEP and text:
+                    os.write(2, text)
+
+            self._log_cb = L.llama_log_callback(_log)
+            L.llama_log_set(self._log_cb, None)
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        mp.use_mmap = True
+        self.model = L.llama_model_load_from_file(model_path.encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {model_path}")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_layer = L.llama_model_n_layer(self.model)
+        self.n_embd = L.llama_model_n_embd(self.model)
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        self.bos = int(L.llama_vocab_bos(self.vocab))
+        self.eos = int(L.llama_vocab_eos(self.vocab))
+
+    def close(self) -> None:
+        if self.model:
+            L.llama_model_free(self.model)
+            self.model = None
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        raw = text.encode("utf-8")
+        cap = len(raw) + 16
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise RuntimeError(f"llama_tokenize needs {-n} tokens, more than {cap}")
+        return [int(x) for x in buf[:n]]
+
+    def piece(self, token: int, special: bool = True) -> bytes:
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            raise RuntimeError(f"token {token}: piece longer than 256 bytes")
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def chat_template(self) -> Optional[str]:
+        tmpl = L.llama_model_chat_template(self.model, None)
+        return tmpl.decode() if tmpl else None
+
+    def run(
+        self,
+        tokens: Sequence[int],
+        kv: str,
+        decode: Union[int, Sequence[int]],
+        capture: bool,
+        inventory: bool = False,
+        stages: Sequence[Stage] = LLAMA_STAGES,
+    ) -> RunResult:
+        """Prefill ``tokens`` in one batch (logits at every position), then decode one token per
+        ``llama_decode`` call: ``decode`` is either a step count (greedy: each fed token is the
+        argmax of the previous logits) or the exact tokens to feed (teacher forcing)."""
+        s = self.settings
+        if len(tokens) > s.n_batch or len(tokens) > s.n_ubatch:
+            raise ValueError(f"prompt of {len(tokens)} tokens does not fit one batch of {s.n_ubatch}")
+        n_steps = decode if isinstance(decode, int) else len(decode)
+        if len(tokens) + n_steps > s.n_ctx:
+            raise ValueError(f"{len(tokens)} + {n_steps} tokens exceed n_ctx = {s.n_ctx}")
+        cap = Capture(wanted_nodes(stages, self.n_layer), inventory=inventory) if capture else None
+
+        cp = L.llama_context_default_params()
+        cp.n_ctx = s.n_ctx
+        cp.n_batch = s.n_batch
+        cp.n_ubatch = s.n_ubatch
+        cp.n_seq_max = 1
+        cp.n_threads = s.n_threads
+        cp.n_threads_batch = s.n_threads
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.type_k = KV_TYPES[kv]
+        cp.type_v = KV_TYPES[kv]
+        cp.embeddings = False
+        cp.no_perf = True
+        if cap is not None:
+            cp.cb_eval = cap.cfunc
+            cp.cb_eval_user_data = None
+        ctx = L.llama_init_from_model(self.model, cp)
+        if not ctx:
+            raise RuntimeError("llama_init_from_model failed")
+        batch = L.llama_batch_init(s.n_batch, 0, 1)
+        try:
+            if L.llama_n_threads(ctx) != s.n_threads or L.llama_n_threads_batch(ctx) != s.n_threads:
+                raise RuntimeError("llama.cpp did not take the thread count")
+
+            def step(toks: Sequence[int], pos0: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                for i, t in enumerate(toks):
+                    batch.token[i] = t
+                    batch.pos[i] = pos0 + i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = 0
+                    batch.logits[i] = 1
+                batch.n_tokens = len(toks)
+                if cap is not None:
+                    cap.begin(len(toks))
+                rc = L.llama_decode(ctx, batch)
+                if rc != 0:
+                    raise RuntimeError(f"llama_decode returned {rc}")
+                got = cap.finish() if cap is not None else {}
+                rows = np.empty((len(toks), self.n_vocab), np.float32)
+                for i in range(len(toks)):
+                    ptr = L.llama_get_logits_ith(ctx, i)
+                    rows[i] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+                return rows, got
+
+            logits, got = step(tokens, 0)
+            res = RunResult(tokens=np.asarray(tokens, np.int32), logits=logits, stages=got)
+            if cap is not None and cap.inventory is not None:
+                res.inventory = list(cap.inventory)
+                cap.inventory = None
+            fed: list[int] = []
+            rows: list[np.ndarray] = []
+            per_step: list[dict[str, np.ndarray]] = []
+            last = logits[-1]
+            for i in range(n_steps):
+                tok = int(np.argmax(last)) if isinstance(decode, int) else int(decode[i])
+                row, got = step([tok], len(tokens) + i)
+                fed.append(tok)
+                rows.append(row[0])
+                per_step.append(got)
+                last = row[0]
+            res.decode_tokens = np.asarray(fed, np.int32)
+            res.decode_logits = np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
+            if per_step and per_step[0]:
+                res.decode_stages = {k: np.concatenate([g[k] for g in per_step]) for k in per_step[0]}
+            return res
+        finally:
+            L.llama_batch_free(batch)
+            L.llama_free(ctx)
+
+
+def summarize_inventory(inventory: list, n_layer: int) -> list[dict]:
+    """Collapse the per-node inventory of one graph into unique (name pattern, op, type) rows in
+    graph order, with layer numbers replaced by {N} and the ne of the first occurrence."""
+    import re
+
+    seen: dict[tuple[str, str, str], dict] = {}
+    for name, op, typ, ne in inventory:
+        pat = re.sub(r"(?<=-)\d+(?= |$)", "{N}", name)
+        pat = re.sub(r"(?<=_l)\d+(?= |$)", "{N}", pat)
+        pat = re.sub(r"^node_\d+$", "node_<id>", pat)
+        key = (pat, op, typ)
+        if key not in seen:
+            seen[key] = {"name": pat, "op": op, "type": typ, "ne": list(ne), "count": 0}
+        seen[key]["count"] += 1
+    return list(seen.values())
+
+
+__all__ = [
+    "LLAMA_CPP_COMMIT",
+    "LLAMA_CPP_PYTHON_VERSION",
+    "LLAMA_STAGES",
+    "LLAMA_NOT_EXPOSED",
+    "Stage",
+    "Settings",
+    "Oracle",
+    "RunResult",
+    "build_problems",
+    "canonical_ids",
+    "summarize_inventory",
+    "GGML",
+]
