@@ -1,1 +1,819 @@
-//! (placeholder, being written)
+//! Goldens — reference activations captured from oracles — and `golden/manifest.json`.
+//!
+//! A golden is one compressed NumPy `.npz` per (model file, oracle, KV-cache type, prompt), at
+//! `golden/<model-id>/<oracle>-<kv>kv/<prompt-id>.npz` (e.g.
+//! `golden/smollm2-135m-q4_1/llama.cpp-f32kv/prose.npz`), written by `oracles/regenerate.sh`.
+//! `golden/manifest.json` lists every golden with its sha256, the model's sha256, the prompt, the
+//! oracle's version and settings, and every array it holds (shape, dtype and the error that storing
+//! it at that dtype adds). [`verify_golden`] holds a file to its manifest entry; the readers
+//! ([`GoldenFile`], [`read_array_f32`], [`read_tokens`]) check each array against it again.
+//!
+//! # Arrays (the contract with `oracles/`; also in `oracles/README.md`)
+//!
+//! `T` = prompt tokens, `N` = decode steps, `V` = vocabulary, `D` = a stage's width. Row `t` of a
+//! prompt array is position `t`; row `i` of a `decode.*` array is decode step `i` (position `T + i`).
+//!
+//! | array | dtype | shape | meaning |
+//! |---|---|---|---|
+//! | `tokens` | i32 | `[T]` | the prompt's token ids as the oracle tokenized them |
+//! | `<stage id>` | f16 or f32 | `[T, D]` | a prefill stage under its canonical id (`embed`, `blk.3.q_rope`, `blk.3.out`, `output_norm`, ...); Q/K after RoPE are flattened head-major to `[T, n_head * head_dim]` |
+//! | `logits` | f32 | `[P, V]` | full logits rows at the prompt positions `logits_positions` |
+//! | `logits_positions` | i32 | `[P]` | which positions `logits` holds (always includes `T - 1`) |
+//! | `logits_topk_ids` | i32 | `[T, K]` | the `K` (64) largest logits' token ids at every prompt position, descending |
+//! | `logits_topk` | f32 | `[T, K]` | their values |
+//! | `decode.tokens` | i32 | `[N]` | the token fed at decode step `i` (one `llama_decode` call per token): the greedy continuation — the argmax of the previous logits — of the f32-KV golden |
+//! | `decode.logits` | f32 | `[N, V]` | full logits after each decode step |
+//! | `decode.<stage id>` | f16 or f32 | `[N, D]` | a stage at each decode step |
+//!
+//! Which stages a golden holds differs per golden (to respect the size budget); its manifest entry
+//! lists them all, and a stage missing from a golden is simply not compared.
+//!
+//! # Stage map
+//!
+//! `stage_map.<oracle>.<arch>` maps canonical stage ids to the oracle's own names: for llama.cpp,
+//! the graph node name and op (`blk.{N}.q_rope` ← `Qcur-{N}` computed by `ROPE`); `not_exposed`
+//! lists canonical stages the oracle has no node for. [`StageMap::oracle_node`] does the lookup.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use ndarray::Array2;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The manifest schema this module reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// File name of the manifest inside the golden directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// `golden/manifest.json`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Manifest {
+    /// Must equal [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// Free-text description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub about: Option<String>,
+    /// Oracle name → architecture → stage map.
+    #[serde(default)]
+    pub stage_map: BTreeMap<String, BTreeMap<String, StageMap>>,
+    /// Every golden file.
+    pub goldens: Vec<GoldenEntry>,
+}
+
+impl Manifest {
+    /// The stage map of `oracle` (e.g. `"llama.cpp"`) for architecture `arch` (e.g. `"llama"`).
+    pub fn stage_map(&self, oracle: &str, arch: &str) -> Option<&StageMap> {
+        self.stage_map.get(oracle)?.get(arch)
+    }
+
+    /// The goldens made from the model `model_id`.
+    pub fn goldens_for_model<'a>(
+        &'a self,
+        model_id: &'a str,
+    ) -> impl Iterator<Item = &'a GoldenEntry> + 'a {
+        self.goldens.iter().filter(move |g| g.model_id == model_id)
+    }
+
+    /// The golden of (`model_id`, oracle name, KV-cache type, prompt id), if there is one.
+    pub fn find(
+        &self,
+        model_id: &str,
+        oracle: &str,
+        kv_type: &str,
+        prompt_id: &str,
+    ) -> Option<&GoldenEntry> {
+        self.goldens.iter().find(|g| {
+            g.model_id == model_id
+                && g.oracle.name == oracle
+                && g.kv_type == kv_type
+                && g.prompt_id == prompt_id
+        })
+    }
+}
+
+/// How one oracle names the canonical stages of one architecture.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct StageMap {
+    /// Free-text description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub about: Option<String>,
+    /// One row per (oracle node, canonical stage); `{N}` stands for the layer.
+    pub stages: Vec<StageMapping>,
+    /// Canonical stages (patterns with `{N}`) the oracle does not expose.
+    #[serde(default)]
+    pub not_exposed: Vec<String>,
+    /// Every distinct node the oracle's graph evaluated (documentation; not used for matching).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub observed_nodes: Vec<serde_json::Value>,
+}
+
+/// One row of a [`StageMap`].
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub struct StageMapping {
+    /// The oracle's name, e.g. `Qcur-{N}`.
+    pub oracle_name: String,
+    /// The op that tells nodes sharing a name apart, e.g. `ROPE` (ggml's `ggml_op_desc`).
+    pub op: String,
+    /// The canonical stage id, e.g. `blk.{N}.q_rope`.
+    pub canonical: String,
+}
+
+/// An oracle node resolved for one concrete stage (layer substituted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OracleNode {
+    /// e.g. `Qcur-3`.
+    pub name: String,
+    /// e.g. `ROPE`.
+    pub op: String,
+}
+
+/// Match `id` against a pattern with at most one `{N}`; returns the layer text if it matches.
+fn match_pattern<'a>(pattern: &str, id: &'a str) -> Option<Option<&'a str>> {
+    match pattern.split_once("{N}") {
+        None => (pattern == id).then_some(None),
+        Some((prefix, suffix)) => {
+            let rest = id.strip_prefix(prefix)?.strip_suffix(suffix)?;
+            let ok = !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit());
+            ok.then_some(Some(rest))
+        }
+    }
+}
+
+impl StageMap {
+    /// The oracle node that holds canonical stage `canonical` (e.g. `blk.3.q` → `Qcur-3` /
+    /// `MUL_MAT`), or `None` if the map has no such stage.
+    pub fn oracle_node(&self, canonical: &str) -> Option<OracleNode> {
+        self.stages.iter().find_map(|m| {
+            let layer = match_pattern(&m.canonical, canonical)?;
+            let name = match layer {
+                Some(n) => m.oracle_name.replace("{N}", n),
+                None => m.oracle_name.clone(),
+            };
+            Some(OracleNode {
+                name,
+                op: m.op.clone(),
+            })
+        })
+    }
+
+    /// Whether the oracle is known not to expose canonical stage `canonical`.
+    pub fn is_not_exposed(&self, canonical: &str) -> bool {
+        self.not_exposed
+            .iter()
+            .any(|p| match_pattern(p, canonical).is_some())
+    }
+}
+
+/// The oracle that made a golden.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct OracleInfo {
+    /// e.g. `llama.cpp`.
+    pub name: String,
+    /// llama-cpp-python version (llama.cpp oracle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llama_cpp_python: Option<String>,
+    /// The llama.cpp commit llama-cpp-python vendors (llama.cpp oracle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llama_cpp_commit: Option<String>,
+    /// Anything else the oracle records (library versions, build info).
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// The settings the oracle ran with.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct OracleSettings {
+    /// Threads used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_threads: Option<u32>,
+    /// Context size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_ctx: Option<u32>,
+    /// Logical batch size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_batch: Option<u32>,
+    /// Physical batch size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_ubatch: Option<u32>,
+    /// Flash attention (`disabled` / `enabled`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_attn: Option<String>,
+    /// K-cache type (`f32`, `f16`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub type_k: Option<String>,
+    /// V-cache type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub type_v: Option<String>,
+    /// RNG seed; `None` when nothing is sampled at random (greedy argmax).
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Anything else recorded.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// Element type of a stored array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// IEEE half, npy `<f2`.
+    F16,
+    /// IEEE single, npy `<f4`.
+    F32,
+    /// 32-bit signed integer, npy `<i4`.
+    I32,
+}
+
+impl Dtype {
+    /// The npy `descr` of this type (little-endian).
+    pub fn npy_descr(self) -> &'static str {
+        match self {
+            Dtype::F16 => "<f2",
+            Dtype::F32 => "<f4",
+            Dtype::I32 => "<i4",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F16 => 2,
+            Dtype::F32 | Dtype::I32 => 4,
+        }
+    }
+
+    fn from_descr(descr: &str) -> Option<Dtype> {
+        match descr {
+            "<f2" => Some(Dtype::F16),
+            "<f4" => Some(Dtype::F32),
+            "<i4" => Some(Dtype::I32),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Dtype::F16 => "f16",
+            Dtype::F32 => "f32",
+            Dtype::I32 => "i32",
+        })
+    }
+}
+
+/// What the manifest says about one array of a golden.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct ArraySpec {
+    /// Shape, outermost first (numpy order).
+    pub shape: Vec<usize>,
+    /// Stored element type.
+    pub dtype: Dtype,
+    /// max |stored − captured| over the array (0 when stored at the captured precision).
+    pub storage_max_abs_err: f64,
+    /// `storage_max_abs_err` / RMS of the captured array.
+    pub storage_max_rel_err: f64,
+    /// Smallest cosine between a stored row and its captured row (1 when exact).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_min_cosine: Option<f64>,
+}
+
+/// One golden file as listed in the manifest.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct GoldenEntry {
+    /// Path of the `.npz`, relative to the golden directory.
+    pub path: String,
+    /// sha256 of the `.npz` (lowercase hex).
+    pub sha256: String,
+    /// Size of the `.npz` in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// lockstep model id, e.g. `smollm2-135m-q4_1`.
+    pub model_id: String,
+    /// sha256 of the model file the golden was made from.
+    pub model_sha256: String,
+    /// File name of that model.
+    pub model_file: String,
+    /// Architecture (`general.architecture`), e.g. `llama`: selects the stage map.
+    pub arch: String,
+    /// Prompt id from `oracles/prompts.json`.
+    pub prompt_id: String,
+    /// `text` or `chat`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_kind: Option<String>,
+    /// The exact text tokenized (for a chat prompt: rendered with the model's chat template).
+    pub prompt: String,
+    /// Tokenizer flag: add the model's special tokens (BOS/EOS) if it is configured to.
+    pub add_special: bool,
+    /// Tokenizer flag: parse special-token text such as `<|im_start|>`.
+    pub parse_special: bool,
+    /// The oracle and its versions.
+    pub oracle: OracleInfo,
+    /// KV-cache type (`f32`, `f16`).
+    pub kv_type: String,
+    /// Settings the oracle ran with.
+    pub settings: OracleSettings,
+    /// `T`.
+    pub n_prompt_tokens: usize,
+    /// `N`.
+    pub n_decode_steps: usize,
+    /// `decode.tokens` as text.
+    pub continuation: String,
+    /// max |Δ| of the logits between the oracle run with and without capture hooks.
+    pub capture_changes_logits: f64,
+    /// Every array in the file.
+    pub arrays: BTreeMap<String, ArraySpec>,
+    /// Everything else recorded (tokenizer flags, stage policy, noise floor vs other KV types ...).
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+impl GoldenEntry {
+    /// The canonical ids of the prefill stages this golden holds (arrays other than `tokens`,
+    /// `logits*` and `decode.*`).
+    pub fn prefill_stages(&self) -> impl Iterator<Item = &str> {
+        self.arrays
+            .keys()
+            .map(String::as_str)
+            .filter(|n| *n != "tokens" && !n.starts_with("logits") && !n.starts_with("decode."))
+    }
+
+    /// The canonical ids of the decode stages this golden holds (`decode.<id>` without the
+    /// prefix, other than `tokens` and `logits`).
+    pub fn decode_stages(&self) -> impl Iterator<Item = &str> {
+        self.arrays
+            .keys()
+            .filter_map(|n| n.strip_prefix("decode."))
+            .filter(|n| *n != "tokens" && *n != "logits")
+    }
+}
+
+fn manifest_path(golden_dir: &Path) -> PathBuf {
+    golden_dir.join(MANIFEST_FILE)
+}
+
+/// Read and parse `<golden_dir>/manifest.json`; fails on a missing file, bad JSON or a
+/// `schema_version` other than [`SCHEMA_VERSION`].
+pub fn load_manifest(golden_dir: &Path) -> Result<Manifest> {
+    let path = manifest_path(golden_dir);
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("{} cannot be read", path.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    match value.get("schema_version").and_then(|v| v.as_u64()) {
+        Some(v) if v == u64::from(SCHEMA_VERSION) => {}
+        Some(v) => bail!(
+            "{}: schema_version is {v}, this lockstep reads schema_version {SCHEMA_VERSION}",
+            path.display()
+        ),
+        None => bail!("{}: no integer schema_version", path.display()),
+    }
+    serde_json::from_value(value)
+        .with_context(|| format!("{} does not match the manifest schema", path.display()))
+}
+
+/// Refuse a golden made from another model file: `model_sha256` is the sha256 of the model about
+/// to be run.
+pub fn check_model(golden_dir: &Path, entry: &GoldenEntry, model_sha256: &str) -> Result<()> {
+    if !entry.model_sha256.eq_ignore_ascii_case(model_sha256) {
+        bail!(
+            "{} was made from model {} with sha256 {}, but the model being run has sha256 {}",
+            golden_dir.join(&entry.path).display(),
+            entry.model_file,
+            entry.model_sha256,
+            model_sha256
+        );
+    }
+    Ok(())
+}
+
+/// sha256 of a file, lowercase hex.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = File::open(path).with_context(|| format!("{} cannot be opened", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .with_context(|| format!("{} cannot be read", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Hold a golden to its manifest entry: the file exists, its sha256 matches, and its arrays are
+/// exactly those listed, each with the listed shape and dtype (and as many data bytes as that
+/// implies). Every error names the file.
+pub fn verify_golden(golden_dir: &Path, entry: &GoldenEntry) -> Result<()> {
+    let path = golden_dir.join(&entry.path);
+    let manifest = manifest_path(golden_dir);
+    if !path.is_file() {
+        bail!(
+            "{} is missing (listed in {})",
+            path.display(),
+            manifest.display()
+        );
+    }
+    let sha = sha256_file(&path)?;
+    if !sha.eq_ignore_ascii_case(&entry.sha256) {
+        bail!(
+            "{}: sha256 is {sha}, but {} says {}",
+            path.display(),
+            manifest.display(),
+            entry.sha256
+        );
+    }
+    let mut file = GoldenFile::open_unchecked(&path, entry.clone(), manifest)?;
+    let names = file.npy_names();
+    let mut seen = BTreeSet::new();
+    for name in &names {
+        let array = name.strip_suffix(".npy").ok_or_else(|| {
+            anyhow!(
+                "{}: member `{name}` is not a .npy array",
+                file.path.display()
+            )
+        })?;
+        if !entry.arrays.contains_key(array) {
+            bail!(
+                "{}: array `{array}` is not listed in {}",
+                file.path.display(),
+                file.manifest.display()
+            );
+        }
+        // reads the whole member: checks shape, dtype, data length and the zip CRC
+        file.read_raw(array)?;
+        seen.insert(array.to_string());
+    }
+    let missing: Vec<&str> = entry
+        .arrays
+        .keys()
+        .filter(|k| !seen.contains(*k))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{}: arrays listed in {} are missing from the file: {}",
+            file.path.display(),
+            file.manifest.display(),
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Read one float array of a golden as f32 (f16 is widened exactly); a 1-D array comes back as
+/// `[1, N]`. Checks the array against the manifest entry (not the file's sha256: call
+/// [`verify_golden`] once for that).
+pub fn read_array_f32(golden_dir: &Path, entry: &GoldenEntry, name: &str) -> Result<Array2<f32>> {
+    GoldenFile::open(golden_dir, entry)?.read_f32(name)
+}
+
+/// Read the prompt's token ids (`tokens`).
+pub fn read_tokens(golden_dir: &Path, entry: &GoldenEntry) -> Result<Vec<u32>> {
+    GoldenFile::open(golden_dir, entry)?.read_tokens("tokens")
+}
+
+/// An open golden `.npz`, for reading many arrays without reopening the archive.
+pub struct GoldenFile {
+    path: PathBuf,
+    manifest: PathBuf,
+    entry: GoldenEntry,
+    zip: zip::ZipArchive<BufReader<File>>,
+}
+
+struct RawArray {
+    shape: Vec<usize>,
+    dtype: Dtype,
+    data: Vec<u8>,
+}
+
+impl GoldenFile {
+    /// Open the golden of `entry` (does not check the sha256; see [`verify_golden`]).
+    pub fn open(golden_dir: &Path, entry: &GoldenEntry) -> Result<GoldenFile> {
+        let path = golden_dir.join(&entry.path);
+        let manifest = manifest_path(golden_dir);
+        if !path.is_file() {
+            bail!(
+                "{} is missing (listed in {})",
+                path.display(),
+                manifest.display()
+            );
+        }
+        GoldenFile::open_unchecked(&path, entry.clone(), manifest)
+    }
+
+    fn open_unchecked(path: &Path, entry: GoldenEntry, manifest: PathBuf) -> Result<GoldenFile> {
+        let f = File::open(path).with_context(|| format!("{} cannot be opened", path.display()))?;
+        let zip = zip::ZipArchive::new(BufReader::new(f))
+            .with_context(|| format!("{} is not a valid .npz (zip) file", path.display()))?;
+        Ok(GoldenFile {
+            path: path.to_path_buf(),
+            manifest,
+            entry,
+            zip,
+        })
+    }
+
+    /// The manifest entry this file was opened with.
+    pub fn entry(&self) -> &GoldenEntry {
+        &self.entry
+    }
+
+    /// Path of the `.npz`.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn npy_names(&self) -> Vec<String> {
+        self.zip.file_names().map(str::to_string).collect()
+    }
+
+    fn read_raw(&mut self, name: &str) -> Result<RawArray> {
+        let spec = self.entry.arrays.get(name).cloned().ok_or_else(|| {
+            anyhow!(
+                "{}: no array `{name}` is listed for this file in {}",
+                self.path.display(),
+                self.manifest.display()
+            )
+        })?;
+        let member = format!("{name}.npy");
+        let mut bytes = Vec::new();
+        {
+            let mut f = match self.zip.by_name(&member) {
+                Ok(f) => f,
+                Err(zip::result::ZipError::FileNotFound) => bail!(
+                    "{}: array `{name}` (listed in {}) is not in the file",
+                    self.path.display(),
+                    self.manifest.display()
+                ),
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("{}: array `{name}` cannot be read", self.path.display())
+                    })
+                }
+            };
+            f.read_to_end(&mut bytes).with_context(|| {
+                format!(
+                    "{}: array `{name}` cannot be decompressed",
+                    self.path.display()
+                )
+            })?;
+        }
+        let (descr, shape, offset) = parse_npy_header(&bytes)
+            .with_context(|| format!("{}: array `{name}`", self.path.display()))?;
+        let dtype = Dtype::from_descr(&descr).ok_or_else(|| {
+            anyhow!(
+                "{}: array `{name}` has npy dtype {descr:?}; goldens hold only <f2, <f4, <i4",
+                self.path.display()
+            )
+        })?;
+        if shape != spec.shape {
+            bail!(
+                "{}: array `{name}` has shape {shape:?}, but {} says {:?}",
+                self.path.display(),
+                self.manifest.display(),
+                spec.shape
+            );
+        }
+        if dtype != spec.dtype {
+            bail!(
+                "{}: array `{name}` has dtype {dtype}, but {} says {}",
+                self.path.display(),
+                self.manifest.display(),
+                spec.dtype
+            );
+        }
+        let n: usize = shape.iter().product();
+        let data = bytes.split_off(offset);
+        if data.len() != n * dtype.size() {
+            bail!(
+                "{}: array `{name}` has {} data bytes, shape {shape:?} of {dtype} needs {}",
+                self.path.display(),
+                data.len(),
+                n * dtype.size()
+            );
+        }
+        Ok(RawArray { shape, dtype, data })
+    }
+
+    /// Read a float array as f32 (see [`read_array_f32`]).
+    pub fn read_f32(&mut self, name: &str) -> Result<Array2<f32>> {
+        let raw = self.read_raw(name)?;
+        let values: Vec<f32> = match raw.dtype {
+            Dtype::F32 => raw
+                .data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dtype::F16 => raw
+                .data
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::I32 => bail!(
+                "{}: array `{name}` is i32; read it with read_i32",
+                self.path.display()
+            ),
+        };
+        to_2d(&self.path, name, &raw.shape, values)
+    }
+
+    /// Read an i32 array; a 1-D array comes back as `[1, N]`.
+    pub fn read_i32(&mut self, name: &str) -> Result<Array2<i32>> {
+        let raw = self.read_raw(name)?;
+        if raw.dtype != Dtype::I32 {
+            bail!(
+                "{}: array `{name}` is {}, not i32",
+                self.path.display(),
+                raw.dtype
+            );
+        }
+        let values: Vec<i32> = raw
+            .data
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        to_2d(&self.path, name, &raw.shape, values)
+    }
+
+    /// Read a 1-D i32 array of token ids (`tokens`, `decode.tokens`).
+    pub fn read_tokens(&mut self, name: &str) -> Result<Vec<u32>> {
+        let a = self.read_i32(name)?;
+        if a.nrows() != 1 || self.entry.arrays[name].shape.len() != 1 {
+            bail!("{}: array `{name}` is not 1-D", self.path.display());
+        }
+        a.iter()
+            .map(|&t| {
+                u32::try_from(t).map_err(|_| {
+                    anyhow!(
+                        "{}: array `{name}` holds a negative token id {t}",
+                        self.path.display()
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+fn to_2d<T>(path: &Path, name: &str, shape: &[usize], values: Vec<T>) -> Result<Array2<T>> {
+    let (rows, cols) = match *shape {
+        [n] => (1, n),
+        [r, c] => (r, c),
+        _ => bail!(
+            "{}: array `{name}` has shape {shape:?}; only 1-D and 2-D arrays are read",
+            path.display()
+        ),
+    };
+    Array2::from_shape_vec((rows, cols), values)
+        .with_context(|| format!("{}: array `{name}`", path.display()))
+}
+
+/// Parse a little-endian, C-order `.npy` header: returns (descr, shape, offset of the data).
+fn parse_npy_header(bytes: &[u8]) -> Result<(String, Vec<usize>, usize)> {
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        bail!("not a .npy array (bad magic)");
+    }
+    let major = bytes[6];
+    let (len, start): (usize, usize) = match major {
+        1 => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
+        2 | 3 => {
+            if bytes.len() < 12 {
+                bail!("truncated .npy header");
+            }
+            let n = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+            (usize::try_from(n)?, 12)
+        }
+        v => bail!(".npy format version {v} is not supported"),
+    };
+    let end = start
+        .checked_add(len)
+        .filter(|&e| e <= bytes.len())
+        .ok_or_else(|| anyhow!("truncated .npy header"))?;
+    let header =
+        std::str::from_utf8(&bytes[start..end]).map_err(|_| anyhow!(".npy header is not text"))?;
+    let descr = dict_value(header, "descr")?;
+    let descr = descr
+        .trim()
+        .strip_prefix('\'')
+        .and_then(|s| s.strip_suffix('\''))
+        .ok_or_else(|| anyhow!(".npy header: descr is not a string: {header}"))?
+        .to_string();
+    match dict_value(header, "fortran_order")?.trim() {
+        "False" => {}
+        "True" => bail!(".npy array is in Fortran order; goldens are C order"),
+        other => bail!(".npy header: fortran_order is {other:?}"),
+    }
+    let shape_text = dict_value(header, "shape")?;
+    let inner = shape_text
+        .trim()
+        .strip_prefix('(')
+        .and_then(|s| s.strip_suffix(')'))
+        .ok_or_else(|| anyhow!(".npy header: shape is not a tuple: {header}"))?;
+    let shape = inner
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<usize>()
+                .map_err(|_| anyhow!(".npy header: bad dimension {s:?}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((descr, shape, end))
+}
+
+/// The text of `'key': <value>` in a Python dict literal, up to the next top-level comma.
+fn dict_value<'a>(header: &'a str, key: &str) -> Result<&'a str> {
+    let pat = format!("'{key}':");
+    let at = header
+        .find(&pat)
+        .ok_or_else(|| anyhow!(".npy header has no {key}: {header}"))?;
+    let rest = &header[at + pat.len()..];
+    let mut depth = 0i32;
+    for (i, ch) in rest.char_indices() {
+        match ch {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' | '}' if depth == 0 => return Ok(&rest[..i]),
+            _ => {}
+        }
+    }
+    bail!(".npy header: unterminated {key}: {header}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map() -> StageMap {
+        StageMap {
+            about: None,
+            stages: vec![
+                StageMapping {
+                    oracle_name: "embd".into(),
+                    op: "GET_ROWS".into(),
+                    canonical: "embed".into(),
+                },
+                StageMapping {
+                    oracle_name: "Qcur-{N}".into(),
+                    op: "MUL_MAT".into(),
+                    canonical: "blk.{N}.q".into(),
+                },
+                StageMapping {
+                    oracle_name: "Qcur-{N}".into(),
+                    op: "ROPE".into(),
+                    canonical: "blk.{N}.q_rope".into(),
+                },
+            ],
+            not_exposed: vec!["blk.{N}.attn_scores".into()],
+            observed_nodes: vec![],
+        }
+    }
+
+    #[test]
+    fn stage_map_lookup_substitutes_the_layer() {
+        let m = map();
+        let node = |c: &str| m.oracle_node(c).map(|n| (n.name, n.op));
+        assert_eq!(node("blk.12.q"), Some(("Qcur-12".into(), "MUL_MAT".into())));
+        assert_eq!(node("blk.3.q_rope"), Some(("Qcur-3".into(), "ROPE".into())));
+        assert_eq!(node("embed"), Some(("embd".into(), "GET_ROWS".into())));
+        assert_eq!(node("blk.x.q"), None);
+        assert_eq!(node("blk..q"), None);
+        assert_eq!(node("blk.3.qq"), None);
+        assert!(m.is_not_exposed("blk.7.attn_scores"));
+        assert!(!m.is_not_exposed("blk.7.q"));
+    }
+
+    #[test]
+    fn npy_headers_parse() {
+        let mut v = b"\x93NUMPY\x01\x00".to_vec();
+        let h = "{'descr': '<f2', 'fortran_order': False, 'shape': (37, 576), }";
+        let mut h = h.to_string();
+        while (10 + h.len() + 1) % 64 != 0 {
+            h.push(' ');
+        }
+        h.push('\n');
+        v.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        v.extend_from_slice(h.as_bytes());
+        let (descr, shape, off) = parse_npy_header(&v).unwrap();
+        assert_eq!(descr, "<f2");
+        assert_eq!(shape, vec![37, 576]);
+        assert_eq!(off, v.len());
+
+        let one = "{'descr': '<i4', 'fortran_order': False, 'shape': (14,), }";
+        let mut w = b"\x93NUMPY\x01\x00".to_vec();
+        w.extend_from_slice(&(one.len() as u16).to_le_bytes());
+        w.extend_from_slice(one.as_bytes());
+        assert_eq!(parse_npy_header(&w).unwrap().1, vec![14]);
+
+        assert!(parse_npy_header(b"PK\x03\x04 not npy").is_err());
+    }
+}

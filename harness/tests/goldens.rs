@@ -1,0 +1,455 @@
+//! The committed goldens agree with `golden/manifest.json`, and the checks that say so catch
+//! damage (each reported with the file's name).
+//!
+//! `cargo test -p lockstep --test goldens`. These tests never skip: a missing golden directory,
+//! manifest or file is a failure.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use lockstep::golden::{
+    check_model, load_manifest, read_array_f32, read_tokens, verify_golden, Dtype, GoldenEntry,
+    GoldenFile, Manifest,
+};
+
+const SMOLLM2_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("golden")
+}
+
+fn manifest() -> Manifest {
+    load_manifest(&golden_dir()).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// All `.npz` files under `dir`, relative, with `/` separators.
+fn npz_files(dir: &Path) -> BTreeSet<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else if p.extension().is_some_and(|x| x == "npz") {
+                let rel = p.strip_prefix(root).unwrap();
+                let parts: Vec<_> = rel.iter().map(|c| c.to_string_lossy()).collect();
+                out.insert(parts.join("/"));
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+#[test]
+fn every_golden_matches_the_manifest() {
+    let dir = golden_dir();
+    let m = manifest();
+    assert!(
+        !m.goldens.is_empty(),
+        "{} lists no goldens",
+        dir.join("manifest.json").display()
+    );
+    let errors: Vec<String> = m
+        .goldens
+        .iter()
+        .filter_map(|g| verify_golden(&dir, g).err().map(|e| format!("{e:#}")))
+        .collect();
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+
+    let listed: BTreeSet<String> = m.goldens.iter().map(|g| g.path.clone()).collect();
+    assert_eq!(listed.len(), m.goldens.len(), "a path is listed twice");
+    let on_disk = npz_files(&dir);
+    let unlisted: Vec<_> = on_disk.difference(&listed).collect();
+    assert!(
+        unlisted.is_empty(),
+        "golden files not listed in golden/manifest.json: {unlisted:?}"
+    );
+}
+
+#[test]
+fn llama_cpp_goldens_cover_the_prompts_and_both_kv_types() {
+    let m = manifest();
+    let model = "smollm2-135m-q4_1";
+    let prompts = ["prose", "code", "chinese", "passage", "one_token", "chat"];
+    for p in prompts {
+        for kv in ["f32", "f16"] {
+            let g = m
+                .find(model, "llama.cpp", kv, p)
+                .unwrap_or_else(|| panic!("no llama.cpp {kv}-KV golden for {model} / {p}"));
+            assert_eq!(g.model_sha256, SMOLLM2_SHA256, "{}", g.path);
+            assert_eq!(g.settings.type_k.as_deref(), Some(kv), "{}", g.path);
+            assert_eq!(
+                g.settings.flash_attn.as_deref(),
+                Some("disabled"),
+                "{}",
+                g.path
+            );
+            assert!(g.n_decode_steps >= 8, "{}", g.path);
+            assert_eq!(g.capture_changes_logits, 0.0, "{}", g.path);
+            assert!(g.oracle.llama_cpp_commit.is_some(), "{}", g.path);
+        }
+    }
+    let one = m.find(model, "llama.cpp", "f32", "one_token").unwrap();
+    assert_eq!(one.n_prompt_tokens, 1);
+    let passage = m.find(model, "llama.cpp", "f32", "passage").unwrap();
+    assert!(passage.n_prompt_tokens >= 60);
+}
+
+#[test]
+fn stage_map_resolves_llama_stages() {
+    let m = manifest();
+    let map = m
+        .stage_map("llama.cpp", "llama")
+        .expect("golden/manifest.json has no stage_map.llama.cpp.llama");
+    let node = |c: &str| {
+        let n = map
+            .oracle_node(c)
+            .unwrap_or_else(|| panic!("no oracle node for {c}"));
+        (n.name, n.op)
+    };
+    assert_eq!(node("embed"), ("embd".into(), "GET_ROWS".into()));
+    assert_eq!(node("blk.0.q"), ("Qcur-0".into(), "MUL_MAT".into()));
+    assert_eq!(node("blk.29.q_rope"), ("Qcur-29".into(), "ROPE".into()));
+    assert_eq!(node("blk.4.k_rope"), ("Kcur-4".into(), "ROPE".into()));
+    assert_eq!(node("blk.4.attn_out"), ("kqv_out-4".into(), "CONT".into()));
+    assert_eq!(
+        node("blk.4.attn_proj"),
+        ("attn_out-4".into(), "MUL_MAT".into())
+    );
+    assert_eq!(
+        node("blk.4.ffn_act"),
+        ("ffn_swiglu-4".into(), "SWIGLU".into())
+    );
+    assert_eq!(node("blk.17.out"), ("l_out-17".into(), "ADD".into()));
+    assert_eq!(node("output_norm"), ("result_norm".into(), "MUL".into()));
+    assert_eq!(node("logits"), ("result_output".into(), "MUL_MAT".into()));
+
+    // every stage stored in a llama.cpp golden resolves through the map
+    for g in m.goldens.iter().filter(|g| g.oracle.name == "llama.cpp") {
+        for s in g.prefill_stages().chain(g.decode_stages()) {
+            assert!(
+                map.oracle_node(s).is_some(),
+                "{}: stage {s} not in the stage map",
+                g.path
+            );
+        }
+    }
+}
+
+#[test]
+fn arrays_read_back_consistently() {
+    let dir = golden_dir();
+    let m = manifest();
+    for g in &m.goldens {
+        let tokens = read_tokens(&dir, g).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(tokens.len(), g.n_prompt_tokens, "{}", g.path);
+        let mut f = GoldenFile::open(&dir, g).unwrap();
+        let decode = f.read_tokens("decode.tokens").unwrap();
+        assert_eq!(decode.len(), g.n_decode_steps, "{}", g.path);
+
+        // the last prompt position's full logits agree with its top-k
+        let logits = f.read_f32("logits").unwrap();
+        let positions = f.read_i32("logits_positions").unwrap();
+        let last = g.n_prompt_tokens - 1;
+        let row = positions
+            .iter()
+            .position(|&p| p as usize == last)
+            .unwrap_or_else(|| panic!("{}: logits_positions lacks the last position", g.path));
+        let topk = f.read_f32("logits_topk").unwrap();
+        let topk_ids = f.read_i32("logits_topk_ids").unwrap();
+        assert_eq!(topk.nrows(), g.n_prompt_tokens);
+        let full = logits.row(row);
+        let (arg, max) =
+            full.iter().enumerate().fold(
+                (0, f32::NEG_INFINITY),
+                |a, (i, &v)| if v > a.1 { (i, v) } else { a },
+            );
+        assert_eq!(topk[[last, 0]], max, "{}", g.path);
+        assert_eq!(topk_ids[[last, 0]] as usize, arg, "{}", g.path);
+        assert!(topk.row(last).windows(2).into_iter().all(|w| w[0] >= w[1]));
+
+        // f32-KV goldens feed their own greedy continuation: decode token 0 = argmax at `last`
+        if g.kv_type == "f32" {
+            assert_eq!(decode[0] as usize, arg, "{}", g.path);
+        }
+
+        // every float array is finite, f16 ones come back widened with the listed shape
+        for (name, spec) in &g.arrays {
+            if spec.dtype == Dtype::I32 {
+                continue;
+            }
+            let a = read_array_f32(&dir, g, name).unwrap_or_else(|e| panic!("{e:#}"));
+            let want: Vec<usize> = match spec.shape.as_slice() {
+                [n] => vec![1, *n],
+                s => s.to_vec(),
+            };
+            assert_eq!(a.shape(), want.as_slice(), "{} {name}", g.path);
+            assert!(a.iter().all(|v| v.is_finite()), "{} {name}", g.path);
+        }
+    }
+}
+
+#[test]
+fn a_golden_from_another_model_is_refused() {
+    let dir = golden_dir();
+    let m = manifest();
+    let g = &m.goldens[0];
+    check_model(&dir, g, SMOLLM2_SHA256).unwrap();
+    let other = "0".repeat(64);
+    let err = format!("{:#}", check_model(&dir, g, &other).unwrap_err());
+    assert!(
+        err.contains(&g.path) && err.contains(&other) && err.contains(SMOLLM2_SHA256),
+        "{err}"
+    );
+}
+
+// ---- negative tests on a copy of the golden directory ----------------------------------------
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for e in fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        let dst = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dst);
+        } else {
+            fs::copy(&p, &dst).unwrap();
+        }
+    }
+}
+
+/// A copy of golden/ in a tempdir and the entry of its smallest golden.
+fn scratch() -> (tempfile::TempDir, Manifest, GoldenEntry) {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_dir(&golden_dir(), tmp.path());
+    let m = load_manifest(tmp.path()).unwrap();
+    let g = m
+        .goldens
+        .iter()
+        .min_by_key(|g| fs::metadata(tmp.path().join(&g.path)).unwrap().len())
+        .unwrap()
+        .clone();
+    verify_golden(tmp.path(), &g).unwrap();
+    (tmp, m, g)
+}
+
+fn err_of(r: anyhow::Result<()>) -> String {
+    format!("{:#}", r.expect_err("damage went unnoticed"))
+}
+
+#[test]
+fn a_missing_file_is_reported() {
+    let (tmp, _m, g) = scratch();
+    fs::remove_file(tmp.path().join(&g.path)).unwrap();
+    let err = err_of(verify_golden(tmp.path(), &g));
+    assert!(err.contains(&g.path), "{err}");
+    assert!(
+        err.contains("is missing (listed in") && err.contains("manifest.json"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_flipped_byte_is_reported_with_both_hashes() {
+    let (tmp, _m, g) = scratch();
+    let path = tmp.path().join(&g.path);
+    let mut bytes = fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    fs::write(&path, &bytes).unwrap();
+    let err = err_of(verify_golden(tmp.path(), &g));
+    assert!(err.contains(&g.path) && err.contains("sha256"), "{err}");
+    assert!(err.contains(&g.sha256), "{err}");
+    let actual = lockstep::golden::sha256_file(&path).unwrap();
+    assert!(err.contains(&actual), "{err}");
+}
+
+/// npy bytes of a C-order little-endian array.
+fn npy(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
+    let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + h.len() + 1) % 64 != 0 {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut v = b"\x93NUMPY\x01\x00".to_vec();
+    v.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    v.extend_from_slice(h.as_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+/// Rewrite the golden `g` in `dir`: every member copied except `replace` (member name without
+/// `.npy`), which gets `new` (None = dropped); `add` appends a member. Then fix the sha256 in
+/// the copy's manifest so that only the array check can notice.
+fn rewrite(
+    dir: &Path,
+    g: &GoldenEntry,
+    replace: Option<(&str, Option<Vec<u8>>)>,
+    add: Option<(&str, Vec<u8>)>,
+) -> GoldenEntry {
+    let path = dir.join(&g.path);
+    let mut src = zip::ZipArchive::new(fs::File::open(&path).unwrap()).unwrap();
+    let out_path = path.with_extension("npz.new");
+    {
+        let mut out = zip::ZipWriter::new(fs::File::create(&out_path).unwrap());
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated);
+        for i in 0..src.len() {
+            let mut f = src.by_index(i).unwrap();
+            let name = f.name().to_string();
+            match &replace {
+                Some((r, new)) if name == format!("{r}.npy") => {
+                    if let Some(bytes) = new {
+                        out.start_file(name, opts).unwrap();
+                        out.write_all(bytes).unwrap();
+                    }
+                }
+                _ => {
+                    let mut bytes = Vec::new();
+                    f.read_to_end(&mut bytes).unwrap();
+                    out.start_file(name, opts).unwrap();
+                    out.write_all(&bytes).unwrap();
+                }
+            }
+        }
+        if let Some((name, bytes)) = add {
+            out.start_file(format!("{name}.npy"), opts).unwrap();
+            out.write_all(&bytes).unwrap();
+        }
+        out.finish().unwrap();
+    }
+    fs::rename(&out_path, &path).unwrap();
+    let sha = lockstep::golden::sha256_file(&path).unwrap();
+    let mpath = dir.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&mpath).unwrap()).unwrap();
+    for e in m["goldens"].as_array_mut().unwrap() {
+        if e["path"] == g.path.as_str() {
+            e["sha256"] = serde_json::Value::String(sha.clone());
+        }
+    }
+    fs::write(&mpath, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+    let mut g = g.clone();
+    g.sha256 = sha;
+    g
+}
+
+/// A float stage of `g` (2-D) and its spec.
+fn some_stage(g: &GoldenEntry) -> (String, Vec<usize>, Dtype) {
+    let (name, spec) = g
+        .arrays
+        .iter()
+        .find(|(n, s)| s.shape.len() == 2 && s.dtype != Dtype::I32 && n.starts_with("blk."))
+        .expect("a golden with a blk.* stage");
+    (name.clone(), spec.shape.clone(), spec.dtype)
+}
+
+#[test]
+fn an_array_with_a_wrong_shape_is_reported_with_both_shapes() {
+    let (tmp, _m, g) = scratch();
+    let (name, shape, dtype) = some_stage(&g);
+    let wrong = vec![shape[0] + 1, shape[1]];
+    let data = vec![0u8; wrong[0] * wrong[1] * dtype.size()];
+    let g2 = rewrite(
+        tmp.path(),
+        &g,
+        Some((&name, Some(npy(dtype.npy_descr(), &wrong, &data)))),
+        None,
+    );
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(&g.path) && err.contains(&format!("`{name}`")),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("{wrong:?}")) && err.contains(&format!("{shape:?}")),
+        "{err}"
+    );
+    // the reader refuses it too
+    let err = format!("{:#}", read_array_f32(tmp.path(), &g2, &name).unwrap_err());
+    assert!(
+        err.contains(&g.path) && err.contains(&format!("{wrong:?}")),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_array_with_a_wrong_dtype_is_reported() {
+    let (tmp, _m, g) = scratch();
+    let (name, shape, dtype) = some_stage(&g);
+    let other = if dtype == Dtype::F16 {
+        Dtype::F32
+    } else {
+        Dtype::F16
+    };
+    let data = vec![0u8; shape[0] * shape[1] * other.size()];
+    let g2 = rewrite(
+        tmp.path(),
+        &g,
+        Some((&name, Some(npy(other.npy_descr(), &shape, &data)))),
+        None,
+    );
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(&g.path) && err.contains(&format!("`{name}`")),
+        "{err}"
+    );
+    assert!(
+        err.contains(&other.to_string()) && err.contains(&dtype.to_string()),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_array_is_reported() {
+    let (tmp, _m, g) = scratch();
+    let (name, _, _) = some_stage(&g);
+    let g2 = rewrite(tmp.path(), &g, Some((&name, None)), None);
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(&g.path) && err.contains(&name) && err.contains("missing"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_unlisted_array_is_reported() {
+    let (tmp, _m, g) = scratch();
+    let g2 = rewrite(
+        tmp.path(),
+        &g,
+        None,
+        Some(("blk.999.extra", npy("<f4", &[1, 1], &[0; 4]))),
+    );
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(&g.path) && err.contains("blk.999.extra") && err.contains("not listed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_manifest_of_another_schema_is_refused() {
+    let (tmp, _m, _g) = scratch();
+    let mpath = tmp.path().join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&mpath).unwrap()).unwrap();
+    m["schema_version"] = serde_json::json!(2);
+    fs::write(&mpath, serde_json::to_string(&m).unwrap()).unwrap();
+    let err = format!("{:#}", load_manifest(tmp.path()).unwrap_err());
+    assert!(
+        err.contains("manifest.json") && err.contains("schema_version is 2"),
+        "{err}"
+    );
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Regenerates every golden from scratch — the one command (oracles/README.md):
+#
+#   oracles/regenerate.sh                 # writes golden/<model>/llama.cpp-*kv/*.npz + golden/manifest.json
+#   oracles/regenerate.sh --out DIR       # writes them under DIR instead (e.g. to compare two runs)
+#   oracles/regenerate.sh --list-nodes    # also prints every llama.cpp graph node of one prefill
+#
+# 1. sets up the pinned oracle venv if needed (oracles/llamacpp/setup.sh; the first time this
+#    compiles llama.cpp, afterwards it takes a second);
+# 2. gets the model through lockstep's cache: `cargo run --release -p lockstep -- fetch <id>`
+#    prints the cached path as its last stdout line; when that is unavailable it falls back to
+#    ${LOCKSTEP_CACHE:-${XDG_CACHE_HOME:-~/.cache}/lockstep}/models/<id>.gguf (make_goldens.py
+#    verifies the sha256 before use either way). LOCKSTEP_NO_CARGO=1 skips the cargo step;
+# 3. runs oracles/llamacpp/make_goldens.py, which rewrites this oracle's goldens of the model
+#    and its entries in golden/manifest.json (entries of other oracles are kept).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+model_id="smollm2-135m-q4_1"
+cache="${LOCKSTEP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lockstep}"
+out="$root/golden"
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    --out=*) out="${1#--out=}"; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) extra+=("$1"); shift ;;
+  esac
+done
+log() { echo "[regenerate] $*" >&2; }
+
+python="$("$root/oracles/llamacpp/setup.sh" | tail -n 1)"
+
+model=""
+if [ -z "${LOCKSTEP_NO_CARGO:-}" ] && command -v cargo >/dev/null 2>&1; then
+  log "asking lockstep for $model_id (cargo run --release -p lockstep -- fetch $model_id)"
+  if fetched="$(cd "$root" && cargo run --quiet --release -p lockstep -- fetch "$model_id" 2>/dev/null | tail -n 1)" \
+     && [ -n "$fetched" ] && [ -f "$fetched" ]; then
+    model="$fetched"
+  else
+    log "lockstep fetch is not available; falling back to the cache path"
+  fi
+fi
+if [ -z "$model" ]; then
+  model="$cache/models/$model_id.gguf"
+fi
+if [ ! -f "$model" ]; then
+  log "no model file at $model; run: cargo run --release -p lockstep -- fetch $model_id"
+  exit 1
+fi
+log "model: $model"
+
+mkdir -p "$out"
+"$python" "$root/oracles/llamacpp/make_goldens.py" --model "$model" --model-id "$model_id" \
+  --out "$out" --prompts "$root/oracles/prompts.json" ${extra[@]+"${extra[@]}"}
