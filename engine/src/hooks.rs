@@ -1,1 +1,263 @@
-//! (placeholder, being written)
+//! Canonical stage ids and the observe / replace hook.
+//!
+//! Every named stage of a forward pass is handed to an optional [`StageSink`] as a mutable `[rows, width]`
+//! row-major f32 slice, *before* the forward pass reads it again. A sink may only look (recording, NaN
+//! checks) or overwrite the values (golden injection for bisect); whatever the slice holds when the sink
+//! returns is what the rest of the forward pass uses. With no sink attached the engine skips the call
+//! entirely (one `Option` test per stage).
+//!
+//! Stage ids follow lockstep's canonical GGUF-style scheme (DESIGN.md §2); the llama.cpp node each one
+//! matches is given on the [`StageKind`] variants.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+
+/// What a stage is, independent of its layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StageKind {
+    /// Token embeddings looked up from `token_embd` (llama.cpp `inp_embd`). Width d_model.
+    Embed,
+    /// RMSNorm before attention, weight applied (`attn_norm-N`). Width d_model.
+    AttnNorm,
+    /// Query projection, before RoPE (`Qcur-N`, the MUL_MAT node). Width n_head·head_dim.
+    Q,
+    /// Key projection, before RoPE (`Kcur-N`, MUL_MAT). Width n_head_kv·head_dim.
+    K,
+    /// Value projection (`Vcur-N`, MUL_MAT). Width n_head_kv·head_dim.
+    V,
+    /// Query after RoPE (`Qcur-N`, the ROPE node). Width n_head·head_dim.
+    QRope,
+    /// Key after RoPE, as written to the KV cache (`Kcur-N`, ROPE). Width n_head_kv·head_dim.
+    KRope,
+    /// Attention output before the output projection, heads concatenated (`kqv_out-N`). Width n_head·head_dim.
+    AttnOut,
+    /// Attention output after the output projection, before the residual add. Width d_model.
+    AttnProj,
+    /// Residual stream after attention: input + attn_proj (`ffn_inp-N`). Width d_model.
+    FfnInp,
+    /// RMSNorm before the FFN, weight applied (`ffn_norm-N`). Width d_model.
+    FfnNorm,
+    /// Gate projection (`ffn_gate-N`). Width d_ff.
+    FfnGate,
+    /// Up projection (`ffn_up-N`). Width d_ff.
+    FfnUp,
+    /// silu(gate) ⊙ up (`ffn_swiglu-N`). Width d_ff.
+    FfnAct,
+    /// Down projection: the FFN output before the residual add (`ffn_out-N`). Width d_model.
+    FfnOut,
+    /// Layer output: ffn_inp + ffn_out (`l_out-N`). Width d_model.
+    Out,
+    /// Final RMSNorm, weight applied (`result_norm`). Width d_model.
+    OutputNorm,
+    /// Output logits (`result_output`). Width n_vocab.
+    Logits,
+}
+
+impl StageKind {
+    /// Every kind in forward order; per-layer kinds are those with [`StageKind::per_layer`].
+    pub const ALL: [StageKind; 18] = [
+        StageKind::Embed,
+        StageKind::AttnNorm,
+        StageKind::Q,
+        StageKind::K,
+        StageKind::V,
+        StageKind::QRope,
+        StageKind::KRope,
+        StageKind::AttnOut,
+        StageKind::AttnProj,
+        StageKind::FfnInp,
+        StageKind::FfnNorm,
+        StageKind::FfnGate,
+        StageKind::FfnUp,
+        StageKind::FfnAct,
+        StageKind::FfnOut,
+        StageKind::Out,
+        StageKind::OutputNorm,
+        StageKind::Logits,
+    ];
+
+    /// The suffix in a canonical id (`attn_norm` in `blk.3.attn_norm`), or the whole id for global stages.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            StageKind::Embed => "embed",
+            StageKind::AttnNorm => "attn_norm",
+            StageKind::Q => "q",
+            StageKind::K => "k",
+            StageKind::V => "v",
+            StageKind::QRope => "q_rope",
+            StageKind::KRope => "k_rope",
+            StageKind::AttnOut => "attn_out",
+            StageKind::AttnProj => "attn_proj",
+            StageKind::FfnInp => "ffn_inp",
+            StageKind::FfnNorm => "ffn_norm",
+            StageKind::FfnGate => "ffn_gate",
+            StageKind::FfnUp => "ffn_up",
+            StageKind::FfnAct => "ffn_act",
+            StageKind::FfnOut => "ffn_out",
+            StageKind::Out => "out",
+            StageKind::OutputNorm => "output_norm",
+            StageKind::Logits => "logits",
+        }
+    }
+
+    /// True for stages that occur once per transformer block.
+    pub fn per_layer(self) -> bool {
+        !matches!(self, StageKind::Embed | StageKind::OutputNorm | StageKind::Logits)
+    }
+}
+
+/// One stage of one forward pass: a kind and, for per-layer kinds, the block index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Stage {
+    /// Block index for per-layer stages; `None` for `embed`, `output_norm`, `logits`.
+    pub layer: Option<usize>,
+    /// What the stage is.
+    pub kind: StageKind,
+}
+
+impl Stage {
+    /// A global (not per-layer) stage.
+    pub const fn global(kind: StageKind) -> Stage {
+        Stage { layer: None, kind }
+    }
+
+    /// A stage of block `layer`.
+    pub const fn block(layer: usize, kind: StageKind) -> Stage {
+        Stage { layer: Some(layer), kind }
+    }
+
+    /// Parse a canonical id (`embed`, `blk.3.attn_norm`, `output_norm`, `logits`).
+    pub fn parse(id: &str) -> Option<Stage> {
+        if let Some(rest) = id.strip_prefix("blk.") {
+            let (n, suffix) = rest.split_once('.')?;
+            let layer: usize = n.parse().ok()?;
+            let kind = StageKind::ALL
+                .into_iter()
+                .find(|k| k.per_layer() && k.suffix() == suffix)?;
+            Some(Stage::block(layer, kind))
+        } else {
+            let kind = StageKind::ALL
+                .into_iter()
+                .find(|k| !k.per_layer() && k.suffix() == id)?;
+            Some(Stage::global(kind))
+        }
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.layer {
+            Some(l) => write!(f, "blk.{l}.{}", self.kind.suffix()),
+            None => f.write_str(self.kind.suffix()),
+        }
+    }
+}
+
+/// Receives every stage of a forward pass and may replace it.
+///
+/// `data` is row-major `[positions.len(), width]`: row `i` belongs to absolute sequence position
+/// `positions.start + i`. Values written into `data` replace the stage for the rest of the forward pass.
+pub trait StageSink {
+    /// Whether the sink wants `stage` at all; stages it declines are not handed over. Default: all.
+    fn wants(&self, _stage: Stage) -> bool {
+        true
+    }
+
+    /// Observe and optionally overwrite one stage.
+    fn on_stage(&mut self, stage: Stage, positions: Range<usize>, width: usize, data: &mut [f32]);
+}
+
+/// Hand a stage to the sink, if any. The forward passes call this after computing each stage.
+#[inline]
+pub fn emit(
+    sink: &mut Option<&mut dyn StageSink>,
+    stage: Stage,
+    positions: Range<usize>,
+    width: usize,
+    data: &mut [f32],
+) {
+    if let Some(s) = sink.as_deref_mut() {
+        if s.wants(stage) {
+            debug_assert_eq!(data.len(), positions.len() * width, "stage {stage} has the wrong size");
+            s.on_stage(stage, positions, width, data);
+        }
+    }
+}
+
+/// A recorded stage: `rows` rows of `width` values, row-major, and the position of each row.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Recorded {
+    /// Row width.
+    pub width: usize,
+    /// Absolute sequence position of each row.
+    pub positions: Vec<usize>,
+    /// `[positions.len(), width]` row-major values.
+    pub data: Vec<f32>,
+}
+
+/// A sink that records every stage it is handed (appending rows across calls, so a prefill followed by
+/// decode steps yields one `[T_total, width]` array per stage).
+#[derive(Debug, Default)]
+pub struct Recorder {
+    /// Recorded stages by stage.
+    pub stages: BTreeMap<Stage, Recorded>,
+    /// Stage filter; `None` records everything.
+    pub only: Option<Vec<Stage>>,
+}
+
+impl Recorder {
+    /// A recorder of every stage.
+    pub fn new() -> Recorder {
+        Recorder::default()
+    }
+
+    /// The recorded stage, if any.
+    pub fn get(&self, stage: Stage) -> Option<&Recorded> {
+        self.stages.get(&stage)
+    }
+}
+
+impl StageSink for Recorder {
+    fn wants(&self, stage: Stage) -> bool {
+        self.only.as_ref().is_none_or(|o| o.contains(&stage))
+    }
+
+    fn on_stage(&mut self, stage: Stage, positions: Range<usize>, width: usize, data: &mut [f32]) {
+        let rec = self.stages.entry(stage).or_default();
+        rec.width = width;
+        rec.positions.extend(positions);
+        rec.data.extend_from_slice(data);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip() {
+        for kind in StageKind::ALL {
+            let s = if kind.per_layer() { Stage::block(7, kind) } else { Stage::global(kind) };
+            assert_eq!(Stage::parse(&s.to_string()), Some(s), "{s}");
+        }
+        assert_eq!(Stage::block(3, StageKind::Out).to_string(), "blk.3.out");
+        assert_eq!(Stage::parse("blk.x.out"), None);
+        assert_eq!(Stage::parse("blk.1.logits"), None);
+        assert_eq!(Stage::parse("attn_norm"), None);
+    }
+
+    #[test]
+    fn recorder_appends_rows() {
+        let mut r = Recorder::new();
+        let s = Stage::global(StageKind::Embed);
+        let mut a = vec![1.0, 2.0, 3.0, 4.0];
+        let mut sink: Option<&mut dyn StageSink> = Some(&mut r);
+        emit(&mut sink, s, 0..2, 2, &mut a);
+        let mut b = vec![5.0, 6.0];
+        emit(&mut sink, s, 2..3, 2, &mut b);
+        let rec = r.get(s).unwrap();
+        assert_eq!(rec.positions, vec![0, 1, 2]);
+        assert_eq!(rec.data, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    }
+}

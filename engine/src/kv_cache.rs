@@ -1,1 +1,87 @@
-//! (placeholder, being written)
+//! A flat f32 KV cache with explicit write positions.
+//!
+//! Layout: one allocation per tensor, `[layer][kv_head][pos][head_dim]`, so that the keys of one head are a
+//! contiguous `[n_pos, head_dim]` block for the attention dot products. Every write names its position:
+//! the classic prefill bug (every token of a batch written at one cursor) cannot be expressed.
+
+use crate::{Error, Result};
+
+/// Keys and values of every layer for up to `capacity` positions. f32 (llama.cpp `type_k = type_v = F32`).
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    n_layer: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    capacity: usize,
+    /// `[n_layer, n_kv_head, capacity, head_dim]`.
+    k: Vec<f32>,
+    /// `[n_layer, n_kv_head, capacity, head_dim]`.
+    v: Vec<f32>,
+}
+
+impl KvCache {
+    /// A zeroed cache for `capacity` positions.
+    pub fn new(n_layer: usize, n_kv_head: usize, head_dim: usize, capacity: usize) -> KvCache {
+        let n = n_layer * n_kv_head * capacity * head_dim;
+        KvCache { n_layer, n_kv_head, head_dim, capacity, k: vec![0.0; n], v: vec![0.0; n] }
+    }
+
+    /// Maximum number of positions.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    #[inline]
+    fn base(&self, layer: usize, head: usize) -> usize {
+        (layer * self.n_kv_head + head) * self.capacity * self.head_dim
+    }
+
+    /// Store the key and value rows of one token at `pos`. `k_row`, `v_row`: `[n_kv_head · head_dim]`,
+    /// heads concatenated. Errors when `pos` is past the capacity.
+    pub fn write(&mut self, layer: usize, pos: usize, k_row: &[f32], v_row: &[f32]) -> Result<()> {
+        if pos >= self.capacity {
+            return Err(Error::Invalid(format!(
+                "KV cache full: position {pos} is past the context size {}",
+                self.capacity
+            )));
+        }
+        debug_assert!(layer < self.n_layer);
+        let hd = self.head_dim;
+        for h in 0..self.n_kv_head {
+            let at = self.base(layer, h) + pos * hd;
+            self.k[at..at + hd].copy_from_slice(&k_row[h * hd..(h + 1) * hd]);
+            self.v[at..at + hd].copy_from_slice(&v_row[h * hd..(h + 1) * hd]);
+        }
+        Ok(())
+    }
+
+    /// Keys of `head` in `layer` for positions `0..n_pos`: `[n_pos, head_dim]`.
+    #[inline]
+    pub fn keys(&self, layer: usize, head: usize, n_pos: usize) -> &[f32] {
+        let b = self.base(layer, head);
+        &self.k[b..b + n_pos * self.head_dim]
+    }
+
+    /// Values of `head` in `layer` for positions `0..n_pos`: `[n_pos, head_dim]`.
+    #[inline]
+    pub fn values(&self, layer: usize, head: usize, n_pos: usize) -> &[f32] {
+        let b = self.base(layer, head);
+        &self.v[b..b + n_pos * self.head_dim]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_land_at_their_position() {
+        let mut c = KvCache::new(2, 2, 3, 4);
+        c.write(1, 2, &[1., 2., 3., 4., 5., 6.], &[7., 8., 9., 10., 11., 12.]).unwrap();
+        assert_eq!(&c.keys(1, 0, 3)[6..9], &[1., 2., 3.]);
+        assert_eq!(&c.keys(1, 1, 3)[6..9], &[4., 5., 6.]);
+        assert_eq!(&c.values(1, 1, 3)[6..9], &[10., 11., 12.]);
+        assert!(c.keys(0, 0, 4).iter().all(|&x| x == 0.0));
+        assert!(c.write(0, 4, &[0.; 6], &[0.; 6]).is_err());
+    }
+}

@@ -13,16 +13,24 @@
 //! - [`ops`] — shared numeric blocks: RMSNorm, RoPE, softmax, SiLU, attention.
 //! - [`kv_cache`] — flat KV cache with explicit write positions.
 //! - [`hooks`] — canonical stage ids and the observe/replace sink.
-//! - [`models`] — one forward function per architecture (Llama family first).
+//! - [`models`] — one forward function per architecture (Llama family first); [`models::Model`] and
+//!   [`models::Session`] are the entry points.
+//! - [`fixtures`] — tiny synthetic GGUF models for tests.
+//! - [`sample`] — greedy / temperature / top-k / top-p token selection.
 
 pub mod backend;
 pub mod error;
+pub mod fixtures;
 pub mod gguf;
 pub mod hooks;
 pub mod kv_cache;
 pub mod models;
 pub mod ops;
 pub mod quant;
+pub mod sample;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
+pub use hooks::{Stage, StageKind, StageSink};
+pub use models::{Model, Session};
+pub use quant::NumericsMode;

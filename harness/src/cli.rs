@@ -1,6 +1,245 @@
-//! Command-line interface (placeholder, being written).
+//! Command-line interface of the `lockstep` binary. Each subcommand is a thin wrapper over a library module.
 
-/// Entry point for the binary.
-pub fn main() -> std::process::ExitCode {
-    std::process::ExitCode::SUCCESS
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use lockstep_engine::sample::{Sampler, SamplerConfig};
+use lockstep_engine::tokenizer::TextStream;
+use lockstep_engine::{Model, NumericsMode};
+
+use crate::{dump, fetch, registry};
+
+/// lockstep: hold an LLM inference engine to reference goldens, stage by stage.
+#[derive(Debug, Parser)]
+#[command(name = "lockstep", version, about)]
+pub struct Cli {
+    /// Worker threads for the engine (default: all cores). Results do not depend on it.
+    #[arg(long, global = true)]
+    pub threads: Option<usize>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Download, verify and cache a registered model; prints its path.
+    Fetch {
+        /// Model id from models.toml (`lockstep fetch --list` shows them).
+        id: Option<String>,
+        /// Rehash the cached file even when its verified-hash sidecar matches.
+        #[arg(long)]
+        verify: bool,
+        /// List the registered models.
+        #[arg(long)]
+        list: bool,
+    },
+    /// Generate text from a prompt, streamed to stdout.
+    Generate(GenerateArgs),
+    /// Run token ids through the engine and write every stage and the logits to an .npz (the dump format).
+    Dump(DumpArgs),
+    /// Print the token ids of a prompt, as the engine (and llama.cpp) tokenizes it.
+    Tokenize {
+        #[command(flatten)]
+        model: ModelArg,
+        /// Text to tokenize.
+        #[arg(long)]
+        prompt: String,
+        /// Recognise control-token text such as `<|im_start|>` (llama_tokenize's parse_special).
+        #[arg(long)]
+        parse_special: bool,
+    },
+}
+
+/// `--model`: a registry id or a path to a local GGUF file.
+#[derive(Debug, Args)]
+pub struct ModelArg {
+    /// Model id from models.toml (fetched on first use) or a path to a .gguf file.
+    #[arg(long)]
+    pub model: String,
+}
+
+/// Arguments of `lockstep generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Prompt text (tokenized with add_special = true).
+    #[arg(long)]
+    pub prompt: String,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
+    pub n: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Top-k cut (0 = off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (nucleus) cut.
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Numerics mode: `reference` or `ggml`.
+    #[arg(long, default_value = "ggml")]
+    pub mode: NumericsMode,
+    /// Recognise control-token text in the prompt.
+    #[arg(long)]
+    pub parse_special: bool,
+}
+
+/// Arguments of `lockstep dump`.
+#[derive(Debug, Args)]
+pub struct DumpArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Prompt text, tokenized as llama.cpp's llama_tokenize(add_special=true, parse_special=false).
+    #[arg(long, conflicts_with = "tokens", required_unless_present = "tokens")]
+    pub prompt: Option<String>,
+    /// Comma-separated token ids, used as given.
+    #[arg(long, value_delimiter = ',')]
+    pub tokens: Option<Vec<u32>>,
+    /// Numerics mode: `reference` or `ggml`.
+    #[arg(long, default_value = "reference")]
+    pub mode: NumericsMode,
+    /// Recognise control-token text in the prompt.
+    #[arg(long)]
+    pub parse_special: bool,
+    /// Output .npz path.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Entry point for the binary: parse arguments, run, print errors with their causes.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Run a parsed command line.
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    if let Some(n) = cli.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("setting the thread count")?;
+    }
+    match cli.command {
+        Command::Fetch { id, verify, list } => {
+            let reg = registry::Registry::builtin()?;
+            if list {
+                for m in &reg.models {
+                    println!("{:<28} {:<8} {:>12} B  {}", m.id, m.arch, m.size, m.name);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let Some(id) = id else { bail!("give a model id, or --list to see them") };
+            let entry = reg
+                .get(&id)
+                .with_context(|| format!("unknown model id {id:?}; `lockstep fetch --list` shows the registered ones"))?;
+            let opts = fetch::FetchOptions { verify, ..fetch::FetchOptions::default() };
+            println!("{}", fetch::fetch(entry, &opts)?.display());
+        }
+        Command::Generate(a) => generate(a)?,
+        Command::Dump(a) => {
+            let model = load_model(&a.model.model)?;
+            let tokens = match (&a.prompt, &a.tokens) {
+                (Some(p), _) => model.tokenizer().encode(p, true, a.parse_special)?,
+                (None, Some(t)) => t.clone(),
+                (None, None) => bail!("give --prompt or --tokens"),
+            };
+            let t0 = Instant::now();
+            let d = dump::run(&model, &tokens, a.mode)?;
+            dump::write(&a.out, &d)?;
+            eprintln!(
+                "wrote {} ({} tokens, {} stages, mode {}) in {:.2}s",
+                a.out.display(),
+                tokens.len(),
+                d.stages.len(),
+                a.mode,
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        Command::Tokenize { model, prompt, parse_special } => {
+            let model = load_model(&model.model)?;
+            let ids = model.tokenizer().encode(&prompt, true, parse_special)?;
+            let s: Vec<String> = ids.iter().map(u32::to_string).collect();
+            println!("{}", s.join(","));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolve `--model` (registry id or path) and load it.
+pub fn load_model(spec: &str) -> Result<Model> {
+    let path = fetch::resolve_model(spec)?;
+    Model::load(&path).with_context(|| format!("loading model {}", path.display()))
+}
+
+fn generate(a: GenerateArgs) -> Result<()> {
+    let model = load_model(&a.model.model)?;
+    let tok = model.tokenizer();
+    let prompt = tok.encode(&a.prompt, true, a.parse_special)?;
+    if prompt.is_empty() {
+        bail!("the prompt tokenizes to nothing");
+    }
+    let n_ctx = (prompt.len() + a.n).min(model.config().n_ctx_train.max(prompt.len() + 1));
+    let mut session = model.session(n_ctx, a.mode);
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+    });
+    let n_vocab = model.config().n_vocab;
+    let mut out = std::io::stdout().lock();
+    write!(out, "{}", a.prompt)?;
+    out.flush()?;
+
+    let t0 = Instant::now();
+    let logits = model.forward(&mut session, &prompt, None)?;
+    let mut next = sampler.sample(&logits[(prompt.len() - 1) * n_vocab..]);
+    let prefill = t0.elapsed();
+    let mut stream = TextStream::default();
+    let t1 = Instant::now();
+    let mut generated = 0;
+    while generated < a.n && !tok.is_eog(next) {
+        write!(out, "{}", stream.push(tok, next))?;
+        out.flush()?;
+        generated += 1;
+        if generated == a.n || session.n_past() >= n_ctx {
+            break;
+        }
+        let logits = model.forward(&mut session, &[next], None)?;
+        next = sampler.sample(logits);
+    }
+    writeln!(out, "{}", stream.finish())?;
+    let decode = t1.elapsed();
+    eprintln!(
+        "prefill: {} tokens in {:.3}s ({:.1} tok/s); decode: {} tokens in {:.3}s ({:.1} tok/s); mode {}, backend {}",
+        prompt.len(),
+        prefill.as_secs_f64(),
+        prompt.len() as f64 / prefill.as_secs_f64(),
+        generated,
+        decode.as_secs_f64(),
+        generated as f64 / decode.as_secs_f64().max(1e-9),
+        a.mode,
+        session.backend_name()
+    );
+    Ok(())
 }

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# lockstep's test command (the README's): formatting, lints, then every test of the workspace —
+# unit, integration on tiny synthetic fixtures, golden verification, and the real-model tests
+# (marked #[ignore] so a plain `cargo test` stays offline; here they run, fetching the model into the cache
+# on first use through `lockstep fetch`'s code path).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+echo "== tests (including real-model tests)"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --run-ignored all --no-fail-fast
+  # nextest does not run doctests
+  cargo test --workspace --doc
+else
+  cargo test --workspace --no-fail-fast -- --include-ignored
+fi
