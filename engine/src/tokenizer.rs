@@ -264,7 +264,7 @@ impl Tokenizer {
         for fragment in self.partition(text, parse_special) {
             match fragment {
                 Fragment::Special(id) => ids.push(id),
-                Fragment::Text(t) if t.is_empty() => {}
+                Fragment::Text("") => {}
                 Fragment::Text(t) => {
                     let enc = self
                         .bpe
