@@ -6,10 +6,14 @@
 //! - [`fetch`] — download, assemble, verify and cache a registered model.
 //! - [`dump`] — the `.npz` dump format (lockstep's public contract) and `lockstep dump`.
 //! - [`golden`] — golden files and `golden/manifest.json`: loading and verification.
+//! - [`metrics`] — metric definitions (cosine, NMSE, KL, top-k overlap, entropy, ...) and summaries.
+//! - [`compare`] — an engine's output against a golden, stage by stage and position by position.
 //! - [`cli`] — command-line parsing and the subcommands.
 
 pub mod cli;
+pub mod compare;
 pub mod dump;
 pub mod fetch;
 pub mod golden;
+pub mod metrics;
 pub mod registry;

@@ -1,0 +1,383 @@
+//! One comparison engine: an engine's stages and logits against a golden, stage by stage and position by
+//! position, for the prefill and the teacher-forced decode steps.
+//!
+//! Every stage is accounted for: compared (with [`StageComparison`] metrics), or listed in
+//! [`CellComparison::not_compared`] with the reason (the oracle has no such node, the golden did not store
+//! it, the engine does not emit it). A shape disagreement or a non-finite value is an error naming the file
+//! or stage, never a skipped comparison.
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Result};
+use ndarray::Array2;
+use serde::{Deserialize, Serialize};
+
+use crate::golden::{GoldenFile, StageMap};
+use crate::metrics::{first_non_finite, logit_position, row_error, LogitPosition, RefLogits, Summary};
+
+/// Prefill (all prompt positions in one batch) or decode (one token per step through the KV cache).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// The prompt, one forward call.
+    Prefill,
+    /// Teacher-forced decode steps.
+    Decode,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Phase::Prefill => "prefill",
+            Phase::Decode => "decode",
+        })
+    }
+}
+
+/// What an engine produced for one golden: stages and logits of the prefill and of each decode step.
+#[derive(Clone, Debug, Default)]
+pub struct EngineOutput {
+    /// The engine's own tokenization of the golden's prompt text.
+    pub own_tokens: Vec<u32>,
+    /// Prefill stages by canonical id, `[T, D]`; `logits` is `[T, V]`.
+    pub prefill: BTreeMap<String, Array2<f32>>,
+    /// Decode stages by canonical id, one row per step, `[N, D]`; `logits` is `[N, V]`.
+    pub decode: BTreeMap<String, Array2<f32>>,
+    /// The engine's stage ids in forward order (excluding `logits`).
+    pub stage_order: Vec<String>,
+}
+
+/// Options of a comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompareOptions {
+    /// A top-1 disagreement where the reference's logit margin between its choice and the engine's is
+    /// below this is a near tie, counted apart from failures.
+    pub margin_tolerance: f64,
+}
+
+impl Default for CompareOptions {
+    fn default() -> Self {
+        CompareOptions { margin_tolerance: 0.01 }
+    }
+}
+
+/// Metrics of one stage over the positions of one phase.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageComparison {
+    /// Canonical id.
+    pub stage: String,
+    /// Prefill or decode.
+    pub phase: Phase,
+    /// Block index, for per-layer stages.
+    pub layer: Option<usize>,
+    /// Row width.
+    pub width: usize,
+    /// Cosine per position.
+    pub cosine: Summary,
+    /// NMSE per position.
+    pub nmse: Summary,
+    /// RMSE per position.
+    pub rmse: Summary,
+    /// Mean |Δ| per position.
+    pub mean_abs: Summary,
+    /// Max |Δ| over all positions.
+    pub max_abs: f64,
+    /// Every value equal.
+    pub bit_exact: bool,
+    /// Position of the smallest cosine.
+    pub worst_position: usize,
+    /// Cosine per position, in position order (for bisect and plots).
+    pub cosine_by_position: Vec<f64>,
+    /// NMSE per position, in position order.
+    pub nmse_by_position: Vec<f64>,
+}
+
+/// A stage that was not compared, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotCompared {
+    /// Canonical id.
+    pub stage: String,
+    /// Prefill or decode.
+    pub phase: Phase,
+    /// Why not.
+    pub reason: String,
+}
+
+/// Logit metrics of one phase.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogitsComparison {
+    /// Prefill or decode.
+    pub phase: Phase,
+    /// Positions compared.
+    pub n_positions: usize,
+    /// Positions where the top-1 tokens agree.
+    pub top1_agree: usize,
+    /// Disagreements whose reference margin is below the tolerance (near ties), with their margins.
+    pub near_ties: Vec<LogitPosition>,
+    /// Disagreements at or above the tolerance: failures.
+    pub mismatches: Vec<LogitPosition>,
+    /// KL(P_ref ‖ P_eng) over positions with full reference rows.
+    pub kl: Option<Summary>,
+    /// Top-5 overlap.
+    pub top5: Summary,
+    /// Top-10 overlap.
+    pub top10: Summary,
+    /// Reference entropy (full rows).
+    pub entropy_ref: Option<Summary>,
+    /// Engine entropy.
+    pub entropy_eng: Summary,
+    /// Δp of the reference's top token (full rows).
+    pub dp_top: Option<Summary>,
+    /// Every position's metrics.
+    pub positions: Vec<LogitPosition>,
+}
+
+/// Everything one engine run says against one golden.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CellComparison {
+    /// The golden's token ids.
+    pub golden_tokens: Vec<u32>,
+    /// The engine's tokenization of the same text.
+    pub engine_tokens: Vec<u32>,
+    /// Compared stages, in forward order, prefill then decode.
+    pub stages: Vec<StageComparison>,
+    /// Stages not compared, with reasons.
+    pub not_compared: Vec<NotCompared>,
+    /// Logits per phase.
+    pub logits: Vec<LogitsComparison>,
+}
+
+impl CellComparison {
+    /// True when the engine tokenized the prompt exactly as the oracle did.
+    pub fn tokens_match(&self) -> bool {
+        self.golden_tokens == self.engine_tokens
+    }
+}
+
+/// Compare one stage's rows. Errors on a shape disagreement or a non-finite value, naming the stage.
+pub fn compare_stage(
+    stage: &str,
+    phase: Phase,
+    engine: &Array2<f32>,
+    golden: &Array2<f32>,
+    golden_name: &str,
+) -> Result<StageComparison> {
+    if engine.dim() != golden.dim() {
+        bail!(
+            "{golden_name}: stage `{stage}` ({phase}) has shape {:?} in the golden but {:?} from the engine",
+            golden.dim(),
+            engine.dim()
+        );
+    }
+    let mut errs = Vec::with_capacity(engine.nrows());
+    for (p, (a, b)) in engine.rows().into_iter().zip(golden.rows()).enumerate() {
+        let (a, b) = (a.to_vec(), b.to_vec());
+        if let Some(nf) = first_non_finite(&a) {
+            bail!(
+                "engine stage `{stage}` ({phase}) holds {} at row {p}, column {} (compared against {golden_name})",
+                nf.value,
+                nf.index
+            );
+        }
+        if let Some(nf) = first_non_finite(&b) {
+            bail!("{golden_name}: golden stage `{stage}` ({phase}) holds {} at row {p}, column {}", nf.value, nf.index);
+        }
+        errs.push(row_error(&a, &b));
+    }
+    let sum = |f: fn(&crate::metrics::RowError) -> f64| {
+        Summary::of(errs.iter().map(f)).unwrap_or(Summary {
+            count: 0,
+            mean: 0.0,
+            min: 0.0,
+            max: 0.0,
+            p50: 0.0,
+            p90: 0.0,
+            p99: 0.0,
+        })
+    };
+    let worst_position = errs
+        .iter()
+        .enumerate()
+        .min_by(|a, b| a.1.cosine.total_cmp(&b.1.cosine))
+        .map_or(0, |(i, _)| i);
+    Ok(StageComparison {
+        stage: stage.to_string(),
+        phase,
+        layer: layer_of(stage),
+        width: engine.ncols(),
+        cosine: sum(|e| e.cosine),
+        nmse: sum(|e| e.nmse),
+        rmse: sum(|e| e.rmse),
+        mean_abs: sum(|e| e.mean_abs),
+        max_abs: errs.iter().map(|e| e.max_abs).fold(0.0, f64::max),
+        bit_exact: errs.iter().all(|e| e.bit_exact),
+        worst_position,
+        cosine_by_position: errs.iter().map(|e| e.cosine).collect(),
+        nmse_by_position: errs.iter().map(|e| e.nmse).collect(),
+    })
+}
+
+/// The block index of a canonical id (`blk.N.…`).
+pub fn layer_of(stage: &str) -> Option<usize> {
+    stage.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
+/// Summarise per-position logit metrics of one phase.
+pub fn summarize_logits(phase: Phase, positions: Vec<LogitPosition>, opts: &CompareOptions) -> LogitsComparison {
+    let disagree = positions.iter().filter(|p| p.ref_top != p.eng_top);
+    let (near_ties, mismatches): (Vec<_>, Vec<_>) =
+        disagree.cloned().partition(|p| p.margin < opts.margin_tolerance);
+    let top1_agree = positions.iter().filter(|p| p.ref_top == p.eng_top).count();
+    let empty = Summary { count: 0, mean: 0.0, min: 0.0, max: 0.0, p50: 0.0, p90: 0.0, p99: 0.0 };
+    LogitsComparison {
+        phase,
+        n_positions: positions.len(),
+        top1_agree,
+        near_ties,
+        mismatches,
+        kl: Summary::of(positions.iter().filter_map(|p| p.kl)),
+        top5: Summary::of(positions.iter().map(|p| p.top5)).unwrap_or(empty),
+        top10: Summary::of(positions.iter().map(|p| p.top10)).unwrap_or(empty),
+        entropy_ref: Summary::of(positions.iter().filter_map(|p| p.entropy_ref)),
+        entropy_eng: Summary::of(positions.iter().map(|p| p.entropy_eng)).unwrap_or(empty),
+        dp_top: Summary::of(positions.iter().filter_map(|p| p.dp_top)),
+        positions,
+    }
+}
+
+fn logits_rows(engine: &Array2<f32>, what: &str, phase: Phase) -> Result<Vec<Vec<f32>>> {
+    let mut rows = Vec::with_capacity(engine.nrows());
+    for (p, r) in engine.rows().into_iter().enumerate() {
+        let r = r.to_vec();
+        if let Some(nf) = first_non_finite(&r) {
+            bail!("engine logits ({phase}) hold {} at row {p}, token {} ({what})", nf.value, nf.index);
+        }
+        rows.push(r);
+    }
+    Ok(rows)
+}
+
+/// Compare an engine's output with a golden. `stage_map` says which stages the oracle does not expose.
+///
+/// Errors: a golden array that is missing although the manifest lists it, a shape disagreement, a
+/// non-finite value (engine or golden), the engine lacking logits — each naming the golden file or stage.
+pub fn compare(
+    golden: &mut GoldenFile,
+    out: &EngineOutput,
+    stage_map: Option<&StageMap>,
+    opts: &CompareOptions,
+) -> Result<CellComparison> {
+    let gname = golden.path().display().to_string();
+    let entry = golden.entry().clone();
+    let golden_tokens = golden.read_tokens("tokens")?;
+    let mut stages = Vec::new();
+    let mut not_compared = Vec::new();
+    let mut logits = Vec::new();
+
+    for (phase, engine_stages, golden_ids) in [
+        (Phase::Prefill, &out.prefill, entry.prefill_stages().map(str::to_string).collect::<Vec<_>>()),
+        (Phase::Decode, &out.decode, entry.decode_stages().map(str::to_string).collect::<Vec<_>>()),
+    ] {
+        if phase == Phase::Decode && entry.n_decode_steps == 0 {
+            continue;
+        }
+        let prefix = if phase == Phase::Decode { "decode." } else { "" };
+        for id in &out.stage_order {
+            if golden_ids.iter().any(|g| g == id) {
+                let Some(e) = engine_stages.get(id) else {
+                    not_compared.push(NotCompared { stage: id.clone(), phase, reason: "the engine did not emit it".into() });
+                    continue;
+                };
+                let g = golden.read_f32(&format!("{prefix}{id}"))?;
+                stages.push(compare_stage(id, phase, e, &g, &gname)?);
+            } else {
+                let reason = if stage_map.is_some_and(|m| m.is_not_exposed(id)) {
+                    "the oracle exposes no such node"
+                } else {
+                    "not stored in this golden"
+                };
+                not_compared.push(NotCompared { stage: id.clone(), phase, reason: reason.into() });
+            }
+        }
+        for g in &golden_ids {
+            if !out.stage_order.contains(g) {
+                not_compared.push(NotCompared {
+                    stage: g.clone(),
+                    phase,
+                    reason: "the engine does not emit this stage".into(),
+                });
+            }
+        }
+
+        // Logits.
+        let Some(eng) = engine_stages.get("logits") else {
+            bail!("the engine produced no {phase} logits (comparing against {gname})");
+        };
+        let rows = logits_rows(eng, &gname, phase)?;
+        let mut positions = Vec::with_capacity(rows.len());
+        match phase {
+            Phase::Prefill => {
+                let full = golden.read_f32("logits")?;
+                let full_pos = golden.read_tokens("logits_positions")?;
+                let ids = golden.read_i32("logits_topk_ids")?;
+                let vals = golden.read_f32("logits_topk")?;
+                if rows.len() != golden_tokens.len() || ids.nrows() != rows.len() {
+                    bail!("{gname}: {} prompt positions in the golden, {} logits rows from the engine", ids.nrows(), rows.len());
+                }
+                if full.ncols() != eng.ncols() {
+                    bail!("{gname}: vocabulary {} in the golden, {} from the engine", full.ncols(), eng.ncols());
+                }
+                for (t, row) in rows.iter().enumerate() {
+                    let lp = match full_pos.iter().position(|&p| p as usize == t) {
+                        Some(i) => {
+                            let r = full.row(i).to_vec();
+                            logit_position(t, row, RefLogits::Full(&r))
+                        }
+                        None => {
+                            let idv: Vec<u32> = ids.row(t).iter().map(|&x| x as u32).collect();
+                            let vv = vals.row(t).to_vec();
+                            logit_position(t, row, RefLogits::TopK(&idv, &vv))
+                        }
+                    };
+                    positions.push(lp);
+                }
+            }
+            Phase::Decode => {
+                let full = golden.read_f32("decode.logits")?;
+                if full.dim() != eng.dim() {
+                    bail!("{gname}: decode logits {:?} in the golden, {:?} from the engine", full.dim(), eng.dim());
+                }
+                let t0 = golden_tokens.len();
+                for (i, row) in rows.iter().enumerate() {
+                    let r = full.row(i).to_vec();
+                    positions.push(logit_position(t0 + i, row, RefLogits::Full(&r)));
+                }
+            }
+        }
+        logits.push(summarize_logits(phase, positions, opts));
+    }
+    Ok(CellComparison { golden_tokens, engine_tokens: out.own_tokens.clone(), stages, not_compared, logits })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    #[test]
+    fn stage_metrics_and_errors() {
+        let e = array![[1.0f32, 2.0], [3.0, 4.0]];
+        let c = compare_stage("blk.3.out", Phase::Prefill, &e, &e, "g.npz").unwrap();
+        assert!(c.bit_exact && c.cosine.min > 0.999_999 && c.layer == Some(3));
+        let g = array![[1.0f32, 2.0], [3.0, 5.0]];
+        let c = compare_stage("blk.3.out", Phase::Prefill, &e, &g, "g.npz").unwrap();
+        assert_eq!(c.worst_position, 1);
+        assert_eq!(c.max_abs, 1.0);
+        let bad = array![[1.0f32, f32::NAN], [3.0, 4.0]];
+        let err = compare_stage("blk.3.out", Phase::Prefill, &bad, &g, "g.npz").unwrap_err().to_string();
+        assert!(err.contains("engine stage `blk.3.out`") && err.contains("NaN"), "{err}");
+        let wrong = array![[1.0f32, 2.0, 3.0]];
+        let err = compare_stage("blk.3.out", Phase::Prefill, &wrong, &g, "g.npz").unwrap_err().to_string();
+        assert!(err.contains("g.npz") && err.contains("shape"), "{err}");
+    }
+}
