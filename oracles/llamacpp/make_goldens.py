@@ -241,6 +241,28 @@ def stage_map_json(inventory_summary: list[dict]) -> dict:
     }
 
 
+def dump_manifest(manifest: dict) -> str:
+    """JSON with one line per array spec and per observed node (the bulk of the file)."""
+    compact: dict[str, str] = {}
+
+    def mark(obj: dict) -> str:
+        key = f"@@compact{len(compact)}@@"
+        compact[key] = json.dumps(obj, ensure_ascii=False)
+        return key
+
+    doc = json.loads(json.dumps(manifest))
+    for per_arch in doc.get("stage_map", {}).values():
+        for sm in per_arch.values():
+            sm["stages"] = [mark(x) for x in sm.get("stages", [])]
+            sm["observed_nodes"] = [mark(x) for x in sm.get("observed_nodes", [])]
+    for g in doc.get("goldens", []):
+        g["arrays"] = {k: mark(v) for k, v in g.get("arrays", {}).items()}
+    text = json.dumps(doc, indent=1, ensure_ascii=False)
+    for key, value in compact.items():
+        text = text.replace(f'"{key}"', value, 1)
+    return text + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     here = Path(__file__).resolve().parent
@@ -457,9 +479,14 @@ def main() -> int:
         g for g in manifest.get("goldens", [])
         if not (g.get("oracle", {}).get("name") == ORACLE_NAME and g.get("model_id") == args.model_id)
     ]
-    manifest["goldens"] = keep + entries
-    manifest["goldens"].sort(key=lambda g: g["path"])
-    manifest_path.write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+    goldens = sorted(keep + entries, key=lambda g: g["path"])
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "about": manifest["about"],
+        "stage_map": manifest["stage_map"],
+        "goldens": goldens,
+    }
+    manifest_path.write_text(dump_manifest(manifest))
     oracle.close()
     total = sum(e["bytes"] for e in entries)
     print(f"wrote {len(entries)} goldens, {total / 2**20:.2f} MiB, and {manifest_path}")

@@ -1,0 +1,88 @@
+"""Compare two golden directories array by array (reproducibility of oracles/regenerate.sh), or
+print the F16-KV vs F32-KV noise floor recorded in a manifest.
+
+    python compare_goldens.py DIR_A DIR_B        # every golden of A's manifest against B's
+    python compare_goldens.py --noise-floor DIR  # the vs_f32kv metrics of DIR/manifest.json
+
+The comparison reports, per golden, whether the file's sha256 is the same and the largest |A - B|
+over every array (computed in float64 on the stored values); it exits 1 if any array differs in
+name, shape, dtype or value.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def compare(a_dir: Path, b_dir: Path) -> int:
+    ma = json.loads((a_dir / "manifest.json").read_text())
+    mb = json.loads((b_dir / "manifest.json").read_text())
+    b_by_path = {g["path"]: g for g in mb["goldens"]}
+    worst = 0.0
+    bad = 0
+    for g in ma["goldens"]:
+        gb = b_by_path.get(g["path"])
+        if gb is None:
+            print(f"{g['path']}: not in {b_dir}/manifest.json")
+            bad += 1
+            continue
+        with np.load(a_dir / g["path"]) as za, np.load(b_dir / g["path"]) as zb:
+            names_a, names_b = set(za.files), set(zb.files)
+            if names_a != names_b:
+                print(f"{g['path']}: arrays differ: only in A {sorted(names_a - names_b)}, only in B {sorted(names_b - names_a)}")
+                bad += 1
+                continue
+            diffs = {}
+            for n in sorted(names_a):
+                x, y = za[n], zb[n]
+                if x.shape != y.shape or x.dtype != y.dtype:
+                    print(f"{g['path']}: {n}: {x.shape} {x.dtype} vs {y.shape} {y.dtype}")
+                    bad += 1
+                    continue
+                d = float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))) if x.size else 0.0
+                if d != 0.0 or not np.array_equal(x, y):
+                    diffs[n] = d
+            same_sha = g["sha256"] == gb["sha256"]
+            m = max(diffs.values(), default=0.0)
+            worst = max(worst, m)
+            bad += bool(diffs)
+            print(
+                f"{g['path']:55s} arrays={len(names_a):4d} sha256 {'same' if same_sha else 'DIFFERS'}  "
+                f"max|Δ|={m:.3g}" + (f"  differing: {sorted(diffs)[:8]}" if diffs else "")
+            )
+    print(f"max |Δ| over all arrays: {worst:.6g}; goldens with differences: {bad}")
+    return 1 if bad else 0
+
+
+def noise_floor(d: Path) -> int:
+    m = json.loads((d / "manifest.json").read_text())
+    print("| prompt | T | KL last pos (nats) | mean KL decode | top-1 agreement | min cos blk.N.out prefill | min cos blk.N.out decode |")
+    print("|---|---|---|---|---|---|---|")
+    for g in m["goldens"]:
+        v = g.get("vs_f32kv")
+        if not v:
+            continue
+        print(
+            f"| {g['prompt_id']} | {g['n_prompt_tokens']} | {v['kl_last_prompt_position']:.3g} | "
+            f"{v['kl_mean_decode']:.3g} | {v['top1_agreement'] * v['top1_positions']:.0f}/{v['top1_positions']} "
+            f"({v['top1_agreement']:.1%}) | {v['min_cosine_blk_out_prefill']:.5f} | {v['min_cosine_blk_out_decode']:.5f} |"
+        )
+    return 0
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "--noise-floor":
+        return noise_floor(Path(args[1]))
+    if len(args) == 2:
+        return compare(Path(args[0]), Path(args[1]))
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
