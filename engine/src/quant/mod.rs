@@ -3,11 +3,97 @@
 //! Source of truth for every layout: ggml's `ggml/src/ggml-common.h` (block structs) and
 //! `ggml/src/ggml-quants.c` / `ggml/src/ggml-cpu/quants.c` (dequantize / quantize / vec_dot reference
 //! code). Weights are read as little-endian bytes straight from the memory map; nothing is dequantized at
-//! load.
+//! load. One module per format (`q4_0`, `q4_1`, `q5_0`, `q8` = Q8_0 + Q8_1, `q8_k`, `q4_k`, `q6_k`,
+//! `float` = F32/F16/BF16); `fp` holds ggml's f16/bf16 conversions, `x86` the scalar replicas of the SIMD
+//! reduction steps, `reference` the reference-mode dot products, `prepared` the [`PreparedRow`].
+//!
+//! | type | dequantize | quantize (`_ref`) | dot (both modes) | `vec_dot_type` |
+//! |---|---|---|---|---|
+//! | F32, F16, BF16 | yes | yes | yes | itself |
+//! | Q4_0, Q5_0, Q8_0 | yes | yes | yes | Q8_0 |
+//! | Q4_1 | yes | yes | yes | Q8_1 |
+//! | Q4_K, Q6_K | yes | no | yes | Q8_K |
+//! | Q8_1, Q8_K (activation types) | yes | yes | no | — |
+//!
+//! # What ggml mode reproduces, and what llama.cpp on this machine actually runs
+//!
+//! The llama.cpp that matters is the one vendored by llama-cpp-python 0.3.36 (ggml 0.25.3), built on this
+//! machine with `GGML_NATIVE` (one `libggml-cpu.so`; `ggml_cpu_has_*`: AVX2, FMA, F16C, AVX-512 F/VNNI/BF16,
+//! AVX-VNNI; AVX512-FP16 not used by the build), `GGML_LLAMAFILE` on and `GGML_CPU_REPACK` on. What I
+//! found reading its sources (and its disassembly, and calling its kernels through ctypes — see
+//! `oracles/fixtures/make_quant_fixtures.py` and `tests/quant_vs_gguf.rs`):
+//!
+//! **The vec_dot path** (`ggml_compute_forward_mul_mat` → `ggml_compute_forward_mul_mat_one_chunk`,
+//! ggml-cpu.c). The activation row is converted once by `type_traits_cpu[vec_dot_type].from_float`: on x86
+//! that is `quantize_row_q8_0` / `quantize_row_q8_1` from `ggml-cpu/arch/x86/quants.c`, *not* the `_ref`
+//! functions: `id = 127/max` instead of `1/d`, round half to even instead of `roundf`, saturating packs;
+//! `quantize_row_q8_K` is `quantize_row_q8_K_ref`. Then each weight row goes through the x86 kernel
+//! (`ggml_vec_dot_q4_1_q8_1` etc. in arch/x86/quants.c, AVX2 branch), which keeps eight f32 lanes — lane `l`
+//! takes the integer dot of elements `4l..4l+4` of each 32-block (exact, `vpdpbusd`) — updates them with
+//! `fma(d_w*d_x, lane, acc)` block after block, and adds the lanes with `hsum_float_8`. That is not the order
+//! of the portable C (`ggml_vec_dot_*_generic` in ggml-cpu/quants.c: `sumf += sumi*d_x*d_y` per block).
+//! **Ggml mode mirrors the x86 kernels step for step** (exactly rounded fmas, `x86::fma`), because they are
+//! what runs here: on the committed fixtures every dot product and every quantized activation is
+//! bit-identical to the real `libggml-cpu.so`. Threads split output rows and the activation is quantized per
+//! block, so thread count changes nothing.
+//!
+//! **Batched prefill, llamafile sgemm** (`llamafile_sgemm`, ggml-cpu/llamafile/sgemm.cpp, tried first
+//! when the batch is ≥ 2): handles F32, F16, BF16 weights when the row count is a multiple of 4 (tinyBLAS:
+//! one 16-lane accumulator per output, then `_mm512_reduce_add_ps` — a different order from
+//! `ggml_vec_dot_f32/f16/bf16`; measured here: ~1e-6 relative differences) and Q8_0, Q4_0, Q5_0, IQ4_NL
+//! weights with Q8_0 activations (`tinyBLAS_Q0_AVX`). The latter computes, per output, the same lane
+//! integers, the same `fma(d_w*d_x, lane, acc)` and the same `hsum` as the vec_dot kernel: bit-identical
+//! (checked on whole `ggml_mul_mat` ops at batch 4 and 9 in `tests/quant_vs_gguf.rs`). Q4_1 and the
+//! K-quants are not handled by tinyBLAS.
+//!
+//! **Repacking** (extra buffer type `CPU_REPACK`, ggml-cpu/repack.cpp `ggml_repack_get_optimal_repack_type`;
+//! llama.cpp uses it by default, `llama_model_params .use_extra_bufts = true`, and llama-cpp-python does not
+//! change that). On x86 with AVX2: Q4_0 weights with a row count divisible by 8 become `q4_0_8x8_q8_0`, Q4_K
+//! → `q4_K_8x8_q8_K`, also IQ4_NL and MXFP4 (Q2_K with AVX-512). Those matmuls run `ggml_gemv_*` /
+//! `ggml_gemm_*` (arch/x86/repack.cpp) with their own activation quantization (`ggml_quantize_mat_q8_*_4x8`)
+//! and accumulation order. Not repacked on x86: Q4_1, Q5_0, Q8_0, Q6_K, F16, BF16, F32. `token_embd` is read
+//! by GET_ROWS with `dequantize_row_*` (libggml-base), which [`dequantize_row`] matches bit for bit.
+//!
+//! **Tiled K-quant matmul** (ggml-cpu/tiled/tiled.cpp, new in this version): for batches ≥ 8, K-quant
+//! weights that were not repacked (Q6_K here; Q2_K..Q5_K, IQ*) go to `ggml_compute_forward_mul_mat_tiled`
+//! unless `GGML_CPU_TILED_MM=0`; another order (measured: ~3e-6 relative differences).
+//!
+//! **So, per model**: SmolLM2 Q4_1 (+ Q8_0 tied output) runs only vec_dot/tinyBLAS-Q0 kernels — ggml mode
+//! reproduces each of its matmul outputs exactly, for decode and prefill, given bit-identical input
+//! activations. Gemma 3 / Qwen2.5 (Q5_0, Q8_0, Q4_K, Q6_K): Q5_0 and Q8_0 exact; Q6_K exact for decode,
+//! not for prefill (tiled); Q4_K not exact (repacked). What remains non-bit-exact, and why:
+//! 1. the repack and tiled kernels above (different order; ggml mode stays within a few ulps per block);
+//! 2. F32/F16/BF16 weights under tinyBLAS in prefill (ggml mode mirrors `ggml_vec_dot_f32/f16/bf16`, the
+//!    decode path) — this also concerns attention: without flash attention (llama-cpp-python's default) KQ
+//!    and KQV are F16 mul_mats of the KV cache;
+//! 3. a NaN in an activation block: ggml's max tree drops or keeps it by position and a NaN quantizes to
+//!    -128; both are mirrored, but the NaN payloads themselves are not part of the contract;
+//! 4. everything outside these kernels (norms, RoPE, softmax, SiLU use ggml's own SIMD approximations) is
+//!    not this module's business;
+//! 5. on another CPU (no FMA, ARM) llama.cpp picks other kernels and this bit-exactness does not carry over.
+//!
+//! Reference mode is plain: dequantize to f32 (the values [`dequantize_row`] gives, identical to the `gguf`
+//! package's and to ggml's `dequantize_row_*`), f32 multiply-accumulate in a fixed order (see
+//! `reference.rs`).
 
+mod float;
+mod fp;
+mod prepared;
+mod q4_0;
+mod q4_1;
+mod q4_k;
+mod q5_0;
+mod q6_k;
+mod q8;
+mod q8_k;
+mod reference;
 mod types;
+mod x86;
 
+pub use prepared::PreparedRow;
 pub use types::GgmlType;
+
+use crate::Error;
 
 /// How a matrix-vector product is computed.
 ///
@@ -41,7 +127,9 @@ impl std::str::FromStr for NumericsMode {
         match s {
             "reference" => Ok(NumericsMode::Reference),
             "ggml" => Ok(NumericsMode::Ggml),
-            other => Err(format!("unknown numerics mode {other:?} (expected `reference` or `ggml`)")),
+            other => Err(format!(
+                "unknown numerics mode {other:?} (expected `reference` or `ggml`)"
+            )),
         }
     }
 }
@@ -51,3 +139,192 @@ impl std::fmt::Display for NumericsMode {
         f.write_str(self.name())
     }
 }
+
+/// True if `ty` has dequantization and dot-product kernels (weights of this type can be used in a matmul).
+pub fn supports(ty: GgmlType) -> bool {
+    vec_dot_type(ty).is_some()
+}
+
+/// The type ggml-cpu converts the activation to before a dot product with weights of `ty`
+/// (`type_traits_cpu[ty].vec_dot_type`, ggml-cpu.c), or `None` if this module has no dot kernel for `ty`.
+pub fn vec_dot_type(ty: GgmlType) -> Option<GgmlType> {
+    use GgmlType::*;
+    match ty {
+        F32 => Some(F32),
+        F16 => Some(F16),
+        BF16 => Some(BF16),
+        Q4_0 | Q5_0 | Q8_0 => Some(Q8_0),
+        Q4_1 => Some(Q8_1),
+        Q4_K | Q6_K => Some(Q8_K),
+        _ => None,
+    }
+}
+
+/// Check that `n_bytes` holds exactly `n_elements` of `ty`.
+fn check_len(ty: GgmlType, n_bytes: usize, n_elements: usize) -> crate::Result<()> {
+    match ty.bytes_for(n_elements as u64) {
+        Some(b) if b == n_bytes => Ok(()),
+        Some(b) => Err(Error::Invalid(format!(
+            "{ty}: {n_elements} elements take {b} bytes, got {n_bytes}"
+        ))),
+        None => Err(Error::Invalid(format!(
+            "{ty}: {n_elements} elements is not a whole number of {}-element blocks",
+            ty.block_size()
+        ))),
+    }
+}
+
+/// Dequantize a row: `src` holds the ggml blocks of `dst.len()` elements of `ty`.
+///
+/// Bit for bit ggml's `dequantize_row_<type>` (ggml-quants.c) and the `gguf` package's `dequantize`.
+///
+/// Errors: [`Error::Invalid`] if `src.len() != ty.bytes_for(dst.len())`; [`Error::Unsupported`] for types
+/// without a kernel.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> crate::Result<()> {
+    use GgmlType::*;
+    if !matches!(
+        ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q8_1 | Q4_K | Q6_K | Q8_K
+    ) {
+        return Err(Error::Unsupported(format!(
+            "no dequantization kernel for {ty}"
+        )));
+    }
+    check_len(ty, src.len(), dst.len())?;
+    fn blocks<const QK: usize>(
+        src: &[u8],
+        dst: &mut [f32],
+        bytes: usize,
+        f: fn(&[u8], &mut [f32; QK]),
+    ) {
+        for (blk, out) in src.chunks_exact(bytes).zip(dst.chunks_exact_mut(QK)) {
+            let out: &mut [f32; QK] = out.try_into().expect("chunks_exact gives QK elements");
+            f(blk, out);
+        }
+    }
+    match ty {
+        F32 => float::dequantize_f32(src, dst),
+        F16 => float::dequantize_f16(src, dst),
+        BF16 => float::dequantize_bf16(src, dst),
+        Q4_0 => blocks(src, dst, q4_0::BYTES, q4_0::dequantize_block),
+        Q4_1 => blocks(src, dst, q4_1::BYTES, q4_1::dequantize_block),
+        Q5_0 => blocks(src, dst, q5_0::BYTES, q5_0::dequantize_block),
+        Q8_0 => blocks(src, dst, q8::Q8_0_BYTES, q8::dequantize_block_q8_0),
+        Q8_1 => blocks(src, dst, q8::Q8_1_BYTES, q8::dequantize_block_q8_1),
+        Q4_K => blocks(src, dst, q4_k::BYTES, q4_k::dequantize_block),
+        Q6_K => blocks(src, dst, q6_k::BYTES, q6_k::dequantize_block),
+        Q8_K => blocks(src, dst, q8_k::BYTES, q8_k::dequantize_block),
+        _ => unreachable!("checked above"),
+    }
+    Ok(())
+}
+
+/// Quantize a row with ggml's reference quantizers — the ones that write model files:
+/// `quantize_row_{q4_0,q4_1,q5_0,q8_0,q8_1,q8_K}_ref` (ggml-quants.c), `ggml_fp32_to_fp16_row`,
+/// `ggml_fp32_to_bf16_row_ref`, and a plain copy for F32. Output bytes are identical to libggml-base's
+/// (including NaN handling). For the activation quantizers ggml-cpu uses inside a matmul, see
+/// [`PreparedRow`].
+///
+/// Errors: [`Error::Invalid`] if `src.len()` is not a whole number of blocks; [`Error::Unsupported`] for
+/// other types (the K-quant quantizers are not implemented).
+pub fn quantize_row(ty: GgmlType, src: &[f32]) -> crate::Result<Vec<u8>> {
+    use GgmlType::*;
+    if !matches!(
+        ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q8_1 | Q8_K
+    ) {
+        return Err(Error::Unsupported(format!(
+            "no reference quantizer for {ty}"
+        )));
+    }
+    let n_bytes = ty.bytes_for(src.len() as u64).ok_or_else(|| {
+        Error::Invalid(format!(
+            "{ty}: {} elements is not a whole number of {}-element blocks",
+            src.len(),
+            ty.block_size()
+        ))
+    })?;
+    let mut dst = vec![0u8; n_bytes];
+    match ty {
+        F32 => float::quantize_f32(src, &mut dst),
+        F16 => float::quantize_f16(src, &mut dst),
+        BF16 => float::quantize_bf16(src, &mut dst),
+        Q4_0 => q4_0::quantize_ref(src, &mut dst),
+        Q4_1 => q4_1::quantize_ref(src, &mut dst),
+        Q5_0 => q5_0::quantize_ref(src, &mut dst),
+        Q8_0 => q8::quantize_ref_q8_0(src, &mut dst),
+        Q8_1 => q8::quantize_ref_q8_1(src, &mut dst),
+        Q8_K => {
+            let nb = src.len() / q8_k::QK_K;
+            let (mut qs, mut d, mut bs) =
+                (vec![0i8; src.len()], vec![0f32; nb], vec![0i16; nb * 16]);
+            q8_k::quantize(src, &mut dst, &mut qs, &mut d, &mut bs);
+        }
+        _ => unreachable!("checked above"),
+    }
+    Ok(dst)
+}
+
+/// Dot product of one weight row (raw block bytes straight from the mmap, unaligned) with a prepared row.
+///
+/// - Reference mode: dequantize each block and f32 multiply-accumulate (order in `reference.rs`).
+/// - Ggml mode: the x86 `ggml_vec_dot_<type>_<vec_dot_type>` of this machine's llama.cpp build, step for
+///   step (see the module docs): `ggml_vec_dot_q4_0_q8_0`, `ggml_vec_dot_q4_1_q8_1`,
+///   `ggml_vec_dot_q5_0_q8_0`, `ggml_vec_dot_q8_0_q8_0`, `ggml_vec_dot_q4_K_q8_K`, `ggml_vec_dot_q6_K_q8_K`
+///   (arch/x86/quants.c), `ggml_vec_dot_f32`, `ggml_vec_dot_f16`, `ggml_vec_dot_bf16` (vec.cpp).
+///
+/// Lengths are the caller's contract: `w_row` holds `x.len()` elements of `weight_ty`, and `x` was prepared
+/// for `weight_ty` or a type with the same `vec_dot_type` (checked by `debug_assert`). A weight type
+/// without a kernel gives NaN in release builds.
+pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
+    debug_assert_eq!(
+        weight_ty.bytes_for(x.len() as u64),
+        Some(w_row.len()),
+        "{weight_ty} row of {} bytes against {} prepared elements",
+        w_row.len(),
+        x.len()
+    );
+    match x.mode() {
+        NumericsMode::Reference => {
+            let r = reference::dot(weight_ty, w_row, &x.x);
+            debug_assert!(r.is_some(), "no dot kernel for {weight_ty}");
+            r.unwrap_or(f32::NAN)
+        }
+        NumericsMode::Ggml => {
+            debug_assert_eq!(
+                vec_dot_type(weight_ty),
+                x.activation_type(),
+                "row prepared for {:?}, used with {weight_ty}",
+                x.weight_type()
+            );
+            dot_ggml(weight_ty, w_row, x)
+        }
+    }
+}
+
+/// Ggml-mode dispatch (see [`vec_dot`]).
+fn dot_ggml(ty: GgmlType, w: &[u8], x: &PreparedRow) -> f32 {
+    use GgmlType::*;
+    let exact = x.has_min_quant;
+    match ty {
+        F32 => float::dot_f32(w, &x.x),
+        F16 => float::dot_f16(w, &x.x),
+        BF16 => float::dot_bf16(w, &x.x),
+        Q4_0 if exact => q4_0::dot_q8_0::<true>(w, &x.qs, &x.d),
+        Q4_0 => q4_0::dot_q8_0::<false>(w, &x.qs, &x.d),
+        Q5_0 if exact => q5_0::dot_q8_0::<true>(w, &x.qs, &x.d),
+        Q5_0 => q5_0::dot_q8_0::<false>(w, &x.qs, &x.d),
+        Q8_0 if exact => q8::dot_q8_0_q8_0::<true>(w, &x.qs, &x.d),
+        Q8_0 => q8::dot_q8_0_q8_0::<false>(w, &x.qs, &x.d),
+        Q4_1 => q4_1::dot_q8_1(w, &x.qs, &x.d, &x.s),
+        Q4_K => q4_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
+        Q6_K => q6_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
+        _ => {
+            debug_assert!(false, "no dot kernel for {ty}");
+            f32::NAN
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

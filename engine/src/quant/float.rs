@@ -1,0 +1,149 @@
+//! F32, F16 and BF16 rows: conversion and ggml-cpu's x86 dot products for float weights.
+//!
+//! For these weight types the activation is converted to the weight's own type (`vec_dot_type` = the type
+//! itself) by `ggml_cpu_fp32_to_fp32` / `ggml_cpu_fp32_to_fp16` (F16C, round to nearest even) /
+//! `ggml_cpu_fp32_to_bf16` (`ggml_compute_fp32_to_bf16`). The dot kernels live in ggml-cpu/vec.cpp; this
+//! machine's build takes the AVX-512 branches (`GGML_F32_STEP` 64, `GGML_F32_EPR` 16, no AVX512-FP16 in
+//! the build) and `_mm512_dpbf16_ps` for BF16.
+
+use super::fp::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16_ref, read_f32, read_u16};
+use super::x86::{fma, reduce_add_16};
+
+/// Little-endian f32 bytes to f32.
+pub(crate) fn dequantize_f32(src: &[u8], dst: &mut [f32]) {
+    for (o, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *o = read_f32(b, 0);
+    }
+}
+
+/// Little-endian f16 bytes to f32 (exact).
+pub(crate) fn dequantize_f16(src: &[u8], dst: &mut [f32]) {
+    for (o, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *o = f16_to_f32(read_u16(b, 0));
+    }
+}
+
+/// Little-endian bf16 bytes to f32 (exact).
+pub(crate) fn dequantize_bf16(src: &[u8], dst: &mut [f32]) {
+    for (o, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *o = bf16_to_f32(read_u16(b, 0));
+    }
+}
+
+/// f32 to little-endian f32 bytes.
+pub(crate) fn quantize_f32(src: &[f32], dst: &mut [u8]) {
+    for (b, v) in dst.chunks_exact_mut(4).zip(src) {
+        b.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// f32 to f16 bytes as `ggml_fp32_to_fp16_row` (libggml-base, `GGML_FP32_TO_FP16`: canonical NaN).
+pub(crate) fn quantize_f16(src: &[f32], dst: &mut [u8]) {
+    for (b, &v) in dst.chunks_exact_mut(2).zip(src) {
+        b.copy_from_slice(&f32_to_f16_ref(v).to_le_bytes());
+    }
+}
+
+/// f32 to bf16 bytes as `ggml_fp32_to_bf16_row_ref` / `ggml_cpu_fp32_to_bf16`.
+pub(crate) fn quantize_bf16(src: &[f32], dst: &mut [u8]) {
+    for (b, &v) in dst.chunks_exact_mut(2).zip(src) {
+        b.copy_from_slice(&f32_to_bf16(v).to_le_bytes());
+    }
+}
+
+/// The AVX-512 body shared by `ggml_vec_dot_f32` and `ggml_vec_dot_f16` (vec.cpp, `GGML_F32_VEC` /
+/// `GGML_F16_DOT_VEC`): over chunks of 64, four accumulators of 16 lanes, `sum[j] = fma(w, x, sum[j])`;
+/// then `GGML_F32x16_REDUCE`: `sum[0] += sum[2]`, `sum[1] += sum[3]`, `sum[0] += sum[1]`,
+/// `_mm512_reduce_add_ps`. Returns the reduced value and the number of elements consumed.
+#[inline]
+fn avx512_body(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> (f32, usize) {
+    let np = n & !63;
+    let mut sum = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, s) in sum.iter_mut().enumerate() {
+            let base = i + 16 * j;
+            for (l, a) in s.iter_mut().enumerate() {
+                *a = fma(w(base + l), x[base + l], *a);
+            }
+        }
+    }
+    let [mut s0, mut s1, s2, s3] = sum;
+    for l in 0..16 {
+        s0[l] += s2[l];
+        s1[l] += s3[l];
+    }
+    for l in 0..16 {
+        s0[l] += s1[l];
+    }
+    (reduce_add_16(&s0), np)
+}
+
+/// `ggml_vec_dot_f32` (vec.cpp, AVX-512 branch): [`avx512_body`], then the leftover elements added in f32,
+/// one rounded product at a time.
+pub(crate) fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
+    let n = x.len();
+    let (mut sumf, np) = avx512_body(n, |i| read_f32(w, 4 * i), x);
+    for (i, &xi) in x.iter().enumerate().skip(np) {
+        sumf += read_f32(w, 4 * i) * xi;
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_f16` (vec.cpp, AVX-512 branch without AVX512-FP16: f16 widened to f32): [`avx512_body`]
+/// into a double, leftovers `sumf += (double)(w * x)` with the product rounded to f32, result rounded to
+/// f32. `x` is the activation already rounded to f16 and widened.
+pub(crate) fn dot_f16(w: &[u8], x: &[f32]) -> f32 {
+    let n = x.len();
+    let (reduced, np) = avx512_body(n, |i| f16_to_f32(read_u16(w, 2 * i)), x);
+    let mut sumf = f64::from(reduced);
+    for (i, &xi) in x.iter().enumerate().skip(np) {
+        sumf += f64::from(f16_to_f32(read_u16(w, 2 * i)) * xi);
+    }
+    sumf as f32
+}
+
+/// Denormals-are-zero on an input of `vdpbf16ps`.
+#[inline]
+fn daz(v: f32) -> f32 {
+    if v.is_subnormal() {
+        0f32.copysign(v)
+    } else {
+        v
+    }
+}
+
+/// One `vdpbf16ps` step on a lane: "FP32 FMA with DAZ in, FTZ out, round to nearest even" (Intel SDM).
+#[inline]
+fn bf16_fma(a: f32, b: f32, acc: f32) -> f32 {
+    let r = fma(daz(a), daz(b), daz(acc));
+    daz(r)
+}
+
+/// `ggml_vec_dot_bf16` (vec.cpp, `__AVX512BF16__` branch): over chunks of 64, two accumulators of 16 lanes
+/// fed by `_mm512_dpbf16_ps`, which for lane `k` adds the odd pair `2k+1` then the even pair `2k` with
+/// DAZ/FTZ fmas; each accumulator is reduced by `_mm512_reduce_add_ps` and added into a double; leftovers
+/// `sumf += (double)(w * x)`; result rounded to f32. `x` is the activation rounded to bf16 and widened.
+pub(crate) fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
+    let n = x.len();
+    let wv = |i: usize| bf16_to_f32(read_u16(w, 2 * i));
+    let mut c1 = [0f32; 16];
+    let mut c2 = [0f32; 16];
+    let mut i = 0;
+    while i + 64 <= n {
+        for (half, c) in [&mut c1, &mut c2].into_iter().enumerate() {
+            let base = i + 32 * half;
+            for (k, a) in c.iter_mut().enumerate() {
+                let (o, e) = (base + 2 * k + 1, base + 2 * k);
+                *a = bf16_fma(wv(o), x[o], *a);
+                *a = bf16_fma(wv(e), x[e], *a);
+            }
+        }
+        i += 64;
+    }
+    let mut sumf = f64::from(reduce_add_16(&c1));
+    sumf += f64::from(reduce_add_16(&c2));
+    for (j, &xj) in x.iter().enumerate().skip(i) {
+        sumf += f64::from(wv(j) * xj);
+    }
+    sumf as f32
+}

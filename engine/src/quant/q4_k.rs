@@ -1,0 +1,102 @@
+//! Q4_K: super-blocks of 256 = 8 sub-blocks of 32 4-bit quants, each with a 6-bit scale and a 6-bit min;
+//! value = `d * sc * q - dmin * m`.
+//!
+//! `block_q4_K` (ggml-common.h, 144 bytes): `d: f16`, `dmin: f16`, `scales: [u8; 12]` (8 scales and 8 mins,
+//! 6 bits each, packed as `get_scale_min_k4` reads them), `qs: [u8; 128]`. Each run of 32 bytes of `qs` holds
+//! two sub-blocks: the low nibbles are sub-block `2k`, the high nibbles sub-block `2k + 1`. `vec_dot_type`
+//! Q8_K.
+
+use super::fp::read_f16;
+use super::q8_k::QK_K;
+use super::x86::{fma, fma_lanes, hsum_float_4, hsum_float_8};
+
+/// Bytes per block.
+pub(crate) const BYTES: usize = 144;
+
+/// The 8 scales and 8 mins (`get_scale_min_k4`, ggml-quants.c).
+#[inline]
+fn scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut m = [0u8; 8];
+    for j in 0..8 {
+        if j < 4 {
+            sc[j] = q[j] & 63;
+            m[j] = q[j + 4] & 63;
+        } else {
+            sc[j] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+            m[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        }
+    }
+    (sc, m)
+}
+
+/// One block to f32 (`dequantize_row_q4_K`: `d1 = d * sc`, `m1 = dmin * m`, `y = d1 * q - m1`).
+#[inline]
+pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
+    let d = read_f16(blk, 0);
+    let min = read_f16(blk, 2);
+    let (sc, m) = scales_mins(&blk[4..16]);
+    let qs = &blk[16..16 + QK_K / 2];
+    for c in 0..4 {
+        let d1 = d * f32::from(sc[2 * c]);
+        let m1 = min * f32::from(m[2 * c]);
+        let d2 = d * f32::from(sc[2 * c + 1]);
+        let m2 = min * f32::from(m[2 * c + 1]);
+        let q = &qs[32 * c..32 * c + 32];
+        let y = &mut out[64 * c..64 * c + 64];
+        for l in 0..32 {
+            y[l] = d1 * f32::from(q[l] & 0xF) - m1;
+            y[l + 32] = d2 * f32::from(q[l] >> 4) - m2;
+        }
+    }
+}
+
+/// `ggml_vec_dot_q4_K_q8_K`, x86 AVX2 branch (arch/x86/quants.c). Per super-block:
+/// `d = d8 * d_w`, `dmin = -d8 * dmin_w`; four i32 lanes `mins[2t]*(bsums[4t]+bsums[4t+1]) +
+/// mins[2t+1]*(bsums[4t+2]+bsums[4t+3])` fused into `acc_m[t] = fma(dmin, ., acc_m[t])`; eight i32 lanes,
+/// lane `l` = sum over sub-blocks `g` of `sc[g] * sum_{k<4} q4[32g+4l+k] * q8[32g+4l+k]`, fused into
+/// `acc[l] = fma(d, ., acc[l])`. Result `hsum_float_8(acc) + hsum_float_4(acc_m)`.
+///
+/// On this machine a Q4_K matmul usually does not reach this kernel: Q4_K weights with a row count divisible
+/// by 8 are repacked (`q4_K_8x8_q8_K`, see the module docs of `quant`).
+pub(crate) fn dot_q8_k(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut acc_m = [0f32; 4];
+    for (((blk, qy), &dy), bsums) in w
+        .chunks_exact(BYTES)
+        .zip(xq.chunks_exact(QK_K))
+        .zip(xd)
+        .zip(xbsums.chunks_exact(QK_K / 16))
+    {
+        let d = dy * read_f16(blk, 0);
+        let dmin = -dy * read_f16(blk, 2);
+        let (sc, m) = scales_mins(&blk[4..16]);
+        // _mm_hadd_epi16 of the bsums: sums of 32 (one per sub-block), then _mm_madd_epi16 with the mins
+        let mut q8s = [0i32; 8];
+        for (g, s) in q8s.iter_mut().enumerate() {
+            *s = i32::from(bsums[2 * g].wrapping_add(bsums[2 * g + 1]));
+        }
+        for (t, a) in acc_m.iter_mut().enumerate() {
+            let prod = i32::from(m[2 * t]) * q8s[2 * t] + i32::from(m[2 * t + 1]) * q8s[2 * t + 1];
+            *a = fma(dmin, prod as f32, *a);
+        }
+        let qs = &blk[16..16 + QK_K / 2];
+        let mut lanes = [0i32; 8];
+        for c in 0..4 {
+            let q4 = &qs[32 * c..32 * c + 32];
+            let q8l = &qy[64 * c..64 * c + 32];
+            let q8h = &qy[64 * c + 32..64 * c + 64];
+            let (sl, sh) = (i32::from(sc[2 * c]), i32::from(sc[2 * c + 1]));
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let (mut pl, mut ph) = (0i32, 0i32);
+                for k in 4 * l..4 * l + 4 {
+                    pl += i32::from(q4[k] & 0xF) * i32::from(q8l[k]);
+                    ph += i32::from(q4[k] >> 4) * i32::from(q8h[k]);
+                }
+                *lane = lane.wrapping_add(sl * pl + sh * ph);
+            }
+        }
+        fma_lanes(d, &lanes, &mut acc);
+    }
+    hsum_float_8(&acc) + hsum_float_4(&acc_m)
+}

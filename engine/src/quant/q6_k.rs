@@ -1,0 +1,80 @@
+//! Q6_K: super-blocks of 256 = 16 sub-blocks of 16 6-bit quants with signed 8-bit scales;
+//! value = `d * sc * (q - 32)`.
+//!
+//! `block_q6_K` (ggml-common.h, 210 bytes): `ql: [u8; 128]` (low 4 bits), `qh: [u8; 64]` (high 2 bits),
+//! `scales: [i8; 16]`, `d: f16`. Each half of 128 elements uses 64 bytes of `ql` and 32 of `qh`: element
+//! `l + 32*k` (k = 0..4, l = 0..32) takes its low bits from `ql[l + 32*(k%2)]` (low nibble for k < 2, high
+//! nibble for k >= 2) and its high bits from bits `2k..2k+2` of `qh[l]`. `vec_dot_type` Q8_K.
+
+use super::fp::read_f16;
+use super::q8_k::QK_K;
+use super::x86::{fma_lanes, hsum_float_8};
+
+/// Bytes per block.
+pub(crate) const BYTES: usize = 210;
+
+/// The 256 unsigned 6-bit quants (0..64, before the -32 offset) of one block, in element order.
+#[inline]
+fn quants(blk: &[u8]) -> [u8; QK_K] {
+    let mut q = [0u8; QK_K];
+    for half in 0..2 {
+        let ql = &blk[64 * half..64 * half + 64];
+        let qh = &blk[128 + 32 * half..128 + 32 * half + 32];
+        let y = &mut q[128 * half..128 * half + 128];
+        for l in 0..32 {
+            y[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+            y[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+            y[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            y[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+    q
+}
+
+/// One block to f32 (`dequantize_row_q6_K`: `y = d * sc * (q - 32)`, evaluated left to right).
+#[inline]
+pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
+    let d = read_f16(blk, 208);
+    let sc = &blk[192..208];
+    for (i, (o, &q)) in out.iter_mut().zip(quants(blk).iter()).enumerate() {
+        *o = d * f32::from(sc[i / 16] as i8) * f32::from(q as i8 - 32);
+    }
+}
+
+/// `ggml_vec_dot_q6_K_q8_K`, x86 AVX2 branch (arch/x86/quants.c). Per super-block: `d = d8 * d_w`; eight
+/// i32 lanes, lane `l` = sum over sub-blocks of 32 (`g`) of `sc[2g + l/4] * sum_{k<4} q[32g+4l+k] *
+/// q8[32g+4l+k]` with the unsigned quants `q` (0..64), minus the offset term
+/// `32 * (bsums[2l]*sc[2l] + bsums[2l+1]*sc[2l+1])`; `acc[l] = fma(d, (float)lane, acc[l])` (the lane sum can
+/// exceed 2^24, and is rounded to f32 as `_mm256_cvtepi32_ps` does); result `hsum_float_8(acc)`.
+pub(crate) fn dot_q8_k(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (((blk, qy), &dy), bsums) in w
+        .chunks_exact(BYTES)
+        .zip(xq.chunks_exact(QK_K))
+        .zip(xd)
+        .zip(xbsums.chunks_exact(QK_K / 16))
+    {
+        let d = dy * read_f16(blk, 208);
+        let sc: [i32; 16] = core::array::from_fn(|i| i32::from(blk[192 + i] as i8));
+        let q = quants(blk);
+        let mut lanes = [0i32; 8];
+        for g in 0..8 {
+            let q6 = &q[32 * g..32 * g + 32];
+            let q8 = &qy[32 * g..32 * g + 32];
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let mut p = 0i32;
+                for k in 4 * l..4 * l + 4 {
+                    p += i32::from(q6[k]) * i32::from(q8[k]);
+                }
+                *lane = lane.wrapping_add(sc[2 * g + l / 4] * p);
+            }
+        }
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let sub =
+                i32::from(bsums[2 * l]) * sc[2 * l] + i32::from(bsums[2 * l + 1]) * sc[2 * l + 1];
+            *lane = lane.wrapping_sub(sub << 5);
+        }
+        fma_lanes(d, &lanes, &mut acc);
+    }
+    hsum_float_8(&acc)
+}

@@ -1,0 +1,67 @@
+//! Reference-mode dot products: dequantize each weight block to f32 (the same values
+//! [`super::dequantize_row`] gives) and multiply-accumulate in f32 against the f32 activation.
+//!
+//! Accumulation order (fixed, documented so that results are reproducible): element `i` of the row is added
+//! to partial sum `i % 8` as a rounded product (`lane += w * x`, no fma); the eight partial sums are combined
+//! as `((p4+p0) + (p6+p2)) + ((p5+p1) + (p7+p3))`. Eight interleaved sums are both more accurate than one
+//! running sum and vectorizable.
+
+use super::fp::{bf16_to_f32, f16_to_f32, read_f32, read_u16};
+use super::types::GgmlType;
+use super::x86::hsum_float_8;
+use super::{q4_0, q4_1, q4_k, q5_0, q6_k, q8, q8_k};
+
+/// Dot product of blocks of `QK` elements, `bytes` each, dequantized by `deq`.
+#[inline]
+fn dot_blocks<const QK: usize>(
+    w: &[u8],
+    bytes: usize,
+    x: &[f32],
+    deq: impl Fn(&[u8], &mut [f32; QK]),
+) -> f32 {
+    let mut lanes = [0f32; 8];
+    let mut buf = [0f32; QK];
+    for (blk, xs) in w.chunks_exact(bytes).zip(x.chunks_exact(QK)) {
+        deq(blk, &mut buf);
+        for (wc, xc) in buf.chunks_exact(8).zip(xs.chunks_exact(8)) {
+            for k in 0..8 {
+                lanes[k] += wc[k] * xc[k];
+            }
+        }
+    }
+    hsum_float_8(&lanes)
+}
+
+/// Dot product of plain elements of `size` bytes converted by `conv`.
+#[inline]
+fn dot_elems(w: &[u8], size: usize, x: &[f32], conv: impl Fn(&[u8]) -> f32) -> f32 {
+    let mut lanes = [0f32; 8];
+    let full = x.len() / 8 * 8;
+    for (wc, xc) in w.chunks_exact(8 * size).zip(x[..full].chunks_exact(8)) {
+        for k in 0..8 {
+            lanes[k] += conv(&wc[k * size..(k + 1) * size]) * xc[k];
+        }
+    }
+    for (i, &xi) in x.iter().enumerate().skip(full) {
+        lanes[i % 8] += conv(&w[i * size..(i + 1) * size]) * xi;
+    }
+    hsum_float_8(&lanes)
+}
+
+/// Reference dot product of one weight row of `ty` with f32 `x`. `None` for types without a kernel.
+pub(crate) fn dot(ty: GgmlType, w: &[u8], x: &[f32]) -> Option<f32> {
+    Some(match ty {
+        GgmlType::F32 => dot_elems(w, 4, x, |b| read_f32(b, 0)),
+        GgmlType::F16 => dot_elems(w, 2, x, |b| f16_to_f32(read_u16(b, 0))),
+        GgmlType::BF16 => dot_elems(w, 2, x, |b| bf16_to_f32(read_u16(b, 0))),
+        GgmlType::Q4_0 => dot_blocks(w, q4_0::BYTES, x, q4_0::dequantize_block),
+        GgmlType::Q4_1 => dot_blocks(w, q4_1::BYTES, x, q4_1::dequantize_block),
+        GgmlType::Q5_0 => dot_blocks(w, q5_0::BYTES, x, q5_0::dequantize_block),
+        GgmlType::Q8_0 => dot_blocks(w, q8::Q8_0_BYTES, x, q8::dequantize_block_q8_0),
+        GgmlType::Q8_1 => dot_blocks(w, q8::Q8_1_BYTES, x, q8::dequantize_block_q8_1),
+        GgmlType::Q4_K => dot_blocks(w, q4_k::BYTES, x, q4_k::dequantize_block),
+        GgmlType::Q6_K => dot_blocks(w, q6_k::BYTES, x, q6_k::dequantize_block),
+        GgmlType::Q8_K => dot_blocks(w, q8_k::BYTES, x, q8_k::dequantize_block),
+        _ => return None,
+    })
+}

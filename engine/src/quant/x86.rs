@@ -1,0 +1,269 @@
+//! Scalar replicas of the SIMD steps whose rounding or NaN behaviour shows in ggml-cpu's x86 results.
+//!
+//! Every kernel in ggml-cpu's `arch/x86/quants.c` keeps eight f32 partial sums (one `__m256`), one per group
+//! of four consecutive elements of a 32-element block, fused-multiply-adds each block's scaled integer lane
+//! sums into them, and adds the eight lanes at the end with `hsum_float_8`. Repeating those exact steps in
+//! scalar code (with `f32::mul_add` for `_mm256_fmadd_ps`) gives the same bits as the SIMD code; these are
+//! the shared pieces.
+
+/// `a * b + c` with one rounding, as `_mm256_fmadd_ps` computes a lane: the same value as `f32::mul_add`.
+///
+/// Without the `fma` target feature at compile time, `f32::mul_add` is a call into libm's `fmaf`, which
+/// would dominate the ggml-mode kernels. Instead: the product of two f32 is exact in f64, so
+/// `r = a*b + c` in f64 has one rounding, and `r as f32` is the correctly rounded fma unless that double
+/// rounding matters — which can only happen when `r` lands exactly halfway between two f32 (low 29 bits of
+/// the f64 fraction `1000…0`) or in f32's subnormal range. Those rare cases take `f32::mul_add`.
+#[inline(always)]
+pub(crate) fn fma(a: f32, b: f32, c: f32) -> f32 {
+    if cfg!(target_feature = "fma") {
+        return a.mul_add(b, c);
+    }
+    let r = f64::from(a) * f64::from(b) + f64::from(c);
+    let halfway = r.to_bits() & 0x1FFF_FFFF == 0x1000_0000;
+    let tiny = r != 0.0 && r.abs() < f64::from(f32::MIN_POSITIVE);
+    if halfway || tiny {
+        a.mul_add(b, c)
+    } else {
+        r as f32
+    }
+}
+
+/// `_mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc)`: the per-block update of every
+/// x86 quant kernel. Same result as [`fma`] on each lane; written over all eight lanes so that the common
+/// case (no lane needs the exact fallback) runs without branches per lane.
+#[inline(always)]
+pub(crate) fn fma_lanes(d: f32, lanes: &[i32; 8], acc: &mut [f32; 8]) {
+    if cfg!(target_feature = "fma") {
+        for (a, &l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+        return;
+    }
+    let mut r = [0f64; 8];
+    let mut redo = false;
+    for ((r, &l), &a) in r.iter_mut().zip(lanes).zip(acc.iter()) {
+        // the i32 → f32 conversion rounds first (lanes can exceed 2^24), as _mm256_cvtepi32_ps does
+        let v = f64::from(d) * f64::from(l as f32) + f64::from(a);
+        redo |= (v.to_bits() & 0x1FFF_FFFF == 0x1000_0000)
+            | (v != 0.0 && v.abs() < f64::from(f32::MIN_POSITIVE));
+        *r = v;
+    }
+    if redo {
+        for (a, &l) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(l as f32, *a);
+        }
+    } else {
+        for (a, &r) in acc.iter_mut().zip(&r) {
+            *a = r as f32;
+        }
+    }
+}
+
+/// One lane of `_mm_max_ps(a, b)` / `_mm256_max_ps(a, b)`: `a > b ? a : b`, so a NaN in either operand
+/// yields `b`.
+#[inline]
+fn maxps(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// max |x| over a block of 32 as x86 `quantize_row_q8_0` / `quantize_row_q8_1` (arch/x86/quants.c, AVX
+/// branch) compute it: lane-wise max of the four 8-wide vectors, then 8 → 4 → 2 → 1. Same value as a plain
+/// max for NaN-free input; with NaNs, whether a NaN survives depends on its position, as in ggml.
+pub(crate) fn block_absmax_avx(x: &[f32]) -> f32 {
+    debug_assert_eq!(x.len(), 32);
+    let mut m = [0f32; 8];
+    for (l, m) in m.iter_mut().enumerate() {
+        let mut v = x[l].abs();
+        v = maxps(v, x[8 + l].abs());
+        v = maxps(v, x[16 + l].abs());
+        v = maxps(v, x[24 + l].abs());
+        *m = v;
+    }
+    // _mm_max_ps(extract_hi, cast_lo)
+    let m4 = [
+        maxps(m[4], m[0]),
+        maxps(m[5], m[1]),
+        maxps(m[6], m[2]),
+        maxps(m[7], m[3]),
+    ];
+    // _mm_max_ps(max4, movehl(max4, max4))
+    let m2 = [maxps(m4[0], m4[2]), maxps(m4[1], m4[3])];
+    // _mm_max_ss(max4, movehdup(max4))
+    maxps(m2[0], m2[1])
+}
+
+/// `_mm256_round_ps(v, _MM_ROUND_NEAREST)` (round half to even) then `_mm256_cvtps_epi32`: NaN and values
+/// outside i32 give `INT32_MIN` ("integer indefinite").
+#[inline]
+pub(crate) fn round_even_cvt_i32(v: f32) -> i32 {
+    let r = v.round_ties_even();
+    if r.is_nan() || !(-2147483648.0..2147483648.0).contains(&r) {
+        i32::MIN
+    } else {
+        r as i32
+    }
+}
+
+/// `_mm256_packs_epi32` then `_mm256_packs_epi16`: saturate an i32 to i8.
+#[inline]
+pub(crate) fn saturate_i8(v: i32) -> i8 {
+    v.clamp(-128, 127) as i8
+}
+
+/// `hsum_float_8` (arch/x86/quants.c; also `hsum(__m256)` in llamafile/sgemm.cpp): high half + low half,
+/// then `movehl`, then `movehdup`: `((a4+a0) + (a6+a2)) + ((a5+a1) + (a7+a3))`.
+#[inline]
+pub(crate) fn hsum_float_8(a: &[f32; 8]) -> f32 {
+    let r = [a[4] + a[0], a[5] + a[1], a[6] + a[2], a[7] + a[3]];
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// The 4-lane tail of [`hsum_float_8`] (`movehl` + `movehdup`), as the Q4_K kernel reduces its `acc_m`.
+#[inline]
+pub(crate) fn hsum_float_4(a: &[f32; 4]) -> f32 {
+    (a[0] + a[2]) + (a[1] + a[3])
+}
+
+/// gcc's `_mm512_reduce_add_ps`: 16 → 8 (high + low 256 bits) → 4 → (0+2, 1+3) → 1.
+#[inline]
+pub(crate) fn reduce_add_16(a: &[f32; 16]) -> f32 {
+    let mut t8 = [0f32; 8];
+    for (i, t) in t8.iter_mut().enumerate() {
+        *t = a[8 + i] + a[i];
+    }
+    let t4 = [t8[4] + t8[0], t8[5] + t8[1], t8[6] + t8[2], t8[7] + t8[3]];
+    hsum_float_4(&t4)
+}
+
+/// The product `_mm256_sign_epi8` + `_mm256_dpbusd_epi32` (or `maddubs`) compute for a signed weight `x`
+/// and a signed activation `y` in `mul_sum_i8_pairs_float`: `|x| * sign(y, x)`, where `sign` negates `y`
+/// in 8 bits. It equals `x * y` unless `y == -128` and `x < 0`; an activation quant of -128 only comes out
+/// of `quantize_row_q8_0` for a NaN input, and the kernels use this exact form only then.
+#[inline]
+pub(crate) fn sign_trick_mul(x: i32, y: i8) -> i32 {
+    let sy = if x < 0 {
+        y.wrapping_neg()
+    } else if x == 0 {
+        0
+    } else {
+        y
+    };
+    x.abs() * i32::from(sy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absmax_agrees_with_plain_max_without_nan() {
+        let x: Vec<f32> = (0..32)
+            .map(|i| ((i * 37 % 29) as f32 - 14.5) * 0.3)
+            .collect();
+        let plain = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(block_absmax_avx(&x), plain);
+    }
+
+    #[test]
+    fn absmax_nan_depends_on_lane() {
+        // a NaN survives only where it is always the second operand of `maxps`: element 27 (last vector,
+        // lane 3, which is the second operand in every later step); anywhere else it is dropped
+        for pos in 0..32 {
+            let mut x = [1.0f32; 32];
+            x[pos] = f32::NAN;
+            let m = block_absmax_avx(&x);
+            if pos == 27 {
+                assert!(m.is_nan());
+            } else {
+                assert_eq!(m, 1.0, "NaN at {pos}");
+            }
+        }
+    }
+
+    #[test]
+    fn rounding_and_packing() {
+        assert_eq!(round_even_cvt_i32(2.5), 2);
+        assert_eq!(round_even_cvt_i32(3.5), 4);
+        assert_eq!(round_even_cvt_i32(-2.5), -2);
+        assert_eq!(round_even_cvt_i32(f32::NAN), i32::MIN);
+        assert_eq!(round_even_cvt_i32(f32::INFINITY), i32::MIN);
+        assert_eq!(saturate_i8(i32::MIN), -128);
+        assert_eq!(saturate_i8(300), 127);
+    }
+
+    #[test]
+    fn sign_trick() {
+        for x in -128..=127 {
+            for y in -127i8..=127 {
+                assert_eq!(sign_trick_mul(x, y), x * i32::from(y));
+            }
+            let want = if x < 0 { x.abs() * -128 } else { x * -128 };
+            assert_eq!(sign_trick_mul(x, -128), want);
+        }
+    }
+
+    #[test]
+    fn fma_is_correctly_rounded() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let check = |a: f32, b: f32, c: f32| {
+            let (got, want) = (fma(a, b, c), a.mul_add(b, c));
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "fma({a:e}, {b:e}, {c:e})"
+            );
+        };
+        for _ in 0..2_000_000 {
+            let r = next();
+            // random bit patterns (all exponents, NaN, inf, subnormals) ...
+            check(
+                f32::from_bits(r as u32),
+                f32::from_bits((r >> 32) as u32),
+                f32::from_bits(next() as u32),
+            );
+            // ... and the kernels' operands: f16*f16 scales, integer lane sums, running sums with
+            // cancellation, where r lands near f32 halfway points
+            let d = f32::from(half::f16::from_bits(r as u16 & 0x7bff))
+                * f32::from(half::f16::from_bits((r >> 16) as u16 & 0x7bff));
+            let lane = ((r >> 32) as i32 >> 8) as f32;
+            let c = -(d * lane)
+                + f32::from_bits((next() as u32 & 0x3fff_ffff) | 0x0080_0000)
+                    * if r >> 63 == 0 { 1.0 } else { -1.0 };
+            check(d, lane, c);
+            check(d, lane, (d * lane) * 0.5);
+        }
+        // exact halfway cases: 1 + 2^-24 is halfway between 1 and 1 + 2^-23
+        check(
+            1.0 + f32::EPSILON,
+            1.0 + f32::EPSILON,
+            -1.0 - 2.0 * f32::EPSILON,
+        );
+        check(1.0, 1.0, f32::EPSILON / 2.0);
+        check(1.0, 1.0 + f32::EPSILON, f32::EPSILON / 2.0);
+        check(f32::MIN_POSITIVE, 0.5, 0.0);
+        check(f32::MAX, 2.0, -f32::MAX);
+    }
+
+    #[test]
+    fn reductions() {
+        let a: [f32; 8] = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        assert_eq!(hsum_float_8(&a), 36.0);
+        let b: [f32; 16] = core::array::from_fn(|i| i as f32);
+        assert_eq!(reduce_add_16(&b), 120.0);
+        // grouping is visible with cancellation
+        let c: [f32; 8] = [1e8, 1.0, -1e8, 1.0, 1.0, 0.0, 0.0, 0.0];
+        assert_eq!(
+            hsum_float_8(&c),
+            ((1e8f32 + 1.0) + (-1e8 + 0.0)) + ((1.0 + 0.0) + (1.0 + 0.0))
+        );
+    }
+}
