@@ -47,8 +47,11 @@ pub enum Command {
         #[command(flatten)]
         model: ModelArg,
         /// Text to tokenize.
+        #[arg(long, conflicts_with = "prompt_file", required_unless_present = "prompt_file")]
+        prompt: Option<String>,
+        /// Read the text to tokenize from this file (UTF-8, used byte for byte).
         #[arg(long)]
-        prompt: String,
+        prompt_file: Option<PathBuf>,
         /// Recognise control-token text such as `<|im_start|>` (llama_tokenize's parse_special).
         #[arg(long)]
         parse_special: bool,
@@ -175,7 +178,14 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 t0.elapsed().as_secs_f64()
             );
         }
-        Command::Tokenize { model, prompt, parse_special } => {
+        Command::Tokenize { model, prompt, prompt_file, parse_special } => {
+            let prompt = match (prompt, prompt_file) {
+                (Some(p), _) => p,
+                (None, Some(f)) => {
+                    std::fs::read_to_string(&f).with_context(|| format!("reading the prompt from {}", f.display()))?
+                }
+                (None, None) => bail!("give --prompt or --prompt-file"),
+            };
             let model = load_model(&model.model)?;
             let ids = model.tokenizer().encode(&prompt, true, parse_special)?;
             let s: Vec<String> = ids.iter().map(u32::to_string).collect();

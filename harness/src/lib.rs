@@ -8,11 +8,13 @@
 //! - [`golden`] — golden files and `golden/manifest.json`: loading and verification.
 //! - [`metrics`] — metric definitions (cosine, NMSE, KL, top-k overlap, entropy, ...) and summaries.
 //! - [`compare`] — an engine's output against a golden, stage by stage and position by position.
+//! - [`engine`] — the engine seam: our engine in process, or any external command writing the dump format.
 //! - [`cli`] — command-line parsing and the subcommands.
 
 pub mod cli;
 pub mod compare;
 pub mod dump;
+pub mod engine;
 pub mod fetch;
 pub mod golden;
 pub mod metrics;

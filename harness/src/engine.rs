@@ -1,0 +1,312 @@
+//! The engine seam: the one trait through which the harness drives any engine.
+//!
+//! [`LockstepEngine`] is our own engine, in process. [`ExternalEngine`] is any program that writes the
+//! dump format (see [`crate::dump`]) for given token ids: the harness runs it as a command and reads the
+//! `.npz` it writes, so an engine written in any language can be gated without a line of Rust.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use lockstep_engine::hooks::{Recorder, StageSink};
+use lockstep_engine::{Model, NumericsMode, Session, Stage, StageKind};
+use ndarray::Array2;
+
+/// Facts about a loaded engine + model, for reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineInfo {
+    /// `lockstep` or `external`.
+    pub kind: String,
+    /// The model file.
+    pub model_path: PathBuf,
+    /// `general.architecture` (external engines: taken from the golden).
+    pub arch: String,
+    /// Vocabulary size, if known before a run.
+    pub n_vocab: Option<usize>,
+    /// Backend name (`scalar`, ...), or the external command.
+    pub backend: String,
+}
+
+/// What the harness needs from an engine.
+pub trait Engine {
+    /// Describe the engine and its model.
+    fn info(&self) -> EngineInfo;
+
+    /// Tokenize text as `llama_tokenize(text, add_special, parse_special)` would.
+    fn tokenize(&mut self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>>;
+
+    /// Canonical stage ids with row widths, in forward order (without `logits`).
+    fn stages(&self) -> Vec<(String, usize)>;
+
+    /// Start a new sequence (empty KV cache) of at most `n_ctx` positions in numerics `mode`.
+    fn reset(&mut self, mode: NumericsMode, n_ctx: usize) -> Result<()>;
+
+    /// Run `tokens` at the next positions; hand every stage to `sink`; return the logits `[T, V]`.
+    fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>>;
+}
+
+/// A sink that ignores everything (the timing pass).
+pub struct NullSink;
+
+impl StageSink for NullSink {
+    fn wants(&self, _stage: Stage) -> bool {
+        false
+    }
+    fn on_stage(&mut self, _: Stage, _: std::ops::Range<usize>, _: usize, _: &mut [f32]) {}
+}
+
+/// Our own engine, in process.
+pub struct LockstepEngine {
+    model: Model,
+    path: PathBuf,
+    session: Option<Session>,
+}
+
+impl LockstepEngine {
+    /// Load a GGUF file.
+    pub fn load(path: &Path) -> Result<LockstepEngine> {
+        let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+        Ok(LockstepEngine { model, path: path.to_path_buf(), session: None })
+    }
+
+    /// Wrap an already loaded model (tests build synthetic ones in memory).
+    pub fn from_model(model: Model, path: PathBuf) -> LockstepEngine {
+        LockstepEngine { model, path, session: None }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+}
+
+impl Engine for LockstepEngine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            kind: "lockstep".into(),
+            model_path: self.path.clone(),
+            arch: self.model.config().arch.clone(),
+            n_vocab: Some(self.model.config().n_vocab),
+            backend: "scalar".into(),
+        }
+    }
+
+    fn tokenize(&mut self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        Ok(self.model.tokenizer().encode(text, add_special, parse_special)?)
+    }
+
+    fn stages(&self) -> Vec<(String, usize)> {
+        self.model
+            .stages()
+            .into_iter()
+            .filter(|(s, _)| s.kind != StageKind::Logits)
+            .map(|(s, w)| (s.to_string(), w))
+            .collect()
+    }
+
+    fn reset(&mut self, mode: NumericsMode, n_ctx: usize) -> Result<()> {
+        self.session = Some(self.model.session(n_ctx, mode));
+        Ok(())
+    }
+
+    fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>> {
+        let session = self.session.as_mut().context("forward before reset")?;
+        let v = self.model.config().n_vocab;
+        let logits = self.model.forward(session, tokens, Some(sink))?;
+        Ok(Array2::from_shape_vec((tokens.len(), v), logits.to_vec())?)
+    }
+}
+
+/// Command templates of an external engine. Each template is split on whitespace into arguments, then
+/// placeholders are substituted inside each argument (no shell is involved):
+///
+/// - forward: `{model}` model path, `{tokens}` comma-separated token ids of the whole sequence so far,
+///   `{mode}` numerics mode, `{out}` the `.npz` the command must write (dump format);
+/// - tokenize: `{model}`, `{prompt_file}` a file holding the prompt text (UTF-8), `{parse_special}`
+///   replaced by `--parse-special` or dropped; the command prints comma-separated ids on stdout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExternalCommands {
+    /// Template of the command that writes a dump.
+    pub forward: String,
+    /// Template of the command that prints token ids.
+    pub tokenize: String,
+}
+
+impl ExternalCommands {
+    /// `lockstep dump` / `lockstep tokenize` of this very binary, as an external engine (used by tests
+    /// to prove the external path gives the same verdicts).
+    pub fn lockstep_itself(exe: &Path) -> ExternalCommands {
+        let exe = exe.display();
+        ExternalCommands {
+            forward: format!("{exe} dump --model {{model}} --tokens {{tokens}} --mode {{mode}} --out {{out}}"),
+            tokenize: format!("{exe} tokenize --model {{model}} --prompt-file {{prompt_file}} {{parse_special}}"),
+        }
+    }
+}
+
+/// An engine run as a subprocess that writes the dump format.
+///
+/// `forward` re-runs the command over the whole sequence so far (the dump contract is "these token ids
+/// from position 0") and hands the new positions' rows to the sink; stages are observed, not replaceable.
+pub struct ExternalEngine {
+    cmds: ExternalCommands,
+    model: PathBuf,
+    arch: String,
+    mode: NumericsMode,
+    history: Vec<u32>,
+    stages: Vec<(String, usize)>,
+    scratch: tempfile::TempDir,
+}
+
+impl ExternalEngine {
+    /// An external engine for `model` (`arch` as the golden names it).
+    pub fn new(cmds: ExternalCommands, model: &Path, arch: &str) -> Result<ExternalEngine> {
+        Ok(ExternalEngine {
+            cmds,
+            model: model.to_path_buf(),
+            arch: arch.to_string(),
+            mode: NumericsMode::Reference,
+            history: Vec::new(),
+            stages: Vec::new(),
+            scratch: tempfile::tempdir().context("creating a scratch directory for the external engine")?,
+        })
+    }
+
+    fn command(&self, template: &str, subs: &[(&str, String)]) -> Result<Command> {
+        let mut args = Vec::new();
+        for word in template.split_whitespace() {
+            let mut w = word.to_string();
+            for (k, v) in subs {
+                w = w.replace(k, v);
+            }
+            if !w.is_empty() {
+                args.push(w);
+            }
+        }
+        let Some((prog, rest)) = args.split_first() else { bail!("empty external engine command template") };
+        let mut c = Command::new(prog);
+        c.args(rest);
+        Ok(c)
+    }
+
+    fn run(&self, mut c: Command, what: &str) -> Result<Vec<u8>> {
+        let shown = format!("{c:?}");
+        let out = c.output().with_context(|| format!("cannot start the external engine ({what}): {shown}"))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let tail: Vec<&str> = err.lines().rev().take(10).collect();
+            bail!(
+                "external engine ({what}) failed with {}: {shown}\n{}",
+                out.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        Ok(out.stdout)
+    }
+}
+
+impl Engine for ExternalEngine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            kind: "external".into(),
+            model_path: self.model.clone(),
+            arch: self.arch.clone(),
+            n_vocab: None,
+            backend: self.cmds.forward.clone(),
+        }
+    }
+
+    fn tokenize(&mut self, text: &str, _add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        let prompt_file = self.scratch.path().join("prompt.txt");
+        std::fs::write(&prompt_file, text).with_context(|| format!("writing {}", prompt_file.display()))?;
+        let ps = if parse_special { "--parse-special".to_string() } else { String::new() };
+        let c = self.command(
+            &self.cmds.tokenize,
+            &[
+                ("{model}", self.model.display().to_string()),
+                ("{prompt_file}", prompt_file.display().to_string()),
+                ("{parse_special}", ps),
+            ],
+        )?;
+        let stdout = self.run(c, "tokenize")?;
+        let text = String::from_utf8_lossy(&stdout);
+        let line = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        line.split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| s.trim().parse::<u32>().with_context(|| format!("external tokenize printed {line:?}, not comma-separated ids")))
+            .collect()
+    }
+
+    fn stages(&self) -> Vec<(String, usize)> {
+        self.stages.clone()
+    }
+
+    fn reset(&mut self, mode: NumericsMode, _n_ctx: usize) -> Result<()> {
+        self.mode = mode;
+        self.history.clear();
+        Ok(())
+    }
+
+    fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>> {
+        let start = self.history.len();
+        self.history.extend_from_slice(tokens);
+        let out = self.scratch.path().join("dump.npz");
+        let ids: Vec<String> = self.history.iter().map(u32::to_string).collect();
+        let c = self.command(
+            &self.cmds.forward,
+            &[
+                ("{model}", self.model.display().to_string()),
+                ("{tokens}", ids.join(",")),
+                ("{mode}", self.mode.to_string()),
+                ("{out}", out.display().to_string()),
+            ],
+        )?;
+        self.run(c, "forward")?;
+        let d = crate::dump::read(&out)?;
+        if d.tokens != self.history {
+            bail!("the external engine's dump {} holds tokens {:?}, expected {:?}", out.display(), d.tokens, self.history);
+        }
+        let end = self.history.len();
+        let mut order: Vec<(Stage, String)> = Vec::new();
+        for name in d.stages.keys() {
+            match Stage::parse(name) {
+                Some(s) => order.push((s, name.clone())),
+                None => bail!("{}: array `{name}` is not a canonical stage id", out.display()),
+            }
+        }
+        order.sort_by_key(|(s, _)| forward_rank(*s));
+        self.stages = order.iter().map(|(_, n)| (n.clone(), d.stages[n].ncols())).collect();
+        for (stage, name) in &order {
+            let arr = &d.stages[name];
+            let mut rows = arr.slice(ndarray::s![start..end, ..]).to_owned();
+            if sink.wants(*stage) {
+                let w = rows.ncols();
+                let data = rows.as_slice_mut().context("contiguous rows")?;
+                sink.on_stage(*stage, start..end, w, data);
+            }
+        }
+        Ok(d.logits.slice(ndarray::s![start..end, ..]).to_owned())
+    }
+}
+
+/// Sort key that puts stages in forward order: embed, blocks in order (stage kinds in forward order),
+/// output_norm, logits.
+pub fn forward_rank(s: Stage) -> (usize, usize, usize) {
+    let kind = StageKind::ALL.iter().position(|k| *k == s.kind).unwrap_or(usize::MAX);
+    match (s.layer, s.kind) {
+        (None, StageKind::Embed) => (0, 0, kind),
+        (Some(l), _) => (1, l, kind),
+        (None, _) => (2, 0, kind),
+    }
+}
+
+/// Convert a recorder's stages to `[rows, width]` arrays by canonical id.
+pub fn recorded_arrays(rec: Recorder) -> Result<BTreeMap<String, Array2<f32>>> {
+    let mut out = BTreeMap::new();
+    for (stage, r) in rec.stages {
+        let rows = r.positions.len();
+        out.insert(stage.to_string(), Array2::from_shape_vec((rows, r.width), r.data)?);
+    }
+    Ok(out)
+}
