@@ -8,6 +8,9 @@
 //! - [`golden`] — golden files and `golden/manifest.json`: loading and verification.
 //! - [`metrics`] — metric definitions (cosine, NMSE, KL, top-k overlap, entropy, ...) and summaries.
 //! - [`compare`] — an engine's output against a golden, stage by stage and position by position.
+//! - [`matrix`] — the run matrix (`ci/matrix.toml`) and its expansion into cells.
+//! - [`gate`] — thresholds (`ci/thresholds.toml`), verdicts and failure lines.
+//! - [`report`] — run reports: `report.json`, `report.md`, `results.csv`.
 //! - [`engine`] — the engine seam: our engine in process, or any external command writing the dump format.
 //! - [`cli`] — command-line parsing and the subcommands.
 
@@ -16,6 +19,9 @@ pub mod compare;
 pub mod dump;
 pub mod engine;
 pub mod fetch;
+pub mod gate;
 pub mod golden;
+pub mod matrix;
 pub mod metrics;
 pub mod registry;
+pub mod report;

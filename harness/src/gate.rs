@@ -1,0 +1,690 @@
+//! Gates: the thresholds of `ci/thresholds.toml`, the verdict of one cell, and the one-line reasons
+//! `lockstep gate` prints for failing cells.
+//!
+//! # Thresholds file
+//!
+//! ```toml
+//! [[rule]]
+//! model = "*"            # selectors: an exact value or "*" (a missing selector is "*")
+//! mode = "*"
+//! oracle = "*"
+//! tokens_must_match = true
+//! min_top1_agreement = 1.0
+//! max_mean_kl = 1e-3
+//! # max_kl = 1e-2       # optional
+//! min_top5_mean = 0.9
+//! min_cosine_out = 0.9999
+//! stage_min_cosine = 0.999
+//! margin_tolerance = 0.01
+//!
+//! [[rule]]
+//! mode = "reference"
+//! max_mean_kl = 5e-3     # overrides the field above for reference-mode cells
+//! ```
+//!
+//! Every rule whose selectors all match a cell applies, in file order, and a later rule overrides an
+//! earlier one **field by field**: the first rule usually sets every field for every cell, later rules
+//! change a few. After merging, every field but `max_kl` must be set. A cell no rule matches is an error.
+//!
+//! # What each threshold checks (see [`evaluate`])
+//!
+//! - `tokens_must_match`: the engine's tokenization of the prompt equals the oracle's.
+//! - `min_top1_agreement`: (positions whose top-1 tokens agree + near ties) / positions, over the prefill
+//!   and decode logits together. A near tie is a disagreement whose reference margin (reference logit of
+//!   its top-1 − its logit of the engine's top-1) is below `margin_tolerance` (logit units).
+//! - `max_mean_kl`: mean of KL(P_ref ‖ P_eng) (nats) over every position with a full reference row.
+//! - `max_kl`: largest KL at any such position.
+//! - `min_top5_mean`: mean top-5 overlap over every position.
+//! - `min_cosine_out`: smallest cosine at any position (prefill and decode) of every `blk.N.out` and of
+//!   `output_norm`.
+//! - `stage_min_cosine`: not a pass/fail threshold: the cosine below which a stage counts as divergent
+//!   for [`first_divergent`], which the verdict and the failure line report.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::compare::{CellComparison, Phase};
+use crate::matrix::Cell;
+use crate::metrics::LogitPosition;
+use crate::report::{fmt_fixed, fmt_sci, Report};
+
+/// The wildcard selector.
+pub const ANY: &str = "*";
+
+fn any() -> String {
+    ANY.to_string()
+}
+
+/// One `[[rule]]` of the thresholds file: selectors and the fields it sets.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// Model id, or `*`.
+    #[serde(default = "any")]
+    pub model: String,
+    /// Numerics mode, or `*`.
+    #[serde(default = "any")]
+    pub mode: String,
+    /// Oracle (golden directory name), or `*`.
+    #[serde(default = "any")]
+    pub oracle: String,
+    /// Free text: why this rule exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// See [`CellThresholds::tokens_must_match`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_must_match: Option<bool>,
+    /// See [`CellThresholds::min_top1_agreement`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_top1_agreement: Option<f64>,
+    /// See [`CellThresholds::max_mean_kl`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_mean_kl: Option<f64>,
+    /// See [`CellThresholds::max_kl`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_kl: Option<f64>,
+    /// See [`CellThresholds::min_top5_mean`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_top5_mean: Option<f64>,
+    /// See [`CellThresholds::min_cosine_out`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_cosine_out: Option<f64>,
+    /// See [`CellThresholds::stage_min_cosine`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_min_cosine: Option<f64>,
+    /// See [`CellThresholds::margin_tolerance`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub margin_tolerance: Option<f64>,
+}
+
+impl Rule {
+    fn matches(&self, cell: &Cell) -> bool {
+        let sel = |s: &str, v: &str| s == ANY || s == v;
+        sel(&self.model, &cell.model)
+            && sel(&self.mode, &cell.mode)
+            && sel(&self.oracle, &cell.oracle)
+    }
+}
+
+/// `ci/thresholds.toml`: an ordered list of rules.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Thresholds {
+    /// The rules, in file order (`[[rule]]`).
+    #[serde(rename = "rule")]
+    pub rules: Vec<Rule>,
+    /// Where the rules came from (a path), for error messages.
+    #[serde(skip)]
+    pub origin: String,
+}
+
+/// The thresholds that hold for one cell, after merging every matching rule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CellThresholds {
+    /// The engine must tokenize the prompt exactly as the oracle did.
+    pub tokens_must_match: bool,
+    /// Minimum fraction (0..=1) of logits positions, prefill and decode together, whose top-1 tokens
+    /// agree; near ties (margin below `margin_tolerance`) count as agreeing.
+    pub min_top1_agreement: f64,
+    /// Maximum mean KL(P_ref ‖ P_eng), nats, over the positions with full reference rows.
+    pub max_mean_kl: f64,
+    /// Maximum KL at any single position, nats; `None`: not checked.
+    pub max_kl: Option<f64>,
+    /// Minimum mean top-5 overlap (0..=1) over all logits positions.
+    pub min_top5_mean: f64,
+    /// Minimum cosine at any position, prefill and decode, of every `blk.N.out` and `output_norm`.
+    pub min_cosine_out: f64,
+    /// A stage whose cosine at some position falls below this counts as divergent ([`first_divergent`]).
+    pub stage_min_cosine: f64,
+    /// A top-1 disagreement whose reference margin is below this (logit units) is a near tie.
+    pub margin_tolerance: f64,
+}
+
+impl Thresholds {
+    /// Read and parse a thresholds file.
+    pub fn load(path: &Path) -> Result<Thresholds> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{} cannot be read", path.display()))?;
+        Thresholds::parse(&text, &path.display().to_string())
+    }
+
+    /// Parse thresholds TOML; `origin` names the source in errors. Checks value ranges (fractions and
+    /// cosines in [0, 1] resp. [-1, 1], KL and margins ≥ 0) and that selectors are not empty.
+    pub fn parse(text: &str, origin: &str) -> Result<Thresholds> {
+        let mut t: Thresholds = toml::from_str(text)
+            .with_context(|| format!("{origin} is not a valid thresholds file"))?;
+        t.origin = origin.to_string();
+        if t.rules.is_empty() {
+            bail!("{origin}: no [[rule]]");
+        }
+        for (i, r) in t.rules.iter().enumerate() {
+            let at = format!(
+                "{origin}: rule {} (model {:?}, mode {:?}, oracle {:?})",
+                i + 1,
+                r.model,
+                r.mode,
+                r.oracle
+            );
+            for (name, s) in [
+                ("model", &r.model),
+                ("mode", &r.mode),
+                ("oracle", &r.oracle),
+            ] {
+                if s.trim().is_empty() {
+                    bail!("{at}: selector `{name}` is empty; use \"*\" for any");
+                }
+            }
+            let check = |name: &str, v: Option<f64>, lo: f64, hi: f64| -> Result<()> {
+                match v {
+                    Some(x) if !(lo..=hi).contains(&x) => {
+                        bail!("{at}: {name} = {x} is outside [{lo}, {hi}]")
+                    }
+                    _ => Ok(()),
+                }
+            };
+            check("min_top1_agreement", r.min_top1_agreement, 0.0, 1.0)?;
+            check("min_top5_mean", r.min_top5_mean, 0.0, 1.0)?;
+            check("min_cosine_out", r.min_cosine_out, -1.0, 1.0)?;
+            check("stage_min_cosine", r.stage_min_cosine, -1.0, 1.0)?;
+            check("max_mean_kl", r.max_mean_kl, 0.0, f64::MAX)?;
+            check("max_kl", r.max_kl, 0.0, f64::MAX)?;
+            check("margin_tolerance", r.margin_tolerance, 0.0, f64::MAX)?;
+        }
+        Ok(t)
+    }
+
+    /// Merge every rule matching `cell`, in order, field by field. Errors when no rule matches or a
+    /// required field stays unset.
+    pub fn for_cell(&self, cell: &Cell) -> Result<CellThresholds> {
+        let matching: Vec<&Rule> = self.rules.iter().filter(|r| r.matches(cell)).collect();
+        if matching.is_empty() {
+            bail!(
+                "{}: no rule matches cell {} (model {}, mode {}, oracle {}); add a rule with model/mode/oracle \"*\"",
+                self.origin,
+                cell.id(),
+                cell.model,
+                cell.mode,
+                cell.oracle
+            );
+        }
+        let last = |f: fn(&Rule) -> Option<f64>| matching.iter().rev().find_map(|r| f(r));
+        let need = |name: &str, v: Option<f64>| {
+            v.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{}: the rules matching cell {} leave `{name}` unset",
+                    self.origin,
+                    cell.id()
+                )
+            })
+        };
+        Ok(CellThresholds {
+            tokens_must_match: matching
+                .iter()
+                .rev()
+                .find_map(|r| r.tokens_must_match)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{}: the rules matching cell {} leave `tokens_must_match` unset",
+                        self.origin,
+                        cell.id()
+                    )
+                })?,
+            min_top1_agreement: need("min_top1_agreement", last(|r| r.min_top1_agreement))?,
+            max_mean_kl: need("max_mean_kl", last(|r| r.max_mean_kl))?,
+            max_kl: last(|r| r.max_kl),
+            min_top5_mean: need("min_top5_mean", last(|r| r.min_top5_mean))?,
+            min_cosine_out: need("min_cosine_out", last(|r| r.min_cosine_out))?,
+            stage_min_cosine: need("stage_min_cosine", last(|r| r.stage_min_cosine))?,
+            margin_tolerance: need("margin_tolerance", last(|r| r.margin_tolerance))?,
+        })
+    }
+}
+
+/// The verdict on one cell.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// True when no threshold failed.
+    pub pass: bool,
+    /// Every threshold that failed.
+    pub failures: Vec<Failure>,
+    /// The first stage in forward order whose cosine falls below `stage_min_cosine` (informative; not a
+    /// failure by itself).
+    pub first_divergent: Option<Divergence>,
+}
+
+/// One threshold that failed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Failure {
+    /// Metric name: `tokens_match`, `top1_agreement`, `mean_kl`, `max_kl`, `top5_mean` or
+    /// `min_cosine_out`.
+    pub metric: String,
+    /// Measured value (NaN when the metric could not be measured at all).
+    pub value: f64,
+    /// The threshold it failed (a minimum or a maximum, by metric).
+    pub threshold: f64,
+    /// Where and why, e.g. `prefill position 13, ref top 909 vs engine 198 (margin 0.53)`.
+    pub detail: String,
+}
+
+/// Where a stage first falls below the divergence cosine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Divergence {
+    /// Canonical stage id.
+    pub stage: String,
+    /// Prefill or decode.
+    pub phase: Phase,
+    /// Sequence position: prompt position in the prefill; T + step for decode step `step` (T = prompt
+    /// tokens), as for logits.
+    pub position: usize,
+    /// Cosine at that position.
+    pub cosine: f64,
+    /// NMSE at that position (may be +∞ when the reference row is zero).
+    pub nmse: f64,
+}
+
+/// A logits position with its phase.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PhasePosition {
+    /// Prefill or decode.
+    pub phase: Phase,
+    /// The position's metrics.
+    pub pos: LogitPosition,
+}
+
+/// Where a `blk.N.out` / `output_norm` cosine is lowest.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutCosine {
+    /// Stage id.
+    pub stage: String,
+    /// Prefill or decode.
+    pub phase: Phase,
+    /// Sequence position (see [`Divergence::position`]).
+    pub position: usize,
+    /// The cosine there.
+    pub cosine: f64,
+    /// The NMSE there.
+    pub nmse: f64,
+}
+
+/// The cell-level aggregates the gate checks (and the report's summary row shows).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CellMetrics {
+    /// Engine tokens == golden tokens.
+    pub tokens_match: bool,
+    /// Logits positions compared, prefill and decode.
+    pub positions: usize,
+    /// Positions whose top-1 tokens agree exactly.
+    pub top1_agree: usize,
+    /// Disagreements with margin below the tolerance.
+    pub near_ties: Vec<PhasePosition>,
+    /// Disagreements at or above the tolerance.
+    pub mismatches: Vec<PhasePosition>,
+    /// Mean KL (nats) over positions with full reference rows; `None` when there are none.
+    pub mean_kl: Option<f64>,
+    /// Positions with a KL value.
+    pub kl_positions: usize,
+    /// The largest KL and where.
+    pub max_kl: Option<(f64, Phase, usize)>,
+    /// Mean top-5 overlap over all positions; `None` without positions.
+    pub top5_mean: Option<f64>,
+    /// The lowest top-5 overlap and where.
+    pub worst_top5: Option<(f64, Phase, usize)>,
+    /// The lowest cosine of `blk.N.out` / `output_norm`.
+    pub min_cosine_out: Option<OutCosine>,
+}
+
+impl CellMetrics {
+    /// (top-1 agreements + near ties) / positions; NaN without positions.
+    pub fn top1_agreement(&self) -> f64 {
+        if self.positions == 0 {
+            f64::NAN
+        } else {
+            (self.top1_agree + self.near_ties.len()) as f64 / self.positions as f64
+        }
+    }
+}
+
+/// Whether a stage id is a layer output (`blk.N.out`) or the final norm — the stages `min_cosine_out`
+/// covers.
+pub fn is_out_stage(stage: &str) -> bool {
+    stage == "output_norm"
+        || stage
+            .strip_prefix("blk.")
+            .and_then(|s| s.strip_suffix(".out"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Sequence position of row `row` of a stage in `phase` (decode rows start at the prompt length).
+fn seq_position(cmp: &CellComparison, phase: Phase, row: usize) -> usize {
+    match phase {
+        Phase::Prefill => row,
+        Phase::Decode => cmp.golden_tokens.len() + row,
+    }
+}
+
+/// Aggregate a comparison into the numbers the gate checks; near ties are disagreements with margin
+/// below `margin_tolerance` (logit units).
+pub fn cell_metrics(cmp: &CellComparison, margin_tolerance: f64) -> CellMetrics {
+    let mut m = CellMetrics {
+        tokens_match: cmp.tokens_match(),
+        positions: 0,
+        top1_agree: 0,
+        near_ties: Vec::new(),
+        mismatches: Vec::new(),
+        mean_kl: None,
+        kl_positions: 0,
+        max_kl: None,
+        top5_mean: None,
+        worst_top5: None,
+        min_cosine_out: None,
+    };
+    let (mut kl_sum, mut top5_sum) = (0.0, 0.0);
+    for lc in &cmp.logits {
+        for p in &lc.positions {
+            m.positions += 1;
+            if p.ref_top == p.eng_top {
+                m.top1_agree += 1;
+            } else if p.margin < margin_tolerance {
+                m.near_ties.push(PhasePosition {
+                    phase: lc.phase,
+                    pos: p.clone(),
+                });
+            } else {
+                m.mismatches.push(PhasePosition {
+                    phase: lc.phase,
+                    pos: p.clone(),
+                });
+            }
+            if let Some(kl) = p.kl {
+                kl_sum += kl;
+                m.kl_positions += 1;
+                if m.max_kl.is_none_or(|(k, _, _)| kl > k) {
+                    m.max_kl = Some((kl, lc.phase, p.position));
+                }
+            }
+            top5_sum += p.top5;
+            if m.worst_top5.is_none_or(|(t, _, _)| p.top5 < t) {
+                m.worst_top5 = Some((p.top5, lc.phase, p.position));
+            }
+        }
+    }
+    if m.kl_positions > 0 {
+        m.mean_kl = Some(kl_sum / m.kl_positions as f64);
+    }
+    if m.positions > 0 {
+        m.top5_mean = Some(top5_sum / m.positions as f64);
+    }
+    for s in cmp.stages.iter().filter(|s| is_out_stage(&s.stage)) {
+        let (row, cosine) =
+            lowest(&s.cosine_by_position).unwrap_or((s.worst_position, s.cosine.min));
+        if m.min_cosine_out.as_ref().is_none_or(|o| cosine < o.cosine) {
+            m.min_cosine_out = Some(OutCosine {
+                stage: s.stage.clone(),
+                phase: s.phase,
+                position: seq_position(cmp, s.phase, row),
+                cosine,
+                nmse: s.nmse_by_position.get(row).copied().unwrap_or(s.nmse.max),
+            });
+        }
+    }
+    m
+}
+
+/// Index of the first smallest value (NaN never wins); `None` for an empty slice.
+pub fn lowest_index(v: &[f64]) -> Option<usize> {
+    lowest(v).map(|(i, _)| i)
+}
+
+/// (index, value) of the first smallest value.
+fn lowest(v: &[f64]) -> Option<(usize, f64)> {
+    let mut best: Option<(usize, f64)> = None;
+    for (i, &x) in v.iter().enumerate() {
+        if best.is_none_or(|(_, b)| x < b) {
+            best = Some((i, x));
+        }
+    }
+    best
+}
+
+fn describe_disagreement(p: &PhasePosition) -> String {
+    format!(
+        "{} position {}, ref top {} vs engine {} (margin {})",
+        p.phase,
+        p.pos.position,
+        p.pos.ref_top,
+        p.pos.eng_top,
+        fmt_fixed(p.pos.margin, 4)
+    )
+}
+
+/// Hold one cell's comparison to its thresholds.
+///
+/// `_cell` names the cell; its thresholds were already chosen by [`Thresholds::for_cell`]. Every metric
+/// that cannot be measured at all (no logits positions, no full reference row for KL, no `blk.N.out`)
+/// is a failure with value NaN, never a silent pass.
+pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verdict {
+    let m = cell_metrics(cmp, th.margin_tolerance);
+    let mut failures = Vec::new();
+    let mut fail = |metric: &str, value: f64, threshold: f64, detail: String| {
+        failures.push(Failure {
+            metric: metric.to_string(),
+            value,
+            threshold,
+            detail,
+        });
+    };
+
+    if th.tokens_must_match && !m.tokens_match {
+        let (g, e) = (&cmp.golden_tokens, &cmp.engine_tokens);
+        let at = g
+            .iter()
+            .zip(e)
+            .position(|(a, b)| a != b)
+            .unwrap_or(g.len().min(e.len()));
+        let show = |v: &[u32]| v.get(at).map_or("(end)".to_string(), |t| t.to_string());
+        fail(
+            "tokens_match",
+            0.0,
+            1.0,
+            format!(
+                "golden has {} tokens, engine {}; first difference at index {at}: golden {} vs engine {}",
+                g.len(),
+                e.len(),
+                show(g),
+                show(e)
+            ),
+        );
+    }
+
+    let agreement = m.top1_agreement();
+    if m.positions == 0 {
+        fail(
+            "top1_agreement",
+            f64::NAN,
+            th.min_top1_agreement,
+            "no logits positions were compared".into(),
+        );
+    } else if agreement < th.min_top1_agreement {
+        let mut detail: Vec<String> = m
+            .mismatches
+            .iter()
+            .take(3)
+            .map(describe_disagreement)
+            .collect();
+        if m.mismatches.len() > 3 {
+            detail.push(format!("and {} more", m.mismatches.len() - 3));
+        }
+        let ties = match m.near_ties.len() {
+            0 => String::new(),
+            n => format!("; {n} near tie(s) counted as agreeing"),
+        };
+        fail(
+            "top1_agreement",
+            agreement,
+            th.min_top1_agreement,
+            format!(
+                "{}/{} positions agree{ties}; mismatches: {}",
+                m.top1_agree + m.near_ties.len(),
+                m.positions,
+                detail.join("; ")
+            ),
+        );
+    }
+
+    match m.mean_kl {
+        None => fail(
+            "mean_kl",
+            f64::NAN,
+            th.max_mean_kl,
+            "no position has a full reference logits row to compute KL".into(),
+        ),
+        Some(kl) if kl > th.max_mean_kl || kl.is_nan() => {
+            let (mx, ph, pos) = m.max_kl.unwrap_or((kl, Phase::Prefill, 0));
+            fail(
+                "mean_kl",
+                kl,
+                th.max_mean_kl,
+                format!(
+                    "over {} positions; largest {} at {ph} position {pos}",
+                    m.kl_positions,
+                    fmt_sci(mx, 3)
+                ),
+            );
+        }
+        Some(_) => {}
+    }
+    if let (Some(limit), Some((mx, ph, pos))) = (th.max_kl, m.max_kl) {
+        if mx > limit {
+            fail("max_kl", mx, limit, format!("{ph} position {pos}"));
+        }
+    }
+
+    match (m.top5_mean, m.worst_top5) {
+        (Some(t5), Some((w, ph, pos))) if t5 < th.min_top5_mean => fail(
+            "top5_mean",
+            t5,
+            th.min_top5_mean,
+            format!("lowest {} at {ph} position {pos}", fmt_fixed(w, 4)),
+        ),
+        (None, _) => fail(
+            "top5_mean",
+            f64::NAN,
+            th.min_top5_mean,
+            "no logits positions were compared".into(),
+        ),
+        _ => {}
+    }
+
+    match &m.min_cosine_out {
+        None => fail(
+            "min_cosine_out",
+            f64::NAN,
+            th.min_cosine_out,
+            "no blk.N.out or output_norm stage was compared".into(),
+        ),
+        Some(o) if o.cosine < th.min_cosine_out => fail(
+            "min_cosine_out",
+            o.cosine,
+            th.min_cosine_out,
+            format!(
+                "{} {} position {} (NMSE {})",
+                o.stage,
+                o.phase,
+                o.position,
+                fmt_sci(o.nmse, 3)
+            ),
+        ),
+        Some(_) => {}
+    }
+
+    Verdict {
+        pass: failures.is_empty(),
+        failures,
+        first_divergent: first_divergent(cmp, th.stage_min_cosine),
+    }
+}
+
+/// The first stage in forward order (prefill stages in the order of `cmp.stages`, which is forward order;
+/// then decode) whose cosine at some position falls below `min_cosine`, with the first such position.
+pub fn first_divergent(cmp: &CellComparison, min_cosine: f64) -> Option<Divergence> {
+    for phase in [Phase::Prefill, Phase::Decode] {
+        for s in cmp.stages.iter().filter(|s| s.phase == phase) {
+            if s.cosine.min >= min_cosine && s.cosine_by_position.iter().all(|&c| c >= min_cosine) {
+                continue;
+            }
+            let (row, cosine) = s
+                .cosine_by_position
+                .iter()
+                .position(|&c| c < min_cosine)
+                .map(|i| (i, s.cosine_by_position[i]))
+                .unwrap_or((s.worst_position, s.cosine.min));
+            return Some(Divergence {
+                stage: s.stage.clone(),
+                phase,
+                position: seq_position(cmp, phase, row),
+                cosine,
+                nmse: s.nmse_by_position.get(row).copied().unwrap_or(s.nmse.max),
+            });
+        }
+    }
+    None
+}
+
+/// Format a metric's value (or threshold) the way failure lines and reports show it: KL in scientific
+/// notation, everything else fixed with trailing zeros trimmed.
+pub fn fmt_metric(metric: &str, v: f64) -> String {
+    match metric {
+        "mean_kl" | "max_kl" => fmt_sci(v, 3),
+        "tokens_match" => fmt_fixed(v, 0),
+        _ => fmt_fixed(v, 8),
+    }
+}
+
+/// The one-line reason of a failing cell, `None` when it passed:
+/// `FAIL <cell id>: <metric> = <value> (threshold <threshold>) — <detail>[; <next failure>...];
+/// first divergent stage: <stage> (<phase> position p, cosine c)`.
+pub fn failure_line(cell: &Cell, verdict: &Verdict) -> Option<String> {
+    if verdict.pass {
+        return None;
+    }
+    let failures: Vec<String> = verdict
+        .failures
+        .iter()
+        .map(|f| {
+            format!(
+                "{} = {} (threshold {}) — {}",
+                f.metric,
+                fmt_metric(&f.metric, f.value),
+                fmt_metric(&f.metric, f.threshold),
+                f.detail
+            )
+        })
+        .collect();
+    let failures = if failures.is_empty() {
+        "failed".to_string()
+    } else {
+        failures.join("; ")
+    };
+    let divergent = match &verdict.first_divergent {
+        Some(d) => format!(
+            "first divergent stage: {} ({} position {}, cosine {})",
+            d.stage,
+            d.phase,
+            d.position,
+            fmt_fixed(d.cosine, 8)
+        ),
+        None => "first divergent stage: none".to_string(),
+    };
+    Some(format!("FAIL {}: {failures}; {divergent}", cell.id()))
+}
+
+/// One line per failing cell of a report, in cell order (see [`failure_line`]).
+pub fn failure_lines(report: &Report) -> Vec<String> {
+    report
+        .cells
+        .iter()
+        .filter_map(|c| failure_line(&c.cell, &c.verdict))
+        .collect()
+}

@@ -1,0 +1,524 @@
+//! The run matrix (`ci/matrix.toml`): which models, prompts, numerics modes, SIMD settings, oracles and
+//! engines `lockstep run` crosses, and its expansion into [`Cell`]s.
+//!
+//! # Format
+//!
+//! ```toml
+//! modes = ["reference", "ggml"]   # engine numerics modes
+//! simd = ["off"]                  # SIMD backend setting ("off" = scalar)
+//! oracles = ["llama.cpp-f32kv"]   # golden directory names under golden/<model>/
+//! engines = ["lockstep"]          # "lockstep" (in process) or "external" (dump-format adapter)
+//!
+//! [[models]]
+//! id = "smollm2-135m-q4_1"        # registry id (models.toml); also the golden directory name
+//! quant = "Q4_1"                  # the model file's weight type, for the report
+//! prompts = ["*"]                 # "*" = every prompt with a golden for this model and oracle
+//! ```
+//!
+//! Every combination model × prompt × mode × simd × oracle × engine is one cell. Each cell is held to the
+//! golden `golden/<model>/<oracle>/<prompt>.npz` ([`golden_path_for`]), which must be listed in
+//! `golden/manifest.json`: a missing golden is an error, never a skipped cell.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::golden::Manifest;
+
+/// The numerics modes the engine has (`--mode`).
+pub const MODES: &[&str] = &["reference", "ggml"];
+
+/// The engines the harness can drive.
+pub const ENGINES: &[&str] = &["lockstep", "external"];
+
+/// The prompt wildcard: every prompt that has a golden for the model and oracle.
+pub const ALL_PROMPTS: &str = "*";
+
+/// One cell of the matrix: one engine run held to one golden.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Cell {
+    /// Model registry id (`models.toml`), e.g. `smollm2-135m-q4_1`.
+    pub model: String,
+    /// Prompt id of the golden, e.g. `prose`.
+    pub prompt: String,
+    /// The model file's weight type, e.g. `Q4_1`.
+    pub quant: String,
+    /// Numerics mode: `reference` or `ggml`.
+    pub mode: String,
+    /// SIMD setting: `off` (scalar backend); other values once a SIMD backend exists.
+    pub simd: String,
+    /// Golden directory under `golden/<model>/`, e.g. `llama.cpp-f32kv`.
+    pub oracle: String,
+    /// `lockstep` (in process) or `external`.
+    pub engine: String,
+}
+
+impl Cell {
+    /// `model/prompt/quant/mode/simd-<simd>/oracle/engine`, e.g.
+    /// `smollm2-135m-q4_1/prose/Q4_1/ggml/simd-off/llama.cpp-f32kv/lockstep`.
+    pub fn id(&self) -> String {
+        format!(
+            "{}/{}/{}/{}/simd-{}/{}/{}",
+            self.model, self.prompt, self.quant, self.mode, self.simd, self.oracle, self.engine
+        )
+    }
+}
+
+/// The golden a cell is held to, relative to the golden directory, as `GoldenEntry::path` spells it:
+/// `<model>/<oracle>/<prompt>.npz`, e.g. `smollm2-135m-q4_1/llama.cpp-f32kv/prose.npz`.
+pub fn golden_path_for(cell: &Cell) -> String {
+    format!("{}/{}/{}.npz", cell.model, cell.oracle, cell.prompt)
+}
+
+/// One `[[models]]` entry of the matrix.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatrixModel {
+    /// Model registry id.
+    pub id: String,
+    /// The model file's weight type (e.g. `Q4_1`).
+    pub quant: String,
+    /// Prompt ids, or `["*"]` for every prompt with a golden.
+    pub prompts: Vec<String>,
+}
+
+/// `ci/matrix.toml`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Matrix {
+    /// Models, each with its prompts.
+    pub models: Vec<MatrixModel>,
+    /// Numerics modes ([`MODES`]).
+    pub modes: Vec<String>,
+    /// SIMD settings (`off`).
+    pub simd: Vec<String>,
+    /// Oracles: golden directory names under `golden/<model>/`.
+    pub oracles: Vec<String>,
+    /// Engines ([`ENGINES`]).
+    pub engines: Vec<String>,
+}
+
+/// Restrict a run to some values of each axis. An empty list does not filter. Every value given must
+/// match something in the matrix (a typo is an error, not an empty run).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Filters {
+    /// Model ids.
+    pub model: Vec<String>,
+    /// Prompt ids.
+    pub prompt: Vec<String>,
+    /// Modes.
+    pub mode: Vec<String>,
+    /// Oracles.
+    pub oracle: Vec<String>,
+    /// SIMD settings.
+    pub simd: Vec<String>,
+}
+
+fn check_axis(origin: &str, name: &str, values: &[String], allowed: Option<&[&str]>) -> Result<()> {
+    if values.is_empty() {
+        bail!("{origin}: `{name}` is empty; list at least one value");
+    }
+    let mut seen = BTreeSet::new();
+    for v in values {
+        if v.trim().is_empty() {
+            bail!("{origin}: `{name}` holds an empty value");
+        }
+        if !seen.insert(v.as_str()) {
+            bail!("{origin}: `{name}` lists {v:?} twice");
+        }
+        if let Some(allowed) = allowed {
+            if !allowed.contains(&v.as_str()) {
+                bail!(
+                    "{origin}: `{name}` value {v:?} is not one of {}",
+                    allowed.join(", ")
+                );
+            }
+        }
+        if v.contains('/') {
+            bail!("{origin}: `{name}` value {v:?} contains '/', which cell ids and golden paths use as separator");
+        }
+    }
+    Ok(())
+}
+
+impl Matrix {
+    /// Read and parse a matrix file.
+    pub fn load(path: &Path) -> Result<Matrix> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{} cannot be read", path.display()))?;
+        Matrix::parse(&text, &path.display().to_string())
+    }
+
+    /// Parse matrix TOML; `origin` names the source in errors. Checks that no axis is empty, no value
+    /// repeats, modes and engines are known, and `"*"` stands alone in a prompt list.
+    pub fn parse(text: &str, origin: &str) -> Result<Matrix> {
+        let m: Matrix =
+            toml::from_str(text).with_context(|| format!("{origin} is not a valid run matrix"))?;
+        if m.models.is_empty() {
+            bail!("{origin}: no [[models]]");
+        }
+        let ids: Vec<String> = m.models.iter().map(|x| x.id.clone()).collect();
+        check_axis(origin, "models.id", &ids, None)?;
+        for model in &m.models {
+            if model.quant.trim().is_empty() {
+                bail!("{origin}: model {:?} has an empty quant", model.id);
+            }
+            let what = format!("models.prompts of {:?}", model.id);
+            check_axis(origin, &what, &model.prompts, None)?;
+            if model.prompts.len() > 1 && model.prompts.iter().any(|p| p == ALL_PROMPTS) {
+                bail!("{origin}: {what}: \"*\" means every prompt and must stand alone");
+            }
+        }
+        check_axis(origin, "modes", &m.modes, Some(MODES))?;
+        check_axis(origin, "simd", &m.simd, None)?;
+        check_axis(origin, "oracles", &m.oracles, None)?;
+        check_axis(origin, "engines", &m.engines, Some(ENGINES))?;
+        Ok(m)
+    }
+
+    /// The prompt ids that have a golden for `model` and `oracle` in the manifest, sorted.
+    fn golden_prompts(manifest: &Manifest, model: &str, oracle: &str) -> BTreeSet<String> {
+        let prefix = format!("{model}/{oracle}/");
+        manifest
+            .goldens
+            .iter()
+            .filter_map(|g| g.path.strip_prefix(&prefix)?.strip_suffix(".npz"))
+            .filter(|p| !p.contains('/'))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Expand to cells, resolving `"*"` prompts from the manifest's goldens for that model and oracle.
+    ///
+    /// Order: model (as listed), prompt (as listed, or sorted for `"*"`), mode, simd, oracle, engine.
+    /// Errors: a cell whose golden is not in the manifest (all such cells are named, with the path
+    /// expected), a `"*"` that finds no golden, and a filter value that matches nothing (with the
+    /// values available).
+    pub fn expand(&self, manifest: &Manifest, filters: &Filters) -> Result<Vec<Cell>> {
+        fn keep(filter: &[String], v: &str) -> bool {
+            filter.is_empty() || filter.iter().any(|f| f == v)
+        }
+        fn check_filter(axis: &str, filter: &[String], available: &BTreeSet<String>) -> Result<()> {
+            for f in filter {
+                if !available.contains(f) {
+                    let list: Vec<&str> = available.iter().map(String::as_str).collect();
+                    bail!(
+                        "filter --{axis} {f:?} matches nothing in the run matrix; available {axis} values: {}",
+                        if list.is_empty() { "(none)".to_string() } else { list.join(", ") }
+                    );
+                }
+            }
+            Ok(())
+        }
+        let set = |v: &[String]| v.iter().cloned().collect::<BTreeSet<String>>();
+        check_filter(
+            "model",
+            &filters.model,
+            &self.models.iter().map(|m| m.id.clone()).collect(),
+        )?;
+        check_filter("mode", &filters.mode, &set(&self.modes))?;
+        check_filter("oracle", &filters.oracle, &set(&self.oracles))?;
+        check_filter("simd", &filters.simd, &set(&self.simd))?;
+
+        let models: Vec<&MatrixModel> = self
+            .models
+            .iter()
+            .filter(|m| keep(&filters.model, &m.id))
+            .collect();
+        let oracles: Vec<&String> = self
+            .oracles
+            .iter()
+            .filter(|o| keep(&filters.oracle, o))
+            .collect();
+
+        // Resolve prompts per (model, oracle): "*" from the manifest, otherwise as listed.
+        let mut available_prompts = BTreeSet::new();
+        // (model, its prompts in cell order, per oracle: the prompts that oracle has).
+        type PerOracle = Vec<(String, BTreeSet<String>)>;
+        let mut resolved: Vec<(&MatrixModel, Vec<String>, PerOracle)> = Vec::new();
+        let mut empty_wildcards = Vec::new();
+        for m in &models {
+            let wildcard = m.prompts.iter().any(|p| p == ALL_PROMPTS);
+            let mut per_oracle = Vec::new();
+            let mut union = BTreeSet::new();
+            for o in &oracles {
+                let prompts = if wildcard {
+                    let found = Self::golden_prompts(manifest, &m.id, o);
+                    if found.is_empty() {
+                        empty_wildcards.push(format!("{}/{o}/*.npz", m.id));
+                    }
+                    found
+                } else {
+                    m.prompts.iter().cloned().collect()
+                };
+                union.extend(prompts.iter().cloned());
+                per_oracle.push(((*o).clone(), prompts));
+            }
+            let order: Vec<String> = if wildcard {
+                union.iter().cloned().collect()
+            } else {
+                m.prompts.clone()
+            };
+            available_prompts.extend(union);
+            resolved.push((m, order, per_oracle));
+        }
+        if !empty_wildcards.is_empty() {
+            bail!(
+                "prompts = [\"*\"] finds no golden in the manifest for {}; make the goldens (oracles/regenerate.sh) \
+                 or list the model's oracles correctly",
+                empty_wildcards.join(", ")
+            );
+        }
+        check_filter("prompt", &filters.prompt, &available_prompts)?;
+
+        let mut cells = Vec::new();
+        let mut missing = Vec::new();
+        for (m, order, per_oracle) in &resolved {
+            for prompt in order.iter().filter(|p| keep(&filters.prompt, p)) {
+                for mode in self.modes.iter().filter(|v| keep(&filters.mode, v)) {
+                    for simd in self.simd.iter().filter(|v| keep(&filters.simd, v)) {
+                        for (oracle, prompts) in per_oracle {
+                            if !prompts.contains(prompt) {
+                                continue; // "*" resolved per oracle: this oracle has no such golden.
+                            }
+                            for engine in &self.engines {
+                                let cell = Cell {
+                                    model: m.id.clone(),
+                                    prompt: prompt.clone(),
+                                    quant: m.quant.clone(),
+                                    mode: mode.clone(),
+                                    simd: simd.clone(),
+                                    oracle: oracle.clone(),
+                                    engine: engine.clone(),
+                                };
+                                let path = golden_path_for(&cell);
+                                if !manifest.goldens.iter().any(|g| g.path == path) {
+                                    let line = format!(
+                                        "model {} prompt {} oracle {}: golden/{path} is not in the manifest",
+                                        cell.model, cell.prompt, cell.oracle
+                                    );
+                                    if !missing.contains(&line) {
+                                        missing.push(line);
+                                    }
+                                }
+                                cells.push(cell);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if !missing.is_empty() {
+            bail!(
+                "{} golden(s) missing (a missing golden is a failure, not a skip):\n  {}",
+                missing.len(),
+                missing.join("\n  ")
+            );
+        }
+        if cells.is_empty() {
+            bail!("the run matrix with these filters has no cells");
+        }
+        Ok(cells)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::golden::GoldenEntry;
+
+    const MATRIX: &str = r#"
+modes = ["reference", "ggml"]
+simd = ["off"]
+oracles = ["llama.cpp-f32kv"]
+engines = ["lockstep"]
+
+[[models]]
+id = "m"
+quant = "Q4_1"
+prompts = ["*"]
+"#;
+
+    fn entry(path: &str) -> GoldenEntry {
+        let parts: Vec<&str> = path.split('/').collect();
+        let v = serde_json::json!({
+            "path": path, "sha256": "00", "model_id": parts[0], "model_sha256": "11", "model_file": "m.gguf",
+            "arch": "llama", "prompt_id": parts[2].trim_end_matches(".npz"), "prompt": "text",
+            "add_special": true, "parse_special": false, "oracle": {"name": "llama.cpp"}, "kv_type": "f32",
+            "settings": {}, "n_prompt_tokens": 3, "n_decode_steps": 0, "continuation": "",
+            "capture_changes_logits": 0.0, "arrays": {}
+        });
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn manifest(paths: &[&str]) -> Manifest {
+        Manifest {
+            schema_version: 1,
+            about: None,
+            stage_map: Default::default(),
+            goldens: paths.iter().map(|p| entry(p)).collect(),
+        }
+    }
+
+    fn small() -> Manifest {
+        manifest(&[
+            "m/llama.cpp-f32kv/prose.npz",
+            "m/llama.cpp-f32kv/chat.npz",
+            "m/llama.cpp-f16kv/prose.npz",
+            "other/llama.cpp-f32kv/code.npz",
+        ])
+    }
+
+    #[test]
+    fn cell_id_and_golden_path() {
+        let c = Cell {
+            model: "smollm2-135m-q4_1".into(),
+            prompt: "prose".into(),
+            quant: "Q4_1".into(),
+            mode: "ggml".into(),
+            simd: "off".into(),
+            oracle: "llama.cpp-f32kv".into(),
+            engine: "lockstep".into(),
+        };
+        assert_eq!(
+            c.id(),
+            "smollm2-135m-q4_1/prose/Q4_1/ggml/simd-off/llama.cpp-f32kv/lockstep"
+        );
+        assert_eq!(
+            golden_path_for(&c),
+            "smollm2-135m-q4_1/llama.cpp-f32kv/prose.npz"
+        );
+    }
+
+    #[test]
+    fn wildcard_expands_from_the_manifest() {
+        let m = Matrix::parse(MATRIX, "test").unwrap();
+        let cells = m.expand(&small(), &Filters::default()).unwrap();
+        let ids: Vec<String> = cells.iter().map(Cell::id).collect();
+        assert_eq!(
+            ids,
+            [
+                "m/chat/Q4_1/reference/simd-off/llama.cpp-f32kv/lockstep",
+                "m/chat/Q4_1/ggml/simd-off/llama.cpp-f32kv/lockstep",
+                "m/prose/Q4_1/reference/simd-off/llama.cpp-f32kv/lockstep",
+                "m/prose/Q4_1/ggml/simd-off/llama.cpp-f32kv/lockstep",
+            ]
+        );
+    }
+
+    #[test]
+    fn wildcard_resolves_per_oracle() {
+        let text = MATRIX.replace(
+            r#"oracles = ["llama.cpp-f32kv"]"#,
+            r#"oracles = ["llama.cpp-f32kv", "llama.cpp-f16kv"]"#,
+        );
+        let m = Matrix::parse(&text, "test").unwrap();
+        let f = Filters {
+            mode: vec!["ggml".into()],
+            ..Filters::default()
+        };
+        let cells = m.expand(&small(), &f).unwrap();
+        let got: Vec<(String, String)> = cells
+            .iter()
+            .map(|c| (c.prompt.clone(), c.oracle.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("chat".into(), "llama.cpp-f32kv".into()),
+                ("prose".into(), "llama.cpp-f32kv".into()),
+                ("prose".into(), "llama.cpp-f16kv".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_golden_is_an_error_naming_it() {
+        let text = MATRIX.replace(r#"prompts = ["*"]"#, r#"prompts = ["prose", "poem"]"#);
+        let m = Matrix::parse(&text, "test").unwrap();
+        let err = format!("{:#}", m.expand(&small(), &Filters::default()).unwrap_err());
+        assert!(
+            err.contains("model m prompt poem oracle llama.cpp-f32kv"),
+            "{err}"
+        );
+        assert!(err.contains("golden/m/llama.cpp-f32kv/poem.npz"), "{err}");
+        assert!(!err.contains("prose"), "{err}");
+
+        let text = MATRIX.replace(r#"id = "m""#, r#"id = "nomodel""#);
+        let m = Matrix::parse(&text, "test").unwrap();
+        let err = format!("{:#}", m.expand(&small(), &Filters::default()).unwrap_err());
+        assert!(err.contains("nomodel/llama.cpp-f32kv/*.npz"), "{err}");
+    }
+
+    #[test]
+    fn filters_narrow_and_a_filter_matching_nothing_errors() {
+        let m = Matrix::parse(MATRIX, "test").unwrap();
+        let f = Filters {
+            prompt: vec!["prose".into()],
+            mode: vec!["ggml".into()],
+            ..Filters::default()
+        };
+        let cells = m.expand(&small(), &f).unwrap();
+        assert_eq!(cells.len(), 1);
+        assert_eq!(
+            cells[0].id(),
+            "m/prose/Q4_1/ggml/simd-off/llama.cpp-f32kv/lockstep"
+        );
+
+        let f = Filters {
+            prompt: vec!["prse".into()],
+            ..Filters::default()
+        };
+        let err = m.expand(&small(), &f).unwrap_err().to_string();
+        assert!(
+            err.contains("--prompt \"prse\"") && err.contains("chat, prose"),
+            "{err}"
+        );
+        let f = Filters {
+            model: vec!["x".into()],
+            ..Filters::default()
+        };
+        let err = m.expand(&small(), &f).unwrap_err().to_string();
+        assert!(
+            err.contains("--model \"x\"") && err.contains("available model values: m"),
+            "{err}"
+        );
+        let f = Filters {
+            oracle: vec!["llama.cpp-f16kv".into()],
+            ..Filters::default()
+        };
+        let err = m.expand(&small(), &f).unwrap_err().to_string();
+        assert!(
+            err.contains("--oracle") && err.contains("llama.cpp-f32kv"),
+            "{err}"
+        );
+        let f = Filters {
+            simd: vec!["avx2".into()],
+            ..Filters::default()
+        };
+        assert!(m
+            .expand(&small(), &f)
+            .unwrap_err()
+            .to_string()
+            .contains("available simd values: off"));
+    }
+
+    #[test]
+    fn parse_rejects_bad_matrices() {
+        let bad = |from: &str, to: &str| {
+            let text = MATRIX.replace(from, to);
+            format!("{:#}", Matrix::parse(&text, "ci/matrix.toml").unwrap_err())
+        };
+        assert!(bad(r#""ggml"]"#, r#""gml"]"#).contains("\"gml\" is not one of reference, ggml"));
+        assert!(bad(r#"simd = ["off"]"#, "simd = []").contains("`simd` is empty"));
+        assert!(bad(r#"prompts = ["*"]"#, r#"prompts = ["*", "x"]"#).contains("must stand alone"));
+        assert!(bad(
+            r#"engines = ["lockstep"]"#,
+            r#"engines = ["lockstep", "lockstep"]"#
+        )
+        .contains("twice"));
+        assert!(bad("modes", "mdoes").contains("ci/matrix.toml"));
+    }
+}

@@ -1,0 +1,536 @@
+//! Gates: every threshold trips with a line naming the cell, the metric, the value and the threshold;
+//! near ties are excepted; an unmeasurable metric fails; `first_divergent` finds the first stage in
+//! forward order; threshold rules merge field by field; and the committed `ci/matrix.toml` and
+//! `ci/thresholds.toml` cover every cell of the committed goldens.
+//!
+//! `cargo test -p lockstep --test gate`.
+
+use std::path::{Path, PathBuf};
+
+use lockstep::compare::{
+    summarize_logits, CellComparison, CompareOptions, NotCompared, Phase, StageComparison,
+};
+use lockstep::gate::{evaluate, failure_line, first_divergent, CellThresholds, Thresholds};
+use lockstep::golden::load_manifest;
+use lockstep::matrix::{Cell, Filters, Matrix};
+use lockstep::metrics::{LogitPosition, Summary};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn cell(mode: &str) -> Cell {
+    Cell {
+        model: "smollm2-135m-q4_1".into(),
+        prompt: "prose".into(),
+        quant: "Q4_1".into(),
+        mode: mode.into(),
+        simd: "off".into(),
+        oracle: "llama.cpp-f32kv".into(),
+        engine: "lockstep".into(),
+    }
+}
+
+fn stage(id: &str, phase: Phase, cos: &[f64], nmse: &[f64]) -> StageComparison {
+    let s = |v: &[f64]| Summary::of(v.iter().copied()).unwrap();
+    let worst = (0..cos.len())
+        .min_by(|&a, &b| cos[a].total_cmp(&cos[b]))
+        .unwrap();
+    StageComparison {
+        stage: id.into(),
+        phase,
+        layer: lockstep::compare::layer_of(id),
+        width: 8,
+        cosine: s(cos),
+        nmse: s(nmse),
+        rmse: s(nmse),
+        mean_abs: s(nmse),
+        max_abs: 0.5,
+        bit_exact: false,
+        worst_position: worst,
+        cosine_by_position: cos.to_vec(),
+        nmse_by_position: nmse.to_vec(),
+    }
+}
+
+fn pos(
+    position: usize,
+    ref_top: u32,
+    eng_top: u32,
+    margin: f64,
+    kl: Option<f64>,
+    top5: f64,
+) -> LogitPosition {
+    LogitPosition {
+        position,
+        ref_top,
+        eng_top,
+        margin,
+        ref_gap: 0.5,
+        top5,
+        top10: 1.0,
+        kl,
+        entropy_ref: kl.map(|_| 2.0),
+        entropy_eng: 2.0,
+        dp_top: kl.map(|_| 0.001),
+    }
+}
+
+/// A 3-token prompt with 2 decode steps, everything well within the thresholds.
+fn good() -> CellComparison {
+    let ok = [0.999_999, 0.999_998, 0.999_999];
+    let okd = [0.999_999, 0.999_997];
+    let n3 = [1e-6, 2e-6, 1e-6];
+    let n2 = [1e-6, 3e-6];
+    let opts = CompareOptions::default();
+    CellComparison {
+        golden_tokens: vec![1, 2, 3],
+        engine_tokens: vec![1, 2, 3],
+        stages: vec![
+            stage("embed", Phase::Prefill, &[1.0, 1.0, 1.0], &[0.0, 0.0, 0.0]),
+            stage("blk.0.attn_norm", Phase::Prefill, &ok, &n3),
+            stage("blk.0.out", Phase::Prefill, &ok, &n3),
+            stage("blk.1.attn_norm", Phase::Prefill, &ok, &n3),
+            stage("blk.1.out", Phase::Prefill, &ok, &n3),
+            stage("output_norm", Phase::Prefill, &ok, &n3),
+            stage("blk.0.out", Phase::Decode, &okd, &n2),
+            stage("blk.1.out", Phase::Decode, &okd, &n2),
+            stage("output_norm", Phase::Decode, &okd, &n2),
+        ],
+        not_compared: vec![NotCompared {
+            stage: "blk.0.attn_proj".into(),
+            phase: Phase::Prefill,
+            reason: "not stored in this golden".into(),
+        }],
+        logits: vec![
+            summarize_logits(
+                Phase::Prefill,
+                vec![
+                    pos(0, 5, 5, 0.0, None, 1.0),
+                    pos(1, 6, 6, 0.0, None, 1.0),
+                    pos(2, 7, 7, 0.0, Some(1e-5), 1.0),
+                ],
+                &opts,
+            ),
+            summarize_logits(
+                Phase::Decode,
+                vec![
+                    pos(3, 8, 8, 0.0, Some(2e-5), 1.0),
+                    pos(4, 9, 9, 0.0, Some(3e-5), 1.0),
+                ],
+                &opts,
+            ),
+        ],
+    }
+}
+
+fn th() -> CellThresholds {
+    CellThresholds {
+        tokens_must_match: true,
+        min_top1_agreement: 1.0,
+        max_mean_kl: 1e-3,
+        max_kl: Some(1e-2),
+        min_top5_mean: 0.9,
+        min_cosine_out: 0.9999,
+        stage_min_cosine: 0.999,
+        margin_tolerance: 0.01,
+    }
+}
+
+/// Evaluate, expect exactly one failure of `metric`, and check its line names everything.
+fn trips(cmp: &CellComparison, metric: &str, value: &str, threshold: &str, detail: &str) {
+    let c = cell("ggml");
+    let v = evaluate(&c, cmp, &th());
+    assert!(!v.pass);
+    let metrics: Vec<&str> = v.failures.iter().map(|f| f.metric.as_str()).collect();
+    assert_eq!(metrics, [metric], "{v:#?}");
+    let line = failure_line(&c, &v).unwrap();
+    let want = format!(
+        "FAIL {}: {metric} = {value} (threshold {threshold}) — ",
+        c.id()
+    );
+    assert!(line.starts_with(&want), "line: {line}\nwant prefix: {want}");
+    assert!(line.contains(detail), "line: {line}\nwant detail: {detail}");
+}
+
+#[test]
+fn a_good_cell_passes() {
+    let v = evaluate(&cell("ggml"), &good(), &th());
+    assert!(v.pass, "{v:#?}");
+    assert!(v.failures.is_empty() && v.first_divergent.is_none());
+    assert_eq!(failure_line(&cell("ggml"), &v), None);
+}
+
+#[test]
+fn tokens_mismatch_trips() {
+    let mut cmp = good();
+    cmp.engine_tokens = vec![1, 4, 3, 9];
+    trips(
+        &cmp,
+        "tokens_match",
+        "0",
+        "1",
+        "golden has 3 tokens, engine 4; first difference at index 1: golden 2 vs engine 4",
+    );
+    let v = evaluate(
+        &cell("ggml"),
+        &cmp,
+        &CellThresholds {
+            tokens_must_match: false,
+            ..th()
+        },
+    );
+    assert!(v.pass, "tokens_must_match = false must not check tokens");
+}
+
+#[test]
+fn top1_mismatch_trips_but_a_near_tie_does_not() {
+    let mut cmp = good();
+    cmp.logits[0].positions[1] = pos(1, 909, 198, 0.53, None, 1.0);
+    trips(
+        &cmp,
+        "top1_agreement",
+        "0.8",
+        "1",
+        "prefill position 1, ref top 909 vs engine 198 (margin 0.53)",
+    );
+
+    let mut cmp = good();
+    cmp.logits[1].positions[0] = pos(3, 909, 198, 0.004, Some(2e-5), 1.0);
+    let v = evaluate(&cell("ggml"), &cmp, &th());
+    assert!(
+        v.pass,
+        "a near tie (margin 0.004 < 0.01) counts as agreeing: {v:#?}"
+    );
+    // The gate re-partitions with its own margin tolerance.
+    let v = evaluate(
+        &cell("ggml"),
+        &cmp,
+        &CellThresholds {
+            margin_tolerance: 0.001,
+            ..th()
+        },
+    );
+    assert_eq!(v.failures[0].metric, "top1_agreement");
+    assert!(
+        v.failures[0].detail.contains("decode position 3"),
+        "{}",
+        v.failures[0].detail
+    );
+}
+
+#[test]
+fn mean_kl_trips() {
+    let mut cmp = good();
+    cmp.logits[1].positions[1].kl = Some(6e-3);
+    trips(
+        &cmp,
+        "mean_kl",
+        "2.01e-3",
+        "1e-3",
+        "over 3 positions; largest 6e-3 at decode position 4",
+    );
+}
+
+#[test]
+fn max_kl_trips() {
+    let mut cmp = good();
+    // Mean stays below 1e-3 only with many positions: use a lenient mean threshold instead.
+    cmp.logits[1].positions[1].kl = Some(2.5e-2);
+    let c = cell("ggml");
+    let v = evaluate(
+        &c,
+        &cmp,
+        &CellThresholds {
+            max_mean_kl: 1.0,
+            ..th()
+        },
+    );
+    let line = failure_line(&c, &v).unwrap();
+    assert_eq!(v.failures.len(), 1, "{v:#?}");
+    assert!(
+        line.contains(&format!(
+            "FAIL {}: max_kl = 2.5e-2 (threshold 1e-2) — decode position 4",
+            c.id()
+        )),
+        "{line}"
+    );
+    let v = evaluate(
+        &c,
+        &cmp,
+        &CellThresholds {
+            max_mean_kl: 1.0,
+            max_kl: None,
+            ..th()
+        },
+    );
+    assert!(v.pass, "max_kl = None is not checked");
+}
+
+#[test]
+fn top5_trips() {
+    let mut cmp = good();
+    for p in &mut cmp.logits[0].positions {
+        p.top5 = 0.6;
+    }
+    trips(
+        &cmp,
+        "top5_mean",
+        "0.76",
+        "0.9",
+        "lowest 0.6 at prefill position 0",
+    );
+}
+
+#[test]
+fn min_cosine_out_trips_on_a_layer_output_and_on_output_norm() {
+    let mut cmp = good();
+    cmp.stages[7] = stage(
+        "blk.1.out",
+        Phase::Decode,
+        &[0.999_999, 0.9991],
+        &[1e-6, 1.8e-3],
+    );
+    trips(
+        &cmp,
+        "min_cosine_out",
+        "0.9991",
+        "0.9999",
+        "blk.1.out decode position 4 (NMSE 1.8e-3)",
+    );
+
+    let mut cmp = good();
+    cmp.stages[5] = stage(
+        "output_norm",
+        Phase::Prefill,
+        &[0.99, 0.999_999, 0.98],
+        &[1e-2, 1e-6, f64::INFINITY],
+    );
+    trips(
+        &cmp,
+        "min_cosine_out",
+        "0.98",
+        "0.9999",
+        "output_norm prefill position 2 (NMSE inf)",
+    );
+
+    // Other stages do not count for min_cosine_out (they are the bisect's business).
+    let mut cmp = good();
+    cmp.stages[1] = stage(
+        "blk.0.attn_norm",
+        Phase::Prefill,
+        &[0.9, 0.9, 0.9],
+        &[0.1, 0.1, 0.1],
+    );
+    let v = evaluate(&cell("ggml"), &cmp, &th());
+    assert!(v.pass);
+    assert_eq!(v.first_divergent.unwrap().stage, "blk.0.attn_norm");
+}
+
+#[test]
+fn an_unmeasurable_metric_fails() {
+    let mut cmp = good();
+    for l in &mut cmp.logits {
+        for p in &mut l.positions {
+            p.kl = None;
+        }
+    }
+    trips(
+        &cmp,
+        "mean_kl",
+        "nan",
+        "1e-3",
+        "no position has a full reference logits row",
+    );
+
+    let mut cmp = good();
+    cmp.stages
+        .retain(|s| s.stage.ends_with("attn_norm") || s.stage == "embed");
+    trips(
+        &cmp,
+        "min_cosine_out",
+        "nan",
+        "0.9999",
+        "no blk.N.out or output_norm stage was compared",
+    );
+
+    let mut cmp = good();
+    cmp.logits.clear();
+    let v = evaluate(&cell("ggml"), &cmp, &th());
+    let metrics: Vec<&str> = v.failures.iter().map(|f| f.metric.as_str()).collect();
+    assert_eq!(metrics, ["top1_agreement", "mean_kl", "top5_mean"]);
+}
+
+#[test]
+fn several_failures_share_one_line_with_the_first_divergent_stage() {
+    let mut cmp = good();
+    cmp.engine_tokens = vec![1, 2];
+    cmp.stages[4] = stage(
+        "blk.1.out",
+        Phase::Prefill,
+        &[0.999_999, 0.95, 0.9],
+        &[1e-6, 5e-2, 0.1],
+    );
+    let c = cell("reference");
+    let line = failure_line(&c, &evaluate(&c, &cmp, &th())).unwrap();
+    assert_eq!(
+        line,
+        format!(
+            "FAIL {}: tokens_match = 0 (threshold 1) — golden has 3 tokens, engine 2; first difference at index 2: \
+             golden 3 vs engine (end); min_cosine_out = 0.9 (threshold 0.9999) — blk.1.out prefill position 2 (NMSE 1e-1); \
+             first divergent stage: blk.1.out (prefill position 1, cosine 0.95)",
+            c.id()
+        )
+    );
+}
+
+#[test]
+fn first_divergent_walks_forward_order_then_decode() {
+    let mut cmp = good();
+    assert_eq!(first_divergent(&cmp, 0.999), None);
+    // Forward order is the order of cmp.stages, not alphabetical: blk.1.attn_norm comes after blk.0.out.
+    cmp.stages[3] = stage(
+        "blk.1.attn_norm",
+        Phase::Prefill,
+        &[0.9995, 0.998, 0.5],
+        &[1e-4, 2e-3, 0.5],
+    );
+    cmp.stages[4] = stage(
+        "blk.1.out",
+        Phase::Prefill,
+        &[0.1, 0.1, 0.1],
+        &[1.0, 1.0, 1.0],
+    );
+    let d = first_divergent(&cmp, 0.999).unwrap();
+    assert_eq!(
+        (d.stage.as_str(), d.phase, d.position),
+        ("blk.1.attn_norm", Phase::Prefill, 1)
+    );
+    assert_eq!((d.cosine, d.nmse), (0.998, 2e-3));
+    // A looser threshold moves the first position, not the stage.
+    let d = first_divergent(&cmp, 0.9).unwrap();
+    assert_eq!(
+        (d.stage.as_str(), d.position, d.cosine),
+        ("blk.1.attn_norm", 2, 0.5)
+    );
+
+    // Decode comes after every prefill stage, and its position is prompt length + step.
+    let mut cmp = good();
+    cmp.stages[6] = stage(
+        "blk.0.out",
+        Phase::Decode,
+        &[0.999_999, 0.99],
+        &[1e-6, f64::INFINITY],
+    );
+    let d = first_divergent(&cmp, 0.999).unwrap();
+    assert_eq!(
+        (d.stage.as_str(), d.phase, d.position),
+        ("blk.0.out", Phase::Decode, 4)
+    );
+    assert_eq!(d.nmse, f64::INFINITY);
+}
+
+const RULES: &str = r#"
+[[rule]]
+tokens_must_match = true
+min_top1_agreement = 1.0
+min_top5_mean = 0.9
+margin_tolerance = 0.01
+max_mean_kl = 1e-3
+min_cosine_out = 0.9999
+stage_min_cosine = 0.999
+
+[[rule]]
+mode = "reference"
+max_mean_kl = 5e-3
+min_cosine_out = 0.999
+
+[[rule]]
+model = "smollm2-135m-q4_1"
+mode = "reference"
+oracle = "llama.cpp-f32kv"
+min_cosine_out = 0.998
+max_kl = 0.1
+"#;
+
+#[test]
+fn rules_merge_field_by_field_in_order() {
+    let t = Thresholds::parse(RULES, "rules.toml").unwrap();
+    let g = t.for_cell(&cell("ggml")).unwrap();
+    assert_eq!(
+        (g.max_mean_kl, g.min_cosine_out, g.max_kl),
+        (1e-3, 0.9999, None)
+    );
+    let r = t.for_cell(&cell("reference")).unwrap();
+    assert_eq!(
+        (r.max_mean_kl, r.min_cosine_out, r.max_kl),
+        (5e-3, 0.998, Some(0.1))
+    );
+    assert_eq!((r.min_top1_agreement, r.stage_min_cosine), (1.0, 0.999));
+    let mut other = cell("reference");
+    other.oracle = "llama.cpp-f16kv".into();
+    assert_eq!(t.for_cell(&other).unwrap().min_cosine_out, 0.999);
+}
+
+#[test]
+fn rules_errors_name_the_cell_and_field() {
+    let t = Thresholds::parse(
+        "[[rule]]\nmode = \"ggml\"\ntokens_must_match = true\n",
+        "t.toml",
+    )
+    .unwrap();
+    let err = t.for_cell(&cell("reference")).unwrap_err().to_string();
+    assert!(
+        err.contains("t.toml: no rule matches cell") && err.contains("mode reference"),
+        "{err}"
+    );
+    let err = t.for_cell(&cell("ggml")).unwrap_err().to_string();
+    assert!(
+        err.contains("leave `min_top1_agreement` unset") && err.contains(&cell("ggml").id()),
+        "{err}"
+    );
+
+    let bad = |text: &str| format!("{:#}", Thresholds::parse(text, "t.toml").unwrap_err());
+    assert!(
+        bad("[[rule]]\nmin_top5_mean = 1.5\n").contains("min_top5_mean = 1.5 is outside [0, 1]")
+    );
+    assert!(bad("[[rule]]\nmax_mean_kl = -1.0\n").contains("max_mean_kl"));
+    assert!(
+        bad("[[rule]]\nmin_cosin_out = 0.9\n").contains("t.toml is not a valid thresholds file")
+    );
+    assert!(bad("[[rule]]\nmodel = \"\"\n").contains("selector `model` is empty"));
+    assert!(bad("").contains("t.toml"));
+}
+
+#[test]
+fn committed_matrix_and_thresholds_cover_every_cell() {
+    let root = repo();
+    let manifest = load_manifest(&root.join("golden")).unwrap_or_else(|e| panic!("{e:#}"));
+    let matrix = Matrix::load(&root.join("ci/matrix.toml")).unwrap_or_else(|e| panic!("{e:#}"));
+    let cells = matrix
+        .expand(&manifest, &Filters::default())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let prompts: std::collections::BTreeSet<&str> =
+        cells.iter().map(|c| c.prompt.as_str()).collect();
+    assert!(
+        prompts.len() >= 2,
+        "the default matrix should cover every committed prompt: {prompts:?}"
+    );
+    assert_eq!(cells.len(), prompts.len() * 2, "2 modes per prompt");
+    let th = Thresholds::load(&root.join("ci/thresholds.toml")).unwrap_or_else(|e| panic!("{e:#}"));
+    for c in &cells {
+        let t = th.for_cell(c).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(t.tokens_must_match && t.min_top1_agreement == 1.0 && t.margin_tolerance == 0.01);
+        let want = if c.mode == "ggml" {
+            (1e-3, 0.9999, 0.999)
+        } else {
+            (5e-3, 0.999, 0.99)
+        };
+        assert_eq!(
+            (t.max_mean_kl, t.min_cosine_out, t.stage_min_cosine),
+            want,
+            "{}",
+            c.id()
+        );
+    }
+}

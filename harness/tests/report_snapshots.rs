@@ -1,0 +1,423 @@
+//! Report formats pinned by insta snapshots (`tests/snapshots/`), on a small hand-built, deterministic
+//! report: two cells, one passing (ggml mode) and one failing (reference mode: a top-1 mismatch, a near
+//! tie, a layer output below the cosine gate, an NMSE of +∞, no decode timing). Also: report.json
+//! round-trips through `read_report` (infinities included), and `write_report` leaves nothing behind
+//! when it fails.
+//!
+//! Update the snapshots with `INSTA_UPDATE=always cargo test -p lockstep --test report_snapshots`, then
+//! read the `.snap` diffs before committing them.
+
+use std::path::Path;
+
+use lockstep::compare::{
+    summarize_logits, CellComparison, CompareOptions, NotCompared, Phase, StageComparison,
+};
+use lockstep::gate::{evaluate, failure_lines, Thresholds};
+use lockstep::matrix::{golden_path_for, Cell};
+use lockstep::metrics::{LogitPosition, Summary};
+use lockstep::report::{
+    metric_definitions, read_report, render_csv, render_markdown, write_report, CellReport,
+    Environment, Report, Speed, REPORT_SCHEMA_VERSION,
+};
+
+const THRESHOLDS: &str = r#"
+[[rule]]
+tokens_must_match = true
+min_top1_agreement = 1.0
+min_top5_mean = 0.9
+margin_tolerance = 0.01
+max_mean_kl = 1e-3
+min_cosine_out = 0.9999
+stage_min_cosine = 0.999
+
+[[rule]]
+mode = "reference"
+max_mean_kl = 5e-3
+min_cosine_out = 0.999
+stage_min_cosine = 0.99
+"#;
+
+fn cell(prompt: &str, mode: &str) -> Cell {
+    Cell {
+        model: "smollm2-135m-q4_1".into(),
+        prompt: prompt.into(),
+        quant: "Q4_1".into(),
+        mode: mode.into(),
+        simd: "off".into(),
+        oracle: "llama.cpp-f32kv".into(),
+        engine: "lockstep".into(),
+    }
+}
+
+fn stage(id: &str, phase: Phase, cos: &[f64], nmse: &[f64]) -> StageComparison {
+    let s = |v: &[f64]| Summary::of(v.iter().copied()).unwrap();
+    let worst = (0..cos.len())
+        .min_by(|&a, &b| cos[a].total_cmp(&cos[b]))
+        .unwrap();
+    let rmse: Vec<f64> = nmse
+        .iter()
+        .map(|n| if n.is_finite() { n.sqrt() * 0.1 } else { 0.25 })
+        .collect();
+    StageComparison {
+        stage: id.into(),
+        phase,
+        layer: lockstep::compare::layer_of(id),
+        width: 576,
+        cosine: s(cos),
+        nmse: s(nmse),
+        rmse: s(&rmse),
+        mean_abs: s(&rmse),
+        max_abs: rmse.iter().fold(0.0, |a: f64, &b| a.max(b)) * 4.0,
+        bit_exact: nmse.iter().all(|&n| n == 0.0),
+        worst_position: worst,
+        cosine_by_position: cos.to_vec(),
+        nmse_by_position: nmse.to_vec(),
+    }
+}
+
+fn pos(
+    position: usize,
+    ref_top: u32,
+    eng_top: u32,
+    margin: f64,
+    kl: Option<f64>,
+    top5: f64,
+) -> LogitPosition {
+    LogitPosition {
+        position,
+        ref_top,
+        eng_top,
+        margin,
+        ref_gap: if ref_top == eng_top { 1.25 } else { margin },
+        top5,
+        top10: 1.0,
+        kl,
+        entropy_ref: kl.map(|k| 2.5 + k),
+        entropy_eng: 2.5,
+        dp_top: kl.map(|k| k / 2.0),
+    }
+}
+
+/// Prompt of 3 tokens, 2 decode steps; `bad` = the failing variant.
+fn comparison(bad: bool) -> CellComparison {
+    let opts = CompareOptions::default();
+    let (c0, c1, n1) = if bad {
+        (
+            [0.999_95, 0.999_91, 0.999_93],
+            [0.9992, 0.99871, 0.99902],
+            [1.6e-3, 2.58e-3, 1.96e-3],
+        )
+    } else {
+        (
+            [0.999_999_8, 0.999_999_5, 0.999_999_7],
+            [0.999_999_1, 0.999_998_4, 0.999_999],
+            [1.8e-6, 3.2e-6, 2.0e-6],
+        )
+    };
+    let n0: Vec<f64> = c0.iter().map(|c| 2.0 * (1.0 - c)).collect();
+    let mut stages = vec![
+        stage("embed", Phase::Prefill, &[1.0, 1.0, 1.0], &[0.0, 0.0, 0.0]),
+        stage("blk.0.attn_norm", Phase::Prefill, &c0, &n0),
+        // A reference row of zeros (BOS position): NMSE is +inf there.
+        stage(
+            "blk.0.ffn_act",
+            Phase::Prefill,
+            &[if bad { 0.0 } else { 1.0 }, c0[1], c0[2]],
+            &[if bad { f64::INFINITY } else { 0.0 }, n0[1], n0[2]],
+        ),
+        stage("blk.0.out", Phase::Prefill, &c0, &n0),
+        stage("blk.1.out", Phase::Prefill, &c1, &n1),
+        stage("output_norm", Phase::Prefill, &c1, &n1),
+        stage("embed", Phase::Decode, &[1.0, 1.0], &[0.0, 0.0]),
+        stage("blk.0.out", Phase::Decode, &c0[..2], &n0[..2]),
+        stage("blk.1.out", Phase::Decode, &c1[..2], &n1[..2]),
+        stage("output_norm", Phase::Decode, &c1[1..], &n1[1..]),
+    ];
+    if !bad {
+        stages.retain(|s| s.stage != "embed" || s.phase == Phase::Prefill);
+    }
+    let mut not_compared = Vec::new();
+    for phase in [Phase::Prefill, Phase::Decode] {
+        for layer in 0..2 {
+            not_compared.push(NotCompared {
+                stage: format!("blk.{layer}.attn_proj"),
+                phase,
+                reason: "the oracle exposes no such node".into(),
+            });
+            not_compared.push(NotCompared {
+                stage: format!("blk.{layer}.q"),
+                phase,
+                reason: "not stored in this golden".into(),
+            });
+        }
+    }
+    if !bad {
+        not_compared.push(NotCompared {
+            stage: "embed".into(),
+            phase: Phase::Decode,
+            reason: "the engine did not emit it".into(),
+        });
+    }
+    let prefill = if bad {
+        vec![
+            pos(0, 504, 504, 0.0, None, 1.0),
+            pos(1, 909, 198, 0.53, None, 0.8),
+            pos(2, 30, 30, 0.0, Some(4.2e-3), 1.0),
+        ]
+    } else {
+        vec![
+            pos(0, 504, 504, 0.0, None, 1.0),
+            pos(1, 909, 909, 0.0, None, 1.0),
+            pos(2, 30, 30, 0.0, Some(3.1e-6), 1.0),
+        ]
+    };
+    let decode = if bad {
+        vec![
+            pos(3, 12, 17, 0.0046875, Some(8.5e-3), 0.8),
+            pos(4, 2, 2, 0.0, Some(2.25e-3), 1.0),
+        ]
+    } else {
+        vec![
+            pos(3, 12, 12, 0.0, Some(4.4e-6), 1.0),
+            pos(4, 2, 2, 0.0, Some(1.9e-6), 1.0),
+        ]
+    };
+    CellComparison {
+        golden_tokens: vec![1, 504, 909],
+        engine_tokens: vec![1, 504, 909],
+        stages,
+        not_compared,
+        logits: vec![
+            summarize_logits(Phase::Prefill, prefill, &opts),
+            summarize_logits(Phase::Decode, decode, &opts),
+        ],
+    }
+}
+
+fn report() -> Report {
+    let th = Thresholds::parse(THRESHOLDS, "ci/thresholds.toml").unwrap();
+    let mk = |c: Cell, bad: bool, speed: Speed| {
+        let comparison = comparison(bad);
+        let verdict = evaluate(&c, &comparison, &th.for_cell(&c).unwrap());
+        CellReport {
+            golden_path: golden_path_for(&c),
+            cell: c,
+            model_sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53".into(),
+            golden_sha256: if bad {
+                "9f0e".repeat(16)
+            } else {
+                "1a2b".repeat(16)
+            },
+            comparison,
+            speed,
+            verdict,
+        }
+    };
+    Report {
+        schema_version: REPORT_SCHEMA_VERSION,
+        run_id: "20261122-221501-53b3529".into(),
+        created_unix: 1_795_385_701,
+        environment: Environment {
+            cpu_model: "Test CPU @ 2.00GHz".into(),
+            cpu_flags: vec!["avx".into(), "avx2".into(), "fma".into(), "f16c".into()],
+            threads: 2,
+            git_commit: "53b3529aa11c0b4b0a0d2f4e3c1a7b9d8e6f5a40".into(),
+            git_dirty: true,
+            rustc: "rustc 1.95.0 (59807616e 2026-04-14)".into(),
+            os: "linux x86_64 6.8.0".into(),
+            lockstep_version: "0.1.0".into(),
+            golden_manifest_sha256: "c0ffee".repeat(10) + "abcd",
+        },
+        metric_definitions: metric_definitions(),
+        compare_options: CompareOptions::default(),
+        thresholds_file: Some("ci/thresholds.toml".into()),
+        cells: vec![
+            mk(
+                cell("prose", "ggml"),
+                false,
+                Speed {
+                    prefill_tokens: 3,
+                    prefill_seconds: 0.012,
+                    decode_tokens: 2,
+                    decode_seconds: 0.025,
+                },
+            ),
+            mk(
+                cell("prose", "reference"),
+                true,
+                Speed {
+                    prefill_tokens: 3,
+                    prefill_seconds: 0.02,
+                    decode_tokens: 0,
+                    decode_seconds: 0.0,
+                },
+            ),
+        ],
+    }
+}
+
+#[test]
+fn the_verdicts_are_what_the_fixture_says() {
+    let r = report();
+    assert!(r.cells[0].verdict.pass, "{:#?}", r.cells[0].verdict);
+    assert!(!r.cells[1].verdict.pass);
+    let lines = failure_lines(&r);
+    assert_eq!(lines.len(), 1);
+    let l = &lines[0];
+    assert!(
+        l.starts_with(
+            "FAIL smollm2-135m-q4_1/prose/Q4_1/reference/simd-off/llama.cpp-f32kv/lockstep: "
+        ),
+        "{l}"
+    );
+    assert!(l.contains("top1_agreement = 0.8 (threshold 1)"), "{l}");
+    assert!(
+        l.contains("prefill position 1, ref top 909 vs engine 198 (margin 0.53)"),
+        "{l}"
+    );
+    assert!(!l.contains("mean_kl"), "mean KL 4.98e-3 is below 5e-3: {l}");
+    assert!(
+        l.contains("min_cosine_out = 0.99871 (threshold 0.999)"),
+        "{l}"
+    );
+    assert!(
+        l.contains("first divergent stage: blk.0.ffn_act (prefill position 0, cosine 0)"),
+        "{l}"
+    );
+}
+
+#[test]
+fn report_md_snapshot() {
+    insta::assert_snapshot!("report_md", render_markdown(&report()));
+}
+
+#[test]
+fn results_csv_snapshot() {
+    insta::assert_snapshot!("results_csv", render_csv(&report()));
+}
+
+#[test]
+fn report_json_round_trips_with_infinities() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = report();
+    let out = write_report(dir.path(), &r).unwrap();
+    assert_eq!(out, dir.path().join(&r.run_id));
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    let mut names = names;
+    names.sort();
+    assert_eq!(names, ["report.json", "report.md", "results.csv"]);
+    let json = std::fs::read_to_string(out.join("report.json")).unwrap();
+    assert!(
+        json.contains("\"inf\""),
+        "NMSE +inf is written as the string \"inf\""
+    );
+    let back = read_report(&out).unwrap();
+    let again = lockstep::report::to_json_pretty(&back).unwrap();
+    let diff: Vec<String> = json
+        .lines()
+        .zip(again.lines())
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .map(|(i, (a, b))| format!("line {}: {a} | {b}", i + 1))
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "report.json does not read back as written:\n{}",
+        diff.join("\n")
+    );
+    assert_eq!(back, r);
+    assert_eq!(read_report(&out.join("report.json")).unwrap(), r);
+    assert_eq!(
+        std::fs::read_to_string(out.join("report.md")).unwrap(),
+        render_markdown(&r)
+    );
+    // Nothing else was left in the reports root (no .partial directory).
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, [std::ffi::OsString::from(&r.run_id)]);
+}
+
+#[test]
+fn read_report_refuses_another_schema_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = write_report(dir.path(), &report()).unwrap();
+    let p = out.join("report.json");
+    let text = std::fs::read_to_string(&p).unwrap().replacen(
+        "\"schema_version\": 1",
+        "\"schema_version\": 2",
+        1,
+    );
+    std::fs::write(&p, text).unwrap();
+    let err = format!("{:#}", read_report(&p).unwrap_err());
+    assert!(
+        err.contains("schema_version is 2") && err.contains("reads schema_version 1"),
+        "{err}"
+    );
+    std::fs::write(&p, "{\"run_id\": \"x\"}").unwrap();
+    assert!(format!("{:#}", read_report(&p).unwrap_err()).contains("no integer schema_version"));
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn write_report_leaves_nothing_behind_when_it_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = report();
+
+    // The reports root is a file.
+    let file = dir.path().join("reports");
+    std::fs::write(&file, "not a directory").unwrap();
+    let err = format!("{:#}", write_report(&file, &r).unwrap_err());
+    assert!(err.contains("reports"), "{err}");
+    assert_eq!(entries(dir.path()), ["reports"]);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a directory");
+
+    // The report directory exists already: not overwritten, no partial directory left.
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join(&r.run_id)).unwrap();
+    std::fs::write(root.join(&r.run_id).join("keep"), "x").unwrap();
+    let err = format!("{:#}", write_report(&root, &r).unwrap_err());
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(entries(&root), vec![r.run_id.as_str()]);
+    assert_eq!(entries(&root.join(&r.run_id)), ["keep"]);
+
+    // A run id that is not a plain directory name.
+    let bad = Report {
+        run_id: "../escape".into(),
+        ..r.clone()
+    };
+    assert!(write_report(&root, &bad)
+        .unwrap_err()
+        .to_string()
+        .contains("cannot be a directory name"));
+    assert_eq!(entries(&root), vec![r.run_id.as_str()]);
+
+    // A reports root that cannot be written into (read-only): fails before creating the report dir.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let ro = dir.path().join("ro");
+        std::fs::create_dir(&ro).unwrap();
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let probe = ro.join("probe");
+        let writable = std::fs::write(&probe, "").is_ok(); // root ignores permissions
+        let _ = std::fs::remove_file(&probe);
+        if !writable {
+            assert!(write_report(&ro, &r).is_err());
+            assert!(entries(&ro).is_empty());
+        }
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
