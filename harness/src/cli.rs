@@ -42,6 +42,16 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Run token ids through the engine and write every stage and the logits to an .npz (the dump format).
     Dump(DumpArgs),
+    /// Run the matrix against the goldens, write reports/<run-id>/, and gate (exit 1 on failure).
+    Run(RunArgs),
+    /// Gate an existing report.json against thresholds: one line per failing cell, exit 1 on failure.
+    Gate {
+        /// The report.json to gate.
+        report: PathBuf,
+        /// Re-evaluate with this thresholds file (default: the verdicts recorded in the report).
+        #[arg(long)]
+        thresholds: Option<PathBuf>,
+    },
     /// Print the token ids of a prompt, as the engine (and llama.cpp) tokenizes it.
     Tokenize {
         #[command(flatten)]
@@ -119,6 +129,108 @@ pub struct DumpArgs {
     pub out: PathBuf,
 }
 
+/// Arguments of `lockstep run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Only these models (repeatable).
+    #[arg(long)]
+    pub model: Vec<String>,
+    /// Only these prompt ids (repeatable).
+    #[arg(long)]
+    pub prompt: Vec<String>,
+    /// Only these numerics modes (repeatable): reference, ggml.
+    #[arg(long)]
+    pub mode: Vec<String>,
+    /// Only these oracles (repeatable), e.g. llama.cpp-f32kv.
+    #[arg(long)]
+    pub oracle: Vec<String>,
+    /// Only these SIMD settings (repeatable): off.
+    #[arg(long)]
+    pub simd: Vec<String>,
+    /// The golden directory.
+    #[arg(long)]
+    pub golden_dir: Option<PathBuf>,
+    /// The matrix file.
+    #[arg(long)]
+    pub matrix: Option<PathBuf>,
+    /// The thresholds file.
+    #[arg(long)]
+    pub thresholds: Option<PathBuf>,
+    /// Where reports/<run-id>/ goes.
+    #[arg(long)]
+    pub reports: Option<PathBuf>,
+    /// Run an external engine instead of ours: a command template that writes the dump format
+    /// (placeholders {model} {tokens} {mode} {out}; see the README).
+    #[arg(long, requires = "engine_tokenize_cmd")]
+    pub engine_cmd: Option<String>,
+    /// The external engine's tokenize command template (placeholders {model} {prompt_file} {parse_special}).
+    #[arg(long, requires = "engine_cmd")]
+    pub engine_tokenize_cmd: Option<String>,
+}
+
+/// The repository root: the current directory if it holds `golden/manifest.json`, else the checkout
+/// this binary was built from.
+fn repo_root() -> PathBuf {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    if cwd.join("golden").join(crate::golden::MANIFEST_FILE).is_file() {
+        return cwd;
+    }
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    if built.join("golden").is_dir() {
+        built
+    } else {
+        cwd
+    }
+}
+
+fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
+    let root = repo_root();
+    let external = match (a.engine_cmd, a.engine_tokenize_cmd) {
+        (Some(forward), Some(tokenize)) => Some(crate::engine::ExternalCommands { forward, tokenize }),
+        _ => None,
+    };
+    let opts = crate::run::RunOptions {
+        golden_dir: a.golden_dir.unwrap_or_else(|| root.join("golden")),
+        matrix: a.matrix.unwrap_or_else(|| root.join("ci/matrix.toml")),
+        thresholds: a.thresholds.unwrap_or_else(|| root.join("ci/thresholds.toml")),
+        reports_root: a.reports.unwrap_or_else(|| root.join("reports")),
+        filters: crate::matrix::Filters { model: a.model, prompt: a.prompt, mode: a.mode, oracle: a.oracle, simd: a.simd },
+        compare: crate::compare::CompareOptions::default(),
+        force_external: external.is_some(),
+        external,
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        threads,
+    };
+    let (dir, report) = crate::run::run(&opts)?;
+    let md = dir.join("report.md");
+    let lines = crate::gate::failure_lines(&report);
+    let n_fail = report.cells.iter().filter(|c| !c.verdict.pass).count();
+    println!("report: {}", md.display());
+    println!("{} cells, {} passed, {} failed", report.cells.len(), report.cells.len() - n_fail, n_fail);
+    for l in &lines {
+        println!("{l}");
+    }
+    Ok(if n_fail == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Result<ExitCode> {
+    let mut r = crate::report::read_report(report)?;
+    if let Some(t) = thresholds {
+        let th = crate::gate::Thresholds::load(t)?;
+        for c in &mut r.cells {
+            let ct = th.for_cell(&c.cell)?;
+            c.verdict = crate::gate::evaluate(&c.cell, &c.comparison, &ct);
+        }
+    }
+    let lines = crate::gate::failure_lines(&r);
+    for l in &lines {
+        println!("{l}");
+    }
+    let n_fail = r.cells.iter().filter(|c| !c.verdict.pass).count();
+    println!("{} cells, {} passed, {} failed", r.cells.len(), r.cells.len() - n_fail, n_fail);
+    Ok(if n_fail == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
 /// Entry point for the binary: parse arguments, run, print errors with their causes.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -159,6 +271,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             println!("{}", fetch::fetch(entry, &opts)?.display());
         }
         Command::Generate(a) => generate(a)?,
+        Command::Run(a) => return run_matrix(a, cli.threads.unwrap_or_else(rayon::current_num_threads)),
+        Command::Gate { report, thresholds } => return gate(&report, thresholds.as_deref()),
         Command::Dump(a) => {
             let model = load_model(&a.model.model)?;
             let tokens = match (&a.prompt, &a.tokens) {

@@ -12,6 +12,7 @@
 //! - [`gate`] — thresholds (`ci/thresholds.toml`), verdicts and failure lines.
 //! - [`report`] — run reports: `report.json`, `report.md`, `results.csv`.
 //! - [`engine`] — the engine seam: our engine in process, or any external command writing the dump format.
+//! - [`run`] — `lockstep run`: every cell of the matrix against its golden, compared, gated, reported.
 //! - [`cli`] — command-line parsing and the subcommands.
 
 pub mod cli;
@@ -25,3 +26,4 @@ pub mod matrix;
 pub mod metrics;
 pub mod registry;
 pub mod report;
+pub mod run;

@@ -1,0 +1,200 @@
+//! `lockstep run`: the matrix of cells, each run against its golden, compared, gated and reported.
+//!
+//! Per cell: verify the golden against the manifest (file present, sha256, array shapes), refuse it if
+//! its model sha256 is not the model about to run, tokenize the golden's prompt with the engine, run the
+//! golden's tokens as one prefill and then the golden's continuation one token per step through the KV
+//! cache (teacher forcing), record every stage, compare ([`crate::compare`]), time a second pass without
+//! hooks for tokens/s, and gate ([`crate::gate`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use lockstep_engine::hooks::Recorder;
+use lockstep_engine::NumericsMode;
+
+use crate::compare::{compare, CompareOptions, EngineOutput};
+use crate::engine::{recorded_arrays, Engine, ExternalCommands, ExternalEngine, LockstepEngine, NullSink};
+use crate::gate::{evaluate, Thresholds};
+use crate::golden::{self, GoldenFile, Manifest};
+use crate::matrix::{golden_path_for, Cell, Filters, Matrix};
+use crate::report::{self, CellReport, Environment, Report, Speed, REPORT_SCHEMA_VERSION};
+
+/// Where things are and what to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The golden directory (holds `manifest.json`).
+    pub golden_dir: PathBuf,
+    /// The matrix file (`ci/matrix.toml`).
+    pub matrix: PathBuf,
+    /// The thresholds file (`ci/thresholds.toml`).
+    pub thresholds: PathBuf,
+    /// Where `reports/<run-id>/` is written.
+    pub reports_root: PathBuf,
+    /// Narrowing of the matrix.
+    pub filters: Filters,
+    /// Comparison options.
+    pub compare: CompareOptions,
+    /// Run this external engine instead of ours (for cells whose engine is `external`, or all cells
+    /// when `force_external`).
+    pub external: Option<ExternalCommands>,
+    /// Treat every cell as an external-engine cell.
+    pub force_external: bool,
+    /// Draw progress bars on stderr.
+    pub progress: bool,
+    /// Threads the engine uses (for the report).
+    pub threads: usize,
+}
+
+/// Build an engine for a model path (overridable by tests to plug in a broken engine).
+pub type EngineFactory<'a> = dyn FnMut(&Cell, &Path, &str) -> Result<Box<dyn Engine>> + 'a;
+
+/// Run the matrix with the default engine factory (ours, or the external command), write the report.
+/// Returns the report directory and the report.
+pub fn run(opts: &RunOptions) -> Result<(PathBuf, Report)> {
+    let external = opts.external.clone();
+    let force = opts.force_external;
+    let mut factory = move |cell: &Cell, model: &Path, arch: &str| -> Result<Box<dyn Engine>> {
+        if force || cell.engine == "external" {
+            let cmds = external
+                .clone()
+                .context("the matrix has an `external` engine cell but no --engine-cmd was given")?;
+            Ok(Box::new(ExternalEngine::new(cmds, model, arch)?))
+        } else {
+            Ok(Box::new(LockstepEngine::load(model)?))
+        }
+    };
+    run_with(opts, &mut factory)
+}
+
+/// [`run`] with a custom engine factory.
+pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(PathBuf, Report)> {
+    let manifest = golden::load_manifest(&opts.golden_dir)?;
+    let matrix = Matrix::load(&opts.matrix)?;
+    let thresholds = Thresholds::load(&opts.thresholds)?;
+    let cells = matrix.expand(&manifest, &opts.filters)?;
+    if cells.is_empty() {
+        bail!("the matrix {} selects no cells", opts.matrix.display());
+    }
+    let mut model_cache: BTreeMap<String, (PathBuf, String)> = BTreeMap::new();
+    let bar = if opts.progress {
+        let b = ProgressBar::new(cells.len() as u64);
+        b.set_style(
+            ProgressStyle::with_template("{spinner} [{pos}/{len}] {wide_msg} {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut reports = Vec::with_capacity(cells.len());
+    for cell in &cells {
+        bar.set_message(cell.id());
+        let (model_path, model_sha) = match model_cache.get(&cell.model) {
+            Some(x) => x.clone(),
+            None => {
+                let p = crate::fetch::resolve_model(&cell.model)?;
+                let sha = golden::sha256_file(&p)?;
+                model_cache.insert(cell.model.clone(), (p.clone(), sha.clone()));
+                (p, sha)
+            }
+        };
+        let report = run_cell(opts, &manifest, &thresholds, cell, &model_path, &model_sha, factory)
+            .with_context(|| format!("cell {}", cell.id()))?;
+        reports.push(report);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let report = Report {
+        schema_version: REPORT_SCHEMA_VERSION,
+        run_id: report::new_run_id(),
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        environment: Environment::detect(opts.threads, &opts.golden_dir.join(golden::MANIFEST_FILE)),
+        metric_definitions: report::metric_definitions(),
+        compare_options: opts.compare,
+        thresholds_file: Some(opts.thresholds.display().to_string()),
+        cells: reports,
+    };
+    let dir = report::write_report(&opts.reports_root, &report)?;
+    Ok((dir, report))
+}
+
+/// Run one cell against its golden.
+pub fn run_cell(
+    opts: &RunOptions,
+    manifest: &Manifest,
+    thresholds: &Thresholds,
+    cell: &Cell,
+    model_path: &Path,
+    model_sha: &str,
+    factory: &mut EngineFactory<'_>,
+) -> Result<CellReport> {
+    let gpath = golden_path_for(cell);
+    let entry = manifest
+        .goldens
+        .iter()
+        .find(|g| g.path == gpath)
+        .with_context(|| format!("golden {gpath} is not in {}", opts.golden_dir.join(golden::MANIFEST_FILE).display()))?;
+    golden::verify_golden(&opts.golden_dir, entry)?;
+    golden::check_model(&opts.golden_dir, entry, model_sha)?;
+    let mode: NumericsMode = cell.mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
+    let tokens = gf.read_tokens("tokens")?;
+    let decode_tokens = if entry.n_decode_steps > 0 { gf.read_tokens("decode.tokens")? } else { Vec::new() };
+    let n_ctx = tokens.len() + decode_tokens.len();
+
+    let mut engine = factory(cell, model_path, &entry.arch)?;
+    let own_tokens = engine.tokenize(&entry.prompt, entry.add_special, entry.parse_special)?;
+
+    // Recorded pass: prefill, then teacher-forced decode.
+    engine.reset(mode, n_ctx)?;
+    let mut rec = Recorder::new();
+    let prefill_logits = engine.forward(&tokens, &mut rec)?;
+    let mut prefill = recorded_arrays(rec)?;
+    prefill.insert("logits".into(), prefill_logits);
+    let mut rec = Recorder::new();
+    let mut decode_logits = Vec::new();
+    for &t in &decode_tokens {
+        decode_logits.push(engine.forward(&[t], &mut rec)?);
+    }
+    let mut decode = recorded_arrays(rec)?;
+    if !decode_logits.is_empty() {
+        let views: Vec<_> = decode_logits.iter().map(|a| a.view()).collect();
+        decode.insert("logits".into(), ndarray::concatenate(ndarray::Axis(0), &views)?);
+    }
+    let stage_order: Vec<String> = engine.stages().into_iter().map(|(s, _)| s).collect();
+    let out = EngineOutput { own_tokens, prefill, decode, stage_order };
+
+    let th = thresholds.for_cell(cell)?;
+    let stage_map = manifest.stage_map(&entry.oracle.name, &entry.arch);
+    let copts = CompareOptions { margin_tolerance: th.margin_tolerance };
+    let comparison = compare(&mut gf, &out, stage_map, &copts)?;
+    drop(out);
+
+    // Timing pass without hooks.
+    engine.reset(mode, n_ctx)?;
+    let t0 = Instant::now();
+    engine.forward(&tokens, &mut NullSink)?;
+    let prefill_seconds = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    for &t in &decode_tokens {
+        engine.forward(&[t], &mut NullSink)?;
+    }
+    let decode_seconds = t1.elapsed().as_secs_f64();
+    let speed = Speed { prefill_tokens: tokens.len(), prefill_seconds, decode_tokens: decode_tokens.len(), decode_seconds };
+
+    let verdict = evaluate(cell, &comparison, &th);
+    Ok(CellReport {
+        cell: cell.clone(),
+        model_sha256: model_sha.to_string(),
+        golden_path: entry.path.clone(),
+        golden_sha256: entry.sha256.clone(),
+        comparison,
+        speed,
+        verdict,
+    })
+}
