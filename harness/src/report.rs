@@ -459,6 +459,18 @@ fn seq_position(cmp: &CellComparison, s: &StageComparison, row: usize) -> usize 
     }
 }
 
+/// Top-1 counts of a cell as its comparison partitioned them — with the margin tolerance the cell was
+/// compared with (its thresholds' `margin_tolerance`): (exact agreements, near ties, positions).
+fn top1_counts(cmp: &CellComparison) -> (usize, usize, usize) {
+    cmp.logits.iter().fold((0, 0, 0), |(a, t, n), lc| {
+        (
+            a + lc.top1_agree,
+            t + lc.near_ties.len(),
+            n + lc.n_positions,
+        )
+    })
+}
+
 /// Render the report as Markdown: title and environment, metric definitions, one summary row per cell,
 /// failure lines, first divergent stages, the 10 worst stages, error vs depth per cell, near ties, stages
 /// not compared, and the model and golden hashes.
@@ -475,7 +487,7 @@ pub fn render_markdown(r: &Report) -> String {
     let dirty = if env.git_dirty { " (dirty)" } else { "" };
     let _ = writeln!(
         md,
-        "{} · CPU {} ({flags}) · {} threads · lockstep {} at {}{dirty} · {} · {} · golden manifest sha256 `{}` · thresholds {} · margin tolerance {}\n",
+        "{} · CPU {} ({flags}) · {} threads · lockstep {} at {}{dirty} · {} · {} · golden manifest sha256 `{}` · thresholds {}\n",
         fmt_utc(r.created_unix),
         env.cpu_model,
         env.threads,
@@ -485,7 +497,6 @@ pub fn render_markdown(r: &Report) -> String {
         env.os,
         short(&env.golden_manifest_sha256),
         r.thresholds_file.as_deref().map_or("(none)".to_string(), |t| format!("`{t}`")),
-        fmt_fixed(r.compare_options.margin_tolerance, 6),
     );
     let _ = writeln!(
         md,
@@ -520,7 +531,8 @@ pub fn render_markdown(r: &Report) -> String {
     );
     for c in &r.cells {
         let m = cell_metrics(&c.comparison, r.compare_options.margin_tolerance);
-        let ties = match m.near_ties.len() {
+        let (agree, n_ties, positions) = top1_counts(&c.comparison);
+        let ties = match n_ties {
             0 => String::new(),
             1 => " (+1 near tie)".to_string(),
             n => format!(" (+{n} near ties)"),
@@ -537,8 +549,8 @@ pub fn render_markdown(r: &Report) -> String {
             cell.oracle,
             cell.engine,
             if m.tokens_match { "match" } else { "**differ**" },
-            m.top1_agree,
-            m.positions,
+            agree,
+            positions,
             opt_or_dash(m.mean_kl, fmt_e3),
             opt_or_dash(m.max_kl.map(|x| x.0), fmt_e3),
             opt_or_dash(m.top5_mean, |v| format!("{v:.4}")),
@@ -677,13 +689,16 @@ pub fn render_markdown(r: &Report) -> String {
     // Near ties.
     let _ = writeln!(
         md,
-        "## Near ties (top-1 disagreements with margin < {})\n",
-        fmt_fixed(r.compare_options.margin_tolerance, 6)
+        "## Near ties (top-1 disagreements with a reference margin below the cell's tolerance)\n"
     );
     let mut any_tie = false;
     for c in &r.cells {
-        let m = cell_metrics(&c.comparison, r.compare_options.margin_tolerance);
-        for t in &m.near_ties {
+        let ties = c
+            .comparison
+            .logits
+            .iter()
+            .flat_map(|lc| lc.near_ties.iter().map(move |p| (lc.phase, p)));
+        for (phase, t) in ties {
             if !any_tie {
                 let _ = writeln!(
                     md,
@@ -696,12 +711,12 @@ pub fn render_markdown(r: &Report) -> String {
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} |",
                 c.cell.id(),
-                t.phase,
-                t.pos.position,
-                t.pos.ref_top,
-                t.pos.eng_top,
-                fmt_e3(t.pos.margin),
-                fmt_e3(t.pos.ref_gap)
+                phase,
+                t.position,
+                t.ref_top,
+                t.eng_top,
+                fmt_e3(t.margin),
+                fmt_e3(t.ref_gap)
             );
         }
     }
@@ -921,13 +936,13 @@ pub fn render_csv(r: &Report) -> String {
             }
         }
         let m = cell_metrics(cmp, r.compare_options.margin_tolerance);
-        row(
-            "",
-            "cell",
-            None,
-            "top1_agreement",
-            Num::Fixed(m.top1_agreement()),
-        );
+        let (agree, ties, positions) = top1_counts(cmp);
+        let agreement = if positions == 0 {
+            f64::NAN
+        } else {
+            (agree + ties) as f64 / positions as f64
+        };
+        row("", "cell", None, "top1_agreement", Num::Fixed(agreement));
         if let Some(kl) = m.mean_kl {
             row("", "cell", None, "mean_kl", Num::Sci(kl));
         }
@@ -1811,6 +1826,31 @@ mod tests {
             stage_pattern("output_norm"),
             ("output_norm".to_string(), None)
         );
+    }
+
+    #[test]
+    fn environment_detection_never_fails_and_run_ids_have_their_shape() {
+        let env = Environment::detect(3, Path::new("/nonexistent/manifest.json"));
+        assert_eq!(env.threads, 3);
+        assert_eq!(env.golden_manifest_sha256, "unknown");
+        assert_eq!(env.lockstep_version, env!("CARGO_PKG_VERSION"));
+        assert!(!env.cpu_model.is_empty() && !env.os.is_empty() && !env.rustc.is_empty());
+        assert!(env
+            .cpu_flags
+            .iter()
+            .all(|f| SIMD_FLAGS.contains(&f.as_str())));
+        let id = new_run_id();
+        let parts: Vec<&str> = id.splitn(3, '-').collect();
+        assert_eq!(parts.len(), 3, "{id}");
+        assert!(parts[0].len() == 8 && parts[1].len() == 6, "{id}");
+        assert!(
+            parts[0]
+                .bytes()
+                .chain(parts[1].bytes())
+                .all(|b| b.is_ascii_digit()),
+            "{id}"
+        );
+        assert!(!parts[2].is_empty(), "{id}");
     }
 
     #[test]

@@ -518,19 +518,20 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     );
     assert_eq!(cells.len(), prompts.len() * 2, "2 modes per prompt");
     let th = Thresholds::load(&root.join("ci/thresholds.toml")).unwrap_or_else(|e| panic!("{e:#}"));
+    // The values are tuned from measured data; what must hold whatever they are: every cell has
+    // thresholds, tokens must match everywhere, and ggml mode (which reproduces llama.cpp's
+    // quantization) is held at least as tightly as reference mode.
     for c in &cells {
         let t = th.for_cell(c).unwrap_or_else(|e| panic!("{e:#}"));
-        assert!(t.tokens_must_match && t.min_top1_agreement == 1.0 && t.margin_tolerance == 0.01);
-        let want = if c.mode == "ggml" {
-            (1e-3, 0.9999, 0.999)
-        } else {
-            (5e-3, 0.999, 0.99)
-        };
-        assert_eq!(
-            (t.max_mean_kl, t.min_cosine_out, t.stage_min_cosine),
-            want,
-            "{}",
-            c.id()
-        );
+        assert!(t.tokens_must_match, "{}", c.id());
+        if c.mode == "ggml" {
+            let mut r = c.clone();
+            r.mode = "reference".into();
+            let r = th.for_cell(&r).unwrap();
+            assert!(t.max_mean_kl <= r.max_mean_kl, "{}", c.id());
+            assert!(t.min_cosine_out >= r.min_cosine_out, "{}", c.id());
+            assert!(t.margin_tolerance <= r.margin_tolerance, "{}", c.id());
+            assert!(t.min_top1_agreement >= r.min_top1_agreement, "{}", c.id());
+        }
     }
 }
