@@ -111,7 +111,12 @@ impl Llama {
             Ok(_) => Weight::load(g, "output.weight", Some(c.n_vocab), Some(d))?,
             Err(_) => token_embd.clone(),
         };
-        Ok(Llama { token_embd, blocks, output_norm: load_vector(g, "output_norm.weight", d)?, output })
+        Ok(Llama {
+            token_embd,
+            blocks,
+            output_norm: load_vector(g, "output_norm.weight", d)?,
+            output,
+        })
     }
 
     /// One forward pass over `tokens` at positions `session.n_past() ..`; logits land in the session's
@@ -124,8 +129,28 @@ impl Llama {
         tokens: &[u32],
         mut sink: Option<&mut dyn StageSink>,
     ) -> Result<()> {
-        let Session { kv, n_past, mode, backend, scratch } = session;
-        let Scratch { x, h, q, k, v, att, proj, gate, up, logits, rope, scores, mm } = scratch;
+        let Session {
+            kv,
+            n_past,
+            mode,
+            backend,
+            scratch,
+        } = session;
+        let Scratch {
+            x,
+            h,
+            q,
+            k,
+            v,
+            att,
+            proj,
+            gate,
+            up,
+            logits,
+            rope,
+            scores,
+            mm,
+        } = scratch;
         let (mode, p0, t_len) = (*mode, *n_past, tokens.len());
         let pos = p0..p0 + t_len;
         let (d, hd) = (c.d_model, c.head_dim);
@@ -137,13 +162,24 @@ impl Llama {
         for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
             quant::dequantize_row(embd.ty, embd.row(tok as usize), row)?;
         }
-        emit(&mut sink, Stage::global(StageKind::Embed), pos.clone(), d, x);
+        emit(
+            &mut sink,
+            Stage::global(StageKind::Embed),
+            pos.clone(),
+            d,
+            x,
+        );
 
-        let (h, q, k, v) = (sized(h, t_len * d), sized(q, t_len * qw), sized(k, t_len * kvw), sized(v, t_len * kvw));
+        let (h, q, k, v) = (
+            sized(h, t_len * d),
+            sized(q, t_len * qw),
+            sized(k, t_len * kvw),
+            sized(v, t_len * kvw),
+        );
         let (att, proj) = (sized(att, t_len * qw), sized(proj, t_len * d));
         let (gate, up) = (sized(gate, t_len * c.d_ff), sized(up, t_len * c.d_ff));
         let rope = sized(rope, c.rope_dim);
-        let scores = sized(scores, p0 + t_len);
+        let scores = sized(scores, ops::attention_scratch_len(p0 + t_len));
 
         for (l, b) in self.blocks.iter().enumerate() {
             let st = |kind| Stage::block(l, kind);
@@ -163,10 +199,14 @@ impl Llama {
             emit(&mut sink, st(StageKind::V), pos.clone(), kvw, v);
 
             // RoPE on q and k, each token at its own absolute position
-            for (t, (qt, kt)) in q.chunks_exact_mut(qw).zip(k.chunks_exact_mut(kvw)).enumerate() {
+            for (t, (qt, kt)) in q
+                .chunks_exact_mut(qw)
+                .zip(k.chunks_exact_mut(kvw))
+                .enumerate()
+            {
                 ops::rope_cache(p0 + t, c.rope_base, c.rope_dim, rope);
-                ops::rope_norm(qt, hd, c.rope_dim, rope);
-                ops::rope_norm(kt, hd, c.rope_dim, rope);
+                ops::rope_norm(qt, hd, c.rope_dim, rope, mode);
+                ops::rope_norm(kt, hd, c.rope_dim, rope, mode);
             }
             emit(&mut sink, st(StageKind::QRope), pos.clone(), qw, q);
             emit(&mut sink, st(StageKind::KRope), pos.clone(), kvw, k);
@@ -178,7 +218,18 @@ impl Llama {
 
             // att = softmax(q·kᵀ/√hd, causal) · v, heads concatenated   [T, n_head·hd]
             for (t, (qt, at)) in q.chunks_exact(qw).zip(att.chunks_exact_mut(qw)).enumerate() {
-                ops::attention(qt, kv, l, p0 + t, c.n_head, c.n_kv_head, hd, scores, at);
+                ops::attention(
+                    qt,
+                    kv,
+                    l,
+                    p0 + t,
+                    c.n_head,
+                    c.n_kv_head,
+                    hd,
+                    scores,
+                    at,
+                    mode,
+                );
             }
             emit(&mut sink, st(StageKind::AttnOut), pos.clone(), qw, att);
 
@@ -187,7 +238,7 @@ impl Llama {
             emit(&mut sink, st(StageKind::AttnProj), pos.clone(), d, proj);
 
             // x = x + proj  (residual)
-            add_in_place(x, proj);
+            ops::add_in_place(x, proj);
             emit(&mut sink, st(StageKind::FfnInp), pos.clone(), d, x);
 
             // ---- feed-forward (SwiGLU) ----
@@ -199,31 +250,37 @@ impl Llama {
             emit(&mut sink, st(StageKind::FfnGate), pos.clone(), c.d_ff, gate);
             backend.matmul(&b.w_up.matrix(g), h, t_len, up, mode, mm)?;
             emit(&mut sink, st(StageKind::FfnUp), pos.clone(), c.d_ff, up);
-            ops::swiglu(gate, up);
+            // gate = silu(gate) ⊙ up                               [T, d_ff]
+            ops::swiglu(gate, up, c.d_ff, mode);
             emit(&mut sink, st(StageKind::FfnAct), pos.clone(), c.d_ff, gate);
 
             // proj = (silu(gate) ⊙ up)·W_downᵀ                   [T, d]
             backend.matmul(&b.w_down.matrix(g), gate, t_len, proj, mode, mm)?;
             emit(&mut sink, st(StageKind::FfnOut), pos.clone(), d, proj);
 
-            add_in_place(x, proj);
+            ops::add_in_place(x, proj);
             emit(&mut sink, st(StageKind::Out), pos.clone(), d, x);
         }
 
         // logits = RMSNorm(x)·w_output_norm · W_outᵀ               [T, n_vocab]
         h.copy_from_slice(x);
         ops::rms_norm(h, &self.output_norm, c.norm_eps);
-        emit(&mut sink, Stage::global(StageKind::OutputNorm), pos.clone(), d, h);
+        emit(
+            &mut sink,
+            Stage::global(StageKind::OutputNorm),
+            pos.clone(),
+            d,
+            h,
+        );
         let logits = sized(logits, t_len * c.n_vocab);
         backend.matmul(&self.output.matrix(g), h, t_len, logits, mode, mm)?;
-        emit(&mut sink, Stage::global(StageKind::Logits), pos, c.n_vocab, logits);
+        emit(
+            &mut sink,
+            Stage::global(StageKind::Logits),
+            pos,
+            c.n_vocab,
+            logits,
+        );
         Ok(())
-    }
-}
-
-/// `x += y` element-wise (ggml_add).
-fn add_in_place(x: &mut [f32], y: &[f32]) {
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a += b;
     }
 }

@@ -1,17 +1,40 @@
 //! Shared numeric blocks of transformer forward passes: RMSNorm, RoPE, softmax, SiLU-gated units and causal
 //! grouped-query attention over the KV cache.
 //!
-//! Each op states the llama.cpp / ggml function whose arithmetic it follows (order of operations, which
-//! sums are kept in f64), because parity with llama.cpp depends on those details. Activations are row-major
-//! `[n_tokens, width]` f32 slices.
+//! Activations are row-major `[n_tokens, width]` f32 slices. Ops whose arithmetic differs between the two
+//! numerics modes take a [`NumericsMode`]:
+//!
+//! - **reference**: plain f32 math (libm `exp`, left-to-right f32 dot products) — the formulas as written;
+//! - **ggml**: what llama.cpp's CPU backend computes on this machine, bit for bit: the AVX-512 kernels of
+//!   ggml-cpu replicated lane by lane in [`ggml_cpu`] (polynomial `exp` in SiLU and softmax, 16-lane
+//!   accumulators and reduction trees in the attention dot products, the fmas gcc contracted in RoPE).
+//!
+//! | op | ggml function mirrored (both modes follow its order of operations; ggml mode also its SIMD) |
+//! |---|---|
+//! | [`rms_norm`] | `ggml_compute_forward_rms_norm_f32` (+ `ggml_mul`, fused on CPU) — same in both modes |
+//! | [`rope_cache`] | `ggml_rope_cache_init` / `rope_yarn` — same in both modes |
+//! | [`rope_norm`] | `rotate_pairs` (`GGML_ROPE_TYPE_NORMAL`); ggml mode: gcc's fma contraction |
+//! | [`swiglu`] | `ggml_vec_swiglu_f32` (`GGML_GLU_OP_SWIGLU`); ggml mode: `ggml_v_silu` lanes + scalar tail |
+//! | [`softmax_scaled`] | reference mode of `ggml_compute_forward_soft_max_f32` |
+//! | [`attention`] | `build_attn_mha` without flash attention: `mul_mat(k, q)`, `soft_max_ext`, `mul_mat(v, kq)` |
+//! | [`add_in_place`] | `ggml_compute_forward_add` (f32 + f32, one rounding: same in both modes) |
+//!
+//! Where llama.cpp itself is not batch-invariant (the KQV product runs through llamafile's tinyBLAS when a
+//! batch has ≥ 2 tokens and through `ggml_vec_dot_f32` for a single token), ggml mode picks one order for
+//! every position — see [`GGML_KQV_ORDER`] — so that a cached decode step equals a re-prefill bit for bit.
+
+pub mod ggml_cpu;
 
 use crate::kv_cache::KvCache;
+use crate::quant::NumericsMode;
 
 /// RMSNorm in place on every row of `x` (`[n_rows, width]`), then multiply by `weight` (`[width]`).
 ///
-/// y = x · 1/sqrt(mean(x²) + eps) · w, with the sum of squares accumulated in f64 and the mean and scale in
-/// f32, as ggml-cpu `ggml_compute_forward_rms_norm_f32` (ops.cpp) followed by `ggml_mul`; the product is
-/// evaluated as `(x·scale)·w` in both the fused and unfused ggml paths. Zhang & Sennrich 2019.
+/// y = x · 1/sqrt(mean(x²) + eps) · w, with the sum of squares accumulated in f64 (one f32 square at a
+/// time, left to right) and the mean and scale in f32, as ggml-cpu `ggml_compute_forward_rms_norm_f32`
+/// (ops.cpp) — in this version fused with the weight multiply (`ggml_compute_forward_rms_norm_mul_fused`,
+/// `y = x·scale·w`); the unfused path (`ggml_vec_scale_f32` then `ggml_mul`) rounds the same way,
+/// `(x·scale)·w`. There is nothing gcc can contract here, so both modes run this. Zhang & Sennrich 2019.
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
     let width = weight.len();
     for row in x.chunks_exact_mut(width) {
@@ -25,11 +48,13 @@ pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
 }
 
 /// Precomputed cos/sin for rotary position embeddings of one position: `[rope_dim]` interleaved as
-/// `cos0, sin0, cos1, sin1, ...` (ggml-cpu `ggml_rope_cache_init` with ext_factor = 0, freq_scale = 1,
-/// attn_factor = 1).
+/// `cos0, sin0, cos1, sin1, ...` (ggml-cpu `ggml_rope_cache_init` + `rope_yarn` with ext_factor = 0,
+/// freq_scale = 1, attn_factor = 1, no freq_factors: every extra factor is an exact multiplication by 1).
 ///
-/// θ_i = pos · base^(−2i/d) computed as ggml does: `theta_scale = powf(base, -2/d)` and θ multiplied by it
-/// once per pair (a running f32 product, not a fresh `powf` per pair). Su et al. 2021 (RoFormer).
+/// θ_i = pos · base^(−2i/d) computed as ggml does: `theta_scale = powf(base, -2.0f/d)` and θ multiplied by
+/// it once per pair (a running f32 product, not a fresh `powf` per pair), θ₀ = `(float)pos`; cos and sin
+/// from glibc's `cosf`/`sinf` (gcc merges them into one `sincosf` call, same values; Rust's `f32::cos`
+/// and `f32::sin` are the same glibc functions). Identical in both modes. Su et al. 2021 (RoFormer).
 pub fn rope_cache(pos: usize, base: f32, rope_dim: usize, out: &mut [f32]) {
     let theta_scale = base.powf(-2.0 / rope_dim as f32);
     let mut theta = pos as f32;
@@ -46,22 +71,36 @@ pub fn rope_cache(pos: usize, base: f32, rope_dim: usize, out: &mut [f32]) {
 ///
 /// This is llama.cpp's `LLAMA_ROPE_TYPE_NORM`, used for arch `llama`: the GGUF converter permutes the Q and
 /// K weights (convert_hf_to_gguf.py `LlamaModel.permute`) so that HF's half-split "neox" rotation becomes
-/// this interleaved one. ggml-cpu `rotate_pairs` with `n_offset = 1`.
-pub fn rope_norm(x: &mut [f32], head_dim: usize, rope_dim: usize, cache: &[f32]) {
+/// this interleaved one. ggml-cpu `rotate_pairs` with `n_offset = 1`: reference mode evaluates the source
+/// formula `(x0·cos − x1·sin, x0·sin + x1·cos)` with four rounded products; ggml mode the fmas gcc
+/// compiled it into ([`ggml_cpu::rotate_pairs_norm`]).
+pub fn rope_norm(
+    x: &mut [f32],
+    head_dim: usize,
+    rope_dim: usize,
+    cache: &[f32],
+    mode: NumericsMode,
+) {
     for head in x.chunks_exact_mut(head_dim) {
-        for (pair, cs) in head[..rope_dim].chunks_exact_mut(2).zip(cache.chunks_exact(2)) {
-            let (x0, x1) = (pair[0], pair[1]);
-            pair[0] = x0 * cs[0] - x1 * cs[1];
-            pair[1] = x0 * cs[1] + x1 * cs[0];
+        let rot = &mut head[..rope_dim];
+        match mode {
+            NumericsMode::Reference => {
+                for (pair, cs) in rot.chunks_exact_mut(2).zip(cache.chunks_exact(2)) {
+                    let (x0, x1) = (pair[0], pair[1]);
+                    pair[0] = x0 * cs[0] - x1 * cs[1];
+                    pair[1] = x0 * cs[1] + x1 * cs[0];
+                }
+            }
+            NumericsMode::Ggml => ggml_cpu::rotate_pairs_norm(rot, cache),
         }
     }
 }
 
-/// Softmax in place over `x`, with inputs pre-scaled by `scale`: p_i = exp(s·x_i − max) / Σ.
-///
-/// The sum is accumulated in f64 and the normalisation multiplies by `1/sum`, as ggml-cpu
-/// `ggml_compute_forward_soft_max_f32` / `ggml_vec_soft_max_f32`. A row whose entries are all −∞ (fully
-/// masked) becomes all zeros instead of NaN.
+/// Softmax in place over `x`, with inputs pre-scaled by `scale`: p_i = exp(s·x_i − max) / Σ — the
+/// reference-mode arithmetic of ggml-cpu `ggml_compute_forward_soft_max_f32`: scale, max, libm `exp`, the
+/// sum accumulated in f64 one element at a time, normalisation by `(float)(1/sum)`. (Ggml mode:
+/// [`ggml_cpu::soft_max_row`].) A row whose entries are all −∞ (fully masked) becomes all zeros instead of
+/// NaN.
 pub fn softmax_scaled(x: &mut [f32], scale: f32) {
     let mut max = f32::NEG_INFINITY;
     for v in x.iter_mut() {
@@ -84,18 +123,81 @@ pub fn softmax_scaled(x: &mut [f32], scale: f32) {
     }
 }
 
-/// SiLU-gated linear unit in place: `gate[i] = silu(gate[i]) · up[i]` with silu(x) = x / (1 + e^−x).
-/// Shazeer 2020 (GLU variants); llama.cpp `ggml_swiglu_split`.
-pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+/// SiLU-gated linear unit in place on rows of `width`: `gate[i] = silu(gate[i]) · up[i]` with
+/// silu(x) = x / (1 + e^−x). Shazeer 2020 (GLU variants).
+///
+/// llama.cpp builds it as one node, `ggml_swiglu_split(ctx, gate, up)` (llama-graph.cpp `build_ffn`,
+/// `LLM_FFN_SILU` + `LLM_FFN_PAR`; `GGML_OP_GLU` / `GGML_GLU_OP_SWIGLU`), computed per row by
+/// `ggml_vec_swiglu_f32`. Reference mode: libm `exp` everywhere. Ggml mode: [`ggml_cpu::swiglu_row`]
+/// (`ggml_v_silu` on 16-lane blocks, `ggml_silu_f32` for the last `width % 16`).
+pub fn swiglu(gate: &mut [f32], up: &[f32], width: usize, mode: NumericsMode) {
+    match mode {
+        NumericsMode::Reference => {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+        }
+        NumericsMode::Ggml => {
+            for (g, u) in gate.chunks_exact_mut(width).zip(up.chunks_exact(width)) {
+                ggml_cpu::swiglu_row(g, u);
+            }
+        }
     }
 }
 
-/// Dot product of two f32 slices, accumulated in f32 left to right.
+/// `x += y` element-wise (`ggml_add` of two f32 tensors: one rounded addition per element, whatever the
+/// SIMD width; the same in both modes).
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// Dot product of two f32 slices, accumulated in f32 left to right (reference mode).
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// The order in which ggml mode accumulates the KQV product `Σ_pos p[pos] · v[pos][d]` (one output per
+/// head dimension `d`). llama.cpp uses both, depending on the batch:
+///
+/// - [`KqvOrder::TinyBlas`]: a prompt batch of ≥ 2 tokens. `ggml_compute_forward_mul_mat` (ggml-cpu.c)
+///   hands `mul_mat(v, kq)` to `llamafile_sgemm` because `kq` (the softmax output) is contiguous and has
+///   ≥ 2 columns: tinyBLAS<16, __m512> — one 16-lane accumulator per output, position `i` in lane
+///   `i % 16`, then `_mm512_reduce_add_ps`.
+/// - [`KqvOrder::VecDot`]: a single-token decode step (`llamafile_sgemm` refuses `n < 2`): the vec_dot
+///   path, `ggml_vec_dot_f32` over the `n_kv` positions — four 16-lane accumulators (position `i` in
+///   accumulator `(i / 16) % 4`, lane `i % 16`), reduced `(s0+s2)+(s1+s3)`, then `_mm512_reduce_add_ps`.
+///
+/// The two agree exactly while the context is ≤ 16 positions (each lane then holds a single product) and
+/// differ in the last bits after that. (`mul_mat(k, q)` is the same for every batch size: `q` is a
+/// permuted, non-contiguous view, so tinyBLAS is never tried and every score is one `ggml_vec_dot_f32` over
+/// `head_dim`.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KqvOrder {
+    /// llamafile tinyBLAS F32 (llama.cpp prefill, batch ≥ 2).
+    TinyBlas,
+    /// `ggml_vec_dot_f32` (llama.cpp decode, batch 1).
+    VecDot,
+}
+
+/// The [`KqvOrder`] ggml mode uses for every position, prefill and decode alike (lockstep keeps a cached
+/// decode step bit-identical to a re-prefill). llama.cpp's prompt pass uses tinyBLAS and its decode steps
+/// vec_dot; prompts are where most compared positions are. Measured on the SmolLM2-135M Q4_1 goldens (F32
+/// cache, six prompts of 1–65 tokens, 8 decode steps each): with tinyBLAS every prefill stage of every
+/// layer is bit-identical; in decode steps past position 15 some `attn_out` values differ from
+/// llama.cpp's in the last bit, which the Q8_1 quantization of the `Wo` input absorbed in every step
+/// measured (all decode logits bit-identical too) — by luck of rounding, not by construction. With vec_dot
+/// the decode steps are exact and the prompt positions past 15 are not (the 65-token prompt then drifts
+/// to 1 − cos ≈ 8e-4 at the last layer).
+pub const GGML_KQV_ORDER: KqvOrder = KqvOrder::TinyBlas;
+
+/// Scratch length [`attention`] needs for a context of `n_pos` positions: `n_pos` rounded up to 64 (the
+/// softmax row is processed in 16-lane blocks and the KQV dot in 64-element steps, with the positions past
+/// the last one masked to exactly 0, as in llama.cpp's `n_kv`-wide rows, `n_kv` a multiple of 256).
+pub fn attention_scratch_len(n_pos: usize) -> usize {
+    n_pos.div_ceil(64) * 64
 }
 
 /// Causal grouped-query attention of one token against the cache.
@@ -103,10 +205,49 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// `q`: `[n_head · head_dim]` (after RoPE) for the token at absolute position `pos`; keys and values of
 /// positions `0..=pos` must already be in `cache` for `layer`. Query head h reads KV head
 /// `h / (n_head / n_kv_head)` (GQA, Ainslie et al. 2023). Writes `[n_head · head_dim]` into `out`.
-/// `scores` is scratch of at least `pos + 1` floats. Scale 1/sqrt(head_dim) (Vaswani et al. 2017), applied
-/// inside the softmax as llama.cpp's `ggml_soft_max_ext(kq, mask, scale)` does.
+/// `scores` is scratch of at least [`attention_scratch_len`]`(pos + 1)` floats. Scale 1/sqrt(head_dim)
+/// (Vaswani et al. 2017), applied inside the softmax as llama.cpp's `ggml_soft_max_ext(kq, mask, kq_scale)`
+/// does (kq·scale, then + mask; there is no separate scale node).
+///
+/// llama.cpp's graph (`build_attn_mha`, flash attention off, F32 cache): `kq = mul_mat(k, q)` (F32 × F32,
+/// accumulated in F32 — `ggml_prec_set_acc(kq, GGML_PREC_F32)` only matters on GPUs), `kq =
+/// soft_max_ext(kq, mask, 1/√d, 0)`, `kqv = mul_mat(v, kq)` with the transposed V view. Reference mode:
+/// [`dot_f32`], [`softmax_scaled`], sequential f32 accumulation of `p · v`. Ggml mode: every score one
+/// [`ggml_cpu::vec_dot_f32`], the row softmax [`ggml_cpu::soft_max_row`] over 16-lane blocks, the KQV
+/// sums in [`GGML_KQV_ORDER`].
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
+    q: &[f32],
+    cache: &KvCache,
+    layer: usize,
+    pos: usize,
+    n_head: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    scores: &mut [f32],
+    out: &mut [f32],
+    mode: NumericsMode,
+) {
+    match mode {
+        NumericsMode::Reference => attention_reference(
+            q, cache, layer, pos, n_head, n_kv_head, head_dim, scores, out,
+        ),
+        NumericsMode::Ggml => attention_ggml(
+            q,
+            cache,
+            layer,
+            pos,
+            (n_head, n_kv_head, head_dim),
+            scores,
+            out,
+            GGML_KQV_ORDER,
+        ),
+    }
+}
+
+/// Reference-mode [`attention`].
+#[allow(clippy::too_many_arguments)]
+fn attention_reference(
     q: &[f32],
     cache: &KvCache,
     layer: usize,
@@ -140,9 +281,69 @@ pub fn attention(
     }
 }
 
+/// Ggml-mode [`attention`] with an explicit [`KqvOrder`] (the fixture tests check both orders against
+/// llama.cpp's prefill and decode graphs). `shape` = `(n_head, n_kv_head, head_dim)`.
+///
+/// Per query head, as llama.cpp computes one row of its `[n_kv, n_tokens, n_head]` tensors:
+/// 1. `kq[i] = ggml_vec_dot_f32(head_dim, k[i], q)` for `i ≤ pos` (`mul_mat(k, q)`, vec_dot path);
+/// 2. `ggml_soft_max_ext`: `kq·scale + mask` with the mask `-inf` past `pos`, over 16-lane blocks
+///    ([`ggml_cpu::soft_max_row`]); llama.cpp's row is `n_kv` wide (a multiple of 256), its blocks past
+///    `pos` are all exactly 0 and add nothing, so the row is cut after the block holding `pos`;
+/// 3. `kqv[d] = Σ_i p[i]·v[i][d]` in `order`, over positions rounded up to 64 with `p = 0` past `pos` (the
+///    zero products leave every accumulator unchanged, as in llama.cpp's padded rows).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_ggml(
+    q: &[f32],
+    cache: &KvCache,
+    layer: usize,
+    pos: usize,
+    shape: (usize, usize, usize),
+    scores: &mut [f32],
+    out: &mut [f32],
+    order: KqvOrder,
+) {
+    let (n_head, n_kv_head, head_dim) = shape;
+    let group = n_head / n_kv_head;
+    let n_pos = pos + 1;
+    // llama.cpp: kq_scale = 1.0f/sqrtf(float(n_embd_head))
+    let scale = 1.0f32 / (head_dim as f32).sqrt();
+    let n_row = n_pos.div_ceil(ggml_cpu::LANES) * ggml_cpu::LANES;
+    let n_pad = attention_scratch_len(n_pos);
+    let scores = &mut scores[..n_pad];
+    for h in 0..n_head {
+        let kvh = h / group;
+        let qh = &q[h * head_dim..(h + 1) * head_dim];
+        let keys = cache.keys(layer, kvh, n_pos);
+        for (s, k) in scores.iter_mut().zip(keys.chunks_exact(head_dim)) {
+            *s = ggml_cpu::vec_dot_f32(k, qh);
+        }
+        // masked positions: kq·scale + (−∞) = −∞, exp → exactly 0
+        scores[n_pos..n_row].fill(f32::NEG_INFINITY);
+        ggml_cpu::soft_max_row(&mut scores[..n_row], None, scale);
+        scores[n_row..].fill(0.0);
+        let values = cache.values(layer, kvh, n_pos);
+        let v = |i: usize, d: usize| {
+            if i < n_pos {
+                values[i * head_dim + d]
+            } else {
+                0.0
+            }
+        };
+        let oh = &mut out[h * head_dim..(h + 1) * head_dim];
+        for (d, o) in oh.iter_mut().enumerate() {
+            *o = match order {
+                KqvOrder::TinyBlas => ggml_cpu::tinyblas_dot_f32_by(n_row, |i| v(i, d), scores),
+                KqvOrder::VecDot => ggml_cpu::vec_dot_f32_by(n_pad, |i| v(i, d), scores),
+            };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MODES: [NumericsMode; 2] = [NumericsMode::Reference, NumericsMode::Ggml];
 
     #[test]
     fn rms_norm_unit_rms() {
@@ -166,27 +367,121 @@ mod tests {
 
     #[test]
     fn rope_position_zero_is_identity_and_rotation_preserves_norm() {
-        let mut c = vec![0.0; 4];
-        rope_cache(0, 10000.0, 4, &mut c);
-        let mut x = vec![1.0, 2.0, 3.0, 4.0];
-        rope_norm(&mut x, 4, 4, &c);
-        assert_eq!(x, vec![1.0, 2.0, 3.0, 4.0]);
-        rope_cache(5, 10000.0, 4, &mut c);
-        rope_norm(&mut x, 4, 4, &c);
-        let n: f32 = x.iter().map(|v| v * v).sum();
-        assert!((n - 30.0).abs() < 1e-4);
-        // pair 0 rotated by θ = 5 rad
-        assert!((x[0] - (5f32.cos() - 2.0 * 5f32.sin())).abs() < 1e-5);
+        for mode in MODES {
+            let mut c = vec![0.0; 4];
+            rope_cache(0, 10000.0, 4, &mut c);
+            let mut x = vec![1.0, 2.0, 3.0, 4.0];
+            rope_norm(&mut x, 4, 4, &c, mode);
+            assert_eq!(x, vec![1.0, 2.0, 3.0, 4.0]);
+            rope_cache(5, 10000.0, 4, &mut c);
+            rope_norm(&mut x, 4, 4, &c, mode);
+            let n: f32 = x.iter().map(|v| v * v).sum();
+            assert!((n - 30.0).abs() < 1e-4);
+            // pair 0 rotated by θ = 5 rad
+            assert!((x[0] - (5f32.cos() - 2.0 * 5f32.sin())).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn swiglu_modes_agree_closely() {
+        let gate: Vec<f32> = (0..70).map(|i| (i as f32 * 0.61).sin() * 6.0).collect();
+        let up: Vec<f32> = (0..70).map(|i| (i as f32 * 0.23).cos()).collect();
+        let (mut a, mut b) = (gate.clone(), gate.clone());
+        swiglu(&mut a, &up, 35, NumericsMode::Reference);
+        swiglu(&mut b, &up, 35, NumericsMode::Ggml);
+        for (x, y) in a.iter().zip(&b) {
+            assert!(
+                (x - y).abs() <= 4.0 * f32::EPSILON * x.abs().max(1e-30),
+                "{x} vs {y}"
+            );
+        }
     }
 
     #[test]
     fn attention_single_position_returns_value() {
-        let mut cache = KvCache::new(1, 1, 2, 4);
-        cache.write(0, 0, &[1.0, 0.0], &[5.0, 6.0]).unwrap();
-        let mut out = vec![0.0; 4];
-        let mut scores = vec![0.0; 4];
-        // two query heads share one kv head
-        attention(&[1.0, 1.0, -1.0, 2.0], &cache, 0, 0, 2, 1, 2, &mut scores, &mut out);
-        assert_eq!(out, vec![5.0, 6.0, 5.0, 6.0]);
+        for mode in MODES {
+            let mut cache = KvCache::new(1, 1, 2, 4);
+            cache.write(0, 0, &[1.0, 0.0], &[5.0, 6.0]).unwrap();
+            let mut out = vec![0.0; 4];
+            let mut scores = vec![0.0; attention_scratch_len(1)];
+            // two query heads share one kv head
+            attention(
+                &[1.0, 1.0, -1.0, 2.0],
+                &cache,
+                0,
+                0,
+                2,
+                1,
+                2,
+                &mut scores,
+                &mut out,
+                mode,
+            );
+            assert_eq!(out, vec![5.0, 6.0, 5.0, 6.0]);
+        }
+    }
+
+    #[test]
+    fn ggml_attention_orders_agree_up_to_16_positions_then_differ() {
+        let (hd, n) = (8, 80);
+        let mut cache = KvCache::new(1, 1, hd, n);
+        let val = |i: usize, s: f32| ((i as f32 * s).sin() * 3.0) + 0.1;
+        for p in 0..n {
+            let k: Vec<f32> = (0..hd).map(|d| val(p * hd + d, 0.37)).collect();
+            let v: Vec<f32> = (0..hd).map(|d| val(p * hd + d, 0.91)).collect();
+            cache.write(0, p, &k, &v).unwrap();
+        }
+        let q: Vec<f32> = (0..hd).map(|d| val(d, 1.3)).collect();
+        let mut scores = vec![0.0; attention_scratch_len(n)];
+        let mut differ = 0;
+        for pos in 0..n {
+            let mut a = vec![0.0; hd];
+            let mut b = vec![0.0; hd];
+            attention_ggml(
+                &q,
+                &cache,
+                0,
+                pos,
+                (1, 1, hd),
+                &mut scores,
+                &mut a,
+                KqvOrder::TinyBlas,
+            );
+            attention_ggml(
+                &q,
+                &cache,
+                0,
+                pos,
+                (1, 1, hd),
+                &mut scores,
+                &mut b,
+                KqvOrder::VecDot,
+            );
+            if pos < 16 {
+                assert_eq!(a, b, "pos {pos}");
+            } else if a != b {
+                differ += 1;
+            }
+            let mut r = vec![0.0; hd];
+            attention(
+                &q,
+                &cache,
+                0,
+                pos,
+                1,
+                1,
+                hd,
+                &mut scores,
+                &mut r,
+                NumericsMode::Reference,
+            );
+            for (x, y) in a.iter().zip(&r) {
+                assert!(
+                    (x - y).abs() < 1e-5 * (1.0 + y.abs()),
+                    "pos {pos}: {x} vs {y}"
+                );
+            }
+        }
+        assert!(differ > 0, "the two accumulation orders never differed");
     }
 }

@@ -88,7 +88,7 @@ mod q8;
 mod q8_k;
 mod reference;
 mod types;
-mod x86;
+pub(crate) mod x86;
 
 pub use prepared::PreparedRow;
 pub use types::GgmlType;

@@ -1,0 +1,328 @@
+//! Scalar replicas of the ggml-cpu kernels llama.cpp runs for the non-matmul ops on this machine.
+//!
+//! The llama.cpp that lockstep is compared with (llama-cpp-python 0.3.36, ggml 0.25.3) is built here with
+//! `GGML_NATIVE` by gcc 12 for a CPU with AVX-512 F/DQ/BW/VL, so ggml-cpu takes its `__AVX512F__ &&
+//! __AVX512DQ__` branches: 16-lane vectors (`__m512`), ggml's own polynomial `exp` (`ggml_v_expf`), and
+//! `_mm512_reduce_add_ps` reductions. Each function here repeats, lane by lane in scalar Rust, the exact
+//! sequence of IEEE operations of one of those kernels — the same roundings, the same fused
+//! multiply-adds ([`fma`], an exactly rounded `a·b + c`), the same reduction trees ([`reduce_add_16`]) —
+//! so that it returns the same bits. Where gcc's code differs from the C source (it contracts `a*b ± c`
+//! into fmas: `-ffp-contract=fast` is gcc's default for the GNU dialects ggml is compiled with), the
+//! replica follows the machine code; those places say so.
+//!
+//! Checked bit for bit against the real `libggml-cpu.so` (through ctypes) by `tests/ops_vs_ggml.rs` on the
+//! fixtures written by `oracles/fixtures/make_ops_fixtures.py`.
+//!
+//! On another CPU (AVX2 only, ARM) ggml picks other branches (8-lane `ggml_v_expf` with a different
+//! polynomial tail, other reductions) and these replicas no longer describe it.
+
+use crate::quant::x86::{fma, reduce_add_16};
+
+/// Lanes of an `__m512` of f32.
+pub(crate) const LANES: usize = 16;
+
+// Constants of `ggml_v_expf` (vec.h), as hex floats in the C source. All are exact f32 values.
+/// `0x1.8p23`: adding it rounds to an integer (round to nearest even).
+const SHIFT: f32 = 12_582_912.0;
+/// `0x1.715476p+0` ≈ log2(e).
+const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
+/// `0x1.62e4p-1`: ln 2, high part.
+const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+/// `0x1.7f7d1cp-20`: ln 2, low part.
+const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+/// Polynomial coefficients `0x1.0e4020p-7`, `0x1.573e2ep-5`, `0x1.555e66p-3`, `0x1.fffdb6p-2`,
+/// `0x1.ffffecp-1`.
+const P5: f32 = f32::from_bits(0x3c07_2010);
+const P4: f32 = f32::from_bits(0x3d2b_9f17);
+const P3: f32 = f32::from_bits(0x3e2a_af33);
+const P2: f32 = f32::from_bits(0x3eff_fedb);
+const P1: f32 = f32::from_bits(0x3f7f_fff6);
+
+/// `_mm512_scalef_ps(j, n)` for an integral `n`: `j · 2^n`, rounded once (subnormal results included,
+/// no flush to zero: ggml leaves MXCSR alone). `j · 2^n` is exact in f64 for |n| ≤ 192, so the single
+/// f64 → f32 conversion is the one rounding.
+#[inline]
+fn scalef(j: f32, n: f32) -> f32 {
+    if n.is_nan() || j.is_nan() {
+        return f32::NAN;
+    }
+    debug_assert!(n.abs() <= 192.0 && n == n.trunc());
+    let pow2 = f64::from_bits(((1023 + n as i64) as u64) << 52);
+    (f64::from(j) * pow2) as f32
+}
+
+/// One lane of `ggml_v_expf(__m512)` (ggml-cpu/vec.h, AVX-512 branch; "adapted from ARM's optimized
+/// routines", max error 1.45 + 0.5 ulp): `n = round(x·log2e)` by the shift trick, `b = x − n·ln2` in two
+/// fmas, a degree-5 polynomial `j ≈ e^b` evaluated as three levels of fmas, then `scalef(j, n)`. Lanes
+/// with `|n| > 192` become `+inf` (n > 0) or `0` (so `exp(-inf) = 0`, `exp(+inf) = inf`); NaN stays NaN.
+#[must_use]
+pub fn expf(x: f32) -> f32 {
+    let z = fma(x, LOG2E, SHIFT);
+    let n = z - SHIFT;
+    // _mm512_fnmadd_ps(n, c, x) = -(n·c) + x, one rounding: the same as fma(-n, c, x)
+    let b = fma(-n, LN2_LO, fma(-n, LN2_HI, x));
+    let u = b * b;
+    let j = fma(fma(fma(P5, b, P4), u, fma(P3, b, P2)), u, fma(P1, b, 1.0));
+    // _CMP_GT_OQ: false for NaN
+    if n.abs() > 192.0 {
+        return if n > 0.0 { f32::INFINITY } else { 0.0 };
+    }
+    scalef(j, n)
+}
+
+/// One lane of `ggml_v_silu(__m512)` (vec.h): `x / (1 + ggml_v_expf(0 − x))`.
+#[inline]
+#[must_use]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + expf(0.0 - x))
+}
+
+/// `ggml_silu_f32` (vec.h), the scalar tail of the vector loops: `x / (1 + expf(−x))` with libm's `expf`
+/// (glibc's, the same one ggml calls: Rust's `f32::exp` is that `expf`).
+#[inline]
+#[must_use]
+pub fn silu_scalar(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `ggml_vec_swiglu_f32(n, y, x, g)` (vec.cpp) on one row, in place on `x`: `x[i] = silu(x[i]) · g[i]`,
+/// 16 lanes at a time with [`silu`], the last `n % 16` elements with [`silu_scalar`]. This is what
+/// `ggml_compute_forward_swiglu_f32` (ops.cpp) calls per row for the `GGML_GLU_OP_SWIGLU` node that
+/// llama.cpp's `build_ffn` builds (`ggml_swiglu_split(ctx, gate, up)` for `LLM_FFN_SILU` + `LLM_FFN_PAR`).
+pub fn swiglu_row(x: &mut [f32], g: &[f32]) {
+    let n_vec = x.len() / LANES * LANES;
+    let (xv, xt) = x.split_at_mut(n_vec);
+    let (gv, gt) = g.split_at(n_vec);
+    for (a, &b) in xv.iter_mut().zip(gv) {
+        *a = silu(*a) * b;
+    }
+    for (a, &b) in xt.iter_mut().zip(gt) {
+        *a = silu_scalar(*a) * b;
+    }
+}
+
+/// `ggml_vec_dot_f32(n, s, 0, x, 0, y, 0, 1)` (vec.cpp, `GGML_SIMD` AVX-512 branch) on f32 slices:
+///
+/// 1. over the first `np = n & !63` elements, four 16-lane accumulators, `sum[j] = fma(x, y, sum[j])` for
+///    the j-th 16 of every 64 (`GGML_F32_VEC_FMA`);
+/// 2. `GGML_F32x16_REDUCE`: `sum[0] += sum[2]`, `sum[1] += sum[3]`, `sum[0] += sum[1]`, then
+///    `_mm512_reduce_add_ps`;
+/// 3. the leftovers, `sumf += x[i]*y[i]` in the source, which gcc compiled (machine code read from this
+///    build) into: 16 at a time and then 8 at a time, the products rounded and added to `sumf` one by one
+///    in order; the last `< 8` as scalar fmas `sumf = fma(x, y, sumf)`.
+#[must_use]
+pub fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    vec_dot_f32_by(x.len(), |i| x[i], y)
+}
+
+/// [`vec_dot_f32`] with the first operand given by index (a strided row, such as the transposed V view).
+#[inline]
+pub(crate) fn vec_dot_f32_by(n: usize, x: impl Fn(usize) -> f32, y: &[f32]) -> f32 {
+    debug_assert!(y.len() >= n);
+    let np = n & !63;
+    let mut sumf = 0.0f32;
+    if np > 0 {
+        let mut sum = [[0f32; LANES]; 4];
+        for i in (0..np).step_by(64) {
+            for (j, s) in sum.iter_mut().enumerate() {
+                let base = i + j * LANES;
+                for (l, a) in s.iter_mut().enumerate() {
+                    *a = fma(x(base + l), y[base + l], *a);
+                }
+            }
+        }
+        sumf = reduce_4x16(&sum);
+    }
+    let mut i = np;
+    let whole = (n - np) / LANES * LANES + if (n - np) % LANES >= 8 { 8 } else { 0 };
+    while i < np + whole {
+        sumf += x(i) * y[i];
+        i += 1;
+    }
+    while i < n {
+        sumf = fma(x(i), y[i], sumf);
+        i += 1;
+    }
+    sumf
+}
+
+/// `GGML_F32x16_REDUCE` of four accumulators: `(s0 + s2) + (s1 + s3)` lane-wise, then
+/// `_mm512_reduce_add_ps`.
+#[inline]
+fn reduce_4x16(sum: &[[f32; LANES]; 4]) -> f32 {
+    let mut r = [0f32; LANES];
+    for (l, r) in r.iter_mut().enumerate() {
+        *r = (sum[0][l] + sum[2][l]) + (sum[1][l] + sum[3][l]);
+    }
+    reduce_add_16(&r)
+}
+
+/// One output of llamafile's `tinyBLAS<16, __m512, __m512, float, float, float>` (ggml-cpu/llamafile/
+/// sgemm.cpp, `gemm_bloc`): a single 16-lane accumulator `Cv = madd(A, B, Cv)` (`_mm512_fmadd_ps`) over
+/// the `k` elements 16 at a time, then `hsum` = `_mm512_reduce_add_ps`. `k` must be a multiple of 16
+/// (`tinyBLAS::matmul` refuses other sizes); the tile shape does not change any output's arithmetic.
+#[inline]
+pub(crate) fn tinyblas_dot_f32_by(k: usize, a: impl Fn(usize) -> f32, b: &[f32]) -> f32 {
+    debug_assert_eq!(k % LANES, 0);
+    let mut acc = [0f32; LANES];
+    for i in (0..k).step_by(LANES) {
+        for (l, c) in acc.iter_mut().enumerate() {
+            *c = fma(a(i + l), b[i + l], *c);
+        }
+    }
+    reduce_add_16(&acc)
+}
+
+/// `ggml_vec_soft_max_f32(n, y, x, max)` (vec.cpp, AVX-512 branch) in place: `x[i] = ggml_v_expf(x[i] −
+/// max)` 16 lanes at a time, each vector's `_mm512_reduce_add_ps` added to a double; the last `n % 16`
+/// with libm `expf`, each added to the double. Returns the sum.
+pub fn vec_soft_max_f32(x: &mut [f32], max: f32) -> f64 {
+    let n_vec = x.len() / LANES * LANES;
+    let mut sum = 0.0f64;
+    for block in x[..n_vec].chunks_exact_mut(LANES) {
+        let mut v = [0f32; LANES];
+        for (o, e) in v.iter_mut().zip(block.iter_mut()) {
+            *e = expf(*e - max);
+            *o = *e;
+        }
+        sum += f64::from(reduce_add_16(&v));
+    }
+    for e in &mut x[n_vec..] {
+        *e = (*e - max).exp();
+        sum += f64::from(*e);
+    }
+    sum
+}
+
+/// One row of `ggml_compute_forward_soft_max_f32` (ops.cpp) for `ggml_soft_max_ext(kq, mask, scale,
+/// max_bias = 0)` without sinks, in place: `w = x · scale` (`ggml_vec_scale_f32`), `w += slope · mask`
+/// with `slope = 1` (no ALiBi), `max` (`ggml_vec_max_f32`, sequential `MAX`), [`vec_soft_max_f32`], then `ggml_vec_scale_f32` by `(float)(1.0 / sum)`.
+///
+/// `mask` has the row's length (0 or −∞ per element; `None` = no mask). A row with no finite entry makes
+/// `sum = 0` and ggml divides by zero (`assert(sum > 0)` in debug builds); this replica returns zeros
+/// instead, as [`super::softmax_scaled`] does.
+pub fn soft_max_row(x: &mut [f32], mask: Option<&[f32]>, scale: f32) {
+    for v in x.iter_mut() {
+        *v *= scale;
+    }
+    if let Some(m) = mask {
+        for (v, &m) in x.iter_mut().zip(m) {
+            *v += m;
+        }
+    }
+    let max = x
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| if m > v { m } else { v });
+    if max == f32::NEG_INFINITY {
+        x.fill(0.0);
+        return;
+    }
+    let sum = vec_soft_max_f32(x, max);
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `rotate_pairs<float>(n_dims, 1, cache, src, dst, 1)` (ops.cpp; `GGML_ROPE_TYPE_NORMAL`) for one
+/// head, in place. The source says `x0·cos − x1·sin`, `x0·sin + x1·cos`; gcc vectorized it (in this
+/// build: three `vpermilps`, `vmulps` of `[x1, x1]·[sin, cos]`, then `vfmaddsub231ps` of
+/// `[x0, x0]·[cos, sin] ∓ that`; the scalar remainder is contracted the same way) into
+/// `fma(x0, cos, −(x1·sin))` and `fma(x0, sin, x1·cos)`: the `x1` products rounded, the `x0` ones fused.
+pub fn rotate_pairs_norm(head: &mut [f32], cache: &[f32]) {
+    for (pair, cs) in head.chunks_exact_mut(2).zip(cache.chunks_exact(2)) {
+        let (x0, x1) = (pair[0], pair[1]);
+        let (cos, sin) = (cs[0], cs[1]);
+        pair[0] = fma(x0, cos, -(x1 * sin));
+        pair[1] = fma(x0, sin, x1 * cos);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expf_is_close_to_libm_and_handles_the_edges() {
+        let mut x = -110.0f32;
+        while x < 90.0 {
+            let (a, b) = (expf(x), x.exp());
+            // 1.45 + 0.5 ulp in the normal range; subnormal results lose relative precision
+            if b > 1e-37 && b.is_finite() {
+                assert!(
+                    ((a - b) / b).abs() < 3.0 * f32::EPSILON,
+                    "x={x}: {a} vs {b}"
+                );
+            }
+            x += 0.013;
+        }
+        assert_eq!(expf(0.0), 1.0);
+        assert_eq!(expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(expf(-1e30), 0.0);
+        assert_eq!(expf(f32::INFINITY), f32::INFINITY);
+        assert_eq!(expf(100.0), f32::INFINITY);
+        assert!(expf(f32::NAN).is_nan());
+        // below −87.3 the result is subnormal, rounded (not flushed) by scalef
+        assert!(expf(-95.0) > 0.0 && expf(-95.0) < f32::MIN_POSITIVE);
+    }
+
+    #[test]
+    fn silu_and_swiglu_tail() {
+        assert_eq!(silu(0.0), 0.0);
+        assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
+        assert_eq!(silu(-200.0), -0.0);
+        // 19 elements: 16 in the vector loop, 3 through the scalar libm path
+        let mut x: Vec<f32> = (0..19).map(|i| i as f32 * 0.37 - 3.0).collect();
+        let g = vec![2.0f32; 19];
+        let orig = x.clone();
+        swiglu_row(&mut x, &g);
+        for i in 0..19 {
+            let want = if i < 16 {
+                silu(orig[i])
+            } else {
+                silu_scalar(orig[i])
+            } * 2.0;
+            assert_eq!(x[i].to_bits(), want.to_bits());
+        }
+    }
+
+    #[test]
+    fn vec_dot_f32_structure() {
+        // n < 64: all leftovers; exact small integers make every order agree
+        let x: Vec<f32> = (0..200).map(|i| (i % 7) as f32).collect();
+        let y: Vec<f32> = (0..200).map(|i| (i % 5) as f32 - 2.0).collect();
+        for n in [0, 1, 7, 8, 15, 16, 63, 64, 65, 80, 100, 127, 128, 200] {
+            let want: f32 = x[..n].iter().zip(&y[..n]).map(|(a, b)| a * b).sum();
+            assert_eq!(vec_dot_f32(&x[..n], &y[..n]), want, "n={n}");
+        }
+        // the lane structure shows with cancellation: 1e8 in lane 0 of sum[0] and −1e8 in lane 0 of
+        // sum[2] cancel before the 1.0 of sum[1] is added
+        let mut x = vec![0f32; 64];
+        x[0] = 1e8;
+        x[32] = -1e8;
+        x[16] = 1.0;
+        let y = vec![1f32; 64];
+        assert_eq!(vec_dot_f32(&x, &y), 1.0);
+    }
+
+    #[test]
+    fn softmax_row_sums_to_one_and_masks() {
+        let mut x: Vec<f32> = (0..40).map(|i| (i as f32 * 0.7).sin() * 4.0).collect();
+        let mut mask = vec![0f32; 40];
+        mask[30..].fill(f32::NEG_INFINITY);
+        soft_max_row(&mut x, Some(&mask), 0.5);
+        assert!(x[30..].iter().all(|&v| v == 0.0));
+        let s: f32 = x.iter().sum();
+        assert!((s - 1.0).abs() < 1e-6);
+        let mut all = vec![f32::NEG_INFINITY; 16];
+        soft_max_row(&mut all, None, 1.0);
+        assert_eq!(all, vec![0.0; 16]);
+    }
+
+    #[test]
+    fn rotate_pairs_is_a_rotation() {
+        let mut h = vec![1.0f32, 2.0, 3.0, 4.0];
+        rotate_pairs_norm(&mut h, &[1.0, 0.0, 0.0, 1.0]);
+        assert_eq!(h, vec![1.0, 2.0, -4.0, 3.0]);
+    }
+}
