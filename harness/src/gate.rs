@@ -97,6 +97,9 @@ pub struct Rule {
     /// See [`CellThresholds::margin_tolerance`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub margin_tolerance: Option<f64>,
+    /// See [`CellThresholds::stage_max_nmse`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_max_nmse: Option<f64>,
 }
 
 impl Rule {
@@ -138,6 +141,11 @@ pub struct CellThresholds {
     pub min_cosine_out: f64,
     /// A stage whose cosine at some position falls below this counts as divergent ([`first_divergent`]).
     pub stage_min_cosine: f64,
+    /// A stage whose NMSE at some position rises above this counts as divergent too; `None`: cosine only.
+    /// Cosine is blind to scale: a wrong RMSNorm epsilon rescales a whole row and keeps its cosine at 1,
+    /// while its NMSE jumps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_max_nmse: Option<f64>,
     /// A top-1 disagreement whose reference margin is below this (logit units) is a near tie.
     pub margin_tolerance: f64,
 }
@@ -191,6 +199,7 @@ impl Thresholds {
             check("max_mean_kl", r.max_mean_kl, 0.0, f64::MAX)?;
             check("max_kl", r.max_kl, 0.0, f64::MAX)?;
             check("margin_tolerance", r.margin_tolerance, 0.0, f64::MAX)?;
+            check("stage_max_nmse", r.stage_max_nmse, 0.0, f64::MAX)?;
         }
         Ok(t)
     }
@@ -238,6 +247,7 @@ impl Thresholds {
             min_cosine_out: need("min_cosine_out", last(|r| r.min_cosine_out))?,
             stage_min_cosine: need("stage_min_cosine", last(|r| r.stage_min_cosine))?,
             margin_tolerance: need("margin_tolerance", last(|r| r.margin_tolerance))?,
+            stage_max_nmse: last(|r| r.stage_max_nmse),
         })
     }
 }
@@ -602,29 +612,28 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
     Verdict {
         pass: failures.is_empty(),
         failures,
-        first_divergent: first_divergent(cmp, th.stage_min_cosine),
+        first_divergent: first_divergent(cmp, th.stage_min_cosine, th.stage_max_nmse),
     }
 }
 
 /// The first stage in forward order (prefill stages in the order of `cmp.stages`, which is forward order;
-/// then decode) whose cosine at some position falls below `min_cosine`, with the first such position.
-pub fn first_divergent(cmp: &CellComparison, min_cosine: f64) -> Option<Divergence> {
+/// then decode) that diverges at some position — cosine below `min_cosine`, or NMSE above `max_nmse`
+/// when given — with the first such position.
+pub fn first_divergent(cmp: &CellComparison, min_cosine: f64, max_nmse: Option<f64>) -> Option<Divergence> {
+    let bad = |c: f64, n: f64| c < min_cosine || max_nmse.is_some_and(|m| n > m);
     for phase in [Phase::Prefill, Phase::Decode] {
         for s in cmp.stages.iter().filter(|s| s.phase == phase) {
-            if s.cosine.min >= min_cosine && s.cosine_by_position.iter().all(|&c| c >= min_cosine) {
-                continue;
-            }
-            let (row, cosine) = s
+            let row = s
                 .cosine_by_position
                 .iter()
-                .position(|&c| c < min_cosine)
-                .map(|i| (i, s.cosine_by_position[i]))
-                .unwrap_or((s.worst_position, s.cosine.min));
+                .zip(s.nmse_by_position.iter().chain(std::iter::repeat(&0.0)))
+                .position(|(&c, &n)| bad(c, n));
+            let Some(row) = row else { continue };
             return Some(Divergence {
                 stage: s.stage.clone(),
                 phase,
                 position: seq_position(cmp, phase, row),
-                cosine,
+                cosine: s.cosine_by_position[row],
                 nmse: s.nmse_by_position.get(row).copied().unwrap_or(s.nmse.max),
             });
         }

@@ -134,6 +134,7 @@ fn th() -> CellThresholds {
         min_cosine_out: 0.9999,
         stage_min_cosine: 0.999,
         margin_tolerance: 0.01,
+        stage_max_nmse: None,
     }
 }
 
@@ -387,7 +388,7 @@ fn several_failures_share_one_line_with_the_first_divergent_stage() {
 #[test]
 fn first_divergent_walks_forward_order_then_decode() {
     let mut cmp = good();
-    assert_eq!(first_divergent(&cmp, 0.999), None);
+    assert_eq!(first_divergent(&cmp, 0.999, None), None);
     // Forward order is the order of cmp.stages, not alphabetical: blk.1.attn_norm comes after blk.0.out.
     cmp.stages[3] = stage(
         "blk.1.attn_norm",
@@ -401,14 +402,14 @@ fn first_divergent_walks_forward_order_then_decode() {
         &[0.1, 0.1, 0.1],
         &[1.0, 1.0, 1.0],
     );
-    let d = first_divergent(&cmp, 0.999).unwrap();
+    let d = first_divergent(&cmp, 0.999, None).unwrap();
     assert_eq!(
         (d.stage.as_str(), d.phase, d.position),
         ("blk.1.attn_norm", Phase::Prefill, 1)
     );
     assert_eq!((d.cosine, d.nmse), (0.998, 2e-3));
     // A looser threshold moves the first position, not the stage.
-    let d = first_divergent(&cmp, 0.9).unwrap();
+    let d = first_divergent(&cmp, 0.9, None).unwrap();
     assert_eq!(
         (d.stage.as_str(), d.position, d.cosine),
         ("blk.1.attn_norm", 2, 0.5)
@@ -422,7 +423,7 @@ fn first_divergent_walks_forward_order_then_decode() {
         &[0.999_999, 0.99],
         &[1e-6, f64::INFINITY],
     );
-    let d = first_divergent(&cmp, 0.999).unwrap();
+    let d = first_divergent(&cmp, 0.999, None).unwrap();
     assert_eq!(
         (d.stage.as_str(), d.phase, d.position),
         ("blk.0.out", Phase::Decode, 4)
@@ -534,4 +535,14 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
             assert!(t.min_top1_agreement >= r.min_top1_agreement, "{}", c.id());
         }
     }
+}
+
+#[test]
+fn first_divergent_sees_scale_errors_through_nmse() {
+    // A rescaled row keeps cosine 1: only NMSE shows it (a wrong RMSNorm epsilon looks like this).
+    let mut cmp = good();
+    cmp.stages[1] = stage("blk.0.attn_norm", Phase::Prefill, &[1.0, 1.0, 1.0], &[1e-9, 0.3, 0.3]);
+    assert_eq!(first_divergent(&cmp, 0.999, None), None, "cosine alone is blind to scale");
+    let d = first_divergent(&cmp, 0.999, Some(1e-4)).unwrap();
+    assert_eq!((d.stage.as_str(), d.position, d.nmse), ("blk.0.attn_norm", 1, 0.3));
 }

@@ -213,7 +213,7 @@ fn external_engine_path_gives_the_same_verdicts() {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_lockstep"));
     for mode in ["ggml", "reference"] {
         let reports = tempfile::tempdir().unwrap();
-        let mut opts = options(&root().join("golden"), reports.path(), "code", mode);
+        let mut opts = options(&root().join("golden"), reports.path(), "one_token", mode);
         let (_, ours) = run(&opts).unwrap();
         opts.external = Some(ExternalCommands::lockstep_itself(&exe));
         opts.force_external = true;
