@@ -97,11 +97,13 @@ impl Backend for ScalarBackend {
         }
         let prepared = &scratch.prepared[..n_tokens];
         if n_tokens == 1 {
-            out.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(c, chunk)| {
-                for (i, o) in chunk.iter_mut().enumerate() {
-                    *o = quant::vec_dot(w.ty, w.row(c * ROWS_PER_TASK + i), &prepared[0]);
-                }
-            });
+            out.par_chunks_mut(ROWS_PER_TASK)
+                .enumerate()
+                .for_each(|(c, chunk)| {
+                    for (i, o) in chunk.iter_mut().enumerate() {
+                        *o = quant::vec_dot(w.ty, w.row(c * ROWS_PER_TASK + i), &prepared[0]);
+                    }
+                });
             return Ok(());
         }
         // Row-major over weight rows so each row's blocks are read once for all tokens.

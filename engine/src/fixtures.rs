@@ -64,7 +64,10 @@ impl Rng {
 
 /// GPT-2's printable form of each byte (same table as the tokenizer's).
 fn byte_chars() -> Vec<char> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0u32..256 {
@@ -111,31 +114,66 @@ impl TinyLlama {
         w.add_metadata("llama.attention.head_count_kv", u(self.n_kv_head as u32));
         w.add_metadata("llama.rope.freq_base", MetaValue::F32(10000.0));
         w.add_metadata("llama.rope.dimension_count", u(head_dim as u32));
-        w.add_metadata("llama.attention.layer_norm_rms_epsilon", MetaValue::F32(self.norm_eps));
+        w.add_metadata(
+            "llama.attention.layer_norm_rms_epsilon",
+            MetaValue::F32(self.norm_eps),
+        );
         w.add_metadata("tokenizer.ggml.model", s("gpt2"));
         w.add_metadata("tokenizer.ggml.pre", s("smollm"));
-        w.add_metadata("tokenizer.ggml.tokens", MetaValue::Array(vocab.iter().map(|t| s(t)).collect()));
-        let types = (0..n_vocab).map(|i| MetaValue::I32(if i < TINY_SPECIALS.len() { 3 } else { 1 })).collect();
+        w.add_metadata(
+            "tokenizer.ggml.tokens",
+            MetaValue::Array(vocab.iter().map(|t| s(t)).collect()),
+        );
+        let types = (0..n_vocab)
+            .map(|i| MetaValue::I32(if i < TINY_SPECIALS.len() { 3 } else { 1 }))
+            .collect();
         w.add_metadata("tokenizer.ggml.token_type", MetaValue::Array(types));
-        w.add_metadata("tokenizer.ggml.merges", MetaValue::Array(TINY_MERGES.iter().map(|m| s(m)).collect()));
+        w.add_metadata(
+            "tokenizer.ggml.merges",
+            MetaValue::Array(TINY_MERGES.iter().map(|m| s(m)).collect()),
+        );
         w.add_metadata("tokenizer.ggml.bos_token_id", u(1));
         w.add_metadata("tokenizer.ggml.eos_token_id", u(2));
         w.add_metadata("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
 
         // A [rows, cols] tensor of offset + U(-scale, scale), quantized row by row; 1-D when rows == 1.
-        let mut tensor = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, ty: GgmlType, offset: f32, scale: f32| {
-            let vals: Vec<f32> = (0..rows * cols).map(|_| offset + rng.next() * scale).collect();
+        let mut tensor = |w: &mut GgufWriter,
+                          name: &str,
+                          rows: usize,
+                          cols: usize,
+                          ty: GgmlType,
+                          offset: f32,
+                          scale: f32| {
+            let vals: Vec<f32> = (0..rows * cols)
+                .map(|_| offset + rng.next() * scale)
+                .collect();
             let mut bytes = Vec::new();
             for row in vals.chunks_exact(cols) {
                 bytes.extend(quantize_row(ty, row)?);
             }
-            let dims: Vec<u64> = if rows == 1 { vec![cols as u64] } else { vec![cols as u64, rows as u64] };
+            let dims: Vec<u64> = if rows == 1 {
+                vec![cols as u64]
+            } else {
+                vec![cols as u64, rows as u64]
+            };
             w.add_tensor(name, &dims, ty, bytes);
             crate::Result::Ok(())
         };
-        let (d, qw, kvw) = (self.d_model, self.n_head * head_dim, self.n_kv_head * head_dim);
+        let (d, qw, kvw) = (
+            self.d_model,
+            self.n_head * head_dim,
+            self.n_kv_head * head_dim,
+        );
         let f32t = GgmlType::F32;
-        tensor(&mut w, "token_embd.weight", n_vocab, d, self.embd_type, 0.0, 1.0)?;
+        tensor(
+            &mut w,
+            "token_embd.weight",
+            n_vocab,
+            d,
+            self.embd_type,
+            0.0,
+            1.0,
+        )?;
         for l in 0..self.n_layer {
             let n = |t: &str| format!("blk.{l}.{t}.weight");
             let mt = self.matrix_type;
@@ -148,7 +186,15 @@ impl TinyLlama {
             tensor(&mut w, &n("ffn_norm"), 1, d, f32t, 1.0, 0.2)?;
             tensor(&mut w, &n("ffn_gate"), self.d_ff, d, mt, 0.0, proj)?;
             tensor(&mut w, &n("ffn_up"), self.d_ff, d, mt, 0.0, proj)?;
-            tensor(&mut w, &n("ffn_down"), d, self.d_ff, mt, 0.0, 2.0 / (self.d_ff as f32).sqrt())?;
+            tensor(
+                &mut w,
+                &n("ffn_down"),
+                d,
+                self.d_ff,
+                mt,
+                0.0,
+                2.0 / (self.d_ff as f32).sqrt(),
+            )?;
         }
         tensor(&mut w, "output_norm.weight", 1, d, f32t, 1.0, 0.2)?;
         Ok(w.to_bytes())

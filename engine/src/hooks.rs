@@ -103,7 +103,10 @@ impl StageKind {
 
     /// True for stages that occur once per transformer block.
     pub fn per_layer(self) -> bool {
-        !matches!(self, StageKind::Embed | StageKind::OutputNorm | StageKind::Logits)
+        !matches!(
+            self,
+            StageKind::Embed | StageKind::OutputNorm | StageKind::Logits
+        )
     }
 }
 
@@ -124,7 +127,10 @@ impl Stage {
 
     /// A stage of block `layer`.
     pub const fn block(layer: usize, kind: StageKind) -> Stage {
-        Stage { layer: Some(layer), kind }
+        Stage {
+            layer: Some(layer),
+            kind,
+        }
     }
 
     /// Parse a canonical id (`embed`, `blk.3.attn_norm`, `output_norm`, `logits`).
@@ -179,7 +185,11 @@ pub fn emit(
 ) {
     if let Some(s) = sink.as_deref_mut() {
         if s.wants(stage) {
-            debug_assert_eq!(data.len(), positions.len() * width, "stage {stage} has the wrong size");
+            debug_assert_eq!(
+                data.len(),
+                positions.len() * width,
+                "stage {stage} has the wrong size"
+            );
             s.on_stage(stage, positions, width, data);
         }
     }
@@ -238,7 +248,11 @@ mod tests {
     #[test]
     fn ids_round_trip() {
         for kind in StageKind::ALL {
-            let s = if kind.per_layer() { Stage::block(7, kind) } else { Stage::global(kind) };
+            let s = if kind.per_layer() {
+                Stage::block(7, kind)
+            } else {
+                Stage::global(kind)
+            };
             assert_eq!(Stage::parse(&s.to_string()), Some(s), "{s}");
         }
         assert_eq!(Stage::block(3, StageKind::Out).to_string(), "blk.3.out");

@@ -23,7 +23,14 @@ impl KvCache {
     /// A zeroed cache for `capacity` positions.
     pub fn new(n_layer: usize, n_kv_head: usize, head_dim: usize, capacity: usize) -> KvCache {
         let n = n_layer * n_kv_head * capacity * head_dim;
-        KvCache { n_layer, n_kv_head, head_dim, capacity, k: vec![0.0; n], v: vec![0.0; n] }
+        KvCache {
+            n_layer,
+            n_kv_head,
+            head_dim,
+            capacity,
+            k: vec![0.0; n],
+            v: vec![0.0; n],
+        }
     }
 
     /// Maximum number of positions.
@@ -77,7 +84,13 @@ mod tests {
     #[test]
     fn writes_land_at_their_position() {
         let mut c = KvCache::new(2, 2, 3, 4);
-        c.write(1, 2, &[1., 2., 3., 4., 5., 6.], &[7., 8., 9., 10., 11., 12.]).unwrap();
+        c.write(
+            1,
+            2,
+            &[1., 2., 3., 4., 5., 6.],
+            &[7., 8., 9., 10., 11., 12.],
+        )
+        .unwrap();
         assert_eq!(&c.keys(1, 0, 3)[6..9], &[1., 2., 3.]);
         assert_eq!(&c.keys(1, 1, 3)[6..9], &[4., 5., 6.]);
         assert_eq!(&c.values(1, 1, 3)[6..9], &[10., 11., 12.]);

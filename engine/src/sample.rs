@@ -19,7 +19,12 @@ pub struct SamplerConfig {
 
 impl Default for SamplerConfig {
     fn default() -> Self {
-        SamplerConfig { temperature: 0.0, top_k: 40, top_p: 0.95, seed: 0 }
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 40,
+            top_p: 0.95,
+            seed: 0,
+        }
     }
 }
 
@@ -45,7 +50,11 @@ pub fn argmax(logits: &[f32]) -> Option<u32> {
 impl Sampler {
     /// A sampler with the given parameters.
     pub fn new(cfg: SamplerConfig) -> Sampler {
-        Sampler { cfg, state: cfg.seed ^ 0x9E37_79B9_7F4A_7C15, candidates: Vec::new() }
+        Sampler {
+            cfg,
+            state: cfg.seed ^ 0x9E37_79B9_7F4A_7C15,
+            candidates: Vec::new(),
+        }
     }
 
     fn next_f32(&mut self) -> f32 {
@@ -64,7 +73,13 @@ impl Sampler {
         }
         let c = &mut self.candidates;
         c.clear();
-        c.extend(logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (i as u32, l)));
+        c.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| !l.is_nan())
+                .map(|(i, &l)| (i as u32, l)),
+        );
         if c.is_empty() {
             return 0;
         }
@@ -112,14 +127,33 @@ mod tests {
 
     #[test]
     fn top_k_one_is_greedy_and_seed_is_deterministic() {
-        let cfg = SamplerConfig { temperature: 1.0, top_k: 1, top_p: 1.0, seed: 7 };
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            top_k: 1,
+            top_p: 1.0,
+            seed: 7,
+        };
         let mut s = Sampler::new(cfg);
         assert_eq!(s.sample(&[0.0, 1.0, 5.0]), 2);
-        let cfg = SamplerConfig { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 42 };
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 42,
+        };
         let logits = [0.0f32; 50];
-        let a: Vec<u32> = { let mut s = Sampler::new(cfg); (0..20).map(|_| s.sample(&logits)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(cfg); (0..20).map(|_| s.sample(&logits)).collect() };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(cfg);
+            (0..20).map(|_| s.sample(&logits)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(cfg);
+            (0..20).map(|_| s.sample(&logits)).collect()
+        };
         assert_eq!(a, b);
-        assert!(a.iter().any(|&x| x != a[0]), "uniform logits must not always give one token");
+        assert!(
+            a.iter().any(|&x| x != a[0]),
+            "uniform logits must not always give one token"
+        );
     }
 }

@@ -85,7 +85,12 @@ fn bytes_to_unicode() -> Vec<(u8, char)> {
     printable
         .into_iter()
         .zip(chars)
-        .map(|(b, c)| (b as u8, char::from_u32(c).expect("GPT-2 byte map is valid unicode")))
+        .map(|(b, c)| {
+            (
+                b as u8,
+                char::from_u32(c).expect("GPT-2 byte map is valid unicode"),
+            )
+        })
         .collect()
 }
 
@@ -94,9 +99,13 @@ fn bytes_to_unicode() -> Vec<(u8, char)> {
 fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper> {
     let byte_level = ByteLevel::new(false, false, true);
     let split = |re: &str| -> Result<PreTokenizerWrapper> {
-        Ok(Split::new(SplitPattern::Regex(re.into()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| Error::Tokenizer(format!("bad pre-tokenizer regex {re:?}: {e}")))?
-            .into())
+        Ok(Split::new(
+            SplitPattern::Regex(re.into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| Error::Tokenizer(format!("bad pre-tokenizer regex {re:?}: {e}")))?
+        .into())
     };
     match pre {
         // STARCODER / REFACT / COMMAND_R / SMOLLM / CODESHELL / EXAONE / MINERVA: digits split one by
@@ -153,7 +162,9 @@ impl Tokenizer {
         for (i, m) in merges_raw.iter().enumerate() {
             let (a, b) = m.split_once(' ').ok_or_else(|| Error::Model {
                 path: gguf.path().to_path_buf(),
-                what: format!("tokenizer.ggml.merges[{i}] = {m:?} is not two space-separated parts"),
+                what: format!(
+                    "tokenizer.ggml.merges[{i}] = {m:?} is not two space-separated parts"
+                ),
             })?;
             merges.push((a.to_string(), b.to_string()));
         }
@@ -165,7 +176,9 @@ impl Tokenizer {
         let bpe = BPE::builder()
             .vocab_and_merges(vocab, merges)
             .build()
-            .map_err(|e| Error::Tokenizer(format!("{}: building BPE: {e}", gguf.path().display())))?;
+            .map_err(|e| {
+                Error::Tokenizer(format!("{}: building BPE: {e}", gguf.path().display()))
+            })?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
         inner.with_pre_tokenizer(Some(pre_tokenizer_for(&pre)?));
 
@@ -191,7 +204,10 @@ impl Tokenizer {
                 if id as usize >= tokens.len() {
                     return Err(Error::Model {
                         path: gguf.path().to_path_buf(),
-                        what: format!("tokenizer.ggml.{key}_token_id = {id} is outside the vocabulary ({})", tokens.len()),
+                        what: format!(
+                            "tokenizer.ggml.{key}_token_id = {id} is outside the vocabulary ({})",
+                            tokens.len()
+                        ),
                     });
                 }
             }
@@ -211,7 +227,10 @@ impl Tokenizer {
                 eog.push(*id);
             }
         }
-        let unicode_to_byte = bytes_to_unicode().into_iter().map(|(b, c)| (c, b)).collect();
+        let unicode_to_byte = bytes_to_unicode()
+            .into_iter()
+            .map(|(b, c)| (c, b))
+            .collect();
         Ok(Tokenizer {
             bpe: inner,
             tokens,

@@ -10,7 +10,8 @@ use lockstep_engine::{Model, NumericsMode};
 
 fn tiny(cfg: &TinyLlama) -> Model {
     let bytes = cfg.build().expect("build tiny model");
-    Model::from_gguf(GgufFile::from_bytes(bytes, "tiny-llama.gguf").unwrap()).expect("load tiny model")
+    Model::from_gguf(GgufFile::from_bytes(bytes, "tiny-llama.gguf").unwrap())
+        .expect("load tiny model")
 }
 
 fn record(model: &Model, tokens: &[u32], mode: NumericsMode, sink: &mut dyn StageSink) -> Vec<f32> {
@@ -49,7 +50,10 @@ fn replacing_a_stage_changes_every_later_stage_and_nothing_earlier() {
     ] {
         let mut base = Recorder::new();
         let base_logits = record(&model, &PROMPT, NumericsMode::Reference, &mut base);
-        let mut rep = Replace { target, rec: Recorder::new() };
+        let mut rep = Replace {
+            target,
+            rec: Recorder::new(),
+        };
         let rep_logits = record(&model, &PROMPT, NumericsMode::Reference, &mut rep);
         let at = order.iter().position(|s| *s == target).unwrap();
         for (i, s) in order.iter().enumerate() {
@@ -63,7 +67,10 @@ fn replacing_a_stage_changes_every_later_stage_and_nothing_earlier() {
         }
         assert_ne!(base_logits, rep_logits);
         // The logits returned are the logits stage as the sink saw it.
-        assert_eq!(rep_logits, rep.rec.get(Stage::global(StageKind::Logits)).unwrap().data);
+        assert_eq!(
+            rep_logits,
+            rep.rec.get(Stage::global(StageKind::Logits)).unwrap().data
+        );
     }
 }
 
@@ -75,10 +82,15 @@ fn every_stage_is_emitted_with_its_declared_width() {
     let stages = model.stages();
     assert_eq!(rec.stages.len(), stages.len());
     for (s, w) in stages {
-        let r = rec.get(s).unwrap_or_else(|| panic!("stage {s} not emitted"));
+        let r = rec
+            .get(s)
+            .unwrap_or_else(|| panic!("stage {s} not emitted"));
         assert_eq!(r.width, w, "{s}");
         assert_eq!(r.positions, (0..PROMPT.len()).collect::<Vec<_>>(), "{s}");
-        assert!(r.data.iter().all(|v| v.is_finite()), "{s} has non-finite values");
+        assert!(
+            r.data.iter().all(|v| v.is_finite()),
+            "{s} has non-finite values"
+        );
     }
 }
 
@@ -89,7 +101,8 @@ fn kv_cache_decode_equals_full_reprefill_for_16_steps() {
     for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
         let mut s = model.session(64, mode);
         let mut seq: Vec<u32> = PROMPT.to_vec();
-        let mut last = model.forward(&mut s, &seq, None).unwrap()[(seq.len() - 1) * n_vocab..].to_vec();
+        let mut last =
+            model.forward(&mut s, &seq, None).unwrap()[(seq.len() - 1) * n_vocab..].to_vec();
         for step in 0..16 {
             let next = argmax(&last).unwrap();
             seq.push(next);
@@ -98,7 +111,10 @@ fn kv_cache_decode_equals_full_reprefill_for_16_steps() {
             let full = model.forward(&mut fresh, &seq, None).unwrap();
             let full_last = &full[(seq.len() - 1) * n_vocab..];
             // Each position's arithmetic is the same in a batch and alone: equal to the bit.
-            assert_eq!(last, full_last, "mode {mode}, decode step {step}: cached decode differs from re-prefill");
+            assert_eq!(
+                last, full_last,
+                "mode {mode}, decode step {step}: cached decode differs from re-prefill"
+            );
         }
         assert_eq!(s.n_past(), PROMPT.len() + 16);
     }
@@ -106,9 +122,15 @@ fn kv_cache_decode_equals_full_reprefill_for_16_steps() {
 
 #[test]
 fn results_do_not_depend_on_thread_count() {
-    let model = tiny(&TinyLlama { d_ff: 256, ..TinyLlama::default() });
+    let model = tiny(&TinyLlama {
+        d_ff: 256,
+        ..TinyLlama::default()
+    });
     let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
         pool.install(|| {
             let mut s = model.session(16, NumericsMode::Ggml);
             model.forward(&mut s, &PROMPT, None).unwrap().to_vec()
@@ -134,9 +156,15 @@ fn modes_agree_closely_but_not_exactly() {
 fn bad_inputs_are_errors() {
     let model = tiny(&TinyLlama::default());
     let mut s = model.session(4, NumericsMode::Reference);
-    let e = model.forward(&mut s, &[100_000], None).unwrap_err().to_string();
+    let e = model
+        .forward(&mut s, &[100_000], None)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("outside the vocabulary"), "{e}");
-    let e = model.forward(&mut s, &[1, 2, 3, 4, 5], None).unwrap_err().to_string();
+    let e = model
+        .forward(&mut s, &[1, 2, 3, 4, 5], None)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("context overflow"), "{e}");
     assert!(model.forward(&mut s, &[], None).is_err());
 }

@@ -57,7 +57,11 @@ pub enum Command {
         #[command(flatten)]
         model: ModelArg,
         /// Text to tokenize.
-        #[arg(long, conflicts_with = "prompt_file", required_unless_present = "prompt_file")]
+        #[arg(
+            long,
+            conflicts_with = "prompt_file",
+            required_unless_present = "prompt_file"
+        )]
         prompt: Option<String>,
         /// Read the text to tokenize from this file (UTF-8, used byte for byte).
         #[arg(long)]
@@ -172,7 +176,11 @@ pub struct RunArgs {
 /// this binary was built from.
 fn repo_root() -> PathBuf {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    if cwd.join("golden").join(crate::golden::MANIFEST_FILE).is_file() {
+    if cwd
+        .join("golden")
+        .join(crate::golden::MANIFEST_FILE)
+        .is_file()
+    {
         return cwd;
     }
     let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -186,15 +194,25 @@ fn repo_root() -> PathBuf {
 fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
     let root = repo_root();
     let external = match (a.engine_cmd, a.engine_tokenize_cmd) {
-        (Some(forward), Some(tokenize)) => Some(crate::engine::ExternalCommands { forward, tokenize }),
+        (Some(forward), Some(tokenize)) => {
+            Some(crate::engine::ExternalCommands { forward, tokenize })
+        }
         _ => None,
     };
     let opts = crate::run::RunOptions {
         golden_dir: a.golden_dir.unwrap_or_else(|| root.join("golden")),
         matrix: a.matrix.unwrap_or_else(|| root.join("ci/matrix.toml")),
-        thresholds: a.thresholds.unwrap_or_else(|| root.join("ci/thresholds.toml")),
+        thresholds: a
+            .thresholds
+            .unwrap_or_else(|| root.join("ci/thresholds.toml")),
         reports_root: a.reports.unwrap_or_else(|| root.join("reports")),
-        filters: crate::matrix::Filters { model: a.model, prompt: a.prompt, mode: a.mode, oracle: a.oracle, simd: a.simd },
+        filters: crate::matrix::Filters {
+            model: a.model,
+            prompt: a.prompt,
+            mode: a.mode,
+            oracle: a.oracle,
+            simd: a.simd,
+        },
         compare: crate::compare::CompareOptions::default(),
         force_external: external.is_some(),
         external,
@@ -206,11 +224,20 @@ fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
     let lines = crate::gate::failure_lines(&report);
     let n_fail = report.cells.iter().filter(|c| !c.verdict.pass).count();
     println!("report: {}", md.display());
-    println!("{} cells, {} passed, {} failed", report.cells.len(), report.cells.len() - n_fail, n_fail);
+    println!(
+        "{} cells, {} passed, {} failed",
+        report.cells.len(),
+        report.cells.len() - n_fail,
+        n_fail
+    );
     for l in &lines {
         println!("{l}");
     }
-    Ok(if n_fail == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if n_fail == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Result<ExitCode> {
@@ -227,8 +254,17 @@ fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Resul
         println!("{l}");
     }
     let n_fail = r.cells.iter().filter(|c| !c.verdict.pass).count();
-    println!("{} cells, {} passed, {} failed", r.cells.len(), r.cells.len() - n_fail, n_fail);
-    Ok(if n_fail == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    println!(
+        "{} cells, {} passed, {} failed",
+        r.cells.len(),
+        r.cells.len() - n_fail,
+        n_fail
+    );
+    Ok(if n_fail == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// Entry point for the binary: parse arguments, run, print errors with their causes.
@@ -263,15 +299,24 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 }
                 return Ok(ExitCode::SUCCESS);
             }
-            let Some(id) = id else { bail!("give a model id, or --list to see them") };
-            let entry = reg
-                .get(&id)
-                .with_context(|| format!("unknown model id {id:?}; `lockstep fetch --list` shows the registered ones"))?;
-            let opts = fetch::FetchOptions { verify, ..fetch::FetchOptions::default() };
+            let Some(id) = id else {
+                bail!("give a model id, or --list to see them")
+            };
+            let entry = reg.get(&id).with_context(|| {
+                format!(
+                    "unknown model id {id:?}; `lockstep fetch --list` shows the registered ones"
+                )
+            })?;
+            let opts = fetch::FetchOptions {
+                verify,
+                ..fetch::FetchOptions::default()
+            };
             println!("{}", fetch::fetch(entry, &opts)?.display());
         }
         Command::Generate(a) => generate(a)?,
-        Command::Run(a) => return run_matrix(a, cli.threads.unwrap_or_else(rayon::current_num_threads)),
+        Command::Run(a) => {
+            return run_matrix(a, cli.threads.unwrap_or_else(rayon::current_num_threads))
+        }
         Command::Gate { report, thresholds } => return gate(&report, thresholds.as_deref()),
         Command::Dump(a) => {
             let model = load_model(&a.model.model)?;
@@ -292,12 +337,16 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 t0.elapsed().as_secs_f64()
             );
         }
-        Command::Tokenize { model, prompt, prompt_file, parse_special } => {
+        Command::Tokenize {
+            model,
+            prompt,
+            prompt_file,
+            parse_special,
+        } => {
             let prompt = match (prompt, prompt_file) {
                 (Some(p), _) => p,
-                (None, Some(f)) => {
-                    std::fs::read_to_string(&f).with_context(|| format!("reading the prompt from {}", f.display()))?
-                }
+                (None, Some(f)) => std::fs::read_to_string(&f)
+                    .with_context(|| format!("reading the prompt from {}", f.display()))?,
                 (None, None) => bail!("give --prompt or --prompt-file"),
             };
             let model = load_model(&model.model)?;

@@ -13,7 +13,9 @@ use ndarray::Array2;
 use serde::{Deserialize, Serialize};
 
 use crate::golden::{GoldenFile, StageMap};
-use crate::metrics::{first_non_finite, logit_position, row_error, LogitPosition, RefLogits, Summary};
+use crate::metrics::{
+    first_non_finite, logit_position, row_error, LogitPosition, RefLogits, Summary,
+};
 
 /// Prefill (all prompt positions in one batch) or decode (one token per step through the KV cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -57,7 +59,9 @@ pub struct CompareOptions {
 
 impl Default for CompareOptions {
     fn default() -> Self {
-        CompareOptions { margin_tolerance: 0.01 }
+        CompareOptions {
+            margin_tolerance: 0.01,
+        }
     }
 }
 
@@ -180,20 +184,16 @@ pub fn compare_stage(
             );
         }
         if let Some(nf) = first_non_finite(&b) {
-            bail!("{golden_name}: golden stage `{stage}` ({phase}) holds {} at row {p}, column {}", nf.value, nf.index);
+            bail!(
+                "{golden_name}: golden stage `{stage}` ({phase}) holds {} at row {p}, column {}",
+                nf.value,
+                nf.index
+            );
         }
         errs.push(row_error(&a, &b));
     }
     let sum = |f: fn(&crate::metrics::RowError) -> f64| {
-        Summary::of(errs.iter().map(f)).unwrap_or(Summary {
-            count: 0,
-            mean: 0.0,
-            min: 0.0,
-            max: 0.0,
-            p50: 0.0,
-            p90: 0.0,
-            p99: 0.0,
-        })
+        Summary::of(errs.iter().map(f)).unwrap_or(Summary::EMPTY)
     };
     let worst_position = errs
         .iter()
@@ -223,12 +223,17 @@ pub fn layer_of(stage: &str) -> Option<usize> {
 }
 
 /// Summarise per-position logit metrics of one phase.
-pub fn summarize_logits(phase: Phase, positions: Vec<LogitPosition>, opts: &CompareOptions) -> LogitsComparison {
+pub fn summarize_logits(
+    phase: Phase,
+    positions: Vec<LogitPosition>,
+    opts: &CompareOptions,
+) -> LogitsComparison {
     let disagree = positions.iter().filter(|p| p.ref_top != p.eng_top);
-    let (near_ties, mismatches): (Vec<_>, Vec<_>) =
-        disagree.cloned().partition(|p| p.margin < opts.margin_tolerance);
+    let (near_ties, mismatches): (Vec<_>, Vec<_>) = disagree
+        .cloned()
+        .partition(|p| p.margin < opts.margin_tolerance);
     let top1_agree = positions.iter().filter(|p| p.ref_top == p.eng_top).count();
-    let empty = Summary { count: 0, mean: 0.0, min: 0.0, max: 0.0, p50: 0.0, p90: 0.0, p99: 0.0 };
+    let empty = Summary::EMPTY;
     LogitsComparison {
         phase,
         n_positions: positions.len(),
@@ -250,7 +255,11 @@ fn logits_rows(engine: &Array2<f32>, what: &str, phase: Phase) -> Result<Vec<Vec
     for (p, r) in engine.rows().into_iter().enumerate() {
         let r = r.to_vec();
         if let Some(nf) = first_non_finite(&r) {
-            bail!("engine logits ({phase}) hold {} at row {p}, token {} ({what})", nf.value, nf.index);
+            bail!(
+                "engine logits ({phase}) hold {} at row {p}, token {} ({what})",
+                nf.value,
+                nf.index
+            );
         }
         rows.push(r);
     }
@@ -275,17 +284,39 @@ pub fn compare(
     let mut logits = Vec::new();
 
     for (phase, engine_stages, golden_ids) in [
-        (Phase::Prefill, &out.prefill, entry.prefill_stages().map(str::to_string).collect::<Vec<_>>()),
-        (Phase::Decode, &out.decode, entry.decode_stages().map(str::to_string).collect::<Vec<_>>()),
+        (
+            Phase::Prefill,
+            &out.prefill,
+            entry
+                .prefill_stages()
+                .map(str::to_string)
+                .collect::<Vec<_>>(),
+        ),
+        (
+            Phase::Decode,
+            &out.decode,
+            entry
+                .decode_stages()
+                .map(str::to_string)
+                .collect::<Vec<_>>(),
+        ),
     ] {
         if phase == Phase::Decode && entry.n_decode_steps == 0 {
             continue;
         }
-        let prefix = if phase == Phase::Decode { "decode." } else { "" };
+        let prefix = if phase == Phase::Decode {
+            "decode."
+        } else {
+            ""
+        };
         for id in &out.stage_order {
             if golden_ids.iter().any(|g| g == id) {
                 let Some(e) = engine_stages.get(id) else {
-                    not_compared.push(NotCompared { stage: id.clone(), phase, reason: "the engine did not emit it".into() });
+                    not_compared.push(NotCompared {
+                        stage: id.clone(),
+                        phase,
+                        reason: "the engine did not emit it".into(),
+                    });
                     continue;
                 };
                 let g = golden.read_f32(&format!("{prefix}{id}"))?;
@@ -296,7 +327,11 @@ pub fn compare(
                 } else {
                     "not stored in this golden"
                 };
-                not_compared.push(NotCompared { stage: id.clone(), phase, reason: reason.into() });
+                not_compared.push(NotCompared {
+                    stage: id.clone(),
+                    phase,
+                    reason: reason.into(),
+                });
             }
         }
         for g in &golden_ids {
@@ -325,7 +360,11 @@ pub fn compare(
                     bail!("{gname}: {} prompt positions in the golden, {} logits rows from the engine", ids.nrows(), rows.len());
                 }
                 if full.ncols() != eng.ncols() {
-                    bail!("{gname}: vocabulary {} in the golden, {} from the engine", full.ncols(), eng.ncols());
+                    bail!(
+                        "{gname}: vocabulary {} in the golden, {} from the engine",
+                        full.ncols(),
+                        eng.ncols()
+                    );
                 }
                 for (t, row) in rows.iter().enumerate() {
                     let lp = match full_pos.iter().position(|&p| p as usize == t) {
@@ -345,7 +384,11 @@ pub fn compare(
             Phase::Decode => {
                 let full = golden.read_f32("decode.logits")?;
                 if full.dim() != eng.dim() {
-                    bail!("{gname}: decode logits {:?} in the golden, {:?} from the engine", full.dim(), eng.dim());
+                    bail!(
+                        "{gname}: decode logits {:?} in the golden, {:?} from the engine",
+                        full.dim(),
+                        eng.dim()
+                    );
                 }
                 let t0 = golden_tokens.len();
                 for (i, row) in rows.iter().enumerate() {
@@ -356,7 +399,13 @@ pub fn compare(
         }
         logits.push(summarize_logits(phase, positions, opts));
     }
-    Ok(CellComparison { golden_tokens, engine_tokens: out.own_tokens.clone(), stages, not_compared, logits })
+    Ok(CellComparison {
+        golden_tokens,
+        engine_tokens: out.own_tokens.clone(),
+        stages,
+        not_compared,
+        logits,
+    })
 }
 
 #[cfg(test)]
@@ -374,10 +423,17 @@ mod tests {
         assert_eq!(c.worst_position, 1);
         assert_eq!(c.max_abs, 1.0);
         let bad = array![[1.0f32, f32::NAN], [3.0, 4.0]];
-        let err = compare_stage("blk.3.out", Phase::Prefill, &bad, &g, "g.npz").unwrap_err().to_string();
-        assert!(err.contains("engine stage `blk.3.out`") && err.contains("NaN"), "{err}");
+        let err = compare_stage("blk.3.out", Phase::Prefill, &bad, &g, "g.npz")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("engine stage `blk.3.out`") && err.contains("NaN"),
+            "{err}"
+        );
         let wrong = array![[1.0f32, 2.0, 3.0]];
-        let err = compare_stage("blk.3.out", Phase::Prefill, &wrong, &g, "g.npz").unwrap_err().to_string();
+        let err = compare_stage("blk.3.out", Phase::Prefill, &wrong, &g, "g.npz")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("g.npz") && err.contains("shape"), "{err}");
     }
 }

@@ -43,7 +43,9 @@ pub fn run(model: &Model, tokens: &[u32], mode: NumericsMode) -> Result<Dump> {
     let mut session = model.session(tokens.len(), mode);
     let mut rec = Recorder::new();
     let n_vocab = model.config().n_vocab;
-    let logits = model.forward(&mut session, tokens, Some(&mut rec))?.to_vec();
+    let logits = model
+        .forward(&mut session, tokens, Some(&mut rec))?
+        .to_vec();
     let logits = Array2::from_shape_vec((tokens.len(), n_vocab), logits)?;
     let mut stages = BTreeMap::new();
     for (stage, r) in rec.stages {
@@ -51,9 +53,16 @@ pub fn run(model: &Model, tokens: &[u32], mode: NumericsMode) -> Result<Dump> {
             continue;
         }
         let rows = r.positions.len();
-        stages.insert(stage.to_string(), Array2::from_shape_vec((rows, r.width), r.data)?);
+        stages.insert(
+            stage.to_string(),
+            Array2::from_shape_vec((rows, r.width), r.data)?,
+        );
     }
-    Ok(Dump { tokens: tokens.to_vec(), logits, stages })
+    Ok(Dump {
+        tokens: tokens.to_vec(),
+        logits,
+        stages,
+    })
 }
 
 /// Write a dump atomically: a temporary file in the same directory, renamed into place when complete.
@@ -69,8 +78,11 @@ pub fn write(path: &Path, dump: &Dump) -> Result<()> {
     {
         let mut npz = NpzWriter::new(tmp.as_file());
         let ctx = || format!("writing {}", path.display());
-        npz.add_array("lockstep_dump_version", &Array1::from_vec(vec![DUMP_FORMAT_VERSION]))
-            .with_context(ctx)?;
+        npz.add_array(
+            "lockstep_dump_version",
+            &Array1::from_vec(vec![DUMP_FORMAT_VERSION]),
+        )
+        .with_context(ctx)?;
         let toks: Array1<i32> = dump.tokens.iter().map(|&t| t as i32).collect();
         npz.add_array("tokens", &toks).with_context(ctx)?;
         npz.add_array("logits", &dump.logits).with_context(ctx)?;
@@ -79,7 +91,8 @@ pub fn write(path: &Path, dump: &Dump) -> Result<()> {
         }
         npz.finish().with_context(ctx)?;
     }
-    tmp.persist(path).with_context(|| format!("cannot move the dump into place at {}", path.display()))?;
+    tmp.persist(path)
+        .with_context(|| format!("cannot move the dump into place at {}", path.display()))?;
     Ok(())
 }
 
@@ -88,16 +101,24 @@ pub fn write(path: &Path, dump: &Dump) -> Result<()> {
 /// Errors name the file: unreadable archive, missing `tokens` / `logits`, a version this build does not
 /// read, shapes that disagree (`logits` rows ≠ T, a stage with T' ≠ T rows), NaN-free is *not* checked here.
 pub fn read(path: &Path) -> Result<Dump> {
-    let file = std::fs::File::open(path).with_context(|| format!("cannot open dump {}", path.display()))?;
-    let mut npz = NpzReader::new(file).with_context(|| format!("{} is not an .npz archive", path.display()))?;
-    let names = npz.names().with_context(|| format!("reading {}", path.display()))?;
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot open dump {}", path.display()))?;
+    let mut npz = NpzReader::new(file)
+        .with_context(|| format!("{} is not an .npz archive", path.display()))?;
+    let names = npz
+        .names()
+        .with_context(|| format!("reading {}", path.display()))?;
     let has = |n: &str| names.iter().any(|x| x.trim_end_matches(".npy") == n);
     if has("lockstep_dump_version") {
         let v: Array1<i32> = npz
             .by_name("lockstep_dump_version")
             .with_context(|| format!("{}: lockstep_dump_version", path.display()))?;
         if v.first() != Some(&DUMP_FORMAT_VERSION) {
-            bail!("{}: dump format version {:?}, this lockstep reads {DUMP_FORMAT_VERSION}", path.display(), v.first());
+            bail!(
+                "{}: dump format version {:?}, this lockstep reads {DUMP_FORMAT_VERSION}",
+                path.display(),
+                v.first()
+            );
         }
     }
     for needed in ["tokens", "logits"] {
@@ -113,7 +134,11 @@ pub fn read(path: &Path) -> Result<Dump> {
         .with_context(|| format!("{}: `logits` must be float32 [T, V]", path.display()))?;
     let t = tokens.len();
     if logits.nrows() != t {
-        bail!("{}: `logits` has {} rows but `tokens` has {t}", path.display(), logits.nrows());
+        bail!(
+            "{}: `logits` has {} rows but `tokens` has {t}",
+            path.display(),
+            logits.nrows()
+        );
     }
     let mut stages = BTreeMap::new();
     for name in &names {
@@ -121,17 +146,27 @@ pub fn read(path: &Path) -> Result<Dump> {
         if matches!(name, "tokens" | "logits" | "lockstep_dump_version") {
             continue;
         }
-        let arr: Array2<f32> = npz
-            .by_name(name)
-            .with_context(|| format!("{}: stage `{name}` must be float32 [T, D]", path.display()))?;
+        let arr: Array2<f32> = npz.by_name(name).with_context(|| {
+            format!("{}: stage `{name}` must be float32 [T, D]", path.display())
+        })?;
         if arr.nrows() != t {
-            bail!("{}: stage `{name}` has {} rows but `tokens` has {t}", path.display(), arr.nrows());
+            bail!(
+                "{}: stage `{name}` has {} rows but `tokens` has {t}",
+                path.display(),
+                arr.nrows()
+            );
         }
         stages.insert(name.to_string(), arr);
     }
     let tokens = tokens
         .iter()
-        .map(|&x| u32::try_from(x).with_context(|| format!("{}: negative token id {x}", path.display())))
+        .map(|&x| {
+            u32::try_from(x).with_context(|| format!("{}: negative token id {x}", path.display()))
+        })
         .collect::<Result<_>>()?;
-    Ok(Dump { tokens, logits, stages })
+    Ok(Dump {
+        tokens,
+        logits,
+        stages,
+    })
 }

@@ -67,12 +67,20 @@ impl LockstepEngine {
     /// Load a GGUF file.
     pub fn load(path: &Path) -> Result<LockstepEngine> {
         let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
-        Ok(LockstepEngine { model, path: path.to_path_buf(), session: None })
+        Ok(LockstepEngine {
+            model,
+            path: path.to_path_buf(),
+            session: None,
+        })
     }
 
     /// Wrap an already loaded model (tests build synthetic ones in memory).
     pub fn from_model(model: Model, path: PathBuf) -> LockstepEngine {
-        LockstepEngine { model, path, session: None }
+        LockstepEngine {
+            model,
+            path,
+            session: None,
+        }
     }
 
     /// The model.
@@ -93,7 +101,10 @@ impl Engine for LockstepEngine {
     }
 
     fn tokenize(&mut self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
-        Ok(self.model.tokenizer().encode(text, add_special, parse_special)?)
+        Ok(self
+            .model
+            .tokenizer()
+            .encode(text, add_special, parse_special)?)
     }
 
     fn stages(&self) -> Vec<(String, usize)> {
@@ -139,8 +150,12 @@ impl ExternalCommands {
     pub fn lockstep_itself(exe: &Path) -> ExternalCommands {
         let exe = exe.display();
         ExternalCommands {
-            forward: format!("{exe} dump --model {{model}} --tokens {{tokens}} --mode {{mode}} --out {{out}}"),
-            tokenize: format!("{exe} tokenize --model {{model}} --prompt-file {{prompt_file}} {{parse_special}}"),
+            forward: format!(
+                "{exe} dump --model {{model}} --tokens {{tokens}} --mode {{mode}} --out {{out}}"
+            ),
+            tokenize: format!(
+                "{exe} tokenize --model {{model}} --prompt-file {{prompt_file}} {{parse_special}}"
+            ),
         }
     }
 }
@@ -169,7 +184,8 @@ impl ExternalEngine {
             mode: NumericsMode::Reference,
             history: Vec::new(),
             stages: Vec::new(),
-            scratch: tempfile::tempdir().context("creating a scratch directory for the external engine")?,
+            scratch: tempfile::tempdir()
+                .context("creating a scratch directory for the external engine")?,
         })
     }
 
@@ -184,7 +200,9 @@ impl ExternalEngine {
                 args.push(w);
             }
         }
-        let Some((prog, rest)) = args.split_first() else { bail!("empty external engine command template") };
+        let Some((prog, rest)) = args.split_first() else {
+            bail!("empty external engine command template")
+        };
         let mut c = Command::new(prog);
         c.args(rest);
         Ok(c)
@@ -192,7 +210,9 @@ impl ExternalEngine {
 
     fn run(&self, mut c: Command, what: &str) -> Result<Vec<u8>> {
         let shown = format!("{c:?}");
-        let out = c.output().with_context(|| format!("cannot start the external engine ({what}): {shown}"))?;
+        let out = c
+            .output()
+            .with_context(|| format!("cannot start the external engine ({what}): {shown}"))?;
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
             let tail: Vec<&str> = err.lines().rev().take(10).collect();
@@ -217,10 +237,20 @@ impl Engine for ExternalEngine {
         }
     }
 
-    fn tokenize(&mut self, text: &str, _add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+    fn tokenize(
+        &mut self,
+        text: &str,
+        _add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>> {
         let prompt_file = self.scratch.path().join("prompt.txt");
-        std::fs::write(&prompt_file, text).with_context(|| format!("writing {}", prompt_file.display()))?;
-        let ps = if parse_special { "--parse-special".to_string() } else { String::new() };
+        std::fs::write(&prompt_file, text)
+            .with_context(|| format!("writing {}", prompt_file.display()))?;
+        let ps = if parse_special {
+            "--parse-special".to_string()
+        } else {
+            String::new()
+        };
         let c = self.command(
             &self.cmds.tokenize,
             &[
@@ -231,10 +261,18 @@ impl Engine for ExternalEngine {
         )?;
         let stdout = self.run(c, "tokenize")?;
         let text = String::from_utf8_lossy(&stdout);
-        let line = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        let line = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
         line.split(',')
             .filter(|s| !s.trim().is_empty())
-            .map(|s| s.trim().parse::<u32>().with_context(|| format!("external tokenize printed {line:?}, not comma-separated ids")))
+            .map(|s| {
+                s.trim().parse::<u32>().with_context(|| {
+                    format!("external tokenize printed {line:?}, not comma-separated ids")
+                })
+            })
             .collect()
     }
 
@@ -265,18 +303,29 @@ impl Engine for ExternalEngine {
         self.run(c, "forward")?;
         let d = crate::dump::read(&out)?;
         if d.tokens != self.history {
-            bail!("the external engine's dump {} holds tokens {:?}, expected {:?}", out.display(), d.tokens, self.history);
+            bail!(
+                "the external engine's dump {} holds tokens {:?}, expected {:?}",
+                out.display(),
+                d.tokens,
+                self.history
+            );
         }
         let end = self.history.len();
         let mut order: Vec<(Stage, String)> = Vec::new();
         for name in d.stages.keys() {
             match Stage::parse(name) {
                 Some(s) => order.push((s, name.clone())),
-                None => bail!("{}: array `{name}` is not a canonical stage id", out.display()),
+                None => bail!(
+                    "{}: array `{name}` is not a canonical stage id",
+                    out.display()
+                ),
             }
         }
         order.sort_by_key(|(s, _)| forward_rank(*s));
-        self.stages = order.iter().map(|(_, n)| (n.clone(), d.stages[n].ncols())).collect();
+        self.stages = order
+            .iter()
+            .map(|(_, n)| (n.clone(), d.stages[n].ncols()))
+            .collect();
         for (stage, name) in &order {
             let arr = &d.stages[name];
             let mut rows = arr.slice(ndarray::s![start..end, ..]).to_owned();
@@ -293,7 +342,10 @@ impl Engine for ExternalEngine {
 /// Sort key that puts stages in forward order: embed, blocks in order (stage kinds in forward order),
 /// output_norm, logits.
 pub fn forward_rank(s: Stage) -> (usize, usize, usize) {
-    let kind = StageKind::ALL.iter().position(|k| *k == s.kind).unwrap_or(usize::MAX);
+    let kind = StageKind::ALL
+        .iter()
+        .position(|k| *k == s.kind)
+        .unwrap_or(usize::MAX);
     match (s.layer, s.kind) {
         (None, StageKind::Embed) => (0, 0, kind),
         (Some(l), _) => (1, l, kind),
@@ -306,7 +358,10 @@ pub fn recorded_arrays(rec: Recorder) -> Result<BTreeMap<String, Array2<f32>>> {
     let mut out = BTreeMap::new();
     for (stage, r) in rec.stages {
         let rows = r.positions.len();
-        out.insert(stage.to_string(), Array2::from_shape_vec((rows, r.width), r.data)?);
+        out.insert(
+            stage.to_string(),
+            Array2::from_shape_vec((rows, r.width), r.data)?,
+        );
     }
     Ok(out)
 }

@@ -619,7 +619,11 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
 /// The first stage in forward order (prefill stages in the order of `cmp.stages`, which is forward order;
 /// then decode) that diverges at some position — cosine below `min_cosine`, or NMSE above `max_nmse`
 /// when given — with the first such position.
-pub fn first_divergent(cmp: &CellComparison, min_cosine: f64, max_nmse: Option<f64>) -> Option<Divergence> {
+pub fn first_divergent(
+    cmp: &CellComparison,
+    min_cosine: f64,
+    max_nmse: Option<f64>,
+) -> Option<Divergence> {
     let bad = |c: f64, n: f64| c < min_cosine || max_nmse.is_some_and(|m| n > m);
     for phase in [Phase::Prefill, Phase::Decode] {
         for s in cmp.stages.iter().filter(|s| s.phase == phase) {

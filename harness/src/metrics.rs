@@ -53,7 +53,10 @@ pub struct NonFinite {
 pub fn first_non_finite(row: &[f32]) -> Option<NonFinite> {
     row.iter()
         .position(|v| !v.is_finite())
-        .map(|index| NonFinite { index, value: row[index] })
+        .map(|index| NonFinite {
+            index,
+            value: row[index],
+        })
 }
 
 /// Compare one engine row `a` with one reference row `b` (same length; the caller checks shapes and
@@ -89,12 +92,21 @@ pub fn row_error(a: &[f32], b: &[f32]) -> RowError {
     } else {
         se / bb
     };
-    RowError { cosine, nmse, rmse: (se / n).sqrt(), max_abs, mean_abs: sa / n, bit_exact: exact }
+    RowError {
+        cosine,
+        nmse,
+        rmse: (se / n).sqrt(),
+        max_abs,
+        mean_abs: sa / n,
+        bit_exact: exact,
+    }
 }
 
 /// log-softmax of a logits row in f64.
 pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
-    let max = logits.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+    let max = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
     let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
     let lse = max + sum.ln();
     logits.iter().map(|&x| x as f64 - lse).collect()
@@ -231,6 +243,17 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The summary of no values: count 0, every statistic 0.
+    pub const EMPTY: Summary = Summary {
+        count: 0,
+        mean: 0.0,
+        min: 0.0,
+        max: 0.0,
+        p50: 0.0,
+        p90: 0.0,
+        p99: 0.0,
+    };
+
     /// Summarise `values`; `None` when empty. NaN sorts last (it should never occur: inputs are
     /// checked for finiteness first).
     pub fn of(values: impl IntoIterator<Item = f64>) -> Option<Summary> {
@@ -275,7 +298,9 @@ mod tests {
     #[test]
     fn flat_logits_score_high_cosine_but_kl_and_entropy_expose_them() {
         // The lesson lockstep is built on: a flattened distribution keeps a high cosine.
-        let reference: Vec<f32> = (0..100).map(|i| 10.0 + if i == 0 { 5.0 } else { (i % 3) as f32 * 0.1 }).collect();
+        let reference: Vec<f32> = (0..100)
+            .map(|i| 10.0 + if i == 0 { 5.0 } else { (i % 3) as f32 * 0.1 })
+            .collect();
         let flat: Vec<f32> = reference.iter().map(|x| x * 0.5).collect();
         assert!(row_error(&flat, &reference).cosine > 0.9);
         let p = logit_position(0, &flat, RefLogits::Full(&reference));
@@ -304,7 +329,10 @@ mod tests {
         assert_eq!(top_k(&[0.5, 2.0, 2.0, -1.0, 7.0], 3), vec![4, 1, 2]);
         assert_eq!(overlap(&[1, 2, 3, 4, 5], &[5, 6, 7, 1, 9], 5), 0.4);
         let s = Summary::of((1..=100).map(f64::from)).unwrap();
-        assert_eq!((s.count, s.min, s.max, s.p50, s.p90, s.p99), (100, 1.0, 100.0, 50.0, 90.0, 99.0));
+        assert_eq!(
+            (s.count, s.min, s.max, s.p50, s.p90, s.p99),
+            (100, 1.0, 100.0, 50.0, 90.0, 99.0)
+        );
         assert!((s.mean - 50.5).abs() < 1e-12);
         assert!(Summary::of(std::iter::empty()).is_none());
         assert_eq!(first_non_finite(&[1.0, f32::NAN]).unwrap().index, 1);

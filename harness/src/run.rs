@@ -16,7 +16,9 @@ use lockstep_engine::hooks::Recorder;
 use lockstep_engine::NumericsMode;
 
 use crate::compare::{compare, CompareOptions, EngineOutput};
-use crate::engine::{recorded_arrays, Engine, ExternalCommands, ExternalEngine, LockstepEngine, NullSink};
+use crate::engine::{
+    recorded_arrays, Engine, ExternalCommands, ExternalEngine, LockstepEngine, NullSink,
+};
 use crate::gate::{evaluate, Thresholds};
 use crate::golden::{self, GoldenFile, Manifest};
 use crate::matrix::{golden_path_for, Cell, Filters, Matrix};
@@ -58,9 +60,9 @@ pub fn run(opts: &RunOptions) -> Result<(PathBuf, Report)> {
     let force = opts.force_external;
     let mut factory = move |cell: &Cell, model: &Path, arch: &str| -> Result<Box<dyn Engine>> {
         if force || cell.engine == "external" {
-            let cmds = external
-                .clone()
-                .context("the matrix has an `external` engine cell but no --engine-cmd was given")?;
+            let cmds = external.clone().context(
+                "the matrix has an `external` engine cell but no --engine-cmd was given",
+            )?;
             Ok(Box::new(ExternalEngine::new(cmds, model, arch)?))
         } else {
             Ok(Box::new(LockstepEngine::load(model)?))
@@ -101,8 +103,16 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
                 (p, sha)
             }
         };
-        let report = run_cell(opts, &manifest, &thresholds, cell, &model_path, &model_sha, factory)
-            .with_context(|| format!("cell {}", cell.id()))?;
+        let report = run_cell(
+            opts,
+            &manifest,
+            &thresholds,
+            cell,
+            &model_path,
+            &model_sha,
+            factory,
+        )
+        .with_context(|| format!("cell {}", cell.id()))?;
         reports.push(report);
         bar.inc(1);
     }
@@ -113,7 +123,10 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         created_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        environment: Environment::detect(opts.threads, &opts.golden_dir.join(golden::MANIFEST_FILE)),
+        environment: Environment::detect(
+            opts.threads,
+            &opts.golden_dir.join(golden::MANIFEST_FILE),
+        ),
         metric_definitions: report::metric_definitions(),
         compare_options: opts.compare,
         thresholds_file: Some(opts.thresholds.display().to_string()),
@@ -138,13 +151,22 @@ pub fn run_cell(
         .goldens
         .iter()
         .find(|g| g.path == gpath)
-        .with_context(|| format!("golden {gpath} is not in {}", opts.golden_dir.join(golden::MANIFEST_FILE).display()))?;
+        .with_context(|| {
+            format!(
+                "golden {gpath} is not in {}",
+                opts.golden_dir.join(golden::MANIFEST_FILE).display()
+            )
+        })?;
     golden::verify_golden(&opts.golden_dir, entry)?;
     golden::check_model(&opts.golden_dir, entry, model_sha)?;
     let mode: NumericsMode = cell.mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
     let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
     let tokens = gf.read_tokens("tokens")?;
-    let decode_tokens = if entry.n_decode_steps > 0 { gf.read_tokens("decode.tokens")? } else { Vec::new() };
+    let decode_tokens = if entry.n_decode_steps > 0 {
+        gf.read_tokens("decode.tokens")?
+    } else {
+        Vec::new()
+    };
     let n_ctx = tokens.len() + decode_tokens.len();
 
     let mut engine = factory(cell, model_path, &entry.arch)?;
@@ -164,14 +186,24 @@ pub fn run_cell(
     let mut decode = recorded_arrays(rec)?;
     if !decode_logits.is_empty() {
         let views: Vec<_> = decode_logits.iter().map(|a| a.view()).collect();
-        decode.insert("logits".into(), ndarray::concatenate(ndarray::Axis(0), &views)?);
+        decode.insert(
+            "logits".into(),
+            ndarray::concatenate(ndarray::Axis(0), &views)?,
+        );
     }
     let stage_order: Vec<String> = engine.stages().into_iter().map(|(s, _)| s).collect();
-    let out = EngineOutput { own_tokens, prefill, decode, stage_order };
+    let out = EngineOutput {
+        own_tokens,
+        prefill,
+        decode,
+        stage_order,
+    };
 
     let th = thresholds.for_cell(cell)?;
     let stage_map = manifest.stage_map(&entry.oracle.name, &entry.arch);
-    let copts = CompareOptions { margin_tolerance: th.margin_tolerance };
+    let copts = CompareOptions {
+        margin_tolerance: th.margin_tolerance,
+    };
     let comparison = compare(&mut gf, &out, stage_map, &copts)?;
     drop(out);
 
@@ -185,7 +217,12 @@ pub fn run_cell(
         engine.forward(&[t], &mut NullSink)?;
     }
     let decode_seconds = t1.elapsed().as_secs_f64();
-    let speed = Speed { prefill_tokens: tokens.len(), prefill_seconds, decode_tokens: decode_tokens.len(), decode_seconds };
+    let speed = Speed {
+        prefill_tokens: tokens.len(),
+        prefill_seconds,
+        decode_tokens: decode_tokens.len(),
+        decode_seconds,
+    };
 
     let verdict = evaluate(cell, &comparison, &th);
     Ok(CellReport {

@@ -541,8 +541,20 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
 fn first_divergent_sees_scale_errors_through_nmse() {
     // A rescaled row keeps cosine 1: only NMSE shows it (a wrong RMSNorm epsilon looks like this).
     let mut cmp = good();
-    cmp.stages[1] = stage("blk.0.attn_norm", Phase::Prefill, &[1.0, 1.0, 1.0], &[1e-9, 0.3, 0.3]);
-    assert_eq!(first_divergent(&cmp, 0.999, None), None, "cosine alone is blind to scale");
+    cmp.stages[1] = stage(
+        "blk.0.attn_norm",
+        Phase::Prefill,
+        &[1.0, 1.0, 1.0],
+        &[1e-9, 0.3, 0.3],
+    );
+    assert_eq!(
+        first_divergent(&cmp, 0.999, None),
+        None,
+        "cosine alone is blind to scale"
+    );
     let d = first_divergent(&cmp, 0.999, Some(1e-4)).unwrap();
-    assert_eq!((d.stage.as_str(), d.position, d.nmse), ("blk.0.attn_norm", 1, 0.3));
+    assert_eq!(
+        (d.stage.as_str(), d.position, d.nmse),
+        ("blk.0.attn_norm", 1, 0.3)
+    );
 }

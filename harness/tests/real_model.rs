@@ -39,7 +39,9 @@ fn smollm2_tokenizes_like_llama_cpp() {
     assert_eq!(ids.len(), 5, "{ids:?}");
     let ids = tok.encode("2024", true, false).unwrap();
     assert_eq!(ids.len(), 4);
-    let chat = tok.encode("<|im_start|>user\nHi<|im_end|>", true, true).unwrap();
+    let chat = tok
+        .encode("<|im_start|>user\nHi<|im_end|>", true, true)
+        .unwrap();
     assert_eq!(chat[0], 1);
     assert_eq!(*chat.last().unwrap(), 2);
 }
@@ -58,9 +60,19 @@ fn smollm2_generates_paris_and_prefill_agrees_with_decode() {
         let mut all = prompt.clone();
         all.extend(&cont);
         let d = dump::run(&m, &all[..all.len() - 1], mode).unwrap();
-        for (i, row) in d.logits.rows().into_iter().enumerate().skip(prompt.len() - 1) {
+        for (i, row) in d
+            .logits
+            .rows()
+            .into_iter()
+            .enumerate()
+            .skip(prompt.len() - 1)
+        {
             let top = argmax(row.as_slice().unwrap()).unwrap();
-            assert_eq!(top, all[i + 1], "mode {mode}: position {i}: prefill top-1 differs from decode");
+            assert_eq!(
+                top,
+                all[i + 1],
+                "mode {mode}: position {i}: prefill top-1 differs from decode"
+            );
         }
     }
 }
@@ -70,7 +82,13 @@ fn smollm2_generates_paris_and_prefill_agrees_with_decode() {
 fn smollm2_dump_writes_every_stage_for_a_20_token_prompt() {
     let m = model();
     let text = "In 1969, two astronauts walked on the Moon while a third orbited above; millions watched live.";
-    let tokens: Vec<u32> = m.tokenizer().encode(text, true, false).unwrap().into_iter().take(20).collect();
+    let tokens: Vec<u32> = m
+        .tokenizer()
+        .encode(text, true, false)
+        .unwrap()
+        .into_iter()
+        .take(20)
+        .collect();
     assert_eq!(tokens.len(), 20);
     let dir = tempfile::tempdir().unwrap();
     for mode in [NumericsMode::Reference, NumericsMode::Ggml] {

@@ -18,7 +18,10 @@ use ndarray::Array2;
 const MODEL: &str = "smollm2-135m-q4_1";
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn options(golden_dir: &Path, reports: &Path, prompt: &str, mode: &str) -> RunOptions {
@@ -69,7 +72,8 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 
 fn edit_manifest(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let p = dir.join("manifest.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     f(&mut v);
     std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 }
@@ -92,7 +96,11 @@ fn missing_golden_fails_naming_the_file() {
     let reports = tempfile::tempdir().unwrap();
     let e = err_of(run(&options(g.path(), reports.path(), "one_token", "ggml")));
     assert!(e.contains("one_token.npz") && e.contains("missing"), "{e}");
-    assert_eq!(std::fs::read_dir(reports.path()).unwrap().count(), 0, "no report may be written");
+    assert_eq!(
+        std::fs::read_dir(reports.path()).unwrap().count(),
+        0,
+        "no report may be written"
+    );
 }
 
 #[test]
@@ -101,10 +109,15 @@ fn golden_made_from_another_model_is_refused() {
     let g = golden_copy();
     let m = load_manifest(g.path()).unwrap();
     let i = entry_index(&m, ONE);
-    edit_manifest(g.path(), |v| v["goldens"][i]["model_sha256"] = "ab".repeat(32).into());
+    edit_manifest(g.path(), |v| {
+        v["goldens"][i]["model_sha256"] = "ab".repeat(32).into()
+    });
     let reports = tempfile::tempdir().unwrap();
     let e = err_of(run(&options(g.path(), reports.path(), "one_token", "ggml")));
-    assert!(e.contains("one_token.npz") && e.contains(&"ab".repeat(32)), "{e}");
+    assert!(
+        e.contains("one_token.npz") && e.contains(&"ab".repeat(32)),
+        "{e}"
+    );
 }
 
 #[test]
@@ -113,10 +126,15 @@ fn wrong_shaped_golden_array_fails_naming_file_and_shapes() {
     let g = golden_copy();
     let m = load_manifest(g.path()).unwrap();
     let i = entry_index(&m, ONE);
-    edit_manifest(g.path(), |v| v["goldens"][i]["arrays"]["blk.3.out"]["shape"] = serde_json::json!([1, 575]));
+    edit_manifest(g.path(), |v| {
+        v["goldens"][i]["arrays"]["blk.3.out"]["shape"] = serde_json::json!([1, 575])
+    });
     let reports = tempfile::tempdir().unwrap();
     let e = err_of(run(&options(g.path(), reports.path(), "one_token", "ggml")));
-    assert!(e.contains("one_token.npz") && e.contains("blk.3.out") && e.contains("575"), "{e}");
+    assert!(
+        e.contains("one_token.npz") && e.contains("blk.3.out") && e.contains("575"),
+        "{e}"
+    );
 }
 
 /// Our engine, with a sink wrapper that corrupts one stage.
@@ -133,7 +151,13 @@ struct CorruptSink<'a> {
 }
 
 impl StageSink for CorruptSink<'_> {
-    fn on_stage(&mut self, stage: Stage, positions: std::ops::Range<usize>, width: usize, data: &mut [f32]) {
+    fn on_stage(
+        &mut self,
+        stage: Stage,
+        positions: std::ops::Range<usize>,
+        width: usize,
+        data: &mut [f32],
+    ) {
         if stage == self.target {
             data[width / 2] = self.value;
         }
@@ -157,7 +181,11 @@ impl Engine for Corrupting {
         self.inner.reset(mode, n_ctx)
     }
     fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>> {
-        let mut s = CorruptSink { inner: sink, target: self.target, value: self.value };
+        let mut s = CorruptSink {
+            inner: sink,
+            target: self.target,
+            value: self.value,
+        };
         self.inner.forward(tokens, &mut s)
     }
 }
@@ -176,14 +204,26 @@ fn nan_in_an_engine_stage_fails_naming_the_stage() {
     };
     let e = err_of(run_with(&opts, &mut factory));
     assert!(e.contains("blk.7.ffn_up") && e.contains("NaN"), "{e}");
-    assert_eq!(std::fs::read_dir(reports.path()).unwrap().count(), 0, "no report may be written");
+    assert_eq!(
+        std::fs::read_dir(reports.path()).unwrap().count(),
+        0,
+        "no report may be written"
+    );
 }
 
 /// Patch `llama.attention.layer_norm_rms_epsilon` in a GGUF's bytes (key, then u32 type 6 = F32, then value).
 fn with_eps(mut bytes: Vec<u8>, eps: f32) -> Vec<u8> {
     let key = b"llama.attention.layer_norm_rms_epsilon";
-    let at = bytes.windows(key.len()).position(|w| w == key).expect("eps key in the file") + key.len();
-    assert_eq!(u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()), 6, "eps is an F32 value");
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("eps key in the file")
+        + key.len();
+    assert_eq!(
+        u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()),
+        6,
+        "eps is an F32 value"
+    );
     bytes[at + 4..at + 8].copy_from_slice(&eps.to_le_bytes());
     bytes
 }
@@ -201,10 +241,17 @@ fn wrong_rmsnorm_epsilon_fails_the_gate_and_names_the_first_divergent_stage() {
     let (_dir, report) = run_with(&opts, &mut factory).expect("the run itself succeeds");
     let cell = &report.cells[0];
     assert!(!cell.verdict.pass, "a wrong epsilon must fail the gate");
-    let first = cell.verdict.first_divergent.as_ref().expect("a first divergent stage");
+    let first = cell
+        .verdict
+        .first_divergent
+        .as_ref()
+        .expect("a first divergent stage");
     assert_eq!(first.stage, "blk.0.attn_norm", "{first:?}");
     let lines = lockstep::gate::failure_lines(&report);
-    assert!(lines.iter().any(|l| l.contains("blk.0.attn_norm")), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l.contains("blk.0.attn_norm")),
+        "{lines:?}"
+    );
 }
 
 #[test]
@@ -224,7 +271,10 @@ fn external_engine_path_gives_the_same_verdicts() {
         // Same engine, same numbers: every compared stage and the logits agree exactly.
         assert_eq!(a.comparison.stages.len(), b.comparison.stages.len());
         for (x, y) in a.comparison.stages.iter().zip(&b.comparison.stages) {
-            assert_eq!((x.stage.as_str(), x.phase, &x.cosine_by_position), (y.stage.as_str(), y.phase, &y.cosine_by_position));
+            assert_eq!(
+                (x.stage.as_str(), x.phase, &x.cosine_by_position),
+                (y.stage.as_str(), y.phase, &y.cosine_by_position)
+            );
         }
         assert_eq!(a.comparison.logits, b.comparison.logits, "mode {mode}");
     }
@@ -235,14 +285,22 @@ fn external_engine_path_gives_the_same_verdicts() {
 fn default_matrix_run_writes_a_complete_report() {
     let reports = tempfile::tempdir().unwrap();
     let mut opts = options(&root().join("golden"), reports.path(), "chat", "ggml");
-    opts.filters = Filters { model: vec![MODEL.into()], prompt: vec!["chat".into()], ..Filters::default() };
+    opts.filters = Filters {
+        model: vec![MODEL.into()],
+        prompt: vec!["chat".into()],
+        ..Filters::default()
+    };
     let (dir, report) = run(&opts).unwrap();
     for f in ["report.json", "report.md", "results.csv"] {
         assert!(dir.join(f).is_file(), "{f} missing");
     }
     assert_eq!(report.cells.len(), 2, "chat × {{reference, ggml}}");
     for c in &report.cells {
-        assert!(c.comparison.tokens_match(), "{}: tokens differ", c.cell.id());
+        assert!(
+            c.comparison.tokens_match(),
+            "{}: tokens differ",
+            c.cell.id()
+        );
         assert!(c.speed.prefill_tokens > 0 && c.speed.decode_tokens == 8);
     }
     let back = lockstep::report::read_report(&dir.join("report.json")).unwrap();

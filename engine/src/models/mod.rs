@@ -30,11 +30,22 @@ pub struct Weight {
 impl Weight {
     /// Look up a 2-D tensor and check its shape is `[rows, cols]` (either may be `None` = any) and that the
     /// engine has kernels for its type.
-    pub fn load(gguf: &GgufFile, name: &str, rows: Option<usize>, cols: Option<usize>) -> Result<Weight> {
+    pub fn load(
+        gguf: &GgufFile,
+        name: &str,
+        rows: Option<usize>,
+        cols: Option<usize>,
+    ) -> Result<Weight> {
         let info = gguf.tensor(name)?.clone();
-        let bad = |what: String| Error::Model { path: gguf.path().to_path_buf(), what };
+        let bad = |what: String| Error::Model {
+            path: gguf.path().to_path_buf(),
+            what,
+        };
         if info.dims.len() != 2 {
-            return Err(bad(format!("tensor {name} has {} dims, expected 2", info.dims.len())));
+            return Err(bad(format!(
+                "tensor {name} has {} dims, expected 2",
+                info.dims.len()
+            )));
         }
         let (c, r) = (info.dims[0] as usize, info.dims[1] as usize);
         if rows.is_some_and(|x| x != r) || cols.is_some_and(|x| x != c) {
@@ -51,12 +62,21 @@ impl Weight {
                 info.ggml_type
             )));
         }
-        Ok(Weight { info, rows: r, cols: c })
+        Ok(Weight {
+            info,
+            rows: r,
+            cols: c,
+        })
     }
 
     /// A matrix view over the mapped bytes.
     pub fn matrix<'a>(&self, gguf: &'a GgufFile) -> QMatrix<'a> {
-        QMatrix { ty: self.info.ggml_type, rows: self.rows, cols: self.cols, data: gguf.tensor_data(&self.info) }
+        QMatrix {
+            ty: self.info.ggml_type,
+            rows: self.rows,
+            cols: self.cols,
+            data: gguf.tensor_data(&self.info),
+        }
     }
 }
 
@@ -67,7 +87,10 @@ pub fn load_vector(gguf: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> 
     if info.n_elements != len as u64 {
         return Err(Error::Model {
             path: gguf.path().to_path_buf(),
-            what: format!("tensor {name} has {} elements, expected {len}", info.n_elements),
+            what: format!(
+                "tensor {name} has {} elements, expected {len}",
+                info.n_elements
+            ),
         });
     }
     let mut out = vec![0.0; len];
@@ -128,7 +151,9 @@ impl Config {
         if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 {
             return Err(Error::Model {
                 path: gguf.path().to_path_buf(),
-                what: format!("head_count {n_head} is not a positive multiple of head_count_kv {n_kv_head}"),
+                what: format!(
+                    "head_count {n_head} is not a positive multiple of head_count_kv {n_kv_head}"
+                ),
             });
         }
         let head_dim = opt_u32("attention.key_length")?.unwrap_or(d_model / n_head);
@@ -155,7 +180,10 @@ impl Config {
         if cfg.rope_dim > cfg.head_dim || cfg.rope_dim % 2 != 0 {
             return Err(Error::Model {
                 path: gguf.path().to_path_buf(),
-                what: format!("rope.dimension_count {} must be even and ≤ head_dim {}", cfg.rope_dim, cfg.head_dim),
+                what: format!(
+                    "rope.dimension_count {} must be even and ≤ head_dim {}",
+                    cfg.rope_dim, cfg.head_dim
+                ),
             });
         }
         Ok(cfg)
@@ -172,7 +200,10 @@ pub struct Model {
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Model").field("path", &self.gguf.path()).field("config", &self.config).finish()
+        f.debug_struct("Model")
+            .field("path", &self.gguf.path())
+            .field("config", &self.config)
+            .finish()
     }
 }
 
@@ -199,7 +230,12 @@ impl Model {
             }
         };
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        Ok(Model { gguf, tokenizer, config, arch })
+        Ok(Model {
+            gguf,
+            tokenizer,
+            config,
+            arch,
+        })
     }
 
     /// The model's tokenizer.
