@@ -63,13 +63,14 @@
 //! activations. Gemma 3 / Qwen2.5 (Q5_0, Q8_0, Q4_K, Q6_K): Q5_0 and Q8_0 exact; Q6_K exact for decode,
 //! not for prefill (tiled); Q4_K not exact (repacked). What remains non-bit-exact, and why:
 //! 1. the repack and tiled kernels above (different order; ggml mode stays within a few ulps per block);
-//! 2. F32/F16/BF16 weights under tinyBLAS in prefill (ggml mode mirrors `ggml_vec_dot_f32/f16/bf16`, the
-//!    decode path) — this also concerns attention: without flash attention (llama-cpp-python's default) KQ
-//!    and KQV are F16 mul_mats of the KV cache;
+//! 2. F32/F16/BF16 weight matrices under tinyBLAS in prefill (ggml mode mirrors `ggml_vec_dot_f32/f16/bf16`,
+//!    the decode path). Attention is not a weight matmul and lives in `crate::ops::ggml_cpu`, which
+//!    mirrors KQ (`ggml_vec_dot_f32` on the permuted F32-cache view) and KQV (tinyBLAS order) for an F32 KV
+//!    cache; an F16 KV cache (llama.cpp's default) is not mirrored;
 //! 3. a NaN in an activation block: ggml's max tree drops or keeps it by position and a NaN quantizes to
 //!    -128; both are mirrored, but the NaN payloads themselves are not part of the contract;
-//! 4. everything outside these kernels (norms, RoPE, softmax, SiLU use ggml's own SIMD approximations) is
-//!    not this module's business;
+//! 4. everything outside these kernels — norms, RoPE, softmax and SiLU with ggml's own SIMD exp — is
+//!    mirrored in `crate::ops::ggml_cpu`, not here;
 //! 5. on another CPU (no FMA, ARM) llama.cpp picks other kernels and this bit-exactness does not carry over.
 //!
 //! Reference mode is plain: dequantize to f32 (the values [`dequantize_row`] gives, identical to the `gguf`
