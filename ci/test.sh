@@ -13,10 +13,14 @@ echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== tests (including real-model tests)"
+# Two ignored tests stay out of CI: the 1.9 GB fetch of every registered model (run it by hand after
+# editing models.toml) and a kernel-throughput printout for humans (speed is measured, never asserted).
+EXCLUDE='test(real_fetch_every_registry_model) | test(bench_vec_dot_throughput)'
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --run-ignored all --no-fail-fast
+  cargo nextest run --workspace --run-ignored all --no-fail-fast -E "not ($EXCLUDE)"
   # nextest does not run doctests
   cargo test --workspace --doc
 else
-  cargo test --workspace --no-fail-fast -- --include-ignored
+  cargo test --workspace --no-fail-fast -- --include-ignored \
+    --skip real_fetch_every_registry_model --skip bench_vec_dot_throughput
 fi
