@@ -18,7 +18,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use lockstep_engine::hooks::Recorder;
-use lockstep_engine::{Model, NumericsMode, Stage};
+use lockstep_engine::{Model, NumericsMode, Stage, StageKind};
 use ndarray::{Array1, Array2};
 use ndarray_npy::{NpzReader, NpzWriter};
 
@@ -42,22 +42,12 @@ pub struct Dump {
 pub fn run(model: &Model, tokens: &[u32], mode: NumericsMode) -> Result<Dump> {
     let mut session = model.session(tokens.len(), mode);
     let mut rec = Recorder::new();
-    let n_vocab = model.config().n_vocab;
-    let logits = model
-        .forward(&mut session, tokens, Some(&mut rec))?
-        .to_vec();
-    let logits = Array2::from_shape_vec((tokens.len(), n_vocab), logits)?;
-    let mut stages = BTreeMap::new();
-    for (stage, r) in rec.stages {
-        if stage == Stage::global(lockstep_engine::StageKind::Logits) {
-            continue;
-        }
-        let rows = r.positions.len();
-        stages.insert(
-            stage.to_string(),
-            Array2::from_shape_vec((rows, r.width), r.data)?,
-        );
-    }
+    model.forward(&mut session, tokens, Some(&mut rec))?;
+    // The logits are a recorded stage like any other; the dump keeps them apart.
+    let mut stages = crate::engine::recorded_arrays(rec)?;
+    let logits = stages
+        .remove(&Stage::global(StageKind::Logits).to_string())
+        .context("the engine emitted no logits stage")?;
     Ok(Dump {
         tokens: tokens.to_vec(),
         logits,
