@@ -26,6 +26,10 @@ pub enum StageKind {
     K,
     /// Value projection (`Vcur-N`, MUL_MAT). Width n_head_kv·head_dim.
     V,
+    /// Per-head RMSNorm of the queries, before RoPE (Gemma 3 `Qcur_normed-N`). Width n_head·head_dim.
+    QNorm,
+    /// Per-head RMSNorm of the keys, before RoPE (Gemma 3 `Kcur_normed-N`). Width n_head_kv·head_dim.
+    KNorm,
     /// Query after RoPE (`Qcur-N`, the ROPE node). Width n_head·head_dim.
     QRope,
     /// Key after RoPE, as written to the KV cache (`Kcur-N`, ROPE). Width n_head_kv·head_dim.
@@ -34,6 +38,9 @@ pub enum StageKind {
     AttnOut,
     /// Attention output after the output projection, before the residual add. Width d_model.
     AttnProj,
+    /// RMSNorm of the projected attention output, before the residual add (Gemma 2/3 `attn_post_norm-N`).
+    /// Width d_model.
+    AttnPostNorm,
     /// Residual stream after attention: input + attn_proj (`ffn_inp-N`). Width d_model.
     FfnInp,
     /// RMSNorm before the FFN, weight applied (`ffn_norm-N`). Width d_model.
@@ -42,10 +49,12 @@ pub enum StageKind {
     FfnGate,
     /// Up projection (`ffn_up-N`). Width d_ff.
     FfnUp,
-    /// silu(gate) ⊙ up (`ffn_swiglu-N`). Width d_ff.
+    /// act(gate) ⊙ up: SiLU (`ffn_swiglu-N`) or tanh-GELU (`ffn_geglu-N`). Width d_ff.
     FfnAct,
     /// Down projection: the FFN output before the residual add (`ffn_out-N`). Width d_model.
     FfnOut,
+    /// RMSNorm of the FFN output, before the residual add (Gemma 2/3 `ffn_post_norm-N`). Width d_model.
+    FfnPostNorm,
     /// Layer output: ffn_inp + ffn_out (`l_out-N`). Width d_model.
     Out,
     /// Final RMSNorm, weight applied (`result_norm`). Width d_model.
@@ -56,22 +65,26 @@ pub enum StageKind {
 
 impl StageKind {
     /// Every kind in forward order; per-layer kinds are those with [`StageKind::per_layer`].
-    pub const ALL: [StageKind; 18] = [
+    pub const ALL: [StageKind; 22] = [
         StageKind::Embed,
         StageKind::AttnNorm,
         StageKind::Q,
         StageKind::K,
         StageKind::V,
+        StageKind::QNorm,
+        StageKind::KNorm,
         StageKind::QRope,
         StageKind::KRope,
         StageKind::AttnOut,
         StageKind::AttnProj,
+        StageKind::AttnPostNorm,
         StageKind::FfnInp,
         StageKind::FfnNorm,
         StageKind::FfnGate,
         StageKind::FfnUp,
         StageKind::FfnAct,
         StageKind::FfnOut,
+        StageKind::FfnPostNorm,
         StageKind::Out,
         StageKind::OutputNorm,
         StageKind::Logits,
@@ -85,16 +98,20 @@ impl StageKind {
             StageKind::Q => "q",
             StageKind::K => "k",
             StageKind::V => "v",
+            StageKind::QNorm => "q_norm",
+            StageKind::KNorm => "k_norm",
             StageKind::QRope => "q_rope",
             StageKind::KRope => "k_rope",
             StageKind::AttnOut => "attn_out",
             StageKind::AttnProj => "attn_proj",
+            StageKind::AttnPostNorm => "attn_post_norm",
             StageKind::FfnInp => "ffn_inp",
             StageKind::FfnNorm => "ffn_norm",
             StageKind::FfnGate => "ffn_gate",
             StageKind::FfnUp => "ffn_up",
             StageKind::FfnAct => "ffn_act",
             StageKind::FfnOut => "ffn_out",
+            StageKind::FfnPostNorm => "ffn_post_norm",
             StageKind::Out => "out",
             StageKind::OutputNorm => "output_norm",
             StageKind::Logits => "logits",

@@ -97,7 +97,7 @@ fn every_stage_is_emitted_with_its_declared_width() {
 #[test]
 fn kv_cache_decode_equals_full_reprefill_for_16_steps() {
     let model = tiny(&TinyLlama::default());
-    let n_vocab = model.config().n_vocab;
+    let n_vocab = model.info().n_vocab;
     for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
         let mut s = model.session(64, mode);
         let mut seq: Vec<u32> = PROMPT.to_vec();

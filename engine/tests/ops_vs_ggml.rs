@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use lockstep_engine::kv_cache::KvCache;
-use lockstep_engine::ops::{self, ggml_cpu, KqvOrder};
+use lockstep_engine::ops::{self, ggml_cpu, GgmlTarget, KqvOrder};
 use lockstep_engine::NumericsMode;
 
 fn dir() -> PathBuf {
@@ -100,7 +100,7 @@ fn vec_dot_f32_every_leftover_shape() {
         );
         assert_eq!(ns.len(), want.len());
         for (&n, &w) in ns.iter().zip(&want) {
-            let got = ggml_cpu::vec_dot_f32(&x[..n], &y[..n]);
+            let got = ggml_cpu::vec_dot_f32(GgmlTarget::Avx512, &x[..n], &y[..n]);
             assert_eq!(
                 got.to_bits(),
                 w.to_bits(),
@@ -118,7 +118,7 @@ fn swiglu_matches_ggml_vec_swiglu_f32_and_the_glu_op() {
         let mut x = f32s(&format!("{name}.gate.f32.bin"));
         assert_eq!(x.len(), rows * width);
         for (r, u) in x.chunks_exact_mut(width).zip(up.chunks_exact(width)) {
-            ggml_cpu::swiglu_row(r, u);
+            ggml_cpu::swiglu_row(GgmlTarget::Avx512, r, u);
         }
         assert_bits(name, &x, &f32s(&format!("{name}.out.f32.bin")));
     }
@@ -126,7 +126,7 @@ fn swiglu_matches_ggml_vec_swiglu_f32_and_the_glu_op() {
         let (name, width, input) = (&c[0], num::<usize>(&c[2]), &c[3]);
         let up = f32s(&format!("{input}.up.f32.bin"));
         let mut x = f32s(&format!("{input}.gate.f32.bin"));
-        ops::swiglu(&mut x, &up, width, NumericsMode::Ggml);
+        ops::swiglu(&mut x, &up, width, NumericsMode::Ggml, GgmlTarget::Avx512);
         assert_bits(name, &x, &f32s(&format!("{name}.out.f32.bin")));
     }
 }
@@ -144,7 +144,7 @@ fn softmax_matches_ggml_vec_soft_max_f32_and_soft_max_ext() {
         for r in 0..rows {
             let mut row = x[r * stride..r * stride + width].to_vec();
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let sum = ggml_cpu::vec_soft_max_f32(&mut row, max);
+            let sum = ggml_cpu::vec_soft_max_f32(GgmlTarget::Avx512, &mut row, max);
             assert_eq!(
                 sum.to_bits(),
                 want_sum[r].to_bits(),
@@ -174,7 +174,7 @@ fn softmax_matches_ggml_vec_soft_max_f32_and_soft_max_ext() {
                     }
                 })
                 .collect();
-            ggml_cpu::soft_max_row(&mut row, Some(&mask), scale);
+            ggml_cpu::soft_max_row(GgmlTarget::Avx512, &mut row, Some(&mask), scale);
             assert_bits(
                 &format!("{name} row {r}"),
                 &row,
@@ -183,7 +183,7 @@ fn softmax_matches_ggml_vec_soft_max_f32_and_soft_max_ext() {
             // the attention path masks by filling −∞ instead of adding a mask: the same bits
             let mut row2 = x[r * width..(r + 1) * width].to_vec();
             row2[r % period + 1..].fill(f32::NEG_INFINITY);
-            ggml_cpu::soft_max_row(&mut row2, None, scale);
+            ggml_cpu::soft_max_row(GgmlTarget::Avx512, &mut row2, None, scale);
             assert_bits(
                 &format!("{name} row {r} (−∞ fill)"),
                 &row2,
@@ -246,6 +246,7 @@ fn run_attention(c: &[String], order: Option<KqvOrder>) -> Vec<f32> {
     let mut cache = KvCache::new(1, n_kv, hd, n_pos);
     let mut out = vec![0f32; positions.len() * qw];
     let mut scores = vec![0f32; ops::attention_scratch_len(n_pos)];
+    let shape = ops::AttnShape::causal(n_head, n_kv, hd);
     let mut written = 0;
     for (t, &p) in positions.iter().enumerate() {
         // batch: the whole batch is in the cache before attention; single: up to this token
@@ -267,20 +268,26 @@ fn run_attention(c: &[String], order: Option<KqvOrder>) -> Vec<f32> {
         }
         let (qt, ot) = (&q[p * qw..(p + 1) * qw], &mut out[t * qw..(t + 1) * qw]);
         match order {
-            Some(o) => {
-                ops::attention_ggml(qt, &cache, 0, p, (n_head, n_kv, hd), &mut scores, ot, o)
-            }
+            Some(o) => ops::attention_ggml(
+                qt,
+                &cache,
+                0,
+                p,
+                &shape,
+                &mut scores,
+                ot,
+                (GgmlTarget::Avx512, o),
+            ),
             None => ops::attention(
                 qt,
                 &cache,
                 0,
                 p,
-                n_head,
-                n_kv,
-                hd,
+                &shape,
                 &mut scores,
                 ot,
                 NumericsMode::Ggml,
+                GgmlTarget::Avx512,
             ),
         }
     }

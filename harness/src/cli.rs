@@ -371,7 +371,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt tokenizes to nothing");
     }
-    let n_ctx = (prompt.len() + a.n).min(model.config().n_ctx_train.max(prompt.len() + 1));
+    let n_ctx = (prompt.len() + a.n).min(model.info().n_ctx_train.max(prompt.len() + 1));
     let mut session = model.session(n_ctx, a.mode);
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: a.temperature,
@@ -379,7 +379,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
         top_p: a.top_p,
         seed: a.seed,
     });
-    let n_vocab = model.config().n_vocab;
+    let n_vocab = model.info().n_vocab;
     let mut out = std::io::stdout().lock();
     write!(out, "{}", a.prompt)?;
     out.flush()?;

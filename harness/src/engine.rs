@@ -94,8 +94,8 @@ impl Engine for LockstepEngine {
         EngineInfo {
             kind: "lockstep".into(),
             model_path: self.path.clone(),
-            arch: self.model.config().arch.clone(),
-            n_vocab: Some(self.model.config().n_vocab),
+            arch: self.model.info().arch.clone(),
+            n_vocab: Some(self.model.info().n_vocab),
             backend: "scalar".into(),
         }
     }
@@ -123,7 +123,7 @@ impl Engine for LockstepEngine {
 
     fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>> {
         let session = self.session.as_mut().context("forward before reset")?;
-        let v = self.model.config().n_vocab;
+        let v = self.model.info().n_vocab;
         let logits = self.model.forward(session, tokens, Some(sink))?;
         Ok(Array2::from_shape_vec((tokens.len(), v), logits.to_vec())?)
     }

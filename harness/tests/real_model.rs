@@ -15,7 +15,7 @@ fn model() -> Model {
 
 /// Greedy continuation through the KV cache, one token per forward call.
 fn greedy(model: &Model, prompt: &[u32], n: usize, mode: NumericsMode) -> Vec<u32> {
-    let v = model.config().n_vocab;
+    let v = model.info().n_vocab;
     let mut s = model.session(prompt.len() + n, mode);
     let logits = model.forward(&mut s, prompt, None).unwrap();
     let mut next = argmax(&logits[(prompt.len() - 1) * v..]).unwrap();

@@ -1,208 +1,80 @@
 //! Models: loading a GGUF file into an architecture, sessions (KV cache + scratch), and the forward pass.
 //!
-//! One forward function per architecture lives in its own module ([`llama`]); they share the numeric blocks
-//! of [`crate::ops`] and the weight handles here. The public surface the harness uses is [`Model`] and
-//! [`Session`].
+//! Layout (one concept per module):
+//! - [`hparams`]: typed `<arch>.*` metadata and the dimensions of a decoder-only transformer;
+//! - [`weights`]: quantized matrices left in the map, small f32 vectors;
+//! - [`blocks`]: the shared blocks (embedding, RMSNorm, attention with options, gated FFN, pre/post-norm
+//!   layer, output head) that compute and emit every stage;
+//! - one module per architecture ([`llama`], [`qwen2`], [`gemma3`]): hyperparameters and wiring, no
+//!   arithmetic. A new architecture is a new module plus a line in [`ARCHITECTURES`].
+//!
+//! The public surface the harness uses is [`Model`] and [`Session`].
 
+pub mod blocks;
+pub mod gemma3;
+pub mod hparams;
 pub mod llama;
+pub mod qwen2;
+pub mod weights;
 
 use std::path::Path;
+use std::sync::OnceLock;
 
-use crate::backend::{Backend, MatmulScratch, QMatrix, ScalarBackend};
-use crate::gguf::{GgufFile, TensorInfo};
+use crate::backend::{Backend, MatmulScratch, ScalarBackend};
+use crate::gguf::GgufFile;
 use crate::hooks::{Stage, StageSink};
 use crate::kv_cache::KvCache;
-use crate::quant::{self, NumericsMode};
+use crate::ops::GgmlTarget;
+use crate::quant::NumericsMode;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
-/// A 2-D weight as it lies in the model file: `[rows, cols]` (ggml `ne = [cols, rows]`).
-#[derive(Clone, Debug)]
-pub struct Weight {
-    /// The GGUF tensor record (name, type, absolute offset, size).
-    pub info: TensorInfo,
-    /// Output features.
-    pub rows: usize,
-    /// Input features.
-    pub cols: usize,
-}
+pub use blocks::Decoder;
+pub use hparams::DecoderDims;
+pub use weights::{load_vector, Weight};
 
-impl Weight {
-    /// Look up a 2-D tensor and check its shape is `[rows, cols]` (either may be `None` = any) and that the
-    /// engine has kernels for its type.
-    pub fn load(
-        gguf: &GgufFile,
-        name: &str,
-        rows: Option<usize>,
-        cols: Option<usize>,
-    ) -> Result<Weight> {
-        let info = gguf.tensor(name)?.clone();
-        let bad = |what: String| Error::Model {
-            path: gguf.path().to_path_buf(),
-            what,
-        };
-        if info.dims.len() != 2 {
-            return Err(bad(format!(
-                "tensor {name} has {} dims, expected 2",
-                info.dims.len()
-            )));
-        }
-        let (c, r) = (info.dims[0] as usize, info.dims[1] as usize);
-        if rows.is_some_and(|x| x != r) || cols.is_some_and(|x| x != c) {
-            return Err(bad(format!(
-                "tensor {name} has shape [{r}, {c}] (rows, cols), expected [{}, {}]",
-                rows.map_or("any".into(), |x| x.to_string()),
-                cols.map_or("any".into(), |x| x.to_string()),
-            )));
-        }
-        if !quant::supports(info.ggml_type) {
-            return Err(Error::Unsupported(format!(
-                "{}: tensor {name} has type {}, which this engine has no kernels for yet",
-                gguf.path().display(),
-                info.ggml_type
-            )));
-        }
-        Ok(Weight {
-            info,
-            rows: r,
-            cols: c,
-        })
-    }
+/// The architectures the engine runs: `general.architecture` → the module that wires its [`Decoder`].
+/// The next architecture goes here and in a module of its own beside [`llama`].
+pub const ARCHITECTURES: &[(&str, ArchLoader)] = &[
+    ("llama", llama::load),
+    ("qwen2", qwen2::load),
+    ("gemma3", gemma3::load),
+];
 
-    /// A matrix view over the mapped bytes.
-    pub fn matrix<'a>(&self, gguf: &'a GgufFile) -> QMatrix<'a> {
-        QMatrix {
-            ty: self.info.ggml_type,
-            rows: self.rows,
-            cols: self.cols,
-            data: gguf.tensor_data(&self.info),
-        }
-    }
-}
+/// Reads an architecture's hyperparameters and builds its blocks.
+pub type ArchLoader = fn(&GgufFile) -> Result<(DecoderDims, Decoder)>;
 
-/// Read a 1-D tensor (norm weights, biases) as f32. These are small (one row) and copied at load; the
-/// matrices stay in the map.
-pub fn load_vector(gguf: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
-    let info = gguf.tensor(name)?;
-    if info.n_elements != len as u64 {
-        return Err(Error::Model {
-            path: gguf.path().to_path_buf(),
-            what: format!(
-                "tensor {name} has {} elements, expected {len}",
-                info.n_elements
-            ),
-        });
-    }
-    let mut out = vec![0.0; len];
-    quant::dequantize_row(info.ggml_type, gguf.tensor_data(info), &mut out)?;
-    Ok(out)
-}
-
-/// The architectures the engine runs.
-#[derive(Debug)]
-pub enum Arch {
-    /// `general.architecture = "llama"` (Llama 1/2/3, SmolLM, Mistral-style without sliding window).
-    Llama(llama::Llama),
-}
-
-/// Hyperparameters common to decoder-only transformers, read from `<arch>.*` GGUF metadata.
+/// What the harness and the CLI need to know about a loaded model.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Config {
+pub struct ModelInfo {
     /// `general.architecture`.
     pub arch: String,
-    /// Transformer blocks (`block_count`).
-    pub n_layer: usize,
-    /// Residual width (`embedding_length`).
-    pub d_model: usize,
-    /// Query heads (`attention.head_count`).
-    pub n_head: usize,
-    /// Key/value heads (`attention.head_count_kv`).
-    pub n_kv_head: usize,
-    /// Per-head width (`attention.key_length`, default d_model / n_head).
-    pub head_dim: usize,
-    /// FFN hidden width (`feed_forward_length`).
-    pub d_ff: usize,
-    /// Vocabulary size (rows of `token_embd`).
+    /// Vocabulary size (logit row width).
     pub n_vocab: usize,
-    /// Training context (`context_length`).
+    /// Training context length.
     pub n_ctx_train: usize,
-    /// RoPE base (`rope.freq_base`, default 10000).
-    pub rope_base: f32,
-    /// Dimensions rotated per head (`rope.dimension_count`, default head_dim).
-    pub rope_dim: usize,
-    /// RMSNorm epsilon (`attention.layer_norm_rms_epsilon`).
-    pub norm_eps: f32,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Residual width.
+    pub d_model: usize,
+    /// Every dimension the architecture read from the file.
+    pub dims: DecoderDims,
 }
 
-impl Config {
-    /// Read the hyperparameters of `arch` from the file's metadata; errors name the missing key.
-    pub fn from_gguf(gguf: &GgufFile, arch: &str) -> Result<Config> {
-        let key = |k: &str| format!("{arch}.{k}");
-        let opt_u32 = |k: &str| -> Result<Option<usize>> {
-            let k = key(k);
-            match gguf.get(&k) {
-                Some(_) => Ok(Some(gguf.get_u32(&k)? as usize)),
-                None => Ok(None),
-            }
-        };
-        let d_model = gguf.get_u32(&key("embedding_length"))? as usize;
-        let n_head = gguf.get_u32(&key("attention.head_count"))? as usize;
-        let n_kv_head = opt_u32("attention.head_count_kv")?.unwrap_or(n_head);
-        if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 {
-            return Err(Error::Model {
-                path: gguf.path().to_path_buf(),
-                what: format!(
-                    "head_count {n_head} is not a positive multiple of head_count_kv {n_kv_head}"
-                ),
-            });
-        }
-        let head_dim = opt_u32("attention.key_length")?.unwrap_or(d_model / n_head);
-        let rope_base = match gguf.get(&key("rope.freq_base")) {
-            Some(_) => gguf.get_f32(&key("rope.freq_base"))?,
-            None => 10000.0,
-        };
-        let embd = gguf.tensor("token_embd.weight")?;
-        let n_vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
-        let cfg = Config {
-            arch: arch.to_string(),
-            n_layer: gguf.get_u32(&key("block_count"))? as usize,
-            d_model,
-            n_head,
-            n_kv_head,
-            head_dim,
-            d_ff: gguf.get_u32(&key("feed_forward_length"))? as usize,
-            n_vocab,
-            n_ctx_train: opt_u32("context_length")?.unwrap_or(2048),
-            rope_base,
-            rope_dim: opt_u32("rope.dimension_count")?.unwrap_or(head_dim),
-            norm_eps: gguf.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
-        };
-        if cfg.rope_dim > cfg.head_dim || cfg.rope_dim % 2 != 0 {
-            return Err(Error::Model {
-                path: gguf.path().to_path_buf(),
-                what: format!(
-                    "rope.dimension_count {} must be even and ≤ head_dim {}",
-                    cfg.rope_dim, cfg.head_dim
-                ),
-            });
-        }
-        Ok(cfg)
-    }
-}
-
-/// A loaded model: the mapped file, its tokenizer and its architecture's weights.
+/// A loaded model: the mapped file, its tokenizer and its architecture's blocks.
 pub struct Model {
     gguf: GgufFile,
     tokenizer: Tokenizer,
-    config: Config,
-    arch: Arch,
+    info: ModelInfo,
+    decoder: Decoder,
+    stages: OnceLock<Vec<(Stage, usize)>>,
 }
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Model")
             .field("path", &self.gguf.path())
-            .field("config", &self.config)
+            .field("info", &self.info)
             .finish()
     }
 }
@@ -218,23 +90,40 @@ impl Model {
 
     /// Prepare a model from an already parsed file (tests build synthetic files in memory).
     pub fn from_gguf(gguf: GgufFile) -> Result<Model> {
-        let arch_name = gguf.get_str("general.architecture")?.to_string();
-        let config = Config::from_gguf(&gguf, &arch_name)?;
-        let arch = match arch_name.as_str() {
-            "llama" => Arch::Llama(llama::Llama::load(&gguf, &config)?),
-            other => {
-                return Err(Error::Unsupported(format!(
-                    "{}: architecture {other:?} is not supported yet (supported: llama)",
-                    gguf.path().display()
-                )))
-            }
+        let arch = gguf.get_str("general.architecture")?.to_string();
+        let Some((_, loader)) = ARCHITECTURES.iter().find(|(name, _)| *name == arch) else {
+            let known: Vec<&str> = ARCHITECTURES.iter().map(|(n, _)| *n).collect();
+            return Err(Error::Unsupported(format!(
+                "{}: architecture {arch:?} is not supported yet (supported: {})",
+                gguf.path().display(),
+                known.join(", ")
+            )));
         };
+        let (dims, decoder) = loader(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        if tokenizer.vocab_size() != dims.n_vocab {
+            return Err(Error::Model {
+                path: gguf.path().to_path_buf(),
+                what: format!(
+                    "the tokenizer has {} tokens but token_embd has {} rows",
+                    tokenizer.vocab_size(),
+                    dims.n_vocab
+                ),
+            });
+        }
         Ok(Model {
             gguf,
             tokenizer,
-            config,
-            arch,
+            info: ModelInfo {
+                arch,
+                n_vocab: dims.n_vocab,
+                n_ctx_train: dims.n_ctx_train,
+                n_layer: dims.n_layer,
+                d_model: dims.d_model,
+                dims,
+            },
+            decoder,
+            stages: OnceLock::new(),
         })
     }
 
@@ -243,9 +132,14 @@ impl Model {
         &self.tokenizer
     }
 
-    /// Hyperparameters.
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// Architecture name and dimensions.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// The blocks of the model (weights, per-layer options).
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
     }
 
     /// The parsed file (metadata, tensor table).
@@ -254,21 +148,47 @@ impl Model {
     }
 
     /// Every stage the forward pass emits, in forward order, with its row width.
+    ///
+    /// Derived from the forward pass itself, not from a list kept beside it: the first call runs one token
+    /// (id 0, reference mode) through a fresh session with a recording sink and keeps the order in which
+    /// the blocks emitted their stages. Errors of that pass (none for a model that loaded) yield an empty
+    /// list.
     pub fn stages(&self) -> Vec<(Stage, usize)> {
-        match &self.arch {
-            Arch::Llama(_) => llama::stages(&self.config),
-        }
+        self.stages
+            .get_or_init(|| {
+                struct Order(Vec<(Stage, usize)>);
+                impl StageSink for Order {
+                    fn on_stage(
+                        &mut self,
+                        stage: Stage,
+                        _: std::ops::Range<usize>,
+                        width: usize,
+                        _: &mut [f32],
+                    ) {
+                        self.0.push((stage, width));
+                    }
+                }
+                let mut order = Order(Vec::new());
+                let mut s = self.session(1, NumericsMode::Reference);
+                match self.forward(&mut s, &[0], Some(&mut order)) {
+                    Ok(_) => order.0,
+                    Err(_) => Vec::new(),
+                }
+            })
+            .clone()
     }
 
     /// A fresh session (empty KV cache) for up to `n_ctx` positions.
     pub fn session(&self, n_ctx: usize, mode: NumericsMode) -> Session {
-        let c = &self.config;
+        let d = &self.info.dims;
         Session {
-            kv: KvCache::new(c.n_layer, c.n_kv_head, c.head_dim, n_ctx),
+            kv: KvCache::new(d.n_layer, d.n_kv_head, d.head_dim, n_ctx),
             n_past: 0,
             mode,
+            target: GgmlTarget::default(),
             backend: Box::new(ScalarBackend),
-            scratch: Scratch::default(),
+            mm: MatmulScratch::default(),
+            act: blocks::Activations::default(),
         }
     }
 
@@ -286,10 +206,10 @@ impl Model {
         if tokens.is_empty() {
             return Err(Error::Invalid("forward called with no tokens".into()));
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.n_vocab) {
+        let n_vocab = self.info.n_vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(Error::Invalid(format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                self.config.n_vocab
+                "token id {bad} is outside the vocabulary (size {n_vocab})"
             )));
         }
         if session.n_past + tokens.len() > session.kv.capacity() {
@@ -300,11 +220,28 @@ impl Model {
                 session.kv.capacity()
             )));
         }
-        match &self.arch {
-            Arch::Llama(m) => m.forward(&self.gguf, &self.config, session, tokens, sink)?,
-        }
-        session.n_past += tokens.len();
-        Ok(&session.scratch.logits[..tokens.len() * self.config.n_vocab])
+        let Session {
+            kv,
+            n_past,
+            mode,
+            target,
+            backend,
+            mm,
+            act,
+        } = session;
+        let mut f = blocks::Fwd {
+            g: &self.gguf,
+            mode: *mode,
+            target: *target,
+            backend: backend.as_ref(),
+            mm,
+            sink,
+            p0: *n_past,
+            n: tokens.len(),
+        };
+        self.decoder.forward(&mut f, kv, act, tokens)?;
+        *n_past += tokens.len();
+        Ok(&act.logits[..tokens.len() * n_vocab])
     }
 }
 
@@ -314,8 +251,10 @@ pub struct Session {
     pub kv: KvCache,
     n_past: usize,
     mode: NumericsMode,
+    target: GgmlTarget,
     backend: Box<dyn Backend>,
-    scratch: Scratch,
+    mm: MatmulScratch,
+    act: blocks::Activations,
 }
 
 impl Session {
@@ -329,6 +268,17 @@ impl Session {
         self.mode
     }
 
+    /// The ggml-cpu build that ggml mode mirrors (default [`GgmlTarget::Avx512`]; ignored in reference
+    /// mode).
+    pub fn ggml_target(&self) -> GgmlTarget {
+        self.target
+    }
+
+    /// Mirror `target`'s ggml-cpu kernels in ggml mode (pick it from the golden's recorded CPU).
+    pub fn set_ggml_target(&mut self, target: GgmlTarget) {
+        self.target = target;
+    }
+
     /// Name of the compute backend.
     pub fn backend_name(&self) -> &'static str {
         self.backend.name()
@@ -338,29 +288,4 @@ impl Session {
     pub fn reset(&mut self) {
         self.n_past = 0;
     }
-}
-
-/// Activation buffers reused across forward calls (resized, never shrunk: no allocation once warm).
-#[derive(Default)]
-pub(crate) struct Scratch {
-    pub x: Vec<f32>,
-    pub h: Vec<f32>,
-    pub q: Vec<f32>,
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
-    pub att: Vec<f32>,
-    pub proj: Vec<f32>,
-    pub gate: Vec<f32>,
-    pub up: Vec<f32>,
-    pub logits: Vec<f32>,
-    pub rope: Vec<f32>,
-    pub scores: Vec<f32>,
-    pub mm: MatmulScratch,
-}
-
-/// Resize a scratch buffer to `n` (contents unspecified) — allocation only when it grows past capacity.
-#[inline]
-pub(crate) fn sized(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    buf.resize(n, 0.0);
-    &mut buf[..n]
 }

@@ -13,13 +13,109 @@
 //! Checked bit for bit against the real `libggml-cpu.so` (through ctypes) by `tests/ops_vs_ggml.rs` on the
 //! fixtures written by `oracles/fixtures/make_ops_fixtures.py`.
 //!
-//! On another CPU (AVX2 only, ARM) ggml picks other branches (8-lane `ggml_v_expf` with a different
-//! polynomial tail, other reductions) and these replicas no longer describe it.
+//! # Targets
+//!
+//! Which branches ggml-cpu compiled depends on the CPU of the host that built and ran llama.cpp, so ggml
+//! mode takes a [`GgmlTarget`]: the goldens record their host's CPU and the harness picks the target from
+//! it. What differs between the two x86 targets (read from the pinned source and checked against a native
+//! AVX2 build of it; everything else — quantized dot products, RMSNorm, RoPE, GELU, add/mul/scale,
+//! get_rows — is the same on both):
+//!
+//! | kernel | [`GgmlTarget::Avx512`] | [`GgmlTarget::Avx2`] |
+//! |---|---|---|
+//! | `ggml_v_expf` | [`expf_avx512`]: degree-5 polynomial with `+1`, `_mm512_scalef_ps` | [`expf_avx2`]: polynomial of `e^b − 1`, bit-built `2^n`, `fma(j, k, k)` |
+//! | SiLU/SwiGLU, softmax blocks | 16 lanes, libm tail of `n % 16` | 8 lanes, libm tail of `n % 8` |
+//! | softmax block sum | `_mm512_reduce_add_ps` | `hsum_float_8` |
+//! | `ggml_vec_dot_f32` | 4 × 16 lanes, `GGML_F32x16_REDUCE` | 4 × 8 lanes, `GGML_F32x8_REDUCE` (hadd tree) |
+//! | tinyBLAS F32 (`mul_mat(v, kq)` in prefill) | `tinyBLAS<16, __m512>` | `tinyBLAS<8, __m256>` |
+//!
+//! ARM and other ISAs are not mirrored.
 
-use crate::quant::x86::{fma, reduce_add_16};
+use crate::quant::x86::{fma, hsum_float_8, reduce_add_16};
 
-/// Lanes of an `__m512` of f32.
+/// Lanes of an `__m512` of f32 (the widest block any target uses; rows are padded to it).
 pub(crate) const LANES: usize = 16;
+
+/// The ggml-cpu build ggml mode reproduces: the SIMD branches llama.cpp compiled for its host's CPU
+/// (`GGML_NATIVE`). Selected from the CPU flags a golden records ([`GgmlTarget::from_cpu_flags`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GgmlTarget {
+    /// `__AVX2__ && __FMA__` without AVX-512 F/DQ: 8-lane `__m256` branches.
+    Avx2,
+    /// `__AVX512F__ && __AVX512DQ__`: 16-lane `__m512` branches (the host of the first SmolLM2 goldens).
+    #[default]
+    Avx512,
+}
+
+impl GgmlTarget {
+    /// Every target, narrowest first.
+    pub const ALL: [GgmlTarget; 2] = [GgmlTarget::Avx2, GgmlTarget::Avx512];
+
+    /// `avx2` or `avx512`.
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlTarget::Avx2 => "avx2",
+            GgmlTarget::Avx512 => "avx512",
+        }
+    }
+
+    /// The target ggml-cpu compiles for a CPU with these `/proc/cpuinfo`-style flags (`avx512f`,
+    /// `avx512dq`, `avx2`, `fma`, ...), as `GGML_NATIVE` does. `None` when the CPU has neither (ggml would
+    /// run kernels lockstep does not mirror).
+    pub fn from_cpu_flags<S: AsRef<str>>(flags: &[S]) -> Option<GgmlTarget> {
+        let has = |f: &str| flags.iter().any(|x| x.as_ref() == f);
+        if has("avx512f") && has("avx512dq") {
+            Some(GgmlTarget::Avx512)
+        } else if has("avx2") && has("fma") {
+            Some(GgmlTarget::Avx2)
+        } else {
+            None
+        }
+    }
+
+    /// f32 lanes of this target's vectors.
+    pub fn lanes(self) -> usize {
+        match self {
+            GgmlTarget::Avx2 => 8,
+            GgmlTarget::Avx512 => 16,
+        }
+    }
+
+    /// Horizontal sum of one vector of [`GgmlTarget::lanes`] values (`hsum_float_8` /
+    /// `_mm512_reduce_add_ps`).
+    #[inline]
+    fn hsum(self, v: &[f32]) -> f32 {
+        match self {
+            GgmlTarget::Avx2 => hsum_float_8(v.try_into().expect("8 lanes")),
+            GgmlTarget::Avx512 => reduce_add_16(v.try_into().expect("16 lanes")),
+        }
+    }
+
+    /// One lane of this target's `ggml_v_expf`.
+    #[inline]
+    pub fn expf(self, x: f32) -> f32 {
+        match self {
+            GgmlTarget::Avx2 => expf_avx2(x),
+            GgmlTarget::Avx512 => expf_avx512(x),
+        }
+    }
+}
+
+impl std::str::FromStr for GgmlTarget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        GgmlTarget::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| format!("unknown ggml target {s:?} (expected avx2 or avx512)"))
+    }
+}
+
+impl std::fmt::Display for GgmlTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 // Constants of `ggml_v_expf` (vec.h), as hex floats in the C source. All are exact f32 values.
 /// `0x1.8p23`: adding it rounds to an integer (round to nearest even).
@@ -56,7 +152,7 @@ fn scalef(j: f32, n: f32) -> f32 {
 /// fmas, a degree-5 polynomial `j ≈ e^b` evaluated as three levels of fmas, then `scalef(j, n)`. Lanes
 /// with `|n| > 192` become `+inf` (n > 0) or `0` (so `exp(-inf) = 0`, `exp(+inf) = inf`); NaN stays NaN.
 #[must_use]
-pub fn expf(x: f32) -> f32 {
+pub fn expf_avx512(x: f32) -> f32 {
     let z = fma(x, LOG2E, SHIFT);
     let n = z - SHIFT;
     // _mm512_fnmadd_ps(n, c, x) = -(n·c) + x, one rounding: the same as fma(-n, c, x)
@@ -70,11 +166,40 @@ pub fn expf(x: f32) -> f32 {
     scalef(j, n)
 }
 
-/// One lane of `ggml_v_silu(__m512)` (vec.h): `x / (1 + ggml_v_expf(0 − x))`.
+/// One lane of `ggml_v_expf(__m256)` (ggml-cpu/vec.h, `__AVX2__ && __FMA__` branch), a different algorithm
+/// from [`expf_avx512`]: the same range reduction `n = round(x·log2e)`, `b = x − n·ln2`, then a polynomial
+/// `j ≈ e^b − 1` whose last term `c1·b` is a separate rounded product, `k = 2^n` built from the bits of `z`,
+/// and `fma(j, k, k)`. For `|n| > 126` the slow path: `s1 = 2^127` (n > 0) or `2^−125`, `s2 = k/s1`
+/// (from bits), `fma(s2, j, s2)·s1`; for `|n| > 192`, `s1·s1` (+inf or +0). NaN stays NaN.
+#[must_use]
+pub fn expf_avx2(x: f32) -> f32 {
+    const C1: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
+    let z = fma(x, LOG2E, SHIFT);
+    let n = z - SHIFT;
+    let b = fma(-n, LN2_LO, fma(-n, LN2_HI, x));
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
+    let u = b * b;
+    let j = fma(fma(fma(P5, b, P4), u, fma(P3, b, P2)), u, C1 * b);
+    let an = n.abs();
+    // _CMP_GT_OQ: false for NaN
+    if !(an > 126.0) {
+        return fma(j, k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if an > 192.0 {
+        return s1 * s1;
+    }
+    fma(s2, j, s2) * s1
+}
+
+/// One lane of `ggml_v_silu` (vec.h) on `target`: `x / (1 + ggml_v_expf(0 − x))`.
 #[inline]
 #[must_use]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + expf(0.0 - x))
+pub fn silu_on(target: GgmlTarget, x: f32) -> f32 {
+    x / (1.0 + target.expf(0.0 - x))
 }
 
 /// `ggml_silu_f32` (vec.h), the scalar tail of the vector loops: `x / (1 + expf(−x))` with libm's `expf`
@@ -86,56 +211,80 @@ pub fn silu_scalar(x: f32) -> f32 {
 }
 
 /// `ggml_vec_swiglu_f32(n, y, x, g)` (vec.cpp) on one row, in place on `x`: `x[i] = silu(x[i]) · g[i]`,
-/// 16 lanes at a time with [`silu`], the last `n % 16` elements with [`silu_scalar`]. This is what
-/// `ggml_compute_forward_swiglu_f32` (ops.cpp) calls per row for the `GGML_GLU_OP_SWIGLU` node that
-/// llama.cpp's `build_ffn` builds (`ggml_swiglu_split(ctx, gate, up)` for `LLM_FFN_SILU` + `LLM_FFN_PAR`).
-pub fn swiglu_row(x: &mut [f32], g: &[f32]) {
-    let n_vec = x.len() / LANES * LANES;
+/// [`GgmlTarget::lanes`] at a time with [`silu_on`], the last `n % lanes` elements with [`silu_scalar`].
+/// This is what `ggml_compute_forward_swiglu_f32` (ops.cpp) calls per row for the `GGML_GLU_OP_SWIGLU` node
+/// that llama.cpp's `build_ffn` builds (`ggml_swiglu_split(ctx, gate, up)` for `LLM_FFN_SILU` +
+/// `LLM_FFN_PAR`).
+pub fn swiglu_row(target: GgmlTarget, x: &mut [f32], g: &[f32]) {
+    let lanes = target.lanes();
+    let n_vec = x.len() / lanes * lanes;
     let (xv, xt) = x.split_at_mut(n_vec);
     let (gv, gt) = g.split_at(n_vec);
     for (a, &b) in xv.iter_mut().zip(gv) {
-        *a = silu(*a) * b;
+        *a = silu_on(target, *a) * b;
     }
     for (a, &b) in xt.iter_mut().zip(gt) {
         *a = silu_scalar(*a) * b;
     }
 }
 
-/// `ggml_vec_dot_f32(n, s, 0, x, 0, y, 0, 1)` (vec.cpp, `GGML_SIMD` AVX-512 branch) on f32 slices:
+/// `ggml_vec_dot_f32(n, s, 0, x, 0, y, 0, 1)` (vec.cpp, generic `GGML_SIMD` branch) on f32 slices, as
+/// compiled for `target` (`L` = [`GgmlTarget::lanes`]):
 ///
-/// 1. over the first `np = n & !63` elements, four 16-lane accumulators, `sum[j] = fma(x, y, sum[j])` for
-///    the j-th 16 of every 64 (`GGML_F32_VEC_FMA`);
-/// 2. `GGML_F32x16_REDUCE`: `sum[0] += sum[2]`, `sum[1] += sum[3]`, `sum[0] += sum[1]`, then
-///    `_mm512_reduce_add_ps`;
-/// 3. the leftovers, `sumf += x[i]*y[i]` in the source, which gcc compiled (machine code read from this
-///    build) into: 16 at a time and then 8 at a time, the products rounded and added to `sumf` one by one
-///    in order; the last `< 8` as scalar fmas `sumf = fma(x, y, sumf)`.
+/// 1. over the first `np = n & !(4L − 1)` elements, four L-lane accumulators, `sum[j] = fma(x, y, sum[j])`
+///    for the j-th L of every 4L (`GGML_F32_VEC_FMA`);
+/// 2. `GGML_F32_VEC_REDUCE`: `sum[0] += sum[2]`, `sum[1] += sum[3]`, `sum[0] += sum[1]`, then AVX-512
+///    `_mm512_reduce_add_ps`, AVX2 `t_l = s_l + s_{l+4}` and two `hadd`s: `(t0 + t1) + (t2 + t3)`;
+/// 3. the leftovers, `sumf += x[i]*y[i]` in the source, which gcc compiled (machine code of each build) into
+///    products rounded and added to `sumf` one by one in order — AVX-512: the first `rem & !7` of them, the
+///    rest `(rem & 7)` as scalar fmas; AVX2: the first `rem & !3`, the last `rem & 3` as fmas.
 #[must_use]
-pub fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
-    vec_dot_f32_by(x.len(), |i| x[i], y)
+pub fn vec_dot_f32(target: GgmlTarget, x: &[f32], y: &[f32]) -> f32 {
+    vec_dot_f32_by(target, x.len(), |i| x[i], y)
 }
 
 /// [`vec_dot_f32`] with the first operand given by index (a strided row, such as the transposed V view).
 #[inline]
-pub(crate) fn vec_dot_f32_by(n: usize, x: impl Fn(usize) -> f32, y: &[f32]) -> f32 {
+pub(crate) fn vec_dot_f32_by(
+    target: GgmlTarget,
+    n: usize,
+    x: impl Fn(usize) -> f32,
+    y: &[f32],
+) -> f32 {
     debug_assert!(y.len() >= n);
-    let np = n & !63;
+    let lanes = target.lanes();
+    let step = 4 * lanes;
+    let np = n / step * step;
     let mut sumf = 0.0f32;
     if np > 0 {
         let mut sum = [[0f32; LANES]; 4];
-        for i in (0..np).step_by(64) {
+        for i in (0..np).step_by(step) {
             for (j, s) in sum.iter_mut().enumerate() {
-                let base = i + j * LANES;
-                for (l, a) in s.iter_mut().enumerate() {
+                let base = i + j * lanes;
+                for (l, a) in s[..lanes].iter_mut().enumerate() {
                     *a = fma(x(base + l), y[base + l], *a);
                 }
             }
         }
-        sumf = reduce_4x16(&sum);
+        let mut r = [0f32; LANES];
+        for (l, r) in r[..lanes].iter_mut().enumerate() {
+            *r = (sum[0][l] + sum[2][l]) + (sum[1][l] + sum[3][l]);
+        }
+        sumf = match target {
+            GgmlTarget::Avx512 => reduce_add_16(&r),
+            GgmlTarget::Avx2 => {
+                let t: [f32; 4] = std::array::from_fn(|l| r[l] + r[l + 4]);
+                (t[0] + t[1]) + (t[2] + t[3])
+            }
+        };
     }
+    let rem = n - np;
+    let unfused = match target {
+        GgmlTarget::Avx512 => rem & !7,
+        GgmlTarget::Avx2 => rem & !3,
+    };
     let mut i = np;
-    let whole = (n - np) / LANES * LANES + if (n - np) % LANES >= 8 { 8 } else { 0 };
-    while i < np + whole {
+    while i < np + unfused {
         sumf += x(i) * y[i];
         i += 1;
     }
@@ -146,46 +295,43 @@ pub(crate) fn vec_dot_f32_by(n: usize, x: impl Fn(usize) -> f32, y: &[f32]) -> f
     sumf
 }
 
-/// `GGML_F32x16_REDUCE` of four accumulators: `(s0 + s2) + (s1 + s3)` lane-wise, then
-/// `_mm512_reduce_add_ps`.
+/// One output of llamafile's `tinyBLAS<L, V, V, float, float, float>` (ggml-cpu/llamafile/sgemm.cpp,
+/// `gemm_bloc`; AVX-512 `<16, __m512>`, AVX2 `<8, __m256>`): a single L-lane accumulator `Cv = madd(A, B,
+/// Cv)` (`_mm*_fmadd_ps`) over the `k` elements L at a time, then `hsum` (`_mm512_reduce_add_ps` /
+/// `hsum_float_8`). `k` must be a multiple of L (`tinyBLAS::matmul` refuses other sizes); the tile shape
+/// does not change any output's arithmetic.
 #[inline]
-fn reduce_4x16(sum: &[[f32; LANES]; 4]) -> f32 {
-    let mut r = [0f32; LANES];
-    for (l, r) in r.iter_mut().enumerate() {
-        *r = (sum[0][l] + sum[2][l]) + (sum[1][l] + sum[3][l]);
-    }
-    reduce_add_16(&r)
-}
-
-/// One output of llamafile's `tinyBLAS<16, __m512, __m512, float, float, float>` (ggml-cpu/llamafile/
-/// sgemm.cpp, `gemm_bloc`): a single 16-lane accumulator `Cv = madd(A, B, Cv)` (`_mm512_fmadd_ps`) over
-/// the `k` elements 16 at a time, then `hsum` = `_mm512_reduce_add_ps`. `k` must be a multiple of 16
-/// (`tinyBLAS::matmul` refuses other sizes); the tile shape does not change any output's arithmetic.
-#[inline]
-pub(crate) fn tinyblas_dot_f32_by(k: usize, a: impl Fn(usize) -> f32, b: &[f32]) -> f32 {
-    debug_assert_eq!(k % LANES, 0);
+pub(crate) fn tinyblas_dot_f32_by(
+    target: GgmlTarget,
+    k: usize,
+    a: impl Fn(usize) -> f32,
+    b: &[f32],
+) -> f32 {
+    let lanes = target.lanes();
+    debug_assert_eq!(k % lanes, 0);
     let mut acc = [0f32; LANES];
-    for i in (0..k).step_by(LANES) {
-        for (l, c) in acc.iter_mut().enumerate() {
+    for i in (0..k).step_by(lanes) {
+        for (l, c) in acc[..lanes].iter_mut().enumerate() {
             *c = fma(a(i + l), b[i + l], *c);
         }
     }
-    reduce_add_16(&acc)
+    target.hsum(&acc[..lanes])
 }
 
-/// `ggml_vec_soft_max_f32(n, y, x, max)` (vec.cpp, AVX-512 branch) in place: `x[i] = ggml_v_expf(x[i] −
-/// max)` 16 lanes at a time, each vector's `_mm512_reduce_add_ps` added to a double; the last `n % 16`
-/// with libm `expf`, each added to the double. Returns the sum.
-pub fn vec_soft_max_f32(x: &mut [f32], max: f32) -> f64 {
-    let n_vec = x.len() / LANES * LANES;
+/// `ggml_vec_soft_max_f32(n, y, x, max)` (vec.cpp) in place: `x[i] = ggml_v_expf(x[i] − max)`
+/// [`GgmlTarget::lanes`] at a time, each vector's horizontal sum (`_mm512_reduce_add_ps` / `hsum_float_8`)
+/// added to a double; the last `n % lanes` with libm `expf`, each added to the double. Returns the sum.
+pub fn vec_soft_max_f32(target: GgmlTarget, x: &mut [f32], max: f32) -> f64 {
+    let lanes = target.lanes();
+    let n_vec = x.len() / lanes * lanes;
     let mut sum = 0.0f64;
-    for block in x[..n_vec].chunks_exact_mut(LANES) {
+    for block in x[..n_vec].chunks_exact_mut(lanes) {
         let mut v = [0f32; LANES];
         for (o, e) in v.iter_mut().zip(block.iter_mut()) {
-            *e = expf(*e - max);
+            *e = target.expf(*e - max);
             *o = *e;
         }
-        sum += f64::from(reduce_add_16(&v));
+        sum += f64::from(target.hsum(&v[..lanes]));
     }
     for e in &mut x[n_vec..] {
         *e = (*e - max).exp();
@@ -201,7 +347,7 @@ pub fn vec_soft_max_f32(x: &mut [f32], max: f32) -> f64 {
 /// `mask` has the row's length (0 or −∞ per element; `None` = no mask). A row with no finite entry makes
 /// `sum = 0` and ggml divides by zero (`assert(sum > 0)` in debug builds); this replica returns zeros
 /// instead, as [`super::softmax_scaled`] does.
-pub fn soft_max_row(x: &mut [f32], mask: Option<&[f32]>, scale: f32) {
+pub fn soft_max_row(target: GgmlTarget, x: &mut [f32], mask: Option<&[f32]>, scale: f32) {
     for v in x.iter_mut() {
         *v *= scale;
     }
@@ -217,7 +363,7 @@ pub fn soft_max_row(x: &mut [f32], mask: Option<&[f32]>, scale: f32) {
         x.fill(0.0);
         return;
     }
-    let sum = vec_soft_max_f32(x, max);
+    let sum = vec_soft_max_f32(target, x, max);
     let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
         *v *= inv;
@@ -238,6 +384,60 @@ pub fn rotate_pairs_norm(head: &mut [f32], cache: &[f32]) {
     }
 }
 
+/// `rotate_pairs<float>(n_dims, n_dims/2, cache, src, dst)` (ops.cpp; `GGML_ROPE_TYPE_NEOX`) for the
+/// rotated part of one head (`head.len() = n_dims`), in place: element `i` pairs with `i + n_dims/2` and
+/// uses `cache[2i], cache[2i+1]`. The same source expression as [`rotate_pairs_norm`], contracted the
+/// same way by gcc: `fma(x0, cos, −(x1·sin))`, `fma(x0, sin, x1·cos)`.
+pub fn rotate_pairs_neox(head: &mut [f32], cache: &[f32]) {
+    let half = head.len() / 2;
+    for i in 0..half {
+        let (x0, x1) = (head[i], head[i + half]);
+        let (cos, sin) = (cache[2 * i], cache[2 * i + 1]);
+        head[i] = fma(x0, cos, -(x1 * sin));
+        head[i + half] = fma(x0, sin, x1 * cos);
+    }
+}
+
+/// `ggml_gelu_f32(x)` (vec.h) as gcc compiles it: `0.5f*x*(1.0f + tanhf(SQRT_2_OVER_PI*x*(1.0f +
+/// GELU_COEF_A*x*x)))` with the inner `1 + a·x·x` contracted into `fma(a·x, x, 1)`; glibc `tanhf`.
+#[inline]
+fn gelu_f32(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const GELU_COEF_A: f32 = 0.044_715;
+    let inner = fma(GELU_COEF_A * x, x, 1.0);
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh())
+}
+
+/// `ggml_table_gelu_f16`, filled by `ggml_cpu_init` (ggml-cpu.c): for every f16 bit pattern `i`,
+/// `fp16(ggml_gelu_f32(f32(i)))` (F16C `_cvtss_sh`, round to nearest even = `half::f16::from_f32`).
+fn gelu_table() -> &'static [u16] {
+    use std::sync::OnceLock;
+    static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|i| half::f16::from_f32(gelu_f32(half::f16::from_bits(i).to_f32())).to_bits())
+            .collect()
+    })
+}
+
+/// `ggml_vec_geglu_f32(n, y, x, g)` (vec.h, `GGML_GELU_FP16` branch, defined by default in ggml-cpu) on
+/// one row, in place on `x`: `x ≤ −10 → 0`, `x ≥ 10 → x·g`, otherwise the f16 table entry of `fp16(x)`
+/// times `g`. So ggml's GELU is an f16-precision function (relative error up to ~5e-4), which reference
+/// mode's f32 [`super::gelu_tanh`] does not share.
+pub fn geglu_row(x: &mut [f32], g: &[f32]) {
+    let table = gelu_table();
+    for (a, &b) in x.iter_mut().zip(g) {
+        *a = if *a <= -10.0 {
+            0.0
+        } else if *a >= 10.0 {
+            *a * b
+        } else {
+            let t = half::f16::from_f32(*a).to_bits();
+            half::f16::from_bits(table[t as usize]).to_f32() * b
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,7 +446,14 @@ mod tests {
     fn expf_is_close_to_libm_and_handles_the_edges() {
         let mut x = -110.0f32;
         while x < 90.0 {
-            let (a, b) = (expf(x), x.exp());
+            let (a, b) = (expf_avx512(x), x.exp());
+            let a2 = expf_avx2(x);
+            if b > 1e-37 && b.is_finite() {
+                assert!(
+                    ((a2 - b) / b).abs() < 3.0 * f32::EPSILON,
+                    "avx2 x={x}: {a2} vs {b}"
+                );
+            }
             // 1.45 + 0.5 ulp in the normal range; subnormal results lose relative precision
             if b > 1e-37 && b.is_finite() {
                 assert!(
@@ -256,26 +463,31 @@ mod tests {
             }
             x += 0.013;
         }
-        assert_eq!(expf(0.0), 1.0);
-        assert_eq!(expf(f32::NEG_INFINITY), 0.0);
-        assert_eq!(expf(-1e30), 0.0);
-        assert_eq!(expf(f32::INFINITY), f32::INFINITY);
-        assert_eq!(expf(100.0), f32::INFINITY);
-        assert!(expf(f32::NAN).is_nan());
-        // below −87.3 the result is subnormal, rounded (not flushed) by scalef
-        assert!(expf(-95.0) > 0.0 && expf(-95.0) < f32::MIN_POSITIVE);
+        for t in GgmlTarget::ALL {
+            let expf = |x| t.expf(x);
+            assert_eq!(expf(0.0), 1.0, "{t}");
+            assert_eq!(expf(f32::NEG_INFINITY), 0.0, "{t}");
+            assert_eq!(expf(-1e30), 0.0, "{t}");
+            assert_eq!(expf(f32::INFINITY), f32::INFINITY, "{t}");
+            assert_eq!(expf(100.0), f32::INFINITY, "{t}");
+            assert!(expf(f32::NAN).is_nan(), "{t}");
+            // below −87.3 the result is subnormal, rounded (not flushed)
+            assert!(expf(-95.0) > 0.0 && expf(-95.0) < f32::MIN_POSITIVE, "{t}");
+        }
     }
 
     #[test]
     fn silu_and_swiglu_tail() {
+        let silu = |x| silu_on(GgmlTarget::Avx512, x);
         assert_eq!(silu(0.0), 0.0);
         assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
         assert_eq!(silu(-200.0), -0.0);
+        assert_eq!(silu_on(GgmlTarget::Avx2, -200.0), -0.0);
         // 19 elements: 16 in the vector loop, 3 through the scalar libm path
         let mut x: Vec<f32> = (0..19).map(|i| i as f32 * 0.37 - 3.0).collect();
         let g = vec![2.0f32; 19];
         let orig = x.clone();
-        swiglu_row(&mut x, &g);
+        swiglu_row(GgmlTarget::Avx512, &mut x, &g);
         for i in 0..19 {
             let want = if i < 16 {
                 silu(orig[i])
@@ -293,7 +505,9 @@ mod tests {
         let y: Vec<f32> = (0..200).map(|i| (i % 5) as f32 - 2.0).collect();
         for n in [0, 1, 7, 8, 15, 16, 63, 64, 65, 80, 100, 127, 128, 200] {
             let want: f32 = x[..n].iter().zip(&y[..n]).map(|(a, b)| a * b).sum();
-            assert_eq!(vec_dot_f32(&x[..n], &y[..n]), want, "n={n}");
+            for t in GgmlTarget::ALL {
+                assert_eq!(vec_dot_f32(t, &x[..n], &y[..n]), want, "n={n}");
+            }
         }
         // the lane structure shows with cancellation: 1e8 in lane 0 of sum[0] and −1e8 in lane 0 of
         // sum[2] cancel before the 1.0 of sum[1] is added
@@ -302,7 +516,7 @@ mod tests {
         x[32] = -1e8;
         x[16] = 1.0;
         let y = vec![1f32; 64];
-        assert_eq!(vec_dot_f32(&x, &y), 1.0);
+        assert_eq!(vec_dot_f32(GgmlTarget::Avx512, &x, &y), 1.0);
     }
 
     #[test]
@@ -310,12 +524,12 @@ mod tests {
         let mut x: Vec<f32> = (0..40).map(|i| (i as f32 * 0.7).sin() * 4.0).collect();
         let mut mask = vec![0f32; 40];
         mask[30..].fill(f32::NEG_INFINITY);
-        soft_max_row(&mut x, Some(&mask), 0.5);
+        soft_max_row(GgmlTarget::Avx512, &mut x, Some(&mask), 0.5);
         assert!(x[30..].iter().all(|&v| v == 0.0));
         let s: f32 = x.iter().sum();
         assert!((s - 1.0).abs() < 1e-6);
         let mut all = vec![f32::NEG_INFINITY; 16];
-        soft_max_row(&mut all, None, 1.0);
+        soft_max_row(GgmlTarget::Avx2, &mut all, None, 1.0);
         assert_eq!(all, vec![0.0; 16]);
     }
 

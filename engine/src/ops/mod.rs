@@ -1,5 +1,5 @@
-//! Shared numeric blocks of transformer forward passes: RMSNorm, RoPE, softmax, SiLU-gated units and causal
-//! grouped-query attention over the KV cache.
+//! Shared numeric blocks of transformer forward passes: RMSNorm, RoPE (NORM and NeoX), softmax, SiLU- and
+//! GELU-gated units and causal (optionally sliding-window) grouped-query attention over the KV cache.
 //!
 //! Activations are row-major `[n_tokens, width]` f32 slices. Ops whose arithmetic differs between the two
 //! numerics modes take a [`NumericsMode`]:
@@ -14,6 +14,9 @@
 //! | [`rms_norm`] | `ggml_compute_forward_rms_norm_f32` (+ `ggml_mul`, fused on CPU) — same in both modes |
 //! | [`rope_cache`] | `ggml_rope_cache_init` / `rope_yarn` — same in both modes |
 //! | [`rope_norm`] | `rotate_pairs` (`GGML_ROPE_TYPE_NORMAL`); ggml mode: gcc's fma contraction |
+//! | [`rope_neox`] | `rotate_pairs` (`GGML_ROPE_TYPE_NEOX`); ggml mode: gcc's fma contraction |
+//! | [`geglu`] | `ggml_vec_geglu_f32` (`GGML_GLU_OP_GEGLU`); ggml mode: the f16 GELU table |
+//! | [`scale`] | `ggml_vec_scale_f32` — same in both modes |
 //! | [`swiglu`] | `ggml_vec_swiglu_f32` (`GGML_GLU_OP_SWIGLU`); ggml mode: `ggml_v_silu` lanes + scalar tail |
 //! | [`softmax_scaled`] | reference mode of `ggml_compute_forward_soft_max_f32` |
 //! | [`attention`] | `build_attn_mha` without flash attention: `mul_mat(k, q)`, `soft_max_ext`, `mul_mat(v, kq)` |
@@ -24,6 +27,8 @@
 //! every position — see [`GGML_KQV_ORDER`] — so that a cached decode step equals a re-prefill bit for bit.
 
 pub mod ggml_cpu;
+
+pub use ggml_cpu::GgmlTarget;
 
 use crate::kv_cache::KvCache;
 use crate::quant::NumericsMode;
@@ -96,6 +101,74 @@ pub fn rope_norm(
     }
 }
 
+/// RoPE in the "NeoX" (GPT-NeoX, half-split) layout on every head of one token, in place: element `i` of
+/// each head is paired with element `i + rope_dim/2` and the pair is rotated by θ_i (the same per-pair
+/// angles and `cache` as [`rope_norm`]). `x`: `[n_head · head_dim]`; entries past `rope_dim` pass through.
+///
+/// llama.cpp's `LLAMA_ROPE_TYPE_NEOX` (Qwen2, Gemma 3, ...; HF `rotate_half`): ggml-cpu `rotate_pairs`
+/// with `n_offset = n_dims/2` and `scale = 2` (ops.cpp, `ggml_compute_forward_rope_flt`). Reference mode:
+/// four rounded products; ggml mode: [`ggml_cpu::rotate_pairs_neox`].
+pub fn rope_neox(
+    x: &mut [f32],
+    head_dim: usize,
+    rope_dim: usize,
+    cache: &[f32],
+    mode: NumericsMode,
+) {
+    let half = rope_dim / 2;
+    for head in x.chunks_exact_mut(head_dim) {
+        match mode {
+            NumericsMode::Reference => {
+                for (i, cs) in cache[..rope_dim].chunks_exact(2).enumerate() {
+                    let (x0, x1) = (head[i], head[i + half]);
+                    head[i] = x0 * cs[0] - x1 * cs[1];
+                    head[i + half] = x0 * cs[1] + x1 * cs[0];
+                }
+            }
+            NumericsMode::Ggml => ggml_cpu::rotate_pairs_neox(&mut head[..rope_dim], cache),
+        }
+    }
+}
+
+/// `x *= s` element-wise (`ggml_scale`: `ggml_vec_scale_f32`, one rounded product per element whatever
+/// the SIMD width; the same in both modes). Gemma's embedding scale √d and its query pre-scale.
+pub fn scale(x: &mut [f32], s: f32) {
+    for v in x.iter_mut() {
+        *v *= s;
+    }
+}
+
+/// GELU with the tanh approximation (Hendrycks & Gimpel 2016; HF `gelu_pytorch_tanh`), in f32:
+/// `0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²)))` — the formula of ggml's `ggml_gelu_f32` (vec.h).
+#[inline]
+#[must_use]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const GELU_COEF_A: f32 = 0.044_715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+}
+
+/// GELU-gated linear unit in place on rows of `width`: `gate[i] = gelu_tanh(gate[i]) · up[i]` (GeGLU,
+/// Shazeer 2020; Gemma's MLP, HF `GemmaMLP` with `gelu_pytorch_tanh`).
+///
+/// llama.cpp builds it as `ggml_geglu_split(ctx, gate, up)` (llama-graph.cpp `build_ffn`, `LLM_FFN_GELU` +
+/// `LLM_FFN_PAR`), computed per row by `ggml_vec_geglu_f32`. Reference mode: [`gelu_tanh`] in f32. Ggml
+/// mode: [`ggml_cpu::geglu_row`] (ggml's f16 lookup table, `GGML_GELU_FP16`).
+pub fn geglu(gate: &mut [f32], up: &[f32], width: usize, mode: NumericsMode) {
+    match mode {
+        NumericsMode::Reference => {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                *g = gelu_tanh(*g) * u;
+            }
+        }
+        NumericsMode::Ggml => {
+            for (g, u) in gate.chunks_exact_mut(width).zip(up.chunks_exact(width)) {
+                ggml_cpu::geglu_row(g, u);
+            }
+        }
+    }
+}
+
 /// Softmax in place over `x`, with inputs pre-scaled by `scale`: p_i = exp(s·x_i − max) / Σ — the
 /// reference-mode arithmetic of ggml-cpu `ggml_compute_forward_soft_max_f32`: scale, max, libm `exp`, the
 /// sum accumulated in f64 one element at a time, normalisation by `(float)(1/sum)`. (Ggml mode:
@@ -130,7 +203,7 @@ pub fn softmax_scaled(x: &mut [f32], scale: f32) {
 /// `LLM_FFN_SILU` + `LLM_FFN_PAR`; `GGML_OP_GLU` / `GGML_GLU_OP_SWIGLU`), computed per row by
 /// `ggml_vec_swiglu_f32`. Reference mode: libm `exp` everywhere. Ggml mode: [`ggml_cpu::swiglu_row`]
 /// (`ggml_v_silu` on 16-lane blocks, `ggml_silu_f32` for the last `width % 16`).
-pub fn swiglu(gate: &mut [f32], up: &[f32], width: usize, mode: NumericsMode) {
+pub fn swiglu(gate: &mut [f32], up: &[f32], width: usize, mode: NumericsMode, target: GgmlTarget) {
     match mode {
         NumericsMode::Reference => {
             for (g, &u) in gate.iter_mut().zip(up) {
@@ -139,7 +212,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32], width: usize, mode: NumericsMode) {
         }
         NumericsMode::Ggml => {
             for (g, u) in gate.chunks_exact_mut(width).zip(up.chunks_exact(width)) {
-                ggml_cpu::swiglu_row(g, u);
+                ggml_cpu::swiglu_row(target, g, u);
             }
         }
     }
@@ -200,80 +273,125 @@ pub fn attention_scratch_len(n_pos: usize) -> usize {
     n_pos.div_ceil(64) * 64
 }
 
+/// The shape and options of one attention layer (what [`attention`] needs besides the data).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads; query head `h` reads KV head `h / (n_head / n_kv_head)` (GQA, Ainslie et al. 2023).
+    pub n_kv_head: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+    /// The factor llama.cpp passes to `ggml_soft_max_ext(kq, mask, kq_scale, 0)`: 1/√head_dim for Llama and
+    /// Qwen2 (Vaswani et al. 2017); 1.0 for Gemma 3, whose graph scales Q beforehand ([`scale`]).
+    pub kq_scale: f32,
+    /// Sliding window: a key at position `p` is visible from query position `pos` only if
+    /// `pos − p < window` (llama.cpp `LLAMA_SWA_TYPE_STANDARD`, `llama_hparams::is_masked_swa`). `None`:
+    /// plain causal attention.
+    pub window: Option<usize>,
+}
+
+impl AttnShape {
+    /// Plain causal attention with the standard 1/√head_dim scale and no window.
+    pub fn causal(n_head: usize, n_kv_head: usize, head_dim: usize) -> AttnShape {
+        AttnShape {
+            n_head,
+            n_kv_head,
+            head_dim,
+            kq_scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+        }
+    }
+
+    /// First key position visible from query position `pos`.
+    fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+}
+
 /// Causal grouped-query attention of one token against the cache.
 ///
 /// `q`: `[n_head · head_dim]` (after RoPE) for the token at absolute position `pos`; keys and values of
-/// positions `0..=pos` must already be in `cache` for `layer`. Query head h reads KV head
-/// `h / (n_head / n_kv_head)` (GQA, Ainslie et al. 2023). Writes `[n_head · head_dim]` into `out`.
-/// `scores` is scratch of at least [`attention_scratch_len`]`(pos + 1)` floats. Scale 1/sqrt(head_dim)
-/// (Vaswani et al. 2017), applied inside the softmax as llama.cpp's `ggml_soft_max_ext(kq, mask, kq_scale)`
-/// does (kq·scale, then + mask; there is no separate scale node).
+/// positions `0..=pos` must already be in `cache` for `layer`. Writes `[n_head · head_dim]` into `out`.
+/// `scores` is scratch of at least [`attention_scratch_len`]`(pos + 1)` floats. The scale is applied inside
+/// the softmax as llama.cpp's `ggml_soft_max_ext(kq, mask, kq_scale)` does (kq·scale, then + mask; there
+/// is no separate scale node). Positions outside `shape.window` are masked with −∞ like llama.cpp's SWA
+/// mask.
 ///
 /// llama.cpp's graph (`build_attn_mha`, flash attention off, F32 cache): `kq = mul_mat(k, q)` (F32 × F32,
 /// accumulated in F32 — `ggml_prec_set_acc(kq, GGML_PREC_F32)` only matters on GPUs), `kq =
-/// soft_max_ext(kq, mask, 1/√d, 0)`, `kqv = mul_mat(v, kq)` with the transposed V view. Reference mode:
+/// soft_max_ext(kq, mask, kq_scale, 0)`, `kqv = mul_mat(v, kq)` with the transposed V view. Reference mode:
 /// [`dot_f32`], [`softmax_scaled`], sequential f32 accumulation of `p · v`. Ggml mode: every score one
-/// [`ggml_cpu::vec_dot_f32`], the row softmax [`ggml_cpu::soft_max_row`] over 16-lane blocks, the KQV
-/// sums in [`GGML_KQV_ORDER`].
+/// [`ggml_cpu::vec_dot_f32`], the row softmax [`ggml_cpu::soft_max_row`] over `target`'s lanes, the KQV
+/// sums in [`GGML_KQV_ORDER`]; `target` is ignored in reference mode.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
     cache: &KvCache,
     layer: usize,
     pos: usize,
-    n_head: usize,
-    n_kv_head: usize,
-    head_dim: usize,
+    shape: &AttnShape,
     scores: &mut [f32],
     out: &mut [f32],
     mode: NumericsMode,
+    target: GgmlTarget,
 ) {
     match mode {
-        NumericsMode::Reference => attention_reference(
-            q, cache, layer, pos, n_head, n_kv_head, head_dim, scores, out,
-        ),
+        NumericsMode::Reference => attention_reference(q, cache, layer, pos, shape, scores, out),
         NumericsMode::Ggml => attention_ggml(
             q,
             cache,
             layer,
             pos,
-            (n_head, n_kv_head, head_dim),
+            shape,
             scores,
             out,
-            GGML_KQV_ORDER,
+            (target, GGML_KQV_ORDER),
         ),
     }
 }
 
 /// Reference-mode [`attention`].
-#[allow(clippy::too_many_arguments)]
 fn attention_reference(
     q: &[f32],
     cache: &KvCache,
     layer: usize,
     pos: usize,
-    n_head: usize,
-    n_kv_head: usize,
-    head_dim: usize,
+    shape: &AttnShape,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
+    let AttnShape {
+        n_head,
+        n_kv_head,
+        head_dim,
+        kq_scale,
+        ..
+    } = *shape;
     let group = n_head / n_kv_head;
     let n_pos = pos + 1;
-    let scale = 1.0 / (head_dim as f32).sqrt();
+    let first = shape.first_visible(pos);
     let scores = &mut scores[..n_pos];
     for h in 0..n_head {
         let kvh = h / group;
         let qh = &q[h * head_dim..(h + 1) * head_dim];
         let keys = cache.keys(layer, kvh, n_pos);
-        for (s, k) in scores.iter_mut().zip(keys.chunks_exact(head_dim)) {
-            *s = dot_f32(qh, k);
+        for (i, (s, k)) in scores
+            .iter_mut()
+            .zip(keys.chunks_exact(head_dim))
+            .enumerate()
+        {
+            *s = if i < first {
+                f32::NEG_INFINITY
+            } else {
+                dot_f32(qh, k)
+            };
         }
-        softmax_scaled(scores, scale);
+        softmax_scaled(scores, kq_scale);
         let oh = &mut out[h * head_dim..(h + 1) * head_dim];
         oh.fill(0.0);
         let values = cache.values(layer, kvh, n_pos);
-        for (&p, v) in scores.iter().zip(values.chunks_exact(head_dim)) {
+        for (&p, v) in scores.iter().zip(values.chunks_exact(head_dim)).skip(first) {
             for (o, &vv) in oh.iter_mut().zip(v) {
                 *o += p * vv;
             }
@@ -282,7 +400,7 @@ fn attention_reference(
 }
 
 /// Ggml-mode [`attention`] with an explicit [`KqvOrder`] (the fixture tests check both orders against
-/// llama.cpp's prefill and decode graphs). `shape` = `(n_head, n_kv_head, head_dim)`.
+/// llama.cpp's prefill and decode graphs).
 ///
 /// Per query head, as llama.cpp computes one row of its `[n_kv, n_tokens, n_head]` tensors:
 /// 1. `kq[i] = ggml_vec_dot_f32(head_dim, k[i], q)` for `i ≤ pos` (`mul_mat(k, q)`, vec_dot path);
@@ -297,16 +415,21 @@ pub fn attention_ggml(
     cache: &KvCache,
     layer: usize,
     pos: usize,
-    shape: (usize, usize, usize),
+    shape: &AttnShape,
     scores: &mut [f32],
     out: &mut [f32],
-    order: KqvOrder,
+    (target, order): (GgmlTarget, KqvOrder),
 ) {
-    let (n_head, n_kv_head, head_dim) = shape;
+    let AttnShape {
+        n_head,
+        n_kv_head,
+        head_dim,
+        kq_scale: scale,
+        ..
+    } = *shape;
     let group = n_head / n_kv_head;
     let n_pos = pos + 1;
-    // llama.cpp: kq_scale = 1.0f/sqrtf(float(n_embd_head))
-    let scale = 1.0f32 / (head_dim as f32).sqrt();
+    let first = shape.first_visible(pos);
     let n_row = n_pos.div_ceil(ggml_cpu::LANES) * ggml_cpu::LANES;
     let n_pad = attention_scratch_len(n_pos);
     let scores = &mut scores[..n_pad];
@@ -315,11 +438,12 @@ pub fn attention_ggml(
         let qh = &q[h * head_dim..(h + 1) * head_dim];
         let keys = cache.keys(layer, kvh, n_pos);
         for (s, k) in scores.iter_mut().zip(keys.chunks_exact(head_dim)) {
-            *s = ggml_cpu::vec_dot_f32(k, qh);
+            *s = ggml_cpu::vec_dot_f32(target, k, qh);
         }
-        // masked positions: kq·scale + (−∞) = −∞, exp → exactly 0
+        // masked positions: kq·scale + (−∞) = −∞, exp → exactly 0 (outside the window and past `pos`)
+        scores[..first].fill(f32::NEG_INFINITY);
         scores[n_pos..n_row].fill(f32::NEG_INFINITY);
-        ggml_cpu::soft_max_row(&mut scores[..n_row], None, scale);
+        ggml_cpu::soft_max_row(target, &mut scores[..n_row], None, scale);
         scores[n_row..].fill(0.0);
         let values = cache.values(layer, kvh, n_pos);
         let v = |i: usize, d: usize| {
@@ -332,8 +456,10 @@ pub fn attention_ggml(
         let oh = &mut out[h * head_dim..(h + 1) * head_dim];
         for (d, o) in oh.iter_mut().enumerate() {
             *o = match order {
-                KqvOrder::TinyBlas => ggml_cpu::tinyblas_dot_f32_by(n_row, |i| v(i, d), scores),
-                KqvOrder::VecDot => ggml_cpu::vec_dot_f32_by(n_pad, |i| v(i, d), scores),
+                KqvOrder::TinyBlas => {
+                    ggml_cpu::tinyblas_dot_f32_by(target, n_row, |i| v(i, d), scores)
+                }
+                KqvOrder::VecDot => ggml_cpu::vec_dot_f32_by(target, n_pad, |i| v(i, d), scores),
             };
         }
     }
@@ -386,14 +512,16 @@ mod tests {
     fn swiglu_modes_agree_closely() {
         let gate: Vec<f32> = (0..70).map(|i| (i as f32 * 0.61).sin() * 6.0).collect();
         let up: Vec<f32> = (0..70).map(|i| (i as f32 * 0.23).cos()).collect();
-        let (mut a, mut b) = (gate.clone(), gate.clone());
-        swiglu(&mut a, &up, 35, NumericsMode::Reference);
-        swiglu(&mut b, &up, 35, NumericsMode::Ggml);
-        for (x, y) in a.iter().zip(&b) {
-            assert!(
-                (x - y).abs() <= 4.0 * f32::EPSILON * x.abs().max(1e-30),
-                "{x} vs {y}"
-            );
+        for t in GgmlTarget::ALL {
+            let (mut a, mut b) = (gate.clone(), gate.clone());
+            swiglu(&mut a, &up, 35, NumericsMode::Reference, t);
+            swiglu(&mut b, &up, 35, NumericsMode::Ggml, t);
+            for (x, y) in a.iter().zip(&b) {
+                assert!(
+                    (x - y).abs() <= 4.0 * f32::EPSILON * x.abs().max(1e-30),
+                    "{t}: {x} vs {y}"
+                );
+            }
         }
     }
 
@@ -410,14 +538,81 @@ mod tests {
                 &cache,
                 0,
                 0,
-                2,
-                1,
-                2,
+                &AttnShape::causal(2, 1, 2),
                 &mut scores,
                 &mut out,
                 mode,
+                GgmlTarget::Avx2,
             );
             assert_eq!(out, vec![5.0, 6.0, 5.0, 6.0]);
+        }
+    }
+
+    #[test]
+    fn sliding_window_sees_only_the_last_window_positions() {
+        // values are one-hot per position; a query equal to every key gives equal weights to the visible
+        // positions, so the output is the mean of their one-hot vectors
+        let (hd, n) = (8, 8);
+        let mut cache = KvCache::new(1, 1, hd, n);
+        for p in 0..n {
+            let mut v = vec![0.0; hd];
+            v[p] = 1.0;
+            cache.write(0, p, &[0.0; 8], &v).unwrap();
+        }
+        for mode in MODES {
+            for (window, first) in [(None, 0), (Some(3), 5), (Some(1), 7), (Some(100), 0)] {
+                let shape = AttnShape {
+                    window,
+                    ..AttnShape::causal(1, 1, hd)
+                };
+                let mut out = vec![0.0; hd];
+                let mut scores = vec![0.0; attention_scratch_len(n)];
+                let q = [0.0; 8];
+                attention(
+                    &q,
+                    &cache,
+                    0,
+                    7,
+                    &shape,
+                    &mut scores,
+                    &mut out,
+                    mode,
+                    GgmlTarget::Avx512,
+                );
+                let w = 1.0 / (n - first) as f32;
+                for (p, &o) in out.iter().enumerate() {
+                    let want = if p >= first { w } else { 0.0 };
+                    assert!(
+                        (o - want).abs() < 1e-6,
+                        "{mode:?} {window:?} pos {p}: {o} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rope_neox_pairs_halves_and_matches_norm_on_permuted_input() {
+        // NeoX on [a0..a(h-1), b0..b(h-1)] equals NORM on the interleaved [a0, b0, a1, b1, ...]
+        let (hd, rd) = (8, 8);
+        let x: Vec<f32> = (0..hd).map(|i| i as f32 * 0.3 - 1.0).collect();
+        let mut c = vec![0.0; rd];
+        rope_cache(11, 10000.0, rd, &mut c);
+        for mode in MODES {
+            let mut neox = x.clone();
+            rope_neox(&mut neox, hd, rd, &c, mode);
+            let mut inter: Vec<f32> = (0..hd / 2).flat_map(|i| [x[i], x[i + hd / 2]]).collect();
+            rope_norm(&mut inter, hd, rd, &c, mode);
+            let back: Vec<f32> = (0..hd)
+                .map(|i| {
+                    if i < hd / 2 {
+                        inter[2 * i]
+                    } else {
+                        inter[2 * (i - hd / 2) + 1]
+                    }
+                })
+                .collect();
+            assert_eq!(neox, back, "{mode:?}");
         }
     }
 
@@ -442,20 +637,20 @@ mod tests {
                 &cache,
                 0,
                 pos,
-                (1, 1, hd),
+                &AttnShape::causal(1, 1, hd),
                 &mut scores,
                 &mut a,
-                KqvOrder::TinyBlas,
+                (GgmlTarget::Avx512, KqvOrder::TinyBlas),
             );
             attention_ggml(
                 &q,
                 &cache,
                 0,
                 pos,
-                (1, 1, hd),
+                &AttnShape::causal(1, 1, hd),
                 &mut scores,
                 &mut b,
-                KqvOrder::VecDot,
+                (GgmlTarget::Avx512, KqvOrder::VecDot),
             );
             if pos < 16 {
                 assert_eq!(a, b, "pos {pos}");
@@ -468,12 +663,11 @@ mod tests {
                 &cache,
                 0,
                 pos,
-                1,
-                1,
-                hd,
+                &AttnShape::causal(1, 1, hd),
                 &mut scores,
                 &mut r,
                 NumericsMode::Reference,
+                GgmlTarget::Avx512,
             );
             for (x, y) in a.iter().zip(&r) {
                 assert!(

@@ -1,0 +1,581 @@
+//! The shared blocks every architecture is wired from, each computing *and* emitting its own stages —
+//! the way llama.cpp's graph builders (`build_norm`, `build_attn`, `build_ffn` in src/llama-graph.cpp) name
+//! every intermediate through `cb(cur, "attn_norm", il)`, and mistral.rs shares `layers.rs`.
+//!
+//! - [`Embedding`]: `token_embd` row lookup, optional scale (Gemma's √d) → `embed`;
+//! - [`RmsNorm`]: RMSNorm with a weight → `attn_norm`, `ffn_norm`, post-norms, `output_norm`;
+//! - [`Attention`]: Q/K/V projections with optional biases (Qwen2) and per-head Q/K norms (Gemma 3), RoPE
+//!   NORM or NeoX with a per-layer base, optional Q pre-scale, sliding window, the output projection →
+//!   `q`, `k`, `v`, `q_norm`, `k_norm`, `q_rope`, `k_rope`, `attn_out`, `attn_proj`;
+//! - [`Ffn`]: gated FFN with SiLU (SwiGLU) or tanh-GELU (GeGLU) → `ffn_gate`, `ffn_up`, `ffn_act`, `ffn_out`;
+//! - [`DecoderLayer`]: pre-norm residual wiring with optional post-norms (Gemma 2/3) → `ffn_inp`, `out`;
+//! - [`OutputHead`]: final norm, output matrix, optional logit soft-cap → `output_norm`, `logits`;
+//! - [`Decoder`]: embedding → layers → head, the forward pass of every decoder-only architecture here.
+//!
+//! An architecture module (`llama.rs`, `qwen2.rs`, `gemma3.rs`) reads its hyperparameters and builds a
+//! [`Decoder`] from these blocks; it contains no arithmetic. The list of stages a model emits is whatever
+//! these blocks emit (`Model::stages` records one forward step), never a hand-kept list.
+
+use std::ops::Range;
+
+use crate::backend::{Backend, MatmulScratch};
+use crate::gguf::GgufFile;
+use crate::hooks::{self, Stage, StageKind, StageSink};
+use crate::kv_cache::KvCache;
+use crate::models::weights::{load_vector, Weight};
+use crate::ops::{self, AttnShape, GgmlTarget};
+use crate::quant::{self, NumericsMode};
+use crate::Result;
+
+/// What one forward call shares with every block: the file, the numerics mode, the backend and its scratch,
+/// the stage sink, and the positions of the batch (`p0 .. p0 + n`).
+pub(crate) struct Fwd<'a, 's> {
+    pub g: &'a GgufFile,
+    pub mode: NumericsMode,
+    /// The ggml-cpu build ggml mode mirrors.
+    pub target: GgmlTarget,
+    pub backend: &'a dyn Backend,
+    pub mm: &'a mut MatmulScratch,
+    pub sink: Option<&'a mut (dyn StageSink + 's)>,
+    /// Absolute position of the batch's first token.
+    pub p0: usize,
+    /// Tokens in the batch.
+    pub n: usize,
+}
+
+impl Fwd<'_, '_> {
+    /// Absolute positions of the batch.
+    pub fn positions(&self) -> Range<usize> {
+        self.p0..self.p0 + self.n
+    }
+
+    /// Hand `data` (`[n, width]`, width = `data.len() / n`) to the sink as `stage`; it may be replaced.
+    pub fn emit(&mut self, stage: Stage, data: &mut [f32]) {
+        let width = data.len() / self.n;
+        let pos = self.positions();
+        let mut sink = self.sink.as_deref_mut().map(|s| s as &mut dyn StageSink);
+        hooks::emit(&mut sink, stage, pos, width, data);
+    }
+
+    /// `out[t, r] = Σ_k w[r, k] · x[t, k]` for the batch (`x`: `[n, w.cols]`, `out`: `[n, w.rows]`).
+    pub fn matmul(&mut self, w: &Weight, x: &[f32], out: &mut [f32]) -> Result<()> {
+        self.backend
+            .matmul(&w.matrix(self.g), x, self.n, out, self.mode, self.mm)
+    }
+}
+
+/// Resize a scratch buffer to `n` (contents unspecified) — allocation only when it grows past capacity.
+#[inline]
+pub(crate) fn sized(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    buf.resize(n, 0.0);
+    &mut buf[..n]
+}
+
+/// `x[t, :] += bias` for every row (`ggml_add` with a broadcast `[width]` bias: one rounding per element).
+fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        ops::add_in_place(row, bias);
+    }
+}
+
+/// Token embedding lookup: `x[t] = token_embd[tokens[t]] · scale` (`ggml_get_rows`, then `ggml_scale` when
+/// `scale` is set: Gemma's `inp_scaled`, ×√d_model).
+#[derive(Debug)]
+pub struct Embedding {
+    /// `[n_vocab, d_model]`.
+    pub weight: Weight,
+    /// Multiplier applied after the lookup.
+    pub scale: Option<f32>,
+}
+
+impl Embedding {
+    /// `x`: `[n, d_model]` ← rows of the embedding matrix; emits `embed`.
+    pub(crate) fn forward(&self, f: &mut Fwd, tokens: &[u32], x: &mut [f32]) -> Result<()> {
+        let embd = self.weight.matrix(f.g);
+        for (row, &tok) in x.chunks_exact_mut(self.weight.cols).zip(tokens) {
+            quant::dequantize_row(embd.ty, embd.row(tok as usize), row)?;
+        }
+        if let Some(s) = self.scale {
+            ops::scale(x, s);
+        }
+        f.emit(Stage::global(StageKind::Embed), x);
+        Ok(())
+    }
+}
+
+/// RMSNorm with a learned weight ([`ops::rms_norm`]; llama.cpp `build_norm(.., LLM_NORM_RMS, ..)`). The
+/// weight is used as the GGUF stores it (for Gemma the converter has already added the `1 +`).
+#[derive(Debug)]
+pub struct RmsNorm {
+    /// `[width]`: the normalised row length (d_model, or head_dim for per-head Q/K norms).
+    pub weight: Vec<f32>,
+    /// Epsilon inside the square root.
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    /// Load `name` (`[width]`).
+    pub fn load(g: &GgufFile, name: &str, width: usize, eps: f32) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            weight: load_vector(g, name, width)?,
+            eps,
+        })
+    }
+
+    /// Normalise every `weight.len()`-long row of `x` in place, then emit it as `stage`.
+    pub(crate) fn forward(&self, f: &mut Fwd, x: &mut [f32], stage: Stage) {
+        ops::rms_norm(x, &self.weight, self.eps);
+        f.emit(stage, x);
+    }
+}
+
+/// How a model rotates query/key pairs (llama.cpp `llama_rope_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeKind {
+    /// Interleaved pairs `(2i, 2i+1)`: `LLAMA_ROPE_TYPE_NORM` ([`ops::rope_norm`]).
+    Norm,
+    /// Half-split pairs `(i, i + d/2)`: `LLAMA_ROPE_TYPE_NEOX` ([`ops::rope_neox`]).
+    Neox,
+}
+
+/// Rotary position embedding of one layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    /// Pair layout.
+    pub kind: RopeKind,
+    /// Base θ (`rope.freq_base`; Gemma 3's local layers use their own).
+    pub base: f32,
+    /// Rotated dimensions per head.
+    pub dim: usize,
+}
+
+/// Activation buffers of [`Attention::forward`].
+#[derive(Default)]
+pub struct AttnBufs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    rope: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+/// One self-attention sub-layer: projections, optional biases and Q/K norms, RoPE, cached causal GQA,
+/// output projection (llama.cpp `build_attn` and the Q/K/V lines of each `src/models/<arch>.cpp`).
+#[derive(Debug)]
+pub struct Attention {
+    /// Block index (the KV-cache layer and the stage ids).
+    pub layer: usize,
+    /// `[n_head·head_dim, d_model]`.
+    pub wq: Weight,
+    /// `[n_kv_head·head_dim, d_model]`.
+    pub wk: Weight,
+    /// `[n_kv_head·head_dim, d_model]`.
+    pub wv: Weight,
+    /// `[d_model, n_head·head_dim]`.
+    pub wo: Weight,
+    /// Q/K/V biases (`attn_q.bias` ...; Qwen2), added right after each projection.
+    pub bias: Option<[Vec<f32>; 3]>,
+    /// Per-head RMSNorms of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`; Gemma 3).
+    pub qk_norm: Option<[RmsNorm; 2]>,
+    /// RoPE of this layer.
+    pub rope: Rope,
+    /// `ggml_scale` of Q after RoPE (Gemma 3: `f_attention_scale`, with `kq_scale = 1`).
+    pub q_scale: Option<f32>,
+    /// Heads, scale, window.
+    pub shape: AttnShape,
+}
+
+/// Which optional tensors an [`Attention`] has (the architecture says; they are then required).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnTensors {
+    /// `attn_{q,k,v}.bias`.
+    pub bias: bool,
+    /// `attn_{q,k}_norm.weight` (per-head, `[head_dim]`).
+    pub qk_norm: bool,
+}
+
+impl Attention {
+    /// Load block `layer`'s attention tensors (`blk.{layer}.attn_*`), shape-checked against `shape` and
+    /// `d_model`.
+    pub fn load(
+        g: &GgufFile,
+        layer: usize,
+        d_model: usize,
+        shape: AttnShape,
+        rope: Rope,
+        q_scale: Option<f32>,
+        tensors: AttnTensors,
+        norm_eps: f32,
+    ) -> Result<Attention> {
+        let (qw, kvw) = (
+            shape.n_head * shape.head_dim,
+            shape.n_kv_head * shape.head_dim,
+        );
+        let name = |t: &str| format!("blk.{layer}.{t}");
+        let bias = if tensors.bias {
+            Some([
+                load_vector(g, &name("attn_q.bias"), qw)?,
+                load_vector(g, &name("attn_k.bias"), kvw)?,
+                load_vector(g, &name("attn_v.bias"), kvw)?,
+            ])
+        } else {
+            None
+        };
+        let qk_norm = if tensors.qk_norm {
+            Some([
+                RmsNorm::load(g, &name("attn_q_norm.weight"), shape.head_dim, norm_eps)?,
+                RmsNorm::load(g, &name("attn_k_norm.weight"), shape.head_dim, norm_eps)?,
+            ])
+        } else {
+            None
+        };
+        Ok(Attention {
+            layer,
+            wq: Weight::load(g, &name("attn_q.weight"), Some(qw), Some(d_model))?,
+            wk: Weight::load(g, &name("attn_k.weight"), Some(kvw), Some(d_model))?,
+            wv: Weight::load(g, &name("attn_v.weight"), Some(kvw), Some(d_model))?,
+            wo: Weight::load(g, &name("attn_output.weight"), Some(d_model), Some(qw))?,
+            bias,
+            qk_norm,
+            rope,
+            q_scale,
+            shape,
+        })
+    }
+
+    /// `out` (`[n, d_model]`) ← attention of the normed input `h` (`[n, d_model]`) over the cache, after
+    /// writing this batch's keys and values at their positions.
+    pub(crate) fn forward(
+        &self,
+        f: &mut Fwd,
+        kv: &mut KvCache,
+        h: &[f32],
+        b: &mut AttnBufs,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let st = |kind| Stage::block(self.layer, kind);
+        let AttnShape {
+            n_head,
+            n_kv_head,
+            head_dim: hd,
+            ..
+        } = self.shape;
+        let (n, p0, qw, kvw) = (f.n, f.p0, n_head * hd, n_kv_head * hd);
+        let (q, k, v) = (
+            sized(&mut b.q, n * qw),
+            sized(&mut b.k, n * kvw),
+            sized(&mut b.v, n * kvw),
+        );
+
+        // q = h·Wqᵀ (+ bq) [n, n_head·hd];  k, v = h·Wkᵀ (+ bk), h·Wvᵀ (+ bv) [n, n_kv_head·hd]
+        for (i, (w, out, kind)) in [
+            (&self.wq, &mut *q, StageKind::Q),
+            (&self.wk, &mut *k, StageKind::K),
+            (&self.wv, &mut *v, StageKind::V),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            f.matmul(w, h, out)?;
+            if let Some(bias) = &self.bias {
+                add_bias(out, &bias[i]);
+            }
+            f.emit(st(kind), out);
+        }
+
+        // per-head RMSNorm of q and k (rows of head_dim)
+        if let Some([qn, kn]) = &self.qk_norm {
+            qn.forward(f, q, st(StageKind::QNorm));
+            kn.forward(f, k, st(StageKind::KNorm));
+        }
+
+        // RoPE on q and k, each token at its own absolute position
+        let rope = sized(&mut b.rope, self.rope.dim);
+        for (t, (qt, kt)) in q
+            .chunks_exact_mut(qw)
+            .zip(k.chunks_exact_mut(kvw))
+            .enumerate()
+        {
+            ops::rope_cache(p0 + t, self.rope.base, self.rope.dim, rope);
+            let rotate = match self.rope.kind {
+                RopeKind::Norm => ops::rope_norm,
+                RopeKind::Neox => ops::rope_neox,
+            };
+            rotate(qt, hd, self.rope.dim, rope, f.mode);
+            rotate(kt, hd, self.rope.dim, rope, f.mode);
+        }
+        f.emit(st(StageKind::QRope), q);
+        f.emit(st(StageKind::KRope), k);
+        if let Some(s) = self.q_scale {
+            ops::scale(q, s);
+        }
+
+        // write k, v of token t at position p0 + t
+        for (t, (kt, vt)) in k.chunks_exact(kvw).zip(v.chunks_exact(kvw)).enumerate() {
+            kv.write(self.layer, p0 + t, kt, vt)?;
+        }
+
+        // att = softmax(q·kᵀ·kq_scale + mask) · v, heads concatenated   [n, n_head·hd]
+        let att = sized(&mut b.att, n * qw);
+        let scores = sized(&mut b.scores, ops::attention_scratch_len(p0 + n));
+        for (t, (qt, at)) in q.chunks_exact(qw).zip(att.chunks_exact_mut(qw)).enumerate() {
+            ops::attention(
+                qt,
+                kv,
+                self.layer,
+                p0 + t,
+                &self.shape,
+                scores,
+                at,
+                f.mode,
+                f.target,
+            );
+        }
+        f.emit(st(StageKind::AttnOut), att);
+
+        // out = att·Woᵀ                                       [n, d_model]
+        f.matmul(&self.wo, att, out)?;
+        f.emit(st(StageKind::AttnProj), out);
+        Ok(())
+    }
+}
+
+/// The gate activation of a gated FFN (llama.cpp `llm_ffn_op_type` with `LLM_FFN_PAR`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GluAct {
+    /// SiLU: SwiGLU ([`ops::swiglu`]).
+    Silu,
+    /// tanh-approximated GELU: GeGLU ([`ops::geglu`]).
+    GeluTanh,
+}
+
+/// Activation buffers of [`Ffn::forward`].
+#[derive(Default)]
+pub struct FfnBufs {
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+/// A gated feed-forward sub-layer: `down(act(h·W_gateᵀ) ⊙ h·W_upᵀ)` (llama.cpp `build_ffn` with
+/// `LLM_FFN_PAR`).
+#[derive(Debug)]
+pub struct Ffn {
+    /// Block index.
+    pub layer: usize,
+    /// `[d_ff, d_model]`.
+    pub gate: Weight,
+    /// `[d_ff, d_model]`.
+    pub up: Weight,
+    /// `[d_model, d_ff]`.
+    pub down: Weight,
+    /// Gate activation.
+    pub act: GluAct,
+}
+
+impl Ffn {
+    /// Load block `layer`'s `ffn_gate`, `ffn_up`, `ffn_down`.
+    pub fn load(
+        g: &GgufFile,
+        layer: usize,
+        d_model: usize,
+        d_ff: usize,
+        act: GluAct,
+    ) -> Result<Ffn> {
+        let name = |t: &str| format!("blk.{layer}.{t}.weight");
+        Ok(Ffn {
+            layer,
+            gate: Weight::load(g, &name("ffn_gate"), Some(d_ff), Some(d_model))?,
+            up: Weight::load(g, &name("ffn_up"), Some(d_ff), Some(d_model))?,
+            down: Weight::load(g, &name("ffn_down"), Some(d_model), Some(d_ff))?,
+            act,
+        })
+    }
+
+    /// `out` (`[n, d_model]`) ← the FFN of the normed input `h` (`[n, d_model]`).
+    pub(crate) fn forward(
+        &self,
+        f: &mut Fwd,
+        h: &[f32],
+        b: &mut FfnBufs,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let st = |kind| Stage::block(self.layer, kind);
+        let d_ff = self.gate.rows;
+        let (gate, up) = (sized(&mut b.gate, f.n * d_ff), sized(&mut b.up, f.n * d_ff));
+        f.matmul(&self.gate, h, gate)?;
+        f.emit(st(StageKind::FfnGate), gate);
+        f.matmul(&self.up, h, up)?;
+        f.emit(st(StageKind::FfnUp), up);
+        // gate = act(gate) ⊙ up                               [n, d_ff]
+        match self.act {
+            GluAct::Silu => ops::swiglu(gate, up, d_ff, f.mode, f.target),
+            GluAct::GeluTanh => ops::geglu(gate, up, d_ff, f.mode),
+        }
+        f.emit(st(StageKind::FfnAct), gate);
+        f.matmul(&self.down, gate, out)?;
+        f.emit(st(StageKind::FfnOut), out);
+        Ok(())
+    }
+}
+
+/// One pre-norm transformer block (Xiong et al. 2020), with the optional post-norms of Gemma 2/3:
+///
+/// ```text
+/// x = x + post_attn_norm?(attn(attn_norm(x)))     → ffn_inp
+/// x = x + post_ffn_norm?(ffn(ffn_norm(x)))        → out
+/// ```
+#[derive(Debug)]
+pub struct DecoderLayer {
+    /// Block index.
+    pub layer: usize,
+    /// Norm before attention.
+    pub attn_norm: RmsNorm,
+    /// Self-attention.
+    pub attn: Attention,
+    /// Norm of the attention output before the residual add (`post_attention_norm`).
+    pub attn_post_norm: Option<RmsNorm>,
+    /// Norm before the FFN.
+    pub ffn_norm: RmsNorm,
+    /// Feed-forward.
+    pub ffn: Ffn,
+    /// Norm of the FFN output before the residual add (`post_ffw_norm`).
+    pub ffn_post_norm: Option<RmsNorm>,
+}
+
+/// Activation buffers of a [`Decoder`] forward pass (resized, never shrunk: no allocation once warm).
+#[derive(Default)]
+pub struct Activations {
+    /// Residual stream `[n, d_model]`.
+    x: Vec<f32>,
+    /// Normed input of a sub-layer `[n, d_model]`.
+    h: Vec<f32>,
+    /// Sub-layer output `[n, d_model]`.
+    proj: Vec<f32>,
+    attn: AttnBufs,
+    ffn: FfnBufs,
+    /// `[n, n_vocab]`.
+    pub logits: Vec<f32>,
+}
+
+impl DecoderLayer {
+    /// One block over the residual stream `x` (`[n, d_model]`), in place.
+    fn forward(
+        &self,
+        f: &mut Fwd,
+        kv: &mut KvCache,
+        x: &mut [f32],
+        h: &mut [f32],
+        proj: &mut [f32],
+        attn: &mut AttnBufs,
+        ffn: &mut FfnBufs,
+    ) -> Result<()> {
+        let st = |kind| Stage::block(self.layer, kind);
+        h.copy_from_slice(x);
+        self.attn_norm.forward(f, h, st(StageKind::AttnNorm));
+        self.attn.forward(f, kv, h, attn, proj)?;
+        if let Some(n) = &self.attn_post_norm {
+            n.forward(f, proj, st(StageKind::AttnPostNorm));
+        }
+        ops::add_in_place(x, proj);
+        f.emit(st(StageKind::FfnInp), x);
+
+        h.copy_from_slice(x);
+        self.ffn_norm.forward(f, h, st(StageKind::FfnNorm));
+        self.ffn.forward(f, h, ffn, proj)?;
+        if let Some(n) = &self.ffn_post_norm {
+            n.forward(f, proj, st(StageKind::FfnPostNorm));
+        }
+        ops::add_in_place(x, proj);
+        f.emit(st(StageKind::Out), x);
+        Ok(())
+    }
+}
+
+/// Final norm and output matrix (llama.cpp `result_norm`, `result_output`).
+#[derive(Debug)]
+pub struct OutputHead {
+    /// `output_norm`.
+    pub norm: RmsNorm,
+    /// `[n_vocab, d_model]`: `output.weight`, or `token_embd.weight` when the file ties them.
+    pub weight: Weight,
+    /// `logits = cap · tanh(logits · (1/cap))` (Gemma 2 `final_logit_softcapping`: llama.cpp `ggml_scale`,
+    /// `ggml_tanh`, `ggml_scale`); `None` for most models.
+    pub softcap: Option<f32>,
+}
+
+impl OutputHead {
+    /// `output_norm.weight`, and `output.weight` or else the tied `token_embd` (`tied`).
+    pub fn load(
+        g: &GgufFile,
+        d_model: usize,
+        n_vocab: usize,
+        norm_eps: f32,
+        tied: &Weight,
+    ) -> Result<OutputHead> {
+        let weight = match g.tensor("output.weight") {
+            Ok(_) => Weight::load(g, "output.weight", Some(n_vocab), Some(d_model))?,
+            Err(_) => tied.clone(),
+        };
+        Ok(OutputHead {
+            norm: RmsNorm::load(g, "output_norm.weight", d_model, norm_eps)?,
+            weight,
+            softcap: None,
+        })
+    }
+}
+
+/// A decoder-only transformer: embedding, blocks, output head.
+#[derive(Debug)]
+pub struct Decoder {
+    /// Token embedding.
+    pub embed: Embedding,
+    /// The blocks, in order.
+    pub layers: Vec<DecoderLayer>,
+    /// Final norm and logits.
+    pub head: OutputHead,
+}
+
+impl Decoder {
+    /// One forward pass over `tokens` at positions `f.positions()`; logits land in `act.logits`
+    /// (`[n, n_vocab]`).
+    pub(crate) fn forward(
+        &self,
+        f: &mut Fwd,
+        kv: &mut KvCache,
+        act: &mut Activations,
+        tokens: &[u32],
+    ) -> Result<()> {
+        let d = self.embed.weight.cols;
+        let n = tokens.len();
+        let Activations {
+            x,
+            h,
+            proj,
+            attn,
+            ffn,
+            logits,
+        } = act;
+        let (x, h, proj) = (sized(x, n * d), sized(h, n * d), sized(proj, n * d));
+
+        self.embed.forward(f, tokens, x)?;
+        for layer in &self.layers {
+            layer.forward(f, kv, x, h, proj, attn, ffn)?;
+        }
+
+        // logits = RMSNorm(x)·w_output_norm · W_outᵀ               [n, n_vocab]
+        h.copy_from_slice(x);
+        self.head
+            .norm
+            .forward(f, h, Stage::global(StageKind::OutputNorm));
+        let logits = sized(logits, n * self.head.weight.rows);
+        f.matmul(&self.head.weight, h, logits)?;
+        if let Some(cap) = self.head.softcap {
+            ops::scale(logits, 1.0 / cap);
+            logits.iter_mut().for_each(|v| *v = v.tanh());
+            ops::scale(logits, cap);
+        }
+        f.emit(Stage::global(StageKind::Logits), logits);
+        Ok(())
+    }
+}
