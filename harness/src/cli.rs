@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::sample::{Sampler, SamplerConfig};
 use lockstep_engine::tokenizer::TextStream;
 use lockstep_engine::{Model, NumericsMode};
@@ -106,6 +107,9 @@ pub struct GenerateArgs {
     /// Numerics mode: `reference` or `ggml`.
     #[arg(long, default_value = "ggml")]
     pub mode: NumericsMode,
+    /// The llama.cpp build ggml mode mirrors: `avx2` or `avx512` (default: this machine's).
+    #[arg(long)]
+    pub ggml_target: Option<GgmlTarget>,
     /// Recognise control-token text in the prompt.
     #[arg(long)]
     pub parse_special: bool,
@@ -125,6 +129,9 @@ pub struct DumpArgs {
     /// Numerics mode: `reference` or `ggml`.
     #[arg(long, default_value = "reference")]
     pub mode: NumericsMode,
+    /// The llama.cpp build ggml mode mirrors: `avx2` or `avx512` (default: this machine's).
+    #[arg(long)]
+    pub ggml_target: Option<GgmlTarget>,
     /// Recognise control-token text in the prompt.
     #[arg(long)]
     pub parse_special: bool,
@@ -326,7 +333,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 (None, None) => bail!("give --prompt or --tokens"),
             };
             let t0 = Instant::now();
-            let d = dump::run(&model, &tokens, a.mode)?;
+            let target = a.ggml_target.unwrap_or_else(GgmlTarget::host);
+            let d = dump::run(&model, &tokens, a.mode, target)?;
             dump::write(&a.out, &d)?;
             eprintln!(
                 "wrote {} ({} tokens, {} stages, mode {}) in {:.2}s",
@@ -373,6 +381,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
     }
     let n_ctx = (prompt.len() + a.n).min(model.info().n_ctx_train.max(prompt.len() + 1));
     let mut session = model.session(n_ctx, a.mode);
+    session.set_ggml_target(a.ggml_target.unwrap_or_else(GgmlTarget::host));
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: a.temperature,
         top_k: a.top_k,

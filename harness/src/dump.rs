@@ -18,6 +18,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use lockstep_engine::hooks::Recorder;
+use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Stage, StageKind};
 use ndarray::{Array1, Array2};
 use ndarray_npy::{NpzReader, NpzWriter};
@@ -39,8 +40,9 @@ pub struct Dump {
 /// Run `tokens` through `model` as one prefill batch and record every stage.
 ///
 /// Errors: anything the engine reports (bad token id, unsupported type).
-pub fn run(model: &Model, tokens: &[u32], mode: NumericsMode) -> Result<Dump> {
+pub fn run(model: &Model, tokens: &[u32], mode: NumericsMode, target: GgmlTarget) -> Result<Dump> {
     let mut session = model.session(tokens.len(), mode);
+    session.set_ggml_target(target);
     let mut rec = Recorder::new();
     model.forward(&mut session, tokens, Some(&mut rec))?;
     // The logits are a recorded stage like any other; the dump keeps them apart.

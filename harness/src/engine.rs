@@ -10,6 +10,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use lockstep_engine::hooks::{Recorder, StageSink};
+use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Session, Stage, StageKind};
 use ndarray::Array2;
 
@@ -39,8 +40,9 @@ pub trait Engine {
     /// Canonical stage ids with row widths, in forward order (without `logits`).
     fn stages(&self) -> Vec<(String, usize)>;
 
-    /// Start a new sequence (empty KV cache) of at most `n_ctx` positions in numerics `mode`.
-    fn reset(&mut self, mode: NumericsMode, n_ctx: usize) -> Result<()>;
+    /// Start a new sequence (empty KV cache) of at most `n_ctx` positions in numerics `mode`; in ggml mode
+    /// mirror `target`'s ggml-cpu kernels (the golden's host CPU).
+    fn reset(&mut self, mode: NumericsMode, target: GgmlTarget, n_ctx: usize) -> Result<()>;
 
     /// Run `tokens` at the next positions; hand every stage to `sink`; return the logits `[T, V]`.
     fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>>;
@@ -116,8 +118,10 @@ impl Engine for LockstepEngine {
             .collect()
     }
 
-    fn reset(&mut self, mode: NumericsMode, n_ctx: usize) -> Result<()> {
-        self.session = Some(self.model.session(n_ctx, mode));
+    fn reset(&mut self, mode: NumericsMode, target: GgmlTarget, n_ctx: usize) -> Result<()> {
+        let mut session = self.model.session(n_ctx, mode);
+        session.set_ggml_target(target);
+        self.session = Some(session);
         Ok(())
     }
 
@@ -133,7 +137,8 @@ impl Engine for LockstepEngine {
 /// placeholders are substituted inside each argument (no shell is involved):
 ///
 /// - forward: `{model}` model path, `{tokens}` comma-separated token ids of the whole sequence so far,
-///   `{mode}` numerics mode, `{out}` the `.npz` the command must write (dump format);
+///   `{mode}` numerics mode, `{target}` the ggml target of the golden's host (`avx2`, `avx512`), `{out}`
+///   the `.npz` the command must write (dump format);
 /// - tokenize: `{model}`, `{prompt_file}` a file holding the prompt text (UTF-8), `{parse_special}`
 ///   replaced by `--parse-special` or dropped; the command prints comma-separated ids on stdout.
 #[derive(Clone, Debug, PartialEq)]
@@ -151,7 +156,7 @@ impl ExternalCommands {
         let exe = exe.display();
         ExternalCommands {
             forward: format!(
-                "{exe} dump --model {{model}} --tokens {{tokens}} --mode {{mode}} --out {{out}}"
+                "{exe} dump --model {{model}} --tokens {{tokens}} --mode {{mode}} --ggml-target {{target}} --out {{out}}"
             ),
             tokenize: format!(
                 "{exe} tokenize --model {{model}} --prompt-file {{prompt_file}} {{parse_special}}"
@@ -169,6 +174,7 @@ pub struct ExternalEngine {
     model: PathBuf,
     arch: String,
     mode: NumericsMode,
+    target: GgmlTarget,
     history: Vec<u32>,
     stages: Vec<(String, usize)>,
     scratch: tempfile::TempDir,
@@ -182,6 +188,7 @@ impl ExternalEngine {
             model: model.to_path_buf(),
             arch: arch.to_string(),
             mode: NumericsMode::Reference,
+            target: GgmlTarget::default(),
             history: Vec::new(),
             stages: Vec::new(),
             scratch: tempfile::tempdir()
@@ -280,8 +287,9 @@ impl Engine for ExternalEngine {
         self.stages.clone()
     }
 
-    fn reset(&mut self, mode: NumericsMode, _n_ctx: usize) -> Result<()> {
+    fn reset(&mut self, mode: NumericsMode, target: GgmlTarget, _n_ctx: usize) -> Result<()> {
         self.mode = mode;
+        self.target = target;
         self.history.clear();
         Ok(())
     }
@@ -297,6 +305,7 @@ impl Engine for ExternalEngine {
                 ("{model}", self.model.display().to_string()),
                 ("{tokens}", ids.join(",")),
                 ("{mode}", self.mode.to_string()),
+                ("{target}", self.target.to_string()),
                 ("{out}", out.display().to_string()),
             ],
         )?;

@@ -41,6 +41,7 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+use lockstep_engine::ops::GgmlTarget;
 use ndarray::Array2;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -184,6 +185,35 @@ pub struct OracleInfo {
     /// Anything else the oracle records (library versions, build info).
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+impl OracleInfo {
+    /// The CPU flags of the host that made the golden (`host_cpu_flags`, as `/proc/cpuinfo` spells them),
+    /// if the oracle recorded them.
+    pub fn host_cpu_flags(&self) -> Option<Vec<String>> {
+        let v = self.extra.get("host_cpu_flags")?.as_array()?;
+        v.iter().map(|f| f.as_str().map(str::to_string)).collect()
+    }
+
+    /// The ggml-cpu build whose kernels made this golden, chosen from [`OracleInfo::host_cpu_flags`]
+    /// (what `GGML_NATIVE` compiles for that CPU: [`GgmlTarget::from_cpu_flags`]). Ggml mode mirrors it.
+    ///
+    /// Errors: no `host_cpu_flags` recorded, or a CPU ggml mode has no replicas for (neither AVX2+FMA nor
+    /// AVX-512 F/DQ).
+    pub fn ggml_target(&self) -> Result<GgmlTarget> {
+        let flags = self.host_cpu_flags().with_context(|| {
+            format!(
+                "oracle {} records no host_cpu_flags: cannot tell which ggml-cpu kernels made this golden",
+                self.name
+            )
+        })?;
+        GgmlTarget::from_cpu_flags(&flags).with_context(|| {
+            format!(
+                "the oracle host's CPU flags {flags:?} have neither AVX2+FMA nor AVX-512 F/DQ: ggml mode \
+                 has no replica of the kernels it ran"
+            )
+        })
+    }
 }
 
 /// The settings the oracle ran with.

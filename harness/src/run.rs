@@ -160,6 +160,11 @@ pub fn run_cell(
     golden::verify_golden(&opts.golden_dir, entry)?;
     golden::check_model(&opts.golden_dir, entry, model_sha)?;
     let mode: NumericsMode = cell.mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    // ggml mode mirrors the kernels of the CPU the golden was made on
+    let target = entry
+        .oracle
+        .ggml_target()
+        .with_context(|| format!("golden {}", entry.path))?;
     let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
     let tokens = gf.read_tokens("tokens")?;
     let decode_tokens = if entry.n_decode_steps > 0 {
@@ -173,7 +178,7 @@ pub fn run_cell(
     let own_tokens = engine.tokenize(&entry.prompt, entry.add_special, entry.parse_special)?;
 
     // Recorded pass: prefill, then teacher-forced decode.
-    engine.reset(mode, n_ctx)?;
+    engine.reset(mode, target, n_ctx)?;
     let mut rec = Recorder::new();
     let prefill_logits = engine.forward(&tokens, &mut rec)?;
     let mut prefill = recorded_arrays(rec)?;
@@ -208,7 +213,7 @@ pub fn run_cell(
     drop(out);
 
     // Timing pass without hooks.
-    engine.reset(mode, n_ctx)?;
+    engine.reset(mode, target, n_ctx)?;
     let t0 = Instant::now();
     engine.forward(&tokens, &mut NullSink)?;
     let prefill_seconds = t0.elapsed().as_secs_f64();
@@ -230,6 +235,7 @@ pub fn run_cell(
         model_sha256: model_sha.to_string(),
         golden_path: entry.path.clone(),
         golden_sha256: entry.sha256.clone(),
+        ggml_target: (mode == NumericsMode::Ggml).then(|| target.to_string()),
         comparison,
         speed,
         verdict,

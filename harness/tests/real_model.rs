@@ -3,6 +3,7 @@
 
 use lockstep::dump;
 use lockstep::fetch::resolve_model;
+use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::sample::argmax;
 use lockstep_engine::{Model, NumericsMode};
 
@@ -59,7 +60,7 @@ fn smollm2_generates_paris_and_prefill_agrees_with_decode() {
         // Re-prefill the prompt plus the continuation in one batch: every row's argmax is the next token.
         let mut all = prompt.clone();
         all.extend(&cont);
-        let d = dump::run(&m, &all[..all.len() - 1], mode).unwrap();
+        let d = dump::run(&m, &all[..all.len() - 1], mode, GgmlTarget::host()).unwrap();
         for (i, row) in d
             .logits
             .rows()
@@ -92,7 +93,7 @@ fn smollm2_dump_writes_every_stage_for_a_20_token_prompt() {
     assert_eq!(tokens.len(), 20);
     let dir = tempfile::tempdir().unwrap();
     for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
-        let d = dump::run(&m, &tokens, mode).unwrap();
+        let d = dump::run(&m, &tokens, mode, GgmlTarget::host()).unwrap();
         let path = dir.path().join(format!("{mode}.npz"));
         dump::write(&path, &d).unwrap();
         let back = dump::read(&path).unwrap();

@@ -199,6 +199,7 @@ fn report() -> Report {
     let mk = |c: Cell, bad: bool, speed: Speed| {
         let comparison = comparison(bad);
         let verdict = evaluate(&c, &comparison, &th.for_cell(&c).unwrap());
+        let ggml_target = (c.mode == "ggml").then(|| "avx512".to_string());
         CellReport {
             golden_path: golden_path_for(&c),
             cell: c,
@@ -208,6 +209,7 @@ fn report() -> Report {
             } else {
                 "1a2b".repeat(16)
             },
+            ggml_target,
             comparison,
             speed,
             verdict,

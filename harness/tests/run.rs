@@ -12,6 +12,7 @@ use lockstep::matrix::{Cell, Filters};
 use lockstep::run::{run, run_with, RunOptions};
 use lockstep_engine::gguf::GgufFile;
 use lockstep_engine::hooks::StageSink;
+use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Stage};
 use ndarray::Array2;
 
@@ -177,8 +178,8 @@ impl Engine for Corrupting {
     fn stages(&self) -> Vec<(String, usize)> {
         self.inner.stages()
     }
-    fn reset(&mut self, mode: NumericsMode, n_ctx: usize) -> Result<()> {
-        self.inner.reset(mode, n_ctx)
+    fn reset(&mut self, mode: NumericsMode, target: GgmlTarget, n_ctx: usize) -> Result<()> {
+        self.inner.reset(mode, target, n_ctx)
     }
     fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>> {
         let mut s = CorruptSink {

@@ -73,6 +73,22 @@ impl GgmlTarget {
         }
     }
 
+    /// The target llama.cpp built with `GGML_NATIVE` would use on the machine running this code
+    /// (`is_x86_feature_detected!`); [`GgmlTarget::Avx512`] off x86 or on x86 without AVX2+FMA, where
+    /// no target describes llama.cpp and the choice only keeps ggml mode deterministic.
+    pub fn host() -> GgmlTarget {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+                return GgmlTarget::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return GgmlTarget::Avx2;
+            }
+        }
+        GgmlTarget::Avx512
+    }
+
     /// f32 lanes of this target's vectors.
     pub fn lanes(self) -> usize {
         match self {
