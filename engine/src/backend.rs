@@ -96,12 +96,16 @@ impl Backend for ScalarBackend {
             p.prepare(w.ty, mode, &x[t * w.cols..(t + 1) * w.cols])?;
         }
         let prepared = &scratch.prepared[..n_tokens];
+        // the ggml kernel of each batch row (llama.cpp's choice depends on the batch size)
+        let path = |t: usize| quant::ggml_path(w.ty, w.rows, n_tokens, t);
         if n_tokens == 1 {
+            let p = path(0);
             out.par_chunks_mut(ROWS_PER_TASK)
                 .enumerate()
                 .for_each(|(c, chunk)| {
                     for (i, o) in chunk.iter_mut().enumerate() {
-                        *o = quant::vec_dot(w.ty, w.row(c * ROWS_PER_TASK + i), &prepared[0]);
+                        let row = w.row(c * ROWS_PER_TASK + i);
+                        *o = quant::vec_dot_path(w.ty, row, &prepared[0], p);
                     }
                 });
             return Ok(());
@@ -115,8 +119,8 @@ impl Backend for ScalarBackend {
             .for_each(|(c, chunk)| {
                 for (i, row_out) in chunk.chunks_exact_mut(n_tokens).enumerate() {
                     let row = w.row(c * ROWS_PER_TASK + i);
-                    for (o, p) in row_out.iter_mut().zip(prepared) {
-                        *o = quant::vec_dot(w.ty, row, p);
+                    for (t, (o, p)) in row_out.iter_mut().zip(prepared).enumerate() {
+                        *o = quant::vec_dot_path(w.ty, row, p, path(t));
                     }
                 }
             });

@@ -303,6 +303,65 @@ pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
     }
 }
 
+/// Which ggml-cpu kernel computes one output of a ggml-mode matmul. llama.cpp's choice depends on the
+/// weight type, the weight's row count and the batch (`ggml_compute_forward_mul_mat` in ggml-cpu.c, the
+/// `CPU_REPACK` buffer of repack.cpp, ggml-cpu/tiled); only the choices whose arithmetic differs from the
+/// vec_dot kernels are named here (tinyBLAS_Q0 for Q8_0/Q5_0/Q4_0 computes exactly what vec_dot does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgmlPath {
+    /// `ggml_vec_dot_<type>_<vec_dot_type>` (arch/x86/quants.c).
+    VecDot,
+    /// Q4_K repacked to `q4_K_8x8_q8_K`, `ggml_gemv_q4_K_8x8_q8_K` (decode; the last `B % 4` batch rows).
+    RepackGemv,
+    /// Q4_K repacked, `ggml_gemm_q4_K_8x8_q8_K` (batch rows `0 .. B − B % 4`).
+    RepackGemm,
+    /// ggml-cpu/tiled K-quant matmul (Q6_K, and Q4_K not repacked, batches ≥ 8).
+    Tiled,
+}
+
+/// The kernel llama.cpp (the pinned version, default `CPU_REPACK` on x86 with AVX2) uses for output row
+/// `t` of a `[n_tokens]`-row activation batch against a `[rows, ·]` weight of type `ty`:
+///
+/// - Q4_K with `rows % 8 == 0` is repacked: gemm for `t < n − n % 4`, gemv for the rest;
+/// - Q6_K, and Q4_K that is not repacked, take the tiled path when `n_tokens ≥ 8`;
+/// - everything else the vec_dot kernel (or tinyBLAS_Q0, the same arithmetic).
+///
+/// Q4_0 and IQ4_NL are repacked too, but the engine has no repacked kernels for them yet: they keep
+/// [`GgmlPath::VecDot`] and are not bit-exact in ggml mode (see the module docs).
+pub fn ggml_path(ty: GgmlType, rows: usize, n_tokens: usize, t: usize) -> GgmlPath {
+    let repacked = ty == GgmlType::Q4_K && rows % 8 == 0;
+    if repacked {
+        if t < n_tokens - n_tokens % 4 {
+            GgmlPath::RepackGemm
+        } else {
+            GgmlPath::RepackGemv
+        }
+    } else if matches!(ty, GgmlType::Q6_K | GgmlType::Q4_K) && n_tokens >= 8 {
+        GgmlPath::Tiled
+    } else {
+        GgmlPath::VecDot
+    }
+}
+
+/// [`vec_dot`] through an explicit ggml kernel `path` ([`ggml_path`]); reference mode ignores `path`,
+/// and a path that does not exist for the weight type falls back to [`GgmlPath::VecDot`].
+pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: GgmlPath) -> f32 {
+    if x.mode() == NumericsMode::Ggml {
+        match (weight_ty, path) {
+            (GgmlType::Q4_K, GgmlPath::RepackGemv | GgmlPath::RepackGemm) => {
+                let gemm = path == GgmlPath::RepackGemm;
+                return q4_k::dot_q8_k_repacked(w_row, &x.qs, &x.d, &x.bsums, gemm);
+            }
+            (GgmlType::Q4_K, GgmlPath::Tiled) => {
+                return q4_k::dot_q8_k_tiled(w_row, &x.qs, &x.d, &x.bsums)
+            }
+            (GgmlType::Q6_K, GgmlPath::Tiled) => return q6_k::dot_q8_k_tiled(w_row, &x.qs, &x.d),
+            _ => {}
+        }
+    }
+    vec_dot(weight_ty, w_row, x)
+}
+
 /// Ggml-mode dispatch (see [`vec_dot`]).
 fn dot_ggml(ty: GgmlType, w: &[u8], x: &PreparedRow) -> f32 {
     use GgmlType::*;

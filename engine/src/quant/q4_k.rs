@@ -100,3 +100,89 @@ pub(crate) fn dot_q8_k(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) -> f32 {
     }
     hsum_float_8(&acc) + hsum_float_4(&acc_m)
 }
+
+/// Exact integer parts of one Q4_K super-block against Q8_K activations: per sub-block `g` of 32,
+/// `isum[g] = sc[g] · Σ q4·q8` and `imin[g] = m[g] · (bsums[2g] + bsums[2g+1])`.
+#[inline]
+fn block_ints(blk: &[u8], qy: &[i8], bsums: &[i16]) -> ([i32; 8], [i32; 8]) {
+    let (sc, m) = scales_mins(&blk[4..16]);
+    let qs = &blk[16..16 + QK_K / 2];
+    let mut isum = [0i32; 8];
+    let mut imin = [0i32; 8];
+    for g in 0..8 {
+        let (c, high) = (g / 2, g % 2 == 1);
+        let q4 = &qs[32 * c..32 * c + 32];
+        let q8 = &qy[32 * g..32 * g + 32];
+        let dot: i32 = q4
+            .iter()
+            .zip(q8)
+            .map(|(&q, &y)| i32::from(if high { q >> 4 } else { q & 0xF }) * i32::from(y))
+            .sum();
+        isum[g] = i32::from(sc[g]) * dot;
+        imin[g] = i32::from(m[g]) * (i32::from(bsums[2 * g]) + i32::from(bsums[2 * g + 1]));
+    }
+    (isum, imin)
+}
+
+/// One output of llama.cpp's repacked Q4_K matmul (`q4_K_8x8_q8_K`, arch/x86/repack.cpp), which is what
+/// runs for Q4_K weights with a row count divisible by 8 (the default `CPU_REPACK` buffer):
+///
+/// - `gemm = false`: `ggml_gemv_q4_K_8x8_q8_K` (decode, and the last `B % 4` rows of a batch): one fma per
+///   super-block, `acc = fma(Σ isum, d_w·d_x, acc)`, `accm = fma(Σ imin, dmin_w·d_x, accm)`;
+/// - `gemm = true`: `ggml_gemm_q4_K_8x8_q8_K` (batch rows in groups of 4): the same with one fma per *pair*
+///   of sub-blocks.
+///
+/// Result `acc − accm`. The activation's `ggml_quantize_mat_q8_K_4x8` gives the values of
+/// `quantize_row_q8_K` (up to a sign flip of a whole block that leaves every product unchanged).
+pub(crate) fn dot_q8_k_repacked(
+    w: &[u8],
+    xq: &[i8],
+    xd: &[f32],
+    xbsums: &[i16],
+    gemm: bool,
+) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (((blk, qy), &dy), bsums) in w
+        .chunks_exact(BYTES)
+        .zip(xq.chunks_exact(QK_K))
+        .zip(xd)
+        .zip(xbsums.chunks_exact(QK_K / 16))
+    {
+        let dsc = read_f16(blk, 0) * dy;
+        let dmn = read_f16(blk, 2) * dy;
+        let (isum, imin) = block_ints(blk, qy, bsums);
+        if gemm {
+            for p in 0..4 {
+                let s = isum[2 * p] + isum[2 * p + 1];
+                let m = imin[2 * p] + imin[2 * p + 1];
+                acc = fma(s as f32, dsc, acc);
+                accm = fma(m as f32, dmn, accm);
+            }
+        } else {
+            acc = fma(isum.iter().sum::<i32>() as f32, dsc, acc);
+            accm = fma(imin.iter().sum::<i32>() as f32, dmn, accm);
+        }
+    }
+    acc - accm
+}
+
+/// One output of llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, `tiled_run_microtile_avx2` and the
+/// AVX-512 VNNI kernel compute the same) for Q4_K weights that were not repacked, batches ≥ 8: per
+/// super-block `res = d_w·s1`, `res = fma(−dmin_w, s2, res)`, `acc = fma(res, d_x, acc)` with the exact
+/// integers `s1 = Σ isum`, `s2 = Σ imin`.
+pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) -> f32 {
+    let mut acc = 0f32;
+    for (((blk, qy), &dy), bsums) in w
+        .chunks_exact(BYTES)
+        .zip(xq.chunks_exact(QK_K))
+        .zip(xd)
+        .zip(xbsums.chunks_exact(QK_K / 16))
+    {
+        let (isum, imin) = block_ints(blk, qy, bsums);
+        let s1 = isum.iter().sum::<i32>() as f32;
+        let s2 = imin.iter().sum::<i32>() as f32;
+        let res = fma(-read_f16(blk, 2), s2, read_f16(blk, 0) * s1);
+        acc = fma(res, dy, acc);
+    }
+    acc
+}

@@ -8,7 +8,7 @@
 
 use super::fp::read_f16;
 use super::q8_k::QK_K;
-use super::x86::{fma_lanes, hsum_float_8};
+use super::x86::{fma, fma_lanes, hsum_float_8};
 
 /// Bytes per block.
 pub(crate) const BYTES: usize = 210;
@@ -77,4 +77,21 @@ pub(crate) fn dot_q8_k(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) -> f32 {
         fma_lanes(d, &lanes, &mut acc);
     }
     hsum_float_8(&acc)
+}
+
+/// One output of llama.cpp's tiled K-quant matmul for Q6_K (ggml-cpu/tiled, `tiled_run_microtile_avx2`;
+/// the AVX-512 VNNI kernel computes the same), which runs for batches ≥ 8: per super-block the exact
+/// integer `s1 = Σ_s scale_s · Σ (q − 32)·q8`, then `res = d_w·s1` and `acc = fma(res, d_x, acc)`.
+pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for ((blk, qy), &dy) in w.chunks_exact(BYTES).zip(xq.chunks_exact(QK_K)).zip(xd) {
+        let sc: [i32; 16] = core::array::from_fn(|i| i32::from(blk[192 + i] as i8));
+        let q = quants(blk);
+        let mut s1 = 0i32;
+        for (i, (&qv, &y)) in q.iter().zip(qy).enumerate() {
+            s1 += sc[i / 16] * (i32::from(qv) - 32) * i32::from(y);
+        }
+        acc = fma(read_f16(blk, 208) * s1 as f32, dy, acc);
+    }
+    acc
 }
