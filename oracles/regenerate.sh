@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Regenerates every golden from scratch — the one command (oracles/README.md):
+# Regenerates one model's goldens from scratch — the one command (oracles/README.md):
 #
-#   oracles/regenerate.sh                 # writes golden/<model>/llama.cpp-*kv/*.npz + golden/manifest.json
+#   oracles/regenerate.sh                 # writes golden/smollm2-135m-q4_1/llama.cpp-*kv/*.npz + golden/manifest.json
+#   oracles/regenerate.sh --model ID      # the same for another model of make_goldens.py's MODELS
+#                                         # (gemma3-270m-q4_k_m, qwen2.5-coder-0.5b-q4_k_m); other
+#                                         # models' goldens and manifest entries are left alone
 #   oracles/regenerate.sh --out DIR       # writes them under DIR instead (e.g. to compare two runs)
 #   oracles/regenerate.sh --list-nodes    # also prints every llama.cpp graph node of one prefill
 #
@@ -12,7 +15,7 @@
 #    ${LOCKSTEP_CACHE:-${XDG_CACHE_HOME:-~/.cache}/lockstep}/models/<id>.gguf (make_goldens.py
 #    verifies the sha256 before use either way). LOCKSTEP_NO_CARGO=1 skips the cargo step;
 # 3. runs oracles/llamacpp/make_goldens.py, which rewrites this oracle's goldens of the model
-#    and its entries in golden/manifest.json (entries of other oracles are kept).
+#    and its entries in golden/manifest.json (entries of other models and oracles are kept).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,7 +27,9 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     --out=*) out="${1#--out=}"; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --model) model_id="$2"; shift 2 ;;
+    --model=*) model_id="${1#--model=}"; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) extra+=("$1"); shift ;;
   esac
 done

@@ -60,14 +60,14 @@ def compare(a_dir: Path, b_dir: Path) -> int:
 
 def noise_floor(d: Path) -> int:
     m = json.loads((d / "manifest.json").read_text())
-    print("| prompt | T | KL last pos (nats) | mean KL decode | top-1 agreement | min cos blk.N.out prefill | min cos blk.N.out decode |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | prompt | T | KL last pos (nats) | mean KL decode | top-1 agreement | min cos blk.N.out prefill | min cos blk.N.out decode |")
+    print("|---|---|---|---|---|---|---|---|")
     for g in m["goldens"]:
         v = g.get("vs_f32kv")
         if not v:
             continue
         print(
-            f"| {g['prompt_id']} | {g['n_prompt_tokens']} | {v['kl_last_prompt_position']:.3g} | "
+            f"| {g['model_id']} | {g['prompt_id']} | {g['n_prompt_tokens']} | {v['kl_last_prompt_position']:.3g} | "
             f"{v['kl_mean_decode']:.3g} | {v['top1_agreement'] * v['top1_positions']:.0f}/{v['top1_positions']} "
             f"({v['top1_agreement']:.1%}) | {v['min_cosine_blk_out_prefill']:.5f} | {v['min_cosine_blk_out_decode']:.5f} |"
         )

@@ -124,16 +124,32 @@ def build_problems() -> list[str]:
 class Stage:
     """One row of the stage map: the node ``oracle_name`` (with ``{N}`` for the layer) computed by
     ``op`` is the canonical stage ``canonical``; ``layout`` says where ggml keeps the token axis
-    (``"2d"``: ne = [width, T]; ``"3d"``: ne = [head_dim, n_head, T])."""
+    (``"2d"``: ne = [width, T]; ``"3d"``: ne = [head_dim, n_head, T]).
+
+    Some stages are nodes the model's graph never names (ggml then calls them ``node_<index>``,
+    an index that depends on the graph): for those ``input`` names the node they consume (one of
+    their ``src``) and the node is identified by (``op``, ``input``) instead of by its own name;
+    ``oracle_name`` is then ``UNNAMED`` (documentation only). Example: the attention output
+    projection of qwen2 / gemma3 is the MUL_MAT whose input is ``kqv_out-N``."""
 
     oracle_name: str
     op: str
     canonical: str
     layout: str
+    input: Optional[str] = None
 
     @property
     def per_layer(self) -> bool:
         return "{N}" in self.canonical
+
+    def as_json(self) -> dict:
+        d = {"oracle_name": self.oracle_name, "op": self.op, "canonical": self.canonical}
+        if self.input is not None:
+            d["input"] = self.input
+        return d
+
+
+UNNAMED = "node_<id>"  # what ggml names a node nobody named (ggml_visit_parents: "node_%d")
 
 
 # The llama graph of the vendored src/models/llama.cpp + src/llama-graph.cpp, in forward order.
@@ -168,6 +184,82 @@ LLAMA_STAGES: tuple[Stage, ...] = (
 )
 # Canonical stages the llama.cpp llama graph does not expose as a node of their own.
 LLAMA_NOT_EXPOSED: tuple[str, ...] = ()
+
+# The qwen2 graph of the vendored src/models/qwen2.cpp + src/llama-graph.cpp (build_qkv,
+# build_attn, build_ffn), in forward order. Differences from llama:
+# - Q/K/V have biases: build_qkv names the MUL_MAT "Qcur-N" and then the bias ADD "Qcur-N" too
+#   (then the RESHAPE and, after RoPE, the ROPE node): the canonical projection is the ADD;
+# - models/qwen2.cpp does not name the output projection (no cb "attn_out"), so it is the
+#   unnamed MUL_MAT whose input is "kqv_out-N" (wo has no bias in Qwen2);
+# - everything else is named as in llama.
+QWEN2_STAGES: tuple[Stage, ...] = (
+    Stage("embd", "GET_ROWS", "embed", "2d"),
+    Stage("attn_norm-{N}", "MUL", "blk.{N}.attn_norm", "2d"),
+    Stage("Qcur-{N}", "ADD", "blk.{N}.q", "2d"),
+    Stage("Kcur-{N}", "ADD", "blk.{N}.k", "2d"),
+    Stage("Vcur-{N}", "ADD", "blk.{N}.v", "2d"),
+    Stage("Qcur-{N}", "ROPE", "blk.{N}.q_rope", "3d"),
+    Stage("Kcur-{N}", "ROPE", "blk.{N}.k_rope", "3d"),
+    Stage("kqv_out-{N}", "CONT", "blk.{N}.attn_out", "2d"),
+    Stage(UNNAMED, "MUL_MAT", "blk.{N}.attn_proj", "2d", input="kqv_out-{N}"),
+    Stage("ffn_inp-{N}", "ADD", "blk.{N}.ffn_inp", "2d"),
+    Stage("ffn_norm-{N}", "MUL", "blk.{N}.ffn_norm", "2d"),
+    Stage("ffn_gate-{N}", "MUL_MAT", "blk.{N}.ffn_gate", "2d"),
+    Stage("ffn_up-{N}", "MUL_MAT", "blk.{N}.ffn_up", "2d"),
+    Stage("ffn_swiglu-{N}", "SWIGLU", "blk.{N}.ffn_act", "2d"),
+    Stage("ffn_out-{N}", "MUL_MAT", "blk.{N}.ffn_out", "2d"),
+    Stage("l_out-{N}", "ADD", "blk.{N}.out", "2d"),
+    Stage("result_norm", "MUL", "output_norm", "2d"),
+    Stage("result_output", "MUL_MAT", "logits", "2d"),
+)
+QWEN2_NOT_EXPOSED: tuple[str, ...] = ()
+
+# The gemma3 graph of the vendored src/models/gemma3.cpp (iswa variant: the GGUF has a sliding
+# window) + src/llama-graph.cpp, in forward order. Differences from llama:
+# - the input of block 0 is the token embedding scaled by sqrt(n_embd): the SCALE node
+#   "inp_scaled" (the GET_ROWS "embd" before it is not stored);
+# - per-head RMSNorm of Q and K before RoPE: RMS_NORM "norm-N" then MUL "Qcur_normed-N" /
+#   "Kcur_normed-N" ([head_dim, n_head, T]); RoPE'd Q/K are again "Qcur-N"/"Kcur-N" (ROPE), and
+#   the following ggml_scale of Q by f_attention_scale is an unnamed SCALE node (not stored:
+#   q_rope is before the scale);
+# - the output projection is not named (no cb "attn_out"): the unnamed MUL_MAT whose input is
+#   "kqv_out-N"; it is followed by RMS_NORM "norm-N" and MUL "attn_post_norm-N";
+# - the residual after attention is "sa_out-N" (ADD), the FFN activation "ffn_geglu-N"
+#   (GGML_OP_GLU / GEGLU = gelu(gate) * up), the down projection "ffn_out-N" (MUL_MAT), then
+#   RMS_NORM "norm" (no layer suffix: built with il = -1) and MUL "ffn_post_norm-N", and the
+#   residual ADD "l_out-N".
+GEMMA3_STAGES: tuple[Stage, ...] = (
+    Stage("inp_scaled", "SCALE", "embed", "2d"),
+    Stage("attn_norm-{N}", "MUL", "blk.{N}.attn_norm", "2d"),
+    Stage("Qcur-{N}", "MUL_MAT", "blk.{N}.q", "2d"),
+    Stage("Kcur-{N}", "MUL_MAT", "blk.{N}.k", "2d"),
+    Stage("Vcur-{N}", "MUL_MAT", "blk.{N}.v", "2d"),
+    Stage("Qcur_normed-{N}", "MUL", "blk.{N}.q_norm", "3d"),
+    Stage("Kcur_normed-{N}", "MUL", "blk.{N}.k_norm", "3d"),
+    Stage("Qcur-{N}", "ROPE", "blk.{N}.q_rope", "3d"),
+    Stage("Kcur-{N}", "ROPE", "blk.{N}.k_rope", "3d"),
+    Stage("kqv_out-{N}", "CONT", "blk.{N}.attn_out", "2d"),
+    Stage(UNNAMED, "MUL_MAT", "blk.{N}.attn_proj", "2d", input="kqv_out-{N}"),
+    Stage("attn_post_norm-{N}", "MUL", "blk.{N}.attn_post_norm", "2d"),
+    Stage("sa_out-{N}", "ADD", "blk.{N}.ffn_inp", "2d"),
+    Stage("ffn_norm-{N}", "MUL", "blk.{N}.ffn_norm", "2d"),
+    Stage("ffn_gate-{N}", "MUL_MAT", "blk.{N}.ffn_gate", "2d"),
+    Stage("ffn_up-{N}", "MUL_MAT", "blk.{N}.ffn_up", "2d"),
+    Stage("ffn_geglu-{N}", "GEGLU", "blk.{N}.ffn_act", "2d"),
+    Stage("ffn_out-{N}", "MUL_MAT", "blk.{N}.ffn_out", "2d"),
+    Stage("ffn_post_norm-{N}", "MUL", "blk.{N}.ffn_post_norm", "2d"),
+    Stage("l_out-{N}", "ADD", "blk.{N}.out", "2d"),
+    Stage("result_norm", "MUL", "output_norm", "2d"),
+    Stage("result_output", "MUL_MAT", "logits", "2d"),
+)
+GEMMA3_NOT_EXPOSED: tuple[str, ...] = ()
+
+# architecture (GGUF general.architecture) -> (stage map, canonical stages without a node)
+ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
+    "llama": (LLAMA_STAGES, LLAMA_NOT_EXPOSED),
+    "qwen2": (QWEN2_STAGES, QWEN2_NOT_EXPOSED),
+    "gemma3": (GEMMA3_STAGES, GEMMA3_NOT_EXPOSED),
+}
 
 
 def canonical_ids(stages: Sequence[Stage], n_layer: int) -> list[str]:
@@ -216,13 +308,21 @@ def tensor_rows(t: GgmlTensor, addr: int, n_tokens: int, layout: str) -> np.ndar
 class Capture:
     """The eval callback: copies the wanted (name, op) nodes of each graph evaluation.
 
-    ``wanted`` maps a node name to {op: canonical id}. ``begin(n_tokens)`` must be called before
-    every ``llama_decode``; ``finish()`` afterwards returns {canonical id: [n_tokens, width]} and
-    raises if a wanted node was missing, seen twice, or could not be read."""
+    ``wanted`` maps a node name to {op: (canonical id, layout)}; ``by_input`` maps the name of an
+    input node to {op: (canonical id, layout)} for stages whose own node is unnamed (a node matches
+    when one of its ``src`` has that name and its op is that op). ``begin(n_tokens)`` must be called
+    before every ``llama_decode``; ``finish()`` afterwards returns {canonical id: [n_tokens, width]}
+    and raises if a wanted node was missing, seen twice, or could not be read."""
 
-    def __init__(self, wanted: dict[str, dict[str, tuple[str, str]]], inventory: bool = False) -> None:
+    def __init__(
+        self,
+        wanted: dict[str, dict[str, tuple[str, str]]],
+        inventory: bool = False,
+        by_input: Optional[dict[str, dict[str, tuple[str, str]]]] = None,
+    ) -> None:
         self.wanted = wanted
-        self.inventory: Optional[list[tuple[str, str, str, tuple[int, ...]]]] = [] if inventory else None
+        self.by_input = by_input or {}
+        self.inventory: Optional[list[tuple[str, str, str, tuple[int, ...], tuple[str, ...]]]] = [] if inventory else None
         self.n_tokens = 0
         self.got: dict[str, np.ndarray] = {}
         self.errors: list[str] = []
@@ -235,18 +335,35 @@ class Capture:
         self.errors = []
 
     def finish(self) -> dict[str, np.ndarray]:
-        missing = [c for ops in self.wanted.values() for (c, _) in ops.values() if c not in self.got]
+        missing = [
+            c for table in (self.wanted, self.by_input) for ops in table.values() for (c, _) in ops.values()
+            if c not in self.got
+        ]
         if missing:
             self.errors.append(f"{len(missing)} wanted nodes never evaluated, e.g. {missing[:5]}")
         if self.errors:
             raise RuntimeError("capture failed: " + "; ".join(self.errors[:10]))
         return self.got
 
+    @staticmethod
+    def _src_names(t: GgmlTensor) -> list[str]:
+        return [GgmlTensor.from_address(a).name.decode(errors="replace") for a in t.src if a]
+
     def _match(self, addr: int, t: GgmlTensor) -> Optional[tuple[str, str]]:
         ops = self.wanted.get(t.name.decode(errors="replace"))
-        if not ops:
-            return None
-        return ops.get(GGML.lib.ggml_op_desc(addr).decode())
+        if ops:
+            hit = ops.get(GGML.lib.ggml_op_desc(addr).decode())
+            if hit is not None:
+                return hit
+        if self.by_input:
+            op = None
+            for src in self._src_names(t):
+                ops = self.by_input.get(src)
+                if ops:
+                    op = op or GGML.lib.ggml_op_desc(addr).decode()
+                    if op in ops:
+                        return ops[op]
+        return None
 
     def _callback(self, addr: int, ask: bool, _user_data) -> bool:
         try:
@@ -260,7 +377,8 @@ class Capture:
                 if self.inventory is not None:
                     self.inventory.append(
                         (t.name.decode(errors="replace"), GGML.lib.ggml_op_desc(addr).decode(),
-                         GGML.lib.ggml_type_name(t.type).decode(), tuple(int(x) for x in t.ne))
+                         GGML.lib.ggml_type_name(t.type).decode(), tuple(int(x) for x in t.ne),
+                         tuple(self._src_names(t)))
                     )
                 return self._match(addr, t) is not None
             hit = self._match(addr, t)
@@ -276,19 +394,62 @@ class Capture:
         return True
 
 
-def wanted_nodes(stages: Sequence[Stage], n_layer: int) -> dict[str, dict[str, tuple[str, str]]]:
-    """Expand the stage map into {node name: {op: (canonical id, layout)}} for every layer."""
+def wanted_nodes(stages: Sequence[Stage], n_layer: int, by_input: bool = False) -> dict[str, dict[str, tuple[str, str]]]:
+    """Expand the stage map into {node name: {op: (canonical id, layout)}} for every layer; with
+    ``by_input``, the stages identified by their input instead: {input name: {op: ...}}."""
     wanted: dict[str, dict[str, tuple[str, str]]] = {}
     for s in stages:
+        if (s.input is not None) != by_input:
+            continue
         layers = range(n_layer) if s.per_layer else [None]
+        key = s.input if by_input else s.oracle_name
         for n in layers:
-            name = s.oracle_name if n is None else s.oracle_name.replace("{N}", str(n))
+            name = key if n is None else key.replace("{N}", str(n))
             canon = s.canonical if n is None else s.canonical.replace("{N}", str(n))
             wanted.setdefault(name, {})[s.op] = (canon, s.layout)
     return wanted
 
 
 KV_TYPES = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16}
+
+# x86 feature flags (as /proc/cpuinfo spells them) that select ggml-cpu kernels or change their
+# reduction order: the goldens of a model are only bit-reproducible on a host with the same set.
+CPU_FLAGS = (
+    "sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2",
+    "avx_vnni", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512_vnni",
+    "avx512_bf16", "avx512vbmi", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",
+)
+
+
+def host_info() -> dict:
+    """The oracle host's CPU, as recorded in every golden's ``oracle`` field: the CPU model name,
+    which of ``CPU_FLAGS`` it has (and lacks), the logical CPU count, and ggml's own system info
+    (``llama_print_system_info()``: the features the loaded ggml-cpu build was compiled with and
+    detected)."""
+    import platform
+
+    model, flags = None, set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and model is None:
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    if "pni" in flags:  # /proc/cpuinfo calls SSE3 "pni" (Prescott New Instructions)
+        flags.add("sse3")
+    return {
+        "host_cpu": model or platform.processor() or None,
+        "host_cpu_flags": [f for f in CPU_FLAGS if f in flags],
+        "host_cpu_flags_absent": [f for f in CPU_FLAGS if f not in flags],
+        "host_machine": platform.machine(),
+        "host_logical_cpus": os.cpu_count(),
+        "ggml_system_info": L.llama_print_system_info().decode(errors="replace").strip(),
+    }
 
 
 @dataclass
@@ -415,7 +576,11 @@ class Oracle:
         n_steps = decode if isinstance(decode, int) else len(decode)
         if len(tokens) + n_steps > s.n_ctx:
             raise ValueError(f"{len(tokens)} + {n_steps} tokens exceed n_ctx = {s.n_ctx}")
-        cap = Capture(wanted_nodes(stages, self.n_layer), inventory=inventory) if capture else None
+        cap = (
+            Capture(wanted_nodes(stages, self.n_layer), inventory=inventory,
+                    by_input=wanted_nodes(stages, self.n_layer, by_input=True))
+            if capture else None
+        )
 
         cp = L.llama_context_default_params()
         cp.n_ctx = s.n_ctx
@@ -492,7 +657,7 @@ def summarize_inventory(inventory: list, n_layer: int) -> list[dict]:
     import re
 
     seen: dict[tuple[str, str, str], dict] = {}
-    for name, op, typ, ne in inventory:
+    for name, op, typ, ne, *_srcs in inventory:
         pat = re.sub(r"(?<=-)\d+(?= |$)", "{N}", name)
         pat = re.sub(r"(?<=_l)\d+(?= |$)", "{N}", pat)
         pat = re.sub(r"^node_\d+$", "node_<id>", pat)
@@ -508,6 +673,10 @@ __all__ = [
     "LLAMA_CPP_PYTHON_VERSION",
     "LLAMA_STAGES",
     "LLAMA_NOT_EXPOSED",
+    "QWEN2_STAGES",
+    "GEMMA3_STAGES",
+    "ARCH_STAGES",
+    "host_info",
     "Stage",
     "Settings",
     "Oracle",

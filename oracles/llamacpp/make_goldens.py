@@ -5,6 +5,10 @@ the model); oracles/README.md documents the arrays and the manifest.
     python make_goldens.py --model PATH [--model-id smollm2-135m-q4_1] [--out golden]
                            [--prompts oracles/prompts.json] [--list-nodes]
 
+--model-id is one of MODELS (below); it selects the expected sha256, the architecture (hence the
+stage map) and the storage policy. Only that model's goldens and manifest entries are rewritten;
+other models' entries (and other architectures' stage maps) are kept as they are.
+
 For every prompt and KV-cache type (f32 = the primary goldens, f16 = llama.cpp's default, kept
 for the noise floor) llama.cpp runs once with the eval callback (capturing every stage of every
 layer) and once without it; the logits of the two runs are compared and the largest difference
@@ -32,22 +36,14 @@ import ggml_capture as G  # noqa: E402
 
 SCHEMA_VERSION = 1
 ORACLE_NAME = "llama.cpp"
-ARCH = "llama"
-
-# Models this oracle knows, with the sha256 of the file (must match lockstep's model registry).
-MODELS = {
-    "smollm2-135m-q4_1": {
-        "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        "arch": "llama",
-    },
-}
 
 N_DECODE = 8  # teacher-forced greedy steps after the prompt, one token per llama_decode call
-TOPK = 64  # logits_topk / logits_topk_ids width
+TOPK = 64  # logits_topk / logits_topk_ids (and logits_decode_topk*) width
 
-# --- what each golden stores -----------------------------------------------------------------
-# Budget: golden/ <= 64 MiB all told, aim <= 48 MiB. One prompt position with every stage of all
-# 30 layers at f16 is ~0.6 MB, a full logits row (49152 x f32) ~0.2 MB. So:
+# --- what each golden stores: SmolLM2 (POLICY; V = 49152) ------------------------------------
+# Budget (when these were made): golden/ <= 64 MiB, aim <= 48 MiB; SmolLM2 takes 46 MiB of the
+# 96 MiB now allowed for all models. One prompt position with every stage of all 30 layers at f16
+# is ~0.6 MB, a full logits row (49152 x f32) ~0.2 MB. So:
 # - f32-KV (primary): every stage of every layer, prefill and decode, for `prose` (the reference
 #   case for stage-by-stage bisection, including the KV-cache decode path) and for the prefill
 #   of `one_token`; the other prompts keep the residual stream (embed, blk.N.out, output_norm),
@@ -70,7 +66,65 @@ POLICY = {
         "default": {"prefill": NOISE_FLOOR, "decode": NOISE_FLOOR, "exact": ()},
     },
 }
+
+# --- large vocabularies: gemma3-270m (V = 262144) and qwen2.5-coder-0.5b (V = 151936) ----------
+# Budget: golden/ <= 96 MiB all told, of which SmolLM2 (unchanged) takes 46 MiB: ~50 MiB for both.
+# What things cost, compressed (deflate gains only ~7% on f16 activations, ~8% on f32 logits):
+#   a full logits row, f32        gemma 0.92 MiB   qwen 0.54 MiB   (f16: half)
+#   every stage of every layer    gemma 0.58 MiB   qwen 1.25 MiB   per position (f16)
+#   the residual stream blk.N.out gemma 22 KiB     qwen 40 KiB     per position (f16)
+# Every golden needs the full row at the last prompt position (`logits`, read by the harness and
+# tests), so 24 rows are fixed costs; `prose` with every stage and full decode rows is ~17 / ~20 MiB.
+# Hence, per model:
+# - f32-KV `prose`: every stage of every layer (prefill), the residual stream (embed, blk.N.out,
+#   output_norm) at each decode step, f32 logits at the last prompt position and full f32
+#   decode.logits [8, V] -- the one golden that can be compared stage by stage and position by
+#   position, decode included;
+# - f32-KV other prompts: output_norm (prefill and decode), the f32 last-position row, top-64
+#   logits at every prompt position, and the top-64 at each decode step
+#   (logits_decode_topk{,_ids} [8, 64]) *instead of* decode.logits; `one_token` (T <= 2) also
+#   keeps the prefill residual stream blk.N.out;
+# - f16-KV (noise floor only; not gated): the last-position row and the top-64 stored as f16
+#   (logits_f16: only if f16 keeps the argmax, see unambiguous_f16_argmax), decode top-64, and
+#   the last layer's residual stream blk.{last}.out at the prompt positions (cheap; every golden
+#   holds a stage). The noise-floor numbers (vs_f32kv in the manifest: KL, top-1, per-layer
+#   cosines) are computed from the full f32 captures before anything is cut.
+# Stages are stored as f16 by the criterion below (none is kept f32 on purpose: "exact" is empty).
+LARGE_VOCAB_POLICY = {
+    "f32": {
+        "default": {"prefill": ("output_norm",), "decode": ("output_norm",), "exact": (), "decode_logits": "topk"},
+        "prose": {"prefill": ALL, "decode": RESIDUAL, "exact": (), "decode_logits": "full"},
+        "one_token": {"prefill": ("blk.{N}.out", "output_norm"), "decode": ("output_norm",), "exact": (), "decode_logits": "topk"},
+    },
+    "f16": {
+        "default": {"prefill": ("blk.{last}.out",), "decode": (), "exact": (), "decode_logits": "topk", "logits_f16": True},
+    },
+}
 KV_ORDER = ("f32", "f16")  # f32 first: its greedy continuation is fed to the f16 run
+
+# Models this oracle knows: the sha256 of the file (must match lockstep's registry, models.toml),
+# the architecture (GGUF general.architecture; selects the stage map) and the storage policy.
+# The order is the order of the models' entries in golden/manifest.json.
+MODELS = {
+    "smollm2-135m-q4_1": {
+        "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        "arch": "llama",
+        "policy": POLICY,
+    },
+    "gemma3-270m-q4_k_m": {
+        "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        "arch": "gemma3",
+        "policy": LARGE_VOCAB_POLICY,
+        # the GGUF (the base model) has no tokenizer.chat_template; the chat prompt uses this
+        # llama.cpp built-in template (<start_of_turn>user ... <end_of_turn> <start_of_turn>model)
+        "builtin_chat_template": "gemma",
+    },
+    "qwen2.5-coder-0.5b-q4_k_m": {
+        "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "arch": "qwen2",
+        "policy": LARGE_VOCAB_POLICY,
+    },
+}
 
 # A stage is stored as f16 when rounding costs at most this much on every row (one position's
 # vector): 1 - cosine(f16, f32) <= F16_MAX_ONE_MINUS_COS and ||f16 - f32|| / ||f32|| <=
@@ -114,8 +168,9 @@ def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return cos
 
 
-def store(x: np.ndarray, allow_f16: bool) -> tuple[np.ndarray, dict]:
-    """Choose the storage dtype of one float array and measure what storage costs."""
+def store(x: np.ndarray, allow_f16: bool, force_f16: bool = False) -> tuple[np.ndarray, dict]:
+    """Choose the storage dtype of one float array and measure what storage costs (``force_f16``:
+    f16 whenever it is finite, whatever the criterion says)."""
     x = np.asarray(x)
     if x.dtype.kind == "i":
         out = x.astype(np.int32)
@@ -139,17 +194,19 @@ def store(x: np.ndarray, allow_f16: bool) -> tuple[np.ndarray, dict]:
         rel_rms = np.linalg.norm(rowsd, axis=1) / np.linalg.norm(rows32.astype(np.float64), axis=1)
     rel_rms = np.nan_to_num(rel_rms, nan=0.0)
     min_cos = float(np.min(row_cosines(back.reshape(rows32.shape), rows32)))
-    if 1.0 - min_cos <= F16_MAX_ONE_MINUS_COS and float(np.max(rel_rms)) <= F16_MAX_REL_RMS:
+    if force_f16 or (1.0 - min_cos <= F16_MAX_ONE_MINUS_COS and float(np.max(rel_rms)) <= F16_MAX_REL_RMS):
         return x16, {"dtype": "f16", "storage_max_abs_err": max_abs, "storage_max_rel_err": max_rel, "storage_min_cosine": min_cos}
     return x32, exact
 
 
 def expand(patterns: Sequence[str], n_layer: int, all_ids: Sequence[str]) -> list[str]:
-    """The canonical ids selected by ``patterns`` (``*`` = all), in forward order."""
+    """The canonical ids selected by ``patterns`` (``*`` = all; ``{N}`` = every layer, ``{last}``
+    = the last layer), in forward order."""
     if "*" in patterns:
         return list(all_ids)
     wanted = set()
     for p in patterns:
+        p = p.replace("{last}", str(n_layer - 1))
         if "{N}" in p:
             wanted.update(p.replace("{N}", str(n)) for n in range(n_layer))
         else:
@@ -157,9 +214,16 @@ def expand(patterns: Sequence[str], n_layer: int, all_ids: Sequence[str]) -> lis
     return [c for c in all_ids if c in wanted]
 
 
-def policy(kv: str, prompt_id: str) -> dict:
-    table = POLICY[kv]
-    return table.get(prompt_id, table["default"])
+def policy(model_id: str, kv: str, prompt_id: str) -> dict:
+    """The storage policy row of one golden: stage patterns ``prefill`` / ``decode`` / ``exact``,
+    ``decode_logits`` ("full": decode.logits [N, V]; "topk": logits_decode_topk{,_ids} [N, 64]
+    instead) and ``logits_f16`` (logits and logits_topk stored as f16 whenever rounding keeps the
+    argmax, see unambiguous_f16_argmax; else both f32)."""
+    table = MODELS[model_id]["policy"][kv]
+    row = dict(table.get(prompt_id, table["default"]))
+    row.setdefault("decode_logits", "full")
+    row.setdefault("logits_f16", False)
+    return row
 
 
 def softmax64(logits: np.ndarray) -> np.ndarray:
@@ -176,6 +240,25 @@ def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0)
     return t.sum(axis=-1)
+
+
+def unambiguous_f16_argmax(rows: np.ndarray, argmax: np.ndarray) -> bool:
+    """Whether storing ``rows`` as f16 keeps each row's argmax (the lowest id among the largest
+    values, as a reader finds it) equal to ``argmax`` (the f32 one): false when rounding to f16
+    merges the largest logit with another one of a lower id, or overflows."""
+    with np.errstate(over="ignore"):
+        r16 = rows.astype(np.float16)
+    if not np.all(np.isfinite(r16)):
+        return False
+    return bool(np.all(np.argmax(r16, axis=1) == argmax))
+
+
+def logits_storage_note(pol: dict, logits_f16: bool) -> str:
+    full = "decode.logits: full [N, V] f32" if pol["decode_logits"] == "full" else (
+        "decode.logits not stored: logits_decode_topk_ids / logits_decode_topk [N, 64] (f32) instead"
+    )
+    last = "f16 (storage_* in arrays)" if logits_f16 else "f32"
+    return f"logits: full row at logits_positions (last prompt position), {last}; logits_topk {last}; {full}"
 
 
 def render_chat(prompt: dict, template: str) -> str:
@@ -224,7 +307,8 @@ def gguf_metadata(path: Path) -> dict:
     }
 
 
-def stage_map_json(inventory_summary: list[dict]) -> dict:
+def stage_map_json(arch: str, inventory_summary: list[dict]) -> dict:
+    stages, not_exposed = G.ARCH_STAGES[arch]
     return {
         "about": (
             "llama.cpp graph node (name, op) -> canonical stage id. {N} is the layer. op is "
@@ -232,11 +316,14 @@ def stage_map_json(inventory_summary: list[dict]) -> dict:
             "told apart by op (Qcur-N: MUL_MAT = projection, RESHAPE = view of it, ROPE = after RoPE). "
             "Shapes are [T, width]; Q/K after RoPE (ggml ne [head_dim, n_head, T]) are flattened "
             "head-major to [T, n_head*head_dim]. not_exposed: canonical stages without a node."
+            + (
+                " A row with `input` is a node the graph leaves unnamed (ggml names it node_<index>): "
+                "it is the node computed by `op` that consumes the node named `input`."
+                if any(s.input is not None for s in stages) else ""
+            )
         ),
-        "stages": [
-            {"oracle_name": s.oracle_name, "op": s.op, "canonical": s.canonical} for s in G.LLAMA_STAGES
-        ],
-        "not_exposed": list(G.LLAMA_NOT_EXPOSED),
+        "stages": [s.as_json() for s in stages],
+        "not_exposed": list(not_exposed),
         "observed_nodes": inventory_summary,
     }
 
@@ -276,6 +363,8 @@ def main() -> int:
     if args.model_id not in MODELS:
         raise SystemExit(f"unknown model id {args.model_id!r}; known: {sorted(MODELS)}")
     want_sha = MODELS[args.model_id]["sha256"]
+    arch = MODELS[args.model_id]["arch"]
+    stages, _not_exposed = G.ARCH_STAGES[arch]
     model_path = args.model.resolve()
     if not model_path.is_file():
         raise SystemExit(f"{model_path}: no such model file")
@@ -287,10 +376,13 @@ def main() -> int:
         raise SystemExit("the loaded llama.cpp is not the pinned one: " + "; ".join(problems))
 
     meta = gguf_metadata(model_path)
+    if meta["general.architecture"] != arch:
+        raise SystemExit(f"{model_path}: general.architecture is {meta['general.architecture']!r}, MODELS says {arch!r}")
     settings = G.Settings()
     oracle = G.Oracle(str(model_path), settings)
+    host = G.host_info()
     n_layer = oracle.n_layer
-    all_ids = G.canonical_ids(G.LLAMA_STAGES, n_layer)
+    all_ids = G.canonical_ids(stages, n_layer)
     template = meta["tokenizer.chat_template"]
     if template != oracle.chat_template():
         raise SystemExit("gguf and llama.cpp disagree on tokenizer.chat_template")
@@ -300,7 +392,23 @@ def main() -> int:
     # --- tokenize -------------------------------------------------------------------------
     rendered = {}
     for p in prompts:
-        if p["kind"] == "chat":
+        if p["kind"] == "chat" and template is None:
+            # no tokenizer.chat_template in the GGUF (gemma3-270m is the base model): llama.cpp's
+            # built-in template of the model family, named in MODELS, rendered by llama.cpp
+            builtin = MODELS[args.model_id].get("builtin_chat_template")
+            if builtin is None:
+                raise SystemExit(f"{args.model_id}: the GGUF has no tokenizer.chat_template and MODELS names no builtin_chat_template")
+            text = llama_apply_template(builtin, p["messages"])
+            if not text:
+                raise SystemExit(f"llama_chat_apply_template does not know the template {builtin!r}")
+            rendered[p["id"]] = {
+                "text": text,
+                "template_source": (
+                    f"the GGUF has no tokenizer.chat_template: llama.cpp's built-in template {builtin!r} "
+                    "(llama_chat_apply_template(tmpl=name, add_ass=true))"
+                ),
+            }
+        elif p["kind"] == "chat":
             text = render_chat(p, template)
             rendered[p["id"]] = {
                 "text": text,
@@ -314,8 +422,10 @@ def main() -> int:
             rendered[p["id"]] = {"text": p["text"]}
         toks = oracle.tokenize(rendered[p["id"]]["text"], p["add_special"], p["parse_special"])
         rendered[p["id"]]["tokens"] = toks
-        if p["id"] == "one_token" and len(toks) != 1:
-            raise SystemExit(f"one_token: {p['text']!r} is {len(toks)} tokens {toks}, not one")
+        # one text token, after the BOS the model adds (gemma3: add_bos_token = true)
+        n_bos = int(oracle.add_bos and p["add_special"])
+        if p["id"] == "one_token" and len(toks) != 1 + n_bos:
+            raise SystemExit(f"one_token: {p['text']!r} is {len(toks)} tokens {toks}, not {1 + n_bos}")
         longest = max(longest, len(toks))
     if longest > settings.n_ubatch:
         raise SystemExit(f"the longest prompt ({longest} tokens) does not fit one ubatch ({settings.n_ubatch})")
@@ -345,13 +455,13 @@ def main() -> int:
                     "teacher-forced with the llama.cpp-f32kv golden's greedy continuation, so both "
                     "KV-cache types are compared on the same tokens"
                 )
-            res = oracle.run(toks, kv, decode, capture=True, inventory=listing)
+            res = oracle.run(toks, kv, decode, capture=True, inventory=listing, stages=stages)
             if listing:
                 inventory_summary = G.summarize_inventory(res.inventory, n_layer)
                 if args.list_nodes:
-                    for name, op, typ, ne in res.inventory:
-                        print(f"{name:40s} {op:10s} {typ:5s} {list(ne)}")
-            plain = oracle.run(toks, kv, [int(t) for t in res.decode_tokens], capture=False)
+                    for name, op, typ, ne, srcs in res.inventory:
+                        print(f"{name:40s} {op:10s} {typ:5s} {str(list(ne)):24s} <- {', '.join(srcs)}")
+            plain = oracle.run(toks, kv, [int(t) for t in res.decode_tokens], capture=False, stages=stages)
             delta = max(
                 float(np.max(np.abs(plain.logits - res.logits))),
                 float(np.max(np.abs(plain.decode_logits - res.decode_logits))) if len(res.decode_tokens) else 0.0,
@@ -361,7 +471,7 @@ def main() -> int:
                 raise SystemExit(f"{pid}/{kv}: result_output differs from llama_get_logits by {cb_vs_api}")
             results[(pid, kv)] = res
 
-            pol = policy(kv, pid)
+            pol = policy(args.model_id, kv, pid)
             prefill_ids = [c for c in expand(pol["prefill"], n_layer, all_ids) if c != "logits"]
             decode_ids = [c for c in expand(pol["decode"], n_layer, all_ids) if c != "logits"]
             T = len(toks)
@@ -369,21 +479,34 @@ def main() -> int:
             order = np.argsort(-res.logits, axis=1, kind="stable")[:, :TOPK].astype(np.int32)
             topk = np.take_along_axis(res.logits, order, axis=1)
 
-            raw: list[tuple[str, np.ndarray, bool]] = [("tokens", res.tokens, False)]
+            raw: list[tuple[str, np.ndarray, bool] | tuple[str, np.ndarray, bool, bool]] = [("tokens", res.tokens, False)]
             exact = set(expand(pol["exact"], n_layer, all_ids))
             raw += [(c, res.stages[c], c not in exact) for c in prefill_ids]
+            lf16 = bool(
+                pol["logits_f16"]
+                and unambiguous_f16_argmax(res.logits[positions], order[positions, 0])
+                and np.all(np.abs(topk) < 65504.0)
+            )
+            # logits and logits_topk share one dtype (a reader checks topk[T-1, 0] == max(logits))
             raw += [
-                ("logits", res.logits[positions], False),
+                ("logits", res.logits[positions], lf16, lf16),
                 ("logits_positions", positions, False),
                 ("logits_topk_ids", order, False),
-                ("logits_topk", topk, False),
+                ("logits_topk", topk, lf16, lf16),
                 ("decode.tokens", res.decode_tokens, False),
-                ("decode.logits", res.decode_logits, False),
             ]
+            if pol["decode_logits"] == "full":
+                raw += [("decode.logits", res.decode_logits, False)]
+            else:
+                d_order = np.argsort(-res.decode_logits, axis=1, kind="stable")[:, :TOPK].astype(np.int32)
+                raw += [
+                    ("logits_decode_topk_ids", d_order, False),
+                    ("logits_decode_topk", np.take_along_axis(res.decode_logits, d_order, axis=1), False),
+                ]
             raw += [("decode." + c, res.decode_stages[c], c not in exact) for c in decode_ids]
             arrays, listed = {}, {}
-            for name, x, allow_f16 in raw:
-                a, info = store(x, allow_f16)
+            for name, x, allow_f16, *force in raw:
+                a, info = store(x, allow_f16, bool(force and force[0]))
                 arrays[name] = a
                 listed[name] = {"shape": list(a.shape), **info}
             rel = Path(args.model_id) / f"llama.cpp-{kv}kv" / f"{pid}.npz"
@@ -397,7 +520,7 @@ def main() -> int:
                 "model_sha256": want_sha,
                 "model_file": model_path.name,
                 "model_general_name": meta["general.name"],
-                "arch": ARCH,
+                "arch": arch,
                 "prompt_id": pid,
                 "prompt_kind": p["kind"],
                 "prompt": rendered[pid]["text"],
@@ -411,6 +534,7 @@ def main() -> int:
                     "ggml_commit": G.GGML.commit(),
                     "ggml_version": G.GGML.version(),
                     "numpy": np.__version__,
+                    **host,
                 },
                 "kv_type": kv,
                 "settings": settings.as_dict(kv),
@@ -425,12 +549,17 @@ def main() -> int:
                 "stages_prefill": list(pol["prefill"]),
                 "stages_decode": list(pol["decode"]),
                 "stages_exact_f32": list(pol["exact"]),
+                "logits_storage": logits_storage_note(pol, lf16),
                 "model_hparams": {"n_layer": n_layer, "n_embd": oracle.n_embd, "n_vocab": oracle.n_vocab},
                 "arrays": listed,
             }
             if p["kind"] == "chat":
                 entry["chat"] = {"messages": p["messages"], **{k: v for k, v in rendered[pid].items() if k not in ("text", "tokens")}}
             entries.append(entry)
+            # keep only what the noise floor below needs (the residual stream and the logits)
+            keep_ids = {f"blk.{n}.out" for n in range(n_layer)}
+            res.stages = {k: v for k, v in res.stages.items() if k in keep_ids}
+            res.decode_stages = {k: v for k, v in res.decode_stages.items() if k in keep_ids}
             print(
                 f"{rel.as_posix():55s} T={T:3d} {entry['bytes'] / 2**20:6.2f} MiB  capture Δlogits={delta:.3g}  "
                 f"-> {entry['continuation']!r}",
@@ -474,12 +603,16 @@ def main() -> int:
         "Goldens for lockstep's parity harness. Regenerate with oracles/regenerate.sh; the arrays "
         "and fields are documented in oracles/README.md and harness/src/golden.rs."
     )
-    manifest.setdefault("stage_map", {})[ORACLE_NAME] = {ARCH: stage_map_json(inventory_summary)}
+    # only this architecture's stage map is (re)written; the others are kept
+    manifest.setdefault("stage_map", {}).setdefault(ORACLE_NAME, {})[arch] = stage_map_json(arch, inventory_summary)
     keep = [
         g for g in manifest.get("goldens", [])
         if not (g.get("oracle", {}).get("name") == ORACLE_NAME and g.get("model_id") == args.model_id)
     ]
-    goldens = sorted(keep + entries, key=lambda g: g["path"])
+    # model by model in MODELS order (unknown models last), then by path: other models' entries
+    # keep their place whichever model is regenerated
+    rank = {m: i for i, m in enumerate(MODELS)}
+    goldens = sorted(keep + entries, key=lambda g: (rank.get(g.get("model_id"), len(rank)), g["path"]))
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "about": manifest["about"],
