@@ -511,13 +511,16 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     let cells = matrix
         .expand(&manifest, &Filters::default())
         .unwrap_or_else(|e| panic!("{e:#}"));
-    let prompts: std::collections::BTreeSet<&str> =
-        cells.iter().map(|c| c.prompt.as_str()).collect();
+    let pairs: std::collections::BTreeSet<(&str, &str)> = cells
+        .iter()
+        .map(|c| (c.model.as_str(), c.prompt.as_str()))
+        .collect();
+    let models: std::collections::BTreeSet<&str> = pairs.iter().map(|p| p.0).collect();
     assert!(
-        prompts.len() >= 2,
-        "the default matrix should cover every committed prompt: {prompts:?}"
+        models.len() >= 3 && pairs.len() >= 2 * models.len(),
+        "the default matrix should cover every committed model and prompt: {pairs:?}"
     );
-    assert_eq!(cells.len(), prompts.len() * 2, "2 modes per prompt");
+    assert_eq!(cells.len(), pairs.len() * 2, "2 modes per model and prompt");
     let th = Thresholds::load(&root.join("ci/thresholds.toml")).unwrap_or_else(|e| panic!("{e:#}"));
     // The values are tuned from measured data; what must hold whatever they are: every cell has
     // thresholds, tokens must match everywhere, and ggml mode (which reproduces llama.cpp's

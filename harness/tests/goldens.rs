@@ -129,8 +129,11 @@ fn stage_map_resolves_llama_stages() {
     assert_eq!(node("output_norm"), ("result_norm".into(), "MUL".into()));
     assert_eq!(node("logits"), ("result_output".into(), "MUL_MAT".into()));
 
-    // every stage stored in a llama.cpp golden resolves through the map
+    // every stage stored in a llama.cpp golden resolves through its architecture's map
     for g in m.goldens.iter().filter(|g| g.oracle.name == "llama.cpp") {
+        let map = m
+            .stage_map("llama.cpp", &g.arch)
+            .unwrap_or_else(|| panic!("no stage map for {}", g.arch));
         for s in g.prefill_stages().chain(g.decode_stages()) {
             assert!(
                 map.oracle_node(s).is_some(),
