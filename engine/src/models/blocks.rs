@@ -186,6 +186,21 @@ pub struct Attention {
     pub shape: AttnShape,
 }
 
+/// How an architecture configures one [`Attention`] (everything but the tensors themselves).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnOptions {
+    /// Heads, kq scale, window.
+    pub shape: AttnShape,
+    /// RoPE of the layer.
+    pub rope: Rope,
+    /// `ggml_scale` of Q after RoPE (Gemma 3), if any.
+    pub q_scale: Option<f32>,
+    /// Which optional tensors the layer has.
+    pub tensors: AttnTensors,
+    /// Epsilon of the Q/K norms.
+    pub norm_eps: f32,
+}
+
 /// Which optional tensors an [`Attention`] has (the architecture says; they are then required).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttnTensors {
@@ -196,18 +211,21 @@ pub struct AttnTensors {
 }
 
 impl Attention {
-    /// Load block `layer`'s attention tensors (`blk.{layer}.attn_*`), shape-checked against `shape` and
-    /// `d_model`.
+    /// Load block `layer`'s attention tensors (`blk.{layer}.attn_*`), shape-checked against `opts.shape`
+    /// and `d_model`.
     pub fn load(
         g: &GgufFile,
         layer: usize,
         d_model: usize,
-        shape: AttnShape,
-        rope: Rope,
-        q_scale: Option<f32>,
-        tensors: AttnTensors,
-        norm_eps: f32,
+        opts: AttnOptions,
     ) -> Result<Attention> {
+        let AttnOptions {
+            shape,
+            rope,
+            q_scale,
+            tensors,
+            norm_eps,
+        } = opts;
         let (qw, kvw) = (
             shape.n_head * shape.head_dim,
             shape.n_kv_head * shape.head_dim,
@@ -448,14 +466,20 @@ pub struct DecoderLayer {
 pub struct Activations {
     /// Residual stream `[n, d_model]`.
     x: Vec<f32>,
+    layer: LayerBufs,
+    /// `[n, n_vocab]`.
+    pub logits: Vec<f32>,
+}
+
+/// Buffers of one [`DecoderLayer`] forward.
+#[derive(Default)]
+pub struct LayerBufs {
     /// Normed input of a sub-layer `[n, d_model]`.
     h: Vec<f32>,
     /// Sub-layer output `[n, d_model]`.
     proj: Vec<f32>,
     attn: AttnBufs,
     ffn: FfnBufs,
-    /// `[n, n_vocab]`.
-    pub logits: Vec<f32>,
 }
 
 impl DecoderLayer {
@@ -465,12 +489,12 @@ impl DecoderLayer {
         f: &mut Fwd,
         kv: &mut KvCache,
         x: &mut [f32],
-        h: &mut [f32],
-        proj: &mut [f32],
-        attn: &mut AttnBufs,
-        ffn: &mut FfnBufs,
+        b: &mut LayerBufs,
     ) -> Result<()> {
         let st = |kind| Stage::block(self.layer, kind);
+        let n = x.len();
+        let LayerBufs { h, proj, attn, ffn } = b;
+        let (h, proj) = (sized(h, n), sized(proj, n));
         h.copy_from_slice(x);
         self.attn_norm.forward(f, h, st(StageKind::AttnNorm));
         self.attn.forward(f, kv, h, attn, proj)?;
@@ -548,22 +572,16 @@ impl Decoder {
     ) -> Result<()> {
         let d = self.embed.weight.cols;
         let n = tokens.len();
-        let Activations {
-            x,
-            h,
-            proj,
-            attn,
-            ffn,
-            logits,
-        } = act;
-        let (x, h, proj) = (sized(x, n * d), sized(h, n * d), sized(proj, n * d));
+        let Activations { x, layer, logits } = act;
+        let x = sized(x, n * d);
 
         self.embed.forward(f, tokens, x)?;
-        for layer in &self.layers {
-            layer.forward(f, kv, x, h, proj, attn, ffn)?;
+        for l in &self.layers {
+            l.forward(f, kv, x, layer)?;
         }
 
         // logits = RMSNorm(x)·w_output_norm · W_outᵀ               [n, n_vocab]
+        let h = sized(&mut layer.h, n * d);
         h.copy_from_slice(x);
         self.head
             .norm

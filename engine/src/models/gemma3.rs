@@ -23,8 +23,8 @@
 
 use crate::gguf::GgufFile;
 use crate::models::blocks::{
-    Attention, AttnTensors, Decoder, DecoderLayer, Embedding, Ffn, GluAct, OutputHead, RmsNorm,
-    Rope, RopeKind,
+    Attention, AttnOptions, AttnTensors, Decoder, DecoderLayer, Embedding, Ffn, GluAct, OutputHead,
+    RmsNorm, Rope, RopeKind,
 };
 use crate::models::hparams::{DecoderDims, Meta};
 use crate::models::weights::Weight;
@@ -82,7 +82,18 @@ pub fn load(g: &GgufFile) -> Result<(DecoderDims, Decoder)> {
             Ok(DecoderLayer {
                 layer: l,
                 attn_norm: norm("attn_norm")?,
-                attn: Attention::load(g, l, d, shape, rope, Some(q_scale), tensors, c.norm_eps)?,
+                attn: Attention::load(
+                    g,
+                    l,
+                    d,
+                    AttnOptions {
+                        shape,
+                        rope,
+                        q_scale: Some(q_scale),
+                        tensors,
+                        norm_eps: c.norm_eps,
+                    },
+                )?,
                 attn_post_norm: Some(norm("post_attention_norm")?),
                 ffn_norm: norm("ffn_norm")?,
                 ffn: Ffn::load(g, l, d, c.d_ff, GluAct::GeluTanh)?,

@@ -13,8 +13,8 @@
 
 use crate::gguf::GgufFile;
 use crate::models::blocks::{
-    Attention, AttnTensors, Decoder, DecoderLayer, Embedding, Ffn, GluAct, OutputHead, RmsNorm,
-    Rope, RopeKind,
+    Attention, AttnOptions, AttnTensors, Decoder, DecoderLayer, Embedding, Ffn, GluAct, OutputHead,
+    RmsNorm, Rope, RopeKind,
 };
 use crate::models::hparams::{DecoderDims, Meta};
 use crate::models::weights::Weight;
@@ -41,19 +41,24 @@ pub(crate) fn wire(
         weight: Weight::load(g, "token_embd.weight", None, Some(d))?,
         scale: None,
     };
-    let rope = Rope {
-        kind: rope_kind,
-        base: c.rope_base,
-        dim: c.rope_dim,
+    let opts = AttnOptions {
+        shape: AttnShape::causal(c.n_head, c.n_kv_head, c.head_dim),
+        rope: Rope {
+            kind: rope_kind,
+            base: c.rope_base,
+            dim: c.rope_dim,
+        },
+        q_scale: None,
+        tensors,
+        norm_eps: c.norm_eps,
     };
-    let shape = AttnShape::causal(c.n_head, c.n_kv_head, c.head_dim);
     let layers = (0..c.n_layer)
         .map(|l| {
             let norm = |t: &str| RmsNorm::load(g, &format!("blk.{l}.{t}.weight"), d, c.norm_eps);
             Ok(DecoderLayer {
                 layer: l,
                 attn_norm: norm("attn_norm")?,
-                attn: Attention::load(g, l, d, shape, rope, None, tensors, c.norm_eps)?,
+                attn: Attention::load(g, l, d, opts)?,
                 attn_post_norm: None,
                 ffn_norm: norm("ffn_norm")?,
                 ffn: Ffn::load(g, l, d, c.d_ff, GluAct::Silu)?,

@@ -199,7 +199,7 @@ pub fn expf_avx2(x: f32) -> f32 {
     let j = fma(fma(fma(P5, b, P4), u, fma(P3, b, P2)), u, C1 * b);
     let an = n.abs();
     // _CMP_GT_OQ: false for NaN
-    if !(an > 126.0) {
+    if an.is_nan() || an <= 126.0 {
         return fma(j, k, k);
     }
     let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
