@@ -7,9 +7,13 @@
 use crate::gguf::{GgufWriter, MetaValue};
 use crate::quant::{quantize_row, GgmlType};
 
-/// Shape and types of a synthetic Llama model.
+/// Shape and types of a synthetic decoder model: `llama` by default, or `qwen2` (adds Q/K/V biases) or
+/// `gemma3` (adds per-head Q/K norms, post-attention and post-FFN norms, a sliding window of
+/// [`TINY_GEMMA3_WINDOW`] positions) through [`TinyLlama::arch`].
 #[derive(Clone, Debug)]
 pub struct TinyLlama {
+    /// `general.architecture`: `llama`, `qwen2` or `gemma3`.
+    pub arch: &'static str,
     /// Transformer blocks.
     pub n_layer: usize,
     /// Residual width (multiple of 32 for block types).
@@ -33,6 +37,7 @@ pub struct TinyLlama {
 impl Default for TinyLlama {
     fn default() -> Self {
         TinyLlama {
+            arch: "llama",
             n_layer: 2,
             d_model: 64,
             n_head: 4,
@@ -45,6 +50,9 @@ impl Default for TinyLlama {
         }
     }
 }
+
+/// Sliding window written to a synthetic `gemma3` file (short, so that tests cross it).
+pub const TINY_GEMMA3_WINDOW: u32 = 3;
 
 /// Control tokens of the synthetic vocabulary (ids 0..3).
 pub const TINY_SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -104,20 +112,25 @@ impl TinyLlama {
         let mut w = GgufWriter::new();
         let s = |x: &str| MetaValue::String(x.to_string());
         let u = MetaValue::U32;
-        w.add_metadata("general.architecture", s("llama"));
-        w.add_metadata("general.name", s("tiny-llama (synthetic)"));
-        w.add_metadata("llama.block_count", u(self.n_layer as u32));
-        w.add_metadata("llama.context_length", u(256));
-        w.add_metadata("llama.embedding_length", u(self.d_model as u32));
-        w.add_metadata("llama.feed_forward_length", u(self.d_ff as u32));
-        w.add_metadata("llama.attention.head_count", u(self.n_head as u32));
-        w.add_metadata("llama.attention.head_count_kv", u(self.n_kv_head as u32));
-        w.add_metadata("llama.rope.freq_base", MetaValue::F32(10000.0));
-        w.add_metadata("llama.rope.dimension_count", u(head_dim as u32));
+        let a = self.arch;
+        let key = |k: &str| format!("{a}.{k}");
+        w.add_metadata("general.architecture", s(a));
+        w.add_metadata("general.name", s(&format!("tiny-{a} (synthetic)")));
+        w.add_metadata(&key("block_count"), u(self.n_layer as u32));
+        w.add_metadata(&key("context_length"), u(256));
+        w.add_metadata(&key("embedding_length"), u(self.d_model as u32));
+        w.add_metadata(&key("feed_forward_length"), u(self.d_ff as u32));
+        w.add_metadata(&key("attention.head_count"), u(self.n_head as u32));
+        w.add_metadata(&key("attention.head_count_kv"), u(self.n_kv_head as u32));
+        w.add_metadata(&key("rope.freq_base"), MetaValue::F32(10000.0));
+        w.add_metadata(&key("rope.dimension_count"), u(head_dim as u32));
         w.add_metadata(
-            "llama.attention.layer_norm_rms_epsilon",
+            &key("attention.layer_norm_rms_epsilon"),
             MetaValue::F32(self.norm_eps),
         );
+        if a == "gemma3" {
+            w.add_metadata(&key("attention.sliding_window"), u(TINY_GEMMA3_WINDOW));
+        }
         w.add_metadata("tokenizer.ggml.model", s("gpt2"));
         w.add_metadata("tokenizer.ggml.pre", s("smollm"));
         w.add_metadata(
@@ -184,6 +197,18 @@ impl TinyLlama {
             tensor(&mut w, &n("attn_v"), kvw, d, mt, 0.0, proj)?;
             tensor(&mut w, &n("attn_output"), d, qw, mt, 0.0, proj)?;
             tensor(&mut w, &n("ffn_norm"), 1, d, f32t, 1.0, 0.2)?;
+            if self.arch == "qwen2" {
+                let b = |t: &str| format!("blk.{l}.{t}.bias");
+                tensor(&mut w, &b("attn_q"), 1, qw, f32t, 0.0, 0.5)?;
+                tensor(&mut w, &b("attn_k"), 1, kvw, f32t, 0.0, 0.5)?;
+                tensor(&mut w, &b("attn_v"), 1, kvw, f32t, 0.0, 0.5)?;
+            }
+            if self.arch == "gemma3" {
+                tensor(&mut w, &n("attn_q_norm"), 1, head_dim, f32t, 1.0, 0.2)?;
+                tensor(&mut w, &n("attn_k_norm"), 1, head_dim, f32t, 1.0, 0.2)?;
+                tensor(&mut w, &n("post_attention_norm"), 1, d, f32t, 1.0, 0.2)?;
+                tensor(&mut w, &n("post_ffw_norm"), 1, d, f32t, 1.0, 0.2)?;
+            }
             tensor(&mut w, &n("ffn_gate"), self.d_ff, d, mt, 0.0, proj)?;
             tensor(&mut w, &n("ffn_up"), self.d_ff, d, mt, 0.0, proj)?;
             tensor(

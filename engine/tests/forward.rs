@@ -1,4 +1,5 @@
-//! Forward-pass properties on a tiny synthetic Llama: hooks, KV-cache decode, thread independence, modes.
+//! Forward-pass properties on tiny synthetic models of every architecture (llama, qwen2, gemma3): hooks,
+//! derived stage lists, KV-cache decode, sliding windows, thread independence, modes.
 
 use std::ops::Range;
 
@@ -21,6 +22,16 @@ fn record(model: &Model, tokens: &[u32], mode: NumericsMode, sink: &mut dyn Stag
 
 const PROMPT: [u32; 7] = [40, 75, 100, 3, 200, 17, 259];
 
+/// Every architecture the engine wires, as a tiny synthetic model.
+const ARCHS: [&str; 3] = ["llama", "qwen2", "gemma3"];
+
+fn tiny_arch(arch: &'static str) -> Model {
+    tiny(&TinyLlama {
+        arch,
+        ..TinyLlama::default()
+    })
+}
+
 /// Replaces one stage with a fixed pattern and records everything.
 struct Replace {
     target: Stage,
@@ -40,7 +51,13 @@ impl StageSink for Replace {
 
 #[test]
 fn replacing_a_stage_changes_every_later_stage_and_nothing_earlier() {
-    let model = tiny(&TinyLlama::default());
+    for arch in ARCHS {
+        replace_each_target(&tiny_arch(arch));
+    }
+}
+
+fn replace_each_target(model: &Model) {
+    let model = model;
     let order: Vec<Stage> = model.stages().into_iter().map(|(s, _)| s).collect();
     for target in [
         Stage::block(0, StageKind::AttnNorm),
@@ -59,10 +76,11 @@ fn replacing_a_stage_changes_every_later_stage_and_nothing_earlier() {
         for (i, s) in order.iter().enumerate() {
             let a = &base.get(*s).unwrap().data;
             let b = &rep.rec.get(*s).unwrap().data;
+            let arch = &model.info().arch;
             if i < at {
-                assert_eq!(a, b, "replacing {target} changed earlier stage {s}");
+                assert_eq!(a, b, "{arch}: replacing {target} changed earlier stage {s}");
             } else {
-                assert_ne!(a, b, "replacing {target} left stage {s} unchanged");
+                assert_ne!(a, b, "{arch}: replacing {target} left stage {s} unchanged");
             }
         }
         assert_ne!(base_logits, rep_logits);
@@ -76,7 +94,13 @@ fn replacing_a_stage_changes_every_later_stage_and_nothing_earlier() {
 
 #[test]
 fn every_stage_is_emitted_with_its_declared_width() {
-    let model = tiny(&TinyLlama::default());
+    for arch in ARCHS {
+        every_stage_emitted(&tiny_arch(arch));
+    }
+}
+
+fn every_stage_emitted(model: &Model) {
+    let model = model;
     let mut rec = Recorder::new();
     record(&model, &PROMPT, NumericsMode::Ggml, &mut rec);
     let stages = model.stages();
@@ -96,7 +120,12 @@ fn every_stage_is_emitted_with_its_declared_width() {
 
 #[test]
 fn kv_cache_decode_equals_full_reprefill_for_16_steps() {
-    let model = tiny(&TinyLlama::default());
+    for arch in ARCHS {
+        decode_equals_reprefill(&tiny_arch(arch));
+    }
+}
+
+fn decode_equals_reprefill(model: &Model) {
     let n_vocab = model.info().n_vocab;
     for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
         let mut s = model.session(64, mode);
@@ -112,12 +141,122 @@ fn kv_cache_decode_equals_full_reprefill_for_16_steps() {
             let full_last = &full[(seq.len() - 1) * n_vocab..];
             // Each position's arithmetic is the same in a batch and alone: equal to the bit.
             assert_eq!(
-                last, full_last,
-                "mode {mode}, decode step {step}: cached decode differs from re-prefill"
+                last,
+                full_last,
+                "{}, mode {mode}, decode step {step}: cached decode differs from re-prefill",
+                model.info().arch
             );
         }
         assert_eq!(s.n_past(), PROMPT.len() + 16);
     }
+}
+
+#[test]
+fn each_architecture_emits_the_stages_its_blocks_have() {
+    use StageKind::*;
+    let kinds = |m: &Model| -> Vec<StageKind> {
+        let mut k: Vec<StageKind> = m
+            .stages()
+            .into_iter()
+            .filter(|(s, _)| s.layer == Some(1))
+            .map(|(s, _)| s.kind)
+            .collect();
+        k.dedup();
+        k
+    };
+    let llama = vec![
+        AttnNorm, Q, K, V, QRope, KRope, AttnOut, AttnProj, FfnInp, FfnNorm, FfnGate, FfnUp,
+        FfnAct, FfnOut, Out,
+    ];
+    assert_eq!(kinds(&tiny_arch("llama")), llama);
+    assert_eq!(kinds(&tiny_arch("qwen2")), llama);
+    let gemma = vec![
+        AttnNorm,
+        Q,
+        K,
+        V,
+        QNorm,
+        KNorm,
+        QRope,
+        KRope,
+        AttnOut,
+        AttnProj,
+        AttnPostNorm,
+        FfnInp,
+        FfnNorm,
+        FfnGate,
+        FfnUp,
+        FfnAct,
+        FfnOut,
+        FfnPostNorm,
+        Out,
+    ];
+    assert_eq!(kinds(&tiny_arch("gemma3")), gemma);
+    let widths: Vec<(Stage, usize)> = tiny_arch("gemma3").stages();
+    let w = |s| widths.iter().find(|(x, _)| *x == s).unwrap().1;
+    assert_eq!(w(Stage::block(0, QNorm)), 64, "4 heads × 16");
+    assert_eq!(w(Stage::block(0, KNorm)), 32, "2 kv heads × 16");
+}
+
+#[test]
+fn qwen2_biases_are_added_after_the_projections() {
+    // the same weights with and without biases: q/k/v differ by exactly the bias, rows alike
+    let mut with = Recorder::new();
+    record(
+        &tiny_arch("qwen2"),
+        &PROMPT,
+        NumericsMode::Reference,
+        &mut with,
+    );
+    let mut without = Recorder::new();
+    record(
+        &tiny_arch("llama"),
+        &PROMPT,
+        NumericsMode::Reference,
+        &mut without,
+    );
+    let q = Stage::block(0, StageKind::Q);
+    let (a, b) = (&with.get(q).unwrap().data, &without.get(q).unwrap().data);
+    let width = with.get(q).unwrap().width;
+    let d0: Vec<f32> = (0..width).map(|i| a[i] - b[i]).collect();
+    for t in 1..PROMPT.len() {
+        for i in 0..width {
+            let d = a[t * width + i] - b[t * width + i];
+            assert!((d - d0[i]).abs() < 1e-5, "position {t}, column {i}");
+        }
+    }
+    assert!(d0.iter().any(|&d| d.abs() > 1e-3), "no bias was added");
+}
+
+#[test]
+fn gemma3_sliding_window_limits_what_a_position_sees() {
+    // window 3, two local layers: position 6 sees tokens 6 − 2·(3 − 1) = 2 .. 6 only
+    use lockstep_engine::fixtures::TINY_GEMMA3_WINDOW;
+    assert_eq!(TINY_GEMMA3_WINDOW, 3);
+    let last = |arch: &'static str, first: u32| {
+        let m = tiny_arch(arch);
+        let v = m.info().n_vocab;
+        let mut p = PROMPT;
+        p[0] = first;
+        for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
+            let mut s = m.session(16, mode);
+            let l = m.forward(&mut s, &p, None).unwrap()[6 * v..7 * v].to_vec();
+            if mode == NumericsMode::Ggml {
+                return l;
+            }
+        }
+        unreachable!()
+    };
+    assert_eq!(
+        last("gemma3", 40),
+        last("gemma3", 41),
+        "token 0 leaked into position 6"
+    );
+    assert_ne!(
+        last("llama", 40),
+        last("llama", 41),
+        "llama attends to every position"
+    );
 }
 
 #[test]
