@@ -233,30 +233,26 @@ fn gemma3_sliding_window_limits_what_a_position_sees() {
     // window 3, two local layers: position 6 sees tokens 6 − 2·(3 − 1) = 2 .. 6 only
     use lockstep_engine::fixtures::TINY_GEMMA3_WINDOW;
     assert_eq!(TINY_GEMMA3_WINDOW, 3);
-    let last = |arch: &'static str, first: u32| {
+    let last = |arch: &'static str, first: u32, mode: NumericsMode| {
         let m = tiny_arch(arch);
         let v = m.info().n_vocab;
         let mut p = PROMPT;
         p[0] = first;
-        for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
-            let mut s = m.session(16, mode);
-            let l = m.forward(&mut s, &p, None).unwrap()[6 * v..7 * v].to_vec();
-            if mode == NumericsMode::Ggml {
-                return l;
-            }
-        }
-        unreachable!()
+        let mut s = m.session(16, mode);
+        m.forward(&mut s, &p, None).unwrap()[6 * v..7 * v].to_vec()
     };
-    assert_eq!(
-        last("gemma3", 40),
-        last("gemma3", 41),
-        "token 0 leaked into position 6"
-    );
-    assert_ne!(
-        last("llama", 40),
-        last("llama", 41),
-        "llama attends to every position"
-    );
+    for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
+        assert_eq!(
+            last("gemma3", 40, mode),
+            last("gemma3", 41, mode),
+            "{mode}: token 0 leaked into position 6"
+        );
+        assert_ne!(
+            last("llama", 40, mode),
+            last("llama", 41, mode),
+            "{mode}: llama attends to every position"
+        );
+    }
 }
 
 #[test]
