@@ -139,13 +139,25 @@ fn decode_equals_reprefill(model: &Model) {
             let mut fresh = model.session(64, mode);
             let full = model.forward(&mut fresh, &seq, None).unwrap();
             let full_last = &full[(seq.len() - 1) * n_vocab..];
-            // Each position's arithmetic is the same in a batch and alone: equal to the bit.
-            assert_eq!(
-                last,
-                full_last,
-                "{}, mode {mode}, decode step {step}: cached decode differs from re-prefill",
-                model.info().arch
-            );
+            // Reference mode: each position's arithmetic is the same in a batch and alone, equal to the
+            // bit. Ggml mode mirrors llama.cpp, whose KQV sum runs in another order for a single token
+            // than for a batch (ops::ggml_kqv_order): on the AVX-512 target the two orders agree while
+            // every lane holds one product (≤ 16 positions), and stay within rounding afterwards.
+            let arch = &model.info().arch;
+            if mode == NumericsMode::Reference || seq.len() <= 16 {
+                assert_eq!(
+                    last, full_last,
+                    "{arch}, mode {mode}, decode step {step}: cached decode differs from re-prefill"
+                );
+            } else {
+                let num: f32 = last
+                    .iter()
+                    .zip(full_last)
+                    .map(|(a, b)| (a - b) * (a - b))
+                    .sum();
+                let den: f32 = full_last.iter().map(|b| b * b).sum();
+                assert!(num / den < 1e-8, "{arch}, step {step}: NMSE {}", num / den);
+            }
         }
         assert_eq!(s.n_past(), PROMPT.len() + 16);
     }

@@ -287,7 +287,11 @@ fn run_attention(c: &[String], order: Option<KqvOrder>) -> Vec<f32> {
                 &mut scores,
                 ot,
                 NumericsMode::Ggml,
-                GgmlTarget::Avx512,
+                // the batch kind of the case: a prompt batch or single-token steps
+                (
+                    GgmlTarget::Avx512,
+                    ops::ggml_kqv_order(if kind == "batch" { positions.len() } else { 1 }),
+                ),
             ),
         }
     }
@@ -310,11 +314,9 @@ fn attention_matches_llama_cpp_prefill_and_decode_graphs() {
             &run_attention(&c, Some(order)),
             &want,
         );
-        // ggml mode proper uses one order for every position
+        // ggml mode proper picks the order from the batch, as llama.cpp does
         let default = run_attention(&c, None);
-        if order == ops::GGML_KQV_ORDER {
-            assert_bits(&format!("{name} (ggml mode)"), &default, &want);
-        }
+        assert_bits(&format!("{name} (ggml mode)"), &default, &want);
     }
 }
 
@@ -322,7 +324,7 @@ fn attention_matches_llama_cpp_prefill_and_decode_graphs() {
 fn llama_cpp_itself_is_batch_dependent_after_16_positions() {
     // llama.cpp's own prompt-pass and decode-step results for the same query and cache: equal while every
     // KQV lane holds one product (≤ 16 positions), different in the last bits afterwards. This is why ggml
-    // mode has to pick one order (ops::GGML_KQV_ORDER).
+    // mode picks the order per batch (ops::ggml_kqv_order).
     let all = cases("attention");
     let get = |n: &str| {
         all.iter()

@@ -158,6 +158,9 @@ pub struct RunArgs {
     /// Only these SIMD settings (repeatable): off.
     #[arg(long)]
     pub simd: Vec<String>,
+    /// Mirror this ggml-cpu build (`avx2`, `avx512`) in ggml mode instead of the one each golden records.
+    #[arg(long)]
+    pub ggml_target: Option<GgmlTarget>,
     /// The golden directory.
     #[arg(long)]
     pub golden_dir: Option<PathBuf>,
@@ -225,6 +228,7 @@ fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
         external,
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         threads,
+        ggml_target: a.ggml_target,
     };
     let (dir, report) = crate::run::run(&opts)?;
     let md = dir.join("report.md");

@@ -13,6 +13,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use lockstep_engine::hooks::Recorder;
+use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::NumericsMode;
 
 use crate::compare::{compare, CompareOptions, EngineOutput};
@@ -48,6 +49,9 @@ pub struct RunOptions {
     pub progress: bool,
     /// Threads the engine uses (for the report).
     pub threads: usize,
+    /// Mirror this ggml-cpu build in ggml mode instead of the one each golden's host CPU selects (to see
+    /// what the other target's kernels change; a mismatched target is expected to break bit-exactness).
+    pub ggml_target: Option<GgmlTarget>,
 }
 
 /// Build an engine for a model path (overridable by tests to plug in a broken engine).
@@ -161,10 +165,13 @@ pub fn run_cell(
     golden::check_model(&opts.golden_dir, entry, model_sha)?;
     let mode: NumericsMode = cell.mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
     // ggml mode mirrors the kernels of the CPU the golden was made on
-    let target = entry
-        .oracle
-        .ggml_target()
-        .with_context(|| format!("golden {}", entry.path))?;
+    let target = match opts.ggml_target {
+        Some(t) => t,
+        None => entry
+            .oracle
+            .ggml_target()
+            .with_context(|| format!("golden {}", entry.path))?,
+    };
     let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
     let tokens = gf.read_tokens("tokens")?;
     let decode_tokens = if entry.n_decode_steps > 0 {

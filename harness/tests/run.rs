@@ -42,6 +42,7 @@ fn options(golden_dir: &Path, reports: &Path, prompt: &str, mode: &str) -> RunOp
         force_external: false,
         progress: false,
         threads: rayon::current_num_threads(),
+        ggml_target: None,
     }
 }
 
@@ -306,4 +307,61 @@ fn default_matrix_run_writes_a_complete_report() {
     }
     let back = lockstep::report::read_report(&dir.join("report.json")).unwrap();
     assert_eq!(back.cells.len(), 2);
+}
+
+/// Every stage the golden stores in f32 is bit-identical and every full logits row gives KL = 0.
+fn bit_exact(report: &lockstep::report::Report, manifest: &Manifest) -> Result<(), String> {
+    for c in &report.cells {
+        let g = &manifest.goldens[entry_index(manifest, &c.golden_path)];
+        for s in &c.comparison.stages {
+            let key = match s.phase {
+                lockstep::compare::Phase::Prefill => s.stage.clone(),
+                lockstep::compare::Phase::Decode => format!("decode.{}", s.stage),
+            };
+            let f32_stored = g
+                .arrays
+                .get(&key)
+                .is_some_and(|a| a.dtype == lockstep::golden::Dtype::F32);
+            if f32_stored && !s.bit_exact {
+                return Err(format!("{}: {key} differs", c.cell.id()));
+            }
+        }
+        for l in &c.comparison.logits {
+            if let Some(kl) = &l.kl {
+                if kl.max != 0.0 {
+                    return Err(format!("{}: {:?} KL max {}", c.cell.id(), l.phase, kl.max));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "real models: run by ci/test.sh"]
+fn ggml_mode_is_bit_exact_on_goldens_of_either_cpu_with_their_own_target_only() {
+    // SmolLM2's goldens come from an AVX-512 host, Gemma 3's from an AVX2 host (oracle.host_cpu_flags)
+    let manifest = load_manifest(&root().join("golden")).unwrap();
+    for (model, prompt, own) in [
+        (MODEL, "prose", GgmlTarget::Avx512),
+        ("gemma3-270m-q4_k_m", "prose", GgmlTarget::Avx2),
+    ] {
+        let reports = tempfile::tempdir().unwrap();
+        let mut opts = options(&root().join("golden"), reports.path(), prompt, "ggml");
+        opts.filters.model = vec![model.into()];
+        let (_, r) = run(&opts).unwrap();
+        assert_eq!(
+            r.cells[0].ggml_target.as_deref(),
+            Some(own.name()),
+            "{model}"
+        );
+        bit_exact(&r, &manifest).unwrap_or_else(|e| panic!("own target {own}: {e}"));
+        let other = GgmlTarget::ALL.into_iter().find(|t| *t != own).unwrap();
+        opts.ggml_target = Some(other);
+        let (_, r) = run(&opts).unwrap();
+        assert!(
+            bit_exact(&r, &manifest).is_err(),
+            "{model}/{prompt}: the {other} kernels also matched the {own} golden bit for bit"
+        );
+    }
 }

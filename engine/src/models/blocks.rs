@@ -337,6 +337,8 @@ impl Attention {
         // att = softmax(q·kᵀ·kq_scale + mask) · v, heads concatenated   [n, n_head·hd]
         let att = sized(&mut b.att, n * qw);
         let scores = sized(&mut b.scores, ops::attention_scratch_len(p0 + n));
+        // llama.cpp sums KQV in another order for a single-token batch than for a prompt batch
+        let kqv = ops::ggml_kqv_order(n);
         for (t, (qt, at)) in q.chunks_exact(qw).zip(att.chunks_exact_mut(qw)).enumerate() {
             ops::attention(
                 qt,
@@ -347,7 +349,7 @@ impl Attention {
                 scores,
                 at,
                 f.mode,
-                f.target,
+                (f.target, kqv),
             );
         }
         f.emit(st(StageKind::AttnOut), att);

@@ -23,8 +23,8 @@
 //! | [`add_in_place`] | `ggml_compute_forward_add` (f32 + f32, one rounding: same in both modes) |
 //!
 //! Where llama.cpp itself is not batch-invariant (the KQV product runs through llamafile's tinyBLAS when a
-//! batch has ≥ 2 tokens and through `ggml_vec_dot_f32` for a single token), ggml mode picks one order for
-//! every position — see [`GGML_KQV_ORDER`] — so that a cached decode step equals a re-prefill bit for bit.
+//! batch has ≥ 2 tokens and through `ggml_vec_dot_f32` for a single token), ggml mode does the same —
+//! [`ggml_kqv_order`] — so a cached decode step equals llama.cpp's decode step, not a re-prefill.
 
 pub mod ggml_cpu;
 
@@ -255,16 +255,22 @@ pub enum KqvOrder {
     VecDot,
 }
 
-/// The [`KqvOrder`] ggml mode uses for every position, prefill and decode alike (lockstep keeps a cached
-/// decode step bit-identical to a re-prefill). llama.cpp's prompt pass uses tinyBLAS and its decode steps
-/// vec_dot; prompts are where most compared positions are. Measured on the SmolLM2-135M Q4_1 goldens (F32
-/// cache, six prompts of 1–65 tokens, 8 decode steps each): with tinyBLAS every prefill stage of every
-/// layer is bit-identical; in decode steps past position 15 some `attn_out` values differ from
-/// llama.cpp's in the last bit, which the Q8_1 quantization of the `Wo` input absorbed in every step
-/// measured (all decode logits bit-identical too) — by luck of rounding, not by construction. With vec_dot
-/// the decode steps are exact and the prompt positions past 15 are not (the 65-token prompt then drifts
-/// to 1 − cos ≈ 8e-4 at the last layer).
-pub const GGML_KQV_ORDER: KqvOrder = KqvOrder::TinyBlas;
+/// The [`KqvOrder`] llama.cpp uses for a batch of `n_tokens`, and so ggml mode: tinyBLAS for a prompt batch
+/// (≥ 2 tokens), vec_dot for a single-token decode step (`ggml_compute_forward_mul_mat` tries
+/// `llamafile_sgemm` first, which refuses `n < 2`).
+///
+/// This makes ggml mode as batch-dependent as llama.cpp: a cached decode step need not equal the same
+/// position inside a re-prefill (on AVX-512 the two orders agree up to 16 positions, on AVX2 their
+/// reduction trees differ from the first). An earlier version used tinyBLAS for every position, to keep
+/// decode equal to re-prefill; measured on the AVX2 goldens of Gemma 3 and Qwen2.5, that broke every
+/// decode step from the first (`output_norm` cosine down to 0.9983 after 8 steps).
+pub fn ggml_kqv_order(n_tokens: usize) -> KqvOrder {
+    if n_tokens >= 2 {
+        KqvOrder::TinyBlas
+    } else {
+        KqvOrder::VecDot
+    }
+}
 
 /// Scratch length [`attention`] needs for a context of `n_pos` positions: `n_pos` rounded up to 64 (the
 /// softmax row is processed in 16-lane blocks and the KQV dot in 64-element steps, with the positions past
@@ -323,7 +329,8 @@ impl AttnShape {
 /// soft_max_ext(kq, mask, kq_scale, 0)`, `kqv = mul_mat(v, kq)` with the transposed V view. Reference mode:
 /// [`dot_f32`], [`softmax_scaled`], sequential f32 accumulation of `p · v`. Ggml mode: every score one
 /// [`ggml_cpu::vec_dot_f32`], the row softmax [`ggml_cpu::soft_max_row`] over `target`'s lanes, the KQV
-/// sums in [`GGML_KQV_ORDER`]; `target` is ignored in reference mode.
+/// sums in `kqv` order ([`ggml_kqv_order`] of the batch); `target` and `kqv` are ignored in reference
+/// mode.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
@@ -334,20 +341,13 @@ pub fn attention(
     scores: &mut [f32],
     out: &mut [f32],
     mode: NumericsMode,
-    target: GgmlTarget,
+    (target, kqv): (GgmlTarget, KqvOrder),
 ) {
     match mode {
         NumericsMode::Reference => attention_reference(q, cache, layer, pos, shape, scores, out),
-        NumericsMode::Ggml => attention_ggml(
-            q,
-            cache,
-            layer,
-            pos,
-            shape,
-            scores,
-            out,
-            (target, GGML_KQV_ORDER),
-        ),
+        NumericsMode::Ggml => {
+            attention_ggml(q, cache, layer, pos, shape, scores, out, (target, kqv))
+        }
     }
 }
 
@@ -542,7 +542,7 @@ mod tests {
                 &mut scores,
                 &mut out,
                 mode,
-                GgmlTarget::Avx2,
+                (GgmlTarget::Avx2, KqvOrder::VecDot),
             );
             assert_eq!(out, vec![5.0, 6.0, 5.0, 6.0]);
         }
@@ -577,7 +577,7 @@ mod tests {
                     &mut scores,
                     &mut out,
                     mode,
-                    GgmlTarget::Avx512,
+                    (GgmlTarget::Avx512, KqvOrder::VecDot),
                 );
                 let w = 1.0 / (n - first) as f32;
                 for (p, &o) in out.iter().enumerate() {
@@ -667,7 +667,7 @@ mod tests {
                 &mut scores,
                 &mut r,
                 NumericsMode::Reference,
-                GgmlTarget::Avx512,
+                (GgmlTarget::Avx512, KqvOrder::TinyBlas),
             );
             for (x, y) in a.iter().zip(&r) {
                 assert!(
