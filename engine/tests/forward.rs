@@ -57,7 +57,6 @@ fn replacing_a_stage_changes_every_later_stage_and_nothing_earlier() {
 }
 
 fn replace_each_target(model: &Model) {
-    let model = model;
     let order: Vec<Stage> = model.stages().into_iter().map(|(s, _)| s).collect();
     for target in [
         Stage::block(0, StageKind::AttnNorm),
@@ -66,12 +65,12 @@ fn replace_each_target(model: &Model) {
         Stage::global(StageKind::OutputNorm),
     ] {
         let mut base = Recorder::new();
-        let base_logits = record(&model, &PROMPT, NumericsMode::Reference, &mut base);
+        let base_logits = record(model, &PROMPT, NumericsMode::Reference, &mut base);
         let mut rep = Replace {
             target,
             rec: Recorder::new(),
         };
-        let rep_logits = record(&model, &PROMPT, NumericsMode::Reference, &mut rep);
+        let rep_logits = record(model, &PROMPT, NumericsMode::Reference, &mut rep);
         let at = order.iter().position(|s| *s == target).unwrap();
         for (i, s) in order.iter().enumerate() {
             let a = &base.get(*s).unwrap().data;
@@ -100,9 +99,8 @@ fn every_stage_is_emitted_with_its_declared_width() {
 }
 
 fn every_stage_emitted(model: &Model) {
-    let model = model;
     let mut rec = Recorder::new();
-    record(&model, &PROMPT, NumericsMode::Ggml, &mut rec);
+    record(model, &PROMPT, NumericsMode::Ggml, &mut rec);
     let stages = model.stages();
     assert_eq!(rec.stages.len(), stages.len());
     for (s, w) in stages {
