@@ -4,9 +4,10 @@ print the F16-KV vs F32-KV noise floor recorded in a manifest.
     python compare_goldens.py DIR_A DIR_B        # every golden of A's manifest against B's
     python compare_goldens.py --noise-floor DIR  # the vs_f32kv metrics of DIR/manifest.json
 
-The comparison reports, per golden, whether the file's sha256 is the same and the largest |A - B|
-over every array (computed in float64 on the stored values); it exits 1 if any array differs in
-name, shape, dtype or value.
+The comparison reports, per golden, whether the file's sha256 is the same, the largest |A - B| over
+its float arrays (computed in float64 on the stored values) and, for integer arrays (token ids,
+top-k ids — identifiers, whose differences mean nothing), how many elements differ; it exits 1 if any
+array differs in name, shape, dtype or value.
 """
 
 from __future__ import annotations
@@ -37,11 +38,17 @@ def compare(a_dir: Path, b_dir: Path) -> int:
                 bad += 1
                 continue
             diffs = {}
+            id_diffs = {}
             for n in sorted(names_a):
                 x, y = za[n], zb[n]
                 if x.shape != y.shape or x.dtype != y.dtype:
                     print(f"{g['path']}: {n}: {x.shape} {x.dtype} vs {y.shape} {y.dtype}")
                     bad += 1
+                    continue
+                if np.issubdtype(x.dtype, np.integer):
+                    k = int(np.count_nonzero(x != y))
+                    if k:
+                        id_diffs[n] = k
                     continue
                 d = float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))) if x.size else 0.0
                 if d != 0.0 or not np.array_equal(x, y):
@@ -49,12 +56,13 @@ def compare(a_dir: Path, b_dir: Path) -> int:
             same_sha = g["sha256"] == gb["sha256"]
             m = max(diffs.values(), default=0.0)
             worst = max(worst, m)
-            bad += bool(diffs)
+            bad += bool(diffs or id_diffs)
             print(
                 f"{g['path']:55s} arrays={len(names_a):4d} sha256 {'same' if same_sha else 'DIFFERS'}  "
                 f"max|Δ|={m:.3g}" + (f"  differing: {sorted(diffs)[:8]}" if diffs else "")
+                + (f"  integer arrays with differing ids: {id_diffs}" if id_diffs else "")
             )
-    print(f"max |Δ| over all arrays: {worst:.6g}; goldens with differences: {bad}")
+    print(f"max |Δ| over all float arrays: {worst:.6g}; goldens with differences: {bad}")
     return 1 if bad else 0
 
 
