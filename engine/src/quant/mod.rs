@@ -49,28 +49,35 @@
 //! **Repacking** (extra buffer type `CPU_REPACK`, ggml-cpu/repack.cpp `ggml_repack_get_optimal_repack_type`;
 //! llama.cpp uses it by default, `llama_model_params .use_extra_bufts = true`, and llama-cpp-python does not
 //! change that). On x86 with AVX2: Q4_0 weights with a row count divisible by 8 become `q4_0_8x8_q8_0`, Q4_K
-//! → `q4_K_8x8_q8_K`, also IQ4_NL and MXFP4 (Q2_K with AVX-512). Those matmuls run `ggml_gemv_*` /
+//! → `q4_K_8x8_q8_K`, also IQ4_NL and MXFP4 (Q2_K only with AVX-512). Those matmuls run `ggml_gemv_*` /
 //! `ggml_gemm_*` (arch/x86/repack.cpp) with their own activation quantization (`ggml_quantize_mat_q8_*_4x8`)
-//! and accumulation order. Not repacked on x86: Q4_1, Q5_0, Q8_0, Q6_K, F16, BF16, F32. `token_embd` is read
-//! by GET_ROWS with `dequantize_row_*` (libggml-base), which [`dequantize_row`] matches bit for bit.
+//! and accumulation order. Ggml mode mirrors the Q4_K ones ([`GgmlPath::RepackGemm`] for batch rows in
+//! groups of 4, [`GgmlPath::RepackGemv`] for decode and the last `B % 4` rows: one fma per pair of
+//! sub-blocks, resp. per super-block); repacked Q4_0 / IQ4_NL are not mirrored yet. Not repacked on x86:
+//! Q4_1, Q5_0, Q8_0, Q6_K, F16, BF16, F32. `token_embd` is read by GET_ROWS with `dequantize_row_*`
+//! (libggml-base), which [`dequantize_row`] matches bit for bit.
 //!
-//! **Tiled K-quant matmul** (ggml-cpu/tiled/tiled.cpp, new in this version): for batches ≥ 8, K-quant
-//! weights that were not repacked (Q6_K here; Q2_K..Q5_K, IQ*) go to `ggml_compute_forward_mul_mat_tiled`
-//! unless `GGML_CPU_TILED_MM=0`; another order (measured: ~3e-6 relative differences).
+//! **Tiled K-quant matmul** (ggml-cpu/tiled, new in this version): for batches ≥ 8, K-quant weights that were
+//! not repacked (Q6_K here; Q2_K..Q5_K, IQ*) go to `ggml_compute_forward_mul_mat_tiled` unless
+//! `GGML_CPU_TILED_MM=0`: per super-block `acc = fma(d_w·s1 [− dmin_w·s2], d_x, acc)` with exact integers,
+//! the same on the AVX2 and the AVX-512 VNNI kernel. Ggml mode mirrors it ([`GgmlPath::Tiled`], Q6_K and
+//! unrepacked Q4_K).
 //!
-//! **So, per model**: SmolLM2 Q4_1 (+ Q8_0 tied output) runs only vec_dot/tinyBLAS-Q0 kernels — ggml mode
-//! reproduces each of its matmul outputs exactly, for decode and prefill, given bit-identical input
-//! activations. Gemma 3 / Qwen2.5 (Q5_0, Q8_0, Q4_K, Q6_K): Q5_0 and Q8_0 exact; Q6_K exact for decode,
-//! not for prefill (tiled); Q4_K not exact (repacked). What remains non-bit-exact, and why:
-//! 1. the repack and tiled kernels above (different order; ggml mode stays within a few ulps per block);
+//! [`ggml_path`] picks the kernel per weight and batch row the way llama.cpp does, so ggml mode is exactly as
+//! batch-dependent as llama.cpp (a decode step is not a re-prefill).
+//!
+//! **So, per model** (measured against the committed goldens, `lockstep run --mode ggml`): SmolLM2 Q4_1 (+
+//! Q8_0 tied output), Gemma 3 270M and Qwen2.5-Coder-0.5B Q4_K_M (Q5_0, Q8_0, Q4_K, Q6_K, F32) are
+//! bit-exact in prefill and decode. What remains outside the contract:
+//! 1. repacked Q4_0 / IQ4_NL / MXFP4 weights (no model here has them);
 //! 2. F32/F16/BF16 weight matrices under tinyBLAS in prefill (ggml mode mirrors `ggml_vec_dot_f32/f16/bf16`,
 //!    the decode path). Attention is not a weight matmul and lives in `crate::ops::ggml_cpu`, which
-//!    mirrors KQ (`ggml_vec_dot_f32` on the permuted F32-cache view) and KQV (tinyBLAS order) for an F32 KV
-//!    cache; an F16 KV cache (llama.cpp's default) is not mirrored;
+//!    mirrors KQ and KQV for an F32 KV cache; an F16 KV cache (llama.cpp's default) is not mirrored;
 //! 3. a NaN in an activation block: ggml's max tree drops or keeps it by position and a NaN quantizes to
 //!    -128; both are mirrored, but the NaN payloads themselves are not part of the contract;
-//! 4. everything outside these kernels — norms, RoPE, softmax and SiLU with ggml's own SIMD exp — is
-//!    mirrored in `crate::ops::ggml_cpu`, not here;
+//! 4. everything outside these kernels — norms, RoPE, softmax, SiLU/GELU — is mirrored in
+//!    `crate::ops::ggml_cpu`, per ggml target (AVX2, AVX-512), not here; the quantized kernels here are the
+//!    same on both targets (ggml-cpu has only AVX2 branches for them);
 //! 5. on another CPU (no FMA, ARM) llama.cpp picks other kernels and this bit-exactness does not carry over.
 //!
 //! Reference mode is plain: dequantize to f32 (the values [`dequantize_row`] gives, identical to the `gguf`
