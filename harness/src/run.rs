@@ -164,13 +164,15 @@ pub fn run_cell(
     golden::verify_golden(&opts.golden_dir, entry)?;
     golden::check_model(&opts.golden_dir, entry, model_sha)?;
     let mode: NumericsMode = cell.mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
-    // ggml mode mirrors the kernels of the CPU the golden was made on
-    let target = match opts.ggml_target {
-        Some(t) => t,
-        None => entry
+    // ggml mode mirrors the kernels of the CPU the golden was made on (reference mode ignores the target,
+    // so a golden without a recorded CPU still serves it)
+    let target = match (opts.ggml_target, mode) {
+        (Some(t), _) => t,
+        (None, NumericsMode::Ggml) => entry
             .oracle
             .ggml_target()
             .with_context(|| format!("golden {}", entry.path))?,
+        (None, NumericsMode::Reference) => GgmlTarget::default(),
     };
     let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
     let tokens = gf.read_tokens("tokens")?;

@@ -551,6 +551,20 @@ impl OutputHead {
     }
 }
 
+/// How an architecture wires the shared blocks into a [`Decoder`]: everything [`Decoder::load`] needs
+/// besides the file and its dimensions.
+pub struct Wiring<'a> {
+    /// Multiplier of the embedding rows (Gemma: √d_model).
+    pub embed_scale: Option<f32>,
+    /// Norms of the attention and FFN outputs before the residual adds (`post_attention_norm`,
+    /// `post_ffw_norm`; Gemma 2/3).
+    pub post_norms: bool,
+    /// Gate activation of the FFN.
+    pub act: GluAct,
+    /// The attention options of block `l`.
+    pub attn: &'a dyn Fn(usize) -> AttnOptions,
+}
+
 /// A decoder-only transformer: embedding, blocks, output head.
 #[derive(Debug)]
 pub struct Decoder {
@@ -563,6 +577,44 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// Look up and shape-check every tensor of a decoder with dimensions `c`, wired as `w` (GGUF names:
+    /// `token_embd`, `blk.{l}.attn_norm`, `blk.{l}.attn_*`, `blk.{l}.ffn_*`, `output_norm`, `output`).
+    ///
+    /// Errors: a missing or misshapen tensor, an unsupported type — naming the file and tensor.
+    pub fn load(
+        g: &GgufFile,
+        c: &crate::models::hparams::DecoderDims,
+        w: &Wiring,
+    ) -> Result<Decoder> {
+        let d = c.d_model;
+        let embed = Embedding {
+            weight: Weight::load(g, "token_embd.weight", None, Some(d))?,
+            scale: w.embed_scale,
+        };
+        let layers = (0..c.n_layer)
+            .map(|l| {
+                let norm =
+                    |t: &str| RmsNorm::load(g, &format!("blk.{l}.{t}.weight"), d, c.norm_eps);
+                let post = |t: &str| w.post_norms.then(|| norm(t)).transpose();
+                Ok(DecoderLayer {
+                    layer: l,
+                    attn_norm: norm("attn_norm")?,
+                    attn: Attention::load(g, l, d, (w.attn)(l))?,
+                    attn_post_norm: post("post_attention_norm")?,
+                    ffn_norm: norm("ffn_norm")?,
+                    ffn: Ffn::load(g, l, d, c.d_ff, w.act)?,
+                    ffn_post_norm: post("post_ffw_norm")?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let head = OutputHead::load(g, d, c.n_vocab, c.norm_eps, &embed.weight)?;
+        Ok(Decoder {
+            embed,
+            layers,
+            head,
+        })
+    }
+
     /// One forward pass over `tokens` at positions `f.positions()`; logits land in `act.logits`
     /// (`[n, n_vocab]`).
     pub(crate) fn forward(

@@ -22,14 +22,10 @@
 //! Wiring only: the blocks are [`super::blocks`].
 
 use crate::gguf::GgufFile;
-use crate::models::blocks::{
-    Attention, AttnOptions, AttnTensors, Decoder, DecoderLayer, Embedding, Ffn, GluAct, OutputHead,
-    RmsNorm, Rope, RopeKind,
-};
+use crate::models::blocks::{AttnOptions, AttnTensors, Decoder, GluAct, Rope, RopeKind, Wiring};
 use crate::models::hparams::{DecoderDims, Meta};
-use crate::models::weights::Weight;
 use crate::ops::AttnShape;
-use crate::{Error, Result};
+use crate::Result;
 
 /// Local/global period of the layers (`hparams.set_swa_pattern(6)`): layer `l` is global iff
 /// `l % SWA_PATTERN == SWA_PATTERN - 1`.
@@ -38,76 +34,77 @@ pub const SWA_PATTERN: usize = 6;
 /// RoPE base of the sliding-window layers (`hparams.rope_freq_base_train_swa = 10000.0f`).
 pub const ROPE_BASE_LOCAL: f32 = 10000.0;
 
-/// Build a Gemma 3 [`Decoder`] from the file (dims from `gemma3.*` metadata).
-///
-/// Errors: as [`DecoderDims::read`]; a RoPE scaling factor other than 1 (used by the larger Gemma 3 models,
-/// not implemented here) is [`Error::Unsupported`].
-pub fn load(g: &GgufFile) -> Result<(DecoderDims, Decoder)> {
-    let m = Meta::new(g, "gemma3");
-    let c = DecoderDims::read(&m)?;
-    if let Some(f) = m.opt_f32("rope.scaling.factor")? {
-        if f != 1.0 {
-            return Err(Error::Unsupported(format!(
-                "{}: gemma3.rope.scaling.factor = {f} (RoPE scaling) is not implemented",
-                g.path().display()
-            )));
-        }
+/// Gemma 3's hyperparameters beyond [`DecoderDims`], as llama.cpp derives them (src/llama-model.cpp,
+/// `LLM_ARCH_GEMMA3`, and the gemma3 graph).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemma3Hparams {
+    /// The common dimensions.
+    pub dims: DecoderDims,
+    /// `attention.sliding_window` (positions), `None` when the file has none (every layer global).
+    pub window: Option<usize>,
+    /// `√d_model` in f32 (`sqrtf(n_embd)`), the embedding scale.
+    pub embed_scale: f32,
+    /// `f_attention_scale = 1/√head_dim` (the 27B's `1/√(d_model/n_head)` is not distinguished here).
+    pub q_scale: f32,
+}
+
+impl Gemma3Hparams {
+    /// Read `gemma3.*` metadata.
+    ///
+    /// Errors: as [`DecoderDims::read`] (which refuses the RoPE scaling of the larger Gemma 3 models).
+    pub fn read(g: &GgufFile) -> Result<Gemma3Hparams> {
+        let m = Meta::new(g, "gemma3");
+        let dims = DecoderDims::read(&m)?;
+        Ok(Gemma3Hparams {
+            window: m.opt_usize("attention.sliding_window")?.filter(|&w| w > 0),
+            embed_scale: (dims.d_model as f32).sqrt(),
+            q_scale: 1.0 / (dims.head_dim as f32).sqrt(),
+            dims,
+        })
     }
-    let window = m.opt_usize("attention.sliding_window")?.filter(|&w| w > 0);
-    let d = c.d_model;
-    let embed = Embedding {
-        weight: Weight::load(g, "token_embd.weight", None, Some(d))?,
-        scale: Some((d as f32).sqrt()),
-    };
-    let q_scale = 1.0 / (c.head_dim as f32).sqrt();
-    let tensors = AttnTensors {
-        bias: false,
-        qk_norm: true,
-    };
-    let layers = (0..c.n_layer)
-        .map(|l| {
-            // without a window in the file every layer is global (LLAMA_SWA_TYPE_NONE)
-            let local = window.is_some() && l % SWA_PATTERN < SWA_PATTERN - 1;
-            let rope = Rope {
+
+    /// Whether block `l` is a sliding-window layer (`llama_hparams::is_swa`).
+    pub fn is_local(&self, l: usize) -> bool {
+        self.window.is_some() && l % SWA_PATTERN < SWA_PATTERN - 1
+    }
+
+    /// The attention options of block `l`: NeoX RoPE with the local or global base, Q pre-scaled and
+    /// `kq_scale = 1`, the window on local layers, per-head Q/K norms.
+    pub fn attn(&self, l: usize) -> AttnOptions {
+        let c = &self.dims;
+        let local = self.is_local(l);
+        AttnOptions {
+            shape: AttnShape {
+                kq_scale: 1.0,
+                window: if local { self.window } else { None },
+                ..AttnShape::causal(c.n_head, c.n_kv_head, c.head_dim)
+            },
+            rope: Rope {
                 kind: RopeKind::Neox,
                 base: if local { ROPE_BASE_LOCAL } else { c.rope_base },
                 dim: c.rope_dim,
-            };
-            let shape = AttnShape {
-                kq_scale: 1.0,
-                window: if local { window } else { None },
-                ..AttnShape::causal(c.n_head, c.n_kv_head, c.head_dim)
-            };
-            let norm = |t: &str| RmsNorm::load(g, &format!("blk.{l}.{t}.weight"), d, c.norm_eps);
-            Ok(DecoderLayer {
-                layer: l,
-                attn_norm: norm("attn_norm")?,
-                attn: Attention::load(
-                    g,
-                    l,
-                    d,
-                    AttnOptions {
-                        shape,
-                        rope,
-                        q_scale: Some(q_scale),
-                        tensors,
-                        norm_eps: c.norm_eps,
-                    },
-                )?,
-                attn_post_norm: Some(norm("post_attention_norm")?),
-                ffn_norm: norm("ffn_norm")?,
-                ffn: Ffn::load(g, l, d, c.d_ff, GluAct::GeluTanh)?,
-                ffn_post_norm: Some(norm("post_ffw_norm")?),
-            })
-        })
-        .collect::<Result<_>>()?;
-    let head = OutputHead::load(g, d, c.n_vocab, c.norm_eps, &embed.weight)?;
-    Ok((
-        c,
-        Decoder {
-            embed,
-            layers,
-            head,
-        },
-    ))
+            },
+            q_scale: Some(self.q_scale),
+            tensors: AttnTensors {
+                bias: false,
+                qk_norm: true,
+            },
+            norm_eps: c.norm_eps,
+        }
+    }
+}
+
+/// Build a Gemma 3 [`Decoder`] from the file.
+///
+/// Errors: as [`Gemma3Hparams::read`] and [`Decoder::load`].
+pub fn load(g: &GgufFile) -> Result<(DecoderDims, Decoder)> {
+    let h = Gemma3Hparams::read(g)?;
+    let wiring = Wiring {
+        embed_scale: Some(h.embed_scale),
+        post_norms: true,
+        act: GluAct::GeluTanh,
+        attn: &|l| h.attn(l),
+    };
+    let decoder = Decoder::load(g, &h.dims, &wiring)?;
+    Ok((h.dims, decoder))
 }

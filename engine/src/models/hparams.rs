@@ -93,7 +93,8 @@ impl DecoderDims {
     /// Read and validate the dimensions.
     ///
     /// Errors: a missing required key, `head_count` not a positive multiple of `head_count_kv`, an odd
-    /// `rope.dimension_count` or one larger than the head, a zero width.
+    /// `rope.dimension_count` or one larger than the head, a zero width; RoPE scaling (a
+    /// `rope.scaling.factor` other than 1, a `rope_freqs.weight` tensor) is [`Error::Unsupported`].
     pub fn read(m: &Meta<'_>) -> Result<DecoderDims> {
         let d_model = m.usize("embedding_length")?;
         let n_head = m.usize("attention.head_count")?;
@@ -128,6 +129,23 @@ impl DecoderDims {
         }
         if dims.d_model == 0 || dims.head_dim == 0 || dims.d_ff == 0 || dims.n_vocab == 0 {
             return Err(m.error(format!("a zero width in {dims:?}")));
+        }
+        // RoPE scaling (linear, YaRN, Llama 3 `rope_freqs`) changes every angle: refuse it rather than
+        // compute plain RoPE for a model that expects scaled RoPE.
+        if let Some(f) = m.opt_f32("rope.scaling.factor")? {
+            if f != 1.0 {
+                return Err(Error::Unsupported(format!(
+                    "{}: {}.rope.scaling.factor = {f} (RoPE scaling) is not implemented",
+                    m.gguf.path().display(),
+                    m.arch
+                )));
+            }
+        }
+        if m.gguf.tensor("rope_freqs.weight").is_ok() {
+            return Err(Error::Unsupported(format!(
+                "{}: rope_freqs.weight (per-dimension RoPE frequency factors) is not implemented",
+                m.gguf.path().display()
+            )));
         }
         Ok(dims)
     }

@@ -12,12 +12,8 @@
 //! permutes Q and K, convert_hf_to_gguf.py `LlamaModel.permute`).
 
 use crate::gguf::GgufFile;
-use crate::models::blocks::{
-    Attention, AttnOptions, AttnTensors, Decoder, DecoderLayer, Embedding, Ffn, GluAct, OutputHead,
-    RmsNorm, Rope, RopeKind,
-};
+use crate::models::blocks::{AttnOptions, AttnTensors, Decoder, GluAct, Rope, RopeKind, Wiring};
 use crate::models::hparams::{DecoderDims, Meta};
-use crate::models::weights::Weight;
 use crate::ops::AttnShape;
 use crate::Result;
 
@@ -28,19 +24,14 @@ pub fn load(g: &GgufFile) -> Result<(DecoderDims, Decoder)> {
     Ok((c, decoder))
 }
 
-/// The Llama block structure, shared by the architectures that differ from it only in their attention
-/// tensors and RoPE layout (Qwen2: biases and NeoX).
+/// The Llama wiring, shared by the architectures that differ from it only in their attention tensors and
+/// RoPE layout (Qwen2: biases and NeoX): plain causal attention with 1/√head_dim, SwiGLU, no post-norms.
 pub(crate) fn wire(
     g: &GgufFile,
     c: &DecoderDims,
     rope_kind: RopeKind,
     tensors: AttnTensors,
 ) -> Result<Decoder> {
-    let d = c.d_model;
-    let embed = Embedding {
-        weight: Weight::load(g, "token_embd.weight", None, Some(d))?,
-        scale: None,
-    };
     let opts = AttnOptions {
         shape: AttnShape::causal(c.n_head, c.n_kv_head, c.head_dim),
         rope: Rope {
@@ -52,24 +43,11 @@ pub(crate) fn wire(
         tensors,
         norm_eps: c.norm_eps,
     };
-    let layers = (0..c.n_layer)
-        .map(|l| {
-            let norm = |t: &str| RmsNorm::load(g, &format!("blk.{l}.{t}.weight"), d, c.norm_eps);
-            Ok(DecoderLayer {
-                layer: l,
-                attn_norm: norm("attn_norm")?,
-                attn: Attention::load(g, l, d, opts)?,
-                attn_post_norm: None,
-                ffn_norm: norm("ffn_norm")?,
-                ffn: Ffn::load(g, l, d, c.d_ff, GluAct::Silu)?,
-                ffn_post_norm: None,
-            })
-        })
-        .collect::<Result<_>>()?;
-    let head = OutputHead::load(g, d, c.n_vocab, c.norm_eps, &embed.weight)?;
-    Ok(Decoder {
-        embed,
-        layers,
-        head,
-    })
+    let wiring = Wiring {
+        embed_scale: None,
+        post_norms: false,
+        act: GluAct::Silu,
+        attn: &|_| opts,
+    };
+    Decoder::load(g, c, &wiring)
 }
