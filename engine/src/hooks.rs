@@ -16,7 +16,8 @@ use std::ops::Range;
 /// What a stage is, independent of its layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StageKind {
-    /// Token embeddings looked up from `token_embd` (llama.cpp `inp_embd`). Width d_model.
+    /// Token embeddings looked up from `token_embd`, scaled where the architecture scales them: the input
+    /// of block 0 (llama.cpp `inp_embd`; Gemma `inp_scaled`, ×√d_model). Width d_model.
     Embed,
     /// RMSNorm before attention, weight applied (`attn_norm-N`). Width d_model.
     AttnNorm,
@@ -41,7 +42,8 @@ pub enum StageKind {
     /// RMSNorm of the projected attention output, before the residual add (Gemma 2/3 `attn_post_norm-N`).
     /// Width d_model.
     AttnPostNorm,
-    /// Residual stream after attention: input + attn_proj (`ffn_inp-N`). Width d_model.
+    /// Residual stream after attention: input + attn_proj, or + attn_post_norm where the architecture has
+    /// post-norms (`ffn_inp-N`; Gemma 3 `sa_out-N`). Width d_model.
     FfnInp,
     /// RMSNorm before the FFN, weight applied (`ffn_norm-N`). Width d_model.
     FfnNorm,
@@ -55,7 +57,7 @@ pub enum StageKind {
     FfnOut,
     /// RMSNorm of the FFN output, before the residual add (Gemma 2/3 `ffn_post_norm-N`). Width d_model.
     FfnPostNorm,
-    /// Layer output: ffn_inp + ffn_out (`l_out-N`). Width d_model.
+    /// Layer output: ffn_inp + ffn_out, or + ffn_post_norm with post-norms (`l_out-N`). Width d_model.
     Out,
     /// Final RMSNorm, weight applied (`result_norm`). Width d_model.
     OutputNorm,

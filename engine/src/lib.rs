@@ -8,13 +8,15 @@
 //! Module map:
 //! - [`gguf`] — GGUF v2/v3 reader over `memmap2`, bounds-checked.
 //! - [`quant`] — ggml tensor types, block layouts, dequantization and dot products in both numerics modes.
-//! - [`tokenizer`] — tokenizer built from GGUF metadata on the `tokenizers` crate.
+//! - [`tokenizer`] — tokenizers built from GGUF metadata (gpt2-style BPE on the `tokenizers` crate,
+//!   SentencePiece-style as llama.cpp's `llm_tokenizer_spm`).
 //! - [`backend`] — the matrix-multiply seam (scalar now; SIMD later) and thread splitting.
-//! - [`ops`] — shared numeric blocks: RMSNorm, RoPE, softmax, SiLU, attention.
+//! - [`ops`] — the numerics of the shared blocks: RMSNorm, RoPE, softmax, SiLU/GELU gates, attention, and
+//!   the ggml-mode replicas per x86 target.
 //! - [`kv_cache`] — flat KV cache with explicit write positions.
 //! - [`hooks`] — canonical stage ids and the observe/replace sink.
-//! - [`models`] — one forward function per architecture (Llama family first); [`models::Model`] and
-//!   [`models::Session`] are the entry points.
+//! - [`models`] — shared blocks and one wiring module per architecture (llama, qwen2, gemma3);
+//!   [`models::Model`] and [`models::Session`] are the entry points.
 //! - [`fixtures`] — tiny synthetic GGUF models for tests.
 //! - [`sample`] — greedy / temperature / top-k / top-p token selection.
 

@@ -359,6 +359,13 @@ pub fn compare(
                 if rows.len() != golden_tokens.len() || ids.nrows() != rows.len() {
                     bail!("{gname}: {} prompt positions in the golden, {} logits rows from the engine", ids.nrows(), rows.len());
                 }
+                if ids.ncols() == 0 || vals.dim() != ids.dim() {
+                    bail!(
+                        "{gname}: logits_topk_ids {:?} and logits_topk {:?} must be equal, non-empty shapes",
+                        ids.dim(),
+                        vals.dim()
+                    );
+                }
                 if full.ncols() != eng.ncols() {
                     bail!(
                         "{gname}: vocabulary {} in the golden, {} from the engine",
@@ -401,7 +408,7 @@ pub fn compare(
             Phase::Decode => {
                 let ids = golden.read_i32("logits_decode_topk_ids")?;
                 let vals = golden.read_f32("logits_decode_topk")?;
-                if ids.nrows() != rows.len() || vals.dim() != ids.dim() {
+                if ids.nrows() != rows.len() || vals.dim() != ids.dim() || ids.ncols() == 0 {
                     bail!(
                         "{gname}: {} decode steps of top-k logits in the golden, {} from the engine",
                         ids.nrows(),

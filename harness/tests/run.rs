@@ -340,11 +340,13 @@ fn bit_exact(report: &lockstep::report::Report, manifest: &Manifest) -> Result<(
 #[test]
 #[ignore = "real models: run by ci/test.sh"]
 fn ggml_mode_is_bit_exact_on_goldens_of_either_cpu_with_their_own_target_only() {
-    // SmolLM2's goldens come from an AVX-512 host, Gemma 3's from an AVX2 host (oracle.host_cpu_flags)
+    // SmolLM2's goldens come from an AVX-512 host, Gemma 3's and Qwen2.5's from an AVX2 host
+    // (oracle.host_cpu_flags)
     let manifest = load_manifest(&root().join("golden")).unwrap();
     for (model, prompt, own) in [
         (MODEL, "prose", GgmlTarget::Avx512),
         ("gemma3-270m-q4_k_m", "prose", GgmlTarget::Avx2),
+        ("qwen2.5-coder-0.5b-q4_k_m", "prose", GgmlTarget::Avx2),
     ] {
         let reports = tempfile::tempdir().unwrap();
         let mut opts = options(&root().join("golden"), reports.path(), prompt, "ggml");

@@ -1,17 +1,21 @@
-//! Scalar replicas of the ggml-cpu kernels llama.cpp runs for the non-matmul ops on this machine.
+//! Scalar replicas of the ggml-cpu kernels llama.cpp runs for the non-matmul ops, per x86 target.
 //!
-//! The llama.cpp that lockstep is compared with (llama-cpp-python 0.3.36, ggml 0.25.3) is built here with
-//! `GGML_NATIVE` by gcc 12 for a CPU with AVX-512 F/DQ/BW/VL, so ggml-cpu takes its `__AVX512F__ &&
-//! __AVX512DQ__` branches: 16-lane vectors (`__m512`), ggml's own polynomial `exp` (`ggml_v_expf`), and
-//! `_mm512_reduce_add_ps` reductions. Each function here repeats, lane by lane in scalar Rust, the exact
+//! The llama.cpp that lockstep is compared with (llama-cpp-python 0.3.36, ggml 0.25.3) is built with
+//! `GGML_NATIVE` by gcc 12 for the CPU of the host that makes the goldens: with AVX-512 F/DQ, ggml-cpu takes
+//! its `__AVX512F__ && __AVX512DQ__` branches (16-lane `__m512`, `_mm512_reduce_add_ps`), with AVX2+FMA only
+//! its `__AVX2__` branches (8-lane `__m256`, `hsum_float_8` and hadd trees), each with its own polynomial
+//! `exp` (`ggml_v_expf`) — see Targets below. Each function here repeats, lane by lane in scalar Rust, the exact
 //! sequence of IEEE operations of one of those kernels — the same roundings, the same fused
 //! multiply-adds ([`fma`], an exactly rounded `a·b + c`), the same reduction trees ([`reduce_add_16`]) —
 //! so that it returns the same bits. Where gcc's code differs from the C source (it contracts `a*b ± c`
 //! into fmas: `-ffp-contract=fast` is gcc's default for the GNU dialects ggml is compiled with), the
 //! replica follows the machine code; those places say so.
 //!
-//! Checked bit for bit against the real `libggml-cpu.so` (through ctypes) by `tests/ops_vs_ggml.rs` on the
-//! fixtures written by `oracles/fixtures/make_ops_fixtures.py`.
+//! The AVX-512 replicas are checked bit for bit against the real `libggml-cpu.so` of an AVX-512 host
+//! (through ctypes) by `tests/ops_vs_ggml.rs` on the fixtures written by
+//! `oracles/fixtures/make_ops_fixtures.py`. The AVX2 replicas have no kernel-level fixture yet (the fixtures
+//! predate them); they are checked end to end: every f32-stored stage of the AVX2 goldens (Gemma 3,
+//! Qwen2.5) is bit-identical, and so are SmolLM2 goldens regenerated on an AVX2 host.
 //!
 //! # Targets
 //!

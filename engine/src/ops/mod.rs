@@ -5,9 +5,10 @@
 //! numerics modes take a [`NumericsMode`]:
 //!
 //! - **reference**: plain f32 math (libm `exp`, left-to-right f32 dot products) — the formulas as written;
-//! - **ggml**: what llama.cpp's CPU backend computes on this machine, bit for bit: the AVX-512 kernels of
-//!   ggml-cpu replicated lane by lane in [`ggml_cpu`] (polynomial `exp` in SiLU and softmax, 16-lane
-//!   accumulators and reduction trees in the attention dot products, the fmas gcc contracted in RoPE).
+//! - **ggml**: what llama.cpp's CPU backend computes on the golden's host, bit for bit: the AVX2 or AVX-512
+//!   kernels of ggml-cpu ([`GgmlTarget`]) replicated lane by lane in [`ggml_cpu`] (polynomial `exp` in SiLU
+//!   and softmax, 8- or 16-lane accumulators and reduction trees in the attention dot products, the fmas gcc
+//!   contracted in RoPE).
 //!
 //! | op | ggml function mirrored (both modes follow its order of operations; ggml mode also its SIMD) |
 //! |---|---|
@@ -237,14 +238,15 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 ///
 /// - [`KqvOrder::TinyBlas`]: a prompt batch of ≥ 2 tokens. `ggml_compute_forward_mul_mat` (ggml-cpu.c)
 ///   hands `mul_mat(v, kq)` to `llamafile_sgemm` because `kq` (the softmax output) is contiguous and has
-///   ≥ 2 columns: tinyBLAS<16, __m512> — one 16-lane accumulator per output, position `i` in lane
-///   `i % 16`, then `_mm512_reduce_add_ps`.
+///   ≥ 2 columns: tinyBLAS<L, V> — one L-lane accumulator per output (AVX-512: 16 lanes, AVX2: 8),
+///   position `i` in lane `i % L`, then the target's horizontal sum.
 /// - [`KqvOrder::VecDot`]: a single-token decode step (`llamafile_sgemm` refuses `n < 2`): the vec_dot
-///   path, `ggml_vec_dot_f32` over the `n_kv` positions — four 16-lane accumulators (position `i` in
-///   accumulator `(i / 16) % 4`, lane `i % 16`), reduced `(s0+s2)+(s1+s3)`, then `_mm512_reduce_add_ps`.
+///   path, `ggml_vec_dot_f32` over the `n_kv` positions — four L-lane accumulators (position `i` in
+///   accumulator `(i / L) % 4`, lane `i % L`), reduced `(s0+s2)+(s1+s3)`, then the target's reduce.
 ///
-/// The two agree exactly while the context is ≤ 16 positions (each lane then holds a single product) and
-/// differ in the last bits after that. (`mul_mat(k, q)` is the same for every batch size: `q` is a
+/// On AVX-512 the two agree exactly while the context is ≤ 16 positions (each lane then holds a single
+/// product; both end in `_mm512_reduce_add_ps`) and differ in the last bits after that; on AVX2 the final
+/// reductions differ (`hsum_float_8` vs the hadd tree), so they can differ from 2 positions on. (`mul_mat(k, q)` is the same for every batch size: `q` is a
 /// permuted, non-contiguous view, so tinyBLAS is never tried and every score is one `ggml_vec_dot_f32` over
 /// `head_dim`.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
