@@ -70,24 +70,11 @@ impl Rng {
     }
 }
 
-/// GPT-2's printable form of each byte (same table as the tokenizer's).
+/// GPT-2's printable form of each byte, indexed by byte (the tokenizer's table).
 fn byte_chars() -> Vec<char> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
-        .chain(0xA1..=0xAC)
-        .chain(0xAE..=0xFF)
-        .collect();
-    let mut cs = bs.clone();
-    let mut n = 0;
-    for b in 0u32..256 {
-        if !bs.contains(&b) {
-            bs.push(b);
-            cs.push(256 + n);
-            n += 1;
-        }
-    }
     let mut out = vec!['\0'; 256];
-    for (b, c) in bs.into_iter().zip(cs) {
-        out[b as usize] = char::from_u32(c).unwrap_or('?');
+    for (b, c) in crate::tokenizer::bytes_to_unicode() {
+        out[b as usize] = c;
     }
     out
 }

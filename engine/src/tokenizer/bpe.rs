@@ -32,7 +32,7 @@ use crate::{Error, Result};
 
 /// GPT-2's reversible byte → printable-unicode map (OpenAI `bytes_to_unicode`; llama.cpp
 /// `unicode_byte_to_utf8_map`).
-pub(super) fn bytes_to_unicode() -> Vec<(u8, char)> {
+pub(crate) fn bytes_to_unicode() -> Vec<(u8, char)> {
     let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32)
         .chain(0xA1..=0xAC)
         .chain(0xAE..=0xFF)

@@ -23,6 +23,7 @@
 //! text with `▁` → space (SPM) or through GPT-2's byte↔unicode table (BPE).
 
 mod bpe;
+pub(crate) use bpe::bytes_to_unicode;
 mod spm;
 
 use std::collections::HashMap;
