@@ -354,7 +354,7 @@ pub fn compare(
             Phase::Prefill => {
                 let full = golden.read_f32("logits")?;
                 let full_pos = golden.read_tokens("logits_positions")?;
-                let ids = golden.read_i32("logits_topk_ids")?;
+                let ids = golden.read_ids("logits_topk_ids", full.ncols())?;
                 let vals = golden.read_f32("logits_topk")?;
                 if rows.len() != golden_tokens.len() || ids.nrows() != rows.len() {
                     bail!("{gname}: {} prompt positions in the golden, {} logits rows from the engine", ids.nrows(), rows.len());
@@ -380,7 +380,7 @@ pub fn compare(
                             logit_position(t, row, RefLogits::Full(&r))
                         }
                         None => {
-                            let idv: Vec<u32> = ids.row(t).iter().map(|&x| x as u32).collect();
+                            let idv = ids.row(t).to_vec();
                             let vv = vals.row(t).to_vec();
                             logit_position(t, row, RefLogits::TopK(&idv, &vv))
                         }
@@ -406,7 +406,7 @@ pub fn compare(
                 }
             }
             Phase::Decode => {
-                let ids = golden.read_i32("logits_decode_topk_ids")?;
+                let ids = golden.read_ids("logits_decode_topk_ids", eng.ncols())?;
                 let vals = golden.read_f32("logits_decode_topk")?;
                 if ids.nrows() != rows.len() || vals.dim() != ids.dim() || ids.ncols() == 0 {
                     bail!(
@@ -417,7 +417,7 @@ pub fn compare(
                 }
                 let t0 = golden_tokens.len();
                 for (i, row) in rows.iter().enumerate() {
-                    let idv: Vec<u32> = ids.row(i).iter().map(|&x| x as u32).collect();
+                    let idv = ids.row(i).to_vec();
                     let vv = vals.row(i).to_vec();
                     positions.push(logit_position(t0 + i, row, RefLogits::TopK(&idv, &vv)));
                 }

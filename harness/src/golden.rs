@@ -35,9 +35,8 @@
 //! lists canonical stages the oracle has no node for. [`StageMap::oracle_node`] does the lookup.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -45,6 +44,8 @@ use lockstep_engine::ops::GgmlTarget;
 use ndarray::Array2;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use crate::npz::{data_bytes, NpyArray, Npz, MAX_ARRAY_BYTES};
 
 /// The manifest schema this module reads.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -248,55 +249,7 @@ pub struct OracleSettings {
     pub extra: BTreeMap<String, serde_json::Value>,
 }
 
-/// Element type of a stored array.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dtype {
-    /// IEEE half, npy `<f2`.
-    F16,
-    /// IEEE single, npy `<f4`.
-    F32,
-    /// 32-bit signed integer, npy `<i4`.
-    I32,
-}
-
-impl Dtype {
-    /// The npy `descr` of this type (little-endian).
-    pub fn npy_descr(self) -> &'static str {
-        match self {
-            Dtype::F16 => "<f2",
-            Dtype::F32 => "<f4",
-            Dtype::I32 => "<i4",
-        }
-    }
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            Dtype::F16 => 2,
-            Dtype::F32 | Dtype::I32 => 4,
-        }
-    }
-
-    fn from_descr(descr: &str) -> Option<Dtype> {
-        match descr {
-            "<f2" => Some(Dtype::F16),
-            "<f4" => Some(Dtype::F32),
-            "<i4" => Some(Dtype::I32),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Dtype {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Dtype::F16 => "f16",
-            Dtype::F32 => "f32",
-            Dtype::I32 => "i32",
-        })
-    }
-}
+pub use crate::npz::Dtype;
 
 /// What the manifest says about one array of a golden.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -440,9 +393,9 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     Ok(hex::encode(h.finalize()))
 }
 
-/// Hold a golden to its manifest entry: the file exists, its sha256 matches, and its arrays are
-/// exactly those listed, each with the listed shape and dtype (and as many data bytes as that
-/// implies). Every error names the file.
+/// Hold a golden to its manifest entry before anything is compared with it: the file exists, its
+/// sha256 matches, its arrays are exactly those listed, each with the listed shape and dtype, and its
+/// contents are consistent ([`GoldenFile::verify_contents`]). Every error names the file (and array).
 pub fn verify_golden(golden_dir: &Path, entry: &GoldenEntry) -> Result<()> {
     let path = golden_dir.join(&entry.path);
     let manifest = manifest_path(golden_dir);
@@ -462,42 +415,7 @@ pub fn verify_golden(golden_dir: &Path, entry: &GoldenEntry) -> Result<()> {
             entry.sha256
         );
     }
-    let mut file = GoldenFile::open_unchecked(&path, entry.clone(), manifest)?;
-    let names = file.npy_names();
-    let mut seen = BTreeSet::new();
-    for name in &names {
-        let array = name.strip_suffix(".npy").ok_or_else(|| {
-            anyhow!(
-                "{}: member `{name}` is not a .npy array",
-                file.path.display()
-            )
-        })?;
-        if !entry.arrays.contains_key(array) {
-            bail!(
-                "{}: array `{array}` is not listed in {}",
-                file.path.display(),
-                file.manifest.display()
-            );
-        }
-        // reads the whole member: checks shape, dtype, data length and the zip CRC
-        file.read_raw(array)?;
-        seen.insert(array.to_string());
-    }
-    let missing: Vec<&str> = entry
-        .arrays
-        .keys()
-        .filter(|k| !seen.contains(*k))
-        .map(String::as_str)
-        .collect();
-    if !missing.is_empty() {
-        bail!(
-            "{}: arrays listed in {} are missing from the file: {}",
-            file.path.display(),
-            file.manifest.display(),
-            missing.join(", ")
-        );
-    }
-    Ok(())
+    GoldenFile::open_unchecked(Npz::open(&path)?, entry.clone(), manifest)?.verify_contents()
 }
 
 /// Read one float array of a golden as f32 (f16 is widened exactly); a 1-D array comes back as
@@ -517,13 +435,7 @@ pub struct GoldenFile {
     path: PathBuf,
     manifest: PathBuf,
     entry: GoldenEntry,
-    zip: zip::ZipArchive<BufReader<File>>,
-}
-
-struct RawArray {
-    shape: Vec<usize>,
-    dtype: Dtype,
-    data: Vec<u8>,
+    npz: Npz,
 }
 
 impl GoldenFile {
@@ -538,18 +450,26 @@ impl GoldenFile {
                 manifest.display()
             );
         }
-        GoldenFile::open_unchecked(&path, entry.clone(), manifest)
+        GoldenFile::open_unchecked(Npz::open(&path)?, entry.clone(), manifest)
     }
 
-    fn open_unchecked(path: &Path, entry: GoldenEntry, manifest: PathBuf) -> Result<GoldenFile> {
-        let f = File::open(path).with_context(|| format!("{} cannot be opened", path.display()))?;
-        let zip = zip::ZipArchive::new(BufReader::new(f))
-            .with_context(|| format!("{} is not a valid .npz (zip) file", path.display()))?;
+    /// A golden held in memory, checked against `entry` as if `label` were its file and `manifest` its
+    /// manifest (fuzzing and tests).
+    pub fn from_bytes(
+        bytes: Vec<u8>,
+        entry: GoldenEntry,
+        label: &Path,
+        manifest: &Path,
+    ) -> Result<GoldenFile> {
+        GoldenFile::open_unchecked(Npz::from_bytes(bytes, label)?, entry, manifest.to_path_buf())
+    }
+
+    fn open_unchecked(npz: Npz, entry: GoldenEntry, manifest: PathBuf) -> Result<GoldenFile> {
         Ok(GoldenFile {
-            path: path.to_path_buf(),
+            path: npz.path().to_path_buf(),
             manifest,
             entry,
-            zip,
+            npz,
         })
     }
 
@@ -563,11 +483,7 @@ impl GoldenFile {
         &self.path
     }
 
-    fn npy_names(&self) -> Vec<String> {
-        self.zip.file_names().map(str::to_string).collect()
-    }
-
-    fn read_raw(&mut self, name: &str) -> Result<RawArray> {
+    fn read_raw(&mut self, name: &str) -> Result<NpyArray> {
         let spec = self.entry.arrays.get(name).cloned().ok_or_else(|| {
             anyhow!(
                 "{}: no array `{name}` is listed for this file in {}",
@@ -575,107 +491,82 @@ impl GoldenFile {
                 self.manifest.display()
             )
         })?;
-        let member = format!("{name}.npy");
-        let mut bytes = Vec::new();
-        {
-            let mut f = match self.zip.by_name(&member) {
-                Ok(f) => f,
-                Err(zip::result::ZipError::FileNotFound) => bail!(
-                    "{}: array `{name}` (listed in {}) is not in the file",
+        // the manifest's shape bounds what may be decompressed: a member larger than it is refused unread
+        let want = data_bytes(&spec.shape, spec.dtype)
+            .filter(|&n| n <= MAX_ARRAY_BYTES)
+            .ok_or_else(|| {
+                anyhow!(
+                    "{}: {} lists array `{name}` with shape {:?} of {}, larger than the {MAX_ARRAY_BYTES} \
+                     bytes an array may hold",
                     self.path.display(),
-                    self.manifest.display()
-                ),
-                Err(e) => {
-                    return Err(e).with_context(|| {
-                        format!("{}: array `{name}` cannot be read", self.path.display())
-                    })
-                }
-            };
-            f.read_to_end(&mut bytes).with_context(|| {
-                format!(
-                    "{}: array `{name}` cannot be decompressed",
-                    self.path.display()
+                    self.manifest.display(),
+                    spec.shape,
+                    spec.dtype
                 )
             })?;
+        if !self.npz.has(name) {
+            bail!(
+                "{}: array `{name}` (listed in {}) is not in the file",
+                self.path.display(),
+                self.manifest.display()
+            );
         }
-        let (descr, shape, offset) = parse_npy_header(&bytes)
-            .with_context(|| format!("{}: array `{name}`", self.path.display()))?;
-        let dtype = Dtype::from_descr(&descr).ok_or_else(|| {
-            anyhow!(
-                "{}: array `{name}` has npy dtype {descr:?}; goldens hold only <f2, <f4, <i4",
-                self.path.display()
+        let raw = self.npz.read(name, want).with_context(|| {
+            format!(
+                "{} lists array `{name}` of {} with shape {:?}",
+                self.manifest.display(),
+                spec.dtype,
+                spec.shape
             )
         })?;
-        if shape != spec.shape {
+        if raw.shape != spec.shape {
             bail!(
-                "{}: array `{name}` has shape {shape:?}, but {} says {:?}",
+                "{}: array `{name}` has shape {:?}, but {} says {:?}",
                 self.path.display(),
+                raw.shape,
                 self.manifest.display(),
                 spec.shape
             );
         }
-        if dtype != spec.dtype {
+        if raw.dtype != spec.dtype {
             bail!(
-                "{}: array `{name}` has dtype {dtype}, but {} says {}",
+                "{}: array `{name}` has dtype {}, but {} says {}",
                 self.path.display(),
+                raw.dtype,
                 self.manifest.display(),
                 spec.dtype
             );
         }
-        let n: usize = shape.iter().product();
-        let data = bytes.split_off(offset);
-        if data.len() != n * dtype.size() {
-            bail!(
-                "{}: array `{name}` has {} data bytes, shape {shape:?} of {dtype} needs {}",
-                self.path.display(),
-                data.len(),
-                n * dtype.size()
-            );
-        }
-        Ok(RawArray { shape, dtype, data })
+        Ok(raw)
     }
 
-    /// Read a float array as f32 (see [`read_array_f32`]).
+    /// Read a float array as f32 (see [`read_array_f32`]). Errors: the array is not a float array, or
+    /// holds NaN or ±Inf (a golden error naming the file, array, row and column).
     pub fn read_f32(&mut self, name: &str) -> Result<Array2<f32>> {
         let raw = self.read_raw(name)?;
-        let values: Vec<f32> = match raw.dtype {
-            Dtype::F32 => raw
-                .data
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::F16 => raw
-                .data
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::I32 => bail!(
-                "{}: array `{name}` is i32; read it with read_i32",
-                self.path.display()
-            ),
-        };
-        to_2d(&self.path, name, &raw.shape, values)
+        let a = raw
+            .to_f32()
+            .with_context(|| format!("{}: array `{name}`", self.path.display()))?;
+        if let Some((i, v)) = a.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            let cols = a.ncols().max(1);
+            bail!(
+                "{}: golden array `{name}` holds {v} at row {}, column {}: a golden must be finite",
+                self.path.display(),
+                i / cols,
+                i % cols
+            );
+        }
+        Ok(a)
     }
 
     /// Read an i32 array; a 1-D array comes back as `[1, N]`.
     pub fn read_i32(&mut self, name: &str) -> Result<Array2<i32>> {
         let raw = self.read_raw(name)?;
-        if raw.dtype != Dtype::I32 {
-            bail!(
-                "{}: array `{name}` is {}, not i32",
-                self.path.display(),
-                raw.dtype
-            );
-        }
-        let values: Vec<i32> = raw
-            .data
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        to_2d(&self.path, name, &raw.shape, values)
+        raw.to_i32()
+            .with_context(|| format!("{}: array `{name}`", self.path.display()))
     }
 
-    /// Read a 1-D i32 array of token ids (`tokens`, `decode.tokens`).
+    /// Read a 1-D i32 array of token ids (`tokens`, `decode.tokens`). Errors: not 1-D, a negative id.
     pub fn read_tokens(&mut self, name: &str) -> Result<Vec<u32>> {
         let a = self.read_i32(name)?;
         if a.nrows() != 1 || self.entry.arrays[name].shape.len() != 1 {
@@ -692,91 +583,168 @@ impl GoldenFile {
             })
             .collect()
     }
-}
 
-fn to_2d<T>(path: &Path, name: &str, shape: &[usize], values: Vec<T>) -> Result<Array2<T>> {
-    let (rows, cols) = match *shape {
-        [n] => (1, n),
-        [r, c] => (r, c),
-        _ => bail!(
-            "{}: array `{name}` has shape {shape:?}; only 1-D and 2-D arrays are read",
-            path.display()
-        ),
-    };
-    Array2::from_shape_vec((rows, cols), values)
-        .with_context(|| format!("{}: array `{name}`", path.display()))
-}
-
-/// Parse a little-endian, C-order `.npy` header: returns (descr, shape, offset of the data).
-fn parse_npy_header(bytes: &[u8]) -> Result<(String, Vec<usize>, usize)> {
-    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
-        bail!("not a .npy array (bad magic)");
+    /// Read an i32 array of token ids (`logits_topk_ids`, ...) as `[rows, k]`, each id in `0..n_vocab`.
+    /// Errors name the file, array and offending id.
+    pub fn read_ids(&mut self, name: &str, n_vocab: usize) -> Result<Array2<u32>> {
+        let a = self.read_i32(name)?;
+        let path = self.path.display().to_string();
+        let mut out = Array2::zeros(a.dim());
+        for ((r, c), &id) in a.indexed_iter() {
+            out[(r, c)] = u32::try_from(id)
+                .ok()
+                .filter(|&x| (x as usize) < n_vocab)
+                .ok_or_else(|| {
+                    anyhow!(
+                        "{path}: array `{name}` holds token id {id} at row {r}, column {c}, outside the \
+                         vocabulary 0..{n_vocab}"
+                    )
+                })?;
+        }
+        Ok(out)
     }
-    let major = bytes[6];
-    let (len, start): (usize, usize) = match major {
-        1 => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
-        2 | 3 => {
-            if bytes.len() < 12 {
-                bail!("truncated .npy header");
+
+    /// Check everything a comparison relies on, before any comparison: the file's arrays are exactly
+    /// the manifest's, each readable at its listed shape and dtype, floats finite, and the arrays agree
+    /// with each other and with the entry (glossary in the module docs):
+    ///
+    /// - `tokens` is `[T]` with `T = n_prompt_tokens`, ids in `0..V` (`V` = `logits` columns);
+    /// - `logits` is `[P, V]`, `logits_positions` `[P]` of distinct positions in `0..T` including `T-1`;
+    /// - `logits_topk_ids` / `logits_topk` are equal `[T, K]` shapes with `K ≥ 1`, ids in `0..V`;
+    /// - with `N = n_decode_steps > 0`: `decode.tokens` is `[N]` with ids in `0..V`, and `decode.logits`
+    ///   `[N, V]` or `logits_decode_topk_ids` / `logits_decode_topk` `[N, K]` exist; with `N = 0` no
+    ///   `decode.*` array does;
+    /// - every prefill stage has `T` rows, every decode stage `N`.
+    ///
+    /// Errors name the file and the array (a wrong `n_decode_steps` would otherwise silently compare
+    /// fewer steps; a NaN would otherwise blame the engine).
+    pub fn verify_contents(&mut self) -> Result<()> {
+        let path = self.path.display().to_string();
+        let manifest = self.manifest.display().to_string();
+        let names = self.npz.array_names()?;
+        let present: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+        if let Some(extra) = present.iter().find(|n| !self.entry.arrays.contains_key(**n)) {
+            bail!("{path}: array `{extra}` is not listed in {manifest}");
+        }
+        let missing: Vec<&str> = self
+            .entry
+            .arrays
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !present.contains(k))
+            .collect();
+        if !missing.is_empty() {
+            bail!(
+                "{path}: arrays listed in {manifest} are missing from the file: {}",
+                missing.join(", ")
+            );
+        }
+        let t = self.entry.n_prompt_tokens;
+        let n = self.entry.n_decode_steps;
+        let logits = self.read_f32("logits")?;
+        let v = logits.ncols();
+        if v == 0 {
+            bail!("{path}: array `logits` has no columns");
+        }
+        let tokens = self.read_tokens("tokens")?;
+        if tokens.len() != t {
+            bail!(
+                "{path}: array `tokens` holds {} ids, but {manifest} says n_prompt_tokens = {t}",
+                tokens.len()
+            );
+        }
+        if t == 0 {
+            bail!("{path}: the golden's prompt has no tokens");
+        }
+        if let Some(&bad) = tokens.iter().find(|&&x| x as usize >= v) {
+            bail!("{path}: array `tokens` holds token id {bad}, outside the vocabulary 0..{v} of its logits");
+        }
+        let positions = self.read_i32("logits_positions")?;
+        if positions.len() != logits.nrows() {
+            bail!(
+                "{path}: `logits_positions` lists {} positions, `logits` holds {} rows",
+                positions.len(),
+                logits.nrows()
+            );
+        }
+        let mut seen = BTreeSet::new();
+        for &p in &positions {
+            if p < 0 || p as usize >= t || !seen.insert(p) {
+                bail!("{path}: `logits_positions` holds {p}: positions must be distinct and in 0..{t}");
             }
-            let n = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-            (usize::try_from(n)?, 12)
         }
-        v => bail!(".npy format version {v} is not supported"),
-    };
-    let end = start
-        .checked_add(len)
-        .filter(|&e| e <= bytes.len())
-        .ok_or_else(|| anyhow!("truncated .npy header"))?;
-    let header =
-        std::str::from_utf8(&bytes[start..end]).map_err(|_| anyhow!(".npy header is not text"))?;
-    let descr = dict_value(header, "descr")?;
-    let descr = descr
-        .trim()
-        .strip_prefix('\'')
-        .and_then(|s| s.strip_suffix('\''))
-        .ok_or_else(|| anyhow!(".npy header: descr is not a string: {header}"))?
-        .to_string();
-    match dict_value(header, "fortran_order")?.trim() {
-        "False" => {}
-        "True" => bail!(".npy array is in Fortran order; goldens are C order"),
-        other => bail!(".npy header: fortran_order is {other:?}"),
+        if !seen.contains(&((t - 1) as i32)) {
+            bail!("{path}: `logits_positions` lacks the last prompt position {}", t - 1);
+        }
+        self.check_topk("logits_topk_ids", "logits_topk", t, v)?;
+        let decode_arrays: Vec<String> = names
+            .iter()
+            .filter(|a| a.starts_with("decode.") || a.starts_with("logits_decode"))
+            .cloned()
+            .collect();
+        if n == 0 {
+            if let Some(a) = decode_arrays.first() {
+                bail!("{path}: array `{a}` holds decode steps, but {manifest} says n_decode_steps = 0");
+            }
+        } else {
+            let dt = self.read_tokens("decode.tokens")?;
+            if dt.len() != n {
+                bail!(
+                    "{path}: array `decode.tokens` holds {} steps, but {manifest} says n_decode_steps = {n}",
+                    dt.len()
+                );
+            }
+            if let Some(&bad) = dt.iter().find(|&&x| x as usize >= v) {
+                bail!("{path}: array `decode.tokens` holds token id {bad}, outside the vocabulary 0..{v}");
+            }
+            if present.contains("decode.logits") {
+                let d = self.read_f32("decode.logits")?;
+                if d.dim() != (n, v) {
+                    bail!(
+                        "{path}: array `decode.logits` is {:?}, expected [{n}, {v}] (n_decode_steps × vocabulary)",
+                        d.dim()
+                    );
+                }
+            } else if present.contains("logits_decode_topk_ids") {
+                self.check_topk("logits_decode_topk_ids", "logits_decode_topk", n, v)?;
+            } else {
+                bail!(
+                    "{path}: {n} decode steps but neither `decode.logits` nor `logits_decode_topk_ids` is stored"
+                );
+            }
+        }
+        let stages: Vec<(String, usize)> = self
+            .entry
+            .prefill_stages()
+            .map(|s| (s.to_string(), t))
+            .chain(self.entry.decode_stages().map(|s| (format!("decode.{s}"), n)))
+            .collect();
+        for (name, rows) in stages {
+            let a = self.read_f32(&name)?;
+            if a.nrows() != rows || self.entry.arrays[&name].shape.len() != 2 {
+                bail!(
+                    "{path}: stage array `{name}` has shape {:?}, expected {rows} rows (one per {})",
+                    self.entry.arrays[&name].shape,
+                    if name.starts_with("decode.") { "decode step" } else { "prompt position" }
+                );
+            }
+        }
+        Ok(())
     }
-    let shape_text = dict_value(header, "shape")?;
-    let inner = shape_text
-        .trim()
-        .strip_prefix('(')
-        .and_then(|s| s.strip_suffix(')'))
-        .ok_or_else(|| anyhow!(".npy header: shape is not a tuple: {header}"))?;
-    let shape = inner
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.parse::<usize>()
-                .map_err(|_| anyhow!(".npy header: bad dimension {s:?}"))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok((descr, shape, end))
-}
 
-/// The text of `'key': <value>` in a Python dict literal, up to the next top-level comma.
-fn dict_value<'a>(header: &'a str, key: &str) -> Result<&'a str> {
-    let pat = format!("'{key}':");
-    let at = header
-        .find(&pat)
-        .ok_or_else(|| anyhow!(".npy header has no {key}: {header}"))?;
-    let rest = &header[at + pat.len()..];
-    let mut depth = 0i32;
-    for (i, ch) in rest.char_indices() {
-        match ch {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' | '}' if depth == 0 => return Ok(&rest[..i]),
-            _ => {}
+    fn check_topk(&mut self, ids: &str, vals: &str, rows: usize, n_vocab: usize) -> Result<()> {
+        let path = self.path.display().to_string();
+        let i = self.read_ids(ids, n_vocab)?;
+        let x = self.read_f32(vals)?;
+        if i.nrows() != rows || i.ncols() == 0 || x.dim() != i.dim() {
+            bail!(
+                "{path}: `{ids}` {:?} and `{vals}` {:?} must both be [{rows}, K] with K ≥ 1",
+                i.dim(),
+                x.dim()
+            );
         }
+        Ok(())
     }
-    bail!(".npy header: unterminated {key}: {header}")
 }
 
 #[cfg(test)]
@@ -820,30 +788,5 @@ mod tests {
         assert_eq!(node("blk.3.qq"), None);
         assert!(m.is_not_exposed("blk.7.attn_scores"));
         assert!(!m.is_not_exposed("blk.7.q"));
-    }
-
-    #[test]
-    fn npy_headers_parse() {
-        let mut v = b"\x93NUMPY\x01\x00".to_vec();
-        let h = "{'descr': '<f2', 'fortran_order': False, 'shape': (37, 576), }";
-        let mut h = h.to_string();
-        while (10 + h.len() + 1) % 64 != 0 {
-            h.push(' ');
-        }
-        h.push('\n');
-        v.extend_from_slice(&(h.len() as u16).to_le_bytes());
-        v.extend_from_slice(h.as_bytes());
-        let (descr, shape, off) = parse_npy_header(&v).unwrap();
-        assert_eq!(descr, "<f2");
-        assert_eq!(shape, vec![37, 576]);
-        assert_eq!(off, v.len());
-
-        let one = "{'descr': '<i4', 'fortran_order': False, 'shape': (14,), }";
-        let mut w = b"\x93NUMPY\x01\x00".to_vec();
-        w.extend_from_slice(&(one.len() as u16).to_le_bytes());
-        w.extend_from_slice(one.as_bytes());
-        assert_eq!(parse_npy_header(&w).unwrap().1, vec![14]);
-
-        assert!(parse_npy_header(b"PK\x03\x04 not npy").is_err());
     }
 }

@@ -24,6 +24,7 @@ pub mod gate;
 pub mod golden;
 pub mod matrix;
 pub mod metrics;
+pub mod npz;
 pub mod registry;
 pub mod report;
 pub mod run;

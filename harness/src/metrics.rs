@@ -192,7 +192,8 @@ pub fn logit_position(position: usize, eng: &[f32], reference: RefLogits<'_>) ->
                 ref_gap: r[ref_top10[0] as usize] as f64 - r[ref_top10[1] as usize] as f64,
                 top5: overlap(&ref_top10, &eng_top10, 5),
                 top10: overlap(&ref_top10, &eng_top10, 10),
-                kl: Some(kl.max(0.0)),
+                // clamp rounding below zero, but let a NaN through (never `max`, which eats it)
+                kl: Some(if kl < 0.0 { 0.0 } else { kl }),
                 entropy_ref: Some(entropy_ref),
                 entropy_eng,
                 dp_top: Some(lp[ref_top as usize].exp() - lq[ref_top as usize].exp()),

