@@ -18,7 +18,8 @@ use crate::{dump, fetch, registry};
 #[derive(Debug, Parser)]
 #[command(name = "lockstep", version, about)]
 pub struct Cli {
-    /// Worker threads for the engine (default: all cores). Results do not depend on it.
+    /// Worker threads for the engine: 1 up to this machine's cores; 0 or absent = all cores (reports
+    /// record the number used). Results do not depend on it.
     #[arg(long, global = true)]
     pub threads: Option<usize>,
     #[command(subcommand)]
@@ -180,6 +181,16 @@ pub struct RunArgs {
     /// The external engine's tokenize command template (placeholders {model} {prompt_file} {parse_special}).
     #[arg(long, requires = "engine_cmd")]
     pub engine_tokenize_cmd: Option<String>,
+    /// Seconds one external-engine call may take before its process group is killed.
+    #[arg(long, default_value_t = 1800.0, value_parser = positive_seconds)]
+    pub engine_timeout: f64,
+}
+
+fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
 }
 
 /// The repository root: the current directory if it holds `golden/manifest.json`, else the checkout
@@ -205,7 +216,11 @@ fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
     let root = repo_root();
     let external = match (a.engine_cmd, a.engine_tokenize_cmd) {
         (Some(forward), Some(tokenize)) => {
-            Some(crate::engine::ExternalCommands { forward, tokenize })
+            Some(crate::engine::ExternalCommands {
+                forward,
+                tokenize,
+                timeout: std::time::Duration::from_secs_f64(a.engine_timeout),
+            })
         }
         _ => None,
     };
@@ -264,7 +279,13 @@ fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Resul
     for l in &lines {
         println!("{l}");
     }
-    let n_fail = r.cells.iter().filter(|c| !c.verdict.pass).count();
+    if let Some(inc) = &r.incomplete {
+        println!(
+            "INCOMPLETE: the run stopped at cell {} ({} cells not run): {}",
+            inc.failed_cell, inc.cells_not_run, inc.error
+        );
+    }
+    let n_fail = r.cells.iter().filter(|c| !c.verdict.pass).count() + usize::from(r.incomplete.is_some());
     println!(
         "{} cells, {} passed, {} failed",
         r.cells.len(),
@@ -280,6 +301,7 @@ fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Resul
 
 /// Entry point for the binary: parse arguments, run, print errors with their causes.
 pub fn main() -> ExitCode {
+    crate::process::install_interrupt_handler();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
@@ -295,12 +317,12 @@ pub fn main() -> ExitCode {
 
 /// Run a parsed command line.
 pub fn run(cli: Cli) -> Result<ExitCode> {
-    if let Some(n) = cli.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("setting the thread count")?;
-    }
+    let threads = resolve_threads(cli.threads)?;
+    // a second call in one process (tests) finds the pool built: keep it
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global();
+    let threads = rayon::current_num_threads();
     match cli.command {
         Command::Fetch { id, verify, list } => {
             let reg = registry::Registry::builtin()?;
@@ -325,13 +347,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             println!("{}", fetch::fetch(entry, &opts)?.display());
         }
         Command::Generate(a) => generate(a)?,
-        Command::Run(a) => {
-            return run_matrix(a, cli.threads.unwrap_or_else(rayon::current_num_threads))
-        }
+        Command::Run(a) => return run_matrix(a, threads),
         Command::Gate { report, thresholds } => return gate(&report, thresholds.as_deref()),
         Command::Dump(a) => {
             let model = load_model(&a.model.model)?;
             let tokens = match (&a.prompt, &a.tokens) {
+                (Some(p), _) if p.is_empty() => bail!("the prompt is empty: give --prompt some text"),
                 (Some(p), _) => model.tokenizer().encode(p, true, a.parse_special)?,
                 (None, Some(t)) => t.clone(),
                 (None, None) => bail!("give --prompt or --tokens"),
@@ -357,8 +378,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let prompt = match (prompt, prompt_file) {
                 (Some(p), _) => p,
-                (None, Some(f)) => std::fs::read_to_string(&f)
-                    .with_context(|| format!("reading the prompt from {}", f.display()))?,
+                (None, Some(f)) => read_prompt_file(&f)?,
                 (None, None) => bail!("give --prompt or --prompt-file"),
             };
             let model = load_model(&model.model)?;
@@ -368,6 +388,48 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Largest `--prompt-file` read (1 MiB: ~250k tokens, far beyond every registered model's context).
+pub const MAX_PROMPT_FILE_BYTES: u64 = 1 << 20;
+
+/// Read a `--prompt-file`: UTF-8, at most [`MAX_PROMPT_FILE_BYTES`] (checked before reading).
+///
+/// Errors: missing or unreadable file, too large, not UTF-8 — each naming the file.
+pub fn read_prompt_file(path: &std::path::Path) -> Result<String> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path)
+        .with_context(|| format!("cannot open the prompt file {}", path.display()))?;
+    let len = f
+        .metadata()
+        .with_context(|| format!("cannot read the prompt file {}", path.display()))?
+        .len();
+    let mut bytes = Vec::new();
+    f.take(MAX_PROMPT_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read the prompt file {}", path.display()))?;
+    if len > MAX_PROMPT_FILE_BYTES || bytes.len() as u64 > MAX_PROMPT_FILE_BYTES {
+        bail!(
+            "the prompt file {} is larger than {MAX_PROMPT_FILE_BYTES} bytes; a prompt that long exceeds \
+             every model's context",
+            path.display()
+        );
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("the prompt file {} is not UTF-8: {e}", path.display()))
+}
+
+/// The engine's thread count for `--threads`: `None` or `0` = every core; more than the machine's cores is
+/// an error (oversubscription only slows the engine down and would be recorded as if it had been used).
+pub fn resolve_threads(requested: Option<usize>) -> Result<usize> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    match requested {
+        None | Some(0) => Ok(cores),
+        Some(n) if n <= cores => Ok(n),
+        Some(n) => bail!(
+            "--threads {n} is more than this machine's {cores} cores; give 1 to {cores}, or 0 for all"
+        ),
+    }
 }
 
 /// Resolve `--model` (registry id or path) and load it.
@@ -383,7 +445,8 @@ fn generate(a: GenerateArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt tokenizes to nothing");
     }
-    let n_ctx = (prompt.len() + a.n).min(model.info().n_ctx_train.max(prompt.len() + 1));
+    model.check_context(prompt.len())?;
+    let n_ctx = (prompt.len() + a.n).min(model.info().n_ctx_train);
     let mut session = model.session(n_ctx, a.mode);
     session.set_ggml_target(a.ggml_target.unwrap_or_else(GgmlTarget::host));
     let mut sampler = Sampler::new(SamplerConfig {
@@ -399,7 +462,12 @@ fn generate(a: GenerateArgs) -> Result<()> {
 
     let t0 = Instant::now();
     let logits = model.forward(&mut session, &prompt, None)?;
-    let mut next = sampler.sample(&logits[(prompt.len() - 1) * n_vocab..]);
+    let last = &logits[(prompt.len() - 1) * n_vocab..];
+    if last.iter().any(|v| !v.is_finite()) {
+        return Err(non_finite_generation(&model, &prompt, a.mode, &session));
+    }
+    let mut next = sampler.sample(last);
+    let mut sequence = prompt.clone();
     let prefill = t0.elapsed();
     let mut stream = TextStream::default();
     let t1 = Instant::now();
@@ -411,7 +479,11 @@ fn generate(a: GenerateArgs) -> Result<()> {
         if generated == a.n || session.n_past() >= n_ctx {
             break;
         }
+        sequence.push(next);
         let logits = model.forward(&mut session, &[next], None)?;
+        if logits.iter().any(|v| !v.is_finite()) {
+            return Err(non_finite_generation(&model, &sequence, a.mode, &session));
+        }
         next = sampler.sample(logits);
     }
     writeln!(out, "{}", stream.finish())?;
@@ -428,4 +500,35 @@ fn generate(a: GenerateArgs) -> Result<()> {
         session.backend_name()
     );
     Ok(())
+}
+
+/// The error for non-finite logits during `generate`: the sequence so far is run again as one batch with
+/// every stage recorded, to name the first stage that went non-finite.
+fn non_finite_generation(
+    model: &Model,
+    sequence: &[u32],
+    mode: NumericsMode,
+    session: &lockstep_engine::Session,
+) -> anyhow::Error {
+    let at = sequence.len() - 1;
+    let diagnose = || -> Result<()> {
+        let mut s = model.session(sequence.len(), mode);
+        s.set_ggml_target(session.ggml_target());
+        let mut rec = lockstep_engine::hooks::Recorder::new();
+        model.forward(&mut s, sequence, Some(&mut rec))?;
+        let mut stages = crate::engine::recorded_arrays(rec)?;
+        let logits = stages
+            .remove("logits")
+            .context("the engine emitted no logits stage")?;
+        crate::engine::check_finite_logits(&logits, &stages)
+    };
+    match diagnose() {
+        Err(e) => e.context(format!(
+            "generation stopped: non-finite logits at position {at}"
+        )),
+        Ok(()) => anyhow::anyhow!(
+            "generation stopped: non-finite logits at position {at} (not reproduced when the sequence is run \
+             as one batch)"
+        ),
+    }
 }

@@ -41,8 +41,13 @@ pub struct Dump {
 
 /// Run `tokens` through `model` as one prefill batch and record every stage.
 ///
-/// Errors: anything the engine reports (bad token id, unsupported type).
+/// Errors: no tokens; more tokens than the model's context (before any work); anything the engine reports
+/// (bad token id, unsupported type); non-finite logits, naming the first stage that went non-finite.
 pub fn run(model: &Model, tokens: &[u32], mode: NumericsMode, target: GgmlTarget) -> Result<Dump> {
+    if tokens.is_empty() {
+        bail!("no tokens to dump: the prompt is empty");
+    }
+    model.check_context(tokens.len())?;
     let mut session = model.session(tokens.len(), mode);
     session.set_ggml_target(target);
     let mut rec = Recorder::new();
@@ -52,6 +57,7 @@ pub fn run(model: &Model, tokens: &[u32], mode: NumericsMode, target: GgmlTarget
     let logits = stages
         .remove(&Stage::global(StageKind::Logits).to_string())
         .context("the engine emitted no logits stage")?;
+    crate::engine::check_finite_logits(&logits, &stages)?;
     Ok(Dump {
         tokens: tokens.to_vec(),
         logits,

@@ -119,6 +119,7 @@ impl Engine for LockstepEngine {
     }
 
     fn reset(&mut self, mode: NumericsMode, target: GgmlTarget, n_ctx: usize) -> Result<()> {
+        self.model.check_context(n_ctx)?;
         let mut session = self.model.session(n_ctx, mode);
         session.set_ggml_target(target);
         self.session = Some(session);
@@ -147,6 +148,8 @@ pub struct ExternalCommands {
     pub forward: String,
     /// Template of the command that prints token ids.
     pub tokenize: String,
+    /// Time one call may take before its process group is killed ([`crate::process::DEFAULT_TIMEOUT`]).
+    pub timeout: std::time::Duration,
 }
 
 impl ExternalCommands {
@@ -161,6 +164,7 @@ impl ExternalCommands {
             tokenize: format!(
                 "{exe} tokenize --model {{model}} --prompt-file {{prompt_file}} {{parse_special}}"
             ),
+            timeout: crate::process::DEFAULT_TIMEOUT,
         }
     }
 }
@@ -177,7 +181,7 @@ pub struct ExternalEngine {
     target: GgmlTarget,
     history: Vec<u32>,
     stages: Vec<(String, usize)>,
-    scratch: tempfile::TempDir,
+    scratch: crate::process::ScratchGuard,
 }
 
 impl ExternalEngine {
@@ -191,7 +195,7 @@ impl ExternalEngine {
             target: GgmlTarget::default(),
             history: Vec::new(),
             stages: Vec::new(),
-            scratch: tempfile::tempdir()
+            scratch: crate::process::ScratchGuard::new("lockstep-external-")
                 .context("creating a scratch directory for the external engine")?,
         })
     }
@@ -215,11 +219,9 @@ impl ExternalEngine {
         Ok(c)
     }
 
-    fn run(&self, mut c: Command, what: &str) -> Result<Vec<u8>> {
+    fn run(&self, c: Command, what: &str) -> Result<Vec<u8>> {
         let shown = format!("{c:?}");
-        let out = c
-            .output()
-            .with_context(|| format!("cannot start the external engine ({what}): {shown}"))?;
+        let out = crate::process::run_bounded(c, self.cmds.timeout, self.scratch.path(), what)?;
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
             let tail: Vec<&str> = err.lines().rev().take(10).collect();
@@ -373,4 +375,47 @@ pub fn recorded_arrays(rec: Recorder) -> Result<BTreeMap<String, Array2<f32>>> {
         );
     }
     Ok(out)
+}
+
+/// The first stage, in forward order ([`forward_rank`]), holding a NaN or ±Inf: `(stage id, row, column,
+/// value)`. Arrays whose id is not a canonical stage are looked at last, by name.
+pub fn first_non_finite_stage(
+    arrays: &BTreeMap<String, Array2<f32>>,
+) -> Option<(String, usize, usize, f32)> {
+    let mut order: Vec<(&String, &Array2<f32>)> = arrays.iter().collect();
+    order.sort_by_key(|(name, _)| {
+        Stage::parse(name).map_or((3, 0, 0), forward_rank)
+    });
+    order.into_iter().find_map(|(name, a)| {
+        let cols = a.ncols().max(1);
+        a.iter()
+            .position(|v| !v.is_finite())
+            .map(|i| (name.clone(), i / cols, i % cols, a.iter().nth(i).copied().unwrap_or(f32::NAN)))
+    })
+}
+
+/// Fail when `logits` hold a NaN or ±Inf, naming the first stage (of `stages`, recorded in the same
+/// forward pass) that went non-finite: an engine must never hand out garbage logits as a result.
+///
+/// Errors: the logits row and token, and the first non-finite stage with its row, column and value.
+pub fn check_finite_logits(
+    logits: &Array2<f32>,
+    stages: &BTreeMap<String, Array2<f32>>,
+) -> Result<()> {
+    let cols = logits.ncols().max(1);
+    let Some(i) = logits.iter().position(|v| !v.is_finite()) else {
+        return Ok(());
+    };
+    let first = match first_non_finite_stage(stages) {
+        Some((stage, r, c, v)) => {
+            format!("the first stage that went non-finite is `{stage}` ({v} at row {r}, column {c})")
+        }
+        None => "no recorded stage before them is non-finite".to_string(),
+    };
+    bail!(
+        "the engine's logits hold {} at row {}, token {}: {first}",
+        logits.iter().nth(i).copied().unwrap_or(f32::NAN),
+        i / cols,
+        i % cols
+    )
 }

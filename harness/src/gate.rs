@@ -204,6 +204,39 @@ impl Thresholds {
         Ok(t)
     }
 
+    /// Check the rules against the whole matrix, not just the cells a run selects: every (model, mode,
+    /// oracle) the matrix holds must get a complete set of thresholds ([`Thresholds::for_cell`]).
+    /// Errors list every combination that does not, naming this file.
+    pub fn validate_matrix(&self, matrix: &crate::matrix::Matrix) -> Result<()> {
+        let mut errors = Vec::new();
+        for m in &matrix.models {
+            for mode in &matrix.modes {
+                for oracle in &matrix.oracles {
+                    let cell = Cell {
+                        model: m.id.clone(),
+                        prompt: "*".into(),
+                        quant: m.quant.clone(),
+                        mode: mode.clone(),
+                        simd: matrix.simd.first().cloned().unwrap_or_default(),
+                        oracle: oracle.clone(),
+                        engine: matrix.engines.first().cloned().unwrap_or_default(),
+                    };
+                    if let Err(e) = self.for_cell(&cell) {
+                        errors.push(format!("{e:#}"));
+                    }
+                }
+            }
+        }
+        if !errors.is_empty() {
+            bail!(
+                "{} does not cover the whole matrix:\n  {}",
+                self.origin,
+                errors.join("\n  ")
+            );
+        }
+        Ok(())
+    }
+
     /// Merge every rule matching `cell`, in order, field by field. Errors when no rule matches or a
     /// required field stays unset.
     pub fn for_cell(&self, cell: &Cell) -> Result<CellThresholds> {

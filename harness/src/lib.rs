@@ -25,6 +25,7 @@ pub mod golden;
 pub mod matrix;
 pub mod metrics;
 pub mod npz;
+pub mod process;
 pub mod registry;
 pub mod report;
 pub mod run;

@@ -52,8 +52,60 @@ pub struct Report {
     pub compare_options: CompareOptions,
     /// The thresholds file the verdicts come from.
     pub thresholds_file: Option<String>,
+    /// What the run was given: the engine actually run, and the golden directory, matrix and thresholds
+    /// files with their sha256 (absent in reports of older lockstep versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<RunInputs>,
+    /// Set when the run stopped early: the cells before the failure are kept, and this says which cell
+    /// failed and why. A report with this set never passes a gate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<Incomplete>,
     /// One entry per matrix cell, in matrix order.
     pub cells: Vec<CellReport>,
+}
+
+/// A file a run read, by path and content.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// The path as given (or defaulted).
+    pub path: String,
+    /// sha256 of its bytes, lowercase hex.
+    pub sha256: String,
+}
+
+/// The inputs of a run (provenance).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunInputs {
+    /// `lockstep` (in process) or `external`.
+    pub engine: String,
+    /// For an external engine: the forward command template, as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_cmd: Option<String>,
+    /// For an external engine: the tokenize command template, as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_tokenize_cmd: Option<String>,
+    /// For an external engine: seconds one call may take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_timeout_s: Option<f64>,
+    /// The golden directory.
+    pub golden_dir: String,
+    /// Its `manifest.json`.
+    pub golden_manifest: FileRef,
+    /// The matrix file.
+    pub matrix: FileRef,
+    /// The thresholds file.
+    pub thresholds: FileRef,
+}
+
+/// Why a run stopped before its last cell.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incomplete {
+    /// The cell that failed.
+    pub failed_cell: String,
+    /// The error, with its causes.
+    pub error: String,
+    /// Cells of the matrix not run.
+    pub cells_not_run: usize,
 }
 
 /// The machine and build a run happened on. Facts that cannot be read are `"unknown"`.
@@ -501,10 +553,37 @@ pub fn render_markdown(r: &Report) -> String {
         short(&env.golden_manifest_sha256),
         r.thresholds_file.as_deref().map_or("(none)".to_string(), |t| format!("`{t}`")),
     );
+    if let Some(i) = &r.inputs {
+        let engine = match (&i.engine_cmd, &i.engine_tokenize_cmd) {
+            (Some(f), Some(t)) => format!("external: `{f}` / tokenize `{t}`"),
+            _ => i.engine.clone(),
+        };
+        let _ = writeln!(
+            md,
+            "Engine {engine} · goldens `{}` (manifest sha256 `{}`) · matrix `{}` (`{}`) · thresholds `{}` (`{}`)\n",
+            i.golden_dir,
+            short(&i.golden_manifest.sha256),
+            i.matrix.path,
+            short(&i.matrix.sha256),
+            i.thresholds.path,
+            short(&i.thresholds.sha256),
+        );
+    }
+    if let Some(inc) = &r.incomplete {
+        let _ = writeln!(
+            md,
+            "**INCOMPLETE**: the run stopped at cell `{}` ({} cells not run): {}\n",
+            inc.failed_cell, inc.cells_not_run, inc.error
+        );
+    }
     let _ = writeln!(
         md,
         "**{}**: {} of {} cells pass.\n",
-        if n_fail == 0 { "PASS" } else { "FAIL" },
+        if n_fail == 0 && r.incomplete.is_none() {
+            "PASS"
+        } else {
+            "FAIL"
+        },
         r.cells.len() - n_fail,
         r.cells.len()
     );
@@ -1463,6 +1542,7 @@ pub fn write_report(reports_root: &Path, r: &Report) -> Result<PathBuf> {
             dest.display()
         );
     }
+    clean_stale_partials(reports_root);
     let tmp = tempfile::Builder::new()
         .prefix(&format!(".{id}.partial-"))
         .tempdir_in(reports_root)
@@ -1524,15 +1604,82 @@ pub fn read_report(path: &Path) -> Result<Report> {
     })
 }
 
-/// A new run id: `YYYYMMDD-HHMMSS-<short git commit>` in UTC (`nogit` when the commit cannot be read),
-/// e.g. `20261122-221501-53b3529`.
+/// A new run id: `YYYYMMDD-HHMMSS-<short git commit>-<6 hex>` in UTC (`nogit` when the commit cannot be
+/// read), e.g. `20261122-221501-53b3529-4f0a9c`. The suffix is a hash of the process id, the clock in
+/// nanoseconds and a per-process counter, so runs started in the same second — in one process or in
+/// several — get distinct ids.
 pub fn new_run_id() -> String {
-    let now = std::time::SystemTime::now()
+    use sha2::Digest;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let since = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (y, mo, d, h, mi, s) = civil(now);
+        .unwrap_or_default();
+    let (y, mo, d, h, mi, s) = civil(since.as_secs());
     let commit = git(&["rev-parse", "--short=7", "HEAD"]).unwrap_or_else(|| "nogit".to_string());
-    format!("{y:04}{mo:02}{d:02}-{h:02}{mi:02}{s:02}-{commit}")
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(std::process::id().to_le_bytes());
+    hasher.update(since.as_nanos().to_le_bytes());
+    hasher.update(COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    let suffix = hex::encode(&hasher.finalize()[..3]);
+    format!("{y:04}{mo:02}{d:02}-{h:02}{mi:02}{s:02}-{commit}-{suffix}")
+}
+
+/// How old a `.<run id>.partial-*` directory must be before [`write_report`] removes it as the leftover
+/// of a killed writer (a writer holds one for well under a second).
+pub const STALE_PARTIAL_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Remove `.*.partial-*` directories under `reports_root` older than [`STALE_PARTIAL_AGE`] (left by a
+/// writer that was killed), saying so on stderr. Younger ones may belong to a run writing right now and
+/// are left alone. Returns the directories removed. Best effort: an entry that cannot be read or removed
+/// is skipped.
+pub fn clean_stale_partials(reports_root: &Path) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(reports_root) else {
+        return removed;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with('.') && name.contains(".partial-")) {
+            continue;
+        }
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= STALE_PARTIAL_AGE);
+        if old && std::fs::remove_dir_all(e.path()).is_ok() {
+            eprintln!(
+                "lockstep: removed {}, left by a report writer that was killed",
+                e.path().display()
+            );
+            removed.push(e.path());
+        }
+    }
+    removed
+}
+
+/// Check, before a run starts, that reports can be written under `reports_root`: create it, and create
+/// and remove a temporary directory in it. Errors name the directory.
+pub fn check_reports_dir(reports_root: &Path) -> Result<()> {
+    std::fs::create_dir_all(reports_root).with_context(|| {
+        format!(
+            "cannot create the reports directory {}",
+            reports_root.display()
+        )
+    })?;
+    tempfile::Builder::new()
+        .prefix(".lockstep-write-check-")
+        .tempdir_in(reports_root)
+        .with_context(|| {
+            format!(
+                "the reports directory {} is not writable; a run's results would be lost",
+                reports_root.display()
+            )
+        })?
+        .close()
+        .with_context(|| format!("cleaning up a write check in {}", reports_root.display()))
 }
 
 #[cfg(test)]
@@ -1595,6 +1742,37 @@ mod tests {
             "{id}"
         );
         assert!(!parts[2].is_empty(), "{id}");
+        // ids made in the same second (here: the same microsecond, in a loop) never collide
+        let ids: BTreeSet<String> = (0..1000).map(|_| new_run_id()).collect();
+        assert_eq!(ids.len(), 1000);
+    }
+
+    #[test]
+    fn stale_partial_directories_are_removed_and_fresh_ones_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let stale = root.path().join(".20200101-000000-abc-000000.partial-AbCdEf");
+        let fresh = root.path().join(".20991231-000000-abc-000000.partial-XyZ123");
+        let other = root.path().join(".hidden-but-not-partial");
+        for d in [&stale, &fresh, &other] {
+            std::fs::create_dir(d).unwrap();
+            std::fs::write(d.join("report.json"), "{").unwrap();
+        }
+        let old = std::time::SystemTime::now() - STALE_PARTIAL_AGE * 2;
+        for d in [&stale, &other] {
+            std::fs::File::open(d).unwrap().set_modified(old).unwrap();
+        }
+        assert_eq!(clean_stale_partials(root.path()), vec![stale.clone()]);
+        assert!(!stale.exists() && fresh.exists() && other.exists());
+    }
+
+    #[test]
+    fn an_unwritable_reports_directory_is_found_before_the_run() {
+        let root = tempfile::tempdir().unwrap();
+        check_reports_dir(&root.path().join("new/reports")).unwrap();
+        let file = root.path().join("a-file");
+        std::fs::write(&file, "x").unwrap();
+        let e = format!("{:#}", check_reports_dir(&file.join("reports")).unwrap_err());
+        assert!(e.contains("a-file/reports"), "{e}");
     }
 
     #[test]

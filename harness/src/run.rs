@@ -76,14 +76,39 @@ pub fn run(opts: &RunOptions) -> Result<(PathBuf, Report)> {
 }
 
 /// [`run`] with a custom engine factory.
+///
+/// Everything that can be checked is checked before the first cell runs, so that no finished work is
+/// thrown away by a late error: the manifest, matrix and thresholds files parse; the thresholds cover
+/// every (model, mode, oracle) of the whole matrix; the reports directory is writable; every selected
+/// golden matches its manifest entry (sha256, arrays, contents: [`golden::verify_golden`]). If a cell still
+/// fails (the engine errors, say), the cells already finished are written as a report marked
+/// [`Report::incomplete`] and the error says where.
 pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(PathBuf, Report)> {
     let manifest = golden::load_manifest(&opts.golden_dir)?;
     let matrix = Matrix::load(&opts.matrix)?;
     let thresholds = Thresholds::load(&opts.thresholds)?;
+    thresholds.validate_matrix(&matrix)?;
     let cells = matrix.expand(&manifest, &opts.filters)?;
     if cells.is_empty() {
         bail!("the matrix {} selects no cells", opts.matrix.display());
     }
+    for cell in &cells {
+        thresholds.for_cell(cell)?;
+    }
+    report::check_reports_dir(&opts.reports_root)?;
+    let mut verified = std::collections::BTreeSet::new();
+    for cell in &cells {
+        let gpath = golden_path_for(cell);
+        if verified.insert(gpath.clone()) {
+            golden::verify_golden(&opts.golden_dir, golden_entry(opts, &manifest, &gpath)?)?;
+        }
+    }
+    let inputs = run_inputs(opts)?;
+    let run_id = report::new_run_id();
+    let created_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+
     let mut model_cache: BTreeMap<String, (PathBuf, String)> = BTreeMap::new();
     let bar = if opts.progress {
         let b = ProgressBar::new(cells.len() as u64);
@@ -96,37 +121,48 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         ProgressBar::hidden()
     };
     let mut reports = Vec::with_capacity(cells.len());
-    for cell in &cells {
+    let mut failure = None;
+    for (i, cell) in cells.iter().enumerate() {
         bar.set_message(cell.id());
-        let (model_path, model_sha) = match model_cache.get(&cell.model) {
-            Some(x) => x.clone(),
-            None => {
-                let p = crate::fetch::resolve_model(&cell.model)?;
-                let sha = golden::sha256_file(&p)?;
-                model_cache.insert(cell.model.clone(), (p.clone(), sha.clone()));
-                (p, sha)
+        let result = (|| {
+            let (model_path, model_sha) = match model_cache.get(&cell.model) {
+                Some(x) => x.clone(),
+                None => {
+                    let p = crate::fetch::resolve_model(&cell.model)?;
+                    let sha = golden::sha256_file(&p)?;
+                    model_cache.insert(cell.model.clone(), (p.clone(), sha.clone()));
+                    (p, sha)
+                }
+            };
+            run_cell(
+                opts,
+                &manifest,
+                &thresholds,
+                cell,
+                &model_path,
+                &model_sha,
+                factory,
+            )
+        })();
+        match result {
+            Ok(r) => reports.push(r),
+            Err(e) => {
+                failure = Some((e.context(format!("cell {}", cell.id())), i));
+                break;
             }
-        };
-        let report = run_cell(
-            opts,
-            &manifest,
-            &thresholds,
-            cell,
-            &model_path,
-            &model_sha,
-            factory,
-        )
-        .with_context(|| format!("cell {}", cell.id()))?;
-        reports.push(report);
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();
+    let incomplete = failure.as_ref().map(|(e, i)| report::Incomplete {
+        failed_cell: cells[*i].id(),
+        error: format!("{e:#}"),
+        cells_not_run: cells.len() - i,
+    });
     let report = Report {
         schema_version: REPORT_SCHEMA_VERSION,
-        run_id: report::new_run_id(),
-        created_unix: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        run_id,
+        created_unix,
         environment: Environment::detect(
             opts.threads,
             &opts.golden_dir.join(golden::MANIFEST_FILE),
@@ -134,13 +170,77 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         metric_definitions: report::metric_definitions(),
         compare_options: opts.compare,
         thresholds_file: Some(opts.thresholds.display().to_string()),
+        inputs: Some(inputs),
+        incomplete,
         cells: reports,
     };
-    let dir = report::write_report(&opts.reports_root, &report)?;
-    Ok((dir, report))
+    match failure {
+        None => {
+            let dir = report::write_report(&opts.reports_root, &report)?;
+            Ok((dir, report))
+        }
+        // nothing finished: nothing to save
+        Some((e, 0)) => Err(e),
+        Some((e, _)) => {
+            let n = report.cells.len();
+            match report::write_report(&opts.reports_root, &report) {
+                Ok(dir) => Err(e.context(format!(
+                    "the run stopped; the {n} cells finished before are saved in {} (marked incomplete)",
+                    dir.display()
+                ))),
+                Err(w) => Err(e.context(format!(
+                    "the run stopped, and saving the {n} cells finished before failed too: {w:#}"
+                ))),
+            }
+        }
+    }
 }
 
-/// Run one cell against its golden.
+fn golden_entry<'m>(
+    opts: &RunOptions,
+    manifest: &'m Manifest,
+    gpath: &str,
+) -> Result<&'m golden::GoldenEntry> {
+    manifest
+        .goldens
+        .iter()
+        .find(|g| g.path == gpath)
+        .with_context(|| {
+            format!(
+                "golden {gpath} is not in {}",
+                opts.golden_dir.join(golden::MANIFEST_FILE).display()
+            )
+        })
+}
+
+/// The run's inputs with their sha256, and the engine it runs (provenance for the report).
+fn run_inputs(opts: &RunOptions) -> Result<report::RunInputs> {
+    let file = |p: &Path| -> Result<report::FileRef> {
+        Ok(report::FileRef {
+            path: p.display().to_string(),
+            sha256: golden::sha256_file(p)?,
+        })
+    };
+    let external = opts.external.as_ref().filter(|_| opts.force_external);
+    Ok(report::RunInputs {
+        engine: if external.is_some() {
+            "external"
+        } else {
+            "lockstep"
+        }
+        .into(),
+        engine_cmd: external.map(|e| e.forward.clone()),
+        engine_tokenize_cmd: external.map(|e| e.tokenize.clone()),
+        engine_timeout_s: external.map(|e| e.timeout.as_secs_f64()),
+        golden_dir: opts.golden_dir.display().to_string(),
+        golden_manifest: file(&opts.golden_dir.join(golden::MANIFEST_FILE))?,
+        matrix: file(&opts.matrix)?,
+        thresholds: file(&opts.thresholds)?,
+    })
+}
+
+/// Run one cell against its golden, which the caller has verified ([`golden::verify_golden`]; [`run_with`]
+/// does it for every cell before the first runs).
 pub fn run_cell(
     opts: &RunOptions,
     manifest: &Manifest,
@@ -150,18 +250,7 @@ pub fn run_cell(
     model_sha: &str,
     factory: &mut EngineFactory<'_>,
 ) -> Result<CellReport> {
-    let gpath = golden_path_for(cell);
-    let entry = manifest
-        .goldens
-        .iter()
-        .find(|g| g.path == gpath)
-        .with_context(|| {
-            format!(
-                "golden {gpath} is not in {}",
-                opts.golden_dir.join(golden::MANIFEST_FILE).display()
-            )
-        })?;
-    golden::verify_golden(&opts.golden_dir, entry)?;
+    let entry = golden_entry(opts, manifest, &golden_path_for(cell))?;
     golden::check_model(&opts.golden_dir, entry, model_sha)?;
     let mode: NumericsMode = cell.mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
     // ggml mode mirrors the kernels of the CPU the golden was made on (reference mode ignores the target,

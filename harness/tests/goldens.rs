@@ -456,3 +456,197 @@ fn a_manifest_of_another_schema_is_refused() {
         "{err}"
     );
 }
+
+// ---- hostile contents: every field is checked before anything is compared -------------------
+
+const ONE_F32: &str = "smollm2-135m-q4_1/llama.cpp-f32kv/one_token.npz";
+
+/// A golden directory holding only the manifest and the SmolLM2 one-token f32-KV golden (T = 1, 8 decode
+/// steps, full decode logits), and that golden's entry.
+fn scratch_one() -> (tempfile::TempDir, GoldenEntry) {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::copy(
+        golden_dir().join("manifest.json"),
+        tmp.path().join("manifest.json"),
+    )
+    .unwrap();
+    let dst = tmp.path().join(ONE_F32);
+    fs::create_dir_all(dst.parent().unwrap()).unwrap();
+    fs::copy(golden_dir().join(ONE_F32), &dst).unwrap();
+    let g = load_manifest(tmp.path())
+        .unwrap()
+        .goldens
+        .into_iter()
+        .find(|g| g.path == ONE_F32)
+        .unwrap();
+    verify_golden(tmp.path(), &g).unwrap();
+    (tmp, g)
+}
+
+/// The stored `.npy` bytes of array `name`, split into (header, data).
+fn member(dir: &Path, g: &GoldenEntry, name: &str) -> (Vec<u8>, Vec<u8>) {
+    let mut z = zip::ZipArchive::new(fs::File::open(dir.join(&g.path)).unwrap()).unwrap();
+    let mut bytes = Vec::new();
+    z.by_name(&format!("{name}.npy"))
+        .unwrap()
+        .read_to_end(&mut bytes)
+        .unwrap();
+    let (_, _, off) = lockstep::npz::parse_npy_header(&bytes).unwrap();
+    let data = bytes.split_off(off);
+    (bytes, data)
+}
+
+/// Rewrite one array's data in place (same shape and dtype) with `f` and fix the file's sha256.
+fn patch_data(dir: &Path, g: &GoldenEntry, name: &str, f: impl FnOnce(&mut Vec<u8>)) -> GoldenEntry {
+    let (mut header, mut data) = member(dir, g, name);
+    f(&mut data);
+    header.extend_from_slice(&data);
+    rewrite(dir, g, Some((name, Some(header))), None)
+}
+
+/// Edit the golden's manifest entry (JSON) and return the entry as now read.
+fn patch_entry(dir: &Path, g: &GoldenEntry, f: impl FnOnce(&mut serde_json::Value)) -> GoldenEntry {
+    let mpath = dir.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&mpath).unwrap()).unwrap();
+    let e = m["goldens"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|e| e["path"] == g.path.as_str())
+        .unwrap();
+    f(e);
+    fs::write(&mpath, serde_json::to_string(&m).unwrap()).unwrap();
+    load_manifest(dir)
+        .unwrap()
+        .goldens
+        .into_iter()
+        .find(|x| x.path == g.path)
+        .unwrap()
+}
+
+fn set_i32(data: &mut [u8], i: usize, v: i32) {
+    data[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+#[test]
+fn nan_or_inf_in_golden_logits_or_stages_is_a_golden_error_naming_file_and_array() {
+    for (array, value) in [
+        ("logits", f32::NAN),
+        ("decode.logits", f32::INFINITY),
+        ("decode.blk.7.out", f32::NEG_INFINITY),
+    ] {
+        let (tmp, g) = scratch_one();
+        let g2 = patch_data(tmp.path(), &g, array, |d| {
+            d[40..44].copy_from_slice(&value.to_le_bytes())
+        });
+        let err = err_of(verify_golden(tmp.path(), &g2));
+        assert!(
+            err.contains(ONE_F32)
+                && err.contains(&format!("golden array `{array}`"))
+                && err.contains(&value.to_string())
+                && err.contains("column 10"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn n_decode_steps_and_logits_positions_must_agree_with_the_stored_arrays() {
+    let (tmp, g) = scratch_one();
+    // a manifest claiming fewer steps than stored would silently compare less
+    let g2 = patch_entry(tmp.path(), &g, |e| e["n_decode_steps"] = 7.into());
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(ONE_F32) && err.contains("decode.tokens") && err.contains("n_decode_steps = 7"),
+        "{err}"
+    );
+    let g2 = patch_entry(tmp.path(), &g, |e| e["n_decode_steps"] = 0.into());
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(err.contains("n_decode_steps = 0"), "{err}");
+    let g2 = patch_entry(tmp.path(), &g, |e| e["n_prompt_tokens"] = 2.into());
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(err.contains("n_prompt_tokens = 2"), "{err}");
+
+    let (tmp, g) = scratch_one();
+    let g2 = patch_data(tmp.path(), &g, "logits_positions", |d| set_i32(d, 0, 3));
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(ONE_F32) && err.contains("`logits_positions` holds 3"),
+        "{err}"
+    );
+}
+
+#[test]
+fn top_k_arrays_must_be_non_empty_with_ids_in_the_vocabulary() {
+    // an empty [T, 0] top-k (manifest and file agreeing) used to panic in the metrics
+    let (tmp, g) = scratch_one();
+    let g2 = rewrite(
+        tmp.path(),
+        &g,
+        Some(("logits_topk_ids", Some(npy("<i4", &[1, 0], &[])))),
+        None,
+    );
+    let g2 = rewrite(
+        tmp.path(),
+        &g2,
+        Some(("logits_topk", Some(npy("<f4", &[1, 0], &[])))),
+        None,
+    );
+    let g2 = patch_entry(tmp.path(), &g2, |e| {
+        e["arrays"]["logits_topk_ids"]["shape"] = serde_json::json!([1, 0]);
+        e["arrays"]["logits_topk"]["shape"] = serde_json::json!([1, 0]);
+    });
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(ONE_F32) && err.contains("logits_topk_ids") && err.contains("K ≥ 1"),
+        "{err}"
+    );
+
+    // a negative id used to wrap to 4294967289 and blame the engine
+    for (id, what) in [(-7, "token id -7"), (49152, "token id 49152")] {
+        let (tmp, g) = scratch_one();
+        let g2 = patch_data(tmp.path(), &g, "logits_topk_ids", |d| set_i32(d, 5, id));
+        let err = err_of(verify_golden(tmp.path(), &g2));
+        assert!(
+            err.contains(ONE_F32)
+                && err.contains("`logits_topk_ids`")
+                && err.contains(what)
+                && err.contains("0..49152"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn token_ids_beyond_the_vocabulary_name_the_golden() {
+    for array in ["tokens", "decode.tokens"] {
+        let (tmp, g) = scratch_one();
+        let g2 = patch_data(tmp.path(), &g, array, |d| set_i32(d, 0, 60_000));
+        let err = err_of(verify_golden(tmp.path(), &g2));
+        assert!(
+            err.contains(ONE_F32) && err.contains(&format!("`{array}`")) && err.contains("60000"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn an_oversized_member_is_refused_before_it_is_decompressed() {
+    // `tokens` is listed as [1] i32 (4 bytes); the member inflates to 256 MiB (a ~250 KiB zip bomb)
+    let (tmp, g) = scratch_one();
+    let bomb = npy("<i4", &[1 << 26], &vec![0u8; 1 << 28]);
+    let g2 = rewrite(tmp.path(), &g, Some(("tokens", Some(bomb))), None);
+    assert!(fs::metadata(tmp.path().join(ONE_F32)).unwrap().len() < 8 << 20);
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(ONE_F32) && err.contains("`tokens`") && err.contains("refusing to decompress"),
+        "{err}"
+    );
+    // a manifest listing an absurd shape is refused without reading anything
+    let g3 = patch_entry(tmp.path(), &g2, |e| {
+        e["arrays"]["tokens"]["shape"] = serde_json::json!([1u64 << 40])
+    });
+    let err = err_of(verify_golden(tmp.path(), &g3));
+    assert!(err.contains("larger than"), "{err}");
+}

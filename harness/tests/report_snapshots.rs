@@ -233,6 +233,8 @@ fn report() -> Report {
         metric_definitions: metric_definitions(),
         compare_options: CompareOptions::default(),
         thresholds_file: Some("ci/thresholds.toml".into()),
+        inputs: None,
+        incomplete: None,
         cells: vec![
             mk(
                 cell("prose", "ggml"),

@@ -178,6 +178,25 @@ impl Model {
             .clone()
     }
 
+    /// Refuse a sequence of `n_positions` that the model was not trained for, before any work: more than
+    /// `n_ctx_train` (`<arch>.context_length`), or none at all. llama.cpp clamps nothing either: its
+    /// `llama_decode` fails past the context it was given.
+    ///
+    /// Errors: [`Error::Invalid`] naming both numbers.
+    pub fn check_context(&self, n_positions: usize) -> Result<()> {
+        let n_ctx = self.info.n_ctx_train;
+        if n_positions == 0 {
+            return Err(Error::Invalid("a sequence of 0 positions has nothing to run".into()));
+        }
+        if n_positions > n_ctx {
+            return Err(Error::Invalid(format!(
+                "a sequence of {n_positions} positions is longer than the model's context of {n_ctx} \
+                 (context_length); shorten the prompt or the number of tokens to generate"
+            )));
+        }
+        Ok(())
+    }
+
     /// A fresh session (empty KV cache) for up to `n_ctx` positions.
     pub fn session(&self, n_ctx: usize, mode: NumericsMode) -> Session {
         let d = &self.info.dims;
@@ -212,6 +231,7 @@ impl Model {
                 "token id {bad} is outside the vocabulary (size {n_vocab})"
             )));
         }
+        self.check_context(session.n_past + tokens.len())?;
         if session.n_past + tokens.len() > session.kv.capacity() {
             return Err(Error::Invalid(format!(
                 "context overflow: {} cached + {} new positions > session size {}",

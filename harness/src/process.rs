@@ -1,0 +1,255 @@
+//! Child processes the harness runs (external engines): each bounded by a timeout, in its own process
+//! group, killed as a group on timeout and on Ctrl-C / SIGTERM, with its scratch directory removed.
+//!
+//! An external engine may hang, or spawn helpers of its own; a harness that waits forever, or leaves
+//! orphans and temporary directories behind when a CI job is cancelled, loses results and machines. So:
+//!
+//! - [`run_bounded`] starts the command in a new process group (`setpgid(0, 0)` via
+//!   `CommandExt::process_group`), sends its stdout and stderr to files (no pipe can fill up and block
+//!   it), and polls it until it exits or the timeout passes; then `kill(-pgid, SIGKILL)` ends the whole
+//!   group, grandchildren included.
+//! - [`install_interrupt_handler`] (called once by the binary) catches SIGINT, SIGTERM and SIGHUP: every
+//!   live group is killed, every registered scratch directory ([`ScratchGuard`]) removed, and the process
+//!   exits with status 130.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// Default time one external-engine call may take (30 min: a full-stage dump of the largest registered
+/// model at 512 tokens by a slow scalar engine takes a few minutes here).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// Most bytes of a child's stdout that are read (token ids of the longest context fit many times over).
+pub const MAX_STDOUT_BYTES: u64 = 16 << 20;
+
+/// Process groups of running children, killed on an interrupt.
+static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+/// Scratch directories removed on an interrupt.
+static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Kill every live child group and remove every registered scratch directory (interrupt path).
+pub fn kill_all_and_clean() {
+    for &pgid in lock(&LIVE_GROUPS).iter() {
+        kill_group(pgid);
+    }
+    for dir in lock(&SCRATCH).iter() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Install the SIGINT/SIGTERM/SIGHUP handler (once per process; later calls do nothing): kill the live
+/// child groups, remove the scratch directories, exit with status 130.
+pub fn install_interrupt_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let installed = ctrlc::set_handler(|| {
+            kill_all_and_clean();
+            eprintln!("lockstep: interrupted; child processes killed, temporary directories removed");
+            std::process::exit(130);
+        });
+        if let Err(e) = installed {
+            eprintln!("lockstep: warning: cannot install the interrupt handler: {e}");
+        }
+    });
+}
+
+fn kill_group(pgid: i32) {
+    #[cfg(unix)]
+    // SAFETY: kill(2) with a negative pid signals a process group; no memory is involved.
+    unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
+    }
+    #[cfg(not(unix))]
+    let _ = pgid;
+}
+
+/// A scratch directory removed when dropped, and by the interrupt handler if the process is interrupted
+/// first.
+pub struct ScratchGuard {
+    dir: tempfile::TempDir,
+}
+
+impl ScratchGuard {
+    /// A new temporary directory (in `$TMPDIR`), registered for removal on interrupt.
+    pub fn new(prefix: &str) -> Result<ScratchGuard> {
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .context("creating a scratch directory")?;
+        lock(&SCRATCH).push(dir.path().to_path_buf());
+        Ok(ScratchGuard { dir })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for ScratchGuard {
+    fn drop(&mut self) {
+        let p = self.dir.path().to_path_buf();
+        lock(&SCRATCH).retain(|d| d != &p);
+    }
+}
+
+/// What a bounded child left behind.
+#[derive(Debug)]
+pub struct Output {
+    /// Exit status.
+    pub status: ExitStatus,
+    /// stdout, at most [`MAX_STDOUT_BYTES`].
+    pub stdout: Vec<u8>,
+    /// The last 64 KiB of stderr.
+    pub stderr: Vec<u8>,
+}
+
+/// Run `cmd` to completion within `timeout`, in its own process group, stdout and stderr captured in
+/// files under `scratch`. `what` names the call in errors.
+///
+/// Errors: the command cannot be started; it outlives `timeout` (the whole group is killed; the error
+/// names the command and the time); its stdout exceeds [`MAX_STDOUT_BYTES`].
+pub fn run_bounded(
+    mut cmd: Command,
+    timeout: Duration,
+    scratch: &Path,
+    what: &str,
+) -> Result<Output> {
+    let shown = format!("{cmd:?}");
+    let out_path = scratch.join(format!("{what}.stdout"));
+    let err_path = scratch.join(format!("{what}.stderr"));
+    let out_file = File::create(&out_path)
+        .with_context(|| format!("creating {}", out_path.display()))?;
+    let err_file = File::create(&err_path)
+        .with_context(|| format!("creating {}", err_path.display()))?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(out_file))
+        .stderr(Stdio::from(err_file));
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start the external engine ({what}): {shown}"))?;
+    let pgid = child.id() as i32;
+    lock(&LIVE_GROUPS).push(pgid);
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(2);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Ok(status),
+            Ok(None) if start.elapsed() >= timeout => {
+                kill_group(pgid);
+                let _ = child.wait();
+                break Err(anyhow::anyhow!(
+                    "the external engine ({what}) did not finish within {:.1} s; its process group was \
+                     killed (raise the limit with --engine-timeout): {shown}",
+                    timeout.as_secs_f64()
+                ));
+            }
+            Ok(None) => {
+                std::thread::sleep(pause.min(timeout.saturating_sub(start.elapsed())));
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => {
+                kill_group(pgid);
+                let _ = child.wait();
+                break Err(anyhow::Error::new(e).context(format!("waiting for {shown}")));
+            }
+        }
+    };
+    // helpers the child left running in its group go too
+    kill_group(pgid);
+    lock(&LIVE_GROUPS).retain(|&g| g != pgid);
+    let status = status?;
+    let mut stdout = Vec::new();
+    File::open(&out_path)
+        .and_then(|f| f.take(MAX_STDOUT_BYTES + 1).read_to_end(&mut stdout))
+        .with_context(|| format!("reading {}", out_path.display()))?;
+    if stdout.len() as u64 > MAX_STDOUT_BYTES {
+        bail!("the external engine ({what}) printed more than {MAX_STDOUT_BYTES} bytes: {shown}");
+    }
+    let stderr = tail_of(&err_path, 64 * 1024).unwrap_or_default();
+    Ok(Output {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+fn tail_of(path: &Path, n: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = File::open(path)?;
+    let len = f.metadata()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(n)))?;
+    let mut v = Vec::new();
+    f.read_to_end(&mut v)?;
+    Ok(v)
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    /// Running (not gone, not a zombie awaiting its reaper).
+    fn alive(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+            let state = st.rsplit_once(')').map(|(_, r)| r.trim_start());
+            !state.is_some_and(|r| r.starts_with('Z') || r.starts_with('X'))
+        })
+    }
+
+    #[test]
+    fn a_hung_command_and_its_helpers_are_killed_at_the_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let pids = dir.path().join("pids");
+        // the command starts a helper of its own, records both pids, and hangs
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(format!(
+            "sleep 300 & echo $$ $! > {}; wait",
+            pids.display()
+        ));
+        let t0 = Instant::now();
+        let e = format!(
+            "{:#}",
+            run_bounded(c, Duration::from_millis(700), dir.path(), "forward").unwrap_err()
+        );
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        assert!(e.contains("did not finish within 0.7 s") && e.contains("sleep 300"), "{e}");
+        let text = std::fs::read_to_string(&pids).unwrap();
+        let ids: Vec<i32> = text.split_whitespace().map(|p| p.parse().unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        for pid in ids {
+            assert!(!alive(pid), "process {pid} outlived its killed group");
+        }
+    }
+
+    #[test]
+    fn output_and_status_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Command::new("sh");
+        c.arg("-c").arg("echo 1,2,3; echo oops >&2; exit 3");
+        let o = run_bounded(c, Duration::from_secs(30), dir.path(), "tokenize").unwrap();
+        assert_eq!(o.stdout, b"1,2,3\n");
+        assert_eq!(o.stderr, b"oops\n");
+        assert_eq!(o.status.code(), Some(3));
+    }
+
+    #[test]
+    fn scratch_directories_are_registered_until_dropped() {
+        let g = ScratchGuard::new("lockstep-test-").unwrap();
+        let p = g.path().to_path_buf();
+        assert!(lock(&SCRATCH).contains(&p));
+        drop(g);
+        assert!(!p.exists() && !lock(&SCRATCH).contains(&p));
+    }
+}
