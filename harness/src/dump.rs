@@ -107,18 +107,19 @@ pub const MAX_DUMP_BYTES: u64 = 4 << 30;
 /// negative token ids, arrays beyond the size bounds (checked before decompressing). NaN is *not* checked
 /// here: the comparison reports it against the stage that holds it.
 pub fn read(path: &Path) -> Result<Dump> {
-    read_npz(Npz::open(path)?)
+    read_npz(Npz::open(path)?, MAX_DUMP_BYTES)
 }
 
-/// [`read`] on a dump held in memory; `label` names it in errors (fuzzing, tests).
-pub fn read_bytes(bytes: Vec<u8>, label: &Path) -> Result<Dump> {
-    read_npz(Npz::from_bytes(bytes, label)?)
+/// [`read`] on a dump held in memory, all arrays together within `max_bytes` of data (at most
+/// [`MAX_DUMP_BYTES`]); `label` names it in errors (fuzzing and tests use small bounds).
+pub fn read_bytes(bytes: Vec<u8>, label: &Path, max_bytes: u64) -> Result<Dump> {
+    read_npz(Npz::from_bytes(bytes, label)?, max_bytes.min(MAX_DUMP_BYTES))
 }
 
-fn read_npz(mut npz: Npz) -> Result<Dump> {
+fn read_npz(mut npz: Npz, max_bytes: u64) -> Result<Dump> {
     let path = npz.path().display().to_string();
     let names = npz.array_names()?;
-    let mut budget = MAX_DUMP_BYTES;
+    let mut budget = max_bytes;
     // every float array is float32 [T, D]; together they stay within MAX_DUMP_BYTES
     let mut float_2d = |npz: &mut Npz, name: &str| -> Result<Array2<f32>> {
         let raw = npz.read(name, budget)?;
@@ -149,7 +150,7 @@ fn read_npz(mut npz: Npz) -> Result<Dump> {
             bail!("{path}: the dump has no `{needed}` array");
         }
     }
-    let raw = npz.read("tokens", MAX_DUMP_BYTES)?;
+    let raw = npz.read("tokens", max_bytes)?;
     if raw.dtype != Dtype::I32 || raw.shape.len() != 1 {
         bail!(
             "{path}: `tokens` must be int32 [T], found {} {:?}",
