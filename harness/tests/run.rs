@@ -87,7 +87,10 @@ fn entry_index(m: &Manifest, path: &str) -> usize {
 const ONE: &str = "smollm2-135m-q4_1/llama.cpp-f32kv/one_token.npz";
 
 fn err_of(r: Result<(PathBuf, lockstep::report::Report)>) -> String {
-    format!("{:#}", r.expect_err("the run must fail"))
+    match r {
+        Err(e) => format!("{e:#}"),
+        Ok((dir, _)) => panic!("the run must fail, but it wrote {}", dir.display()),
+    }
 }
 
 #[test]
@@ -366,4 +369,303 @@ fn ggml_mode_is_bit_exact_on_goldens_of_either_cpu_with_their_own_target_only() 
             "{model}/{prompt}: the {other} kernels also matched the {own} golden bit for bit"
         );
     }
+}
+
+// ---- nothing finished is lost; inputs are checked before the first cell ---------------------
+
+/// A factory that must never be called: the run has to fail before any cell.
+fn no_cell(_: &Cell, _: &Path, _: &str) -> Result<Box<dyn Engine>> {
+    panic!("a cell ran although the run's inputs were bad")
+}
+
+#[test]
+fn thresholds_that_miss_part_of_the_matrix_fail_before_the_first_cell() {
+    let dir = tempfile::tempdir().unwrap();
+    let th = dir.path().join("thresholds.toml");
+    std::fs::write(
+        &th,
+        r#"
+[[rule]]
+model = "smollm2-135m-q4_1"
+tokens_must_match = true
+min_top1_agreement = 1.0
+max_mean_kl = 0.0
+min_top5_mean = 1.0
+min_cosine_out = 1.0
+stage_min_cosine = 1.0
+margin_tolerance = 0.0
+"#,
+    )
+    .unwrap();
+    let mut opts = options(&root().join("golden"), dir.path(), "one_token", "ggml");
+    opts.thresholds = th;
+    let e = err_of(run_with(&opts, &mut no_cell));
+    assert!(
+        e.contains("thresholds.toml") && e.contains("whole matrix") && e.contains("gemma3-270m-q4_k_m"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_unwritable_reports_directory_fails_before_the_first_cell() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, "x").unwrap();
+    let opts = options(&root().join("golden"), &file.join("reports"), "one_token", "ggml");
+    let e = err_of(run_with(&opts, &mut no_cell));
+    assert!(e.contains("not-a-dir/reports"), "{e}");
+}
+
+#[test]
+fn a_hostile_golden_of_a_later_cell_fails_before_the_first_cell() {
+    // cells run in prompt order (chat, then one_token); give the one_token golden a NaN
+    let g = golden_copy();
+    let later = ONE;
+    let path = g.path().join(later);
+    let mut z = zip::ZipArchive::new(std::fs::File::open(&path).unwrap()).unwrap();
+    let out = path.with_extension("new");
+    {
+        use std::io::{Read, Write};
+        let mut w = zip::ZipWriter::new(std::fs::File::create(&out).unwrap());
+        for i in 0..z.len() {
+            let mut f = z.by_index(i).unwrap();
+            let name = f.name().to_string();
+            let mut b = Vec::new();
+            f.read_to_end(&mut b).unwrap();
+            if name == "logits.npy" {
+                let n = b.len();
+                b[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+            }
+            w.start_file(name, zip::write::SimpleFileOptions::default())
+                .unwrap();
+            w.write_all(&b).unwrap();
+        }
+        w.finish().unwrap();
+    }
+    std::fs::rename(&out, &path).unwrap();
+    let sha = lockstep::golden::sha256_file(&path).unwrap();
+    let m = load_manifest(g.path()).unwrap();
+    let i = entry_index(&m, later);
+    edit_manifest(g.path(), |v| v["goldens"][i]["sha256"] = sha.into());
+    let reports = tempfile::tempdir().unwrap();
+    let mut opts = options(g.path(), reports.path(), "one_token", "ggml");
+    opts.filters.prompt = vec!["chat".into(), "one_token".into()];
+    let e = err_of(run_with(&opts, &mut no_cell));
+    assert!(
+        e.contains(later) && e.contains("golden array `logits`") && e.contains("NaN"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_dir(reports.path()).unwrap().count(), 0);
+}
+
+/// Our engine, failing every forward call.
+struct Failing(LockstepEngine);
+
+impl Engine for Failing {
+    fn info(&self) -> EngineInfo {
+        self.0.info()
+    }
+    fn tokenize(&mut self, text: &str, a: bool, p: bool) -> Result<Vec<u32>> {
+        self.0.tokenize(text, a, p)
+    }
+    fn stages(&self) -> Vec<(String, usize)> {
+        self.0.stages()
+    }
+    fn reset(&mut self, mode: NumericsMode, target: GgmlTarget, n_ctx: usize) -> Result<()> {
+        self.0.reset(mode, target, n_ctx)
+    }
+    fn forward(&mut self, _: &[u32], _: &mut dyn StageSink) -> Result<Array2<f32>> {
+        anyhow::bail!("the engine broke down (test)")
+    }
+}
+
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn a_late_failure_keeps_the_cells_finished_before_it() {
+    let reports = tempfile::tempdir().unwrap();
+    let mut opts = options(&root().join("golden"), reports.path(), "one_token", "ggml");
+    opts.filters.mode = vec![]; // reference, then ggml: two cells
+    let mut calls = 0;
+    let mut factory = |_: &Cell, model: &Path, _: &str| -> Result<Box<dyn Engine>> {
+        calls += 1;
+        let e = LockstepEngine::load(model)?;
+        Ok(if calls == 1 {
+            Box::new(e)
+        } else {
+            Box::new(Failing(e))
+        })
+    };
+    let e = err_of(run_with(&opts, &mut factory));
+    assert!(
+        e.contains("broke down") && e.contains("1 cells finished before are saved in"),
+        "{e}"
+    );
+    let dirs: Vec<PathBuf> = std::fs::read_dir(reports.path())
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let r = lockstep::report::read_report(&dirs[0]).unwrap();
+    assert_eq!(r.cells.len(), 1);
+    let inc = r.incomplete.as_ref().expect("marked incomplete");
+    assert!(inc.failed_cell.contains("/ggml/") && inc.cells_not_run == 1, "{inc:?}");
+    // an incomplete report never passes the gate
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["gate", dirs[0].join("report.json").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("INCOMPLETE"));
+}
+
+fn lockstep_run(reports: &Path, threads: &str) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"));
+    c.current_dir(root()).args([
+        "--threads",
+        threads,
+        "run",
+        "--model",
+        MODEL,
+        "--prompt",
+        "one_token",
+        "--mode",
+        "ggml",
+        "--oracle",
+        "llama.cpp-f32kv",
+        "--reports",
+        reports.to_str().unwrap(),
+    ]);
+    c
+}
+
+/// report.json without what legitimately differs between runs: ids, times, speeds, the thread count.
+fn stable_json(dir: &Path) -> serde_json::Value {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    for k in ["run_id", "created_unix"] {
+        v.as_object_mut().unwrap().remove(k);
+    }
+    v["environment"].as_object_mut().unwrap().remove("threads");
+    for c in v["cells"].as_array_mut().unwrap() {
+        c.as_object_mut().unwrap().remove("speed");
+    }
+    v
+}
+
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn two_runs_started_together_both_finish_with_their_own_reports_identical_but_for_ids_and_times() {
+    let reports = tempfile::tempdir().unwrap();
+    let a = lockstep_run(reports.path(), "1").spawn().unwrap();
+    let b = lockstep_run(reports.path(), "2").spawn().unwrap();
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(a.status.success() && b.status.success(), "{a:?}\n{b:?}");
+    let dirs: Vec<PathBuf> = std::fs::read_dir(reports.path())
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .collect();
+    assert_eq!(dirs.len(), 2, "{dirs:?}");
+    let threads: Vec<u64> = dirs
+        .iter()
+        .map(|d| {
+            let v: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(d.join("report.json")).unwrap(),
+            )
+            .unwrap();
+            v["environment"]["threads"].as_u64().unwrap()
+        })
+        .collect();
+    let mut sorted = threads.clone();
+    sorted.sort();
+    assert_eq!(sorted, vec![1, 2], "the thread counts actually used are recorded");
+    assert_eq!(stable_json(&dirs[0]), stable_json(&dirs[1]));
+    // provenance: our engine, and the inputs with their hashes
+    let v = stable_json(&dirs[0]);
+    assert_eq!(v["inputs"]["engine"], "lockstep");
+    assert_eq!(
+        v["inputs"]["matrix"]["sha256"],
+        lockstep::golden::sha256_file(&root().join("ci/matrix.toml")).unwrap()
+    );
+    assert_eq!(
+        v["inputs"]["thresholds"]["sha256"],
+        lockstep::golden::sha256_file(&root().join("ci/thresholds.toml")).unwrap()
+    );
+}
+
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn an_external_engine_is_recorded_and_ctrl_c_kills_it_and_removes_its_scratch() {
+    let work = tempfile::tempdir().unwrap();
+    let tmp = work.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let pids = work.path().join("pids");
+    let script = work.path().join("hang.sh");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nsleep 300 &\necho $$ $! >> {}\nwait\n", pids.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &script,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let s = script.display().to_string();
+    let mut c = lockstep_run(&work.path().join("reports"), "1");
+    c.env("TMPDIR", &tmp).args([
+        "--engine-cmd",
+        &format!("{s} {{out}}"),
+        "--engine-tokenize-cmd",
+        &format!("{s} {{prompt_file}}"),
+    ]);
+    let child = c
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !pids.exists() && t0.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(pids.exists(), "the external engine never started");
+    assert!(std::fs::read_dir(&tmp).unwrap().count() > 0, "a scratch dir exists while it runs");
+    // SAFETY: sending SIGINT to our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for pid in std::fs::read_to_string(&pids)
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse::<i32>().unwrap())
+    {
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+            !st.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X']))
+        });
+        assert!(!alive, "process {pid} outlived Ctrl-C");
+    }
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+    assert!(left.is_empty(), "scratch left behind: {left:?}");
+}
+
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn the_report_names_the_external_command_that_ran() {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_lockstep"));
+    let reports = tempfile::tempdir().unwrap();
+    let mut opts = options(&root().join("golden"), reports.path(), "one_token", "ggml");
+    opts.filters.oracle = vec!["llama.cpp-f32kv".into()];
+    let cmds = ExternalCommands::lockstep_itself(&exe);
+    opts.external = Some(cmds.clone());
+    opts.force_external = true;
+    let (_, r) = run(&opts).unwrap();
+    let i = r.inputs.as_ref().unwrap();
+    assert_eq!(i.engine, "external");
+    assert_eq!(i.engine_cmd.as_deref(), Some(cmds.forward.as_str()));
+    assert_eq!(i.engine_tokenize_cmd.as_deref(), Some(cmds.tokenize.as_str()));
+    assert_eq!(r.environment.threads, rayon::current_num_threads());
 }
