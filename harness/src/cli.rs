@@ -215,13 +215,11 @@ fn repo_root() -> PathBuf {
 fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
     let root = repo_root();
     let external = match (a.engine_cmd, a.engine_tokenize_cmd) {
-        (Some(forward), Some(tokenize)) => {
-            Some(crate::engine::ExternalCommands {
-                forward,
-                tokenize,
-                timeout: std::time::Duration::from_secs_f64(a.engine_timeout),
-            })
-        }
+        (Some(forward), Some(tokenize)) => Some(crate::engine::ExternalCommands {
+            forward,
+            tokenize,
+            timeout: std::time::Duration::from_secs_f64(a.engine_timeout),
+        }),
         _ => None,
     };
     let opts = crate::run::RunOptions {
@@ -285,7 +283,8 @@ fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Resul
             inc.failed_cell, inc.cells_not_run, inc.error
         );
     }
-    let n_fail = r.cells.iter().filter(|c| !c.verdict.pass).count() + usize::from(r.incomplete.is_some());
+    let n_fail =
+        r.cells.iter().filter(|c| !c.verdict.pass).count() + usize::from(r.incomplete.is_some());
     println!(
         "{} cells, {} passed, {} failed",
         r.cells.len(),
@@ -352,7 +351,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Dump(a) => {
             let model = load_model(&a.model.model)?;
             let tokens = match (&a.prompt, &a.tokens) {
-                (Some(p), _) if p.is_empty() => bail!("the prompt is empty: give --prompt some text"),
+                (Some(p), _) if p.is_empty() => {
+                    bail!("the prompt is empty: give --prompt some text")
+                }
                 (Some(p), _) => model.tokenizer().encode(p, true, a.parse_special)?,
                 (None, Some(t)) => t.clone(),
                 (None, None) => bail!("give --prompt or --tokens"),

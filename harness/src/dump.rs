@@ -113,7 +113,10 @@ pub fn read(path: &Path) -> Result<Dump> {
 /// [`read`] on a dump held in memory, all arrays together within `max_bytes` of data (at most
 /// [`MAX_DUMP_BYTES`]); `label` names it in errors (fuzzing and tests use small bounds).
 pub fn read_bytes(bytes: Vec<u8>, label: &Path, max_bytes: u64) -> Result<Dump> {
-    read_npz(Npz::from_bytes(bytes, label)?, max_bytes.min(MAX_DUMP_BYTES))
+    read_npz(
+        Npz::from_bytes(bytes, label)?,
+        max_bytes.min(MAX_DUMP_BYTES),
+    )
 }
 
 fn read_npz(mut npz: Npz, max_bytes: u64) -> Result<Dump> {
@@ -161,7 +164,9 @@ fn read_npz(mut npz: Npz, max_bytes: u64) -> Result<Dump> {
     let tokens = raw
         .to_i32()?
         .iter()
-        .map(|&x| u32::try_from(x).map_err(|_| anyhow!("{path}: `tokens` holds a negative token id {x}")))
+        .map(|&x| {
+            u32::try_from(x).map_err(|_| anyhow!("{path}: `tokens` holds a negative token id {x}"))
+        })
         .collect::<Result<Vec<u32>>>()?;
     let t = tokens.len();
     let logits = float_2d(&mut npz, "logits")?;

@@ -383,14 +383,17 @@ pub fn first_non_finite_stage(
     arrays: &BTreeMap<String, Array2<f32>>,
 ) -> Option<(String, usize, usize, f32)> {
     let mut order: Vec<(&String, &Array2<f32>)> = arrays.iter().collect();
-    order.sort_by_key(|(name, _)| {
-        Stage::parse(name).map_or((3, 0, 0), forward_rank)
-    });
+    order.sort_by_key(|(name, _)| Stage::parse(name).map_or((3, 0, 0), forward_rank));
     order.into_iter().find_map(|(name, a)| {
         let cols = a.ncols().max(1);
-        a.iter()
-            .position(|v| !v.is_finite())
-            .map(|i| (name.clone(), i / cols, i % cols, a.iter().nth(i).copied().unwrap_or(f32::NAN)))
+        a.iter().position(|v| !v.is_finite()).map(|i| {
+            (
+                name.clone(),
+                i / cols,
+                i % cols,
+                a.iter().nth(i).copied().unwrap_or(f32::NAN),
+            )
+        })
     })
 }
 
@@ -408,7 +411,9 @@ pub fn check_finite_logits(
     };
     let first = match first_non_finite_stage(stages) {
         Some((stage, r, c, v)) => {
-            format!("the first stage that went non-finite is `{stage}` ({v} at row {r}, column {c})")
+            format!(
+                "the first stage that went non-finite is `{stage}` ({v} at row {r}, column {c})"
+            )
         }
         None => "no recorded stage before them is non-finite".to_string(),
     };

@@ -461,7 +461,11 @@ impl GoldenFile {
         label: &Path,
         manifest: &Path,
     ) -> Result<GoldenFile> {
-        GoldenFile::open_unchecked(Npz::from_bytes(bytes, label)?, entry, manifest.to_path_buf())
+        GoldenFile::open_unchecked(
+            Npz::from_bytes(bytes, label)?,
+            entry,
+            manifest.to_path_buf(),
+        )
     }
 
     fn open_unchecked(npz: Npz, entry: GoldenEntry, manifest: PathBuf) -> Result<GoldenFile> {
@@ -623,7 +627,10 @@ impl GoldenFile {
         let manifest = self.manifest.display().to_string();
         let names = self.npz.array_names()?;
         let present: BTreeSet<&str> = names.iter().map(String::as_str).collect();
-        if let Some(extra) = present.iter().find(|n| !self.entry.arrays.contains_key(**n)) {
+        if let Some(extra) = present
+            .iter()
+            .find(|n| !self.entry.arrays.contains_key(**n))
+        {
             bail!("{path}: array `{extra}` is not listed in {manifest}");
         }
         let missing: Vec<&str> = self
@@ -674,7 +681,10 @@ impl GoldenFile {
             }
         }
         if !seen.contains(&((t - 1) as i32)) {
-            bail!("{path}: `logits_positions` lacks the last prompt position {}", t - 1);
+            bail!(
+                "{path}: `logits_positions` lacks the last prompt position {}",
+                t - 1
+            );
         }
         self.check_topk("logits_topk_ids", "logits_topk", t, v)?;
         let decode_arrays: Vec<String> = names
@@ -717,7 +727,11 @@ impl GoldenFile {
             .entry
             .prefill_stages()
             .map(|s| (s.to_string(), t))
-            .chain(self.entry.decode_stages().map(|s| (format!("decode.{s}"), n)))
+            .chain(
+                self.entry
+                    .decode_stages()
+                    .map(|s| (format!("decode.{s}"), n)),
+            )
             .collect();
         for (name, rows) in stages {
             let a = self.read_f32(&name)?;

@@ -104,10 +104,7 @@ impl NpyArray {
         match *self.shape {
             [n] => Ok((1, n)),
             [r, c] => Ok((r, c)),
-            _ => bail!(
-                "shape {:?}: only 1-D and 2-D arrays are read",
-                self.shape
-            ),
+            _ => bail!("shape {:?}: only 1-D and 2-D arrays are read", self.shape),
         }
     }
 
@@ -413,7 +410,10 @@ mod tests {
         assert_eq!(a, ndarray::array![[1.5f32, -2.0], [3.25, 0.0]]);
         // a bound below the data size is refused by the header's shape
         let e = format!("{:#}", z.read("a", 8).unwrap_err());
-        assert!(e.contains("x.npz") && e.contains("`a`") && e.contains("more than the 8"), "{e}");
+        assert!(
+            e.contains("x.npz") && e.contains("`a`") && e.contains("more than the 8"),
+            "{e}"
+        );
         let e = format!("{:#}", z.read("b", 8).unwrap_err());
         assert!(e.contains("`b` is not in the file"), "{e}");
     }
@@ -421,23 +421,20 @@ mod tests {
     #[test]
     fn a_header_claiming_more_than_its_data_is_refused() {
         // a 2^40-element shape over 4 bytes of data: no allocation, a clear error
-        let bomb = archive(&[(
-            "a.npy",
-            npy_bytes(Dtype::F32, &[1 << 20, 1 << 20], &[0; 4]),
-        )]);
+        let bomb = archive(&[("a.npy", npy_bytes(Dtype::F32, &[1 << 20, 1 << 20], &[0; 4]))]);
         let mut z = Npz::from_bytes(bomb, Path::new("b.npz")).unwrap();
         let e = format!("{:#}", z.read("a", u64::MAX).unwrap_err());
         assert!(e.contains("b.npz") && e.contains("claims shape"), "{e}");
-        let overflow = archive(&[(
-            "a.npy",
-            npy_bytes(Dtype::F32, &[usize::MAX, 3], &[0; 4]),
-        )]);
+        let overflow = archive(&[("a.npy", npy_bytes(Dtype::F32, &[usize::MAX, 3], &[0; 4]))]);
         let mut z = Npz::from_bytes(overflow, Path::new("o.npz")).unwrap();
         assert!(z.read("a", u64::MAX).is_err());
         let short = archive(&[("a.npy", npy_bytes(Dtype::I32, &[3], &[0; 8]))]);
         let mut z = Npz::from_bytes(short, Path::new("s.npz")).unwrap();
         let e = format!("{:#}", z.read("a", 100).unwrap_err());
-        assert!(e.contains("has 8 data bytes") && e.contains("needs 12"), "{e}");
+        assert!(
+            e.contains("has 8 data bytes") && e.contains("needs 12"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -453,8 +450,11 @@ mod tests {
 
     #[test]
     fn non_npy_members_are_named() {
-        let z = Npz::from_bytes(archive(&[("readme.txt", b"hi".to_vec())]), Path::new("r.npz"))
-            .unwrap();
+        let z = Npz::from_bytes(
+            archive(&[("readme.txt", b"hi".to_vec())]),
+            Path::new("r.npz"),
+        )
+        .unwrap();
         let e = format!("{:#}", z.array_names().unwrap_err());
         assert!(e.contains("r.npz") && e.contains("readme.txt"), "{e}");
     }

@@ -54,7 +54,9 @@ pub fn install_interrupt_handler() {
     ONCE.call_once(|| {
         let installed = ctrlc::set_handler(|| {
             kill_all_and_clean();
-            eprintln!("lockstep: interrupted; child processes killed, temporary directories removed");
+            eprintln!(
+                "lockstep: interrupted; child processes killed, temporary directories removed"
+            );
             std::process::exit(130);
         });
         if let Err(e) = installed {
@@ -128,10 +130,10 @@ pub fn run_bounded(
     let shown = format!("{cmd:?}");
     let out_path = scratch.join(format!("{what}.stdout"));
     let err_path = scratch.join(format!("{what}.stderr"));
-    let out_file = File::create(&out_path)
-        .with_context(|| format!("creating {}", out_path.display()))?;
-    let err_file = File::create(&err_path)
-        .with_context(|| format!("creating {}", err_path.display()))?;
+    let out_file =
+        File::create(&out_path).with_context(|| format!("creating {}", out_path.display()))?;
+    let err_file =
+        File::create(&err_path).with_context(|| format!("creating {}", err_path.display()))?;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::from(out_file))
         .stderr(Stdio::from(err_file));
@@ -214,19 +216,23 @@ mod tests {
         let pids = dir.path().join("pids");
         // the command starts a helper of its own, records both pids, and hangs
         let mut c = Command::new("sh");
-        c.arg("-c").arg(format!(
-            "sleep 300 & echo $$ $! > {}; wait",
-            pids.display()
-        ));
+        c.arg("-c")
+            .arg(format!("sleep 300 & echo $$ $! > {}; wait", pids.display()));
         let t0 = Instant::now();
         let e = format!(
             "{:#}",
             run_bounded(c, Duration::from_millis(700), dir.path(), "forward").unwrap_err()
         );
         assert!(t0.elapsed() < Duration::from_secs(10));
-        assert!(e.contains("did not finish within 0.7 s") && e.contains("sleep 300"), "{e}");
+        assert!(
+            e.contains("did not finish within 0.7 s") && e.contains("sleep 300"),
+            "{e}"
+        );
         let text = std::fs::read_to_string(&pids).unwrap();
-        let ids: Vec<i32> = text.split_whitespace().map(|p| p.parse().unwrap()).collect();
+        let ids: Vec<i32> = text
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
         std::thread::sleep(Duration::from_millis(100));
         for pid in ids {
             assert!(!alive(pid), "process {pid} outlived its killed group");

