@@ -245,7 +245,7 @@ fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
     };
     let (dir, report) = crate::run::run(&opts)?;
     let md = dir.join("report.md");
-    let lines = crate::gate::failure_lines(&report);
+    let lines = crate::report::failure_lines(&report);
     let n_fail = report.cells.iter().filter(|c| !c.verdict.pass).count();
     println!("report: {}", md.display());
     println!(
@@ -273,7 +273,7 @@ fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Resul
             c.verdict = crate::gate::evaluate(&c.cell, &c.comparison, &ct);
         }
     }
-    let lines = crate::gate::failure_lines(&r);
+    let lines = crate::report::failure_lines(&r);
     for l in &lines {
         println!("{l}");
     }

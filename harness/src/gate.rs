@@ -46,9 +46,9 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::compare::{CellComparison, Phase};
+use crate::format::{fmt_fixed, fmt_sci};
 use crate::matrix::Cell;
 use crate::metrics::LogitPosition;
-use crate::report::{fmt_fixed, fmt_sci, Report};
 
 /// The wildcard selector.
 pub const ANY: &str = "*";
@@ -724,13 +724,4 @@ pub fn failure_line(cell: &Cell, verdict: &Verdict) -> Option<String> {
         None => "first divergent stage: none".to_string(),
     };
     Some(format!("FAIL {}: {failures}; {divergent}", cell.id()))
-}
-
-/// One line per failing cell of a report, in cell order (see [`failure_line`]).
-pub fn failure_lines(report: &Report) -> Vec<String> {
-    report
-        .cells
-        .iter()
-        .filter_map(|c| failure_line(&c.cell, &c.verdict))
-        .collect()
 }

@@ -20,6 +20,7 @@ pub mod compare;
 pub mod dump;
 pub mod engine;
 pub mod fetch;
+pub mod format;
 pub mod gate;
 pub mod golden;
 pub mod matrix;

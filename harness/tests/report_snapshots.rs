@@ -12,9 +12,10 @@ use std::path::Path;
 use lockstep::compare::{
     summarize_logits, CellComparison, CompareOptions, NotCompared, Phase, StageComparison,
 };
-use lockstep::gate::{evaluate, failure_lines, Thresholds};
+use lockstep::gate::{evaluate, Thresholds};
 use lockstep::matrix::{golden_path_for, Cell};
 use lockstep::metrics::{LogitPosition, Summary};
+use lockstep::report::failure_lines;
 use lockstep::report::{
     metric_definitions, read_report, render_csv, render_markdown, write_report, CellReport,
     Environment, Report, Speed, REPORT_SCHEMA_VERSION,

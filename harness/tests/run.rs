@@ -252,7 +252,7 @@ fn wrong_rmsnorm_epsilon_fails_the_gate_and_names_the_first_divergent_stage() {
         .as_ref()
         .expect("a first divergent stage");
     assert_eq!(first.stage, "blk.0.attn_norm", "{first:?}");
-    let lines = lockstep::gate::failure_lines(&report);
+    let lines = lockstep::report::failure_lines(&report);
     assert!(
         lines.iter().any(|l| l.contains("blk.0.attn_norm")),
         "{lines:?}"

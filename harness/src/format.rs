@@ -1,0 +1,100 @@
+//! Number and time formatting shared by the gate's failure lines and the reports: fixed and scientific
+//! notation with trailing zeros trimmed, table cells, UTC dates. Non-finite values print as `inf`, `-inf`,
+//! `nan` everywhere.
+
+pub(crate) fn non_finite(v: f64) -> Option<&'static str> {
+    if v.is_nan() {
+        Some("nan")
+    } else if v == f64::INFINITY {
+        Some("inf")
+    } else if v == f64::NEG_INFINITY {
+        Some("-inf")
+    } else {
+        None
+    }
+}
+
+/// `v` with `decimals` decimals, trailing zeros (and a trailing point) trimmed: `0.9999`,
+/// `0.99912346`, `1`. Non-finite values as `inf`, `-inf`, `nan`.
+pub fn fmt_fixed(v: f64, decimals: usize) -> String {
+    if let Some(s) = non_finite(v) {
+        return s.to_string();
+    }
+    let s = format!("{v:.decimals$}");
+    let s = if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    };
+    if s == "-0" {
+        "0".to_string()
+    } else {
+        s
+    }
+}
+
+/// `v` in scientific notation with `digits` mantissa decimals, trailing zeros trimmed: `1.234e-5`,
+/// `1e-3`, `0`. Non-finite values as `inf`, `-inf`, `nan`.
+pub fn fmt_sci(v: f64, digits: usize) -> String {
+    if let Some(s) = non_finite(v) {
+        return s.to_string();
+    }
+    if v == 0.0 {
+        return "0".to_string();
+    }
+    let s = format!("{v:.digits$e}");
+    match s.split_once('e') {
+        Some((m, e)) if m.contains('.') => {
+            format!("{}e{e}", m.trim_end_matches('0').trim_end_matches('.'))
+        }
+        _ => s,
+    }
+}
+
+/// NMSE, KL and margins for tables: 3 mantissa decimals, not trimmed (`1.960e-3`); `0` for zero;
+/// non-finite values as `inf`, `-inf`, `nan`.
+pub fn fmt_e3(v: f64) -> String {
+    match non_finite(v) {
+        Some(s) => s.to_string(),
+        None if v == 0.0 => "0".to_string(),
+        None => format!("{v:.3e}"),
+    }
+}
+
+/// A cosine for tables: 8 decimals, not trimmed (columns line up): `0.99998765`.
+pub fn fmt_cos(v: f64) -> String {
+    match non_finite(v) {
+        Some(s) => s.to_string(),
+        None => format!("{v:.8}"),
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` of a Unix time.
+pub fn fmt_utc(unix: u64) -> String {
+    let (y, mo, d, h, mi, s) = civil(unix);
+    format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02} UTC")
+}
+
+/// (year, month, day, hour, minute, second) of a Unix time, UTC (proleptic Gregorian calendar).
+pub(crate) fn civil(unix: u64) -> (i64, u32, u32, u32, u32, u32) {
+    let days = (unix / 86_400) as i64;
+    let secs = unix % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (
+        y,
+        m,
+        d,
+        (secs / 3600) as u32,
+        (secs % 3600 / 60) as u32,
+        (secs % 60) as u32,
+    )
+}

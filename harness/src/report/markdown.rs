@@ -1,0 +1,439 @@
+//! `report.md`: the report for people.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use crate::compare::{CellComparison, Phase, StageComparison};
+use crate::format::{fmt_cos, fmt_e3, fmt_utc};
+use crate::gate::{cell_metrics, is_out_stage};
+
+use super::{CellReport, Report};
+
+pub(crate) fn opt_or_dash(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    match v {
+        Some(x) if !x.is_nan() => f(x),
+        _ => "—".to_string(),
+    }
+}
+
+pub(crate) fn short(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
+}
+
+pub(crate) fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+/// The layer sets of a grouped stage pattern, compacted: `0..29`, `0..3,5,7..9`.
+pub(crate) fn compact_ranges(layers: &BTreeSet<usize>) -> String {
+    let mut parts = Vec::new();
+    let mut it = layers.iter().copied().peekable();
+    while let Some(start) = it.next() {
+        let mut end = start;
+        while it.peek() == Some(&(end + 1)) {
+            end = it.next().unwrap_or(end);
+        }
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}..{end}")
+        });
+    }
+    parts.join(",")
+}
+
+/// `blk.N.rest` → (`blk.{N}.rest`, Some(N)); other ids unchanged.
+pub(crate) fn stage_pattern(stage: &str) -> (String, Option<usize>) {
+    match crate::compare::layer_of(stage) {
+        Some(n) => {
+            let rest = &stage["blk.".len() + n.to_string().len()..];
+            (format!("blk.{{N}}{rest}"), Some(n))
+        }
+        None => (stage.to_string(), None),
+    }
+}
+
+pub(crate) fn phase_list(phases: &BTreeSet<Phase>) -> String {
+    phases
+        .iter()
+        .map(Phase::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(crate) fn seq_position(cmp: &CellComparison, s: &StageComparison, row: usize) -> usize {
+    match s.phase {
+        Phase::Prefill => row,
+        Phase::Decode => cmp.golden_tokens.len() + row,
+    }
+}
+
+/// Top-1 counts of a cell as its comparison partitioned them — with the margin tolerance the cell was
+/// compared with (its thresholds' `margin_tolerance`): (exact agreements, near ties, positions).
+pub(crate) fn top1_counts(cmp: &CellComparison) -> (usize, usize, usize) {
+    cmp.logits.iter().fold((0, 0, 0), |(a, t, n), lc| {
+        (
+            a + lc.top1_agree,
+            t + lc.near_ties.len(),
+            n + lc.n_positions,
+        )
+    })
+}
+
+/// Render the report as Markdown: title and environment, metric definitions, one summary row per cell,
+/// failure lines, first divergent stages, the 10 worst stages, error vs depth per cell, near ties, stages
+/// not compared, and the model and golden hashes.
+pub fn render_markdown(r: &Report) -> String {
+    let mut md = String::new();
+    let env = &r.environment;
+    let n_fail = r.cells.iter().filter(|c| !c.verdict.pass).count();
+    let _ = writeln!(md, "# lockstep report `{}`\n", r.run_id);
+    let flags = if env.cpu_flags.is_empty() {
+        "no SIMD flags".to_string()
+    } else {
+        env.cpu_flags.join(" ")
+    };
+    let dirty = if env.git_dirty { " (dirty)" } else { "" };
+    let _ = writeln!(
+        md,
+        "{} · CPU {} ({flags}) · {} threads · lockstep {} at {}{dirty} · {} · {} · golden manifest sha256 `{}` · thresholds {}\n",
+        fmt_utc(r.created_unix),
+        env.cpu_model,
+        env.threads,
+        env.lockstep_version,
+        short(&env.git_commit),
+        env.rustc,
+        env.os,
+        short(&env.golden_manifest_sha256),
+        r.thresholds_file.as_deref().map_or("(none)".to_string(), |t| format!("`{t}`")),
+    );
+    if let Some(i) = &r.inputs {
+        let engine = match (&i.engine_cmd, &i.engine_tokenize_cmd) {
+            (Some(f), Some(t)) => format!("external: `{f}` / tokenize `{t}`"),
+            _ => i.engine.clone(),
+        };
+        let _ = writeln!(
+            md,
+            "Engine {engine} · goldens `{}` (manifest sha256 `{}`) · matrix `{}` (`{}`) · thresholds `{}` (`{}`)\n",
+            i.golden_dir,
+            short(&i.golden_manifest.sha256),
+            i.matrix.path,
+            short(&i.matrix.sha256),
+            i.thresholds.path,
+            short(&i.thresholds.sha256),
+        );
+    }
+    if let Some(inc) = &r.incomplete {
+        let _ = writeln!(
+            md,
+            "**INCOMPLETE**: the run stopped at cell `{}` ({} cells not run): {}\n",
+            inc.failed_cell, inc.cells_not_run, inc.error
+        );
+    }
+    let _ = writeln!(
+        md,
+        "**{}**: {} of {} cells pass.\n",
+        if n_fail == 0 && r.incomplete.is_none() {
+            "PASS"
+        } else {
+            "FAIL"
+        },
+        r.cells.len() - n_fail,
+        r.cells.len()
+    );
+
+    // Metric definitions.
+    let _ = writeln!(md, "## Metrics\n");
+    // Conventions first, then the metrics alphabetically.
+    let defs = &r.metric_definitions;
+    for (k, v) in defs
+        .iter()
+        .filter(|(k, _)| *k == "conventions")
+        .chain(defs.iter().filter(|(k, _)| *k != "conventions"))
+    {
+        let _ = writeln!(md, "- **{k}**: {v}");
+    }
+    md.push('\n');
+
+    // Summary: one row per cell.
+    let _ = writeln!(md, "## Cells\n");
+    let _ = writeln!(
+        md,
+        "| model | prompt | quant | mode | simd | oracle | engine | tokens | top-1 | mean KL | max KL | top-5 mean | min cos out | prefill tok/s | decode tok/s | verdict |"
+    );
+    let _ = writeln!(
+        md,
+        "|---|---|---|---|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|"
+    );
+    for c in &r.cells {
+        let m = cell_metrics(&c.comparison, r.compare_options.margin_tolerance);
+        let (agree, n_ties, positions) = top1_counts(&c.comparison);
+        let ties = match n_ties {
+            0 => String::new(),
+            1 => " (+1 near tie)".to_string(),
+            n => format!(" (+{n} near ties)"),
+        };
+        let cell = &c.cell;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {}/{}{ties} | {} | {} | {} | {} | {} | {} | {} |",
+            cell.model,
+            cell.prompt,
+            cell.quant,
+            cell.mode,
+            cell.simd,
+            cell.oracle,
+            cell.engine,
+            if m.tokens_match { "match" } else { "**differ**" },
+            agree,
+            positions,
+            opt_or_dash(m.mean_kl, fmt_e3),
+            opt_or_dash(m.max_kl.map(|x| x.0), fmt_e3),
+            opt_or_dash(m.top5_mean, |v| format!("{v:.4}")),
+            opt_or_dash(m.min_cosine_out.as_ref().map(|o| o.cosine), fmt_cos),
+            opt_or_dash(Some(c.speed.prefill_tok_s()), |v| format!("{v:.1}")),
+            opt_or_dash(Some(c.speed.decode_tok_s()), |v| format!("{v:.1}")),
+            if c.verdict.pass { "PASS" } else { "**FAIL**" },
+        );
+    }
+    md.push('\n');
+
+    // Failures.
+    let lines = crate::report::failure_lines(r);
+    if !lines.is_empty() {
+        let _ = writeln!(md, "## Failures\n");
+        for l in &lines {
+            let _ = writeln!(md, "- {l}");
+        }
+        md.push('\n');
+    }
+
+    // First divergent stage per cell.
+    let _ = writeln!(md, "## First divergent stage\n");
+    let _ = writeln!(md, "| cell | stage | phase | position | cosine | NMSE |");
+    let _ = writeln!(md, "|---|---|---|--:|--:|--:|");
+    for c in &r.cells {
+        match &c.verdict.first_divergent {
+            Some(d) => {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    c.cell.id(),
+                    d.stage,
+                    d.phase,
+                    d.position,
+                    fmt_cos(d.cosine),
+                    fmt_e3(d.nmse)
+                );
+            }
+            None => {
+                let _ = writeln!(md, "| {} | none | | | | |", c.cell.id());
+            }
+        }
+    }
+    md.push('\n');
+
+    // Worst stages across cells.
+    let mut all: Vec<(&CellReport, &StageComparison)> = r
+        .cells
+        .iter()
+        .flat_map(|c| c.comparison.stages.iter().map(move |s| (c, s)))
+        .collect();
+    all.sort_by(|a, b| {
+        a.1.cosine
+            .min
+            .total_cmp(&b.1.cosine.min)
+            .then(b.1.nmse.p50.total_cmp(&a.1.nmse.p50))
+    });
+    let _ = writeln!(md, "## Worst stages (lowest min cosine, all cells)\n");
+    if all.is_empty() {
+        let _ = writeln!(md, "No stage was compared.\n");
+    } else {
+        let _ = writeln!(
+            md,
+            "| # | cell | stage | phase | min cosine | at position | NMSE p50 | NMSE max |"
+        );
+        let _ = writeln!(md, "|--:|---|---|---|--:|--:|--:|--:|");
+        for (i, (c, s)) in all.iter().take(10).enumerate() {
+            let row = crate::gate::lowest_index(&s.cosine_by_position).unwrap_or(s.worst_position);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                i + 1,
+                c.cell.id(),
+                s.stage,
+                s.phase,
+                fmt_cos(s.cosine.min),
+                seq_position(&c.comparison, s, row),
+                fmt_e3(s.nmse.p50),
+                fmt_e3(s.nmse.max)
+            );
+        }
+        md.push('\n');
+    }
+
+    // Error vs depth.
+    let _ = writeln!(md, "## Error vs depth (blk.N.out, output_norm)\n");
+    for c in &r.cells {
+        let _ = writeln!(md, "### {}\n", c.cell.id());
+        // layer key: Some(N) for blk.N.out, None for output_norm (sorted last).
+        let mut rows: BTreeMap<(bool, usize), [Option<&StageComparison>; 2]> = BTreeMap::new();
+        for s in c
+            .comparison
+            .stages
+            .iter()
+            .filter(|s| is_out_stage(&s.stage))
+        {
+            let key = match crate::compare::layer_of(&s.stage) {
+                Some(n) => (false, n),
+                None => (true, 0),
+            };
+            rows.entry(key).or_default()[usize::from(s.phase == Phase::Decode)] = Some(s);
+        }
+        if rows.is_empty() {
+            let _ = writeln!(md, "No blk.N.out or output_norm stage was compared.\n");
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "| layer | min cos prefill | min cos decode | NMSE mean prefill | NMSE mean decode |"
+        );
+        let _ = writeln!(md, "|---|--:|--:|--:|--:|");
+        for ((is_norm, n), [p, d]) in &rows {
+            let label = if *is_norm {
+                "output_norm".to_string()
+            } else {
+                n.to_string()
+            };
+            let cos = |s: &Option<&StageComparison>| {
+                s.map_or("—".to_string(), |s| fmt_cos(s.cosine.min))
+            };
+            let nmse =
+                |s: &Option<&StageComparison>| s.map_or("—".to_string(), |s| fmt_e3(s.nmse.mean));
+            let _ = writeln!(
+                md,
+                "| {label} | {} | {} | {} | {} |",
+                cos(p),
+                cos(d),
+                nmse(p),
+                nmse(d)
+            );
+        }
+        md.push('\n');
+    }
+
+    // Near ties.
+    let _ = writeln!(
+        md,
+        "## Near ties (top-1 disagreements with a reference margin below the cell's tolerance)\n"
+    );
+    let mut any_tie = false;
+    for c in &r.cells {
+        let ties = c
+            .comparison
+            .logits
+            .iter()
+            .flat_map(|lc| lc.near_ties.iter().map(move |p| (lc.phase, p)));
+        for (phase, t) in ties {
+            if !any_tie {
+                let _ = writeln!(
+                    md,
+                    "| cell | phase | position | ref top | engine top | margin | ref top-2 gap |"
+                );
+                let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|");
+                any_tie = true;
+            }
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                c.cell.id(),
+                phase,
+                t.position,
+                t.ref_top,
+                t.eng_top,
+                fmt_e3(t.margin),
+                fmt_e3(t.ref_gap)
+            );
+        }
+    }
+    if !any_tie {
+        let _ = writeln!(md, "None.");
+    }
+    md.push('\n');
+
+    // Not compared, grouped by reason.
+    let _ = writeln!(md, "## Not compared\n");
+    #[derive(Default)]
+    struct Group {
+        layers: BTreeSet<usize>,
+        phases: BTreeSet<Phase>,
+        cells: BTreeSet<usize>,
+        count: usize,
+    }
+    let mut by_reason: BTreeMap<&str, BTreeMap<String, Group>> = BTreeMap::new();
+    for (ci, c) in r.cells.iter().enumerate() {
+        for nc in &c.comparison.not_compared {
+            let (pattern, layer) = stage_pattern(&nc.stage);
+            let g = by_reason
+                .entry(nc.reason.as_str())
+                .or_default()
+                .entry(pattern)
+                .or_default();
+            g.layers.extend(layer);
+            g.phases.insert(nc.phase);
+            g.cells.insert(ci);
+            g.count += 1;
+        }
+    }
+    if by_reason.is_empty() {
+        let _ = writeln!(md, "Every stage was compared.");
+    }
+    for (reason, groups) in &by_reason {
+        let total: usize = groups.values().map(|g| g.count).sum();
+        let cells: BTreeSet<usize> = groups
+            .values()
+            .flat_map(|g| g.cells.iter().copied())
+            .collect();
+        let items: Vec<String> = groups
+            .iter()
+            .map(|(pattern, g)| {
+                let name = if g.layers.is_empty() {
+                    pattern.clone()
+                } else {
+                    pattern.replace("{N}", &format!("{{{}}}", compact_ranges(&g.layers)))
+                };
+                let in_cells = if g.cells.len() == r.cells.len() {
+                    String::new()
+                } else {
+                    format!(", {} cell(s)", g.cells.len())
+                };
+                format!("`{name}` ({}{in_cells})", phase_list(&g.phases))
+            })
+            .collect();
+        let _ = writeln!(
+            md,
+            "- **{}** — {total} stage×phase in {} of {} cells: {}",
+            md_escape(reason),
+            cells.len(),
+            r.cells.len(),
+            items.join(", ")
+        );
+    }
+    md.push('\n');
+
+    // Inputs.
+    let _ = writeln!(md, "## Inputs\n");
+    let _ = writeln!(md, "| cell | model sha256 | golden | golden sha256 |");
+    let _ = writeln!(md, "|---|---|---|---|");
+    for c in &r.cells {
+        let _ = writeln!(
+            md,
+            "| {} | `{}` | {} | `{}` |",
+            c.cell.id(),
+            short(&c.model_sha256),
+            c.golden_path,
+            short(&c.golden_sha256)
+        );
+    }
+    md
+}

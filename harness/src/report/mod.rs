@@ -1,0 +1,217 @@
+//! Run reports: `reports/<run id>/{report.json, report.md, results.csv}`.
+//!
+//! One module per concept: the report's data (this file), the machine it ran on ([`environment`]), its
+//! renderings ([`markdown`], [`csv`]), JSON with non-finite numbers ([`json`]) and the atomic report
+//! directory ([`files`]). Number formatting shared with the gate is in [`crate::format`].
+//!
+//! Data first, tables second: `report.json` holds everything (environment, metric definitions, every
+//! cell's full comparison and verdict) under a versioned schema ([`REPORT_SCHEMA_VERSION`]);
+//! `results.csv` is the same numbers in long form, one row per cell × stage × phase × metric;
+//! `report.md` is rendered from the same [`Report`] for people.
+//!
+//! # Non-finite numbers in report.json
+//!
+//! JSON has no infinities (NMSE is +∞ where a reference row is all zeros). Every `f64`/`f32` that is not
+//! finite is written as the JSON **string** `"inf"`, `"-inf"` or `"nan"`, and read back as that number
+//! by [`read_report`] / [`from_json`]. Plain `serde_json::to_string` on a [`Report`] would instead write
+//! `null`, which does not read back: use [`to_json_pretty`].
+
+mod csv;
+mod environment;
+mod files;
+mod json;
+mod markdown;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::compare::{CellComparison, CompareOptions};
+use crate::gate::{failure_line, Verdict};
+use crate::matrix::Cell;
+
+pub use csv::{render_csv, CSV_HEADER};
+pub use environment::{Environment, SIMD_FLAGS};
+pub use files::{
+    check_reports_dir, clean_stale_partials, new_run_id, read_report, write_report,
+    STALE_PARTIAL_AGE,
+};
+pub use json::{from_json, to_json_pretty};
+pub use markdown::render_markdown;
+
+pub const REPORT_SCHEMA_VERSION: u32 = 1;
+
+/// File names inside a report directory.
+pub const REPORT_JSON: &str = "report.json";
+/// The Markdown rendering.
+pub const REPORT_MD: &str = "report.md";
+/// The long-form CSV.
+pub const RESULTS_CSV: &str = "results.csv";
+
+/// Everything one `lockstep run` measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Must equal [`REPORT_SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// Run id, also the report directory's name ([`new_run_id`]).
+    pub run_id: String,
+    /// When the run started, seconds since the Unix epoch (UTC).
+    pub created_unix: u64,
+    /// The machine and build.
+    pub environment: Environment,
+    /// Metric name → definition ([`metric_definitions`]).
+    pub metric_definitions: BTreeMap<String, String>,
+    /// Options every comparison ran with.
+    pub compare_options: CompareOptions,
+    /// The thresholds file the verdicts come from.
+    pub thresholds_file: Option<String>,
+    /// What the run was given: the engine actually run, and the golden directory, matrix and thresholds
+    /// files with their sha256 (absent in reports of older lockstep versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<RunInputs>,
+    /// Set when the run stopped early: the cells before the failure are kept, and this says which cell
+    /// failed and why. A report with this set never passes a gate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<Incomplete>,
+    /// One entry per matrix cell, in matrix order.
+    pub cells: Vec<CellReport>,
+}
+
+/// A file a run read, by path and content.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// The path as given (or defaulted).
+    pub path: String,
+    /// sha256 of its bytes, lowercase hex.
+    pub sha256: String,
+}
+
+/// The inputs of a run (provenance).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunInputs {
+    /// `lockstep` (in process) or `external`.
+    pub engine: String,
+    /// For an external engine: the forward command template, as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_cmd: Option<String>,
+    /// For an external engine: the tokenize command template, as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_tokenize_cmd: Option<String>,
+    /// For an external engine: seconds one call may take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_timeout_s: Option<f64>,
+    /// The golden directory.
+    pub golden_dir: String,
+    /// Its `manifest.json`.
+    pub golden_manifest: FileRef,
+    /// The matrix file.
+    pub matrix: FileRef,
+    /// The thresholds file.
+    pub thresholds: FileRef,
+}
+
+/// Why a run stopped before its last cell.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incomplete {
+    /// The cell that failed.
+    pub failed_cell: String,
+    /// The error, with its causes.
+    pub error: String,
+    /// Cells of the matrix not run.
+    pub cells_not_run: usize,
+}
+
+/// Wall-clock speed of one cell's engine run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Speed {
+    /// Prompt tokens processed in the prefill.
+    pub prefill_tokens: usize,
+    /// Seconds the prefill took.
+    pub prefill_seconds: f64,
+    /// Decode steps run.
+    pub decode_tokens: usize,
+    /// Seconds all decode steps took together.
+    pub decode_seconds: f64,
+}
+
+impl Speed {
+    /// Prefill tokens per second; NaN when no time was measured.
+    pub fn prefill_tok_s(&self) -> f64 {
+        rate(self.prefill_tokens, self.prefill_seconds)
+    }
+
+    /// Decode tokens per second; NaN when no time was measured.
+    pub fn decode_tok_s(&self) -> f64 {
+        rate(self.decode_tokens, self.decode_seconds)
+    }
+}
+
+fn rate(tokens: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 && seconds.is_finite() {
+        tokens as f64 / seconds
+    } else {
+        f64::NAN
+    }
+}
+
+/// One cell's result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CellReport {
+    /// The matrix cell.
+    pub cell: Cell,
+    /// sha256 of the model file run.
+    pub model_sha256: String,
+    /// The golden, relative to the golden directory ([`crate::matrix::golden_path_for`]).
+    pub golden_path: String,
+    /// sha256 of the golden file.
+    pub golden_sha256: String,
+    /// Ggml mode: the ggml-cpu build mirrored (`avx2`, `avx512`), from the golden's recorded host CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ggml_target: Option<String>,
+    /// The full comparison.
+    pub comparison: CellComparison,
+    /// Engine speed.
+    pub speed: Speed,
+    /// The gate's verdict.
+    pub verdict: Verdict,
+}
+
+/// Definitions of every metric a report shows (the text of `metrics.rs`'s module doc, plus the gate's
+/// cell-level aggregates). Keys are metric names.
+pub fn metric_definitions() -> BTreeMap<String, String> {
+    const DEFS: &[(&str, &str)] = &[
+        ("conventions", "a = the engine's row, b = the reference's (golden) row; sums in f64; per stage and position, then aggregated over positions as count, mean, min, max, p50/p90/p99 (nearest rank)"),
+        ("cosine", "a·b / (‖a‖‖b‖); 1 when both rows are all zeros, 0 when exactly one is"),
+        ("max_abs", "maxᵢ |aᵢ − bᵢ|"),
+        ("mean_abs", "meanᵢ |aᵢ − bᵢ|"),
+        ("rmse", "√(meanᵢ (aᵢ − bᵢ)²)"),
+        ("nmse", "Σ(aᵢ − bᵢ)² / Σbᵢ² (llama.cpp test-backend-ops, b = reference); 0 when both are zero, +∞ when only the reference is"),
+        ("bit_exact", "every aᵢ == bᵢ"),
+        ("kl", "KL(P_ref ‖ P_eng) = Σ P (log P − log Q), nats, P = softmax(reference logits), Q = softmax(engine logits); positions with a full reference row only"),
+        ("top1", "argmax agreement of reference and engine logits"),
+        ("margin", "reference top-1 logit − reference logit of the engine's top-1 (≥ 0); a disagreement with margin below the tolerance is a near tie, counted apart and not as a failure"),
+        ("top5", "top-k overlap |topk(ref) ∩ topk(eng)| / k, k = 5 (top10: k = 10)"),
+        ("entropy", "H = −Σ p log p of each side, nats (a flattened distribution is a bug signal that cosine hides)"),
+        ("dp_top", "P(t*) − Q(t*) for the reference's top token t*"),
+        ("top1_agreement", "(positions whose top-1 agree + near ties) / positions, prefill and decode logits together"),
+        ("mean_kl", "mean KL over every position with a full reference row, prefill and decode"),
+        ("min_cosine_out", "smallest cosine at any position, prefill and decode, of every blk.N.out and output_norm"),
+        ("first_divergent", "the first stage in forward order (prefill, then decode) whose cosine falls below the stage threshold, with the first position where it does"),
+        ("position", "sequence position: prompt position in the prefill, T + step for decode step `step` (T = prompt tokens)"),
+        ("tok_s", "tokens per second of wall-clock time: prefill = prompt tokens / prefill time, decode = steps / total decode time"),
+    ];
+    DEFS.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The failure lines of every failing cell of a report (see [`crate::gate::failure_line`]), in cell order.
+pub fn failure_lines(report: &Report) -> Vec<String> {
+    report
+        .cells
+        .iter()
+        .filter_map(|c| failure_line(&c.cell, &c.verdict))
+        .collect()
+}
