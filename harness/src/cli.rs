@@ -236,7 +236,6 @@ fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
             oracle: a.oracle,
             simd: a.simd,
         },
-        compare: crate::compare::CompareOptions::default(),
         force_external: external.is_some(),
         external,
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
@@ -517,11 +516,11 @@ fn non_finite_generation(
         s.set_ggml_target(session.ggml_target());
         let mut rec = lockstep_engine::hooks::Recorder::new();
         model.forward(&mut s, sequence, Some(&mut rec))?;
-        let mut stages = crate::engine::recorded_arrays(rec)?;
+        let mut stages = crate::capture::recorded_arrays(rec)?;
         let logits = stages
             .remove("logits")
             .context("the engine emitted no logits stage")?;
-        crate::engine::check_finite_logits(&logits, &stages)
+        crate::capture::check_finite_logits(&logits, &stages)
     };
     match diagnose() {
         Err(e) => e.context(format!(

@@ -49,22 +49,6 @@ pub struct EngineOutput {
     pub stage_order: Vec<String>,
 }
 
-/// Options of a comparison.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CompareOptions {
-    /// A top-1 disagreement where the reference's logit margin between its choice and the engine's is
-    /// below this is a near tie, counted apart from failures.
-    pub margin_tolerance: f64,
-}
-
-impl Default for CompareOptions {
-    fn default() -> Self {
-        CompareOptions {
-            margin_tolerance: 0.01,
-        }
-    }
-}
-
 /// Metrics of one stage over the positions of one phase.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StageComparison {
@@ -116,10 +100,10 @@ pub struct LogitsComparison {
     pub n_positions: usize,
     /// Positions where the top-1 tokens agree.
     pub top1_agree: usize,
-    /// Disagreements whose reference margin is below the tolerance (near ties), with their margins.
-    pub near_ties: Vec<LogitPosition>,
-    /// Disagreements at or above the tolerance: failures.
-    pub mismatches: Vec<LogitPosition>,
+    /// Every position whose top-1 tokens differ, with the reference's margin. Which of them are near ties
+    /// (margin below a tolerance) is the gate's call ([`crate::gate::cell_metrics`]): comparing measures,
+    /// it does not judge.
+    pub disagreements: Vec<LogitPosition>,
     /// KL(P_ref ‖ P_eng) over positions with full reference rows.
     pub kl: Option<Summary>,
     /// Top-5 overlap.
@@ -223,23 +207,19 @@ pub fn layer_of(stage: &str) -> Option<usize> {
 }
 
 /// Summarise per-position logit metrics of one phase.
-pub fn summarize_logits(
-    phase: Phase,
-    positions: Vec<LogitPosition>,
-    opts: &CompareOptions,
-) -> LogitsComparison {
-    let disagree = positions.iter().filter(|p| p.ref_top != p.eng_top);
-    let (near_ties, mismatches): (Vec<_>, Vec<_>) = disagree
+pub fn summarize_logits(phase: Phase, positions: Vec<LogitPosition>) -> LogitsComparison {
+    let disagreements = positions
+        .iter()
+        .filter(|p| p.ref_top != p.eng_top)
         .cloned()
-        .partition(|p| p.margin < opts.margin_tolerance);
+        .collect();
     let top1_agree = positions.iter().filter(|p| p.ref_top == p.eng_top).count();
     let empty = Summary::EMPTY;
     LogitsComparison {
         phase,
         n_positions: positions.len(),
         top1_agree,
-        near_ties,
-        mismatches,
+        disagreements,
         kl: Summary::of(positions.iter().filter_map(|p| p.kl)),
         top5: Summary::of(positions.iter().map(|p| p.top5)).unwrap_or(empty),
         top10: Summary::of(positions.iter().map(|p| p.top10)).unwrap_or(empty),
@@ -274,7 +254,6 @@ pub fn compare(
     golden: &mut GoldenFile,
     out: &EngineOutput,
     stage_map: Option<&StageMap>,
-    opts: &CompareOptions,
 ) -> Result<CellComparison> {
     let gname = golden.path().display().to_string();
     let entry = golden.entry().clone();
@@ -423,7 +402,7 @@ pub fn compare(
                 }
             }
         }
-        logits.push(summarize_logits(phase, positions, opts));
+        logits.push(summarize_logits(phase, positions));
     }
     Ok(CellComparison {
         golden_tokens,

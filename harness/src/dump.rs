@@ -53,11 +53,11 @@ pub fn run(model: &Model, tokens: &[u32], mode: NumericsMode, target: GgmlTarget
     let mut rec = Recorder::new();
     model.forward(&mut session, tokens, Some(&mut rec))?;
     // The logits are a recorded stage like any other; the dump keeps them apart.
-    let mut stages = crate::engine::recorded_arrays(rec)?;
+    let mut stages = crate::capture::recorded_arrays(rec)?;
     let logits = stages
         .remove(&Stage::global(StageKind::Logits).to_string())
         .context("the engine emitted no logits stage")?;
-    crate::engine::check_finite_logits(&logits, &stages)?;
+    crate::capture::check_finite_logits(&logits, &stages)?;
     Ok(Dump {
         tokens: tokens.to_vec(),
         logits,

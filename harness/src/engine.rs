@@ -4,15 +4,16 @@
 //! dump format (see [`crate::dump`]) for given token ids: the harness runs it as a command and reads the
 //! `.npz` it writes, so an engine written in any language can be gated without a line of Rust.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use lockstep_engine::hooks::{Recorder, StageSink};
+use lockstep_engine::hooks::StageSink;
 use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Session, Stage, StageKind};
 use ndarray::Array2;
+
+use crate::capture::forward_rank;
 
 /// Facts about a loaded engine + model, for reports.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,16 +47,6 @@ pub trait Engine {
 
     /// Run `tokens` at the next positions; hand every stage to `sink`; return the logits `[T, V]`.
     fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>>;
-}
-
-/// A sink that ignores everything (the timing pass).
-pub struct NullSink;
-
-impl StageSink for NullSink {
-    fn wants(&self, _stage: Stage) -> bool {
-        false
-    }
-    fn on_stage(&mut self, _: Stage, _: std::ops::Range<usize>, _: usize, _: &mut [f32]) {}
 }
 
 /// Our own engine, in process.
@@ -348,79 +339,4 @@ impl Engine for ExternalEngine {
         }
         Ok(d.logits.slice(ndarray::s![start..end, ..]).to_owned())
     }
-}
-
-/// Sort key that puts stages in forward order: embed, blocks in order (stage kinds in forward order),
-/// output_norm, logits.
-pub fn forward_rank(s: Stage) -> (usize, usize, usize) {
-    let kind = StageKind::ALL
-        .iter()
-        .position(|k| *k == s.kind)
-        .unwrap_or(usize::MAX);
-    match (s.layer, s.kind) {
-        (None, StageKind::Embed) => (0, 0, kind),
-        (Some(l), _) => (1, l, kind),
-        (None, _) => (2, 0, kind),
-    }
-}
-
-/// Convert a recorder's stages to `[rows, width]` arrays by canonical id.
-pub fn recorded_arrays(rec: Recorder) -> Result<BTreeMap<String, Array2<f32>>> {
-    let mut out = BTreeMap::new();
-    for (stage, r) in rec.stages {
-        let rows = r.positions.len();
-        out.insert(
-            stage.to_string(),
-            Array2::from_shape_vec((rows, r.width), r.data)?,
-        );
-    }
-    Ok(out)
-}
-
-/// The first stage, in forward order ([`forward_rank`]), holding a NaN or ±Inf: `(stage id, row, column,
-/// value)`. Arrays whose id is not a canonical stage are looked at last, by name.
-pub fn first_non_finite_stage(
-    arrays: &BTreeMap<String, Array2<f32>>,
-) -> Option<(String, usize, usize, f32)> {
-    let mut order: Vec<(&String, &Array2<f32>)> = arrays.iter().collect();
-    order.sort_by_key(|(name, _)| Stage::parse(name).map_or((3, 0, 0), forward_rank));
-    order.into_iter().find_map(|(name, a)| {
-        let cols = a.ncols().max(1);
-        a.iter().position(|v| !v.is_finite()).map(|i| {
-            (
-                name.clone(),
-                i / cols,
-                i % cols,
-                a.iter().nth(i).copied().unwrap_or(f32::NAN),
-            )
-        })
-    })
-}
-
-/// Fail when `logits` hold a NaN or ±Inf, naming the first stage (of `stages`, recorded in the same
-/// forward pass) that went non-finite: an engine must never hand out garbage logits as a result.
-///
-/// Errors: the logits row and token, and the first non-finite stage with its row, column and value.
-pub fn check_finite_logits(
-    logits: &Array2<f32>,
-    stages: &BTreeMap<String, Array2<f32>>,
-) -> Result<()> {
-    let cols = logits.ncols().max(1);
-    let Some(i) = logits.iter().position(|v| !v.is_finite()) else {
-        return Ok(());
-    };
-    let first = match first_non_finite_stage(stages) {
-        Some((stage, r, c, v)) => {
-            format!(
-                "the first stage that went non-finite is `{stage}` ({v} at row {r}, column {c})"
-            )
-        }
-        None => "no recorded stage before them is non-finite".to_string(),
-    };
-    bail!(
-        "the engine's logits hold {} at row {}, token {}: {first}",
-        logits.iter().nth(i).copied().unwrap_or(f32::NAN),
-        i / cols,
-        i % cols
-    )
 }

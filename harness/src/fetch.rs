@@ -443,21 +443,9 @@ fn write_sidecar(
 /// Rehashes a cached file, with a bytes bar.
 fn hash_file(path: &Path, entry: &ModelEntry, opts: &FetchOptions) -> Result<String> {
     let bar = bytes_bar(opts, entry.size, format!("verifying {}", entry.id));
-    let mut file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        bar.inc(n as u64);
-    }
+    let digest = crate::hash::sha256_file_with(path, |n| bar.inc(n));
     bar.finish_and_clear();
-    Ok(hex::encode(hasher.finalize()))
+    digest
 }
 
 /// Removes temporary entries left in `models_dir` by a fetch killed long ago. Best effort.

@@ -295,6 +295,14 @@ pub struct Verdict {
     /// The first stage in forward order whose cosine falls below `stage_min_cosine` (informative; not a
     /// failure by itself).
     pub first_divergent: Option<Divergence>,
+    /// The near-tie tolerance (logit units) this verdict counted top-1 disagreements with: the cell's
+    /// `margin_tolerance` (reports of older versions lack it and read as 0.01, the value they all used).
+    #[serde(default = "default_margin_tolerance")]
+    pub margin_tolerance: f64,
+}
+
+fn default_margin_tolerance() -> f64 {
+    0.01
 }
 
 /// One threshold that failed.
@@ -646,6 +654,7 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
         pass: failures.is_empty(),
         failures,
         first_divergent: first_divergent(cmp, th.stage_min_cosine, th.stage_max_nmse),
+        margin_tolerance: th.margin_tolerance,
     }
 }
 

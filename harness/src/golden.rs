@@ -35,15 +35,12 @@
 //! lists canonical stages the oracle has no node for. [`StageMap::oracle_node`] does the lookup.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_engine::ops::GgmlTarget;
 use ndarray::Array2;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::npz::{data_bytes, NpyArray, Npz, MAX_ARRAY_BYTES};
 
@@ -376,22 +373,7 @@ pub fn check_model(golden_dir: &Path, entry: &GoldenEntry, model_sha256: &str) -
     Ok(())
 }
 
-/// sha256 of a file, lowercase hex.
-pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut f = File::open(path).with_context(|| format!("{} cannot be opened", path.display()))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f
-            .read(&mut buf)
-            .with_context(|| format!("{} cannot be read", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex::encode(h.finalize()))
-}
+pub use crate::hash::sha256_file;
 
 /// Hold a golden to its manifest entry before anything is compared with it: the file exists, its
 /// sha256 matches, its arrays are exactly those listed, each with the listed shape and dtype, and its

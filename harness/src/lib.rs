@@ -15,6 +15,7 @@
 //! - [`run`] — `lockstep run`: every cell of the matrix against its golden, compared, gated, reported.
 //! - [`cli`] — command-line parsing and the subcommands.
 
+pub mod capture;
 pub mod cli;
 pub mod compare;
 pub mod dump;
@@ -23,6 +24,7 @@ pub mod fetch;
 pub mod format;
 pub mod gate;
 pub mod golden;
+pub mod hash;
 pub mod matrix;
 pub mod metrics;
 pub mod npz;

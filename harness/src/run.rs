@@ -16,10 +16,9 @@ use lockstep_engine::hooks::Recorder;
 use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::NumericsMode;
 
-use crate::compare::{compare, CompareOptions, EngineOutput};
-use crate::engine::{
-    recorded_arrays, Engine, ExternalCommands, ExternalEngine, LockstepEngine, NullSink,
-};
+use crate::capture::{recorded_arrays, NullSink};
+use crate::compare::{compare, EngineOutput};
+use crate::engine::{Engine, ExternalCommands, ExternalEngine, LockstepEngine};
 use crate::gate::{evaluate, Thresholds};
 use crate::golden::{self, GoldenFile, Manifest};
 use crate::matrix::{golden_path_for, Cell, Filters, Matrix};
@@ -38,8 +37,6 @@ pub struct RunOptions {
     pub reports_root: PathBuf,
     /// Narrowing of the matrix.
     pub filters: Filters,
-    /// Comparison options.
-    pub compare: CompareOptions,
     /// Run this external engine instead of ours (for cells whose engine is `external`, or all cells
     /// when `force_external`).
     pub external: Option<ExternalCommands>,
@@ -129,7 +126,7 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
                 Some(x) => x.clone(),
                 None => {
                     let p = crate::fetch::resolve_model(&cell.model)?;
-                    let sha = golden::sha256_file(&p)?;
+                    let sha = crate::hash::sha256_file(&p)?;
                     model_cache.insert(cell.model.clone(), (p.clone(), sha.clone()));
                     (p, sha)
                 }
@@ -168,7 +165,6 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
             &opts.golden_dir.join(golden::MANIFEST_FILE),
         ),
         metric_definitions: report::metric_definitions(),
-        compare_options: opts.compare,
         thresholds_file: Some(opts.thresholds.display().to_string()),
         inputs: Some(inputs),
         incomplete,
@@ -218,7 +214,7 @@ fn run_inputs(opts: &RunOptions) -> Result<report::RunInputs> {
     let file = |p: &Path| -> Result<report::FileRef> {
         Ok(report::FileRef {
             path: p.display().to_string(),
-            sha256: golden::sha256_file(p)?,
+            sha256: crate::hash::sha256_file(p)?,
         })
     };
     let external = opts.external.as_ref().filter(|_| opts.force_external);
@@ -304,10 +300,7 @@ pub fn run_cell(
 
     let th = thresholds.for_cell(cell)?;
     let stage_map = manifest.stage_map(&entry.oracle.name, &entry.arch);
-    let copts = CompareOptions {
-        margin_tolerance: th.margin_tolerance,
-    };
-    let comparison = compare(&mut gf, &out, stage_map, &copts)?;
+    let comparison = compare(&mut gf, &out, stage_map)?;
     drop(out);
 
     // Timing pass without hooks.

@@ -7,9 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use lockstep::compare::{
-    summarize_logits, CellComparison, CompareOptions, NotCompared, Phase, StageComparison,
-};
+use lockstep::compare::{summarize_logits, CellComparison, NotCompared, Phase, StageComparison};
 use lockstep::gate::{evaluate, failure_line, first_divergent, CellThresholds, Thresholds};
 use lockstep::golden::load_manifest;
 use lockstep::matrix::{Cell, Filters, Matrix};
@@ -82,7 +80,6 @@ fn good() -> CellComparison {
     let okd = [0.999_999, 0.999_997];
     let n3 = [1e-6, 2e-6, 1e-6];
     let n2 = [1e-6, 3e-6];
-    let opts = CompareOptions::default();
     CellComparison {
         golden_tokens: vec![1, 2, 3],
         engine_tokens: vec![1, 2, 3],
@@ -110,7 +107,6 @@ fn good() -> CellComparison {
                     pos(1, 6, 6, 0.0, None, 1.0),
                     pos(2, 7, 7, 0.0, Some(1e-5), 1.0),
                 ],
-                &opts,
             ),
             summarize_logits(
                 Phase::Decode,
@@ -118,7 +114,6 @@ fn good() -> CellComparison {
                     pos(3, 8, 8, 0.0, Some(2e-5), 1.0),
                     pos(4, 9, 9, 0.0, Some(3e-5), 1.0),
                 ],
-                &opts,
             ),
         ],
     }

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use lockstep::engine::{Engine, ExternalCommands, ExternalEngine, NullSink};
+use lockstep::capture::NullSink;
+use lockstep::engine::{Engine, ExternalCommands, ExternalEngine};
 use lockstep_engine::fixtures::TinyLlama;
 use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::NumericsMode;

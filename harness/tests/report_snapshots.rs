@@ -9,9 +9,7 @@
 
 use std::path::Path;
 
-use lockstep::compare::{
-    summarize_logits, CellComparison, CompareOptions, NotCompared, Phase, StageComparison,
-};
+use lockstep::compare::{summarize_logits, CellComparison, NotCompared, Phase, StageComparison};
 use lockstep::gate::{evaluate, Thresholds};
 use lockstep::matrix::{golden_path_for, Cell};
 use lockstep::metrics::{LogitPosition, Summary};
@@ -101,7 +99,6 @@ fn pos(
 
 /// Prompt of 3 tokens, 2 decode steps; `bad` = the failing variant.
 fn comparison(bad: bool) -> CellComparison {
-    let opts = CompareOptions::default();
     let (c0, c1, n1) = if bad {
         (
             [0.999_95, 0.999_91, 0.999_93],
@@ -189,8 +186,8 @@ fn comparison(bad: bool) -> CellComparison {
         stages,
         not_compared,
         logits: vec![
-            summarize_logits(Phase::Prefill, prefill, &opts),
-            summarize_logits(Phase::Decode, decode, &opts),
+            summarize_logits(Phase::Prefill, prefill),
+            summarize_logits(Phase::Decode, decode),
         ],
     }
 }
@@ -232,7 +229,6 @@ fn report() -> Report {
             golden_manifest_sha256: "c0ffee".repeat(10) + "abcd",
         },
         metric_definitions: metric_definitions(),
-        compare_options: CompareOptions::default(),
         thresholds_file: Some("ci/thresholds.toml".into()),
         inputs: None,
         incomplete: None,

@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use lockstep::compare::CompareOptions;
 use lockstep::engine::{Engine, EngineInfo, ExternalCommands, LockstepEngine};
 use lockstep::golden::{load_manifest, Manifest};
 use lockstep::matrix::{Cell, Filters};
@@ -37,7 +36,6 @@ fn options(golden_dir: &Path, reports: &Path, prompt: &str, mode: &str) -> RunOp
             mode: vec![mode.into()],
             ..Filters::default()
         },
-        compare: CompareOptions::default(),
         external: None,
         force_external: false,
         progress: false,

@@ -79,6 +79,10 @@ pub fn render_csv(r: &Report) -> String {
             );
         };
         let cmp = &c.comparison;
+        let tol = c.verdict.margin_tolerance;
+        let ties_of = |lc: &crate::compare::LogitsComparison| {
+            lc.disagreements.iter().filter(|p| p.margin < tol).count()
+        };
         row(
             "prefill",
             "tokens",
@@ -130,8 +134,11 @@ pub fn render_csv(r: &Report) -> String {
             let mut rows = vec![
                 ("positions", Num::Int(lc.n_positions as u64)),
                 ("top1_agree", Num::Int(lc.top1_agree as u64)),
-                ("near_ties", Num::Int(lc.near_ties.len() as u64)),
-                ("mismatches", Num::Int(lc.mismatches.len() as u64)),
+                ("near_ties", Num::Int(ties_of(lc) as u64)),
+                (
+                    "mismatches",
+                    Num::Int((lc.disagreements.len() - ties_of(lc)) as u64),
+                ),
             ];
             if let Some(kl) = &lc.kl {
                 rows.extend([
@@ -161,8 +168,8 @@ pub fn render_csv(r: &Report) -> String {
                 row(&ph, "logits", None, m, v);
             }
         }
-        let m = cell_metrics(cmp, r.compare_options.margin_tolerance);
-        let (agree, ties, positions) = top1_counts(cmp);
+        let m = cell_metrics(cmp, tol);
+        let (agree, ties, positions) = top1_counts(cmp, tol);
         let agreement = if positions == 0 {
             f64::NAN
         } else {

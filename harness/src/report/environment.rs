@@ -138,7 +138,7 @@ impl Environment {
             rustc: run_text("rustc", &["--version"]).unwrap_or_else(|| UNKNOWN.to_string()),
             os,
             lockstep_version: env!("CARGO_PKG_VERSION").to_string(),
-            golden_manifest_sha256: crate::golden::sha256_file(golden_manifest)
+            golden_manifest_sha256: crate::hash::sha256_file(golden_manifest)
                 .unwrap_or_else(|_| UNKNOWN.to_string()),
         }
     }

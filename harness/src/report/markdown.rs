@@ -68,15 +68,16 @@ pub(crate) fn seq_position(cmp: &CellComparison, s: &StageComparison, row: usize
     }
 }
 
-/// Top-1 counts of a cell as its comparison partitioned them — with the margin tolerance the cell was
-/// compared with (its thresholds' `margin_tolerance`): (exact agreements, near ties, positions).
-pub(crate) fn top1_counts(cmp: &CellComparison) -> (usize, usize, usize) {
+/// Top-1 counts of a cell with the margin tolerance its verdict used (its thresholds'
+/// `margin_tolerance`): (exact agreements, near ties, positions).
+pub(crate) fn top1_counts(cmp: &CellComparison, margin_tolerance: f64) -> (usize, usize, usize) {
     cmp.logits.iter().fold((0, 0, 0), |(a, t, n), lc| {
-        (
-            a + lc.top1_agree,
-            t + lc.near_ties.len(),
-            n + lc.n_positions,
-        )
+        let ties = lc
+            .disagreements
+            .iter()
+            .filter(|p| p.margin < margin_tolerance)
+            .count();
+        (a + lc.top1_agree, t + ties, n + lc.n_positions)
     })
 }
 
@@ -166,8 +167,8 @@ pub fn render_markdown(r: &Report) -> String {
         "|---|---|---|---|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|"
     );
     for c in &r.cells {
-        let m = cell_metrics(&c.comparison, r.compare_options.margin_tolerance);
-        let (agree, n_ties, positions) = top1_counts(&c.comparison);
+        let m = cell_metrics(&c.comparison, c.verdict.margin_tolerance);
+        let (agree, n_ties, positions) = top1_counts(&c.comparison, c.verdict.margin_tolerance);
         let ties = match n_ties {
             0 => String::new(),
             1 => " (+1 near tie)".to_string(),
@@ -329,11 +330,13 @@ pub fn render_markdown(r: &Report) -> String {
     );
     let mut any_tie = false;
     for c in &r.cells {
-        let ties = c
-            .comparison
-            .logits
-            .iter()
-            .flat_map(|lc| lc.near_ties.iter().map(move |p| (lc.phase, p)));
+        let tol = c.verdict.margin_tolerance;
+        let ties = c.comparison.logits.iter().flat_map(|lc| {
+            lc.disagreements
+                .iter()
+                .filter(move |p| p.margin < tol)
+                .map(move |p| (lc.phase, p))
+        });
         for (phase, t) in ties {
             if !any_tie {
                 let _ = writeln!(

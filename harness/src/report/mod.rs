@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::compare::{CellComparison, CompareOptions};
+use crate::compare::CellComparison;
 use crate::gate::{failure_line, Verdict};
 use crate::matrix::Cell;
 
@@ -63,8 +63,6 @@ pub struct Report {
     pub environment: Environment,
     /// Metric name → definition ([`metric_definitions`]).
     pub metric_definitions: BTreeMap<String, String>,
-    /// Options every comparison ran with.
-    pub compare_options: CompareOptions,
     /// The thresholds file the verdicts come from.
     pub thresholds_file: Option<String>,
     /// What the run was given: the engine actually run, and the golden directory, matrix and thresholds
