@@ -16,6 +16,7 @@ use crate::golden::{GoldenFile, StageMap};
 use crate::metrics::{
     first_non_finite, logit_position, row_error, LogitPosition, RefLogits, Summary,
 };
+use crate::npz::Dtype;
 
 /// Prefill (all prompt positions in one batch) or decode (one token per step through the KV cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -72,6 +73,14 @@ pub struct StageComparison {
     pub max_abs: f64,
     /// Every value equal.
     pub bit_exact: bool,
+    /// The golden's storage type of this stage (`f32`, `f16`; reports of older versions lack it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<crate::npz::Dtype>,
+    /// Per position: the engine's row, rounded to the golden's storage type as the oracle rounded its own
+    /// f32 values (IEEE round to nearest even), equals the stored row bit for bit. The floor of a mode that
+    /// reproduces the oracle exactly: any `false` is a difference, however small its NMSE.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exact_at_storage_by_position: Vec<bool>,
     /// Position of the smallest cosine.
     pub worst_position: usize,
     /// Cosine per position, in position order (for bisect and plots).
@@ -150,6 +159,28 @@ pub fn compare_stage(
     golden: &Array2<f32>,
     golden_name: &str,
 ) -> Result<StageComparison> {
+    compare_stage_stored(stage, phase, engine, golden, golden_name, Dtype::F32)
+}
+
+/// The engine's value as the oracle would have stored it in `dtype` (f16: IEEE round to nearest even,
+/// as numpy's `astype(float16)` does).
+pub fn round_to_storage(x: f32, dtype: Dtype) -> f32 {
+    match dtype {
+        Dtype::F16 => half::f16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
+/// [`compare_stage`] for a golden stored as `storage` (its rows widened to f32): also records, per
+/// position, whether the engine's row rounded to `storage` equals the stored row bit for bit.
+pub fn compare_stage_stored(
+    stage: &str,
+    phase: Phase,
+    engine: &Array2<f32>,
+    golden: &Array2<f32>,
+    golden_name: &str,
+    storage: Dtype,
+) -> Result<StageComparison> {
     if engine.dim() != golden.dim() {
         bail!(
             "{golden_name}: stage `{stage}` ({phase}) has shape {:?} in the golden but {:?} from the engine",
@@ -158,7 +189,13 @@ pub fn compare_stage(
         );
     }
     let mut errs = Vec::with_capacity(engine.nrows());
+    let mut exact = Vec::with_capacity(engine.nrows());
     for (p, (a, b)) in engine.rows().into_iter().zip(golden.rows()).enumerate() {
+        exact.push(
+            a.iter()
+                .zip(b.iter())
+                .all(|(&x, &y)| round_to_storage(x, storage).to_bits() == y.to_bits()),
+        );
         let (a, b) = (a.to_vec(), b.to_vec());
         if let Some(nf) = first_non_finite(&a) {
             bail!(
@@ -195,6 +232,8 @@ pub fn compare_stage(
         mean_abs: sum(|e| e.mean_abs),
         max_abs: errs.iter().map(|e| e.max_abs).fold(0.0, f64::max),
         bit_exact: errs.iter().all(|e| e.bit_exact),
+        storage: Some(storage),
+        exact_at_storage_by_position: exact,
         worst_position,
         cosine_by_position: errs.iter().map(|e| e.cosine).collect(),
         nmse_by_position: errs.iter().map(|e| e.nmse).collect(),
@@ -298,8 +337,10 @@ pub fn compare(
                     });
                     continue;
                 };
-                let g = golden.read_f32(&format!("{prefix}{id}"))?;
-                stages.push(compare_stage(id, phase, e, &g, &gname)?);
+                let name = format!("{prefix}{id}");
+                let storage = entry.arrays[&name].dtype;
+                let g = golden.read_f32(&name)?;
+                stages.push(compare_stage_stored(id, phase, e, &g, &gname, storage)?);
             } else {
                 let reason = if stage_map.is_some_and(|m| m.is_not_exposed(id)) {
                     "the oracle exposes no such node"

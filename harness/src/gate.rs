@@ -39,6 +39,9 @@
 //!   `output_norm`.
 //! - `stage_min_cosine`: not a pass/fail threshold: the cosine below which a stage counts as divergent
 //!   for [`first_divergent`], which the verdict and the failure line report.
+//! - `stage_exact` (optional, default false): every compared stage must equal the golden at its storage
+//!   precision; the first stage that does not is the first divergent one ([`first_inexact`]). For a mode
+//!   that reproduces the oracle bit for bit, bit equality *is* the measured floor.
 
 use std::path::Path;
 
@@ -100,6 +103,9 @@ pub struct Rule {
     /// See [`CellThresholds::stage_max_nmse`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_max_nmse: Option<f64>,
+    /// See [`CellThresholds::stage_exact`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_exact: Option<bool>,
 }
 
 impl Rule {
@@ -148,6 +154,12 @@ pub struct CellThresholds {
     pub stage_max_nmse: Option<f64>,
     /// A top-1 disagreement whose reference margin is below this (logit units) is a near tie.
     pub margin_tolerance: f64,
+    /// The floor of a mode that reproduces the oracle bit for bit: every compared stage must equal the
+    /// golden at the golden's storage precision (the engine's f32 rounded to f16 where the golden stores
+    /// f16). A stage that does not fails the cell (`stage_exact`), and the first such stage in forward
+    /// order is the first divergent one — however small its NMSE. `false`: the cosine/NMSE cutoffs.
+    #[serde(default)]
+    pub stage_exact: bool,
 }
 
 impl Thresholds {
@@ -281,6 +293,11 @@ impl Thresholds {
             stage_min_cosine: need("stage_min_cosine", last(|r| r.stage_min_cosine))?,
             margin_tolerance: need("margin_tolerance", last(|r| r.margin_tolerance))?,
             stage_max_nmse: last(|r| r.stage_max_nmse),
+            stage_exact: matching
+                .iter()
+                .rev()
+                .find_map(|r| r.stage_exact)
+                .unwrap_or(false),
         })
     }
 }
@@ -650,10 +667,51 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
         Some(_) => {}
     }
 
+    let first = if th.stage_exact {
+        let inexact = first_inexact(cmp);
+        let unmeasured = cmp
+            .stages
+            .iter()
+            .find(|s| s.exact_at_storage_by_position.len() != s.cosine_by_position.len());
+        if let Some(s) = unmeasured {
+            fail(
+                "stage_exact",
+                f64::NAN,
+                1.0,
+                format!(
+                    "{} {}: the comparison holds no storage-precision equality to check",
+                    s.stage, s.phase
+                ),
+            );
+        } else if let Some(d) = &inexact {
+            let n = cmp
+                .stages
+                .iter()
+                .filter(|s| s.exact_at_storage_by_position.iter().any(|e| !e))
+                .count();
+            fail(
+                "stage_exact",
+                0.0,
+                1.0,
+                format!(
+                    "{n} stage(s) differ from the golden at its storage precision; first {} {} position {} \
+                     (cosine {}, NMSE {})",
+                    d.stage,
+                    d.phase,
+                    d.position,
+                    fmt_fixed(d.cosine, 8),
+                    fmt_sci(d.nmse, 3)
+                ),
+            );
+        }
+        inexact
+    } else {
+        first_divergent(cmp, th.stage_min_cosine, th.stage_max_nmse)
+    };
     Verdict {
         pass: failures.is_empty(),
         failures,
-        first_divergent: first_divergent(cmp, th.stage_min_cosine, th.stage_max_nmse),
+        first_divergent: first,
         margin_tolerance: th.margin_tolerance,
     }
 }
@@ -687,12 +745,33 @@ pub fn first_divergent(
     None
 }
 
+/// The first stage in forward order (prefill, then decode) with a position where the engine's row,
+/// rounded to the golden's storage type, differs from the golden: the divergence marker of a mode whose
+/// floor is bit equality ([`CellThresholds::stage_exact`]).
+pub fn first_inexact(cmp: &CellComparison) -> Option<Divergence> {
+    for phase in [Phase::Prefill, Phase::Decode] {
+        for s in cmp.stages.iter().filter(|s| s.phase == phase) {
+            let Some(row) = s.exact_at_storage_by_position.iter().position(|e| !e) else {
+                continue;
+            };
+            return Some(Divergence {
+                stage: s.stage.clone(),
+                phase,
+                position: seq_position(cmp, phase, row),
+                cosine: s.cosine_by_position.get(row).copied().unwrap_or(f64::NAN),
+                nmse: s.nmse_by_position.get(row).copied().unwrap_or(f64::NAN),
+            });
+        }
+    }
+    None
+}
+
 /// Format a metric's value (or threshold) the way failure lines and reports show it: KL in scientific
 /// notation, everything else fixed with trailing zeros trimmed.
 pub fn fmt_metric(metric: &str, v: f64) -> String {
     match metric {
         "mean_kl" | "max_kl" => fmt_sci(v, 3),
-        "tokens_match" => fmt_fixed(v, 0),
+        "tokens_match" | "stage_exact" => fmt_fixed(v, 0),
         _ => fmt_fixed(v, 8),
     }
 }

@@ -48,6 +48,8 @@ fn stage(id: &str, phase: Phase, cos: &[f64], nmse: &[f64]) -> StageComparison {
         worst_position: worst,
         cosine_by_position: cos.to_vec(),
         nmse_by_position: nmse.to_vec(),
+        storage: Some(lockstep::npz::Dtype::F32),
+        exact_at_storage_by_position: nmse.iter().map(|&n| n == 0.0).collect(),
     }
 }
 
@@ -130,6 +132,7 @@ fn th() -> CellThresholds {
         stage_min_cosine: 0.999,
         margin_tolerance: 0.01,
         stage_max_nmse: None,
+        stage_exact: false,
     }
 }
 
@@ -555,4 +558,52 @@ fn first_divergent_sees_scale_errors_through_nmse() {
         (d.stage.as_str(), d.position, d.nmse),
         ("blk.0.attn_norm", 1, 0.3)
     );
+}
+
+#[test]
+fn stage_exact_fails_on_any_difference_at_storage_precision_and_marks_it_first() {
+    // a scale error too small for the cosine and NMSE cutoffs (a wrong RMSNorm epsilon: NMSE ~4e-7)
+    let mut cmp = good();
+    for s in &mut cmp.stages {
+        s.exact_at_storage_by_position
+            .iter_mut()
+            .for_each(|e| *e = true);
+    }
+    let th_exact = CellThresholds {
+        stage_exact: true,
+        ..th()
+    };
+    let c = cell("ggml");
+    let v = evaluate(&c, &cmp, &th_exact);
+    assert!(v.pass && v.first_divergent.is_none(), "{v:#?}");
+    let i = cmp
+        .stages
+        .iter()
+        .position(|s| s.stage == "blk.1.out" && s.phase == Phase::Prefill)
+        .unwrap();
+    cmp.stages[i].nmse_by_position[1] = 4e-7;
+    cmp.stages[i].exact_at_storage_by_position[1] = false;
+    // the cutoffs see nothing ...
+    let v = evaluate(&c, &cmp, &th());
+    assert!(v.pass && v.first_divergent.is_none(), "{v:#?}");
+    // ... bit equality does, and names the stage and position
+    let v = evaluate(&c, &cmp, &th_exact);
+    assert!(!v.pass);
+    assert_eq!(v.failures.len(), 1, "{v:#?}");
+    assert_eq!(v.failures[0].metric, "stage_exact");
+    let d = v.first_divergent.as_ref().unwrap();
+    assert_eq!(
+        (d.stage.as_str(), d.phase, d.position),
+        ("blk.1.out", Phase::Prefill, 1)
+    );
+    let line = failure_line(&c, &v).unwrap();
+    assert!(
+        line.contains("stage_exact = 0 (threshold 1)")
+            && line.contains("blk.1.out prefill position 1"),
+        "{line}"
+    );
+    // a comparison without the storage check cannot pass a stage_exact gate
+    cmp.stages[i].exact_at_storage_by_position.clear();
+    let v = evaluate(&c, &cmp, &th_exact);
+    assert!(!v.pass && v.failures[0].value.is_nan(), "{v:#?}");
 }

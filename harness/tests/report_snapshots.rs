@@ -71,6 +71,8 @@ fn stage(id: &str, phase: Phase, cos: &[f64], nmse: &[f64]) -> StageComparison {
         worst_position: worst,
         cosine_by_position: cos.to_vec(),
         nmse_by_position: nmse.to_vec(),
+        storage: Some(lockstep::npz::Dtype::F32),
+        exact_at_storage_by_position: nmse.iter().map(|&n| n == 0.0).collect(),
     }
 }
 
