@@ -330,5 +330,6 @@ pub fn run_cell(
         comparison,
         speed,
         verdict,
+        thresholds: Some(th),
     })
 }

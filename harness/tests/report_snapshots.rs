@@ -198,7 +198,8 @@ fn report() -> Report {
     let th = Thresholds::parse(THRESHOLDS, "ci/thresholds.toml").unwrap();
     let mk = |c: Cell, bad: bool, speed: Speed| {
         let comparison = comparison(bad);
-        let verdict = evaluate(&c, &comparison, &th.for_cell(&c).unwrap());
+        let cell_th = th.for_cell(&c).unwrap();
+        let verdict = evaluate(&c, &comparison, &cell_th);
         let ggml_target = (c.mode == "ggml").then(|| "avx512".to_string());
         CellReport {
             golden_path: golden_path_for(&c),
@@ -213,6 +214,7 @@ fn report() -> Report {
             comparison,
             speed,
             verdict,
+            thresholds: Some(cell_th),
         }
     };
     Report {
@@ -311,7 +313,7 @@ fn report_json_round_trips_with_infinities() {
         .collect();
     let mut names = names;
     names.sort();
-    assert_eq!(names, ["report.json", "report.md", "results.csv"]);
+    assert_eq!(names, ["plots", "report.json", "report.md", "results.csv"]);
     let json = std::fs::read_to_string(out.join("report.json")).unwrap();
     assert!(
         json.contains("\"inf\""),
@@ -422,5 +424,39 @@ fn write_report_leaves_nothing_behind_when_it_fails() {
             assert!(entries(&ro).is_empty());
         }
         std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+#[test]
+fn every_cell_gets_an_error_vs_depth_svg_linked_from_report_md() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = report();
+    let out = write_report(dir.path(), &r).unwrap();
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for (i, c) in r.cells.iter().enumerate() {
+        let name = lockstep::report::plot_file_name(i, c);
+        assert!(
+            md.contains(&format!("]({name})")),
+            "report.md does not link {name}"
+        );
+        let svg = std::fs::read_to_string(out.join(&name)).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+            "{name}"
+        );
+        // one line per stage kind, the residual stream's decode steps, the axis and its floor label
+        for needle in [
+            "blk.N.out",
+            "blk.N.attn_norm",
+            "blk.N.out (decode)",
+            "layer",
+            "NMSE",
+        ] {
+            assert!(svg.contains(needle), "{name}: no {needle:?}");
+        }
+        let th = c.thresholds.as_ref().unwrap();
+        if let Some(cut) = th.stage_max_nmse {
+            assert!(svg.contains(&format!("stage_max_nmse {cut:e}")), "{name}");
+        }
     }
 }

@@ -1,7 +1,10 @@
-//! Fuzz the tokenizers: any byte string (taken as text, invalid UTF-8 replaced by U+FFFD as a prompt file
-//! would be refused or a CLI argument would be lossily converted) must tokenize without panicking, with
-//! and without special-token parsing, to ids inside the vocabulary; and decoding the ids of a plain encode
-//! (no BOS, no special parsing) must give the text back byte for byte.
+//! Fuzz the tokenizers: any byte string (taken as text, invalid UTF-8 replaced by U+FFFD as a CLI argument
+//! would be lossily converted) must tokenize without panicking, with and without BOS and special-token
+//! parsing, to ids inside the vocabulary, the same ids on a second call, and decode without panicking.
+//!
+//! `decode(encode(text)) == text` is *not* asserted: llama.cpp's `llama_tokenize` drops bytes its
+//! vocabulary has no token for (SmolLM2's BPE drops U+0004, found by this target), and lockstep
+//! reproduces llama.cpp, not an ideal tokenizer.
 //!
 //! Tokenizers: the synthetic byte-level BPE of `lockstep_engine::fixtures::TinyLlama`, plus every GGUF
 //! named in `$LOCKSTEP_FUZZ_GGUF` (colon-separated paths, e.g. the cached SmolLM2, Gemma 3 and Qwen2.5
@@ -42,10 +45,9 @@ fuzz_target!(|data: &[u8]| {
             for &id in &ids {
                 assert!((id as usize) < t.vocab_size(), "{name}: id {id} outside the vocabulary");
             }
-            let back = t.decode(&ids);
-            if !add_special && !parse_special {
-                assert_eq!(back, text, "{name}: decode(encode(text)) != text");
-            }
+            let again = t.encode(&text, add_special, parse_special).ok();
+            assert_eq!(again.as_ref(), Some(&ids), "{name}: encode is not deterministic");
+            let _ = t.decode(&ids);
         }
     }
 });

@@ -8,11 +8,12 @@ use super::csv::render_csv;
 use super::environment::git;
 use super::json::{from_value, parse_value, to_json_pretty};
 use super::markdown::render_markdown;
+use super::plot::{error_vs_depth_svg, plot_file_name};
 use super::{Report, REPORT_JSON, REPORT_MD, REPORT_SCHEMA_VERSION, RESULTS_CSV};
 use crate::format::civil;
 
-/// Write `report.json`, `report.md` and `results.csv` into `reports_root/<run_id>/`, atomically: all
-/// three are written into a temporary directory `reports_root/.<run_id>.partial-XXXX`, which is then
+/// Write `report.json`, `report.md`, `results.csv` and one error-vs-depth SVG per cell (`plots/`) into
+/// `reports_root/<run_id>/`, atomically: all are written into a temporary directory `reports_root/.<run_id>.partial-XXXX`, which is then
 /// renamed into place. On any error nothing is left at `reports_root/<run_id>` (and the temporary
 /// directory is removed). Refuses a run id that is empty, starts with `.` or holds a path separator, and
 /// a report directory that already exists. Returns the report directory.
@@ -25,6 +26,12 @@ pub fn write_report(reports_root: &Path, r: &Report) -> Result<PathBuf> {
     let json = to_json_pretty(r).with_context(|| format!("report {id}: report.json"))?;
     let md = render_markdown(r);
     let csv = render_csv(r);
+    let plots = r
+        .cells
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Ok((plot_file_name(i, c), error_vs_depth_svg(c)?)))
+        .collect::<Result<Vec<(String, String)>>>()?;
 
     std::fs::create_dir_all(reports_root).with_context(|| {
         format!(
@@ -49,7 +56,13 @@ pub fn write_report(reports_root: &Path, r: &Report) -> Result<PathBuf> {
                 reports_root.display()
             )
         })?;
-    for (name, text) in [(REPORT_JSON, &json), (REPORT_MD, &md), (RESULTS_CSV, &csv)] {
+    let files = [(REPORT_JSON, &json), (REPORT_MD, &md), (RESULTS_CSV, &csv)];
+    let plot_files = plots.iter().map(|(n, t)| (n.as_str(), t));
+    if !plots.is_empty() {
+        let dir = tmp.path().join("plots");
+        std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    for (name, text) in files.into_iter().chain(plot_files) {
         let p = tmp.path().join(name);
         std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
         // Durable before the rename makes the directory visible.

@@ -10,7 +10,7 @@ pub fn to_json_pretty<T: Serialize + ?Sized>(value: &T) -> Result<String> {
     let mut buf = Vec::new();
     let mut ser = serde_json::Serializer::pretty(&mut buf);
     value
-        .serialize(json::Ser(&mut ser))
+        .serialize(adapter::Ser(&mut ser))
         .context("cannot serialize to JSON")?;
     buf.push(b'\n');
     String::from_utf8(buf).context("serialized JSON is not UTF-8")
@@ -30,11 +30,11 @@ pub(crate) fn parse_value(text: &str) -> std::result::Result<serde_json::Value, 
 }
 
 pub(crate) fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T> {
-    Ok(T::deserialize(json::De(value))?)
+    Ok(T::deserialize(adapter::De(value))?)
 }
 
 /// A serde adapter that maps non-finite floats to strings and back.
-mod json {
+mod adapter {
     use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
     use serde::ser::{self, Serialize, Serializer};
     use serde_json::Value;

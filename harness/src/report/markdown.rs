@@ -275,8 +275,13 @@ pub fn render_markdown(r: &Report) -> String {
 
     // Error vs depth.
     let _ = writeln!(md, "## Error vs depth (blk.N.out, output_norm)\n");
-    for c in &r.cells {
+    for (i, c) in r.cells.iter().enumerate() {
         let _ = writeln!(md, "### {}\n", c.cell.id());
+        let _ = writeln!(
+            md,
+            "![error vs depth, every stage kind]({})\n",
+            super::plot_file_name(i, c)
+        );
         // layer key: Some(N) for blk.N.out, None for output_norm (sorted last).
         let mut rows: BTreeMap<(bool, usize), [Option<&StageComparison>; 2]> = BTreeMap::new();
         for s in c

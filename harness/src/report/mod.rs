@@ -21,6 +21,7 @@ mod environment;
 mod files;
 mod json;
 mod markdown;
+mod plot;
 #[cfg(test)]
 mod tests;
 
@@ -40,6 +41,7 @@ pub use files::{
 };
 pub use json::{from_json, to_json_pretty};
 pub use markdown::render_markdown;
+pub use plot::{error_vs_depth_svg, plot_file_name};
 
 pub const REPORT_SCHEMA_VERSION: u32 = 1;
 
@@ -174,6 +176,9 @@ pub struct CellReport {
     pub speed: Speed,
     /// The gate's verdict.
     pub verdict: Verdict,
+    /// The thresholds the verdict applied (absent in reports of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thresholds: Option<crate::gate::CellThresholds>,
 }
 
 /// Definitions of every metric a report shows (the text of `metrics.rs`'s module doc, plus the gate's
