@@ -54,6 +54,9 @@ pub enum Command {
         #[arg(long)]
         thresholds: Option<PathBuf>,
     },
+    /// Find the first stage where the engine computes something else than the golden, with each layer's
+    /// reference input injected, and say whether it is a bug of one stage or accumulated drift.
+    Bisect(BisectArgs),
     /// Print the token ids of a prompt, as the engine (and llama.cpp) tokenizes it.
     Tokenize {
         #[command(flatten)]
@@ -139,6 +142,35 @@ pub struct DumpArgs {
     /// Output .npz path.
     #[arg(long)]
     pub out: PathBuf,
+}
+
+/// Arguments of `lockstep bisect`.
+#[derive(Debug, Args)]
+pub struct BisectArgs {
+    /// Model id (its goldens are under golden/<id>/).
+    #[arg(long)]
+    pub model: String,
+    /// Prompt id of the golden.
+    #[arg(long)]
+    pub prompt: String,
+    /// Numerics mode: `reference` or `ggml`.
+    #[arg(long, default_value = "ggml")]
+    pub mode: NumericsMode,
+    /// Oracle directory of the golden.
+    #[arg(long, default_value = "llama.cpp-f32kv")]
+    pub oracle: String,
+    /// Mirror this ggml-cpu build (`avx2`, `avx512`) instead of the one the golden records.
+    #[arg(long)]
+    pub ggml_target: Option<GgmlTarget>,
+    /// The golden directory.
+    #[arg(long)]
+    pub golden_dir: Option<PathBuf>,
+    /// The thresholds file (the floors).
+    #[arg(long)]
+    pub thresholds: Option<PathBuf>,
+    /// Also write the full result (both passes' comparisons) as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 /// Arguments of `lockstep run`.
@@ -347,6 +379,31 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Generate(a) => generate(a)?,
         Command::Run(a) => return run_matrix(a, threads),
         Command::Gate { report, thresholds } => return gate(&report, thresholds.as_deref()),
+        Command::Bisect(a) => {
+            let root = repo_root();
+            let opts = crate::bisect::BisectOptions {
+                golden_dir: a.golden_dir.unwrap_or_else(|| root.join("golden")),
+                thresholds: a
+                    .thresholds
+                    .unwrap_or_else(|| root.join("ci/thresholds.toml")),
+                model: a.model,
+                prompt: a.prompt,
+                mode: a.mode,
+                oracle: a.oracle,
+                ggml_target: a.ggml_target,
+            };
+            let r = crate::bisect::bisect(&opts)?;
+            print!("{}", crate::bisect::render(&r));
+            if let Some(p) = &a.json {
+                let text = crate::report::to_json_pretty(&r)?;
+                std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?;
+            }
+            return Ok(if r.finding == crate::bisect::Finding::None {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            });
+        }
         Command::Dump(a) => {
             let model = load_model(&a.model.model)?;
             let tokens = match (&a.prompt, &a.tokens) {

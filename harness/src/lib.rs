@@ -15,6 +15,7 @@
 //! - [`run`] — `lockstep run`: every cell of the matrix against its golden, compared, gated, reported.
 //! - [`cli`] — command-line parsing and the subcommands.
 
+pub mod bisect;
 pub mod capture;
 pub mod cli;
 pub mod compare;

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use lockstep_engine::hooks::Recorder;
+use lockstep_engine::hooks::{Recorder, StageSink};
 use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::NumericsMode;
 
@@ -271,32 +271,8 @@ pub fn run_cell(
     let mut engine = factory(cell, model_path, &entry.arch)?;
     let own_tokens = engine.tokenize(&entry.prompt, entry.add_special, entry.parse_special)?;
 
-    // Recorded pass: prefill, then teacher-forced decode.
     engine.reset(mode, target, n_ctx)?;
-    let mut rec = Recorder::new();
-    let prefill_logits = engine.forward(&tokens, &mut rec)?;
-    let mut prefill = recorded_arrays(rec)?;
-    prefill.insert("logits".into(), prefill_logits);
-    let mut rec = Recorder::new();
-    let mut decode_logits = Vec::new();
-    for &t in &decode_tokens {
-        decode_logits.push(engine.forward(&[t], &mut rec)?);
-    }
-    let mut decode = recorded_arrays(rec)?;
-    if !decode_logits.is_empty() {
-        let views: Vec<_> = decode_logits.iter().map(|a| a.view()).collect();
-        decode.insert(
-            "logits".into(),
-            ndarray::concatenate(ndarray::Axis(0), &views)?,
-        );
-    }
-    let stage_order: Vec<String> = engine.stages().into_iter().map(|(s, _)| s).collect();
-    let out = EngineOutput {
-        own_tokens,
-        prefill,
-        decode,
-        stage_order,
-    };
+    let out = capture(engine.as_mut(), own_tokens, &tokens, &decode_tokens, None)?;
 
     let th = thresholds.for_cell(cell)?;
     let stage_map = manifest.stage_map(&entry.oracle.name, &entry.arch);
@@ -332,4 +308,106 @@ pub fn run_cell(
         verdict,
         thresholds: Some(th),
     })
+}
+
+/// Golden rows to inject while capturing, by canonical stage id: the prefill's `[T, D]` arrays and the
+/// decode steps' `[N, D]` arrays (see [`capture`]).
+#[derive(Clone, Debug, Default)]
+pub struct Injection {
+    /// Prefill stages, row `t` = position `t`.
+    pub prefill: BTreeMap<String, ndarray::Array2<f32>>,
+    /// Decode stages, row `i` = decode step `i`.
+    pub decode: BTreeMap<String, ndarray::Array2<f32>>,
+}
+
+/// The capture step of the pipeline: run `tokens` as one prefill and then `decode_tokens` one per step
+/// (teacher forcing) through an engine already [`Engine::reset`], recording every stage and the logits.
+///
+/// With `inject`, every stage the injection holds is replaced by the golden's rows *after* the engine's
+/// own value is recorded ([`InjectingSink`]), so each later layer computes from the reference input and
+/// its recorded stages measure that layer's local error alone (what `lockstep bisect` compares).
+///
+/// Errors: whatever the engine reports.
+pub fn capture(
+    engine: &mut dyn Engine,
+    own_tokens: Vec<u32>,
+    tokens: &[u32],
+    decode_tokens: &[u32],
+    inject: Option<&Injection>,
+) -> Result<EngineOutput> {
+    let empty = BTreeMap::new();
+    let mut sink = InjectingSink::new(inject.map_or(&empty, |i| &i.prefill), 0);
+    let prefill_logits = engine.forward(tokens, &mut sink)?;
+    let mut prefill = recorded_arrays(sink.rec)?;
+    prefill.insert("logits".into(), prefill_logits);
+    let mut sink = InjectingSink::new(inject.map_or(&empty, |i| &i.decode), tokens.len());
+    let mut decode_logits = Vec::new();
+    for &t in decode_tokens {
+        decode_logits.push(engine.forward(&[t], &mut sink)?);
+    }
+    let mut decode = recorded_arrays(sink.rec)?;
+    if !decode_logits.is_empty() {
+        let views: Vec<_> = decode_logits.iter().map(|a| a.view()).collect();
+        decode.insert(
+            "logits".into(),
+            ndarray::concatenate(ndarray::Axis(0), &views)?,
+        );
+    }
+    let stage_order: Vec<String> = engine.stages().into_iter().map(|(s, _)| s).collect();
+    Ok(EngineOutput {
+        own_tokens,
+        prefill,
+        decode,
+        stage_order,
+    })
+}
+
+/// A sink that records every stage, then overwrites the stages it holds golden rows for (row `p - row0`
+/// for sequence position `p`) — the engine's replace hook, used to hand each layer the reference input.
+pub struct InjectingSink<'a> {
+    /// What was recorded (the engine's own values, before any replacement).
+    pub rec: Recorder,
+    inject: &'a BTreeMap<String, ndarray::Array2<f32>>,
+    row0: usize,
+}
+
+impl<'a> InjectingSink<'a> {
+    /// Inject `inject` (by canonical id); golden row 0 is sequence position `row0`.
+    pub fn new(inject: &'a BTreeMap<String, ndarray::Array2<f32>>, row0: usize) -> Self {
+        InjectingSink {
+            rec: Recorder::new(),
+            inject,
+            row0,
+        }
+    }
+}
+
+impl StageSink for InjectingSink<'_> {
+    fn wants(&self, _stage: lockstep_engine::Stage) -> bool {
+        true
+    }
+
+    fn on_stage(
+        &mut self,
+        stage: lockstep_engine::Stage,
+        positions: std::ops::Range<usize>,
+        width: usize,
+        data: &mut [f32],
+    ) {
+        self.rec.on_stage(stage, positions.clone(), width, data);
+        let Some(g) = self.inject.get(&stage.to_string()) else {
+            return;
+        };
+        if g.ncols() != width {
+            return; // a shape the comparison reports; never inject a mismatched row
+        }
+        for (i, p) in positions.enumerate() {
+            if let Some(row) = p.checked_sub(self.row0).filter(|&r| r < g.nrows()) {
+                data[i * width..(i + 1) * width]
+                    .iter_mut()
+                    .zip(g.row(row))
+                    .for_each(|(d, &v)| *d = v);
+            }
+        }
+    }
 }
