@@ -136,11 +136,7 @@ pub fn bisect_with(
         })?
         .clone();
     golden::verify_golden(&opts.golden_dir, &entry)?;
-    golden::check_model(
-        &opts.golden_dir,
-        &entry,
-        &crate::hash::sha256_file(model)?,
-    )?;
+    golden::check_model(&opts.golden_dir, &entry, &crate::hash::sha256_file(model)?)?;
     let cell = Cell {
         model: opts.model.clone(),
         prompt: opts.prompt.clone(),
@@ -248,12 +244,14 @@ fn classify(
     for phase in [Phase::Prefill, Phase::Decode] {
         for s in local.stages.iter().filter(|s| s.phase == phase) {
             let exact_floor = th.stage_exact
-                && s.layer.is_some_and(|l| {
-                    stored_as(entry, phase, &input_of(l)) == Some(Dtype::F32)
-                });
+                && s.layer
+                    .is_some_and(|l| stored_as(entry, phase, &input_of(l)) == Some(Dtype::F32));
             let hit = |row: usize| -> bool {
                 if exact_floor {
-                    !s.exact_at_storage_by_position.get(row).copied().unwrap_or(false)
+                    !s.exact_at_storage_by_position
+                        .get(row)
+                        .copied()
+                        .unwrap_or(false)
                 } else {
                     s.cosine_by_position[row] < th.stage_min_cosine
                         || th
@@ -376,9 +374,11 @@ pub fn render(r: &BisectReport) -> String {
         "\n{:>5}  {:>14}  {:>26}  {:>10}  {:>12}",
         "layer", "accum out NMSE", "worst local stage", "local NMSE", "local exact"
     );
-    for row in r.layers.iter().filter(|row| {
-        at_layer.is_none_or(|l| row.layer + 3 >= l && row.layer <= l + 3)
-    }) {
+    for row in r
+        .layers
+        .iter()
+        .filter(|row| at_layer.is_none_or(|l| row.layer + 3 >= l && row.layer <= l + 3))
+    {
         let (ws, wn) = row
             .local_worst
             .as_ref()
@@ -393,7 +393,11 @@ pub fn render(r: &BisectReport) -> String {
             ws,
             wn,
             if row.local_exact { "yes" } else { "no" },
-            if Some(row.layer) == at_layer { "  <--" } else { "" }
+            if Some(row.layer) == at_layer {
+                "  <--"
+            } else {
+                ""
+            }
         );
     }
     out

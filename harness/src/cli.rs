@@ -503,7 +503,10 @@ fn generate(a: GenerateArgs) -> Result<()> {
         bail!("the prompt tokenizes to nothing");
     }
     model.check_context(prompt.len())?;
-    let n_ctx = (prompt.len() + a.n).min(model.info().n_ctx_train);
+    let n_ctx = prompt
+        .len()
+        .saturating_add(a.n)
+        .min(model.info().n_ctx_train);
     let mut session = model.session(n_ctx, a.mode);
     session.set_ggml_target(a.ggml_target.unwrap_or_else(GgmlTarget::host));
     let mut sampler = Sampler::new(SamplerConfig {

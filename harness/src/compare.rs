@@ -18,6 +18,13 @@ use crate::metrics::{
 };
 use crate::npz::Dtype;
 
+/// The [`NotCompared::reason`] of a stage the golden holds and the engine's stage list names, but the
+/// engine did not hand over.
+pub const ENGINE_DID_NOT_EMIT: &str = "the engine did not emit it";
+
+/// The [`NotCompared::reason`] of a stage the golden holds that is not in the engine's stage list.
+pub const ENGINE_HAS_NO_SUCH_STAGE: &str = "the engine does not emit this stage";
+
 /// Prefill (all prompt positions in one batch) or decode (one token per step through the KV cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -333,7 +340,7 @@ pub fn compare(
                     not_compared.push(NotCompared {
                         stage: id.clone(),
                         phase,
-                        reason: "the engine did not emit it".into(),
+                        reason: ENGINE_DID_NOT_EMIT.into(),
                     });
                     continue;
                 };
@@ -359,7 +366,7 @@ pub fn compare(
                 not_compared.push(NotCompared {
                     stage: g.clone(),
                     phase,
-                    reason: "the engine does not emit this stage".into(),
+                    reason: ENGINE_HAS_NO_SUCH_STAGE.into(),
                 });
             }
         }

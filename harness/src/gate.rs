@@ -673,7 +673,23 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
             .stages
             .iter()
             .find(|s| s.exact_at_storage_by_position.len() != s.cosine_by_position.len());
-        if let Some(s) = unmeasured {
+        let omitted = cmp.not_compared.iter().find(|n| {
+            n.reason == crate::compare::ENGINE_DID_NOT_EMIT
+                || n.reason == crate::compare::ENGINE_HAS_NO_SUCH_STAGE
+        });
+        if cmp.stages.is_empty() {
+            fail("stage_exact", f64::NAN, 1.0, "no stage was compared".into());
+        } else if let Some(n) = omitted {
+            fail(
+                "stage_exact",
+                f64::NAN,
+                1.0,
+                format!(
+                    "the golden holds {} ({}) but the engine did not emit it",
+                    n.stage, n.phase
+                ),
+            );
+        } else if let Some(s) = unmeasured {
             fail(
                 "stage_exact",
                 f64::NAN,

@@ -649,6 +649,9 @@ impl GoldenFile {
             bail!("{path}: array `tokens` holds token id {bad}, outside the vocabulary 0..{v} of its logits");
         }
         let positions = self.read_i32("logits_positions")?;
+        if self.entry.arrays["logits_positions"].shape.len() != 1 {
+            bail!("{path}: array `logits_positions` is not 1-D");
+        }
         if positions.len() != logits.nrows() {
             bail!(
                 "{path}: `logits_positions` lists {} positions, `logits` holds {} rows",

@@ -189,7 +189,10 @@ pub fn logit_position(position: usize, eng: &[f32], reference: RefLogits<'_>) ->
                 ref_top,
                 eng_top,
                 margin: r[ref_top as usize] as f64 - r[eng_top as usize] as f64,
-                ref_gap: r[ref_top10[0] as usize] as f64 - r[ref_top10[1] as usize] as f64,
+                ref_gap: r[ref_top as usize] as f64
+                    - ref_top10
+                        .get(1)
+                        .map_or(r[ref_top as usize] as f64, |&t| r[t as usize] as f64),
                 top5: overlap(&ref_top10, &eng_top10, 5),
                 top10: overlap(&ref_top10, &eng_top10, 10),
                 // clamp rounding below zero, but let a NaN through (never `max`, which eats it)

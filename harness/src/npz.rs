@@ -232,7 +232,8 @@ impl Npz {
                  it may hold here; refusing to decompress it"
             );
         }
-        let mut bytes = Vec::with_capacity(declared as usize);
+        // the declared size is a claim: grow past 1 MiB only as bytes actually arrive
+        let mut bytes = Vec::with_capacity(declared.min(1 << 20) as usize);
         (&mut f)
             .take(limit + 1)
             .read_to_end(&mut bytes)

@@ -28,8 +28,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Most bytes of a child's stdout that are read (token ids of the longest context fit many times over).
 pub const MAX_STDOUT_BYTES: u64 = 16 << 20;
 
-/// Process groups of running children, killed on an interrupt.
+/// Process groups of running children, killed on an interrupt. Held across `spawn` + registration, and
+/// by the interrupt handler until it exits, so no child can start unregistered or after an interrupt.
 static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+/// Set (under `LIVE_GROUPS`) once an interrupt arrived: no new child may start.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Scratch directories removed on an interrupt.
 static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
@@ -37,14 +40,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Kill every live child group and remove every registered scratch directory (interrupt path).
-pub fn kill_all_and_clean() {
-    for &pgid in lock(&LIVE_GROUPS).iter() {
+/// Kill every live child group and remove every registered scratch directory (interrupt path). The
+/// returned guard keeps any new child from starting until the process exits.
+pub fn kill_all_and_clean() -> std::sync::MutexGuard<'static, Vec<i32>> {
+    let groups = lock(&LIVE_GROUPS);
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+    for &pgid in groups.iter() {
         kill_group(pgid);
     }
     for dir in lock(&SCRATCH).iter() {
         let _ = std::fs::remove_dir_all(dir);
     }
+    groups
 }
 
 /// Install the SIGINT/SIGTERM/SIGHUP handler (once per process; later calls do nothing): kill the live
@@ -53,7 +60,7 @@ pub fn install_interrupt_handler() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let installed = ctrlc::set_handler(|| {
-            kill_all_and_clean();
+            let _held_until_exit = kill_all_and_clean();
             eprintln!(
                 "lockstep: interrupted; child processes killed, temporary directories removed"
             );
@@ -139,17 +146,31 @@ pub fn run_bounded(
         .stderr(Stdio::from(err_file));
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start the external engine ({what}): {shown}"))?;
-    let pgid = child.id() as i32;
-    lock(&LIVE_GROUPS).push(pgid);
+    // spawn and register under one lock: an interrupt either comes first (nothing starts) or finds the
+    // group registered and kills it
+    let (mut child, pgid) = {
+        let mut groups = lock(&LIVE_GROUPS);
+        if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+            bail!("interrupted: the external engine ({what}) is not started");
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start the external engine ({what}): {shown}"))?;
+        let pgid = child.id() as i32;
+        groups.push(pgid);
+        (child, pgid)
+    };
     let start = Instant::now();
     let mut pause = Duration::from_millis(2);
     let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Ok(status),
-            Ok(None) if start.elapsed() >= timeout => {
+        match exited_unreaped(pgid) {
+            // the leader is a zombie until reaped, so its pid (= the group id) cannot be reused yet:
+            // kill the helpers it left in its group first, then reap it
+            Ok(true) => {
+                kill_group(pgid);
+                break child.wait().map_err(anyhow::Error::new);
+            }
+            Ok(false) if start.elapsed() >= timeout => {
                 kill_group(pgid);
                 let _ = child.wait();
                 break Err(anyhow::anyhow!(
@@ -158,19 +179,17 @@ pub fn run_bounded(
                     timeout.as_secs_f64()
                 ));
             }
-            Ok(None) => {
+            Ok(false) => {
                 std::thread::sleep(pause.min(timeout.saturating_sub(start.elapsed())));
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
             Err(e) => {
                 kill_group(pgid);
                 let _ = child.wait();
-                break Err(anyhow::Error::new(e).context(format!("waiting for {shown}")));
+                break Err(e.context(format!("waiting for {shown}")));
             }
         }
     };
-    // helpers the child left running in its group go too
-    kill_group(pgid);
     lock(&LIVE_GROUPS).retain(|&g| g != pgid);
     let status = status?;
     let mut stdout = Vec::new();
@@ -186,6 +205,33 @@ pub fn run_bounded(
         stdout,
         stderr,
     })
+}
+
+/// Whether child `pid` has exited, without reaping it (`waitid(P_PID, pid, WEXITED | WNOHANG | WNOWAIT)`).
+fn exited_unreaped(pid: i32) -> Result<bool> {
+    #[cfg(unix)]
+    {
+        // SAFETY: a zeroed siginfo_t is a valid out-parameter; waitid only writes into it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        if rc != 0 {
+            return Err(anyhow::Error::new(std::io::Error::last_os_error()));
+        }
+        // SAFETY: filled by waitid; si_pid is 0 when no child has changed state.
+        Ok(unsafe { info.si_pid() } != 0)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        Ok(true)
+    }
 }
 
 fn tail_of(path: &Path, n: u64) -> std::io::Result<Vec<u8>> {

@@ -96,8 +96,25 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
     let mut verified = std::collections::BTreeSet::new();
     for cell in &cells {
         let gpath = golden_path_for(cell);
+        let entry = golden_entry(opts, &manifest, &gpath)?;
         if verified.insert(gpath.clone()) {
-            golden::verify_golden(&opts.golden_dir, golden_entry(opts, &manifest, &gpath)?)?;
+            golden::verify_golden(&opts.golden_dir, entry)?;
+        }
+        let mode: NumericsMode = cell
+            .mode
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("cell {}: {e}", cell.id()))?;
+        if mode == NumericsMode::Ggml && opts.ggml_target.is_none() {
+            entry
+                .oracle
+                .ggml_target()
+                .with_context(|| format!("golden {gpath} (cell {})", cell.id()))?;
+        }
+        if (opts.force_external || cell.engine == "external") && opts.external.is_none() {
+            bail!(
+                "cell {} runs an external engine but no --engine-cmd was given",
+                cell.id()
+            );
         }
     }
     let inputs = run_inputs(opts)?;
@@ -154,7 +171,7 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
     let incomplete = failure.as_ref().map(|(e, i)| report::Incomplete {
         failed_cell: cells[*i].id(),
         error: format!("{e:#}"),
-        cells_not_run: cells.len() - i,
+        cells_not_run: cells.len() - i - 1,
     });
     let report = Report {
         schema_version: REPORT_SCHEMA_VERSION,

@@ -56,7 +56,11 @@ fn a_one_element_change_is_named_by_layer_stage_and_phase() {
         let text = lockstep::bisect::render(&r);
         match &r.finding {
             Finding::Structural { at, .. } => {
-                assert_eq!((at.stage.as_str(), at.phase), (stage, Phase::Prefill), "{text}");
+                assert_eq!(
+                    (at.stage.as_str(), at.phase),
+                    (stage, Phase::Prefill),
+                    "{text}"
+                );
             }
             other => panic!("{stage}: {other:?}\n{text}"),
         }

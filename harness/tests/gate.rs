@@ -602,6 +602,19 @@ fn stage_exact_fails_on_any_difference_at_storage_precision_and_marks_it_first()
             && line.contains("blk.1.out prefill position 1"),
         "{line}"
     );
+    // a golden stage the engine never emitted cannot pass a stage_exact gate either
+    let mut missing = cmp.clone();
+    missing.stages[i].exact_at_storage_by_position[1] = true;
+    missing.not_compared.push(NotCompared {
+        stage: "blk.1.ffn_act".into(),
+        phase: Phase::Prefill,
+        reason: lockstep::compare::ENGINE_HAS_NO_SUCH_STAGE.into(),
+    });
+    let v = evaluate(&c, &missing, &th_exact);
+    assert!(
+        !v.pass && v.failures[0].detail.contains("blk.1.ffn_act"),
+        "{v:#?}"
+    );
     // a comparison without the storage check cannot pass a stage_exact gate
     cmp.stages[i].exact_at_storage_by_position.clear();
     let v = evaluate(&c, &cmp, &th_exact);

@@ -8,7 +8,7 @@ use super::csv::render_csv;
 use super::environment::git;
 use super::json::{from_value, parse_value, to_json_pretty};
 use super::markdown::render_markdown;
-use super::plot::{error_vs_depth_svg, plot_file_name};
+use super::plot::{error_vs_depth_svg, plot_error_svg, plot_file_name};
 use super::{Report, REPORT_JSON, REPORT_MD, REPORT_SCHEMA_VERSION, RESULTS_CSV};
 use crate::format::civil;
 
@@ -30,8 +30,13 @@ pub fn write_report(reports_root: &Path, r: &Report) -> Result<PathBuf> {
         .cells
         .iter()
         .enumerate()
-        .map(|(i, c)| Ok((plot_file_name(i, c), error_vs_depth_svg(c)?)))
-        .collect::<Result<Vec<(String, String)>>>()?;
+        .map(|(i, c)| {
+            // a plot is a view of numbers report.json already holds: one that cannot be drawn must not
+            // cost the report, so it is replaced by a page saying why
+            let svg = error_vs_depth_svg(c).unwrap_or_else(|e| plot_error_svg(&format!("{e:#}")));
+            (plot_file_name(i, c), svg)
+        })
+        .collect::<Vec<(String, String)>>();
 
     std::fs::create_dir_all(reports_root).with_context(|| {
         format!(

@@ -119,7 +119,7 @@ pub struct Incomplete {
     pub failed_cell: String,
     /// The error, with its causes.
     pub error: String,
-    /// Cells of the matrix not run.
+    /// Cells of the matrix after the failed one, not run.
     pub cells_not_run: usize,
 }
 

@@ -93,6 +93,7 @@ pub fn error_vs_depth_svg(c: &CellReport) -> Result<String> {
         .map(y_of)
         .chain(cutoff)
         .fold(1e-6_f64, f64::max)
+        .min(1e30)
         * 10.0;
     let mut svg = String::new();
     {
@@ -197,4 +198,20 @@ pub fn error_vs_depth_svg(c: &CellReport) -> Result<String> {
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// The page written in place of a plot that could not be drawn: the reason, as SVG text.
+pub fn plot_error_svg(reason: &str) -> String {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (960, 80)).into_drawing_area();
+        let _ = root.fill(&WHITE);
+        let _ = root.draw(&Text::new(
+            format!("error vs depth could not be drawn: {reason}"),
+            (10, 30),
+            ("sans-serif", 13).into_font(),
+        ));
+        let _ = root.present();
+    }
+    svg
 }

@@ -64,4 +64,3 @@ impl Engine for Corrupting {
         self.inner.forward(tokens, &mut s)
     }
 }
-
