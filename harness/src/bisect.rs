@@ -34,7 +34,9 @@ use serde::{Deserialize, Serialize};
 use crate::compare::{compare, CellComparison, Phase, StageComparison};
 use crate::engine::{Engine, LockstepEngine};
 use crate::format::{fmt_cos, fmt_e3};
-use crate::gate::{first_divergent, first_inexact, CellThresholds, Divergence, Thresholds};
+use crate::gate::{
+    first_divergent, first_inexact, seq_position, CellThresholds, Divergence, Thresholds,
+};
 use crate::golden::{self, GoldenEntry, GoldenFile};
 use crate::matrix::Cell;
 use crate::npz::Dtype;
@@ -227,13 +229,6 @@ fn stored_as(entry: &GoldenEntry, phase: Phase, id: &str) -> Option<Dtype> {
     entry.arrays.get(&key).map(|a| a.dtype)
 }
 
-fn seq_position(cmp: &CellComparison, phase: Phase, row: usize) -> usize {
-    match phase {
-        Phase::Prefill => row,
-        Phase::Decode => cmp.golden_tokens.len() + row,
-    }
-}
-
 /// Apply the floors to the local pass, in forward order; fall back on the accumulated marker.
 fn classify(
     entry: &GoldenEntry,
@@ -296,13 +291,6 @@ fn divergence(cmp: &CellComparison, s: &StageComparison, row: usize) -> Divergen
     }
 }
 
-fn max_nmse(s: &StageComparison) -> f64 {
-    s.nmse_by_position
-        .iter()
-        .copied()
-        .fold(0.0, |m: f64, x| if x > m || x.is_nan() { x } else { m })
-}
-
 fn layer_rows(accumulated: &CellComparison, local: &CellComparison) -> Vec<LayerRow> {
     let mut rows: BTreeMap<usize, LayerRow> = BTreeMap::new();
     let new = |l: usize| LayerRow {
@@ -315,16 +303,16 @@ fn layer_rows(accumulated: &CellComparison, local: &CellComparison) -> Vec<Layer
         if let (Some(l), Phase::Prefill) = (s.layer, s.phase) {
             let r = rows.entry(l).or_insert_with(|| new(l));
             if s.stage.ends_with(".out") {
-                r.accumulated_out_nmse = Some(max_nmse(s));
+                r.accumulated_out_nmse = Some(s.max_nmse());
             }
         }
     }
     for s in &local.stages {
         let Some(l) = s.layer else { continue };
         let r = rows.entry(l).or_insert_with(|| new(l));
-        r.local_exact &= s.exact_at_storage_by_position.iter().all(|&e| e);
+        r.local_exact &= s.exact_at_storage();
         if s.phase == Phase::Prefill {
-            let n = max_nmse(s);
+            let n = s.max_nmse();
             if r.local_worst.as_ref().is_none_or(|(_, w)| n > *w) {
                 r.local_worst = Some((s.stage.clone(), n));
             }

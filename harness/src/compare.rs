@@ -96,6 +96,22 @@ pub struct StageComparison {
     pub nmse_by_position: Vec<f64>,
 }
 
+impl StageComparison {
+    /// The largest NMSE over the positions (NaN if any is NaN; 0 without positions).
+    pub fn max_nmse(&self) -> f64 {
+        self.nmse_by_position
+            .iter()
+            .copied()
+            .fold(0.0, |m: f64, x| if x > m || x.is_nan() { x } else { m })
+    }
+
+    /// Every position equal to the golden at its storage precision (false when not measured).
+    pub fn exact_at_storage(&self) -> bool {
+        !self.exact_at_storage_by_position.is_empty()
+            && self.exact_at_storage_by_position.iter().all(|&e| e)
+    }
+}
+
 /// A stage that was not compared, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NotCompared {

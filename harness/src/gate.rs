@@ -425,7 +425,7 @@ pub fn is_out_stage(stage: &str) -> bool {
 }
 
 /// Sequence position of row `row` of a stage in `phase` (decode rows start at the prompt length).
-fn seq_position(cmp: &CellComparison, phase: Phase, row: usize) -> usize {
+pub fn seq_position(cmp: &CellComparison, phase: Phase, row: usize) -> usize {
     match phase {
         Phase::Prefill => row,
         Phase::Decode => cmp.golden_tokens.len() + row,

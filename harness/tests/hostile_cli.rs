@@ -2,6 +2,8 @@
 //! a clear error naming the file or argument and the fault, exit status 2, no panic, nothing half-written.
 //! Synthetic models only (no download), so these run in every `cargo test`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -165,17 +167,7 @@ fn a_model_that_computes_nan_fails_naming_the_first_non_finite_stage() {
 
 /// An external engine whose every call starts a helper and hangs.
 fn hanging_engine(dir: &Path, timeout: Duration) -> (ExternalEngine, PathBuf) {
-    let pids = dir.join("pids");
-    let script = dir.join("hang.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nsleep 300 &\necho $$ $! >> {}\nwait\n",
-            pids.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (script, pids) = common::hanging_script(dir);
     let s = script.display();
     let cmds = ExternalCommands {
         forward: format!("{s} {{tokens}} {{out}}"),
@@ -186,13 +178,6 @@ fn hanging_engine(dir: &Path, timeout: Duration) -> (ExternalEngine, PathBuf) {
         ExternalEngine::new(cmds, Path::new("/nonexistent/model.gguf"), "llama").unwrap(),
         pids,
     )
-}
-
-fn running(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
-        !st.rsplit_once(')')
-            .is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X']))
-    })
 }
 
 #[test]
@@ -211,10 +196,8 @@ fn a_hanging_external_engine_is_killed_with_its_helpers_at_the_timeout() {
     assert!(err.contains("(forward) did not finish"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(200));
-    let text = std::fs::read_to_string(&pids).unwrap();
-    for pid in text.split_whitespace().map(|p| p.parse::<i32>().unwrap()) {
-        assert!(!running(pid), "process {pid} outlived the timeout");
-    }
+    let left = common::still_running(&pids);
+    assert!(left.is_empty(), "processes {left:?} outlived the timeout");
 }
 
 #[test]

@@ -568,17 +568,7 @@ fn an_external_engine_is_recorded_and_ctrl_c_kills_it_and_removes_its_scratch() 
     let work = tempfile::tempdir().unwrap();
     let tmp = work.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();
-    let pids = work.path().join("pids");
-    let script = work.path().join("hang.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nsleep 300 &\necho $$ $! >> {}\nwait\n",
-            pids.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (script, pids) = common::hanging_script(work.path());
     let s = script.display().to_string();
     let mut c = lockstep_run(&work.path().join("reports"), "1");
     c.env("TMPDIR", &tmp).args([
@@ -608,17 +598,8 @@ fn an_external_engine_is_recorded_and_ctrl_c_kills_it_and_removes_its_scratch() 
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{out:?}");
     std::thread::sleep(std::time::Duration::from_millis(200));
-    for pid in std::fs::read_to_string(&pids)
-        .unwrap()
-        .split_whitespace()
-        .map(|p| p.parse::<i32>().unwrap())
-    {
-        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
-            !st.rsplit_once(')')
-                .is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X']))
-        });
-        assert!(!alive, "process {pid} outlived Ctrl-C");
-    }
+    let left = common::still_running(&pids);
+    assert!(left.is_empty(), "processes {left:?} outlived Ctrl-C");
     let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
     assert!(left.is_empty(), "scratch left behind: {left:?}");
 }

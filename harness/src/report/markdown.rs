@@ -62,10 +62,7 @@ pub(crate) fn phase_list(phases: &BTreeSet<Phase>) -> String {
 }
 
 pub(crate) fn seq_position(cmp: &CellComparison, s: &StageComparison, row: usize) -> usize {
-    match s.phase {
-        Phase::Prefill => row,
-        Phase::Decode => cmp.golden_tokens.len() + row,
-    }
+    crate::gate::seq_position(cmp, s.phase, row)
 }
 
 /// Top-1 counts of a cell with the margin tolerance its verdict used (its thresholds'

@@ -48,18 +48,10 @@ fn series(c: &CellReport) -> Series {
         if s.phase == Phase::Decode && kind != "out" {
             continue;
         }
-        let exact = !s.exact_at_storage_by_position.is_empty()
-            && s.exact_at_storage_by_position.iter().all(|&e| e);
-        let nmse = if exact {
+        let nmse = if s.exact_at_storage() {
             0.0
         } else {
-            s.nmse_by_position.iter().copied().fold(0.0_f64, |m, x| {
-                if x > m || x.is_nan() {
-                    x
-                } else {
-                    m
-                }
-            })
+            s.max_nmse()
         };
         out.entry((s.phase, kind)).or_default().insert(layer, nmse);
     }

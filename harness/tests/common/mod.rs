@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
+
 use anyhow::Result;
 use lockstep::engine::{Engine, EngineInfo, LockstepEngine};
 use lockstep_engine::hooks::StageSink;
@@ -63,4 +65,36 @@ impl Engine for Corrupting {
         };
         self.inner.forward(tokens, &mut s)
     }
+}
+
+/// A hanging "external engine" in `dir`: a shell script that starts a helper (`sleep 300 &`), appends
+/// its own pid and the helper's to `dir/pids`, and waits. Returns (script, pids file).
+pub fn hanging_script(dir: &Path) -> (PathBuf, PathBuf) {
+    let pids = dir.join("pids");
+    let script = dir.join("hang.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nsleep 300 &\necho $$ $! >> {}\nwait\n",
+            pids.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    (script, pids)
+}
+
+/// Every pid a [`hanging_script`] recorded that is still running (a zombie awaiting its reaper is not).
+pub fn still_running(pids: &Path) -> Vec<i32> {
+    std::fs::read_to_string(pids)
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse::<i32>().unwrap())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+                !st.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X']))
+            })
+        })
+        .collect()
 }
