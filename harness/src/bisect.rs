@@ -169,7 +169,7 @@ pub fn bisect_with(
     let out = capture(engine, own.clone(), &tokens, &decode_tokens, None)?;
     let accumulated = compare(&mut gf, &out, stage_map)?;
 
-    let injection = injection(&mut gf, &entry)?;
+    let (injection, known) = injection(&mut gf, &entry, &out, &accumulated)?;
     if injection.prefill.keys().all(|k| k == "embed") {
         bail!(
             "{}: the golden stores no blk.N.out stage to inject; bisect needs a golden with the layer outputs",
@@ -180,7 +180,7 @@ pub fn bisect_with(
     let out = capture(engine, own, &tokens, &decode_tokens, Some(&injection))?;
     let local = compare(&mut gf, &out, stage_map)?;
 
-    let finding = classify(&entry, &th, &accumulated, &local);
+    let finding = classify(&known, &th, &accumulated, &local);
     let layers = layer_rows(&accumulated, &local);
     Ok(BisectReport {
         cell,
@@ -191,26 +191,60 @@ pub fn bisect_with(
     })
 }
 
-/// The golden's `embed` and `blk.N.out` arrays, prefill and decode.
-fn injection(gf: &mut GoldenFile, entry: &GoldenEntry) -> Result<Injection> {
+/// Per (phase, input stage id): for each row, whether the injected value is the oracle's exact f32 value.
+type Known = BTreeMap<(Phase, String), Vec<bool>>;
+
+/// What to inject for each layer's input (`embed`, `blk.N.out`; prefill and decode), and per row whether
+/// it is the oracle's exact f32 value. A stage the golden stores in f32 is injected as stored (exact). One
+/// stored in f16 lost bits: where the engine's own accumulated row rounds to the stored one, the engine's
+/// row is injected instead — the oracle's value, or one it cannot be told from — and counts as exact;
+/// elsewhere the stored f16 row is injected and the layer is held to the cutoffs, not to bit equality.
+fn injection(
+    gf: &mut GoldenFile,
+    entry: &GoldenEntry,
+    own: &crate::compare::EngineOutput,
+    accumulated: &CellComparison,
+) -> Result<(Injection, Known)> {
     let mut inj = Injection::default();
+    let mut known = Known::new();
     let names: Vec<String> = entry.arrays.keys().cloned().collect();
     for name in names {
-        let (id, decode) = match name.strip_prefix("decode.") {
-            Some(id) => (id.to_string(), true),
-            None => (name.clone(), false),
+        let (id, phase) = match name.strip_prefix("decode.") {
+            Some(id) => (id.to_string(), Phase::Decode),
+            None => (name.clone(), Phase::Prefill),
         };
         if id != "embed" && !crate::gate::is_out_stage(&id) || id == "output_norm" {
             continue;
         }
-        let a = gf.read_f32(&name)?;
-        if decode {
-            inj.decode.insert(id, a);
-        } else {
-            inj.prefill.insert(id, a);
+        let mut rows = gf.read_f32(&name)?;
+        let mut exact = vec![true; rows.nrows()];
+        if entry.arrays[&name].dtype != Dtype::F32 {
+            let engine_rows = match phase {
+                Phase::Prefill => own.prefill.get(&id),
+                Phase::Decode => own.decode.get(&id),
+            };
+            let agree = accumulated
+                .stages
+                .iter()
+                .find(|s| s.stage == id && s.phase == phase)
+                .map(|s| s.exact_at_storage_by_position.clone())
+                .unwrap_or_default();
+            for (r, e) in exact.iter_mut().enumerate() {
+                match engine_rows {
+                    Some(mine) if agree.get(r) == Some(&true) && mine.dim() == rows.dim() => {
+                        rows.row_mut(r).assign(&mine.row(r));
+                    }
+                    _ => *e = false,
+                }
+            }
         }
+        known.insert((phase, id.clone()), exact);
+        match phase {
+            Phase::Prefill => inj.prefill.insert(id, rows),
+            Phase::Decode => inj.decode.insert(id, rows),
+        };
     }
-    Ok(inj)
+    Ok((inj, known))
 }
 
 /// The stage whose output feeds layer `layer` (its injected input): `blk.{layer-1}.out`, or `embed`.
@@ -221,28 +255,24 @@ fn input_of(layer: usize) -> String {
     }
 }
 
-fn stored_as(entry: &GoldenEntry, phase: Phase, id: &str) -> Option<Dtype> {
-    let key = match phase {
-        Phase::Prefill => id.to_string(),
-        Phase::Decode => format!("decode.{id}"),
-    };
-    entry.arrays.get(&key).map(|a| a.dtype)
-}
-
 /// Apply the floors to the local pass, in forward order; fall back on the accumulated marker.
 fn classify(
-    entry: &GoldenEntry,
+    known: &Known,
     th: &CellThresholds,
     accumulated: &CellComparison,
     local: &CellComparison,
 ) -> Finding {
     for phase in [Phase::Prefill, Phase::Decode] {
         for s in local.stages.iter().filter(|s| s.phase == phase) {
-            let exact_floor = th.stage_exact
-                && s.layer
-                    .is_some_and(|l| stored_as(entry, phase, &input_of(l)) == Some(Dtype::F32));
+            let input_known = |row: usize| {
+                s.layer.is_some_and(|l| {
+                    known
+                        .get(&(phase, input_of(l)))
+                        .is_some_and(|k| k.get(row) == Some(&true))
+                })
+            };
             let hit = |row: usize| -> bool {
-                if exact_floor {
+                if th.stage_exact && input_known(row) {
                     !s.exact_at_storage_by_position
                         .get(row)
                         .copied()
@@ -257,8 +287,9 @@ fn classify(
             if let Some(row) = (0..s.cosine_by_position.len()).find(|&r| hit(r)) {
                 return Finding::Structural {
                     at: divergence(local, s, row),
-                    floor: if exact_floor {
-                        "bit equality at the golden's storage precision (f32 input injected)".into()
+                    floor: if th.stage_exact && input_known(row) {
+                        "bit equality at the golden's storage precision (the layer's exact input injected)"
+                            .into()
                     } else {
                         format!(
                             "stage cutoffs (cosine < {}, NMSE > {})",
