@@ -21,10 +21,6 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-fn options(prompt: &str, mode: NumericsMode) -> BisectOptions {
-    options_for(MODEL, prompt, mode)
-}
-
 fn options_for(model: &str, prompt: &str, mode: NumericsMode) -> BisectOptions {
     BisectOptions {
         golden_dir: root().join("golden"),
