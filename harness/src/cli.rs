@@ -245,6 +245,8 @@ fn repo_root() -> PathBuf {
 }
 
 fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
+    // the first Ctrl-C stops the run and saves the finished cells; a second one quits at once
+    crate::process::set_graceful(true);
     let root = repo_root();
     let external = match (a.engine_cmd, a.engine_tokenize_cmd) {
         (Some(forward), Some(tokenize)) => Some(crate::engine::ExternalCommands {
@@ -333,7 +335,7 @@ fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Resul
 pub fn main() -> ExitCode {
     crate::process::install_interrupt_handler();
     let cli = Cli::parse();
-    match run(cli) {
+    let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
@@ -342,6 +344,11 @@ pub fn main() -> ExitCode {
             }
             ExitCode::from(2)
         }
+    };
+    if crate::process::interrupted() {
+        ExitCode::from(130)
+    } else {
+        code
     }
 }
 

@@ -54,12 +54,42 @@ pub fn kill_all_and_clean() -> std::sync::MutexGuard<'static, Vec<i32>> {
     groups
 }
 
-/// Install the SIGINT/SIGTERM/SIGHUP handler (once per process; later calls do nothing): kill the live
-/// child groups, remove the scratch directories, exit with status 130.
+/// Whether an interrupt arrived (see [`install_interrupt_handler`]).
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Let the first interrupt stop the work gracefully instead of exiting at once (`lockstep run`, which
+/// then saves the cells it finished).
+pub fn set_graceful(on: bool) {
+    GRACEFUL.store(on, std::sync::atomic::Ordering::SeqCst);
+}
+
+static GRACEFUL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Install the SIGINT/SIGTERM/SIGHUP handler (once per process; later calls do nothing).
+///
+/// By default an interrupt kills the live child groups, removes the scratch directories and exits with
+/// status 130. After [`set_graceful`]`(true)` the first interrupt only stops new children from starting
+/// and kills the live ones — the work in progress fails at once, and the caller, seeing [`interrupted`],
+/// saves what it finished; a second interrupt exits at once.
 pub fn install_interrupt_handler() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let installed = ctrlc::set_handler(|| {
+            let graceful = GRACEFUL.load(std::sync::atomic::Ordering::SeqCst);
+            if graceful && !interrupted() {
+                let groups = lock(&LIVE_GROUPS);
+                INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+                for &pgid in groups.iter() {
+                    kill_group(pgid);
+                }
+                drop(groups);
+                eprintln!(
+                    "lockstep: interrupted; stopping and saving the finished cells (interrupt again to quit at once)"
+                );
+                return;
+            }
             let _held_until_exit = kill_all_and_clean();
             eprintln!(
                 "lockstep: interrupted; child processes killed, temporary directories removed"

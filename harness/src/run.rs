@@ -138,6 +138,13 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
     let mut failure = None;
     for (i, cell) in cells.iter().enumerate() {
         bar.set_message(cell.id());
+        if crate::process::interrupted() {
+            failure = Some((
+                anyhow::anyhow!("interrupted (Ctrl-C) before cell {} ran", cell.id()),
+                i,
+            ));
+            break;
+        }
         let result = (|| {
             let (model_path, model_sha) = match model_cache.get(&cell.model) {
                 Some(x) => x.clone(),
@@ -161,7 +168,12 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         match result {
             Ok(r) => reports.push(r),
             Err(e) => {
-                failure = Some((e.context(format!("cell {}", cell.id())), i));
+                let e = if crate::process::interrupted() {
+                    e.context(format!("cell {} (interrupted by Ctrl-C)", cell.id()))
+                } else {
+                    e.context(format!("cell {}", cell.id()))
+                };
+                failure = Some((e, i));
                 break;
             }
         }

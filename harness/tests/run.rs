@@ -624,3 +624,78 @@ fn the_report_names_the_external_command_that_ran() {
     );
     assert_eq!(r.environment.threads, rayon::current_num_threads());
 }
+
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn ctrl_c_during_a_run_saves_the_cells_finished_before_it() {
+    // an external engine that is lockstep itself, except that it hangs on ggml-mode cells: the
+    // reference cell finishes, then Ctrl-C arrives while the ggml cell hangs
+    let work = tempfile::tempdir().unwrap();
+    let pids = work.path().join("pids");
+    let script = work.path().join("engine.sh");
+    let exe = env!("CARGO_BIN_EXE_lockstep");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             case \"$1\" in\n\
+             tokenize) shift; exec {exe} tokenize \"$@\" ;;\n\
+             forward) if [ \"$2\" = ggml ]; then sleep 300 & echo $$ $! >> {p}; wait; fi; shift 2; exec {exe} dump \"$@\" ;;\n\
+             esac\n",
+            p = pids.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let s = script.display().to_string();
+    let reports = work.path().join("reports");
+    let mut c = std::process::Command::new(exe);
+    c.current_dir(root()).args([
+        "run",
+        "--model",
+        MODEL,
+        "--prompt",
+        "one_token",
+        "--reports",
+        reports.to_str().unwrap(),
+        "--engine-cmd",
+        &format!(
+            "{s} forward {{mode}} --model {{model}} --tokens {{tokens}} --mode {{mode}} --ggml-target {{target}} --out {{out}}"
+        ),
+        "--engine-tokenize-cmd",
+        &format!("{s} tokenize --model {{model}} --prompt-file {{prompt_file}} {{parse_special}}"),
+    ]);
+    let child = c
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !pids.exists() && t0.elapsed() < std::time::Duration::from_secs(120) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(pids.exists(), "the ggml cell never started");
+    // SAFETY: sending SIGINT to our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("saved in"), "{stderr}");
+    let left = common::still_running(&pids);
+    assert!(left.is_empty(), "processes {left:?} outlived Ctrl-C");
+    let dirs: Vec<PathBuf> = std::fs::read_dir(&reports)
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let r = lockstep::report::read_report(&dirs[0]).unwrap();
+    assert_eq!(r.cells.len(), 1);
+    assert_eq!(r.cells[0].cell.mode, "reference");
+    let inc = r.incomplete.as_ref().expect("marked incomplete");
+    assert!(
+        inc.failed_cell.contains("/ggml/") && inc.error.contains("interrupted"),
+        "{inc:?}"
+    );
+}
