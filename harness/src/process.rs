@@ -28,6 +28,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Most bytes of a child's stdout that are read (token ids of the longest context fit many times over).
 pub const MAX_STDOUT_BYTES: u64 = 16 << 20;
 
+/// Most bytes a child may write to stderr (a log gone wild must not fill the disk).
+pub const MAX_STDERR_BYTES: u64 = 64 << 20;
+
 /// Process groups of running children, killed on an interrupt. Held across `spawn` + registration, and
 /// by the interrupt handler until it exits, so no child can start unregistered or after an interrupt.
 static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
@@ -210,6 +213,15 @@ pub fn run_bounded(
                 ));
             }
             Ok(false) => {
+                let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+                if size(&out_path) > MAX_STDOUT_BYTES || size(&err_path) > MAX_STDERR_BYTES {
+                    kill_group(pgid);
+                    let _ = child.wait();
+                    break Err(anyhow::anyhow!(
+                        "the external engine ({what}) printed more than {MAX_STDOUT_BYTES} bytes to stdout \
+                         or {MAX_STDERR_BYTES} to stderr; its process group was killed: {shown}"
+                    ));
+                }
                 std::thread::sleep(pause.min(timeout.saturating_sub(start.elapsed())));
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
@@ -313,6 +325,29 @@ mod tests {
         for pid in ids {
             assert!(!alive(pid), "process {pid} outlived its killed group");
         }
+    }
+
+    #[test]
+    fn a_child_flooding_its_output_is_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let e = format!(
+            "{:#}",
+            run_bounded(
+                Command::new("yes"),
+                Duration::from_secs(120),
+                dir.path(),
+                "tokenize"
+            )
+            .unwrap_err()
+        );
+        assert!(e.contains("printed more than") && e.contains("yes"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(60));
+        let out = std::fs::metadata(dir.path().join("tokenize.stdout"))
+            .unwrap()
+            .len();
+        // bounded by the cap plus what `yes` writes between two polls (≤ 50 ms), not by the timeout
+        assert!(out < 1 << 30, "{out} bytes written");
     }
 
     #[test]
