@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::NumericsMode;
 use serde::{Deserialize, Serialize};
@@ -40,7 +40,7 @@ use crate::gate::{
 use crate::golden::{self, GoldenEntry, GoldenFile};
 use crate::matrix::Cell;
 use crate::npz::Dtype;
-use crate::run::{capture, Injection};
+use crate::run::{capture, ggml_target_for, Injection};
 
 /// What to bisect.
 #[derive(Clone, Debug)]
@@ -126,17 +126,7 @@ pub fn bisect_with(
     let manifest = golden::load_manifest(&opts.golden_dir)?;
     let thresholds = Thresholds::load(&opts.thresholds)?;
     let gpath = format!("{}/{}/{}.npz", opts.model, opts.oracle, opts.prompt);
-    let entry = manifest
-        .goldens
-        .iter()
-        .find(|g| g.path == gpath)
-        .with_context(|| {
-            format!(
-                "golden {gpath} is not in {}",
-                opts.golden_dir.join(golden::MANIFEST_FILE).display()
-            )
-        })?
-        .clone();
+    let entry = manifest.entry(&opts.golden_dir, &gpath)?.clone();
     golden::verify_golden(&opts.golden_dir, &entry)?;
     golden::check_model(&opts.golden_dir, &entry, &crate::hash::sha256_file(model)?)?;
     let cell = Cell {
@@ -149,18 +139,9 @@ pub fn bisect_with(
         engine: "lockstep".into(),
     };
     let th = thresholds.for_cell(&cell)?;
-    let target = match (opts.ggml_target, opts.mode) {
-        (Some(t), _) => t,
-        (None, NumericsMode::Ggml) => entry.oracle.ggml_target()?,
-        (None, NumericsMode::Reference) => GgmlTarget::default(),
-    };
+    let target = ggml_target_for(&entry, opts.mode, opts.ggml_target)?;
     let mut gf = GoldenFile::open(&opts.golden_dir, &entry)?;
-    let tokens = gf.read_tokens("tokens")?;
-    let decode_tokens = if entry.n_decode_steps > 0 {
-        gf.read_tokens("decode.tokens")?
-    } else {
-        Vec::new()
-    };
+    let (tokens, decode_tokens) = gf.read_sequence()?;
     let n_ctx = tokens.len() + decode_tokens.len();
     let own = engine.tokenize(&entry.prompt, entry.add_special, entry.parse_special)?;
     let stage_map = manifest.stage_map(&entry.oracle.name, &entry.arch);

@@ -71,6 +71,20 @@ impl Manifest {
         self.stage_map.get(oracle)?.get(arch)
     }
 
+    /// The golden at `path` (relative to the golden directory, as [`GoldenEntry::path`] spells it).
+    /// Errors name the path and the manifest of `golden_dir`.
+    pub fn entry(&self, golden_dir: &Path, path: &str) -> Result<&GoldenEntry> {
+        self.goldens
+            .iter()
+            .find(|g| g.path == path)
+            .with_context(|| {
+                format!(
+                    "golden {path} is not in {}",
+                    golden_dir.join(MANIFEST_FILE).display()
+                )
+            })
+    }
+
     /// The goldens made from the model `model_id`.
     pub fn goldens_for_model<'a>(
         &'a self,
@@ -568,6 +582,18 @@ impl GoldenFile {
                 })
             })
             .collect()
+    }
+
+    /// The sequence a cell runs: the prompt's `tokens`, and the teacher-forced `decode.tokens` (empty
+    /// when the golden has no decode steps).
+    pub fn read_sequence(&mut self) -> Result<(Vec<u32>, Vec<u32>)> {
+        let tokens = self.read_tokens("tokens")?;
+        let decode = if self.entry.n_decode_steps > 0 {
+            self.read_tokens("decode.tokens")?
+        } else {
+            Vec::new()
+        };
+        Ok((tokens, decode))
     }
 
     /// Read an i32 array of token ids (`logits_topk_ids`, ...) as `[rows, k]`, each id in `0..n_vocab`.

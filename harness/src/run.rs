@@ -226,16 +226,24 @@ fn golden_entry<'m>(
     manifest: &'m Manifest,
     gpath: &str,
 ) -> Result<&'m golden::GoldenEntry> {
-    manifest
-        .goldens
-        .iter()
-        .find(|g| g.path == gpath)
-        .with_context(|| {
-            format!(
-                "golden {gpath} is not in {}",
-                opts.golden_dir.join(golden::MANIFEST_FILE).display()
-            )
-        })
+    manifest.entry(&opts.golden_dir, gpath)
+}
+
+/// The ggml-cpu build a cell mirrors: `forced` when given, else in ggml mode the one the golden's host
+/// CPU selects ([`golden::OracleInfo::ggml_target`]); reference mode ignores it.
+pub fn ggml_target_for(
+    entry: &golden::GoldenEntry,
+    mode: NumericsMode,
+    forced: Option<GgmlTarget>,
+) -> Result<GgmlTarget> {
+    Ok(match (forced, mode) {
+        (Some(t), _) => t,
+        (None, NumericsMode::Ggml) => entry
+            .oracle
+            .ggml_target()
+            .with_context(|| format!("golden {}", entry.path))?,
+        (None, NumericsMode::Reference) => GgmlTarget::default(),
+    })
 }
 
 /// The run's inputs with their sha256, and the engine it runs (provenance for the report).
@@ -280,21 +288,9 @@ pub fn run_cell(
     let mode: NumericsMode = cell.mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
     // ggml mode mirrors the kernels of the CPU the golden was made on (reference mode ignores the target,
     // so a golden without a recorded CPU still serves it)
-    let target = match (opts.ggml_target, mode) {
-        (Some(t), _) => t,
-        (None, NumericsMode::Ggml) => entry
-            .oracle
-            .ggml_target()
-            .with_context(|| format!("golden {}", entry.path))?,
-        (None, NumericsMode::Reference) => GgmlTarget::default(),
-    };
+    let target = ggml_target_for(entry, mode, opts.ggml_target)?;
     let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
-    let tokens = gf.read_tokens("tokens")?;
-    let decode_tokens = if entry.n_decode_steps > 0 {
-        gf.read_tokens("decode.tokens")?
-    } else {
-        Vec::new()
-    };
+    let (tokens, decode_tokens) = gf.read_sequence()?;
     let n_ctx = tokens.len() + decode_tokens.len();
 
     let mut engine = factory(cell, model_path, &entry.arch)?;

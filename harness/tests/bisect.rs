@@ -4,22 +4,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
-use common::Corrupting;
+use common::{root, Corrupting};
 use lockstep::bisect::{bisect, bisect_with, BisectOptions, Finding};
 use lockstep::compare::Phase;
 use lockstep::engine::LockstepEngine;
 use lockstep_engine::{NumericsMode, Stage};
 
 const MODEL: &str = "smollm2-135m-q4_1";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn options_for(model: &str, prompt: &str, mode: NumericsMode) -> BisectOptions {
     BisectOptions {

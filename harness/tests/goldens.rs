@@ -274,22 +274,7 @@ fn a_flipped_byte_is_reported_with_both_hashes() {
 
 /// npy bytes of a C-order little-endian array.
 fn npy(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
-    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    let shape = if dims.len() == 1 {
-        format!("({},)", dims[0])
-    } else {
-        format!("({})", dims.join(", "))
-    };
-    let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + h.len() + 1) % 64 != 0 {
-        h.push(' ');
-    }
-    h.push('\n');
-    let mut v = b"\x93NUMPY\x01\x00".to_vec();
-    v.extend_from_slice(&(h.len() as u16).to_le_bytes());
-    v.extend_from_slice(h.as_bytes());
-    v.extend_from_slice(data);
-    v
+    lockstep::npz::npy_bytes(Dtype::from_descr(descr).unwrap(), shape, data)
 }
 
 /// Rewrite the golden `g` in `dir`: every member copied except `replace` (member name without

@@ -17,13 +17,6 @@ use ndarray::Array2;
 
 const MODEL: &str = "smollm2-135m-q4_1";
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
 fn options(golden_dir: &Path, reports: &Path, prompt: &str, mode: &str) -> RunOptions {
     RunOptions {
         golden_dir: golden_dir.to_path_buf(),
@@ -141,7 +134,7 @@ fn wrong_shaped_golden_array_fails_naming_file_and_shapes() {
 }
 
 mod common;
-use common::Corrupting;
+use common::{root, Corrupting};
 
 #[test]
 #[ignore = "real model: run by ci/test.sh"]
@@ -582,11 +575,7 @@ fn an_external_engine_is_recorded_and_ctrl_c_kills_it_and_removes_its_scratch() 
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let t0 = std::time::Instant::now();
-    while !pids.exists() && t0.elapsed() < std::time::Duration::from_secs(60) {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert!(pids.exists(), "the external engine never started");
+    common::wait_for_start(&pids, 60);
     assert!(
         std::fs::read_dir(&tmp).unwrap().count() > 0,
         "a scratch dir exists while it runs"
@@ -670,11 +659,7 @@ fn ctrl_c_during_a_run_saves_the_cells_finished_before_it() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let t0 = std::time::Instant::now();
-    while !pids.exists() && t0.elapsed() < std::time::Duration::from_secs(120) {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert!(pids.exists(), "the ggml cell never started");
+    common::wait_for_start(&pids, 120);
     // SAFETY: sending SIGINT to our own child.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGINT);

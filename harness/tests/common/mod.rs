@@ -67,6 +67,23 @@ impl Engine for Corrupting {
     }
 }
 
+/// The repository root (the checkout this test was built from).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Wait up to `secs` for a [`hanging_script`]'s `pids` file to appear, i.e. for the engine to start.
+pub fn wait_for_start(pids: &Path, secs: u64) {
+    let t0 = std::time::Instant::now();
+    while !pids.exists() && t0.elapsed() < std::time::Duration::from_secs(secs) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(pids.exists(), "the external engine never started");
+}
+
 /// A hanging "external engine" in `dir`: a shell script that starts a helper (`sleep 300 &`), appends
 /// its own pid and the helper's to `dir/pids`, and waits. Returns (script, pids file).
 pub fn hanging_script(dir: &Path) -> (PathBuf, PathBuf) {
