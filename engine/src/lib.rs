@@ -22,6 +22,7 @@
 
 pub mod backend;
 pub mod error;
+pub mod faults;
 pub mod fixtures;
 pub mod gguf;
 pub mod hooks;

@@ -31,16 +31,22 @@ use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::NumericsMode;
 use serde::{Deserialize, Serialize};
 
-use crate::compare::{compare, CellComparison, Phase, StageComparison};
+use crate::capture::{first_non_finite_stage, forward_rank};
+use crate::compare::{
+    compare, compare_stages, CellComparison, EngineOutput, Phase, StageComparison,
+};
 use crate::engine::{Engine, LockstepEngine};
+use crate::floors::{kind_of, FloorSet, Floors};
 use crate::format::{fmt_cos, fmt_e3};
 use crate::gate::{
-    first_divergent, first_inexact, seq_position, CellThresholds, Divergence, Thresholds,
+    first_divergent, first_inexact, seq_position, CellThresholds, Divergence, Failure, Thresholds,
+    Verdict,
 };
-use crate::golden::{self, GoldenEntry, GoldenFile};
+use crate::golden::{self, GoldenEntry, GoldenFile, StageMap};
 use crate::matrix::Cell;
 use crate::npz::Dtype;
 use crate::run::{capture, ggml_target_for, Injection};
+use lockstep_engine::Stage;
 
 /// What to bisect.
 #[derive(Clone, Debug)]
@@ -59,6 +65,8 @@ pub struct BisectOptions {
     pub oracle: String,
     /// Mirror this ggml-cpu build instead of the golden's recorded one.
     pub ggml_target: Option<GgmlTarget>,
+    /// The measured floors (`ci/floors.json`), read when the cell's thresholds ask for them.
+    pub floors: PathBuf,
 }
 
 /// The verdict of a bisection.
@@ -69,8 +77,17 @@ pub enum Finding {
     Structural {
         /// Where.
         at: Divergence,
-        /// Which floor it is above: `bit equality (...)` or the cutoffs.
+        /// Which floor it is above: `bit equality (...)`, the measured floor, or the cutoffs.
         floor: String,
+        /// Local NMSE ÷ the measured floor (`None` where the floor is bit equality or a cutoff).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ratio: Option<f64>,
+    },
+    /// Local errors above the measured floor only where ggml mode — which rounds every matmul input to 8
+    /// bits as llama.cpp does — equals the golden bit for bit: llama.cpp's own rounding, not a bug.
+    OracleRounding {
+        /// Each row above the floor, with the evidence.
+        sites: Vec<RoundingEvidence>,
     },
     /// Local errors within the floor everywhere; the accumulated pass diverges first here.
     AccumulatedDrift {
@@ -79,6 +96,24 @@ pub enum Finding {
     },
     /// Neither pass diverges.
     None,
+}
+
+/// Why a row above the floor is llama.cpp's activation rounding rather than a bug.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoundingEvidence {
+    /// The row (reference mode's local error there).
+    pub at: Divergence,
+    /// Local NMSE ÷ the measured floor.
+    pub ratio: Option<f64>,
+    /// The matmul input llama.cpp rounded (`blk.2.ffn_norm` for `blk.2.ffn_act`), when the golden stores it.
+    pub input: Option<String>,
+    /// That input row's crest factor, max|x| / rms.
+    pub input_crest: Option<f64>,
+    /// NMSE of rounding that row to 8 bits per 32-block (scale amax/127), as llama.cpp does before the
+    /// product.
+    pub input_q8_nmse: Option<f64>,
+    /// The same for the median row of that input kind (all layers the golden stores, same phase).
+    pub median_q8_nmse: Option<f64>,
 }
 
 /// One layer of the table: accumulated vs local error.
@@ -102,12 +137,82 @@ pub struct BisectReport {
     pub cell: Cell,
     /// The verdict.
     pub finding: Finding,
+    /// The gate's verdict on the accumulated pass — what `lockstep run` decides for this cell.
+    pub gate: crate::gate::Verdict,
     /// Per layer, accumulated vs local error.
     pub layers: Vec<LayerRow>,
-    /// The accumulated pass's comparison.
-    pub accumulated: CellComparison,
-    /// The local (injected) pass's comparison.
-    pub local: CellComparison,
+    /// The accumulated pass's comparison (`None`: the engine produced a NaN or ±Inf, named by the gate's
+    /// `finite` failure).
+    pub accumulated: Option<CellComparison>,
+    /// The local (injected) pass's comparison (`None`: a NaN or ±Inf, named by the structural finding).
+    pub local: Option<CellComparison>,
+}
+
+/// Where an engine's capture first holds a NaN or ±Inf.
+#[derive(Clone, Debug, PartialEq)]
+struct NonFinite {
+    stage: String,
+    phase: Phase,
+    /// Sequence position (prefill row, or T + decode step).
+    position: usize,
+    column: usize,
+    value: f32,
+}
+
+impl NonFinite {
+    fn divergence(&self) -> Divergence {
+        Divergence {
+            stage: self.stage.clone(),
+            phase: self.phase,
+            position: self.position,
+            cosine: f64::NAN,
+            nmse: f64::INFINITY,
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "the engine's `{}` ({}, position {}) holds {} at column {}",
+            self.stage, self.phase, self.position, self.value, self.column
+        )
+    }
+}
+
+/// Drop from `out` the stage `nf` names and everything after it in forward order (later stages of its
+/// phase, every stage of a later phase), and the logits.
+fn truncate_at(out: &mut EngineOutput, nf: &NonFinite) {
+    let rank = |id: &str| Stage::parse(id).map(forward_rank);
+    let cut = rank(&nf.stage);
+    let keep = |id: &String| id != "logits" && cut.is_some_and(|c| rank(id).is_some_and(|r| r < c));
+    match nf.phase {
+        Phase::Prefill => {
+            out.prefill.retain(|id, _| keep(id));
+            out.decode.clear();
+        }
+        Phase::Decode => {
+            out.prefill.remove("logits");
+            out.decode.retain(|id, _| keep(id));
+        }
+    }
+}
+
+/// The first stage of `out` in forward order, prefill before decode, holding a NaN or ±Inf.
+fn non_finite(out: &EngineOutput, n_prompt: usize) -> Option<NonFinite> {
+    for (phase, arrays, row0) in [
+        (Phase::Prefill, &out.prefill, 0),
+        (Phase::Decode, &out.decode, n_prompt),
+    ] {
+        if let Some((stage, row, column, value)) = first_non_finite_stage(arrays) {
+            return Some(NonFinite {
+                stage,
+                phase,
+                position: row0 + row,
+                column,
+                value,
+            });
+        }
+    }
+    None
 }
 
 /// Bisect with our own engine loaded from the model's file.
@@ -139,41 +244,372 @@ pub fn bisect_with(
         engine: "lockstep".into(),
     };
     let th = thresholds.for_cell(&cell)?;
-    let target = ggml_target_for(&entry, opts.mode, opts.ggml_target)?;
+    let floors = floor_set(&opts.floors, &th, &cell, &entry)?;
     let mut gf = GoldenFile::open(&opts.golden_dir, &entry)?;
-    let (tokens, decode_tokens) = gf.read_sequence()?;
-    let n_ctx = tokens.len() + decode_tokens.len();
-    let own = engine.tokenize(&entry.prompt, entry.add_special, entry.parse_special)?;
-    let stage_map = manifest.stage_map(&entry.oracle.name, &entry.arch);
+    let case = Case::new(
+        &mut gf,
+        engine,
+        manifest.stage_map(&entry.oracle.name, &entry.arch),
+        opts.ggml_target,
+    )?;
 
-    engine.reset(opts.mode, target, n_ctx)?;
-    let out = capture(engine, own.clone(), &tokens, &decode_tokens, None)?;
-    let accumulated = compare(&mut gf, &out, stage_map)?;
-
-    let (injection, known) = injection(&mut gf, &entry, &out, &accumulated)?;
-    if injection.prefill.keys().all(|k| k == "embed") {
-        bail!(
-            "{}: the golden stores no blk.N.out stage to inject; bisect needs a golden with the layer outputs",
-            gf.path().display()
-        );
-    }
-    engine.reset(opts.mode, target, n_ctx)?;
-    let out = capture(engine, own, &tokens, &decode_tokens, Some(&injection))?;
-    let local = compare(&mut gf, &out, stage_map)?;
-
-    let finding = classify(&known, &th, &accumulated, &local);
-    let layers = layer_rows(&accumulated, &local);
+    let acc = case.accumulated(&mut gf, engine, opts.mode)?;
+    let gate = match (&acc.cmp, &acc.nf) {
+        (Some(c), _) => crate::gate::evaluate(&cell, c, &th),
+        (None, nf) => non_finite_verdict(nf.as_ref(), &th),
+    };
+    let judged = judge(
+        &case,
+        &mut gf,
+        engine,
+        opts.mode,
+        &th,
+        floors.as_ref(),
+        &acc,
+    )?;
+    let mut gate = gate;
+    gate_finding(&mut gate, &judged.finding);
+    let layers = layer_rows(acc.cmp.as_ref(), judged.local.as_ref());
     Ok(BisectReport {
         cell,
-        finding,
+        finding: judged.finding,
+        gate,
         layers,
-        accumulated,
-        local,
+        accumulated: acc.cmp,
+        local: judged.local,
+    })
+}
+
+/// The floors a cell's thresholds ask for (`stage_floor_headroom`), read from `path` for this golden.
+///
+/// Errors: the file is missing or stale, or lacks the cell (see [`Floors::for_golden`]).
+pub fn floor_set(
+    path: &Path,
+    th: &CellThresholds,
+    cell: &Cell,
+    entry: &GoldenEntry,
+) -> Result<Option<FloorSet>> {
+    if th.stage_exact || th.stage_floor_headroom.is_none() {
+        return Ok(None);
+    }
+    let floors = Floors::load(path)?;
+    Ok(Some(
+        floors
+            .for_golden(
+                path,
+                &cell.model,
+                &cell.oracle,
+                &cell.mode,
+                &entry.path,
+                &entry.sha256,
+            )?
+            .clone(),
+    ))
+}
+
+/// What every pass over one golden shares: its token sequence, the engine's own tokenization, the stage map.
+pub struct Case<'m> {
+    entry: GoldenEntry,
+    tokens: Vec<u32>,
+    decode_tokens: Vec<u32>,
+    own: Vec<u32>,
+    stage_map: Option<&'m StageMap>,
+    forced_target: Option<GgmlTarget>,
+}
+
+/// One pass of the engine over the golden's sequence.
+pub struct Pass {
+    /// What the engine recorded.
+    pub out: EngineOutput,
+    /// Where it first held a NaN or ±Inf.
+    nf: Option<NonFinite>,
+    /// Its comparison with the golden (`None` for a non-finite accumulated pass).
+    pub cmp: Option<CellComparison>,
+}
+
+impl Pass {
+    /// True when the engine's values stayed finite throughout.
+    pub fn is_finite(&self) -> bool {
+        self.nf.is_none()
+    }
+
+    /// Where the engine first produced a NaN or ±Inf, described.
+    pub fn non_finite(&self) -> Option<String> {
+        self.nf.as_ref().map(NonFinite::describe)
+    }
+}
+
+impl<'m> Case<'m> {
+    /// Read the golden's sequence and tokenize its prompt with `engine`.
+    pub fn new(
+        gf: &mut GoldenFile,
+        engine: &mut dyn Engine,
+        stage_map: Option<&'m StageMap>,
+        forced_target: Option<GgmlTarget>,
+    ) -> Result<Case<'m>> {
+        let entry = gf.entry().clone();
+        let (tokens, decode_tokens) = gf.read_sequence()?;
+        let own = engine.tokenize(&entry.prompt, entry.add_special, entry.parse_special)?;
+        Ok(Case {
+            entry,
+            tokens,
+            decode_tokens,
+            own,
+            stage_map,
+            forced_target,
+        })
+    }
+
+    /// True when the golden stores a layer output (`blk.N.out`) to inject: only then is there a local pass.
+    pub fn bisectable(&self) -> bool {
+        self.entry
+            .arrays
+            .keys()
+            .any(|k| crate::compare::layer_of(k).is_some() && k.ends_with(".out"))
+    }
+
+    fn reset(&self, engine: &mut dyn Engine, mode: NumericsMode) -> Result<()> {
+        let target = ggml_target_for(&self.entry, mode, self.forced_target)?;
+        engine.reset(mode, target, self.tokens.len() + self.decode_tokens.len())
+    }
+
+    /// The engine on its own, exactly as `lockstep run` captures a cell.
+    pub fn accumulated(
+        &self,
+        gf: &mut GoldenFile,
+        engine: &mut dyn Engine,
+        mode: NumericsMode,
+    ) -> Result<Pass> {
+        self.reset(engine, mode)?;
+        let out = capture(
+            engine,
+            self.own.clone(),
+            &self.tokens,
+            &self.decode_tokens,
+            None,
+        )?;
+        let nf = non_finite(&out, self.tokens.len());
+        let cmp = match nf {
+            None => Some(compare(gf, &out, self.stage_map)?),
+            Some(_) => None,
+        };
+        Ok(Pass { out, nf, cmp })
+    }
+
+    /// The local pass: every layer computes from the golden's input ([`injection`]); compared up to the
+    /// first non-finite stage. Returns the pass and which injected rows are the oracle's exact values.
+    pub fn local(
+        &self,
+        gf: &mut GoldenFile,
+        engine: &mut dyn Engine,
+        mode: NumericsMode,
+        acc: &Pass,
+    ) -> Result<(Pass, Known)> {
+        let (injection, known) = injection(gf, &self.entry, &acc.out, acc.cmp.as_ref())?;
+        if injection.prefill.keys().all(|k| k == "embed") {
+            bail!(
+                "{}: the golden stores no blk.N.out stage to inject; bisect needs a golden with the layer outputs",
+                gf.path().display()
+            );
+        }
+        self.reset(engine, mode)?;
+        let mut out = capture(
+            engine,
+            self.own.clone(),
+            &self.tokens,
+            &self.decode_tokens,
+            Some(&injection),
+        )?;
+        let nf = non_finite(&out, self.tokens.len());
+        if let Some(nf) = &nf {
+            truncate_at(&mut out, nf);
+        }
+        let cmp = Some(compare_stages(gf, &out, self.stage_map)?);
+        Ok((Pass { out, nf, cmp }, known))
+    }
+}
+
+/// The gate's verdict on an accumulated pass that went non-finite.
+fn non_finite_verdict(nf: Option<&NonFinite>, th: &CellThresholds) -> Verdict {
+    Verdict {
+        pass: false,
+        failures: vec![Failure {
+            metric: "finite".into(),
+            value: 0.0,
+            threshold: 1.0,
+            detail: nf.map_or(
+                "the engine produced a NaN or ±Inf".into(),
+                NonFinite::describe,
+            ),
+        }],
+        first_divergent: nf.map(NonFinite::divergence),
+        margin_tolerance: th.margin_tolerance,
+    }
+}
+
+/// Hold a cell's gate verdict to a bisect finding: a structural finding fails the cell (`structural`) and
+/// is its first divergent stage; oracle-side rounding and drift leave the verdict as it is.
+pub fn gate_finding(verdict: &mut Verdict, finding: &Finding) {
+    if let Finding::Structural { at, floor, ratio } = finding {
+        verdict.pass = false;
+        verdict.failures.push(Failure {
+            metric: "structural".into(),
+            value: ratio.unwrap_or(f64::NAN),
+            threshold: 1.0,
+            detail: format!(
+                "{} ({}, position {}) with the golden's own input injected: NMSE {}, above the floor: {floor}",
+                at.stage,
+                at.phase,
+                at.position,
+                fmt_e3(at.nmse)
+            ),
+        });
+        verdict.first_divergent = Some(at.clone());
+    }
+}
+
+/// A verdict and the local pass it was read from.
+pub struct Judged {
+    /// The verdict.
+    pub finding: Finding,
+    /// The local pass's comparison (`None` when it was not needed: an exact accumulated pass).
+    pub local: Option<CellComparison>,
+}
+
+impl Judged {
+    /// Per layer, the largest local NMSE of any of its stages over the prefill positions (0 where every
+    /// stage of the layer is exact at storage precision); empty without a local pass.
+    pub fn local_nmse_by_layer(&self) -> Vec<f64> {
+        let mut out: Vec<f64> = Vec::new();
+        for s in self.local.iter().flat_map(|c| c.stages.iter()) {
+            let (Some(l), Phase::Prefill) = (s.layer, s.phase) else {
+                continue;
+            };
+            if out.len() <= l {
+                out.resize(l + 1, 0.0);
+            }
+            if !s.exact_at_storage() {
+                out[l] = out[l].max(s.max_nmse());
+            }
+        }
+        out
+    }
+
+    /// The verdict of an engine that cannot be bisected (its stages are observed, not replaced): the
+    /// accumulated pass's first divergent stage, as drift.
+    pub fn accumulated_only(th: &CellThresholds, accumulated: Option<&CellComparison>) -> Judged {
+        Judged {
+            finding: drift(th, accumulated),
+            local: None,
+        }
+    }
+}
+
+/// The verdict on a cell whose accumulated pass is `acc`: the local pass, its hits above the floor in
+/// forward order, and — in reference mode — ggml mode's local pass to tell llama.cpp's own rounding from a
+/// bug. `lockstep run` calls this for its first-divergent column.
+pub fn judge(
+    case: &Case,
+    gf: &mut GoldenFile,
+    engine: &mut dyn Engine,
+    mode: NumericsMode,
+    th: &CellThresholds,
+    floors: Option<&FloorSet>,
+    acc: &Pass,
+) -> Result<Judged> {
+    // a bit-exact accumulated pass needs no local one: with the same inputs it computes the same values
+    if th.stage_exact && acc.cmp.as_ref().is_some_and(|c| first_inexact(c).is_none()) {
+        return Ok(Judged {
+            finding: Finding::None,
+            local: None,
+        });
+    }
+    if !case.bisectable() {
+        // no layer output to inject: the accumulated pass is all there is
+        return Ok(Judged {
+            finding: drift(th, acc.cmp.as_ref()),
+            local: None,
+        });
+    }
+    let (local, known) = case.local(gf, engine, mode, acc)?;
+    let cmp = local
+        .cmp
+        .as_ref()
+        .expect("the local pass is always compared");
+    let hits = hits(&known, th, floors, cmp)?;
+    let finding = if hits.is_empty() {
+        match &local.nf {
+            Some(nf) => Finding::Structural {
+                at: nf.divergence(),
+                floor: format!("finite values: {}", nf.describe()),
+                ratio: None,
+            },
+            None => drift(th, acc.cmp.as_ref()),
+        }
+    } else if mode == NumericsMode::Reference && floors.is_some() {
+        // llama.cpp rounds every matmul input to 8 bits; ggml mode does the same, bit for bit. Where ggml
+        // mode's local value equals the golden but reference mode's is far off, the difference is that
+        // rounding, not a bug.
+        let g_acc = case.accumulated(gf, engine, NumericsMode::Ggml)?;
+        let (g_local, g_known) = case.local(gf, engine, NumericsMode::Ggml, &g_acc)?;
+        let g_cmp = g_local.cmp.as_ref().expect("compared");
+        let mut sites = Vec::new();
+        let mut structural = None;
+        for h in &hits {
+            let g_exact = g_cmp
+                .stages
+                .iter()
+                .find(|s| s.stage == h.stage && s.phase == h.phase)
+                .is_some_and(|s| s.exact_at_storage_by_position.get(h.row) == Some(&true))
+                && input_known(&g_known, h.phase, &h.stage, h.row);
+            if g_exact {
+                sites.push(evidence(gf, cmp, h)?);
+            } else {
+                structural = Some(h);
+                break;
+            }
+        }
+        match (structural, &local.nf) {
+            (Some(h), _) => h.finding(cmp),
+            (None, Some(nf)) => Finding::Structural {
+                at: nf.divergence(),
+                floor: format!("finite values: {}", nf.describe()),
+                ratio: None,
+            },
+            (None, None) => Finding::OracleRounding { sites },
+        }
+    } else {
+        hits[0].finding(cmp)
+    };
+    Ok(Judged {
+        finding,
+        local: local.cmp,
     })
 }
 
 /// Per (phase, input stage id): for each row, whether the injected value is the oracle's exact f32 value.
-type Known = BTreeMap<(Phase, String), Vec<bool>>;
+pub type Known = BTreeMap<(Phase, String), Vec<bool>>;
+
+/// Whether the injected input of `stage`'s layer at `row` is the oracle's exact value (`embed`: always).
+pub fn input_known(known: &Known, phase: Phase, stage: &str, row: usize) -> bool {
+    let input = match crate::compare::layer_of(stage) {
+        Some(l) => input_of(l),
+        // the final norm reads the last layer's output; the embedding reads nothing injected
+        None if stage == "embed" => return true,
+        None => match known
+            .keys()
+            .filter(|(p, _)| *p == phase)
+            .map(|(_, id)| id)
+            .max_by_key(|id| crate::compare::layer_of(id).map_or(0, |l| l + 1))
+        {
+            Some(id) => id.clone(),
+            None => return false,
+        },
+    };
+    known
+        .get(&(phase, input))
+        .is_some_and(|k| k.get(row) == Some(&true))
+}
 
 /// What to inject for each layer's input (`embed`, `blk.N.out`; prefill and decode), and per row whether
 /// it is the oracle's exact f32 value. A stage the golden stores in f32 is injected as stored (exact). One
@@ -184,7 +620,7 @@ fn injection(
     gf: &mut GoldenFile,
     entry: &GoldenEntry,
     own: &crate::compare::EngineOutput,
-    accumulated: &CellComparison,
+    accumulated: Option<&CellComparison>,
 ) -> Result<(Injection, Known)> {
     let mut inj = Injection::default();
     let mut known = Known::new();
@@ -205,8 +641,8 @@ fn injection(
                 Phase::Decode => own.decode.get(&id),
             };
             let agree = accumulated
-                .stages
-                .iter()
+                .into_iter()
+                .flat_map(|a| a.stages.iter())
                 .find(|s| s.stage == id && s.phase == phase)
                 .map(|s| s.exact_at_storage_by_position.clone())
                 .unwrap_or_default();
@@ -236,52 +672,110 @@ fn input_of(layer: usize) -> String {
     }
 }
 
-/// Apply the floors to the local pass, in forward order; fall back on the accumulated marker.
-fn classify(
+/// A row of the local pass above its floor.
+struct Hit {
+    stage: String,
+    phase: Phase,
+    row: usize,
+    /// Local NMSE ÷ the floor (`None` where the floor is bit equality).
+    ratio: Option<f64>,
+    floor: String,
+}
+
+impl Hit {
+    fn finding(&self, cmp: &CellComparison) -> Finding {
+        let s = cmp
+            .stages
+            .iter()
+            .find(|s| s.stage == self.stage && s.phase == self.phase)
+            .expect("a hit names a compared stage");
+        Finding::Structural {
+            at: divergence(cmp, s, self.row),
+            floor: self.floor.clone(),
+            ratio: self.ratio,
+        }
+    }
+}
+
+/// Every row of the local pass above its floor, in forward order (prefill, then decode):
+///
+/// - bit equality at the golden's storage precision where the cell's floor is bit equality
+///   (`stage_exact`) or the measured floors say the stage was always exact ([`FloorSet::exact_at`]) —
+///   provided the row's injected input is the oracle's exact value;
+/// - else the measured floor: local NMSE above `stage_floor_headroom × nmse_p99` of the stage kind;
+/// - else (no floors for the cell) the stage cutoffs `stage_min_cosine` / `stage_max_nmse`.
+fn hits(
     known: &Known,
     th: &CellThresholds,
-    accumulated: &CellComparison,
+    floors: Option<&FloorSet>,
     local: &CellComparison,
-) -> Finding {
+) -> Result<Vec<Hit>> {
+    let mut out = Vec::new();
     for phase in [Phase::Prefill, Phase::Decode] {
         for s in local.stages.iter().filter(|s| s.phase == phase) {
-            let input_known = |row: usize| {
-                s.layer.is_some_and(|l| {
-                    known
-                        .get(&(phase, input_of(l)))
-                        .is_some_and(|k| k.get(row) == Some(&true))
-                })
+            let exact_floor = th.stage_exact || floors.is_some_and(|f| f.exact_at(&s.stage));
+            let kind = match floors {
+                Some(f) if !th.stage_exact => Some(f.kind(&s.stage)?),
+                _ => None,
             };
-            let hit = |row: usize| -> bool {
-                if th.stage_exact && input_known(row) {
-                    !s.exact_at_storage_by_position
-                        .get(row)
-                        .copied()
-                        .unwrap_or(false)
-                } else {
-                    s.cosine_by_position[row] < th.stage_min_cosine
-                        || th
-                            .stage_max_nmse
-                            .is_some_and(|m| s.nmse_by_position.get(row).is_some_and(|&n| n > m))
-                }
-            };
-            if let Some(row) = (0..s.cosine_by_position.len()).find(|&r| hit(r)) {
-                return Finding::Structural {
-                    at: divergence(local, s, row),
-                    floor: if th.stage_exact && input_known(row) {
-                        "bit equality at the golden's storage precision (the layer's exact input injected)"
-                            .into()
-                    } else {
-                        format!(
-                            "stage cutoffs (cosine < {}, NMSE > {})",
-                            th.stage_min_cosine,
-                            th.stage_max_nmse.map_or("-".into(), |m| format!("{m:e}"))
+            for row in 0..s.cosine_by_position.len() {
+                let nmse = s.nmse_by_position.get(row).copied().unwrap_or(f64::NAN);
+                let hit = if exact_floor && input_known(known, phase, &s.stage, row) {
+                    (!s.exact_at_storage_by_position.get(row).copied().unwrap_or(false)).then(|| {
+                        (
+                            None,
+                            "bit equality at the golden's storage precision (the layer's exact input injected)"
+                                .to_string(),
                         )
-                    },
+                    })
+                } else if let (Some(k), Some(h)) = (kind, th.stage_floor_headroom) {
+                    let floor = h * k.nmse_p99;
+                    (!(nmse <= floor)).then(|| {
+                        (
+                            Some(nmse / floor),
+                            format!(
+                                "measured floor NMSE {} ({h} × p99 {} of `{}` over {} rows)",
+                                fmt_e3(floor),
+                                fmt_e3(k.nmse_p99),
+                                kind_of(&s.stage),
+                                k.rows
+                            ),
+                        )
+                    })
+                } else {
+                    let bad = !(s.cosine_by_position[row] >= th.stage_min_cosine)
+                        || th.stage_max_nmse.is_some_and(|m| !(nmse <= m));
+                    bad.then(|| {
+                        (
+                            None,
+                            format!(
+                                "stage cutoffs (cosine < {}, NMSE > {})",
+                                th.stage_min_cosine,
+                                th.stage_max_nmse.map_or("-".into(), |m| format!("{m:e}"))
+                            ),
+                        )
+                    })
                 };
+                if let Some((ratio, floor)) = hit {
+                    out.push(Hit {
+                        stage: s.stage.clone(),
+                        phase,
+                        row,
+                        ratio,
+                        floor,
+                    });
+                }
             }
         }
     }
+    Ok(out)
+}
+
+/// No local error above the floor: the accumulated pass's first divergent stage, if any, is drift.
+fn drift(th: &CellThresholds, accumulated: Option<&CellComparison>) -> Finding {
+    let Some(accumulated) = accumulated else {
+        return Finding::None;
+    };
     let first = if th.stage_exact {
         first_inexact(accumulated)
     } else {
@@ -291,6 +785,139 @@ fn classify(
         Some(at) => Finding::AccumulatedDrift { at },
         None => Finding::None,
     }
+}
+
+/// The stage whose value a stage kind's matmuls read: the activation llama.cpp rounds to 8 bits (Q8_1,
+/// Q8_K) before the product whose error the stage carries.
+fn matmul_input(stage: &str) -> Option<String> {
+    let l = crate::compare::layer_of(stage)?;
+    let input = match kind_of(stage) {
+        "q" | "k" | "v" | "q_norm" | "k_norm" | "q_rope" | "k_rope" | "attn_out" => "attn_norm",
+        "attn_proj" | "attn_post_norm" | "ffn_inp" | "ffn_norm" => "attn_out",
+        "ffn_gate" | "ffn_up" | "ffn_act" => "ffn_norm",
+        "ffn_out" | "ffn_post_norm" | "out" => "ffn_act",
+        _ => return None,
+    };
+    Some(format!("blk.{l}.{input}"))
+}
+
+/// NMSE of rounding `x` to 8 bits per 32-element block with scale `amax / 127` (Q8_1's and, per 32,
+/// Q8_K's rounding: `quantize_row_q8_1_ref` in ggml-quants.c), and the row's crest factor `max|x| / rms`.
+pub fn q8_rounding(x: &[f32]) -> (f64, f64) {
+    let (mut err, mut sig, mut amax_all) = (0f64, 0f64, 0f64);
+    for b in x.chunks(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        for &v in b {
+            let q = (v * id).round();
+            let e = f64::from(v) - f64::from(q * d);
+            err += e * e;
+            sig += f64::from(v) * f64::from(v);
+        }
+        amax_all = amax_all.max(f64::from(amax));
+    }
+    let rms = (sig / x.len().max(1) as f64).sqrt();
+    (
+        if sig > 0.0 { err / sig } else { 0.0 },
+        if rms > 0.0 { amax_all / rms } else { 0.0 },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_rounding_of_a_flat_row_is_tiny_and_an_outlier_makes_it_coarse() {
+        // 32 equal values: each is exactly ±127 steps, no rounding error; crest factor 1
+        let (n, c) = q8_rounding(&[0.5; 32]);
+        assert_eq!(n, 0.0);
+        assert!((c - 1.0).abs() < 1e-12);
+        // one element 100× the rest in the block: the step is amax/127, the small ones round to 0 or ±1
+        let mut x = vec![0.015f32; 32];
+        x[0] = 1.3;
+        let (n_out, c_out) = q8_rounding(&x);
+        let (n_flat, _) =
+            q8_rounding(&(0..32).map(|i| 0.01 + 0.001 * i as f32).collect::<Vec<_>>());
+        assert!(c_out > 5.0, "crest {c_out}");
+        assert!(n_out > 10.0 * n_flat, "{n_out} vs {n_flat}");
+    }
+
+    #[test]
+    fn matmul_inputs_follow_the_block() {
+        assert_eq!(
+            matmul_input("blk.2.ffn_act").as_deref(),
+            Some("blk.2.ffn_norm")
+        );
+        assert_eq!(
+            matmul_input("blk.0.q_rope").as_deref(),
+            Some("blk.0.attn_norm")
+        );
+        assert_eq!(matmul_input("blk.7.out").as_deref(), Some("blk.7.ffn_act"));
+        assert_eq!(matmul_input("blk.7.attn_norm"), None);
+        assert_eq!(matmul_input("output_norm"), None);
+    }
+}
+
+/// The evidence that a hit is llama.cpp's activation rounding: the golden's matmul input row there, how
+/// extreme it is and what 8-bit rounding does to it, against the median row of the same stage kind.
+fn evidence(gf: &mut GoldenFile, cmp: &CellComparison, h: &Hit) -> Result<RoundingEvidence> {
+    let s = cmp
+        .stages
+        .iter()
+        .find(|s| s.stage == h.stage && s.phase == h.phase)
+        .expect("a hit names a compared stage");
+    let at = divergence(cmp, s, h.row);
+    let mut ev = RoundingEvidence {
+        at,
+        ratio: h.ratio,
+        input: None,
+        input_crest: None,
+        input_q8_nmse: None,
+        median_q8_nmse: None,
+    };
+    let Some(input) = matmul_input(&h.stage) else {
+        return Ok(ev);
+    };
+    let prefix = if h.phase == Phase::Decode {
+        "decode."
+    } else {
+        ""
+    };
+    let name = format!("{prefix}{input}");
+    if !gf.entry().arrays.contains_key(&name) {
+        return Ok(ev);
+    }
+    let rows = gf.read_f32(&name)?;
+    if let Some(row) = rows.outer_iter().nth(h.row) {
+        let (n, c) = q8_rounding(&row.to_vec());
+        ev.input_q8_nmse = Some(n);
+        ev.input_crest = Some(c);
+    }
+    // the same kind in every layer the golden stores, this phase
+    let kind = kind_of(&input).to_string();
+    let names: Vec<String> = gf
+        .entry()
+        .arrays
+        .keys()
+        .filter(|k| {
+            k.strip_prefix(prefix)
+                .is_some_and(|id| crate::compare::layer_of(id).is_some() && kind_of(id) == kind)
+                && (h.phase == Phase::Decode || !k.starts_with("decode."))
+        })
+        .cloned()
+        .collect();
+    let mut all = Vec::new();
+    for n in names {
+        for r in gf.read_f32(&n)?.outer_iter() {
+            all.push(q8_rounding(&r.to_vec()).0);
+        }
+    }
+    all.sort_by(f64::total_cmp);
+    ev.median_q8_nmse = all.get(all.len() / 2).copied();
+    ev.input = Some(input);
+    Ok(ev)
 }
 
 fn divergence(cmp: &CellComparison, s: &StageComparison, row: usize) -> Divergence {
@@ -303,7 +930,10 @@ fn divergence(cmp: &CellComparison, s: &StageComparison, row: usize) -> Divergen
     }
 }
 
-fn layer_rows(accumulated: &CellComparison, local: &CellComparison) -> Vec<LayerRow> {
+fn layer_rows(
+    accumulated: Option<&CellComparison>,
+    local: Option<&CellComparison>,
+) -> Vec<LayerRow> {
     let mut rows: BTreeMap<usize, LayerRow> = BTreeMap::new();
     let new = |l: usize| LayerRow {
         layer: l,
@@ -311,7 +941,7 @@ fn layer_rows(accumulated: &CellComparison, local: &CellComparison) -> Vec<Layer
         local_worst: None,
         local_exact: true,
     };
-    for s in &accumulated.stages {
+    for s in accumulated.iter().flat_map(|a| a.stages.iter()) {
         if let (Some(l), Phase::Prefill) = (s.layer, s.phase) {
             let r = rows.entry(l).or_insert_with(|| new(l));
             if s.stage.ends_with(".out") {
@@ -319,7 +949,7 @@ fn layer_rows(accumulated: &CellComparison, local: &CellComparison) -> Vec<Layer
             }
         }
     }
-    for s in &local.stages {
+    for s in local.iter().flat_map(|a| a.stages.iter()) {
         let Some(l) = s.layer else { continue };
         let r = rows.entry(l).or_insert_with(|| new(l));
         r.local_exact &= s.exact_at_storage();
@@ -333,23 +963,72 @@ fn layer_rows(accumulated: &CellComparison, local: &CellComparison) -> Vec<Layer
     rows.into_values().collect()
 }
 
+/// The evidence table of an oracle-side-rounding verdict (at most 12 rows).
+pub fn render_rounding(sites: &[RoundingEvidence]) -> String {
+    let mut out = format!(
+        "{:>24}  {:>7}  {:>5}  {:>10}  {:>8}  {:>18}  {:>6}  {:>14}  {:>14}",
+        "stage",
+        "phase",
+        "pos",
+        "local NMSE",
+        "÷ floor",
+        "matmul input",
+        "crest",
+        "input Q8 NMSE",
+        "median Q8 NMSE"
+    );
+    let opt = |v: Option<f64>, f: fn(f64) -> String| v.map_or("-".to_string(), f);
+    for s in sites.iter().take(12) {
+        let _ = write!(
+            out,
+            "\n{:>24}  {:>7}  {:>5}  {:>10}  {:>8}  {:>18}  {:>6}  {:>14}  {:>14}",
+            s.at.stage,
+            s.at.phase.to_string(),
+            s.at.position,
+            fmt_e3(s.at.nmse),
+            opt(s.ratio, |r| format!("{r:.1}")),
+            s.input.as_deref().unwrap_or("-"),
+            opt(s.input_crest, |c| format!("{c:.1}")),
+            opt(s.input_q8_nmse, fmt_e3),
+            opt(s.median_q8_nmse, fmt_e3),
+        );
+    }
+    if sites.len() > 12 {
+        let _ = write!(out, "\n... and {} more", sites.len() - 12);
+    }
+    out
+}
+
 /// The verdict and a table of layers around it (3 before, 3 after; all when there is no verdict), as
 /// text for the terminal.
 pub fn render(r: &BisectReport) -> String {
     let mut out = String::new();
     let at_layer = match &r.finding {
-        Finding::Structural { at, floor } => {
+        Finding::Structural { at, floor, ratio } => {
             let _ = writeln!(
                 out,
                 "structural: {} ({}, position {}) differs from the reference with the reference's own input \
-                 injected — cosine {}, NMSE {}; above the floor: {floor}",
+                 injected — cosine {}, NMSE {}{}; above the floor: {floor}",
                 at.stage,
                 at.phase,
                 at.position,
                 fmt_cos(at.cosine),
-                fmt_e3(at.nmse)
+                fmt_e3(at.nmse),
+                ratio.map_or(String::new(), |r| format!(" ({r:.1} × the floor)")),
             );
             crate::compare::layer_of(&at.stage)
+        }
+        Finding::OracleRounding { sites } => {
+            let _ = writeln!(
+                out,
+                "oracle-side rounding: {} row(s) above the measured floor, each where ggml mode (llama.cpp's \
+                 8-bit rounding of matmul inputs, reproduced) equals the golden bit for bit:",
+                sites.len()
+            );
+            let _ = writeln!(out, "{}", render_rounding(sites));
+            sites
+                .first()
+                .and_then(|s| crate::compare::layer_of(&s.at.stage))
         }
         Finding::AccumulatedDrift { at } => {
             let _ = writeln!(

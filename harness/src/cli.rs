@@ -57,6 +57,9 @@ pub enum Command {
     /// Find the first stage where the engine computes something else than the golden, with each layer's
     /// reference input injected, and say whether it is a bug of one stage or accumulated drift.
     Bisect(BisectArgs),
+    /// Measure the stage floors of the modes that are not bit-exact (bisect's local pass of the unbroken
+    /// engine on every golden of the matrix) and write them (ci/floors.json).
+    Floors(FloorsArgs),
     /// Print the token ids of a prompt, as the engine (and llama.cpp) tokenizes it.
     Tokenize {
         #[command(flatten)]
@@ -144,6 +147,26 @@ pub struct DumpArgs {
     pub out: PathBuf,
 }
 
+/// Arguments of `lockstep floors`.
+#[derive(Debug, Args)]
+pub struct FloorsArgs {
+    /// Only these models (repeatable); the other models' floors are kept from the existing file.
+    #[arg(long)]
+    pub model: Vec<String>,
+    /// The golden directory.
+    #[arg(long)]
+    pub golden_dir: Option<PathBuf>,
+    /// The matrix file.
+    #[arg(long)]
+    pub matrix: Option<PathBuf>,
+    /// The thresholds file (cells whose thresholds set `stage_floor_headroom` are measured).
+    #[arg(long)]
+    pub thresholds: Option<PathBuf>,
+    /// Where to write the floors.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
 /// Arguments of `lockstep bisect`.
 #[derive(Debug, Args)]
 pub struct BisectArgs {
@@ -165,9 +188,12 @@ pub struct BisectArgs {
     /// The golden directory.
     #[arg(long)]
     pub golden_dir: Option<PathBuf>,
-    /// The thresholds file (the floors).
+    /// The thresholds file.
     #[arg(long)]
     pub thresholds: Option<PathBuf>,
+    /// The measured floors of modes that are not bit-exact (default ci/floors.json; `lockstep floors`).
+    #[arg(long)]
+    pub floors: Option<PathBuf>,
     /// Also write the full result (both passes' comparisons) as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -176,6 +202,9 @@ pub struct BisectArgs {
 /// Arguments of `lockstep run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// The measured floors of modes that are not bit-exact (default ci/floors.json; `lockstep floors`).
+    #[arg(long)]
+    pub floors: Option<PathBuf>,
     /// Only these models (repeatable).
     #[arg(long)]
     pub model: Vec<String>,
@@ -275,6 +304,7 @@ fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         threads,
         ggml_target: a.ggml_target,
+        floors: a.floors.unwrap_or_else(|| root.join("ci/floors.json")),
     };
     let (dir, report) = crate::run::run(&opts)?;
     let md = dir.join("report.md");
@@ -304,6 +334,9 @@ fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Resul
         for c in &mut r.cells {
             let ct = th.for_cell(&c.cell)?;
             c.verdict = crate::gate::evaluate(&c.cell, &c.comparison, &ct);
+            if let Some(f) = &c.finding {
+                crate::bisect::gate_finding(&mut c.verdict, f);
+            }
         }
     }
     let lines = crate::report::failure_lines(&r);
@@ -386,6 +419,38 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Generate(a) => generate(a)?,
         Command::Run(a) => return run_matrix(a, threads),
         Command::Gate { report, thresholds } => return gate(&report, thresholds.as_deref()),
+        Command::Floors(a) => {
+            let root = repo_root();
+            let out = a.out.unwrap_or_else(|| root.join("ci/floors.json"));
+            let opts = crate::floors::MeasureOptions {
+                golden_dir: a.golden_dir.unwrap_or_else(|| root.join("golden")),
+                matrix: a.matrix.unwrap_or_else(|| root.join("ci/matrix.toml")),
+                thresholds: a
+                    .thresholds
+                    .unwrap_or_else(|| root.join("ci/thresholds.toml")),
+                filters: crate::matrix::Filters {
+                    model: a.model.clone(),
+                    ..Default::default()
+                },
+            };
+            let mut floors = crate::floors::measure(&opts, &mut |g| eprintln!("measuring {g}"))?;
+            if !a.model.is_empty() && out.exists() {
+                // keep the sets of the models not measured now
+                let old = crate::floors::Floors::load(&out)?;
+                let mut sets: Vec<_> = old
+                    .sets
+                    .into_iter()
+                    .filter(|s| !a.model.contains(&s.model))
+                    .collect();
+                sets.append(&mut floors.sets);
+                sets.sort_by(|x, y| {
+                    (&x.model, &x.oracle, &x.mode).cmp(&(&y.model, &y.oracle, &y.mode))
+                });
+                floors.sets = sets;
+            }
+            crate::floors::write(&out, &floors)?;
+            println!("{}", out.display());
+        }
         Command::Bisect(a) => {
             let root = repo_root();
             let opts = crate::bisect::BisectOptions {
@@ -398,6 +463,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 mode: a.mode,
                 oracle: a.oracle,
                 ggml_target: a.ggml_target,
+                floors: a.floors.unwrap_or_else(|| root.join("ci/floors.json")),
             };
             let r = crate::bisect::bisect(&opts)?;
             print!("{}", crate::bisect::render(&r));

@@ -47,6 +47,12 @@ pub trait Engine {
 
     /// Run `tokens` at the next positions; hand every stage to `sink`; return the logits `[T, V]`.
     fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>>;
+
+    /// True when what `sink` writes into a stage is what the rest of the forward pass reads (the replace
+    /// hook): only such an engine can be bisected. An external engine's stages are observed, not replaced.
+    fn replaces_stages(&self) -> bool {
+        false
+    }
 }
 
 /// Our own engine, in process.
@@ -115,6 +121,10 @@ impl Engine for LockstepEngine {
         session.set_ggml_target(target);
         self.session = Some(session);
         Ok(())
+    }
+
+    fn replaces_stages(&self) -> bool {
+        true
     }
 
     fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>> {

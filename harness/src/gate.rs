@@ -106,6 +106,9 @@ pub struct Rule {
     /// See [`CellThresholds::stage_exact`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_exact: Option<bool>,
+    /// See [`CellThresholds::stage_floor_headroom`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_floor_headroom: Option<f64>,
 }
 
 impl Rule {
@@ -160,6 +163,11 @@ pub struct CellThresholds {
     /// order is the first divergent one — however small its NMSE. `false`: the cosine/NMSE cutoffs.
     #[serde(default)]
     pub stage_exact: bool,
+    /// Where the floor is measured (`ci/floors.json`, [`crate::floors`]) rather than bit equality: a stage's
+    /// local error (bisect's injected pass) counts as above the floor beyond this many times the measured
+    /// 99th percentile of its kind. `None`: no measured floors; the cutoffs above serve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_floor_headroom: Option<f64>,
 }
 
 impl Thresholds {
@@ -298,6 +306,7 @@ impl Thresholds {
                 .rev()
                 .find_map(|r| r.stage_exact)
                 .unwrap_or(false),
+            stage_floor_headroom: last(|r| r.stage_floor_headroom),
         })
     }
 }

@@ -432,7 +432,14 @@ pub struct GoldenFile {
     manifest: PathBuf,
     entry: GoldenEntry,
     npz: Npz,
+    /// Float arrays already decoded and checked ([`GoldenFile::read_f32`]): bisect compares the same golden
+    /// in up to four passes. Bounded by [`F32_CACHE_BYTES`].
+    cache: std::collections::HashMap<String, Array2<f32>>,
+    cache_bytes: usize,
 }
+
+/// The most decoded f32 data one [`GoldenFile`] keeps (arrays beyond it are decoded again when read again).
+const F32_CACHE_BYTES: usize = 512 << 20;
 
 impl GoldenFile {
     /// Open the golden of `entry` (does not check the sha256; see [`verify_golden`]).
@@ -470,6 +477,8 @@ impl GoldenFile {
             manifest,
             entry,
             npz,
+            cache: Default::default(),
+            cache_bytes: 0,
         })
     }
 
@@ -543,6 +552,9 @@ impl GoldenFile {
     /// Read a float array as f32 (see [`read_array_f32`]). Errors: the array is not a float array, or
     /// holds NaN or ±Inf (a golden error naming the file, array, row and column).
     pub fn read_f32(&mut self, name: &str) -> Result<Array2<f32>> {
+        if let Some(a) = self.cache.get(name) {
+            return Ok(a.clone());
+        }
         let raw = self.read_raw(name)?;
         let a = raw
             .to_f32()
@@ -555,6 +567,11 @@ impl GoldenFile {
                 i / cols,
                 i % cols
             );
+        }
+        let bytes = a.len() * 4;
+        if self.cache_bytes + bytes <= F32_CACHE_BYTES {
+            self.cache_bytes += bytes;
+            self.cache.insert(name.to_string(), a.clone());
         }
         Ok(a)
     }

@@ -22,6 +22,7 @@ pub mod compare;
 pub mod dump;
 pub mod engine;
 pub mod fetch;
+pub mod floors;
 pub mod format;
 pub mod gate;
 pub mod golden;

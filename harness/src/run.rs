@@ -16,8 +16,9 @@ use lockstep_engine::hooks::{Recorder, StageSink};
 use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::NumericsMode;
 
+use crate::bisect::Case;
 use crate::capture::{recorded_arrays, NullSink};
-use crate::compare::{compare, EngineOutput};
+use crate::compare::EngineOutput;
 use crate::engine::{Engine, ExternalCommands, ExternalEngine, LockstepEngine};
 use crate::gate::{evaluate, Thresholds};
 use crate::golden::{self, GoldenFile, Manifest};
@@ -49,6 +50,8 @@ pub struct RunOptions {
     /// Mirror this ggml-cpu build in ggml mode instead of the one each golden's host CPU selects (to see
     /// what the other target's kernels change; a mismatched target is expected to break bit-exactness).
     pub ggml_target: Option<GgmlTarget>,
+    /// The measured floors of modes that are not bit-exact (`ci/floors.json`).
+    pub floors: PathBuf,
 }
 
 /// Build an engine for a model path (overridable by tests to plug in a broken engine).
@@ -294,15 +297,30 @@ pub fn run_cell(
     let n_ctx = tokens.len() + decode_tokens.len();
 
     let mut engine = factory(cell, model_path, &entry.arch)?;
-    let own_tokens = engine.tokenize(&entry.prompt, entry.add_special, entry.parse_special)?;
-
-    engine.reset(mode, target, n_ctx)?;
-    let out = capture(engine.as_mut(), own_tokens, &tokens, &decode_tokens, None)?;
-
-    let th = thresholds.for_cell(cell)?;
     let stage_map = manifest.stage_map(&entry.oracle.name, &entry.arch);
-    let comparison = compare(&mut gf, &out, stage_map)?;
-    drop(out);
+    let case = Case::new(&mut gf, engine.as_mut(), stage_map, opts.ggml_target)?;
+    let th = thresholds.for_cell(cell)?;
+    let acc = case.accumulated(&mut gf, engine.as_mut(), mode)?;
+    if let Some(nf) = acc.non_finite() {
+        bail!("{nf} (golden {})", gf.path().display());
+    }
+    // the first-divergent verdict, as `lockstep bisect` gives it (an engine whose stages can be replaced;
+    // otherwise the accumulated pass's marker)
+    let judged = if engine.replaces_stages() {
+        let floors = crate::bisect::floor_set(&opts.floors, &th, cell, entry)?;
+        crate::bisect::judge(
+            &case,
+            &mut gf,
+            engine.as_mut(),
+            mode,
+            &th,
+            floors.as_ref(),
+            &acc,
+        )?
+    } else {
+        crate::bisect::Judged::accumulated_only(&th, acc.cmp.as_ref())
+    };
+    let comparison = acc.cmp.context("the accumulated pass was compared")?;
 
     // Timing pass without hooks.
     engine.reset(mode, target, n_ctx)?;
@@ -321,7 +339,8 @@ pub fn run_cell(
         decode_seconds,
     };
 
-    let verdict = evaluate(cell, &comparison, &th);
+    let mut verdict = evaluate(cell, &comparison, &th);
+    crate::bisect::gate_finding(&mut verdict, &judged.finding);
     Ok(CellReport {
         cell: cell.clone(),
         model_sha256: model_sha.to_string(),
@@ -332,6 +351,8 @@ pub fn run_cell(
         speed,
         verdict,
         thresholds: Some(th),
+        local_nmse_by_layer: judged.local_nmse_by_layer(),
+        finding: Some(judged.finding),
     })
 }
 

@@ -21,6 +21,7 @@ fn options_for(model: &str, prompt: &str, mode: NumericsMode) -> BisectOptions {
         mode,
         oracle: "llama.cpp-f32kv".into(),
         ggml_target: None,
+        floors: root().join("ci/floors.json"),
     }
 }
 

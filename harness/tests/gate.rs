@@ -133,6 +133,7 @@ fn th() -> CellThresholds {
         margin_tolerance: 0.01,
         stage_max_nmse: None,
         stage_exact: false,
+        stage_floor_headroom: None,
     }
 }
 

@@ -215,6 +215,8 @@ fn report() -> Report {
             speed,
             verdict,
             thresholds: Some(cell_th),
+            finding: None,
+            local_nmse_by_layer: Vec::new(),
         }
     };
     Report {

@@ -34,6 +34,7 @@ fn options(golden_dir: &Path, reports: &Path, prompt: &str, mode: &str) -> RunOp
         progress: false,
         threads: rayon::current_num_threads(),
         ggml_target: None,
+        floors: root().join("ci/floors.json"),
     }
 }
 

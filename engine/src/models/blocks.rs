@@ -19,6 +19,7 @@
 use std::ops::Range;
 
 use crate::backend::{Backend, MatmulScratch};
+use crate::faults::{self, Fault};
 use crate::gguf::GgufFile;
 use crate::hooks::{self, Stage, StageKind, StageSink};
 use crate::kv_cache::KvCache;
@@ -95,7 +96,7 @@ impl Embedding {
         for (row, &tok) in x.chunks_exact_mut(self.weight.cols).zip(tokens) {
             quant::dequantize_row(embd.ty, embd.row(tok as usize), row)?;
         }
-        if let Some(s) = self.scale {
+        if let Some(s) = self.scale.filter(|_| !faults::is(Fault::EmbedScaleMissing)) {
             ops::scale(x, s);
         }
         f.emit(Stage::global(StageKind::Embed), x);
@@ -124,7 +125,12 @@ impl RmsNorm {
 
     /// Normalise every `weight.len()`-long row of `x` in place, then emit it as `stage`.
     pub(crate) fn forward(&self, f: &mut Fwd, x: &mut [f32], stage: Stage) {
-        ops::rms_norm(x, &self.weight, self.eps);
+        let eps = if faults::is(Fault::NormEps) {
+            self.eps * 0.1
+        } else {
+            self.eps
+        };
+        ops::rms_norm(x, &self.weight, eps);
         f.emit(stage, x);
     }
 }
@@ -296,7 +302,11 @@ impl Attention {
         .enumerate()
         {
             f.matmul(w, h, out)?;
-            if let Some(bias) = &self.bias {
+            if let Some(bias) = self
+                .bias
+                .as_ref()
+                .filter(|_| !faults::is(Fault::QkvBiasMissing))
+            {
                 add_bias(out, &bias[i]);
             }
             f.emit(st(kind), out);
@@ -310,15 +320,24 @@ impl Attention {
 
         // RoPE on q and k, each token at its own absolute position
         let rope = sized(&mut b.rope, self.rope.dim);
+        let fault = faults::active();
+        let base = match fault {
+            Some(Fault::RopeBase) => 10000.0,
+            _ => self.rope.base,
+        };
         for (t, (qt, kt)) in q
             .chunks_exact_mut(qw)
             .zip(k.chunks_exact_mut(kvw))
             .enumerate()
         {
-            ops::rope_cache(p0 + t, self.rope.base, self.rope.dim, rope);
-            let rotate = match self.rope.kind {
-                RopeKind::Norm => ops::rope_norm,
-                RopeKind::Neox => ops::rope_neox,
+            let pos = match fault {
+                Some(Fault::RopeDecodePosition) if n == 1 => (p0 + t).saturating_sub(1),
+                _ => p0 + t,
+            };
+            ops::rope_cache(pos, base, self.rope.dim, rope);
+            let rotate = match (self.rope.kind, fault == Some(Fault::RopePairing)) {
+                (RopeKind::Norm, false) | (RopeKind::Neox, true) => ops::rope_norm,
+                (RopeKind::Neox, false) | (RopeKind::Norm, true) => ops::rope_neox,
             };
             rotate(qt, hd, self.rope.dim, rope, f.mode);
             rotate(kt, hd, self.rope.dim, rope, f.mode);
@@ -331,7 +350,12 @@ impl Attention {
 
         // write k, v of token t at position p0 + t
         for (t, (kt, vt)) in k.chunks_exact(kvw).zip(v.chunks_exact(kvw)).enumerate() {
-            kv.write(self.layer, p0 + t, kt, vt)?;
+            let at = if fault == Some(Fault::KvWritePosition) {
+                t
+            } else {
+                p0 + t
+            };
+            kv.write(self.layer, at, kt, vt)?;
         }
 
         // att = softmax(q·kᵀ·kq_scale + mask) · v, heads concatenated   [n, n_head·hd]
@@ -339,13 +363,23 @@ impl Attention {
         let scores = sized(&mut b.scores, ops::attention_scratch_len(p0 + n));
         // llama.cpp sums KQV in another order for a single-token batch than for a prompt batch
         let kqv = ops::ggml_kqv_order(n);
+        let mut shape = self.shape;
+        if fault == Some(Fault::AttnScale) {
+            shape.kq_scale /= (hd as f32).sqrt();
+        }
         for (t, (qt, at)) in q.chunks_exact(qw).zip(att.chunks_exact_mut(qw)).enumerate() {
+            // the query's position: the last key it may see (the whole batch without a causal mask)
+            let pos = if fault == Some(Fault::CausalMaskOff) {
+                p0 + n - 1
+            } else {
+                p0 + t
+            };
             ops::attention(
                 qt,
                 kv,
                 self.layer,
-                p0 + t,
-                &self.shape,
+                pos,
+                &shape,
                 scores,
                 at,
                 f.mode,
@@ -423,12 +457,26 @@ impl Ffn {
         let st = |kind| Stage::block(self.layer, kind);
         let d_ff = self.gate.rows;
         let (gate, up) = (sized(&mut b.gate, f.n * d_ff), sized(&mut b.up, f.n * d_ff));
-        f.matmul(&self.gate, h, gate)?;
+        let fault = faults::active();
+        let (w_gate, w_up) = match fault {
+            Some(Fault::GateUpSwapped) => (&self.up, &self.gate),
+            _ => (&self.gate, &self.up),
+        };
+        f.matmul(w_gate, h, gate)?;
         f.emit(st(StageKind::FfnGate), gate);
-        f.matmul(&self.up, h, up)?;
+        f.matmul(w_up, h, up)?;
         f.emit(st(StageKind::FfnUp), up);
         // gate = act(gate) ⊙ up                               [n, d_ff]
-        match self.act {
+        let act = match (fault, self.act) {
+            (Some(Fault::WrongActivation { layer }), GluAct::Silu) if layer == self.layer => {
+                GluAct::GeluTanh
+            }
+            (Some(Fault::WrongActivation { layer }), GluAct::GeluTanh) if layer == self.layer => {
+                GluAct::Silu
+            }
+            (_, a) => a,
+        };
+        match act {
             GluAct::Silu => ops::swiglu(gate, up, d_ff, f.mode, f.target),
             GluAct::GeluTanh => ops::geglu(gate, up, d_ff, f.mode),
         }
@@ -512,7 +560,11 @@ impl DecoderLayer {
         if let Some(n) = &self.ffn_post_norm {
             n.forward(f, proj, st(StageKind::FfnPostNorm));
         }
-        ops::add_in_place(x, proj);
+        if faults::active() == Some(Fault::MissingResidual { layer: self.layer }) {
+            x.copy_from_slice(proj);
+        } else {
+            ops::add_in_place(x, proj);
+        }
         f.emit(st(StageKind::Out), x);
         Ok(())
     }
@@ -637,9 +689,13 @@ impl Decoder {
         // logits = RMSNorm(x)·w_output_norm · W_outᵀ               [n, n_vocab]
         let h = sized(&mut layer.h, n * d);
         h.copy_from_slice(x);
-        self.head
-            .norm
-            .forward(f, h, Stage::global(StageKind::OutputNorm));
+        if faults::is(Fault::FinalNormSkipped) {
+            f.emit(Stage::global(StageKind::OutputNorm), h);
+        } else {
+            self.head
+                .norm
+                .forward(f, h, Stage::global(StageKind::OutputNorm));
+        }
         let logits = sized(logits, n * self.head.weight.rows);
         f.matmul(&self.head.weight, h, logits)?;
         if let Some(cap) = self.head.softcap {

@@ -317,6 +317,16 @@ impl AttnShape {
     }
 }
 
+/// The KV head query head `h` reads under GQA (Ainslie et al. 2023; llama.cpp broadcasts K/V over groups of
+/// `group = n_head / n_kv_head` consecutive query heads): `h / group`.
+#[inline]
+fn kv_head(h: usize, group: usize, n_kv_head: usize) -> usize {
+    if crate::faults::is(crate::faults::Fault::GqaHeadMap) {
+        return h % n_kv_head;
+    }
+    h / group
+}
+
 /// Causal grouped-query attention of one token against the cache.
 ///
 /// `q`: `[n_head · head_dim]` (after RoPE) for the token at absolute position `pos`; keys and values of
@@ -375,7 +385,7 @@ fn attention_reference(
     let first = shape.first_visible(pos);
     let scores = &mut scores[..n_pos];
     for h in 0..n_head {
-        let kvh = h / group;
+        let kvh = kv_head(h, group, n_kv_head);
         let qh = &q[h * head_dim..(h + 1) * head_dim];
         let keys = cache.keys(layer, kvh, n_pos);
         for (i, (s, k)) in scores
@@ -436,7 +446,7 @@ pub fn attention_ggml(
     let n_pad = attention_scratch_len(n_pos);
     let scores = &mut scores[..n_pad];
     for h in 0..n_head {
-        let kvh = h / group;
+        let kvh = kv_head(h, group, n_kv_head);
         let qh = &q[h * head_dim..(h + 1) * head_dim];
         let keys = cache.keys(layer, kvh, n_pos);
         for (s, k) in scores.iter_mut().zip(keys.chunks_exact(head_dim)) {

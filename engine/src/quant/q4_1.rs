@@ -7,15 +7,26 @@
 use super::fp::{c_f32_to_i8, f32_to_f16_ref, read_f16};
 use super::q8::QK;
 use super::x86::{fma, fma_lanes, hsum_float_8};
+use crate::faults::Fault;
 
 /// Bytes per block.
 pub(crate) const BYTES: usize = 20;
+
+/// Byte offset of the block's `m` (2; 0 under the mutation suite's [`Fault::QuantMinMisread`]).
+#[inline]
+fn min_offset() -> usize {
+    if crate::faults::is(Fault::QuantMinMisread) {
+        0
+    } else {
+        2
+    }
+}
 
 /// One block to f32 (`dequantize_row_q4_1`: `y = q * d + m`, multiply then add).
 #[inline]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK]) {
     let d = read_f16(blk, 0);
-    let m = read_f16(blk, 2);
+    let m = read_f16(blk, min_offset());
     let qs = &blk[4..4 + QK / 2];
     for j in 0..QK / 2 {
         out[j] = f32::from(qs[j] & 0x0F) * d + m;
@@ -56,6 +67,7 @@ pub(crate) fn quantize_ref(src: &[f32], dst: &mut [u8]) {
 pub(crate) fn dot_q8_1(w: &[u8], xq: &[i8], xd: &[f32], xs: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let mut summs = 0f32;
+    let m_at = min_offset();
     for (((blk, qy), &dy), &sy) in w
         .chunks_exact(BYTES)
         .zip(xq.chunks_exact(QK))
@@ -63,7 +75,7 @@ pub(crate) fn dot_q8_1(w: &[u8], xq: &[i8], xd: &[f32], xs: &[f32]) -> f32 {
         .zip(xs)
     {
         let dw = read_f16(blk, 0);
-        let mw = read_f16(blk, 2);
+        let mw = read_f16(blk, m_at);
         summs = fma(mw, sy, summs);
         let d = dw * dy;
         let qs = &blk[4..4 + QK / 2];

@@ -27,6 +27,9 @@ fn scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
             m[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
         }
     }
+    if crate::faults::is(crate::faults::Fault::QuantMinMisread) {
+        return (sc, sc);
+    }
     (sc, m)
 }
 

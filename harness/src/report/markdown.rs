@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
+use crate::bisect::Finding;
 use crate::compare::{CellComparison, Phase, StageComparison};
 use crate::format::{fmt_cos, fmt_e3, fmt_utc};
 use crate::gate::{cell_metrics, is_out_stage};
@@ -206,30 +207,66 @@ pub fn render_markdown(r: &Report) -> String {
         md.push('\n');
     }
 
-    // First divergent stage per cell.
+    // First divergent stage per cell: bisect's verdict (harness/src/bisect.rs).
     let _ = writeln!(md, "## First divergent stage\n");
-    let _ = writeln!(md, "| cell | stage | phase | position | cosine | NMSE |");
-    let _ = writeln!(md, "|---|---|---|--:|--:|--:|");
+    let _ = writeln!(
+        md,
+        "What `lockstep bisect` concludes for each cell: **structural** (a stage differs from the golden with \
+         the golden's own input injected, beyond its floor: a bug, and the cell fails), **oracle-side \
+         rounding** (rows beyond the measured floor only where ggml mode, which rounds matmul inputs to 8 bits \
+         as llama.cpp does, equals the golden bit for bit), **drift** (every local error within the floor; \
+         the accumulated pass first leaves the stage cutoffs here), or none. \"÷ floor\" is the local NMSE \
+         over the measured floor (ci/floors.json).\n"
+    );
+    let _ = writeln!(
+        md,
+        "| cell | verdict | stage | phase | position | cosine | NMSE | ÷ floor |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|--:|--:|--:|--:|");
     for c in &r.cells {
-        match &c.verdict.first_divergent {
-            Some(d) => {
-                let _ = writeln!(
-                    md,
-                    "| {} | {} | {} | {} | {} | {} |",
-                    c.cell.id(),
-                    d.stage,
-                    d.phase,
-                    d.position,
-                    fmt_cos(d.cosine),
-                    fmt_e3(d.nmse)
-                );
-            }
-            None => {
-                let _ = writeln!(md, "| {} | none | | | | |", c.cell.id());
-            }
-        }
+        let row = |verdict: &str, d: &crate::gate::Divergence, ratio: Option<f64>| {
+            format!(
+                "| {} | {verdict} | {} | {} | {} | {} | {} | {} |",
+                c.cell.id(),
+                d.stage,
+                d.phase,
+                d.position,
+                fmt_cos(d.cosine),
+                fmt_e3(d.nmse),
+                ratio.map_or("".to_string(), |r| format!("{r:.1}"))
+            )
+        };
+        let line = match (&c.finding, &c.verdict.first_divergent) {
+            (Some(Finding::Structural { at, ratio, .. }), _) => row("structural", at, *ratio),
+            (Some(Finding::OracleRounding { sites }), _) => match sites.first() {
+                Some(s) => row(
+                    &format!("oracle-side rounding ({} rows)", sites.len()),
+                    &s.at,
+                    s.ratio,
+                ),
+                None => format!("| {} | oracle-side rounding | | | | | | |", c.cell.id()),
+            },
+            (Some(Finding::AccumulatedDrift { at }), _) => row("drift", at, None),
+            (Some(Finding::None), _) => format!("| {} | none | | | | | | |", c.cell.id()),
+            // reports of older versions: the accumulated marker
+            (None, Some(d)) => row("marker", d, None),
+            (None, None) => format!("| {} | none | | | | | | |", c.cell.id()),
+        };
+        let _ = writeln!(md, "{line}");
     }
     md.push('\n');
+    // the evidence behind each oracle-side-rounding verdict
+    for c in &r.cells {
+        if let Some(Finding::OracleRounding { sites }) = &c.finding {
+            let _ = writeln!(
+                md,
+                "Oracle-side rounding in `{}`: the matmul input llama.cpp rounded to 8 bits, its crest factor \
+                 (max|x|/rms) and the NMSE that rounding causes, against the median row of its kind:\n\n```text\n{}\n```\n",
+                c.cell.id(),
+                crate::bisect::render_rounding(sites)
+            );
+        }
+    }
 
     // Worst stages across cells.
     let mut all: Vec<(&CellReport, &StageComparison)> = r

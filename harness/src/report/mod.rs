@@ -179,6 +179,15 @@ pub struct CellReport {
     /// The thresholds the verdict applied (absent in reports of older versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thresholds: Option<crate::gate::CellThresholds>,
+    /// Where the engine first computes something else and what kind of difference it is — `lockstep
+    /// bisect`'s verdict ([`crate::bisect::judge`]); absent in reports of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finding: Option<crate::bisect::Finding>,
+    /// Per layer, the largest local NMSE of any of its stages over the prefill positions (bisect's pass with
+    /// the golden's own input injected; 0 where every stage is exact at storage precision), for the
+    /// error-vs-depth plot. Empty when no local pass ran (an exact accumulated pass, an external engine).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub local_nmse_by_layer: Vec<f64>,
 }
 
 /// Definitions of every metric a report shows (the text of `metrics.rs`'s module doc, plus the gate's

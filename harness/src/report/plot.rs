@@ -3,7 +3,9 @@
 //!
 //! x: layer. y: NMSE (log scale) — for each stage kind (`blk.N.<kind>`), the largest NMSE over the
 //! prefill positions at layer N, one line per kind; the residual stream (`blk.N.out`) is also drawn for
-//! the decode steps (dashed). A stage equal to the golden at its storage precision has no error to draw
+//! the decode steps (dashed). The thick blue line is each layer's *local* error (bisect's pass with the
+//! golden's own input injected; the largest NMSE of any of its stages): flat for rounding, a spike at the
+//! layer where a bug enters. A stage equal to the golden at its storage precision has no error to draw
 //! on a log scale: it sits on the bottom line, labelled *exact*. The cell's own stage NMSE cutoff
 //! (`stage_max_nmse` of its thresholds), when it has one, is drawn as a horizontal line: a bug jumps
 //! above it at one layer, accumulated rounding climbs smoothly below it.
@@ -82,6 +84,7 @@ pub fn error_vs_depth_svg(c: &CellReport) -> Result<String> {
         .values()
         .flat_map(|m| m.values())
         .copied()
+        .chain(c.local_nmse_by_layer.iter().copied())
         .map(y_of)
         .chain(cutoff)
         .fold(1e-6_f64, f64::max)
@@ -149,6 +152,24 @@ pub fn error_vs_depth_svg(c: &CellReport) -> Result<String> {
                 Phase::Decode => format!("blk.N.{kind} (decode)"),
             };
             legend.push((label, color, width, *phase == Phase::Decode));
+        }
+        if !c.local_nmse_by_layer.is_empty() {
+            // each layer's own error, computed from the golden's input: flat for rounding, a spike for a bug
+            let blue = RGBColor(20, 90, 220).to_rgba();
+            let pts: Vec<(f64, f64)> = c
+                .local_nmse_by_layer
+                .iter()
+                .enumerate()
+                .map(|(l, &v)| (l as f64, y_of(v)))
+                .collect();
+            let style = ShapeStyle::from(&blue).stroke_width(4);
+            chart
+                .draw_series(LineSeries::new(pts.clone(), style))
+                .map_err(err)?;
+            chart
+                .draw_series(pts.iter().map(|&p| Cross::new(p, 4, blue.filled())))
+                .map_err(err)?;
+            legend.push(("local: worst stage, golden input".into(), blue, 4, false));
         }
         if let Some(cut) = cutoff {
             let red = RGBColor(200, 30, 30).to_rgba();

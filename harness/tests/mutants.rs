@@ -1,0 +1,326 @@
+//! The mutation suite: realistic porting bugs, switched on one at a time in the engine
+//! (`lockstep_engine::faults`, a test-only cargo feature), each run through the gate and `lockstep bisect`
+//! on the committed goldens, in both numerics modes. For every (mutant, mode, prompt) the gate must fail,
+//! and bisect must name the layer, the stage kind and the phase where the bug enters in at least 95% of
+//! the cases; the unbroken engine must get no structural verdict. Real models: `#[ignore]`d, run by
+//! `ci/test.sh`.
+//!
+//! All mutants run in this one test: the fault switch is process-wide, and nextest runs each test in a
+//! process of its own.
+
+mod common;
+
+use common::root;
+use lockstep::bisect::{bisect_with, render, BisectOptions, BisectReport, Finding};
+use lockstep::compare::Phase;
+use lockstep::engine::LockstepEngine;
+use lockstep_engine::faults::{self, Fault};
+use lockstep_engine::gguf::GgufFile;
+use lockstep_engine::quant::GgmlType;
+use lockstep_engine::{NumericsMode, Stage, StageKind};
+
+/// Where a mutant's effect must be named: the layer (`None`: a global stage), the stage kinds that count
+/// (either of `q_rope`/`k_rope` for a RoPE bug), and the phase.
+#[derive(Clone, Debug, PartialEq)]
+struct Site {
+    layer: Option<usize>,
+    kinds: Vec<StageKind>,
+    phase: Phase,
+}
+
+/// A model of the suite, with what its file says about where each bug must show.
+struct Subject {
+    id: &'static str,
+    prompt: &'static str,
+    /// Tokens in the prompt: position-dependent bugs show only from the second position on.
+    n_prompt: usize,
+    n_layer: usize,
+    n_head: usize,
+    n_kv_head: usize,
+    has_bias: bool,
+    has_embed_scale: bool,
+    /// The first layer whose RoPE base is not 10000 (Gemma 3's local layers use 10000).
+    first_rope_base_not_10k: Option<usize>,
+    /// The first matmul in forward order whose weight is Q4_1 or Q4_K (whose min the fault misreads).
+    first_min_quant: Option<Site>,
+    /// The arrays the golden stores (`blk.0.q`, `decode.blk.0.out`, ...): bisect can only name a stage the
+    /// golden stores, so where it lacks the stage a bug enters at, the right answer is the layer's `out`.
+    stored: Vec<String>,
+}
+
+/// The stage a weight's matmul emits, and its rank within a block.
+fn weight_stage(tensor: &str) -> Option<(StageKind, usize)> {
+    Some(match tensor {
+        "attn_q.weight" => (StageKind::Q, 0),
+        "attn_k.weight" => (StageKind::K, 1),
+        "attn_v.weight" => (StageKind::V, 2),
+        "attn_output.weight" => (StageKind::AttnProj, 3),
+        "ffn_gate.weight" => (StageKind::FfnGate, 4),
+        "ffn_up.weight" => (StageKind::FfnUp, 5),
+        "ffn_down.weight" => (StageKind::FfnOut, 6),
+        _ => return None,
+    })
+}
+
+fn subject(id: &'static str, prompt: &'static str) -> Subject {
+    let manifest = lockstep::golden::load_manifest(&root().join("golden")).unwrap();
+    let entry = manifest
+        .entry(
+            &root().join("golden"),
+            &format!("{id}/llama.cpp-f32kv/{prompt}.npz"),
+        )
+        .unwrap();
+    let stored: Vec<String> = entry.arrays.keys().cloned().collect();
+    let n_prompt = entry.n_prompt_tokens;
+    let path = lockstep::fetch::resolve_model(id).unwrap();
+    let g = GgufFile::open(&path).unwrap();
+    let arch = g.get_str("general.architecture").unwrap().to_string();
+    let key = |k: &str| g.get_u64(&format!("{arch}.{k}")).unwrap() as usize;
+    let mut first: Option<(usize, usize, StageKind)> = None;
+    for t in g.tensors() {
+        if !matches!(t.ggml_type, GgmlType::Q4_1 | GgmlType::Q4_K) {
+            continue;
+        }
+        let mut parts = t.name.splitn(3, '.');
+        let (Some("blk"), Some(l), Some(rest)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let Some((kind, rank)) = weight_stage(rest) else {
+            continue;
+        };
+        let key = (l.parse().unwrap(), rank, kind);
+        if first.is_none_or(|f| (key.0, key.1) < (f.0, f.1)) {
+            first = Some(key);
+        }
+    }
+    Subject {
+        id,
+        prompt,
+        n_prompt,
+        n_layer: key("block_count"),
+        n_head: key("attention.head_count"),
+        n_kv_head: key("attention.head_count_kv"),
+        has_bias: g.tensor("blk.0.attn_q.bias").is_ok(),
+        has_embed_scale: arch == "gemma3",
+        first_min_quant: first.map(|(l, _, k)| Site {
+            layer: Some(l),
+            kinds: vec![k],
+            phase: Phase::Prefill,
+        }),
+        stored,
+        first_rope_base_not_10k: lockstep_engine::Model::load(&path)
+            .unwrap()
+            .decoder()
+            .layers
+            .iter()
+            .position(|l| l.attn.rope.base != 10000.0),
+    }
+}
+
+/// `site`, or the layer's `out` where the golden stores none of the site's stage kinds in that phase.
+fn as_stored(site: Site, s: &Subject) -> Site {
+    let prefix = if site.phase == Phase::Decode {
+        "decode."
+    } else {
+        ""
+    };
+    let has = |k: StageKind| {
+        let id = Stage {
+            layer: site.layer,
+            kind: k,
+        }
+        .to_string();
+        s.stored.contains(&format!("{prefix}{id}"))
+    };
+    if site.kinds.iter().any(|&k| has(k)) || site.layer.is_none() {
+        site
+    } else {
+        Site {
+            kinds: vec![StageKind::Out],
+            ..site
+        }
+    }
+}
+
+/// Where `fault` must be named on `s`; `None` when the fault cannot change anything there (e.g. the
+/// causal mask of a one-token prompt, GQA head mapping with a single KV head).
+fn expected(fault: Fault, s: &Subject) -> Option<Site> {
+    use StageKind as K;
+    let site = |layer: Option<usize>, kinds: &[StageKind], phase| Site {
+        layer,
+        kinds: kinds.to_vec(),
+        phase,
+    };
+    // a bug that needs a second position shows in the prompt, or else in the first decode step
+    let multi = if s.n_prompt > 1 {
+        Phase::Prefill
+    } else {
+        Phase::Decode
+    };
+    let mid = s.n_layer / 2;
+    let site = Some(match fault {
+        Fault::RopePairing => site(Some(0), &[K::QRope, K::KRope], multi),
+        Fault::RopeBase => site(
+            Some(s.first_rope_base_not_10k?),
+            &[K::QRope, K::KRope],
+            multi,
+        ),
+        Fault::RopeDecodePosition => site(Some(0), &[K::QRope, K::KRope], Phase::Decode),
+        Fault::NormEps => site(Some(0), &[K::AttnNorm], Phase::Prefill),
+        Fault::KvWritePosition => site(Some(0), &[K::AttnOut], Phase::Decode),
+        Fault::GqaHeadMap if s.n_kv_head == 1 || s.n_kv_head == s.n_head => return None,
+        Fault::GqaHeadMap => site(Some(0), &[K::AttnOut], Phase::Prefill),
+        Fault::AttnScale => site(Some(0), &[K::AttnOut], multi),
+        Fault::CausalMaskOff if s.n_prompt == 1 => return None,
+        Fault::CausalMaskOff => site(Some(0), &[K::AttnOut], Phase::Prefill),
+        Fault::GateUpSwapped => site(Some(0), &[K::FfnGate], Phase::Prefill),
+        Fault::WrongActivation { .. } => site(Some(mid), &[K::FfnAct], Phase::Prefill),
+        Fault::MissingResidual { .. } => site(Some(mid), &[K::Out], Phase::Prefill),
+        Fault::QuantMinMisread => s.first_min_quant.clone()?,
+        Fault::FinalNormSkipped => site(None, &[K::OutputNorm], Phase::Prefill),
+        Fault::QkvBiasMissing if !s.has_bias => return None,
+        Fault::QkvBiasMissing => site(Some(0), &[K::Q], Phase::Prefill),
+        Fault::EmbedScaleMissing if !s.has_embed_scale => return None,
+        Fault::EmbedScaleMissing => site(None, &[K::Embed], Phase::Prefill),
+    });
+    site.map(|x| as_stored(x, s))
+}
+
+fn mutants(s: &Subject) -> Vec<Fault> {
+    let mid = s.n_layer / 2;
+    vec![
+        Fault::RopePairing,
+        Fault::RopeBase,
+        Fault::RopeDecodePosition,
+        Fault::NormEps,
+        Fault::KvWritePosition,
+        Fault::GqaHeadMap,
+        Fault::AttnScale,
+        Fault::CausalMaskOff,
+        Fault::GateUpSwapped,
+        Fault::WrongActivation { layer: mid },
+        Fault::MissingResidual { layer: mid },
+        Fault::QuantMinMisread,
+        Fault::FinalNormSkipped,
+        Fault::QkvBiasMissing,
+        Fault::EmbedScaleMissing,
+    ]
+}
+
+fn options(s: &Subject, mode: NumericsMode) -> BisectOptions {
+    BisectOptions {
+        golden_dir: root().join("golden"),
+        thresholds: root().join("ci/thresholds.toml"),
+        model: s.id.into(),
+        prompt: s.prompt.into(),
+        mode,
+        oracle: "llama.cpp-f32kv".into(),
+        ggml_target: None,
+        floors: root().join("ci/floors.json"),
+    }
+}
+
+/// The site a bisect verdict names (structural verdicts only: a bug is not drift).
+fn named(r: &BisectReport) -> Option<(Option<usize>, StageKind, Phase)> {
+    match &r.finding {
+        Finding::Structural { at, .. } => {
+            let st = Stage::parse(&at.stage)?;
+            Some((st.layer, st.kind, at.phase))
+        }
+        _ => None,
+    }
+}
+
+fn bisect_once(s: &Subject, mode: NumericsMode, fault: Option<Fault>) -> BisectReport {
+    faults::set(fault);
+    let path = lockstep::fetch::resolve_model(s.id).unwrap();
+    let mut engine = LockstepEngine::load(&path).unwrap();
+    let r = bisect_with(&options(s, mode), &path, &mut engine);
+    faults::set(None);
+    r.unwrap_or_else(|e| panic!("{} {} {mode} {fault:?}: {e:#}", s.id, s.prompt))
+}
+
+#[test]
+#[ignore = "real models: run by ci/test.sh"]
+fn every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    // every golden that stores each layer's stages for its prompt; the others store only layer outputs
+    let subjects = [
+        subject("smollm2-135m-q4_1", "prose"),
+        subject("smollm2-135m-q4_1", "one_token"),
+        subject("gemma3-270m-q4_k_m", "prose"),
+        subject("qwen2.5-coder-0.5b-q4_k_m", "prose"),
+    ];
+    let mut table = String::from(
+        "| model | prompt | mutant | mode | expected | gate | bisect names | right |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    let (mut cases, mut right, mut gate_missed) = (0, 0, Vec::new());
+    for s in &subjects {
+        for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
+            let r = bisect_once(s, mode, None);
+            assert!(
+                !matches!(r.finding, Finding::Structural { .. }),
+                "unbroken engine, {} {} {mode}: {}",
+                s.id,
+                s.prompt,
+                render(&r)
+            );
+            for fault in mutants(s) {
+                let Some(want) = expected(fault, s) else {
+                    continue;
+                };
+                let r = bisect_once(s, mode, Some(fault));
+                let got = named(&r);
+                let ok = got.is_some_and(|(l, k, p)| {
+                    l == want.layer && want.kinds.contains(&k) && p == want.phase
+                });
+                cases += 1;
+                right += usize::from(ok);
+                if r.gate.pass {
+                    gate_missed.push(format!("{} {} {fault:?} {mode}", s.id, s.prompt));
+                }
+                let show = |l: Option<usize>, k: &str, p: Phase| {
+                    format!(
+                        "{}{k} ({p})",
+                        l.map_or(String::new(), |l| format!("blk.{l}."))
+                    )
+                };
+                let want_s = show(
+                    want.layer,
+                    &want
+                        .kinds
+                        .iter()
+                        .map(|k| k.suffix())
+                        .collect::<Vec<_>>()
+                        .join("|"),
+                    want.phase,
+                );
+                let got_s = match (&r.finding, got) {
+                    (_, Some((l, k, p))) => show(l, k.suffix(), p),
+                    (Finding::AccumulatedDrift { at }, None) => format!("drift at {}", at.stage),
+                    _ => "none".into(),
+                };
+                table.push_str(&format!(
+                    "| {} | {} | {fault:?} | {mode} | {want_s} | {} | {got_s} | {} |\n",
+                    s.id,
+                    s.prompt,
+                    if r.gate.pass { "PASSED" } else { "fails" },
+                    if ok { "yes" } else { "NO" }
+                ));
+            }
+        }
+    }
+    let rate = right as f64 / cases as f64;
+    table.push_str(&format!(
+        "\n{right}/{cases} named right ({:.1}%); gate missed {}\n",
+        100.0 * rate,
+        gate_missed.len()
+    ));
+    println!("{table}");
+    let out = root().join("target/mutants.md");
+    let _ = std::fs::write(&out, &table);
+    assert!(
+        gate_missed.is_empty(),
+        "the gate passed: {gate_missed:?}\n{table}"
+    );
+    assert!(rate >= 0.95, "{table}");
+}
