@@ -368,6 +368,16 @@ impl<'m> Case<'m> {
             .any(|k| crate::compare::layer_of(k).is_some() && k.ends_with(".out"))
     }
 
+    /// True when some injected layer input (`embed`, `blk.N.out`) is stored in f16: its exact value then
+    /// comes from the engine's own accumulated pass where that rounds to the stored row ([`injection`]).
+    fn injects_f16(&self) -> bool {
+        self.entry.arrays.iter().any(|(name, a)| {
+            let id = name.strip_prefix("decode.").unwrap_or(name);
+            (id == "embed" || crate::gate::is_out_stage(id) && id != "output_norm")
+                && a.dtype != Dtype::F32
+        })
+    }
+
     fn reset(&self, engine: &mut dyn Engine, mode: NumericsMode) -> Result<()> {
         let target = ggml_target_for(&self.entry, mode, self.forced_target)?;
         engine.reset(mode, target, self.tokens.len() + self.decode_tokens.len())
@@ -537,54 +547,119 @@ pub fn judge(
         .as_ref()
         .expect("the local pass is always compared");
     let hits = hits(&known, th, floors, cmp)?;
-    let finding = if hits.is_empty() {
-        match &local.nf {
-            Some(nf) => Finding::Structural {
-                at: nf.divergence(),
-                floor: format!("finite values: {}", nf.describe()),
-                ratio: None,
-            },
-            None => drift(th, acc.cmp.as_ref()),
-        }
-    } else if mode == NumericsMode::Reference && floors.is_some() {
-        // llama.cpp rounds every matmul input to 8 bits; ggml mode does the same, bit for bit. Where ggml
-        // mode's local value equals the golden but reference mode's is far off, the difference is that
-        // rounding, not a bug.
-        let g_acc = case.accumulated(gf, engine, NumericsMode::Ggml)?;
-        let (g_local, g_known) = case.local(gf, engine, NumericsMode::Ggml, &g_acc)?;
-        let g_cmp = g_local.cmp.as_ref().expect("compared");
-        let mut sites = Vec::new();
-        let mut structural = None;
-        for h in &hits {
-            let g_exact = g_cmp
-                .stages
-                .iter()
-                .find(|s| s.stage == h.stage && s.phase == h.phase)
-                .is_some_and(|s| s.exact_at_storage_by_position.get(h.row) == Some(&true))
-                && input_known(&g_known, h.phase, &h.stage, h.row);
-            if g_exact {
-                sites.push(evidence(gf, cmp, h)?);
-            } else {
-                structural = Some(h);
-                break;
-            }
-        }
-        match (structural, &local.nf) {
-            (Some(h), _) => h.finding(cmp),
-            (None, Some(nf)) => Finding::Structural {
-                at: nf.divergence(),
-                floor: format!("finite values: {}", nf.describe()),
-                ratio: None,
-            },
-            (None, None) => Finding::OracleRounding { sites },
+    let non_finite = |nf: &NonFinite| Finding::Structural {
+        at: nf.divergence(),
+        floor: format!("finite values: {}", nf.describe()),
+        ratio: None,
+    };
+    let finding = if mode == NumericsMode::Reference && floors.is_some() {
+        match cross_check(case, gf, engine, cmp, &hits)? {
+            CrossCheck::Structural(f) => f,
+            // a NaN or ±Inf after every compared stage stayed within its floor is the finding itself
+            _ if local.nf.is_some() => non_finite(local.nf.as_ref().expect("checked")),
+            CrossCheck::Rounding(sites) if !sites.is_empty() => Finding::OracleRounding { sites },
+            _ => drift(th, acc.cmp.as_ref()),
         }
     } else {
-        hits[0].finding(cmp)
+        match (hits.first(), &local.nf) {
+            (Some(h), _) => h.finding(cmp),
+            (None, Some(nf)) => non_finite(nf),
+            (None, None) => drift(th, acc.cmp.as_ref()),
+        }
     };
     Ok(Judged {
         finding,
         local: local.cmp,
     })
+}
+
+/// What ggml mode says about a reference-mode local pass.
+enum CrossCheck {
+    /// A bug: the first row where ggml mode differs from the golden although its input was exact (a code
+    /// path both modes share), or where reference mode is above its floor and ggml mode gives no reason.
+    Structural(Finding),
+    /// Every reference-mode row above the floor is one where ggml mode equals the golden bit for bit.
+    Rounding(Vec<RoundingEvidence>),
+}
+
+/// Run ggml mode's local pass on the same golden and read reference mode's hits against it, in forward
+/// order. llama.cpp rounds every matmul input to 8 bits; ggml mode does the same, bit for bit, and shares
+/// every other line of code with reference mode (norms, RoPE, attention, activations, residual adds). So:
+///
+/// - a row where ggml mode is not bit-exact although its injected input was exact is a bug in a shared path,
+///   however far below reference mode's floor it sits (a RoPE position off by one in decode moves a layer's
+///   output by less than reference mode's rounding noise, and ggml mode still sees it);
+/// - a reference-mode row above its floor where ggml mode is bit-exact is llama.cpp's rounding, not ours —
+///   oracle-side rounding, with the evidence ([`evidence`]);
+/// - a reference-mode row above its floor where ggml mode cannot vouch for it (inexact input) is a bug.
+///
+/// Errors: the golden records no host CPU (ggml mode has no target), or as the passes.
+fn cross_check(
+    case: &Case,
+    gf: &mut GoldenFile,
+    engine: &mut dyn Engine,
+    cmp: &CellComparison,
+    hits: &[Hit],
+) -> Result<CrossCheck> {
+    // ggml mode's own accumulated rows are needed only to inject f16-stored layer outputs exactly
+    let g_acc = if case.injects_f16() {
+        case.accumulated(gf, engine, NumericsMode::Ggml)?
+    } else {
+        Pass {
+            out: EngineOutput::default(),
+            nf: None,
+            cmp: None,
+        }
+    };
+    let (g_local, g_known) = case.local(gf, engine, NumericsMode::Ggml, &g_acc)?;
+    let g_cmp = g_local
+        .cmp
+        .as_ref()
+        .expect("the local pass is always compared");
+    let mut sites = Vec::new();
+    for phase in [Phase::Prefill, Phase::Decode] {
+        for g in g_cmp.stages.iter().filter(|s| s.phase == phase) {
+            for row in 0..g.exact_at_storage_by_position.len() {
+                let g_known_row = input_known(&g_known, phase, &g.stage, row);
+                let g_exact = g.exact_at_storage_by_position[row];
+                let hit = hits
+                    .iter()
+                    .find(|h| h.stage == g.stage && h.phase == phase && h.row == row);
+                if g_known_row && !g_exact {
+                    let mine = cmp
+                        .stages
+                        .iter()
+                        .find(|s| s.stage == g.stage && s.phase == phase);
+                    let at = match mine {
+                        Some(s) => divergence(cmp, s, row),
+                        None => divergence(g_cmp, g, row),
+                    };
+                    return Ok(CrossCheck::Structural(Finding::Structural {
+                        at,
+                        floor: "bit equality in ggml mode, which shares this stage's code with reference mode and \
+                                reproduces llama.cpp bit for bit (the layer's exact input injected)"
+                            .into(),
+                        ratio: hit.and_then(|h| h.ratio),
+                    }));
+                }
+                match hit {
+                    Some(h) if g_known_row && g_exact => sites.push(evidence(gf, cmp, h)?),
+                    Some(h) => return Ok(CrossCheck::Structural(h.finding(cmp))),
+                    None => {}
+                }
+            }
+        }
+    }
+    // reference-mode hits at stages ggml mode did not compare (it went non-finite first) are unexplained
+    if let Some(h) = hits.iter().find(|h| {
+        !g_cmp
+            .stages
+            .iter()
+            .any(|g| g.stage == h.stage && g.phase == h.phase)
+    }) {
+        return Ok(CrossCheck::Structural(h.finding(cmp)));
+    }
+    Ok(CrossCheck::Rounding(sites))
 }
 
 /// Per (phase, input stage id): for each row, whether the injected value is the oracle's exact f32 value.
@@ -730,7 +805,7 @@ fn hits(
                     })
                 } else if let (Some(k), Some(h)) = (kind, th.stage_floor_headroom) {
                     let floor = h * k.nmse_p99;
-                    (!(nmse <= floor)).then(|| {
+                    (nmse > floor || nmse.is_nan()).then(|| {
                         (
                             Some(nmse / floor),
                             format!(
@@ -743,8 +818,10 @@ fn hits(
                         )
                     })
                 } else {
-                    let bad = !(s.cosine_by_position[row] >= th.stage_min_cosine)
-                        || th.stage_max_nmse.is_some_and(|m| !(nmse <= m));
+                    let cos = s.cosine_by_position[row];
+                    let bad = cos < th.stage_min_cosine
+                        || cos.is_nan()
+                        || th.stage_max_nmse.is_some_and(|m| nmse > m || nmse.is_nan());
                     bad.then(|| {
                         (
                             None,
@@ -822,42 +899,6 @@ pub fn q8_rounding(x: &[f32]) -> (f64, f64) {
         if sig > 0.0 { err / sig } else { 0.0 },
         if rms > 0.0 { amax_all / rms } else { 0.0 },
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn q8_rounding_of_a_flat_row_is_tiny_and_an_outlier_makes_it_coarse() {
-        // 32 equal values: each is exactly ±127 steps, no rounding error; crest factor 1
-        let (n, c) = q8_rounding(&[0.5; 32]);
-        assert_eq!(n, 0.0);
-        assert!((c - 1.0).abs() < 1e-12);
-        // one element 100× the rest in the block: the step is amax/127, the small ones round to 0 or ±1
-        let mut x = vec![0.015f32; 32];
-        x[0] = 1.3;
-        let (n_out, c_out) = q8_rounding(&x);
-        let (n_flat, _) =
-            q8_rounding(&(0..32).map(|i| 0.01 + 0.001 * i as f32).collect::<Vec<_>>());
-        assert!(c_out > 5.0, "crest {c_out}");
-        assert!(n_out > 10.0 * n_flat, "{n_out} vs {n_flat}");
-    }
-
-    #[test]
-    fn matmul_inputs_follow_the_block() {
-        assert_eq!(
-            matmul_input("blk.2.ffn_act").as_deref(),
-            Some("blk.2.ffn_norm")
-        );
-        assert_eq!(
-            matmul_input("blk.0.q_rope").as_deref(),
-            Some("blk.0.attn_norm")
-        );
-        assert_eq!(matmul_input("blk.7.out").as_deref(), Some("blk.7.ffn_act"));
-        assert_eq!(matmul_input("blk.7.attn_norm"), None);
-        assert_eq!(matmul_input("output_norm"), None);
-    }
 }
 
 /// The evidence that a hit is llama.cpp's activation rounding: the golden's matmul input row there, how
@@ -1080,4 +1121,40 @@ pub fn render(r: &BisectReport) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_rounding_of_a_flat_row_is_tiny_and_an_outlier_makes_it_coarse() {
+        // 32 equal values: each is exactly ±127 steps, no rounding error; crest factor 1
+        let (n, c) = q8_rounding(&[0.5; 32]);
+        assert_eq!(n, 0.0);
+        assert!((c - 1.0).abs() < 1e-12);
+        // one element 100× the rest in the block: the step is amax/127, the small ones round to 0 or ±1
+        let mut x = vec![0.015f32; 32];
+        x[0] = 1.3;
+        let (n_out, c_out) = q8_rounding(&x);
+        let (n_flat, _) =
+            q8_rounding(&(0..32).map(|i| 0.01 + 0.001 * i as f32).collect::<Vec<_>>());
+        assert!(c_out > 5.0, "crest {c_out}");
+        assert!(n_out > 10.0 * n_flat, "{n_out} vs {n_flat}");
+    }
+
+    #[test]
+    fn matmul_inputs_follow_the_block() {
+        assert_eq!(
+            matmul_input("blk.2.ffn_act").as_deref(),
+            Some("blk.2.ffn_norm")
+        );
+        assert_eq!(
+            matmul_input("blk.0.q_rope").as_deref(),
+            Some("blk.0.attn_norm")
+        );
+        assert_eq!(matmul_input("blk.7.out").as_deref(), Some("blk.7.ffn_act"));
+        assert_eq!(matmul_input("blk.7.attn_norm"), None);
+        assert_eq!(matmul_input("output_norm"), None);
+    }
 }

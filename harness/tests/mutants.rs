@@ -5,8 +5,8 @@
 //! the cases; the unbroken engine must get no structural verdict. Real models: `#[ignore]`d, run by
 //! `ci/test.sh`.
 //!
-//! All mutants run in this one test: the fault switch is process-wide, and nextest runs each test in a
-//! process of its own.
+//! One test per architecture. The fault switch is process-wide: nextest runs each test in a process of
+//! its own, and under `cargo test` the tests take turns ([`SWITCH`]).
 
 mod common;
 
@@ -240,21 +240,19 @@ fn bisect_once(s: &Subject, mode: NumericsMode, fault: Option<Fault>) -> BisectR
     r.unwrap_or_else(|e| panic!("{} {} {mode} {fault:?}: {e:#}", s.id, s.prompt))
 }
 
-#[test]
-#[ignore = "real models: run by ci/test.sh"]
-fn every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
-    // every golden that stores each layer's stages for its prompt; the others store only layer outputs
-    let subjects = [
-        subject("smollm2-135m-q4_1", "prose"),
-        subject("smollm2-135m-q4_1", "one_token"),
-        subject("gemma3-270m-q4_k_m", "prose"),
-        subject("qwen2.5-coder-0.5b-q4_k_m", "prose"),
-    ];
+/// The fault switch is process-wide: tests of this file that run as threads of one process (`cargo test`
+/// rather than nextest) take turns.
+static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Run every mutant on `subjects` in both modes; write the table to `target/mutants-<name>.md`; assert the
+/// gate fails every one and bisect names ≥ 95% of them right.
+fn suite(name: &str, subjects: &[Subject]) {
+    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     let mut table = String::from(
         "| model | prompt | mutant | mode | expected | gate | bisect names | right |\n|---|---|---|---|---|---|---|---|\n",
     );
     let (mut cases, mut right, mut gate_missed) = (0, 0, Vec::new());
-    for s in &subjects {
+    for s in subjects {
         for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
             let r = bisect_once(s, mode, None);
             assert!(
@@ -299,13 +297,15 @@ fn every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
                     (Finding::AccumulatedDrift { at }, None) => format!("drift at {}", at.stage),
                     _ => "none".into(),
                 };
-                table.push_str(&format!(
+                let line = format!(
                     "| {} | {} | {fault:?} | {mode} | {want_s} | {} | {got_s} | {} |\n",
                     s.id,
                     s.prompt,
                     if r.gate.pass { "PASSED" } else { "fails" },
                     if ok { "yes" } else { "NO" }
-                ));
+                );
+                eprint!("{line}");
+                table.push_str(&line);
             }
         }
     }
@@ -316,11 +316,37 @@ fn every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
         gate_missed.len()
     ));
     println!("{table}");
-    let out = root().join("target/mutants.md");
+    let out = root().join(format!("target/mutants-{name}.md"));
     let _ = std::fs::write(&out, &table);
     assert!(
         gate_missed.is_empty(),
         "the gate passed: {gate_missed:?}\n{table}"
     );
     assert!(rate >= 0.95, "{table}");
+}
+
+// every golden that stores each layer's stages for its prompt (the others store only layer outputs)
+
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn smollm2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite(
+        "smollm2",
+        &[
+            subject("smollm2-135m-q4_1", "prose"),
+            subject("smollm2-135m-q4_1", "one_token"),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn gemma3_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("gemma3", &[subject("gemma3-270m-q4_k_m", "prose")]);
+}
+
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn qwen2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("qwen2", &[subject("qwen2.5-coder-0.5b-q4_k_m", "prose")]);
 }

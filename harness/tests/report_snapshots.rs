@@ -199,7 +199,25 @@ fn report() -> Report {
     let mk = |c: Cell, bad: bool, speed: Speed| {
         let comparison = comparison(bad);
         let cell_th = th.for_cell(&c).unwrap();
-        let verdict = evaluate(&c, &comparison, &cell_th);
+        let mut verdict = evaluate(&c, &comparison, &cell_th);
+        // bisect's verdict: the broken cell's bug is named with the golden's input injected
+        let finding = if bad {
+            lockstep::bisect::Finding::Structural {
+                at: lockstep::gate::Divergence {
+                    stage: "blk.0.ffn_act".into(),
+                    phase: lockstep::compare::Phase::Prefill,
+                    position: 0,
+                    cosine: 0.0,
+                    nmse: 1.0,
+                },
+                floor: "measured floor NMSE 4.880e-3 (4 × p99 1.220e-3 of `ffn_act` over 690 rows)"
+                    .into(),
+                ratio: Some(204.9),
+            }
+        } else {
+            lockstep::bisect::Finding::None
+        };
+        lockstep::bisect::gate_finding(&mut verdict, &finding);
         let ggml_target = (c.mode == "ggml").then(|| "avx512".to_string());
         CellReport {
             golden_path: golden_path_for(&c),
@@ -215,8 +233,8 @@ fn report() -> Report {
             speed,
             verdict,
             thresholds: Some(cell_th),
-            finding: None,
-            local_nmse_by_layer: Vec::new(),
+            finding: Some(finding),
+            local_nmse_by_layer: if bad { vec![1e-4, 1.0] } else { Vec::new() },
         }
     };
     Report {
