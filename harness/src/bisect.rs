@@ -371,11 +371,10 @@ impl<'m> Case<'m> {
     /// True when some injected layer input (`embed`, `blk.N.out`) is stored in f16: its exact value then
     /// comes from the engine's own accumulated pass where that rounds to the stored row ([`injection`]).
     fn injects_f16(&self) -> bool {
-        self.entry.arrays.iter().any(|(name, a)| {
-            let id = name.strip_prefix("decode.").unwrap_or(name);
-            (id == "embed" || crate::gate::is_out_stage(id) && id != "output_norm")
-                && a.dtype != Dtype::F32
-        })
+        self.entry
+            .arrays
+            .iter()
+            .any(|(name, a)| injected_input(name).is_some() && a.dtype != Dtype::F32)
     }
 
     fn reset(&self, engine: &mut dyn Engine, mode: NumericsMode) -> Result<()> {
@@ -701,13 +700,9 @@ fn injection(
     let mut known = Known::new();
     let names: Vec<String> = entry.arrays.keys().cloned().collect();
     for name in names {
-        let (id, phase) = match name.strip_prefix("decode.") {
-            Some(id) => (id.to_string(), Phase::Decode),
-            None => (name.clone(), Phase::Prefill),
-        };
-        if id != "embed" && !crate::gate::is_out_stage(&id) || id == "output_norm" {
+        let Some((id, phase)) = injected_input(&name) else {
             continue;
-        }
+        };
         let mut rows = gf.read_f32(&name)?;
         let mut exact = vec![true; rows.nrows()];
         if entry.arrays[&name].dtype != Dtype::F32 {
@@ -737,6 +732,17 @@ fn injection(
         };
     }
     Ok((inj, known))
+}
+
+/// The golden array `name` as a layer input bisect injects (`embed`, `blk.N.out`, and their `decode.`
+/// rows): its stage id and phase; `None` for every other array.
+fn injected_input(name: &str) -> Option<(String, Phase)> {
+    let (id, phase) = match name.strip_prefix("decode.") {
+        Some(id) => (id, Phase::Decode),
+        None => (name, Phase::Prefill),
+    };
+    let input = id == "embed" || crate::gate::is_out_stage(id) && id != "output_norm";
+    input.then(|| (id.to_string(), phase))
 }
 
 /// The stage whose output feeds layer `layer` (its injected input): `blk.{layer-1}.out`, or `embed`.
