@@ -1,8 +1,8 @@
 //! The compute seam: matrix products of quantized weights with f32 activations.
 //!
 //! A [`Backend`] computes `out[t, r] = Σ_k W[r, k] · x[t, k]` for a weight matrix whose rows are ggml
-//! blocks read in place from the memory map. [`ScalarBackend`] is the portable reference; a SIMD backend
-//! can fill the same seam later (`--simd on`).
+//! blocks read in place from the memory map. [`CpuBackend`] runs the scalar kernels (the portable
+//! reference) or, per [`Simd`], the SIMD ones where they exist.
 //!
 //! Threads split output rows (rayon): each output value is computed by one thread with one fixed
 //! accumulation order, so results are bit-identical for any thread count.
@@ -10,6 +10,7 @@
 use rayon::prelude::*;
 
 use crate::quant::{self, GgmlType, NumericsMode, PreparedRow};
+use crate::simd::Simd;
 
 /// A weight matrix `[rows, cols]` (ggml `ne = [cols, rows]`) stored as ggml blocks, row-major.
 #[derive(Clone, Copy, Debug)]
@@ -66,16 +67,42 @@ pub trait Backend: Send + Sync {
     ) -> crate::Result<()>;
 }
 
-/// Portable scalar kernels from [`crate::quant`], rows split across rayon threads.
+/// The CPU backend: ggml-mode and reference-mode kernels from [`crate::quant`], the SIMD ones where
+/// [`Simd`] selects them (scalar elsewhere), output rows split across rayon threads.
+///
+/// With SIMD on, batched products run four activation rows against each weight row at once (the weight
+/// row is decoded once); every output is still computed by one kernel call in one fixed order, so results
+/// are bit-identical for any thread count and, in ggml mode, to [`Simd::Off`].
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ScalarBackend;
+pub struct CpuBackend {
+    simd: Simd,
+}
+
+impl CpuBackend {
+    /// A backend with the kernels of `simd`. A setting the CPU cannot run falls back to scalar kernels
+    /// ([`Simd::parse`] refuses it earlier, with a message).
+    pub fn new(simd: Simd) -> Self {
+        CpuBackend { simd }
+    }
+
+    /// The SIMD setting.
+    pub fn simd(&self) -> Simd {
+        self.simd
+    }
+}
 
 /// Rows per rayon task: large enough to amortise scheduling, small enough to balance two cores.
 const ROWS_PER_TASK: usize = 64;
 
-impl Backend for ScalarBackend {
+/// Activation rows per SIMD kernel call in a batch.
+const TOKENS_PER_CALL: usize = 4;
+
+impl Backend for CpuBackend {
     fn name(&self) -> &'static str {
-        "scalar"
+        match self.simd {
+            Simd::Off => "scalar",
+            Simd::Avx2 => "avx2",
+        }
     }
 
     fn matmul(
@@ -98,6 +125,9 @@ impl Backend for ScalarBackend {
         let prepared = &scratch.prepared[..n_tokens];
         // the ggml kernel of each batch row (llama.cpp's choice depends on the batch size)
         let path = |t: usize| quant::ggml_path(w.ty, w.rows, n_tokens, t);
+        // one SIMD kernel for the whole batch, or none (the kernels exist for single-path types only)
+        let kernel = quant::simd_kernel(self.simd, w.ty, mode, path(0))
+            .filter(|_| (0..n_tokens).all(|t| path(t) == path(0)));
         if n_tokens == 1 {
             let p = path(0);
             out.par_chunks_mut(ROWS_PER_TASK)
@@ -105,7 +135,10 @@ impl Backend for ScalarBackend {
                 .for_each(|(c, chunk)| {
                     for (i, o) in chunk.iter_mut().enumerate() {
                         let row = w.row(c * ROWS_PER_TASK + i);
-                        *o = quant::vec_dot_path(w.ty, row, &prepared[0], p);
+                        *o = match kernel {
+                            Some(k) => k.dot(row, [&prepared[0]])[0],
+                            None => quant::vec_dot_path(w.ty, row, &prepared[0], p),
+                        };
                     }
                 });
             return Ok(());
@@ -117,10 +150,32 @@ impl Backend for ScalarBackend {
             .par_chunks_mut(ROWS_PER_TASK * n_tokens)
             .enumerate()
             .for_each(|(c, chunk)| {
-                for (i, row_out) in chunk.chunks_exact_mut(n_tokens).enumerate() {
-                    let row = w.row(c * ROWS_PER_TASK + i);
-                    for (t, (o, p)) in row_out.iter_mut().zip(prepared).enumerate() {
-                        *o = quant::vec_dot_path(w.ty, row, p, path(t));
+                let rows = chunk.chunks_exact_mut(n_tokens).enumerate();
+                let Some(k) = kernel else {
+                    for (i, row_out) in rows {
+                        let row = w.row(c * ROWS_PER_TASK + i);
+                        for (t, (o, p)) in row_out.iter_mut().zip(prepared).enumerate() {
+                            *o = quant::vec_dot_path(w.ty, row, p, path(t));
+                        }
+                    }
+                    return;
+                };
+                // token groups outermost: the group's activations stay in L1 across the chunk's rows
+                let n_rows = chunk.len() / n_tokens;
+                let full = n_tokens - n_tokens % TOKENS_PER_CALL;
+                for t0 in (0..full).step_by(TOKENS_PER_CALL) {
+                    let xs: [&PreparedRow; TOKENS_PER_CALL] =
+                        std::array::from_fn(|j| &prepared[t0 + j]);
+                    for i in 0..n_rows {
+                        let r = k.dot(w.row(c * ROWS_PER_TASK + i), xs);
+                        chunk[i * n_tokens + t0..i * n_tokens + t0 + TOKENS_PER_CALL]
+                            .copy_from_slice(&r);
+                    }
+                }
+                for t in full..n_tokens {
+                    for i in 0..n_rows {
+                        chunk[i * n_tokens + t] =
+                            k.dot(w.row(c * ROWS_PER_TASK + i), [&prepared[t]])[0];
                     }
                 }
             });

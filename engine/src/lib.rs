@@ -10,7 +10,8 @@
 //! - [`quant`] — ggml tensor types, block layouts, dequantization and dot products in both numerics modes.
 //! - [`tokenizer`] — tokenizers built from GGUF metadata (gpt2-style BPE on the `tokenizers` crate,
 //!   SentencePiece-style as llama.cpp's `llm_tokenizer_spm`).
-//! - [`backend`] — the matrix-multiply seam (scalar now; SIMD later) and thread splitting.
+//! - [`backend`] — the matrix-multiply seam: kernel choice per [`simd::Simd`] and thread splitting.
+//! - [`simd`] — the SIMD axis (`off`, `avx2`), detected at run time.
 //! - [`ops`] — the numerics of the shared blocks: RMSNorm, RoPE, softmax, SiLU/GELU gates, attention, and
 //!   the ggml-mode replicas per x86 target.
 //! - [`kv_cache`] — flat KV cache with explicit write positions.
@@ -31,9 +32,11 @@ pub mod models;
 pub mod ops;
 pub mod quant;
 pub mod sample;
+pub mod simd;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
 pub use hooks::{Stage, StageKind, StageSink};
 pub use models::{Model, Session};
 pub use quant::NumericsMode;
+pub use simd::Simd;

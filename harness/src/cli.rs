@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::sample::{Sampler, SamplerConfig};
 use lockstep_engine::tokenizer::TextStream;
+use lockstep_engine::Simd;
 use lockstep_engine::{Model, NumericsMode};
 
 use crate::{dump, fetch, registry};
@@ -117,6 +118,10 @@ pub struct GenerateArgs {
     /// The llama.cpp build ggml mode mirrors: `avx2` or `avx512` (default: this machine's).
     #[arg(long)]
     pub ggml_target: Option<GgmlTarget>,
+    /// Kernel instruction set: `off` (portable scalar), `avx2`, or `auto` (the best this CPU runs).
+    /// Ggml mode gives the same bits with every setting.
+    #[arg(long, default_value = "auto", value_parser = parse_simd)]
+    pub simd: Simd,
     /// Recognise control-token text in the prompt.
     #[arg(long)]
     pub parse_special: bool,
@@ -139,6 +144,10 @@ pub struct DumpArgs {
     /// The llama.cpp build ggml mode mirrors: `avx2` or `avx512` (default: this machine's).
     #[arg(long)]
     pub ggml_target: Option<GgmlTarget>,
+    /// Kernel instruction set: `off` (portable scalar), `avx2`, or `auto` (the best this CPU runs).
+    /// Ggml mode gives the same bits with every setting.
+    #[arg(long, default_value = "auto", value_parser = parse_simd)]
+    pub simd: Simd,
     /// Recognise control-token text in the prompt.
     #[arg(long)]
     pub parse_special: bool,
@@ -245,6 +254,11 @@ pub struct RunArgs {
     /// Seconds one external-engine call may take before its process group is killed.
     #[arg(long, default_value_t = 1800.0, value_parser = positive_seconds)]
     pub engine_timeout: f64,
+}
+
+/// `--simd`: [`Simd::parse`] (refuses a setting this CPU cannot run).
+pub fn parse_simd(s: &str) -> std::result::Result<Simd, String> {
+    Simd::parse(s).map_err(|e| e.to_string())
 }
 
 fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
@@ -489,7 +503,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             };
             let t0 = Instant::now();
             let target = a.ggml_target.unwrap_or_else(GgmlTarget::host);
-            let d = dump::run(&model, &tokens, a.mode, target)?;
+            let d = dump::run(&model, &tokens, a.mode, target, a.simd)?;
             dump::write(&a.out, &d)?;
             eprintln!(
                 "wrote {} ({} tokens, {} stages, mode {}) in {:.2}s",
@@ -582,6 +596,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
         .min(model.info().n_ctx_train);
     let mut session = model.session(n_ctx, a.mode);
     session.set_ggml_target(a.ggml_target.unwrap_or_else(GgmlTarget::host));
+    session.set_simd(a.simd);
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -647,6 +662,7 @@ fn non_finite_generation(
     let diagnose = || -> Result<()> {
         let mut s = model.session(sequence.len(), mode);
         s.set_ggml_target(session.ggml_target());
+        s.set_simd(session.simd());
         let mut rec = lockstep_engine::hooks::Recorder::new();
         model.forward(&mut s, sequence, Some(&mut rec))?;
         let mut stages = crate::capture::recorded_arrays(rec)?;

@@ -19,7 +19,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_engine::hooks::Recorder;
 use lockstep_engine::ops::GgmlTarget;
-use lockstep_engine::{Model, NumericsMode, Stage, StageKind};
+use lockstep_engine::{Model, NumericsMode, Simd, Stage, StageKind};
 use ndarray::{Array1, Array2};
 use ndarray_npy::NpzWriter;
 
@@ -39,17 +39,24 @@ pub struct Dump {
     pub stages: BTreeMap<String, Array2<f32>>,
 }
 
-/// Run `tokens` through `model` as one prefill batch and record every stage.
+/// Run `tokens` through `model` as one prefill batch with `simd`'s kernels and record every stage.
 ///
 /// Errors: no tokens; more tokens than the model's context (before any work); anything the engine reports
 /// (bad token id, unsupported type); non-finite logits, naming the first stage that went non-finite.
-pub fn run(model: &Model, tokens: &[u32], mode: NumericsMode, target: GgmlTarget) -> Result<Dump> {
+pub fn run(
+    model: &Model,
+    tokens: &[u32],
+    mode: NumericsMode,
+    target: GgmlTarget,
+    simd: Simd,
+) -> Result<Dump> {
     if tokens.is_empty() {
         bail!("no tokens to dump: the prompt is empty");
     }
     model.check_context(tokens.len())?;
     let mut session = model.session(tokens.len(), mode);
     session.set_ggml_target(target);
+    session.set_simd(simd);
     let mut rec = Recorder::new();
     model.forward(&mut session, tokens, Some(&mut rec))?;
     // The logits are a recorded stage like any other; the dump keeps them apart.

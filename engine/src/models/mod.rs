@@ -20,12 +20,13 @@ pub mod weights;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use crate::backend::{Backend, MatmulScratch, ScalarBackend};
+use crate::backend::{Backend, CpuBackend, MatmulScratch};
 use crate::gguf::GgufFile;
 use crate::hooks::{Stage, StageSink};
 use crate::kv_cache::KvCache;
 use crate::ops::GgmlTarget;
 use crate::quant::NumericsMode;
+use crate::simd::Simd;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -207,7 +208,8 @@ impl Model {
             n_past: 0,
             mode,
             target: GgmlTarget::default(),
-            backend: Box::new(ScalarBackend),
+            simd: Simd::Off,
+            backend: Box::new(CpuBackend::new(Simd::Off)),
             mm: MatmulScratch::default(),
             act: blocks::Activations::default(),
         }
@@ -247,6 +249,7 @@ impl Model {
             n_past,
             mode,
             target,
+            simd: _,
             backend,
             mm,
             act,
@@ -274,6 +277,7 @@ pub struct Session {
     n_past: usize,
     mode: NumericsMode,
     target: GgmlTarget,
+    simd: Simd,
     backend: Box<dyn Backend>,
     mm: MatmulScratch,
     act: blocks::Activations,
@@ -304,6 +308,18 @@ impl Session {
     /// Name of the compute backend.
     pub fn backend_name(&self) -> &'static str {
         self.backend.name()
+    }
+
+    /// The SIMD setting of the compute kernels (default [`Simd::Off`]).
+    pub fn simd(&self) -> Simd {
+        self.simd
+    }
+
+    /// Use `simd`'s kernels from the next forward on. In ggml mode this changes no result (the SIMD
+    /// kernels give the scalar ones' bits); in reference mode sums may be reordered.
+    pub fn set_simd(&mut self, simd: Simd) {
+        self.simd = simd;
+        self.backend = Box::new(CpuBackend::new(simd));
     }
 
     /// Forget every cached position (the next forward starts at position 0).

@@ -84,6 +84,8 @@
 //! package's and to ggml's `dequantize_row_*`), f32 multiply-accumulate in a fixed order (see
 //! `reference.rs`).
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
 mod float;
 mod fp;
 mod prepared;
@@ -99,6 +101,18 @@ mod types;
 pub(crate) mod x86;
 
 pub use prepared::PreparedRow;
+
+/// True if this CPU runs the AVX2 + FMA kernels ([`crate::simd::Simd::Avx2`]).
+pub fn avx2_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx2::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 pub use types::GgmlType;
 
 use crate::Error;
@@ -367,6 +381,71 @@ pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: Gg
         }
     }
     vec_dot(weight_ty, w_row, x)
+}
+
+/// A SIMD kernel chosen for one matmul ([`simd_kernel`]): computes `N` outputs of one weight row at once,
+/// each with the same bits as [`vec_dot_path`] gives for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SimdKernel {
+    /// `ggml_vec_dot_q4_1_q8_1`, AVX2 (`avx2::dot_q4_1_q8_1`).
+    Q4_1Avx2,
+    /// `ggml_vec_dot_q8_0_q8_0`, AVX2 (`avx2::dot_q8_0_q8_0`).
+    Q8_0Avx2,
+}
+
+/// The SIMD kernel for weights of `ty` in `mode` through ggml kernel `path` under `simd`, or `None`
+/// where only the scalar kernel exists (then the caller uses [`vec_dot_path`]). Checks at run time that
+/// the CPU has the instructions, so a `Simd` value built by hand cannot reach an unsupported kernel.
+pub(crate) fn simd_kernel(
+    simd: crate::simd::Simd,
+    ty: GgmlType,
+    mode: NumericsMode,
+    path: GgmlPath,
+) -> Option<SimdKernel> {
+    if simd != crate::simd::Simd::Avx2 || mode != NumericsMode::Ggml || path != GgmlPath::VecDot {
+        return None;
+    }
+    if !avx2_available() {
+        return None;
+    }
+    match ty {
+        GgmlType::Q4_1 => Some(SimdKernel::Q4_1Avx2),
+        GgmlType::Q8_0 => Some(SimdKernel::Q8_0Avx2),
+        _ => None,
+    }
+}
+
+impl SimdKernel {
+    /// `N` dot products of the weight row `w_row` with the prepared rows `xs` (all prepared in ggml mode
+    /// for this kernel's weight type, `debug_assert`ed).
+    #[inline]
+    pub(crate) fn dot<const N: usize>(self, w_row: &[u8], xs: [&PreparedRow; N]) -> [f32; N] {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let rows = xs.map(|p| {
+                debug_assert_eq!(p.mode(), NumericsMode::Ggml);
+                avx2::Q8Row {
+                    qs: &p.qs,
+                    d: &p.d,
+                    s: &p.s,
+                }
+            });
+            // SAFETY: a `SimdKernel` exists only where `simd_kernel` found AVX2+FMA+F16C on this CPU;
+            // `w_row` and the prepared rows hold whole blocks of the same element count (the matmul's
+            // contract, as for the scalar kernels).
+            unsafe {
+                match self {
+                    SimdKernel::Q4_1Avx2 => avx2::dot_q4_1_q8_1(w_row, rows),
+                    SimdKernel::Q8_0Avx2 => avx2::dot_q8_0_q8_0(w_row, rows),
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (w_row, xs);
+            unreachable!("no SIMD kernel is selected off x86-64")
+        }
+    }
 }
 
 /// Ggml-mode dispatch (see [`vec_dot`]).

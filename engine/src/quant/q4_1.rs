@@ -14,7 +14,7 @@ pub(crate) const BYTES: usize = 20;
 
 /// Byte offset of the block's `m` (2; 0 under the mutation suite's [`Fault::QuantMinMisread`]).
 #[inline]
-fn min_offset() -> usize {
+pub(crate) fn min_offset() -> usize {
     if crate::faults::is(Fault::QuantMinMisread) {
         0
     } else {
