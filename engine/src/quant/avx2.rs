@@ -172,7 +172,7 @@ mod tests {
     /// Random block bytes whose f16 scales are random bit patterns half of the time and ordinary
     /// magnitudes otherwise (so that most results are finite and every rounding shows).
     fn weight_row(ty: GgmlType, nb: usize, rng: &mut Rng) -> Vec<u8> {
-        let bytes = ty.bytes_for((nb * ty.block_size()) as u64).unwrap() as usize;
+        let bytes = ty.bytes_for((nb * ty.block_size()) as u64).unwrap();
         let per = bytes / nb;
         let mut w: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
         for blk in w.chunks_exact_mut(per) {
