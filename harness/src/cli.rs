@@ -226,7 +226,7 @@ pub struct RunArgs {
     /// Only these oracles (repeatable), e.g. llama.cpp-f32kv.
     #[arg(long)]
     pub oracle: Vec<String>,
-    /// Only these SIMD settings (repeatable): off.
+    /// Only these SIMD settings (repeatable): off, avx2 (with --engine-cmd: off, the default).
     #[arg(long)]
     pub simd: Vec<String>,
     /// Mirror this ggml-cpu build (`avx2`, `avx512`) in ggml mode instead of the one each golden records.
@@ -311,7 +311,12 @@ fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
             prompt: a.prompt,
             mode: a.mode,
             oracle: a.oracle,
-            simd: a.simd,
+            // the SIMD axis is our kernels' setting: an external engine runs the `off` cells
+            simd: if external.is_some() && a.simd.is_empty() {
+                vec!["off".into()]
+            } else {
+                a.simd
+            },
         },
         force_external: external.is_some(),
         external,
@@ -352,6 +357,7 @@ fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Resul
                 crate::bisect::gate_finding(&mut c.verdict, f);
             }
         }
+        crate::report::gate_simd_identity(&mut r.cells);
     }
     let lines = crate::report::failure_lines(&r);
     for l in &lines {

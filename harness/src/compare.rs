@@ -57,6 +57,26 @@ pub struct EngineOutput {
     pub stage_order: Vec<String>,
 }
 
+impl EngineOutput {
+    /// sha256 (lowercase hex) of everything the engine computed: for each phase (`prefill`, then
+    /// `decode`) and each array in id order, the id, its shape and the little-endian bits of every f32.
+    /// Two runs have the same digest exactly when every stage and the logits are bit-identical — the
+    /// "SIMD vs scalar" check of a report compares these.
+    pub fn sha256(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for (phase, arrays) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            for (id, a) in arrays {
+                h.update(format!("{phase}/{id}/{:?}\n", a.shape()).as_bytes());
+                for v in a.iter() {
+                    h.update(v.to_bits().to_le_bytes());
+                }
+            }
+        }
+        hex::encode(h.finalize())
+    }
+}
+
 /// Metrics of one stage over the positions of one phase.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StageComparison {

@@ -10,7 +10,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use lockstep_engine::hooks::StageSink;
 use lockstep_engine::ops::GgmlTarget;
-use lockstep_engine::{Model, NumericsMode, Session, Stage, StageKind};
+use lockstep_engine::{Model, NumericsMode, Session, Simd, Stage, StageKind};
 use ndarray::Array2;
 
 use crate::capture::forward_rank;
@@ -59,6 +59,7 @@ pub trait Engine {
 pub struct LockstepEngine {
     model: Model,
     path: PathBuf,
+    simd: Simd,
     session: Option<Session>,
 }
 
@@ -69,8 +70,16 @@ impl LockstepEngine {
         Ok(LockstepEngine {
             model,
             path: path.to_path_buf(),
+            simd: Simd::Off,
             session: None,
         })
+    }
+
+    /// Use `simd`'s kernels in every session from the next [`Engine::reset`] on (default
+    /// [`Simd::Off`]).
+    pub fn with_simd(mut self, simd: Simd) -> LockstepEngine {
+        self.simd = simd;
+        self
     }
 
     /// Wrap an already loaded model (tests build synthetic ones in memory).
@@ -78,6 +87,7 @@ impl LockstepEngine {
         LockstepEngine {
             model,
             path,
+            simd: Simd::Off,
             session: None,
         }
     }
@@ -95,7 +105,10 @@ impl Engine for LockstepEngine {
             model_path: self.path.clone(),
             arch: self.model.info().arch.clone(),
             n_vocab: Some(self.model.info().n_vocab),
-            backend: "scalar".into(),
+            backend: lockstep_engine::backend::Backend::name(
+                &lockstep_engine::backend::CpuBackend::new(self.simd),
+            )
+            .into(),
         }
     }
 
@@ -119,6 +132,7 @@ impl Engine for LockstepEngine {
         self.model.check_context(n_ctx)?;
         let mut session = self.model.session(n_ctx, mode);
         session.set_ggml_target(target);
+        session.set_simd(self.simd);
         self.session = Some(session);
         Ok(())
     }

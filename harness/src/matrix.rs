@@ -33,6 +33,9 @@ pub const MODES: &[&str] = &["reference", "ggml"];
 /// The engines the harness can drive.
 pub const ENGINES: &[&str] = &["lockstep", "external"];
 
+/// The values of the `simd` axis: `off` (scalar kernels) and `avx2` ([`lockstep_engine::Simd`]).
+pub const SIMD: &[&str] = &["off", "avx2"];
+
 /// The prompt wildcard: every prompt that has a golden for the model and oracle.
 pub const ALL_PROMPTS: &str = "*";
 
@@ -172,7 +175,7 @@ impl Matrix {
             }
         }
         check_axis(origin, "modes", &m.modes, Some(MODES))?;
-        check_axis(origin, "simd", &m.simd, None)?;
+        check_axis(origin, "simd", &m.simd, Some(SIMD))?;
         check_axis(origin, "oracles", &m.oracles, None)?;
         check_axis(origin, "engines", &m.engines, Some(ENGINES))?;
         Ok(m)

@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use lockstep_engine::hooks::{Recorder, StageSink};
 use lockstep_engine::ops::GgmlTarget;
-use lockstep_engine::NumericsMode;
+use lockstep_engine::{NumericsMode, Simd};
 
 use crate::bisect::Case;
 use crate::capture::{recorded_arrays, NullSink};
@@ -67,9 +67,17 @@ pub fn run(opts: &RunOptions) -> Result<(PathBuf, Report)> {
             let cmds = external.clone().context(
                 "the matrix has an `external` engine cell but no --engine-cmd was given",
             )?;
+            if cell.simd != "off" {
+                bail!(
+                    "cell {}: the SIMD axis is lockstep's own kernel setting; an external engine runs the \
+                     `off` cells only (narrow with --simd off)",
+                    cell.id()
+                );
+            }
             Ok(Box::new(ExternalEngine::new(cmds, model, arch)?))
         } else {
-            Ok(Box::new(LockstepEngine::load(model)?))
+            let simd = Simd::parse(&cell.simd).with_context(|| format!("cell {}", cell.id()))?;
+            Ok(Box::new(LockstepEngine::load(model)?.with_simd(simd)))
         }
     };
     run_with(opts, &mut factory)
@@ -183,6 +191,7 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         bar.inc(1);
     }
     bar.finish_and_clear();
+    report::gate_simd_identity(&mut reports);
     let incomplete = failure.as_ref().map(|(e, i)| report::Incomplete {
         failed_cell: cells[*i].id(),
         error: format!("{e:#}"),
@@ -320,6 +329,7 @@ pub fn run_cell(
     } else {
         crate::bisect::Judged::accumulated_only(&th, acc.cmp.as_ref())
     };
+    let output_sha256 = Some(acc.out.sha256());
     let comparison = acc.cmp.context("the accumulated pass was compared")?;
 
     // Timing pass without hooks.
@@ -353,6 +363,7 @@ pub fn run_cell(
         thresholds: Some(th),
         local_nmse_by_layer: judged.local_nmse_by_layer(),
         finding: Some(judged.finding),
+        output_sha256,
     })
 }
 

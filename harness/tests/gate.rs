@@ -519,7 +519,11 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         models.len() >= 3 && pairs.len() >= 2 * models.len(),
         "the default matrix should cover every committed model and prompt: {pairs:?}"
     );
-    assert_eq!(cells.len(), pairs.len() * 2, "2 modes per model and prompt");
+    assert_eq!(
+        cells.len(),
+        pairs.len() * 2 * 2,
+        "2 modes × 2 SIMD settings per model and prompt"
+    );
     let th = Thresholds::load(&root.join("ci/thresholds.toml")).unwrap_or_else(|e| panic!("{e:#}"));
     // The values are tuned from measured data; what must hold whatever they are: every cell has
     // thresholds, tokens must match everywhere, and ggml mode (which reproduces llama.cpp's

@@ -5,7 +5,7 @@ use lockstep::dump;
 use lockstep::fetch::resolve_model;
 use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::sample::argmax;
-use lockstep_engine::{Model, NumericsMode};
+use lockstep_engine::{Model, NumericsMode, Simd};
 
 const MODEL: &str = "smollm2-135m-q4_1";
 
@@ -60,7 +60,14 @@ fn smollm2_generates_paris_and_prefill_agrees_with_decode() {
         // Re-prefill the prompt plus the continuation in one batch: every row's argmax is the next token.
         let mut all = prompt.clone();
         all.extend(&cont);
-        let d = dump::run(&m, &all[..all.len() - 1], mode, GgmlTarget::host()).unwrap();
+        let d = dump::run(
+            &m,
+            &all[..all.len() - 1],
+            mode,
+            GgmlTarget::host(),
+            Simd::detect(),
+        )
+        .unwrap();
         for (i, row) in d
             .logits
             .rows()
@@ -93,7 +100,26 @@ fn smollm2_dump_writes_every_stage_for_a_20_token_prompt() {
     assert_eq!(tokens.len(), 20);
     let dir = tempfile::tempdir().unwrap();
     for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
-        let d = dump::run(&m, &tokens, mode, GgmlTarget::host()).unwrap();
+        let d = dump::run(&m, &tokens, mode, GgmlTarget::host(), Simd::Off).unwrap();
+        if mode == NumericsMode::Ggml {
+            // SIMD on gives the scalar ggml mode's bits in every stage and the logits
+            let simd = dump::run(&m, &tokens, mode, GgmlTarget::host(), Simd::detect()).unwrap();
+            let bits = |a: &ndarray::Array2<f32>| a.mapv(f32::to_bits);
+            assert_eq!(
+                bits(&simd.logits),
+                bits(&d.logits),
+                "logits differ with SIMD {}",
+                Simd::detect()
+            );
+            for (id, a) in &d.stages {
+                assert_eq!(
+                    bits(&simd.stages[id]),
+                    bits(a),
+                    "stage {id} differs with SIMD {}",
+                    Simd::detect()
+                );
+            }
+        }
         let path = dir.path().join(format!("{mode}.npz"));
         dump::write(&path, &d).unwrap();
         let back = dump::read(&path).unwrap();

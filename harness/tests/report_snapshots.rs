@@ -235,6 +235,11 @@ fn report() -> Report {
             thresholds: Some(cell_th),
             finding: Some(finding),
             local_nmse_by_layer: if bad { vec![1e-4, 1.0] } else { Vec::new() },
+            output_sha256: Some(if bad {
+                "e3b0".repeat(16)
+            } else {
+                "5d41".repeat(16)
+            }),
         }
     };
     Report {
@@ -268,6 +273,19 @@ fn report() -> Report {
                 },
             ),
             mk(
+                Cell {
+                    simd: "avx2".into(),
+                    ..cell("prose", "ggml")
+                },
+                false,
+                Speed {
+                    prefill_tokens: 3,
+                    prefill_seconds: 0.003,
+                    decode_tokens: 2,
+                    decode_seconds: 0.005,
+                },
+            ),
+            mk(
                 cell("prose", "reference"),
                 true,
                 Speed {
@@ -285,7 +303,8 @@ fn report() -> Report {
 fn the_verdicts_are_what_the_fixture_says() {
     let r = report();
     assert!(r.cells[0].verdict.pass, "{:#?}", r.cells[0].verdict);
-    assert!(!r.cells[1].verdict.pass);
+    assert!(r.cells[1].verdict.pass, "{:#?}", r.cells[1].verdict);
+    assert!(!r.cells[2].verdict.pass);
     let lines = failure_lines(&r);
     assert_eq!(lines.len(), 1);
     let l = &lines[0];
@@ -309,6 +328,33 @@ fn the_verdicts_are_what_the_fixture_says() {
         l.contains("first divergent stage: blk.0.ffn_act (prefill position 0, cosine 0)"),
         "{l}"
     );
+}
+
+#[test]
+fn a_ggml_simd_cell_whose_output_differs_from_its_scalar_twin_fails_as_simd_bits() {
+    let mut r = report();
+    lockstep::report::gate_simd_identity(&mut r.cells);
+    assert!(r.cells[1].verdict.pass, "identical digests pass");
+    r.cells[1].output_sha256 = Some("0bad".repeat(16));
+    lockstep::report::gate_simd_identity(&mut r.cells);
+    assert!(!r.cells[1].verdict.pass);
+    let f = r.cells[1].verdict.failures.last().unwrap();
+    assert_eq!(f.metric, "simd_bits");
+    assert!(
+        f.detail.contains("0bad0bad0bad vs 5d415d415d41"),
+        "{}",
+        f.detail
+    );
+    let md = lockstep::report::render_markdown(&r);
+    assert!(md.contains("## SIMD vs scalar"), "{md}");
+    assert!(md.contains("| **no** |"), "{md}");
+    // a reference-mode pair is reported, not failed (SIMD may reorder sums there)
+    let mut r = report();
+    r.cells[0].cell.mode = "reference".into();
+    r.cells[1].cell.mode = "reference".into();
+    r.cells[1].output_sha256 = Some("0bad".repeat(16));
+    lockstep::report::gate_simd_identity(&mut r.cells);
+    assert!(r.cells[1].verdict.pass);
 }
 
 #[test]

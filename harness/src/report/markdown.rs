@@ -207,6 +207,41 @@ pub fn render_markdown(r: &Report) -> String {
         md.push('\n');
     }
 
+    // SIMD vs scalar: the output digests of twin cells.
+    let pairs = crate::report::simd_pairs(&r.cells);
+    if !pairs.is_empty() {
+        let _ = writeln!(md, "## SIMD vs scalar\n");
+        let _ = writeln!(
+            md,
+            "Each SIMD cell beside its `simd = off` twin: the sha256 of every stage and the logits the engine \
+             computed. In `ggml` mode they must be identical (both kernel sets mirror llama.cpp's; a \
+             difference fails the cell as `simd_bits`); in `reference` mode SIMD may reorder sums.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| model | prompt | quant | mode | simd | output sha256 | scalar sha256 | bit-identical | decode tok/s (simd / scalar) |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+        for p in &pairs {
+            let (a, b) = (&r.cells[p.simd_cell], &r.cells[p.scalar_cell]);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | `{}` | `{}` | {} | {:.1} / {:.1} |",
+                a.cell.model,
+                a.cell.prompt,
+                a.cell.quant,
+                a.cell.mode,
+                a.cell.simd,
+                crate::report::short_sha(a.output_sha256.as_deref()),
+                crate::report::short_sha(b.output_sha256.as_deref()),
+                if p.identical { "yes" } else { "**no**" },
+                a.speed.decode_tok_s(),
+                b.speed.decode_tok_s(),
+            );
+        }
+        md.push('\n');
+    }
+
     // First divergent stage per cell: bisect's verdict (harness/src/bisect.rs).
     let _ = writeln!(md, "## First divergent stage\n");
     let _ = writeln!(

@@ -188,6 +188,78 @@ pub struct CellReport {
     /// error-vs-depth plot. Empty when no local pass ran (an exact accumulated pass, an external engine).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub local_nmse_by_layer: Vec<f64>,
+    /// sha256 of every stage and the logits the engine computed in the compared pass
+    /// ([`crate::compare::EngineOutput::sha256`]); absent in reports of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_sha256: Option<String>,
+}
+
+/// One SIMD cell set beside its scalar twin (the cell that differs only in `simd = off`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimdPair {
+    /// Index of the SIMD cell in the report.
+    pub simd_cell: usize,
+    /// Index of its `simd = off` twin.
+    pub scalar_cell: usize,
+    /// The two output digests are equal: every stage and the logits are bit-identical.
+    pub identical: bool,
+}
+
+/// Pair every cell whose `simd` is not `off` with its `off` twin (same model, prompt, quant, mode, oracle
+/// and engine), where both were run and recorded an output digest.
+pub fn simd_pairs(cells: &[CellReport]) -> Vec<SimdPair> {
+    let mut pairs = Vec::new();
+    for (i, c) in cells.iter().enumerate() {
+        if c.cell.simd == "off" {
+            continue;
+        }
+        let twin = Cell {
+            simd: "off".into(),
+            ..c.cell.clone()
+        };
+        let Some(j) = cells.iter().position(|o| o.cell == twin) else {
+            continue;
+        };
+        if let (Some(a), Some(b)) = (&c.output_sha256, &cells[j].output_sha256) {
+            pairs.push(SimdPair {
+                simd_cell: i,
+                scalar_cell: j,
+                identical: a == b,
+            });
+        }
+    }
+    pairs
+}
+
+/// Hold every ggml-mode SIMD cell to bit-identity with its scalar twin: a cell whose output differs fails
+/// (metric `simd_bits`). In ggml mode both kernel sets mirror the same llama.cpp kernels, so any
+/// difference is a bug in a SIMD kernel. Reference-mode pairs are only reported (SIMD may reorder sums
+/// there; the golden thresholds hold them).
+pub fn gate_simd_identity(cells: &mut [CellReport]) {
+    for p in simd_pairs(cells) {
+        let scalar_sha = short_sha(cells[p.scalar_cell].output_sha256.as_deref());
+        let c = &mut cells[p.simd_cell];
+        if p.identical || c.cell.mode != "ggml" {
+            continue;
+        }
+        c.verdict.pass = false;
+        c.verdict.failures.push(crate::gate::Failure {
+            metric: "simd_bits".into(),
+            value: 0.0,
+            threshold: 1.0,
+            detail: format!(
+                "ggml mode with SIMD {} is not bit-identical to SIMD off (output sha256 {} vs {})",
+                c.cell.simd,
+                short_sha(c.output_sha256.as_deref()),
+                scalar_sha
+            ),
+        });
+    }
+}
+
+/// The first 12 hex digits of a digest, or `-`.
+pub fn short_sha(s: Option<&str>) -> String {
+    s.map_or_else(|| "-".into(), |s| s.chars().take(12).collect())
 }
 
 /// Definitions of every metric a report shows (the text of `metrics.rs`'s module doc, plus the gate's
