@@ -47,14 +47,32 @@ pub enum Command {
     Dump(DumpArgs),
     /// Run the matrix against the goldens, write reports/<run-id>/, and gate (exit 1 on failure).
     Run(RunArgs),
-    /// Gate an existing report.json against thresholds: one line per failing cell, exit 1 on failure.
+    /// Gate an existing report.json against thresholds, or a bench.json against the speed limits: one
+    /// line per failing cell or check, exit 1 on failure.
     Gate {
         /// The report.json to gate.
-        report: PathBuf,
+        #[arg(required_unless_present = "speed", conflicts_with = "speed")]
+        report: Option<PathBuf>,
         /// Re-evaluate with this thresholds file (default: the verdicts recorded in the report).
         #[arg(long)]
         thresholds: Option<PathBuf>,
+        /// Gate this bench.json (`lockstep bench`) on speed instead: every ratio's 95% interval against
+        /// ci/speed.toml.
+        #[arg(long)]
+        speed: Option<PathBuf>,
+        /// With --speed: also hold lockstep/llama.cpp to the same ratio in this earlier bench.json.
+        #[arg(long, requires = "speed")]
+        baseline: Option<PathBuf>,
+        /// With --speed: the limits file (default ci/speed.toml).
+        #[arg(long, requires = "speed")]
+        speed_limits: Option<PathBuf>,
     },
+    /// Tokens per second of our engine beside llama-bench (and a baseline lockstep binary), interleaved
+    /// run by run; writes reports/bench-<run id>/bench.{json,md,csv}.
+    Bench(BenchArgs),
+    /// One timed sample of `lockstep bench` (internal: prints nanoseconds).
+    #[command(hide = true)]
+    BenchSample(BenchSampleArgs),
     /// Find the first stage where the engine computes something else than the golden, with each layer's
     /// reference input injected, and say whether it is a bug of one stage or accumulated drift.
     Bisect(BisectArgs),
@@ -154,6 +172,88 @@ pub struct DumpArgs {
     /// Output .npz path.
     #[arg(long)]
     pub out: PathBuf,
+}
+
+/// Arguments of `lockstep bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Model ids or GGUF paths (repeatable).
+    #[arg(long, required = true)]
+    pub model: Vec<String>,
+    /// Prompt sizes (llama-bench's -p), comma-separated; 0 = none.
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    pub n_prompt: Vec<usize>,
+    /// Generation sizes (llama-bench's -n), comma-separated; 0 = none.
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    pub n_gen: Vec<usize>,
+    /// Context depths (llama-bench's -d), comma-separated.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub n_depth: Vec<usize>,
+    /// Repetitions per engine and test (llama-bench's -r).
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub repetitions: usize,
+    /// Our engine's numerics mode.
+    #[arg(long, default_value = "ggml")]
+    pub mode: NumericsMode,
+    /// Our engine's SIMD setting (`off`, `avx2`, `auto`).
+    #[arg(long, default_value = "auto", value_parser = parse_simd)]
+    pub simd: Simd,
+    /// llama-bench to interleave with (default: the one oracles/llamacpp/build_tools.sh cached for this
+    /// CPU, if any).
+    #[arg(long)]
+    pub llama_bench: Option<PathBuf>,
+    /// Run without llama.cpp.
+    #[arg(long, conflicts_with = "llama_bench")]
+    pub no_llama: bool,
+    /// Extra arguments for llama-bench (e.g. "-fa 0"), split on spaces.
+    #[arg(long, default_value = "")]
+    pub llama_bench_args: String,
+    /// A baseline lockstep binary to interleave with ours (e.g. the previous commit's build).
+    #[arg(long)]
+    pub baseline_bin: Option<PathBuf>,
+    /// The baseline's SIMD setting.
+    #[arg(long, default_value = "auto", value_parser = parse_simd)]
+    pub baseline_simd: Simd,
+    /// Where bench-<run id>/ goes.
+    #[arg(long)]
+    pub reports: Option<PathBuf>,
+}
+
+/// Arguments of `lockstep bench-sample`.
+#[derive(Debug, Args)]
+pub struct BenchSampleArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Prompt tokens.
+    #[arg(short = 'p', default_value_t = 0)]
+    pub n_prompt: usize,
+    /// Generated tokens.
+    #[arg(short = 'n', default_value_t = 0)]
+    pub n_gen: usize,
+    /// Depth.
+    #[arg(short = 'd', default_value_t = 0)]
+    pub n_depth: usize,
+    /// Numerics mode.
+    #[arg(long, default_value = "ggml")]
+    pub mode: NumericsMode,
+    /// SIMD setting.
+    #[arg(long, default_value = "auto", value_parser = parse_simd)]
+    pub simd: Simd,
 }
 
 /// Arguments of `lockstep floors`.
@@ -346,6 +446,56 @@ fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
     })
 }
 
+/// The llama-bench `oracles/llamacpp/build_tools.sh` cached for this CPU, if it ran here.
+fn cached_llama_bench() -> Option<PathBuf> {
+    let out = std::process::Command::new("bash")
+        .arg(repo_root().join("oracles/llamacpp/build_tools.sh"))
+        .env("LOCKSTEP_TOOLS_CACHED_ONLY", "1")
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let dir = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()?
+        .trim()
+        .to_string();
+    let p = PathBuf::from(dir).join("llama-bench");
+    (out.status.success() && p.is_file()).then_some(p)
+}
+
+fn gate_speed(
+    bench: &std::path::Path,
+    baseline: Option<&std::path::Path>,
+    limits: &std::path::Path,
+) -> Result<ExitCode> {
+    let r = crate::bench::read_bench(bench)?;
+    let base = baseline.map(crate::bench::read_bench).transpose()?;
+    let limits = crate::bench::SpeedLimits::load(limits)?;
+    let checks = crate::bench::gate_speed(&r, base.as_ref(), &limits)?;
+    if checks.is_empty() {
+        bail!(
+            "{} holds no comparison to gate (bench with llama.cpp or --baseline-bin, or give --baseline)",
+            bench.display()
+        );
+    }
+    let mut n_fail = 0;
+    for c in &checks {
+        let (ratio, lo, hi) = c.ratio;
+        let verdict = if c.pass { "PASS" } else { "FAIL" };
+        n_fail += usize::from(!c.pass);
+        println!(
+            "{verdict} {}: {} = {ratio:.3} [95% {lo:.3}, {hi:.3}], limit {:.3} (fails when the interval's upper end is below it)",
+            c.what, c.against, c.limit
+        );
+    }
+    println!("{} checks, {} failed", checks.len(), n_fail);
+    Ok(if n_fail == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
 fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Result<ExitCode> {
     let mut r = crate::report::read_report(report)?;
     if let Some(t) = thresholds {
@@ -438,7 +588,68 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Generate(a) => generate(a)?,
         Command::Run(a) => return run_matrix(a, threads),
-        Command::Gate { report, thresholds } => return gate(&report, thresholds.as_deref()),
+        Command::Gate {
+            report,
+            thresholds,
+            speed,
+            baseline,
+            speed_limits,
+        } => {
+            if let Some(b) = speed {
+                let limits = speed_limits.unwrap_or_else(|| repo_root().join("ci/speed.toml"));
+                return gate_speed(&b, baseline.as_deref(), &limits);
+            }
+            let report = report.context("give a report.json, or --speed BENCH.json")?;
+            return gate(&report, thresholds.as_deref());
+        }
+        Command::Bench(a) => {
+            let root = repo_root();
+            let mut models = Vec::new();
+            for m in &a.model {
+                models.push((m.clone(), fetch::resolve_model(m)?));
+            }
+            let llama_bench = if a.no_llama {
+                None
+            } else {
+                match a.llama_bench {
+                    Some(p) => Some(p),
+                    None => Some(cached_llama_bench().context(
+                        "no llama-bench given and none cached for this CPU: run \
+                         oracles/llamacpp/build_tools.sh, give --llama-bench, or --no-llama",
+                    )?),
+                }
+            };
+            let opts = crate::bench::BenchOptions {
+                models,
+                tests: crate::bench::tests_for(&a.n_prompt, &a.n_gen, &a.n_depth),
+                repetitions: a.repetitions,
+                threads,
+                mode: a.mode,
+                simd: a.simd,
+                lockstep_bin: std::env::current_exe().context("cannot find this binary")?,
+                baseline: a.baseline_bin.map(|b| (b, a.baseline_simd)),
+                llama_bench,
+                llama_bench_args: a
+                    .llama_bench_args
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect(),
+                reports_root: a.reports.unwrap_or_else(|| root.join("reports")),
+                progress: true,
+            };
+            let (dir, r) = crate::bench::bench(&opts)?;
+            print!("{}", crate::bench::render_bench_markdown(&r));
+            println!("\nwrote {}", dir.display());
+        }
+        Command::BenchSample(a) => {
+            let model = load_model(&a.model.model)?;
+            let test = crate::bench::Test {
+                n_prompt: a.n_prompt,
+                n_gen: a.n_gen,
+                n_depth: a.n_depth,
+            };
+            println!("{}", crate::bench::sample(&model, test, a.mode, a.simd)?);
+        }
         Command::Floors(a) => {
             let root = repo_root();
             let out = a.out.unwrap_or_else(|| root.join("ci/floors.json"));

@@ -13,8 +13,10 @@
 //! - [`report`] — run reports: `report.json`, `report.md`, `results.csv`.
 //! - [`engine`] — the engine seam: our engine in process, or any external command writing the dump format.
 //! - [`run`] — `lockstep run`: every cell of the matrix against its golden, compared, gated, reported.
+//! - [`bench`] — `lockstep bench` beside llama-bench, and the speed gate.
 //! - [`cli`] — command-line parsing and the subcommands.
 
+pub mod bench;
 pub mod bisect;
 pub mod capture;
 pub mod cli;

@@ -4,6 +4,7 @@
 # the directory holding the binaries as its last stdout line.
 #
 #   oracles/llamacpp/build_tools.sh            # ~10-25 min the first time on 2 cores, ~1 s after
+#   LOCKSTEP_TOOLS_CACHED_ONLY=1 oracles/llamacpp/build_tools.sh   # only look (exit 1 if not built)
 #
 # Cache, outside the repository, keyed by the pinned version and this CPU's flags (GGML_NATIVE compiles
 # for the build host, so a binary built on an AVX-512 machine must not be reused on an AVX2-only one):
@@ -23,7 +24,7 @@ python="${PYTHON:-python3}"
 
 # llama-cpp-python 0.3.36's sdist: its sha256 and the llama.cpp commit it vendors.
 PINNED_VERSION="0.3.36"
-PINNED_SDIST_SHA256="${PINNED_SDIST_SHA256:-}"
+PINNED_SDIST_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 VENDORED_COMMIT="0c1e570"
 CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF)
 TARGETS=(llama-bench llama-quantize llama-perplexity)
@@ -50,6 +51,10 @@ if have_all; then
   log "cached: $bin"
   echo "$bin"
   exit 0
+fi
+if [ -n "${LOCKSTEP_TOOLS_CACHED_ONLY:-}" ]; then
+  log "not built for this CPU yet ($out)"
+  exit 1
 fi
 
 mkdir -p "$out"

@@ -38,6 +38,26 @@ pub fn write_report(reports_root: &Path, r: &Report) -> Result<PathBuf> {
         })
         .collect::<Vec<(String, String)>>();
 
+    let files = [(REPORT_JSON, &json), (REPORT_MD, &md), (RESULTS_CSV, &csv)]
+        .into_iter()
+        .map(|(n, t)| (n.to_string(), t.clone()))
+        .chain(plots.into_iter().map(|(n, t)| (format!("plots/{n}"), t)))
+        .collect::<Vec<_>>();
+    write_files_atomically(reports_root, id, &files)
+}
+
+/// Write `files` (relative path → text; one level of subdirectory allowed, e.g. `plots/x.svg`) into
+/// `reports_root/<id>/` atomically: into a temporary `reports_root/.<id>.partial-XXXX` first, each file
+/// synced, then renamed into place. On any error nothing is left at `reports_root/<id>`. Refuses a
+/// directory that already exists.
+pub fn write_files_atomically(
+    reports_root: &Path,
+    id: &str,
+    files: &[(String, String)],
+) -> Result<PathBuf> {
+    if id.is_empty() || id.starts_with('.') || id.contains(['/', '\\']) || id == ".." {
+        bail!("run id {id:?} cannot be a directory name (empty, starts with '.', or holds a path separator)");
+    }
     std::fs::create_dir_all(reports_root).with_context(|| {
         format!(
             "cannot create the reports directory {}",
@@ -61,14 +81,11 @@ pub fn write_report(reports_root: &Path, r: &Report) -> Result<PathBuf> {
                 reports_root.display()
             )
         })?;
-    let files = [(REPORT_JSON, &json), (REPORT_MD, &md), (RESULTS_CSV, &csv)];
-    let plot_files = plots.iter().map(|(n, t)| (n.as_str(), t));
-    if !plots.is_empty() {
-        let dir = tmp.path().join("plots");
-        std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    for (name, text) in files.into_iter().chain(plot_files) {
+    for (name, text) in files {
         let p = tmp.path().join(name);
+        if let Some(dir) = p.parent().filter(|d| !d.exists()) {
+            std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        }
         std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?;
         // Durable before the rename makes the directory visible.
         std::fs::File::open(&p)

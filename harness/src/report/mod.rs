@@ -36,8 +36,8 @@ use crate::matrix::Cell;
 pub use csv::{render_csv, CSV_HEADER};
 pub use environment::{Environment, SIMD_FLAGS};
 pub use files::{
-    check_reports_dir, clean_stale_partials, new_run_id, read_report, write_report,
-    STALE_PARTIAL_AGE,
+    check_reports_dir, clean_stale_partials, new_run_id, read_report, write_files_atomically,
+    write_report, STALE_PARTIAL_AGE,
 };
 pub use json::{from_json, to_json_pretty};
 pub use markdown::render_markdown;
