@@ -394,9 +394,12 @@ pub struct BenchOptions {
     pub progress: bool,
 }
 
+/// Runs one sample of one engine: nanoseconds, and llama-bench's record when it is llama.cpp.
+type SampleFn = Box<dyn Fn(&Path, Test) -> Result<(u64, Option<serde_json::Value>)>>;
+
 struct Sampler {
     settings: EngineSettings,
-    run: Box<dyn Fn(&Path, Test) -> Result<(u64, Option<serde_json::Value>)>>,
+    run: SampleFn,
 }
 
 fn lockstep_sampler(
