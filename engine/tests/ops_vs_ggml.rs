@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use lockstep_engine::kv_cache::KvCache;
 use lockstep_engine::ops::{self, ggml_cpu, GgmlTarget, KqvOrder};
-use lockstep_engine::NumericsMode;
+use lockstep_engine::{NumericsMode, Simd};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ops")
@@ -228,7 +228,7 @@ fn rms_norm_matches_ggml_rms_norm_mul() {
 
 /// Run one attention case through [`ops::attention_ggml`] in `order` (or `ops::attention` in ggml mode when
 /// `order` is `None`); returns `[rows, n_head·hd]`.
-fn run_attention(c: &[String], order: Option<KqvOrder>) -> Vec<f32> {
+fn run_attention(c: &[String], order: Option<KqvOrder>, simd: Simd) -> Vec<f32> {
     let (kind, n_head, n_kv, hd) = (
         &c[1],
         num::<usize>(&c[2]),
@@ -277,6 +277,7 @@ fn run_attention(c: &[String], order: Option<KqvOrder>) -> Vec<f32> {
                 &mut scores,
                 ot,
                 (GgmlTarget::Avx512, o),
+                simd,
             ),
             None => ops::attention(
                 qt,
@@ -292,6 +293,7 @@ fn run_attention(c: &[String], order: Option<KqvOrder>) -> Vec<f32> {
                     GgmlTarget::Avx512,
                     ops::ggml_kqv_order(if kind == "batch" { positions.len() } else { 1 }),
                 ),
+                simd,
             ),
         }
     }
@@ -309,14 +311,17 @@ fn attention_matches_llama_cpp_prefill_and_decode_graphs() {
         } else {
             KqvOrder::VecDot
         };
-        assert_bits(
-            &format!("{name} ({order:?})"),
-            &run_attention(&c, Some(order)),
-            &want,
-        );
-        // ggml mode proper picks the order from the batch, as llama.cpp does
-        let default = run_attention(&c, None);
-        assert_bits(&format!("{name} (ggml mode)"), &default, &want);
+        // every SIMD setting this CPU runs gives llama.cpp's bits
+        for simd in Simd::ALL.into_iter().filter(|s| s.available()) {
+            assert_bits(
+                &format!("{name} ({order:?}, simd {simd})"),
+                &run_attention(&c, Some(order), simd),
+                &want,
+            );
+            // ggml mode proper picks the order from the batch, as llama.cpp does
+            let default = run_attention(&c, None, simd);
+            assert_bits(&format!("{name} (ggml mode, simd {simd})"), &default, &want);
+        }
     }
 }
 

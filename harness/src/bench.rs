@@ -336,6 +336,8 @@ pub fn sample(model: &Model, test: Test, mode: NumericsMode, simd: Simd) -> Resu
     model.check_context(n_ctx)?;
     let session = |n: usize| {
         let mut s = model.session(n, mode);
+        // ggml mode mirrors the llama.cpp build of this machine, the one llama-bench runs
+        s.set_ggml_target(lockstep_engine::ops::GgmlTarget::host());
         s.set_simd(simd);
         s
     };

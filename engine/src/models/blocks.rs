@@ -35,6 +35,8 @@ pub(crate) struct Fwd<'a, 's> {
     pub mode: NumericsMode,
     /// The ggml-cpu build ggml mode mirrors.
     pub target: GgmlTarget,
+    /// The kernel instruction set of the ops outside the matmuls (attention).
+    pub simd: crate::simd::Simd,
     pub backend: &'a dyn Backend,
     pub mm: &'a mut MatmulScratch,
     pub sink: Option<&'a mut (dyn StageSink + 's)>,
@@ -384,6 +386,7 @@ impl Attention {
                 at,
                 f.mode,
                 (f.target, kqv),
+                f.simd,
             );
         }
         f.emit(st(StageKind::AttnOut), att);

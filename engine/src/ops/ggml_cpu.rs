@@ -35,7 +35,7 @@
 //!
 //! ARM and other ISAs are not mirrored.
 
-use crate::quant::x86::{fma, hsum_float_8, reduce_add_16};
+use crate::quant::x86::{fma, hsum_float_8, reduce_add_16, Emulated, Fma};
 
 /// Lanes of an `__m512` of f32 (the widest block any target uses; rows are padded to it).
 pub(crate) const LANES: usize = 16;
@@ -111,12 +111,24 @@ impl GgmlTarget {
         }
     }
 
+    /// [`Self::hsum`] for the callers outside this module.
+    #[inline]
+    pub(crate) fn hsum_vec(self, v: &[f32]) -> f32 {
+        self.hsum(v)
+    }
+
     /// One lane of this target's `ggml_v_expf`.
     #[inline]
     pub fn expf(self, x: f32) -> f32 {
+        self.expf_f::<Emulated>(x)
+    }
+
+    /// [`GgmlTarget::expf`] with the fma of `F`.
+    #[inline(always)]
+    pub(crate) fn expf_f<F: Fma>(self, x: f32) -> f32 {
         match self {
-            GgmlTarget::Avx2 => expf_avx2(x),
-            GgmlTarget::Avx512 => expf_avx512(x),
+            GgmlTarget::Avx2 => expf_avx2_f::<F>(x),
+            GgmlTarget::Avx512 => expf_avx512_f::<F>(x),
         }
     }
 }
@@ -173,12 +185,19 @@ fn scalef(j: f32, n: f32) -> f32 {
 /// with `|n| > 192` become `+inf` (n > 0) or `0` (so `exp(-inf) = 0`, `exp(+inf) = inf`); NaN stays NaN.
 #[must_use]
 pub fn expf_avx512(x: f32) -> f32 {
-    let z = fma(x, LOG2E, SHIFT);
+    expf_avx512_f::<Emulated>(x)
+}
+
+/// [`expf_avx512`] with the fma of `F`.
+#[must_use]
+#[inline(always)]
+pub(crate) fn expf_avx512_f<F: Fma>(x: f32) -> f32 {
+    let z = F::fma(x, LOG2E, SHIFT);
     let n = z - SHIFT;
-    // _mm512_fnmadd_ps(n, c, x) = -(n·c) + x, one rounding: the same as fma(-n, c, x)
-    let b = fma(-n, LN2_LO, fma(-n, LN2_HI, x));
+    // _mm512_fnmadd_ps(n, c, x) = -(n·c) + x, one rounding: the same as F::fma(-n, c, x)
+    let b = F::fma(-n, LN2_LO, F::fma(-n, LN2_HI, x));
     let u = b * b;
-    let j = fma(fma(fma(P5, b, P4), u, fma(P3, b, P2)), u, fma(P1, b, 1.0));
+    let j = F::fma(F::fma(F::fma(P5, b, P4), u, F::fma(P3, b, P2)), u, F::fma(P1, b, 1.0));
     // _CMP_GT_OQ: false for NaN
     if n.abs() > 192.0 {
         return if n > 0.0 { f32::INFINITY } else { 0.0 };
@@ -193,18 +212,25 @@ pub fn expf_avx512(x: f32) -> f32 {
 /// (from bits), `fma(s2, j, s2)·s1`; for `|n| > 192`, `s1·s1` (+inf or +0). NaN stays NaN.
 #[must_use]
 pub fn expf_avx2(x: f32) -> f32 {
+    expf_avx2_f::<Emulated>(x)
+}
+
+/// [`expf_avx2`] with the fma of `F`.
+#[must_use]
+#[inline(always)]
+pub(crate) fn expf_avx2_f<F: Fma>(x: f32) -> f32 {
     const C1: f32 = f32::from_bits(0x3f7f_fff6); // 0x1.ffffecp-1
-    let z = fma(x, LOG2E, SHIFT);
+    let z = F::fma(x, LOG2E, SHIFT);
     let n = z - SHIFT;
-    let b = fma(-n, LN2_LO, fma(-n, LN2_HI, x));
+    let b = F::fma(-n, LN2_LO, F::fma(-n, LN2_HI, x));
     let e = z.to_bits() << 23;
     let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
     let u = b * b;
-    let j = fma(fma(fma(P5, b, P4), u, fma(P3, b, P2)), u, C1 * b);
+    let j = F::fma(F::fma(F::fma(P5, b, P4), u, F::fma(P3, b, P2)), u, C1 * b);
     let an = n.abs();
     // _CMP_GT_OQ: false for NaN
     if an.is_nan() || an <= 126.0 {
-        return fma(j, k, k);
+        return F::fma(j, k, k);
     }
     let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
     let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
@@ -212,7 +238,7 @@ pub fn expf_avx2(x: f32) -> f32 {
     if an > 192.0 {
         return s1 * s1;
     }
-    fma(s2, j, s2) * s1
+    F::fma(s2, j, s2) * s1
 }
 
 /// One lane of `ggml_v_silu` (vec.h) on `target`: `x / (1 + ggml_v_expf(0 − x))`.
@@ -260,12 +286,12 @@ pub fn swiglu_row(target: GgmlTarget, x: &mut [f32], g: &[f32]) {
 ///    rest `(rem & 7)` as scalar fmas; AVX2: the first `rem & !3`, the last `rem & 3` as fmas.
 #[must_use]
 pub fn vec_dot_f32(target: GgmlTarget, x: &[f32], y: &[f32]) -> f32 {
-    vec_dot_f32_by(target, x.len(), |i| x[i], y)
+    vec_dot_f32_by::<Emulated>(target, x.len(), |i| x[i], y)
 }
 
 /// [`vec_dot_f32`] with the first operand given by index (a strided row, such as the transposed V view).
-#[inline]
-pub(crate) fn vec_dot_f32_by(
+#[inline(always)]
+pub(crate) fn vec_dot_f32_by<F: Fma>(
     target: GgmlTarget,
     n: usize,
     x: impl Fn(usize) -> f32,
@@ -282,7 +308,7 @@ pub(crate) fn vec_dot_f32_by(
             for (j, s) in sum.iter_mut().enumerate() {
                 let base = i + j * lanes;
                 for (l, a) in s[..lanes].iter_mut().enumerate() {
-                    *a = fma(x(base + l), y[base + l], *a);
+                    *a = F::fma(x(base + l), y[base + l], *a);
                 }
             }
         }
@@ -309,7 +335,7 @@ pub(crate) fn vec_dot_f32_by(
         i += 1;
     }
     while i < n {
-        sumf = fma(x(i), y[i], sumf);
+        sumf = F::fma(x(i), y[i], sumf);
         i += 1;
     }
     sumf
@@ -320,8 +346,8 @@ pub(crate) fn vec_dot_f32_by(
 /// Cv)` (`_mm*_fmadd_ps`) over the `k` elements L at a time, then `hsum` (`_mm512_reduce_add_ps` /
 /// `hsum_float_8`). `k` must be a multiple of L (`tinyBLAS::matmul` refuses other sizes); the tile shape
 /// does not change any output's arithmetic.
-#[inline]
-pub(crate) fn tinyblas_dot_f32_by(
+#[inline(always)]
+pub(crate) fn tinyblas_dot_f32_by<F: Fma>(
     target: GgmlTarget,
     k: usize,
     a: impl Fn(usize) -> f32,
@@ -332,7 +358,7 @@ pub(crate) fn tinyblas_dot_f32_by(
     let mut acc = [0f32; LANES];
     for i in (0..k).step_by(lanes) {
         for (l, c) in acc[..lanes].iter_mut().enumerate() {
-            *c = fma(a(i + l), b[i + l], *c);
+            *c = F::fma(a(i + l), b[i + l], *c);
         }
     }
     target.hsum(&acc[..lanes])
@@ -342,13 +368,19 @@ pub(crate) fn tinyblas_dot_f32_by(
 /// [`GgmlTarget::lanes`] at a time, each vector's horizontal sum (`_mm512_reduce_add_ps` / `hsum_float_8`)
 /// added to a double; the last `n % lanes` with libm `expf`, each added to the double. Returns the sum.
 pub fn vec_soft_max_f32(target: GgmlTarget, x: &mut [f32], max: f32) -> f64 {
+    vec_soft_max_f32_f::<Emulated>(target, x, max)
+}
+
+/// [`vec_soft_max_f32`] with the fma of `F`.
+#[inline(always)]
+pub(crate) fn vec_soft_max_f32_f<F: Fma>(target: GgmlTarget, x: &mut [f32], max: f32) -> f64 {
     let lanes = target.lanes();
     let n_vec = x.len() / lanes * lanes;
     let mut sum = 0.0f64;
     for block in x[..n_vec].chunks_exact_mut(lanes) {
         let mut v = [0f32; LANES];
         for (o, e) in v.iter_mut().zip(block.iter_mut()) {
-            *e = target.expf(*e - max);
+            *e = target.expf_f::<F>(*e - max);
             *o = *e;
         }
         sum += f64::from(target.hsum(&v[..lanes]));
@@ -368,6 +400,17 @@ pub fn vec_soft_max_f32(target: GgmlTarget, x: &mut [f32], max: f32) -> f64 {
 /// `sum = 0` and ggml divides by zero (`assert(sum > 0)` in debug builds); this replica returns zeros
 /// instead, as [`super::softmax_scaled`] does.
 pub fn soft_max_row(target: GgmlTarget, x: &mut [f32], mask: Option<&[f32]>, scale: f32) {
+    soft_max_row_f::<Emulated>(target, x, mask, scale)
+}
+
+/// [`soft_max_row`] with the fma of `F`.
+#[inline(always)]
+pub(crate) fn soft_max_row_f<F: Fma>(
+    target: GgmlTarget,
+    x: &mut [f32],
+    mask: Option<&[f32]>,
+    scale: f32,
+) {
     for v in x.iter_mut() {
         *v *= scale;
     }
@@ -383,7 +426,7 @@ pub fn soft_max_row(target: GgmlTarget, x: &mut [f32], mask: Option<&[f32]>, sca
         x.fill(0.0);
         return;
     }
-    let sum = vec_soft_max_f32(target, x, max);
+    let sum = vec_soft_max_f32_f::<F>(target, x, max);
     let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
         *v *= inv;

@@ -31,7 +31,11 @@ pub mod ggml_cpu;
 
 pub use ggml_cpu::GgmlTarget;
 
+use rayon::prelude::*;
+
 use crate::kv_cache::KvCache;
+use crate::quant::x86::{Emulated, Fma, Hardware};
+use crate::simd::Simd;
 use crate::quant::NumericsMode;
 
 /// RMSNorm in place on every row of `x` (`[n_rows, width]`), then multiply by `weight` (`[width]`).
@@ -354,11 +358,12 @@ pub fn attention(
     out: &mut [f32],
     mode: NumericsMode,
     (target, kqv): (GgmlTarget, KqvOrder),
+    simd: Simd,
 ) {
     match mode {
         NumericsMode::Reference => attention_reference(q, cache, layer, pos, shape, scores, out),
         NumericsMode::Ggml => {
-            attention_ggml(q, cache, layer, pos, shape, scores, out, (target, kqv))
+            attention_ggml(q, cache, layer, pos, shape, scores, out, (target, kqv), simd)
         }
     }
 }
@@ -431,6 +436,96 @@ pub fn attention_ggml(
     scores: &mut [f32],
     out: &mut [f32],
     (target, order): (GgmlTarget, KqvOrder),
+    simd: Simd,
+) {
+    let hd = shape.head_dim;
+    let n_pad = attention_scratch_len(pos + 1);
+    let hw = simd == Simd::Avx2 && crate::quant::avx2_available();
+    let head = |h: usize, sh: &mut [f32], oh: &mut [f32]| {
+        if hw {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2 and FMA were detected on this CPU just above.
+            unsafe {
+                attention_head_avx2(q, cache, layer, pos, shape, sh, oh, h, (target, order));
+            }
+        } else {
+            attention_head::<Emulated>(q, cache, layer, pos, shape, sh, oh, h, (target, order));
+        }
+    };
+    // Heads in parallel once the context makes them worth a task each; every head is computed by one
+    // thread in one fixed order either way, so the bits do not depend on it.
+    if (pos + 1) * shape.n_head >= PARALLEL_ATTENTION_WORK && rayon::current_num_threads() > 1 {
+        out[..shape.n_head * hd]
+            .par_chunks_mut(hd)
+            .enumerate()
+            .for_each(|(h, oh)| {
+                HEAD_SCRATCH.with(|s| {
+                    let mut s = s.borrow_mut();
+                    if s.len() < n_pad {
+                        s.resize(n_pad, 0.0);
+                    }
+                    head(h, &mut s[..n_pad], oh);
+                })
+            });
+    } else {
+        for (h, oh) in out[..shape.n_head * hd].chunks_exact_mut(hd).enumerate() {
+            head(h, &mut scores[..n_pad], oh);
+        }
+    }
+}
+
+/// Positions × heads above which [`attention_ggml`] splits heads across threads.
+const PARALLEL_ATTENTION_WORK: usize = 256;
+
+thread_local! {
+    /// Per-thread softmax row of the parallel heads (grows once, then reused: no allocation per token).
+    static HEAD_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`attention_head`] compiled with AVX2 and FMA: the same steps, `F` = [`Hardware`], so the lane loops
+/// vectorize and every fma is one instruction (the same bits as [`Emulated`]).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attention_head_avx2(
+    q: &[f32],
+    cache: &KvCache,
+    layer: usize,
+    pos: usize,
+    shape: &AttnShape,
+    scores: &mut [f32],
+    out: &mut [f32],
+    h: usize,
+    to: (GgmlTarget, KqvOrder),
+) {
+    attention_head::<Hardware>(q, cache, layer, pos, shape, scores, out, h, to)
+}
+
+/// Largest head dimension [`kqv_all_d`] takes (larger heads use the per-output dot products).
+const MAX_KQV_HEAD_DIM: usize = 256;
+
+thread_local! {
+    /// Per-thread accumulators of [`kqv_all_d`] (grow once, then reused).
+    static KQV_ACC: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One query head of [`attention_ggml`]: `scores` is this head's scratch (`attention_scratch_len(pos+1)`),
+/// `out` its `head_dim` outputs.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attention_head<F: Fma>(
+    q: &[f32],
+    cache: &KvCache,
+    layer: usize,
+    pos: usize,
+    shape: &AttnShape,
+    scores: &mut [f32],
+    out: &mut [f32],
+    h: usize,
+    (target, order): (GgmlTarget, KqvOrder),
 ) {
     let AttnShape {
         n_head,
@@ -445,19 +540,32 @@ pub fn attention_ggml(
     let n_row = n_pos.div_ceil(ggml_cpu::LANES) * ggml_cpu::LANES;
     let n_pad = attention_scratch_len(n_pos);
     let scores = &mut scores[..n_pad];
-    for h in 0..n_head {
-        let kvh = kv_head(h, group, n_kv_head);
-        let qh = &q[h * head_dim..(h + 1) * head_dim];
-        let keys = cache.keys(layer, kvh, n_pos);
-        for (s, k) in scores.iter_mut().zip(keys.chunks_exact(head_dim)) {
-            *s = ggml_cpu::vec_dot_f32(target, k, qh);
-        }
-        // masked positions: kq·scale + (−∞) = −∞, exp → exactly 0 (outside the window and past `pos`)
-        scores[..first].fill(f32::NEG_INFINITY);
-        scores[n_pos..n_row].fill(f32::NEG_INFINITY);
-        ggml_cpu::soft_max_row(target, &mut scores[..n_row], None, scale);
-        scores[n_row..].fill(0.0);
-        let values = cache.values(layer, kvh, n_pos);
+    let kvh = kv_head(h, group, n_kv_head);
+    let qh = &q[h * head_dim..(h + 1) * head_dim];
+    let keys = cache.keys(layer, kvh, n_pos);
+    for (s, k) in scores.iter_mut().zip(keys.chunks_exact(head_dim)) {
+        *s = ggml_cpu::vec_dot_f32_by::<F>(target, head_dim, |i| k[i], qh);
+    }
+    // masked positions: kq·scale + (−∞) = −∞, exp → exactly 0 (outside the window and past `pos`)
+    scores[..first].fill(f32::NEG_INFINITY);
+    scores[n_pos..n_row].fill(f32::NEG_INFINITY);
+    ggml_cpu::soft_max_row_f::<F>(target, &mut scores[..n_row], None, scale);
+    scores[n_row..].fill(0.0);
+    let values = cache.values(layer, kvh, n_pos);
+    let k = match order {
+        KqvOrder::TinyBlas => n_row,
+        KqvOrder::VecDot => n_pad,
+    };
+    let whole = match order {
+        KqvOrder::VecDot => k % (4 * target.lanes()) == 0,
+        KqvOrder::TinyBlas => k % target.lanes() == 0,
+    };
+    if head_dim <= MAX_KQV_HEAD_DIM && whole {
+        KQV_ACC.with(|acc| {
+            let mut acc = acc.borrow_mut();
+            kqv_all_d::<F>(target, order, values, n_pos, head_dim, &scores[..k], out, &mut acc);
+        });
+    } else {
         let v = |i: usize, d: usize| {
             if i < n_pos {
                 values[i * head_dim + d]
@@ -465,15 +573,76 @@ pub fn attention_ggml(
                 0.0
             }
         };
-        let oh = &mut out[h * head_dim..(h + 1) * head_dim];
-        for (d, o) in oh.iter_mut().enumerate() {
+        for (d, o) in out.iter_mut().enumerate() {
             *o = match order {
                 KqvOrder::TinyBlas => {
-                    ggml_cpu::tinyblas_dot_f32_by(target, n_row, |i| v(i, d), scores)
+                    ggml_cpu::tinyblas_dot_f32_by::<F>(target, k, |i| v(i, d), scores)
                 }
-                KqvOrder::VecDot => ggml_cpu::vec_dot_f32_by(target, n_pad, |i| v(i, d), scores),
+                KqvOrder::VecDot => ggml_cpu::vec_dot_f32_by::<F>(target, k, |i| v(i, d), scores),
             };
         }
+    }
+}
+
+/// `out[d] = Σ_i p[i]·v[i][d]` for every `d` at once, each output with exactly the operations of
+/// `vec_dot_f32_by` ([`KqvOrder::VecDot`], `p.len()` a multiple of 4 lanes) or `tinyblas_dot_f32_by`
+/// ([`KqvOrder::TinyBlas`], a multiple of the lanes): the accumulators of every `d` advance together over
+/// the contiguous rows of `v` (rows `≥ n_pos` are zeros, as in llama.cpp's padded view), so the inner
+/// loop runs over `d` and vectorizes, while each output still sees the same fmas in the same order as
+/// the strided per-`d` dot product. Then each `d` is reduced as its kernel reduces.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn kqv_all_d<F: Fma>(
+    target: GgmlTarget,
+    order: KqvOrder,
+    values: &[f32],
+    n_pos: usize,
+    hd: usize,
+    p: &[f32],
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) {
+    let lanes = target.lanes();
+    let n_acc = match order {
+        KqvOrder::VecDot => 4 * lanes,
+        KqvOrder::TinyBlas => lanes,
+    };
+    debug_assert!(hd <= MAX_KQV_HEAD_DIM && p.len() % n_acc == 0);
+    if scratch.len() < n_acc * hd {
+        scratch.resize(n_acc * hd, 0.0);
+    }
+    let acc = &mut scratch[..n_acc * hd];
+    acc.fill(0.0);
+    // VecDot: element i + j·L + l of every 4L-step goes to accumulator (j, l); TinyBlas: i + l to l.
+    for (idx, &pi) in p.iter().enumerate() {
+        let a = &mut acc[(idx % n_acc) * hd..][..hd];
+        if idx < n_pos {
+            let row = &values[idx * hd..][..hd];
+            for (a, &v) in a.iter_mut().zip(row) {
+                *a = F::fma(v, pi, *a);
+            }
+        } else {
+            for a in a.iter_mut() {
+                *a = F::fma(0.0, pi, *a);
+            }
+        }
+    }
+    for (d, o) in out[..hd].iter_mut().enumerate() {
+        let lane = |j: usize, l: usize| acc[(j * lanes + l) * hd + d];
+        let mut r = [0f32; ggml_cpu::LANES];
+        match order {
+            KqvOrder::VecDot => {
+                for (l, r) in r[..lanes].iter_mut().enumerate() {
+                    *r = (lane(0, l) + lane(2, l)) + (lane(1, l) + lane(3, l));
+                }
+            }
+            KqvOrder::TinyBlas => {
+                for (l, r) in r[..lanes].iter_mut().enumerate() {
+                    *r = lane(0, l);
+                }
+            }
+        }
+        *o = target.hsum_vec(&r[..lanes]);
     }
 }
 
@@ -538,6 +707,58 @@ mod tests {
     }
 
     #[test]
+    fn simd_attention_gives_the_scalar_bits_for_every_target_order_and_shape() {
+        if !Simd::Avx2.available() {
+            eprintln!("skipping: no AVX2+FMA on this CPU");
+            return;
+        }
+        let mut s = 0x1234_5678_9abc_def1u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
+        };
+        let mut cases = 0;
+        for (n_head, n_kv, hd) in [(9, 3, 64), (4, 1, 256), (2, 2, 8), (14, 2, 64), (3, 1, 300)] {
+            let n = 300;
+            let mut cache = KvCache::new(1, n_kv, hd, n);
+            for p in 0..n {
+                let k: Vec<f32> = (0..n_kv * hd).map(|_| rnd()).collect();
+                let v: Vec<f32> = (0..n_kv * hd).map(|_| rnd()).collect();
+                cache.write(0, p, &k, &v).unwrap();
+            }
+            let q: Vec<f32> = (0..n_head * hd).map(|_| rnd()).collect();
+            let mut scores = vec![0.0; attention_scratch_len(n)];
+            for pos in [0, 1, 15, 16, 17, 63, 64, 100, 255, 299] {
+                for window in [None, Some(7)] {
+                    let shape = AttnShape {
+                        window,
+                        ..AttnShape::causal(n_head, n_kv, hd)
+                    };
+                    for target in GgmlTarget::ALL {
+                        for order in [KqvOrder::VecDot, KqvOrder::TinyBlas] {
+                            let run = |simd: Simd, scores: &mut Vec<f32>| {
+                                let mut out = vec![0.0; n_head * hd];
+                                let to = (target, order);
+                                attention_ggml(&q, &cache, 0, pos, &shape, scores, &mut out, to, simd);
+                                out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+                            };
+                            assert_eq!(
+                                run(Simd::Off, &mut scores),
+                                run(Simd::Avx2, &mut scores),
+                                "{n_head}x{hd} pos {pos} {window:?} {target} {order:?}"
+                            );
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 5 * 10 * 2 * 2 * 2);
+    }
+
+    #[test]
     fn attention_single_position_returns_value() {
         for mode in MODES {
             let mut cache = KvCache::new(1, 1, 2, 4);
@@ -555,6 +776,7 @@ mod tests {
                 &mut out,
                 mode,
                 (GgmlTarget::Avx2, KqvOrder::VecDot),
+                Simd::Off,
             );
             assert_eq!(out, vec![5.0, 6.0, 5.0, 6.0]);
         }
@@ -590,6 +812,7 @@ mod tests {
                     &mut out,
                     mode,
                     (GgmlTarget::Avx512, KqvOrder::VecDot),
+                    Simd::Off,
                 );
                 let w = 1.0 / (n - first) as f32;
                 for (p, &o) in out.iter().enumerate() {
@@ -653,6 +876,7 @@ mod tests {
                 &mut scores,
                 &mut a,
                 (GgmlTarget::Avx512, KqvOrder::TinyBlas),
+                Simd::Off,
             );
             attention_ggml(
                 &q,
@@ -663,6 +887,7 @@ mod tests {
                 &mut scores,
                 &mut b,
                 (GgmlTarget::Avx512, KqvOrder::VecDot),
+                Simd::Off,
             );
             if pos < 16 {
                 assert_eq!(a, b, "pos {pos}");
@@ -680,6 +905,7 @@ mod tests {
                 &mut r,
                 NumericsMode::Reference,
                 (GgmlTarget::Avx512, KqvOrder::TinyBlas),
+                Simd::Off,
             );
             for (x, y) in a.iter().zip(&r) {
                 assert!(

@@ -28,6 +28,37 @@ pub(crate) fn fma(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
+/// How a replica computes `a·b + c` with one rounding: [`Emulated`] (portable, [`fma`]) or [`Hardware`]
+/// (`f32::mul_add`, one `vfmadd` instruction inside a `#[target_feature(enable = "fma")]` function; a libm
+/// call elsewhere). Both give the same bits; the replicas in `ops::ggml_cpu` are generic over it so that
+/// the SIMD setting can compile them with FMA and let them vectorize.
+pub(crate) trait Fma: Copy {
+    /// `a * b + c`, rounded once.
+    fn fma(a: f32, b: f32, c: f32) -> f32;
+}
+
+/// [`fma`]: correct on any CPU, no FMA instruction needed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Emulated;
+
+impl Fma for Emulated {
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        fma(a, b, c)
+    }
+}
+
+/// `f32::mul_add`: the FMA instruction where the caller enabled it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Hardware;
+
+impl Fma for Hardware {
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
 /// `_mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc)`: the per-block update of every
 /// x86 quant kernel. Same result as [`fma`] on each lane; written over all eight lanes so that the common
 /// case (no lane needs the exact fallback) runs without branches per lane.
