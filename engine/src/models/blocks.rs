@@ -480,7 +480,7 @@ impl Ffn {
             (_, a) => a,
         };
         match act {
-            GluAct::Silu => ops::swiglu(gate, up, d_ff, f.mode, f.target),
+            GluAct::Silu => ops::swiglu(gate, up, d_ff, f.mode, f.target, f.simd),
             GluAct::GeluTanh => ops::geglu(gate, up, d_ff, f.mode),
         }
         f.emit(st(StageKind::FfnAct), gate);

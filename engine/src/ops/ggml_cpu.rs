@@ -262,15 +262,33 @@ pub fn silu_scalar(x: f32) -> f32 {
 /// that llama.cpp's `build_ffn` builds (`ggml_swiglu_split(ctx, gate, up)` for `LLM_FFN_SILU` +
 /// `LLM_FFN_PAR`).
 pub fn swiglu_row(target: GgmlTarget, x: &mut [f32], g: &[f32]) {
+    swiglu_row_f::<Emulated>(target, x, g)
+}
+
+/// [`swiglu_row`] with the fma of `F`.
+#[inline(always)]
+pub(crate) fn swiglu_row_f<F: Fma>(target: GgmlTarget, x: &mut [f32], g: &[f32]) {
     let lanes = target.lanes();
     let n_vec = x.len() / lanes * lanes;
     let (xv, xt) = x.split_at_mut(n_vec);
     let (gv, gt) = g.split_at(n_vec);
     for (a, &b) in xv.iter_mut().zip(gv) {
-        *a = silu_on(target, *a) * b;
+        *a = *a / (1.0 + target.expf_f::<F>(0.0 - *a)) * b;
     }
     for (a, &b) in xt.iter_mut().zip(gt) {
         *a = silu_scalar(*a) * b;
+    }
+}
+
+/// [`swiglu_row`] over every row of `width`, compiled with AVX2 and FMA (the same bits).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn swiglu_rows_avx2(target: GgmlTarget, x: &mut [f32], g: &[f32], width: usize) {
+    for (x, g) in x.chunks_exact_mut(width).zip(g.chunks_exact(width)) {
+        swiglu_row_f::<crate::quant::x86::Hardware>(target, x, g);
     }
 }
 

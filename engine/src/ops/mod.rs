@@ -208,12 +208,26 @@ pub fn softmax_scaled(x: &mut [f32], scale: f32) {
 /// `LLM_FFN_SILU` + `LLM_FFN_PAR`; `GGML_OP_GLU` / `GGML_GLU_OP_SWIGLU`), computed per row by
 /// `ggml_vec_swiglu_f32`. Reference mode: libm `exp` everywhere. Ggml mode: [`ggml_cpu::swiglu_row`]
 /// (`ggml_v_silu` on 16-lane blocks, `ggml_silu_f32` for the last `width % 16`).
-pub fn swiglu(gate: &mut [f32], up: &[f32], width: usize, mode: NumericsMode, target: GgmlTarget) {
+///
+/// With `simd` = [`Simd::Avx2`] the ggml-mode rows run compiled with AVX2 and FMA (the same bits).
+pub fn swiglu(
+    gate: &mut [f32],
+    up: &[f32],
+    width: usize,
+    mode: NumericsMode,
+    target: GgmlTarget,
+    simd: Simd,
+) {
     match mode {
         NumericsMode::Reference => {
             for (g, &u) in gate.iter_mut().zip(up) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
+        }
+        #[cfg(target_arch = "x86_64")]
+        NumericsMode::Ggml if simd == Simd::Avx2 && crate::quant::avx2_available() => {
+            // SAFETY: AVX2 and FMA were detected on this CPU.
+            unsafe { ggml_cpu::swiglu_rows_avx2(target, gate, up, width) }
         }
         NumericsMode::Ggml => {
             for (g, u) in gate.chunks_exact_mut(width).zip(up.chunks_exact(width)) {
@@ -442,15 +456,21 @@ pub fn attention_ggml(
     let n_pad = attention_scratch_len(pos + 1);
     let hw = simd == Simd::Avx2 && crate::quant::avx2_available();
     let head = |h: usize, sh: &mut [f32], oh: &mut [f32]| {
-        if hw {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX2 and FMA were detected on this CPU just above.
-            unsafe {
-                attention_head_avx2(q, cache, layer, pos, shape, sh, oh, h, (target, order));
+        // the thread's KQV accumulators, taken here: a closure inside the target-feature function would
+        // be compiled without its features
+        KQV_ACC.with(|acc| {
+            let acc = &mut acc.borrow_mut();
+            let to = (target, order);
+            if hw {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX2 and FMA were detected on this CPU just above.
+                unsafe {
+                    attention_head_avx2(q, cache, layer, pos, shape, sh, oh, h, to, acc);
+                }
+            } else {
+                attention_head::<Emulated>(q, cache, layer, pos, shape, sh, oh, h, to, acc);
             }
-        } else {
-            attention_head::<Emulated>(q, cache, layer, pos, shape, sh, oh, h, (target, order));
-        }
+        })
     };
     // Heads in parallel once the context makes them worth a task each; every head is computed by one
     // thread in one fixed order either way, so the bits do not depend on it.
@@ -500,8 +520,9 @@ unsafe fn attention_head_avx2(
     out: &mut [f32],
     h: usize,
     to: (GgmlTarget, KqvOrder),
+    acc: &mut Vec<f32>,
 ) {
-    attention_head::<Hardware>(q, cache, layer, pos, shape, scores, out, h, to)
+    attention_head::<Hardware>(q, cache, layer, pos, shape, scores, out, h, to, acc)
 }
 
 /// Largest head dimension [`kqv_all_d`] takes (larger heads use the per-output dot products).
@@ -526,6 +547,7 @@ fn attention_head<F: Fma>(
     out: &mut [f32],
     h: usize,
     (target, order): (GgmlTarget, KqvOrder),
+    acc: &mut Vec<f32>,
 ) {
     let AttnShape {
         n_head,
@@ -561,10 +583,7 @@ fn attention_head<F: Fma>(
         KqvOrder::TinyBlas => k % target.lanes() == 0,
     };
     if head_dim <= MAX_KQV_HEAD_DIM && whole {
-        KQV_ACC.with(|acc| {
-            let mut acc = acc.borrow_mut();
-            kqv_all_d::<F>(target, order, values, n_pos, head_dim, &scores[..k], out, &mut acc);
-        });
+        kqv_all_d::<F>(target, order, values, n_pos, head_dim, &scores[..k], out, acc);
     } else {
         let v = |i: usize, d: usize| {
             if i < n_pos {
@@ -695,8 +714,21 @@ mod tests {
         let up: Vec<f32> = (0..70).map(|i| (i as f32 * 0.23).cos()).collect();
         for t in GgmlTarget::ALL {
             let (mut a, mut b) = (gate.clone(), gate.clone());
-            swiglu(&mut a, &up, 35, NumericsMode::Reference, t);
-            swiglu(&mut b, &up, 35, NumericsMode::Ggml, t);
+            swiglu(&mut a, &up, 35, NumericsMode::Reference, t, Simd::Off);
+            swiglu(&mut b, &up, 35, NumericsMode::Ggml, t, Simd::Off);
+            if Simd::Avx2.available() {
+                // the SIMD rows give the scalar replica's bits, with large, tiny and infinite inputs too
+                let mut wide: Vec<f32> = (0..4000).map(|i| (i as f32 * 0.37).sin() * 120.0).collect();
+                wide[17] = f32::INFINITY;
+                wide[18] = f32::NEG_INFINITY;
+                wide[19] = 1e-40;
+                let up: Vec<f32> = (0..4000).map(|i| (i as f32 * 0.11).cos()).collect();
+                let (mut c, mut d) = (wide.clone(), wide);
+                swiglu(&mut c, &up, 1000, NumericsMode::Ggml, t, Simd::Off);
+                swiglu(&mut d, &up, 1000, NumericsMode::Ggml, t, Simd::Avx2);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&c), bits(&d), "{t}");
+            }
             for (x, y) in a.iter().zip(&b) {
                 assert!(
                     (x - y).abs() <= 4.0 * f32::EPSILON * x.abs().max(1e-30),

@@ -131,6 +131,11 @@ pub(crate) fn block_absmax_avx(x: &[f32]) -> f32 {
 /// outside i32 give `INT32_MIN` ("integer indefinite").
 #[inline]
 pub(crate) fn round_even_cvt_i32(v: f32) -> i32 {
+    // |v| < 2^22: adding and removing 1.5·2^23 rounds to an integer, to even on ties (the default
+    // rounding mode), without the libm `rintf` call `round_ties_even` becomes without SSE4.1
+    if v.abs() < 4_194_304.0 {
+        return ((v + 12_582_912.0) - 12_582_912.0) as i32;
+    }
     let r = v.round_ties_even();
     if r.is_nan() || !(-2147483648.0..2147483648.0).contains(&r) {
         i32::MIN
@@ -224,6 +229,28 @@ mod tests {
         assert_eq!(round_even_cvt_i32(f32::INFINITY), i32::MIN);
         assert_eq!(saturate_i8(i32::MIN), -128);
         assert_eq!(saturate_i8(300), 127);
+        // the add-and-subtract rounding equals round-half-even on every f32 below 2^22 and around it
+        let plain = |v: f32| {
+            let r = v.round_ties_even();
+            if r.is_nan() || !(-2147483648.0..2147483648.0).contains(&r) {
+                i32::MIN
+            } else {
+                r as i32
+            }
+        };
+        let mut bits = 0u32;
+        while bits < u32::MAX - 9973 {
+            let v = f32::from_bits(bits);
+            assert_eq!(round_even_cvt_i32(v), plain(v), "{v:e}");
+            bits += 9973;
+        }
+        for i in -300_000..300_000 {
+            let v = i as f32 * 0.5;
+            assert_eq!(round_even_cvt_i32(v), plain(v), "{v}");
+            for v in [4_194_304.0 + v, -4_194_304.0 + v] {
+                assert_eq!(round_even_cvt_i32(v), plain(v), "{v}");
+            }
+        }
     }
 
     #[test]
