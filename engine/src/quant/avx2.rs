@@ -64,6 +64,24 @@ unsafe fn bytes_from_nibbles_32(qs: *const u8) -> __m256i {
     _mm256_and_si256(_mm256_set1_epi8(0x0F), bytes)
 }
 
+/// Two consecutive little-endian f16 at `p` widened to f32 with one F16C `vcvtph2ps` (ggml's
+/// `GGML_CPU_FP16_TO_FP32` on x86 is `_cvtsh_ss`, the same exact conversion; NaNs come out quiet, as from
+/// [`read_f16`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn f16x2(p: *const u8) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
+}
+
+/// One f16 at `p` (see [`f16x2`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn f16x1(p: *const u8) -> f32 {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from((p as *const u16).read_unaligned())));
+    _mm_cvtss_f32(v)
+}
+
 /// One activation row in Q8_0/Q8_1 form as the kernels read it: quants, per-block `d`, and (Q8_1) the
 /// per-block `s`.
 #[derive(Clone, Copy)]
@@ -91,8 +109,12 @@ pub(crate) unsafe fn dot_q4_1_q8_1<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) 
     let mut summs = [0f32; N];
     for ib in 0..nb {
         let blk = w.as_ptr().add(ib * q4_1::BYTES);
-        let dw = read_f16(std::slice::from_raw_parts(blk, 4), 0);
-        let mw = read_f16(std::slice::from_raw_parts(blk, 4), m_at);
+        let (dw, m2) = f16x2(blk);
+        let mw = if m_at == 2 {
+            m2
+        } else {
+            read_f16(std::slice::from_raw_parts(blk, 4), m_at)
+        };
         let qx = bytes_from_nibbles_32(blk.add(4));
         for j in 0..N {
             let r = &x[j];
@@ -126,7 +148,7 @@ pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) 
     let mut acc = [_mm256_setzero_ps(); N];
     for ib in 0..nb {
         let blk = w.as_ptr().add(ib * Q8_0_BYTES);
-        let dw = read_f16(std::slice::from_raw_parts(blk, 2), 0);
+        let dw = f16x1(blk);
         let qx = _mm256_loadu_si256(blk.add(2) as *const __m256i);
         for j in 0..N {
             let r = &x[j];
