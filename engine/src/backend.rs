@@ -119,9 +119,11 @@ impl Backend for CpuBackend {
         if scratch.prepared.len() < n_tokens {
             scratch.prepared.resize_with(n_tokens, PreparedRow::new);
         }
-        for (t, p) in scratch.prepared[..n_tokens].iter_mut().enumerate() {
-            p.prepare(w.ty, mode, &x[t * w.cols..(t + 1) * w.cols])?;
-        }
+        // each row is quantized on its own (ggml quantizes per block), so the split changes nothing
+        scratch.prepared[..n_tokens]
+            .par_iter_mut()
+            .enumerate()
+            .try_for_each(|(t, p)| p.prepare(w.ty, mode, &x[t * w.cols..(t + 1) * w.cols]))?;
         let prepared = &scratch.prepared[..n_tokens];
         // the ggml kernel of each batch row (llama.cpp's choice depends on the batch size)
         let path = |t: usize| quant::ggml_path(w.ty, w.rows, n_tokens, t);
@@ -133,12 +135,17 @@ impl Backend for CpuBackend {
             out.par_chunks_mut(ROWS_PER_TASK)
                 .enumerate()
                 .for_each(|(c, chunk)| {
+                    let r0 = c * ROWS_PER_TASK;
+                    let Some(k) = kernel else {
+                        for (i, o) in chunk.iter_mut().enumerate() {
+                            *o = quant::vec_dot_path(w.ty, w.row(r0 + i), &prepared[0], p);
+                        }
+                        return;
+                    };
+                    // one weight row per call: measured faster here than 2 or 4 rows at once (more
+                    // concurrent streams from memory)
                     for (i, o) in chunk.iter_mut().enumerate() {
-                        let row = w.row(c * ROWS_PER_TASK + i);
-                        *o = match kernel {
-                            Some(k) => k.dot(row, [&prepared[0]])[0],
-                            None => quant::vec_dot_path(w.ty, row, &prepared[0], p),
-                        };
+                        *o = k.dot([w.row(r0 + i)], [&prepared[0]])[0][0];
                     }
                 });
             return Ok(());
@@ -163,27 +170,28 @@ impl Backend for CpuBackend {
                 // token groups outermost: the group's activations stay in L1 across the chunk's rows
                 let n_rows = chunk.len() / n_tokens;
                 let full = n_tokens - n_tokens % TOKENS_PER_CALL;
+                let r0 = c * ROWS_PER_TASK;
                 for t0 in (0..full).step_by(TOKENS_PER_CALL) {
                     let xs: [&PreparedRow; TOKENS_PER_CALL] =
                         std::array::from_fn(|j| &prepared[t0 + j]);
                     for i in 0..n_rows {
-                        let r = k.dot(w.row(c * ROWS_PER_TASK + i), xs);
+                        let r = k.dot([w.row(r0 + i)], xs)[0];
                         chunk[i * n_tokens + t0..i * n_tokens + t0 + TOKENS_PER_CALL]
                             .copy_from_slice(&r);
                     }
                 }
                 for t in full..n_tokens {
                     for i in 0..n_rows {
-                        chunk[i * n_tokens + t] =
-                            k.dot(w.row(c * ROWS_PER_TASK + i), [&prepared[t]])[0];
+                        chunk[i * n_tokens + t] = k.dot([w.row(r0 + i)], [&prepared[t]])[0][0];
                     }
                 }
             });
-        for r in 0..w.rows {
-            for t in 0..n_tokens {
-                out[t * w.rows + r] = scratch.staging[r * n_tokens + t];
+        let staging = &scratch.staging;
+        out.par_chunks_mut(w.rows).enumerate().for_each(|(t, o)| {
+            for (r, o) in o.iter_mut().enumerate() {
+                *o = staging[r * n_tokens + t];
             }
-        }
+        });
         Ok(())
     }
 }

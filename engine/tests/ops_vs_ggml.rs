@@ -127,8 +127,19 @@ fn swiglu_matches_ggml_vec_swiglu_f32_and_the_glu_op() {
         let up = f32s(&format!("{input}.up.f32.bin"));
         for simd in Simd::ALL.into_iter().filter(|s| s.available()) {
             let mut x = f32s(&format!("{input}.gate.f32.bin"));
-            ops::swiglu(&mut x, &up, width, NumericsMode::Ggml, GgmlTarget::Avx512, simd);
-            assert_bits(&format!("{name} simd {simd}"), &x, &f32s(&format!("{name}.out.f32.bin")));
+            ops::swiglu(
+                &mut x,
+                &up,
+                width,
+                NumericsMode::Ggml,
+                GgmlTarget::Avx512,
+                simd,
+            );
+            assert_bits(
+                &format!("{name} simd {simd}"),
+                &x,
+                &f32s(&format!("{name}.out.f32.bin")),
+            );
         }
     }
 }

@@ -197,7 +197,11 @@ pub(crate) fn expf_avx512_f<F: Fma>(x: f32) -> f32 {
     // _mm512_fnmadd_ps(n, c, x) = -(n·c) + x, one rounding: the same as F::fma(-n, c, x)
     let b = F::fma(-n, LN2_LO, F::fma(-n, LN2_HI, x));
     let u = b * b;
-    let j = F::fma(F::fma(F::fma(P5, b, P4), u, F::fma(P3, b, P2)), u, F::fma(P1, b, 1.0));
+    let j = F::fma(
+        F::fma(F::fma(P5, b, P4), u, F::fma(P3, b, P2)),
+        u,
+        F::fma(P1, b, 1.0),
+    );
     // _CMP_GT_OQ: false for NaN
     if n.abs() > 192.0 {
         return if n > 0.0 { f32::INFINITY } else { 0.0 };
@@ -315,23 +319,37 @@ pub(crate) fn vec_dot_f32_by<F: Fma>(
     x: impl Fn(usize) -> f32,
     y: &[f32],
 ) -> f32 {
-    debug_assert!(y.len() >= n);
-    let lanes = target.lanes();
-    let step = 4 * lanes;
+    // the lane count as a constant, so that the lane loops become vector instructions
+    match target {
+        GgmlTarget::Avx2 => vec_dot_f32_lanes::<F, 8>(target, n, x, y),
+        GgmlTarget::Avx512 => vec_dot_f32_lanes::<F, 16>(target, n, x, y),
+    }
+}
+
+/// [`vec_dot_f32_by`] with `L` = `target.lanes()`.
+#[inline(always)]
+fn vec_dot_f32_lanes<F: Fma, const L: usize>(
+    target: GgmlTarget,
+    n: usize,
+    x: impl Fn(usize) -> f32,
+    y: &[f32],
+) -> f32 {
+    debug_assert!(y.len() >= n && L == target.lanes());
+    let step = 4 * L;
     let np = n / step * step;
     let mut sumf = 0.0f32;
     if np > 0 {
-        let mut sum = [[0f32; LANES]; 4];
+        let mut sum = [[0f32; L]; 4];
         for i in (0..np).step_by(step) {
             for (j, s) in sum.iter_mut().enumerate() {
-                let base = i + j * lanes;
-                for (l, a) in s[..lanes].iter_mut().enumerate() {
+                let base = i + j * L;
+                for (l, a) in s.iter_mut().enumerate() {
                     *a = F::fma(x(base + l), y[base + l], *a);
                 }
             }
         }
         let mut r = [0f32; LANES];
-        for (l, r) in r[..lanes].iter_mut().enumerate() {
+        for (l, r) in r[..L].iter_mut().enumerate() {
             *r = (sum[0][l] + sum[2][l]) + (sum[1][l] + sum[3][l]);
         }
         sumf = match target {

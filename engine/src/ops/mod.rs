@@ -35,8 +35,8 @@ use rayon::prelude::*;
 
 use crate::kv_cache::KvCache;
 use crate::quant::x86::{Emulated, Fma, Hardware};
-use crate::simd::Simd;
 use crate::quant::NumericsMode;
+use crate::simd::Simd;
 
 /// RMSNorm in place on every row of `x` (`[n_rows, width]`), then multiply by `weight` (`[width]`).
 ///
@@ -376,9 +376,17 @@ pub fn attention(
 ) {
     match mode {
         NumericsMode::Reference => attention_reference(q, cache, layer, pos, shape, scores, out),
-        NumericsMode::Ggml => {
-            attention_ggml(q, cache, layer, pos, shape, scores, out, (target, kqv), simd)
-        }
+        NumericsMode::Ggml => attention_ggml(
+            q,
+            cache,
+            layer,
+            pos,
+            shape,
+            scores,
+            out,
+            (target, kqv),
+            simd,
+        ),
     }
 }
 
@@ -583,7 +591,16 @@ fn attention_head<F: Fma>(
         KqvOrder::TinyBlas => k % target.lanes() == 0,
     };
     if head_dim <= MAX_KQV_HEAD_DIM && whole {
-        kqv_all_d::<F>(target, order, values, n_pos, head_dim, &scores[..k], out, acc);
+        kqv_all_d::<F>(
+            target,
+            order,
+            values,
+            n_pos,
+            head_dim,
+            &scores[..k],
+            out,
+            acc,
+        );
     } else {
         let v = |i: usize, d: usize| {
             if i < n_pos {
@@ -718,7 +735,8 @@ mod tests {
             swiglu(&mut b, &up, 35, NumericsMode::Ggml, t, Simd::Off);
             if Simd::Avx2.available() {
                 // the SIMD rows give the scalar replica's bits, with large, tiny and infinite inputs too
-                let mut wide: Vec<f32> = (0..4000).map(|i| (i as f32 * 0.37).sin() * 120.0).collect();
+                let mut wide: Vec<f32> =
+                    (0..4000).map(|i| (i as f32 * 0.37).sin() * 120.0).collect();
                 wide[17] = f32::INFINITY;
                 wide[18] = f32::NEG_INFINITY;
                 wide[19] = 1e-40;
@@ -773,7 +791,9 @@ mod tests {
                             let run = |simd: Simd, scores: &mut Vec<f32>| {
                                 let mut out = vec![0.0; n_head * hd];
                                 let to = (target, order);
-                                attention_ggml(&q, &cache, 0, pos, &shape, scores, &mut out, to, simd);
+                                attention_ggml(
+                                    &q, &cache, 0, pos, &shape, scores, &mut out, to, simd,
+                                );
                                 out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
                             };
                             assert_eq!(

@@ -78,7 +78,9 @@ unsafe fn f16x2(p: *const u8) -> (f32, f32) {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn f16x1(p: *const u8) -> f32 {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from((p as *const u16).read_unaligned())));
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
+        (p as *const u16).read_unaligned(),
+    )));
     _mm_cvtss_f32(v)
 }
 
@@ -91,76 +93,99 @@ pub(crate) struct Q8Row<'a> {
     pub s: &'a [f32],
 }
 
-/// `ggml_vec_dot_q4_1_q8_1`, AVX2 branch, for `N` activation rows against one Q4_1 weight row `w`.
-/// Per block: `summs += m_w * s_x` (contracted to an fma, as gcc does), `acc = fma(d_w * d_x,
-/// mul_sum_us8_pairs_float(nibbles, q8), acc)`; result `hsum_float_8(acc) + summs`. Same bits as
-/// [`q4_1::dot_q8_1`].
+/// `ggml_vec_dot_q4_1_q8_1`, AVX2 branch, for `R` Q4_1 weight rows against `N` activation rows (the
+/// `R·N` independent accumulator chains run interleaved, which the one-row loop's fma latency would
+/// otherwise serialise). Per block and pair: `summs += m_w * s_x` (contracted to an fma, as gcc does),
+/// `acc = fma(d_w * d_x, mul_sum_us8_pairs_float(nibbles, q8), acc)`; result `hsum_float_8(acc) + summs`.
+/// Every output has the bits of [`q4_1::dot_q8_1`] for its pair.
 ///
 /// # Safety
-/// [`available`] must be true; `w` holds `nb` Q4_1 blocks and every row `nb` Q8_1 blocks.
+/// [`available`] must be true; every `w` row holds `nb` Q4_1 blocks and every activation row `nb` Q8_1
+/// blocks (checked).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q4_1_q8_1<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) -> [f32; N] {
-    let nb = w.len() / q4_1::BYTES;
+pub(crate) unsafe fn dot_q4_1_q8_1<const R: usize, const N: usize>(
+    w: [&[u8]; R],
+    x: [Q8Row<'_>; N],
+) -> [[f32; N]; R] {
+    let nb = w[0].len() / q4_1::BYTES;
+    for r in &w {
+        assert_eq!(r.len(), nb * q4_1::BYTES);
+    }
     for r in &x {
         assert!(r.qs.len() >= nb * QK && r.d.len() >= nb && r.s.len() >= nb);
     }
     let m_at = q4_1::min_offset();
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut summs = [0f32; N];
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    let mut summs = [[0f32; N]; R];
     for ib in 0..nb {
-        let blk = w.as_ptr().add(ib * q4_1::BYTES);
-        let (dw, m2) = f16x2(blk);
-        let mw = if m_at == 2 {
-            m2
-        } else {
-            read_f16(std::slice::from_raw_parts(blk, 4), m_at)
-        };
-        let qx = bytes_from_nibbles_32(blk.add(4));
-        for j in 0..N {
-            let r = &x[j];
-            summs[j] = mw.mul_add(*r.s.get_unchecked(ib), summs[j]);
-            let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
-            let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
-            let xy = mul_sum_us8_pairs_float(qx, qy);
-            acc[j] = _mm256_fmadd_ps(d, xy, acc[j]);
+        for k in 0..R {
+            let blk = w[k].as_ptr().add(ib * q4_1::BYTES);
+            let (dw, m2) = f16x2(blk);
+            let mw = if m_at == 2 {
+                m2
+            } else {
+                read_f16(std::slice::from_raw_parts(blk, 4), m_at)
+            };
+            let qx = bytes_from_nibbles_32(blk.add(4));
+            for j in 0..N {
+                let r = &x[j];
+                summs[k][j] = mw.mul_add(*r.s.get_unchecked(ib), summs[k][j]);
+                let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
+                let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
+                let xy = mul_sum_us8_pairs_float(qx, qy);
+                acc[k][j] = _mm256_fmadd_ps(d, xy, acc[k][j]);
+            }
         }
     }
-    let mut out = [0f32; N];
-    for j in 0..N {
-        out[j] = hsum_float_8(acc[j]) + summs[j];
+    let mut out = [[0f32; N]; R];
+    for k in 0..R {
+        for j in 0..N {
+            out[k][j] = hsum_float_8(acc[k][j]) + summs[k][j];
+        }
     }
     out
 }
 
 /// `ggml_vec_dot_q8_0_q8_0`, AVX2 branch (and `tinyBLAS_Q0_AVX`, which computes each output the same
-/// way), for `N` activation rows against one Q8_0 weight row: per block `acc = fma(d_w * d_x,
-/// mul_sum_i8_pairs_float(q_w, q_x), acc)`, result `hsum_float_8(acc)`. Same bits as
+/// way), for `R` Q8_0 weight rows against `N` activation rows: per block and pair `acc = fma(d_w * d_x,
+/// mul_sum_i8_pairs_float(q_w, q_x), acc)`, result `hsum_float_8(acc)`. Every output has the bits of
 /// [`super::q8::dot_q8_0_q8_0`] (its exact `_mm256_sign_epi8` form included).
 ///
 /// # Safety
-/// [`available`] must be true; `w` holds `nb` Q8_0 blocks and every row `nb` Q8_0 blocks.
+/// [`available`] must be true; every `w` row holds `nb` Q8_0 blocks and every activation row `nb` Q8_0
+/// blocks (checked).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) -> [f32; N] {
-    let nb = w.len() / Q8_0_BYTES;
+pub(crate) unsafe fn dot_q8_0_q8_0<const R: usize, const N: usize>(
+    w: [&[u8]; R],
+    x: [Q8Row<'_>; N],
+) -> [[f32; N]; R] {
+    let nb = w[0].len() / Q8_0_BYTES;
+    for r in &w {
+        assert_eq!(r.len(), nb * Q8_0_BYTES);
+    }
     for r in &x {
         assert!(r.qs.len() >= nb * QK && r.d.len() >= nb);
     }
-    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
     for ib in 0..nb {
-        let blk = w.as_ptr().add(ib * Q8_0_BYTES);
-        let dw = f16x1(blk);
-        let qx = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-        for j in 0..N {
-            let r = &x[j];
-            let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
-            let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
-            let q = mul_sum_i8_pairs_float(qx, qy);
-            acc[j] = _mm256_fmadd_ps(d, q, acc[j]);
+        for k in 0..R {
+            let blk = w[k].as_ptr().add(ib * Q8_0_BYTES);
+            let dw = f16x1(blk);
+            let qx = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+            for j in 0..N {
+                let r = &x[j];
+                let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
+                let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
+                let q = mul_sum_i8_pairs_float(qx, qy);
+                acc[k][j] = _mm256_fmadd_ps(d, q, acc[k][j]);
+            }
         }
     }
-    let mut out = [0f32; N];
-    for j in 0..N {
-        out[j] = hsum_float_8(acc[j]);
+    let mut out = [[0f32; N]; R];
+    for k in 0..R {
+        for j in 0..N {
+            out[k][j] = hsum_float_8(acc[k][j]);
+        }
     }
     out
 }
@@ -241,9 +266,17 @@ mod tests {
                         .iter()
                         .map(|p| vec_dot_path(ty, &w, p, GgmlPath::VecDot))
                         .collect();
-                    let four = k.dot(&w, [&xs[0], &xs[1], &xs[2], &xs[3]]);
+                    let four = k.dot([&w], [&xs[0], &xs[1], &xs[2], &xs[3]])[0];
+                    // the same row three times in a 3-row call: each copy gives the same bits (a NaN's
+                    // sign and payload are not part of the contract)
+                    let rows3 = k.dot([&w, &w, &w], [&xs[0], &xs[1], &xs[2], &xs[3]]);
+                    for r in rows3 {
+                        for (a, b) in r.iter().zip(&four) {
+                            assert!(same(*a, *b), "{ty} nb {nb}: 3-row {a:e} vs 1-row {b:e}");
+                        }
+                    }
                     for j in 0..4 {
-                        let one = k.dot(&w, [&xs[j]])[0];
+                        let one = k.dot([&w], [&xs[j]])[0][0];
                         assert!(
                             same(one, want[j]) && same(four[j], want[j]),
                             "{ty} nb {nb} row {j}: scalar {:e} ({:#x}), simd x1 {:e}, simd x4 {:e}",

@@ -416,10 +416,14 @@ pub(crate) fn simd_kernel(
 }
 
 impl SimdKernel {
-    /// `N` dot products of the weight row `w_row` with the prepared rows `xs` (all prepared in ggml mode
-    /// for this kernel's weight type, `debug_assert`ed).
+    /// `R × N` dot products of the weight rows `w` with the prepared rows `xs` (all prepared in ggml mode
+    /// for this kernel's weight type, `debug_assert`ed): `out[r][t] = w[r] · xs[t]`.
     #[inline]
-    pub(crate) fn dot<const N: usize>(self, w_row: &[u8], xs: [&PreparedRow; N]) -> [f32; N] {
+    pub(crate) fn dot<const R: usize, const N: usize>(
+        self,
+        w: [&[u8]; R],
+        xs: [&PreparedRow; N],
+    ) -> [[f32; N]; R] {
         #[cfg(target_arch = "x86_64")]
         {
             let rows = xs.map(|p| {
@@ -431,18 +435,17 @@ impl SimdKernel {
                 }
             });
             // SAFETY: a `SimdKernel` exists only where `simd_kernel` found AVX2+FMA+F16C on this CPU;
-            // `w_row` and the prepared rows hold whole blocks of the same element count (the matmul's
-            // contract, as for the scalar kernels).
+            // the kernels check that the rows hold whole blocks of the same count.
             unsafe {
                 match self {
-                    SimdKernel::Q4_1Avx2 => avx2::dot_q4_1_q8_1(w_row, rows),
-                    SimdKernel::Q8_0Avx2 => avx2::dot_q8_0_q8_0(w_row, rows),
+                    SimdKernel::Q4_1Avx2 => avx2::dot_q4_1_q8_1(w, rows),
+                    SimdKernel::Q8_0Avx2 => avx2::dot_q8_0_q8_0(w, rows),
                 }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (w_row, xs);
+            let _ = (w, xs);
             unreachable!("no SIMD kernel is selected off x86-64")
         }
     }
