@@ -6,6 +6,7 @@ use std::ops::Range;
 use lockstep_engine::fixtures::TinyLlama;
 use lockstep_engine::gguf::GgufFile;
 use lockstep_engine::hooks::{Recorder, Stage, StageKind, StageSink};
+use lockstep_engine::quant::GgmlType;
 use lockstep_engine::sample::argmax;
 use lockstep_engine::{Model, NumericsMode};
 
@@ -282,6 +283,46 @@ fn results_do_not_depend_on_thread_count() {
         })
     };
     assert_eq!(run(1), run(3));
+}
+
+#[test]
+fn ggml_mode_gives_the_same_bits_with_simd_on_for_every_matrix_type_and_thread_count() {
+    let simd = lockstep_engine::Simd::detect();
+    for (matrix_type, embd_type) in [
+        (GgmlType::Q4_1, GgmlType::Q8_0),
+        (GgmlType::Q8_0, GgmlType::Q8_0),
+        (GgmlType::Q4_0, GgmlType::Q4_1),
+    ] {
+        let model = tiny(&TinyLlama {
+            d_ff: 256,
+            matrix_type,
+            embd_type,
+            ..TinyLlama::default()
+        });
+        let run = |threads: usize, simd: lockstep_engine::Simd| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let mut s = model.session(24, NumericsMode::Ggml);
+                s.set_simd(simd);
+                // a prompt batch, then decode steps (both kernel paths)
+                let mut out = model.forward(&mut s, &PROMPT, None).unwrap().to_vec();
+                for t in [5, 9, 2] {
+                    out.extend(model.forward(&mut s, &[t], None).unwrap());
+                }
+                out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            })
+        };
+        let scalar = run(1, lockstep_engine::Simd::Off);
+        assert_eq!(scalar, run(1, simd), "{matrix_type}: simd {simd}, 1 thread");
+        assert_eq!(
+            scalar,
+            run(3, simd),
+            "{matrix_type}: simd {simd}, 3 threads"
+        );
+    }
 }
 
 #[test]

@@ -249,7 +249,25 @@ fn default_matrix_run_writes_a_complete_report() {
     for f in ["report.json", "report.md", "results.csv"] {
         assert!(dir.join(f).is_file(), "{f} missing");
     }
-    assert_eq!(report.cells.len(), 2, "chat × {{reference, ggml}}");
+    assert_eq!(
+        report.cells.len(),
+        4,
+        "chat × {{reference, ggml}} × {{simd off, avx2}}"
+    );
+    // every SIMD cell has a scalar twin, and in ggml mode their outputs are bit-identical
+    let pairs = lockstep::report::simd_pairs(&report.cells);
+    assert_eq!(pairs.len(), 2);
+    for p in &pairs {
+        let c = &report.cells[p.simd_cell];
+        if c.cell.mode == "ggml" {
+            assert!(
+                p.identical,
+                "{}: not bit-identical to SIMD off",
+                c.cell.id()
+            );
+            assert!(c.verdict.pass, "{}: {:?}", c.cell.id(), c.verdict.failures);
+        }
+    }
     for c in &report.cells {
         assert!(
             c.comparison.tokens_match(),
@@ -259,7 +277,9 @@ fn default_matrix_run_writes_a_complete_report() {
         assert!(c.speed.prefill_tokens > 0 && c.speed.decode_tokens == 8);
     }
     let back = lockstep::report::read_report(&dir.join("report.json")).unwrap();
-    assert_eq!(back.cells.len(), 2);
+    assert_eq!(back.cells.len(), 4);
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("## SIMD vs scalar"), "{md}");
 }
 
 /// Every stage the golden stores in f32 is bit-identical and every full logits row gives KL = 0.
