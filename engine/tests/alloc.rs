@@ -1,5 +1,7 @@
 //! No heap allocation per decoded token once the session is warm: a counting global allocator (this test
-//! binary only) around decode steps of a synthetic model, with SIMD off and on, one and more threads.
+//! binary only) around decode steps of a synthetic model, with SIMD off and on, one and more threads. With
+//! one thread the count is exactly zero; with two, the engine still allocates nothing, but rayon's
+//! work-stealing deques occasionally resize a buffer, so the bound there is "not per token".
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -46,6 +48,8 @@ fn decode_steps_allocate_nothing_after_warm_up() {
             .num_threads(threads)
             .build()
             .unwrap();
+        // every worker thread started (a starting thread allocates its queues)
+        pool.broadcast(|_| ());
         for simd in [Simd::Off, Simd::detect()] {
             for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
                 pool.install(|| {
@@ -58,15 +62,23 @@ fn decode_steps_allocate_nothing_after_warm_up() {
                     s.set_simd(simd);
                     model.forward(&mut s, &[1, 2, 3, 4], None).unwrap();
                     // warm-up: the decode path's buffers and the threads' scratch grow here
-                    for t in [5, 6] {
+                    for t in 5..15 {
                         model.forward(&mut s, &[t], None).unwrap();
                     }
                     let before = ALLOCATIONS.load(Ordering::Relaxed);
-                    for t in 7..27 {
+                    for t in 15..35 {
                         model.forward(&mut s, &[t], None).unwrap();
                     }
                     let n = ALLOCATIONS.load(Ordering::Relaxed) - before;
-                    assert_eq!(n, 0, "{n} allocations in 20 decode steps ({mode}, simd {simd}, {threads} threads)");
+                    let what = format!("{n} allocations in 20 decode steps ({mode}, simd {simd}, {threads} threads)");
+                    if threads == 1 {
+                        assert_eq!(n, 0, "{what}");
+                    } else {
+                        // with stealing between threads, rayon's crossbeam deques now and then resize a
+                        // buffer (seen in backtraces: crossbeam_epoch::Owned::new under the deque): rare,
+                        // never once per token — which would be 20 or more here
+                        assert!(n < 5, "{what}");
+                    }
                 });
             }
         }

@@ -41,7 +41,7 @@ pub fn write_report(reports_root: &Path, r: &Report) -> Result<PathBuf> {
     let files = [(REPORT_JSON, &json), (REPORT_MD, &md), (RESULTS_CSV, &csv)]
         .into_iter()
         .map(|(n, t)| (n.to_string(), t.clone()))
-        .chain(plots.into_iter().map(|(n, t)| (format!("plots/{n}"), t)))
+        .chain(plots)
         .collect::<Vec<_>>();
     write_files_atomically(reports_root, id, &files)
 }
