@@ -67,13 +67,6 @@ pub fn run(opts: &RunOptions) -> Result<(PathBuf, Report)> {
             let cmds = external.clone().context(
                 "the matrix has an `external` engine cell but no --engine-cmd was given",
             )?;
-            if cell.simd != "off" {
-                bail!(
-                    "cell {}: the SIMD axis is lockstep's own kernel setting; an external engine runs the \
-                     `off` cells only (narrow with --simd off)",
-                    cell.id()
-                );
-            }
             Ok(Box::new(ExternalEngine::new(cmds, model, arch)?))
         } else {
             let simd = Simd::parse(&cell.simd).with_context(|| format!("cell {}", cell.id()))?;
@@ -121,11 +114,23 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
                 .ggml_target()
                 .with_context(|| format!("golden {gpath} (cell {})", cell.id()))?;
         }
-        if (opts.force_external || cell.engine == "external") && opts.external.is_none() {
-            bail!(
-                "cell {} runs an external engine but no --engine-cmd was given",
-                cell.id()
-            );
+        if opts.force_external || cell.engine == "external" {
+            if opts.external.is_none() {
+                bail!(
+                    "cell {} runs an external engine but no --engine-cmd was given",
+                    cell.id()
+                );
+            }
+            if cell.simd != "off" {
+                bail!(
+                    "cell {}: the SIMD axis is lockstep's own kernel setting; an external engine runs \
+                     the `off` cells only (narrow with --simd off)",
+                    cell.id()
+                );
+            }
+        } else {
+            // a setting this CPU cannot run fails here, not after the cells before it
+            Simd::parse(&cell.simd).map_err(|e| anyhow::anyhow!("cell {}: {e}", cell.id()))?;
         }
     }
     let inputs = run_inputs(opts)?;

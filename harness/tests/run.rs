@@ -216,6 +216,7 @@ fn external_engine_path_gives_the_same_verdicts() {
     for mode in ["ggml", "reference"] {
         let reports = tempfile::tempdir().unwrap();
         let mut opts = options(&root().join("golden"), reports.path(), "one_token", mode);
+        opts.filters.simd = vec!["off".into()]; // an external engine has no SIMD setting of ours
         let (_, ours) = run(&opts).unwrap();
         opts.external = Some(ExternalCommands::lockstep_itself(&exe));
         opts.force_external = true;
@@ -462,6 +463,7 @@ fn a_late_failure_keeps_the_cells_finished_before_it() {
     let reports = tempfile::tempdir().unwrap();
     let mut opts = options(&root().join("golden"), reports.path(), "one_token", "ggml");
     opts.filters.mode = vec![]; // reference, then ggml: two cells
+    opts.filters.simd = vec!["off".into()];
     let mut calls = 0;
     let mut factory = |_: &Cell, model: &Path, _: &str| -> Result<Box<dyn Engine>> {
         calls += 1;
@@ -621,6 +623,7 @@ fn the_report_names_the_external_command_that_ran() {
     let reports = tempfile::tempdir().unwrap();
     let mut opts = options(&root().join("golden"), reports.path(), "one_token", "ggml");
     opts.filters.oracle = vec!["llama.cpp-f32kv".into()];
+    opts.filters.simd = vec!["off".into()];
     let cmds = ExternalCommands::lockstep_itself(&exe);
     opts.external = Some(cmds.clone());
     opts.force_external = true;

@@ -117,6 +117,26 @@ impl GgmlTarget {
         self.hsum(v)
     }
 
+    /// `GGML_F32_VEC_REDUCE` (ggml-cpu/simd-mappings.h) over the four accumulators of
+    /// `ggml_vec_dot_f32`: `acc(j, l)` is lane `l` of accumulator `j`. The accumulators are added pairwise
+    /// (`(x0 + x2) + (x1 + x3)`), then the vector is reduced as the target does it — AVX-512
+    /// `_mm512_reduce_add_ps`; AVX2 `GGML_F32x8_REDUCE`: halves added, then `_mm_hadd_ps` twice, i.e.
+    /// `(t0 + t1) + (t2 + t3)`, which is *not* [`Self::hsum`]'s (`hsum_float_8`) `(t0 + t2) + (t1 + t3)`.
+    #[inline(always)]
+    pub(crate) fn vec_reduce(self, acc: impl Fn(usize, usize) -> f32) -> f32 {
+        let mut r = [0f32; LANES];
+        for (l, r) in r[..self.lanes()].iter_mut().enumerate() {
+            *r = (acc(0, l) + acc(2, l)) + (acc(1, l) + acc(3, l));
+        }
+        match self {
+            GgmlTarget::Avx512 => reduce_add_16(&r),
+            GgmlTarget::Avx2 => {
+                let t: [f32; 4] = std::array::from_fn(|l| r[l] + r[l + 4]);
+                (t[0] + t[1]) + (t[2] + t[3])
+            }
+        }
+    }
+
     /// One lane of this target's `ggml_v_expf`.
     #[inline]
     pub fn expf(self, x: f32) -> f32 {
@@ -348,17 +368,7 @@ fn vec_dot_f32_lanes<F: Fma, const L: usize>(
                 }
             }
         }
-        let mut r = [0f32; LANES];
-        for (l, r) in r[..L].iter_mut().enumerate() {
-            *r = (sum[0][l] + sum[2][l]) + (sum[1][l] + sum[3][l]);
-        }
-        sumf = match target {
-            GgmlTarget::Avx512 => reduce_add_16(&r),
-            GgmlTarget::Avx2 => {
-                let t: [f32; 4] = std::array::from_fn(|l| r[l] + r[l + 4]);
-                (t[0] + t[1]) + (t[2] + t[3])
-            }
-        };
+        sumf = target.vec_reduce(|j, l| sum[j][l]);
     }
     let rem = n - np;
     let unfused = match target {

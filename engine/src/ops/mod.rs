@@ -665,20 +665,18 @@ fn kqv_all_d<F: Fma>(
     }
     for (d, o) in out[..hd].iter_mut().enumerate() {
         let lane = |j: usize, l: usize| acc[(j * lanes + l) * hd + d];
-        let mut r = [0f32; ggml_cpu::LANES];
-        match order {
-            KqvOrder::VecDot => {
-                for (l, r) in r[..lanes].iter_mut().enumerate() {
-                    *r = (lane(0, l) + lane(2, l)) + (lane(1, l) + lane(3, l));
-                }
-            }
+        *o = match order {
+            // ggml_vec_dot_f32's reduction (GGML_F32_VEC_REDUCE)
+            KqvOrder::VecDot => target.vec_reduce(lane),
+            // tinyBLAS's hsum of its single accumulator
             KqvOrder::TinyBlas => {
+                let mut r = [0f32; ggml_cpu::LANES];
                 for (l, r) in r[..lanes].iter_mut().enumerate() {
                     *r = lane(0, l);
                 }
+                target.hsum_vec(&r[..lanes])
             }
-        }
-        *o = target.hsum_vec(&r[..lanes]);
+        };
     }
 }
 
@@ -808,6 +806,60 @@ mod tests {
             }
         }
         assert_eq!(cases, 5 * 10 * 2 * 2 * 2);
+    }
+
+    #[test]
+    fn kqv_for_every_output_at_once_equals_the_per_output_ggml_dot_products() {
+        // kqv_all_d claims each output sees exactly the operations of ggml_vec_dot_f32 (decode) or of
+        // tinyBLAS (prompt batch) over a strided V column: hold it to those replicas, for every target,
+        // bit for bit (the AVX2 reductions of the two kernels differ in their order)
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        };
+        let mut acc = Vec::new();
+        for hd in [8, 64, 256] {
+            for n_pos in [1, 17, 64, 100] {
+                let values: Vec<f32> = (0..n_pos * hd).map(|_| rnd()).collect();
+                let v = |i: usize, d: usize| if i < n_pos { values[i * hd + d] } else { 0.0 };
+                for target in GgmlTarget::ALL {
+                    for order in [KqvOrder::VecDot, KqvOrder::TinyBlas] {
+                        let k = match order {
+                            KqvOrder::VecDot => attention_scratch_len(n_pos),
+                            KqvOrder::TinyBlas => n_pos.div_ceil(ggml_cpu::LANES) * ggml_cpu::LANES,
+                        };
+                        let p: Vec<f32> = (0..k)
+                            .map(|i| if i < n_pos { rnd().abs() } else { 0.0 })
+                            .collect();
+                        let mut out = vec![0.0; hd];
+                        kqv_all_d::<Emulated>(
+                            target, order, &values, n_pos, hd, &p, &mut out, &mut acc,
+                        );
+                        for (d, &o) in out.iter().enumerate() {
+                            let want = match order {
+                                KqvOrder::VecDot => {
+                                    ggml_cpu::vec_dot_f32_by::<Emulated>(target, k, |i| v(i, d), &p)
+                                }
+                                KqvOrder::TinyBlas => ggml_cpu::tinyblas_dot_f32_by::<Emulated>(
+                                    target,
+                                    k,
+                                    |i| v(i, d),
+                                    &p,
+                                ),
+                            };
+                            assert_eq!(
+                                o.to_bits(),
+                                want.to_bits(),
+                                "hd {hd} n_pos {n_pos} {target} {order:?} d {d}: {o} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
