@@ -127,9 +127,8 @@ impl Backend for CpuBackend {
         let prepared = &scratch.prepared[..n_tokens];
         // the ggml kernel of each batch row (llama.cpp's choice depends on the batch size)
         let path = |t: usize| quant::ggml_path(w.ty, w.rows, n_tokens, t);
-        // one SIMD kernel for the whole batch, or none (the kernels exist for single-path types only)
-        let kernel = quant::simd_kernel(self.simd, w.ty, mode, path(0))
-            .filter(|_| (0..n_tokens).all(|t| path(t) == path(0)));
+        // the SIMD kernel of this weight type, or none (each call is given its rows' ggml paths)
+        let kernel = quant::simd_kernel(self.simd, w.ty, mode);
         if n_tokens == 1 {
             let p = path(0);
             out.par_chunks_mut(ROWS_PER_TASK)
@@ -145,7 +144,7 @@ impl Backend for CpuBackend {
                     // one weight row per call: measured faster here than 2 or 4 rows at once (more
                     // concurrent streams from memory)
                     for (i, o) in chunk.iter_mut().enumerate() {
-                        *o = k.dot([w.row(r0 + i)], [&prepared[0]])[0][0];
+                        *o = k.dot([w.row(r0 + i)], [&prepared[0]], [p])[0][0];
                     }
                 });
             return Ok(());
@@ -174,15 +173,17 @@ impl Backend for CpuBackend {
                 for t0 in (0..full).step_by(TOKENS_PER_CALL) {
                     let xs: [&PreparedRow; TOKENS_PER_CALL] =
                         std::array::from_fn(|j| &prepared[t0 + j]);
+                    let paths = std::array::from_fn(|j| path(t0 + j));
                     for i in 0..n_rows {
-                        let r = k.dot([w.row(r0 + i)], xs)[0];
+                        let r = k.dot([w.row(r0 + i)], xs, paths)[0];
                         chunk[i * n_tokens + t0..i * n_tokens + t0 + TOKENS_PER_CALL]
                             .copy_from_slice(&r);
                     }
                 }
                 for t in full..n_tokens {
                     for i in 0..n_rows {
-                        chunk[i * n_tokens + t] = k.dot([w.row(r0 + i)], [&prepared[t]])[0][0];
+                        chunk[i * n_tokens + t] =
+                            k.dot([w.row(r0 + i)], [&prepared[t]], [path(t)])[0][0];
                     }
                 }
             });

@@ -15,8 +15,9 @@
 use std::arch::x86_64::*;
 
 use super::fp::read_f16;
-use super::q4_1;
 use super::q8::{Q8_0_BYTES, QK};
+use super::q8_k::QK_K;
+use super::{q4_1, q4_k, q5_0, q6_k, GgmlPath};
 
 /// True if this CPU runs the kernels of this module (AVX2, FMA and F16C, detected at run time).
 pub fn available() -> bool {
@@ -190,6 +191,297 @@ pub(crate) unsafe fn dot_q8_0_q8_0<const R: usize, const N: usize>(
     out
 }
 
+/// `bytes_from_bits_32` (arch/x86/quants.c): the 32 bits at `x` → 32 bytes, `0xFF` where the bit is set
+/// and `0` elsewhere (byte `j` from bit `j`).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn bytes_from_bits_32(x: *const u8) -> __m256i {
+    let x32 = (x as *const i32).read_unaligned();
+    let shuf_mask = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32), shuf_mask);
+    let bit_mask = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1))
+}
+
+/// `ggml_vec_dot_q5_0_q8_0`, AVX2 branch (and `tinyBLAS_Q0_AVX`, the same per-output arithmetic), for `R`
+/// Q5_0 weight rows against `N` activation rows: per block, the nibbles (`bytes_from_nibbles_32`) OR'd
+/// with `0xF0` where the block's high bit is clear (`bytes_from_bits_32`, `andnot`) give the signed 5-bit
+/// values; `acc = fma(d_w * d_x, mul_sum_i8_pairs_float(q_w, q_x), acc)`; result `hsum_float_8(acc)`.
+/// Every output has the bits of `q5_0::dot_q8_0::<true>` (the `_mm256_sign_epi8` form), which is
+/// `dot_q8_0::<false>` wherever no activation quant is -128.
+///
+/// # Safety
+/// [`available`] must be true; every `w` row holds `nb` Q5_0 blocks and every activation row `nb` Q8_0
+/// blocks (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q5_0_q8_0<const R: usize, const N: usize>(
+    w: [&[u8]; R],
+    x: [Q8Row<'_>; N],
+) -> [[f32; N]; R] {
+    let nb = w[0].len() / q5_0::BYTES;
+    for r in &w {
+        assert_eq!(r.len(), nb * q5_0::BYTES);
+    }
+    for r in &x {
+        assert!(r.qs.len() >= nb * QK && r.d.len() >= nb);
+    }
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    for ib in 0..nb {
+        for k in 0..R {
+            let blk = w[k].as_ptr().add(ib * q5_0::BYTES);
+            let dw = f16x1(blk);
+            let bxhi = _mm256_andnot_si256(bytes_from_bits_32(blk.add(2)), _mm256_set1_epi8(-16));
+            let qx = _mm256_or_si256(bytes_from_nibbles_32(blk.add(6)), bxhi);
+            for j in 0..N {
+                let r = &x[j];
+                let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
+                let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
+                let q = mul_sum_i8_pairs_float(qx, qy);
+                acc[k][j] = _mm256_fmadd_ps(d, q, acc[k][j]);
+            }
+        }
+    }
+    let mut out = [[0f32; N]; R];
+    for k in 0..R {
+        for j in 0..N {
+            out[k][j] = hsum_float_8(acc[k][j]);
+        }
+    }
+    out
+}
+
+/// Sum of the eight i32 lanes of `v` (exact, so any order; wrapping as `_mm256_add_epi32`).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn hsum_i32_8(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+/// One activation row in Q8_K form: 256 quants and one f32 `d` per super-block, `bsums` per 16 quants.
+#[derive(Clone, Copy)]
+pub(crate) struct Q8kRow<'a> {
+    pub qs: &'a [i8],
+    pub d: &'a [f32],
+    pub bsums: &'a [i16],
+}
+
+/// Q4_K weights against Q8_K activations through the kernel llama.cpp runs for each activation row
+/// (`paths[j]`): the repacked `ggml_gemv_q4_K_8x8_q8_K` / `ggml_gemm_q4_K_8x8_q8_K` (arch/x86/repack.cpp)
+/// or the tiled K-quant matmul (ggml-cpu/tiled). Those kernels round only in their per-super-block fmas;
+/// what comes before is exact integers (`isum[g] = sc[g]·Σ q4·q8`, `imin[g] = m[g]·Σ q8`), which this
+/// kernel computes with `maddubs`/`madd` and then feeds to the same fmas in the same order as
+/// `q4_k::dot_q8_k_repacked` / `q4_k::dot_q8_k_tiled`, whose bits every output has.
+/// [`GgmlPath::VecDot`] is not handled here (the caller uses the scalar kernel).
+///
+/// # Safety
+/// [`available`] must be true; every `w` row holds `nb` Q4_K blocks and every activation row `nb` Q8_K
+/// blocks (checked); no path is `VecDot` (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_k_q8_k<const R: usize, const N: usize>(
+    w: [&[u8]; R],
+    x: [Q8kRow<'_>; N],
+    paths: [GgmlPath; N],
+) -> [[f32; N]; R] {
+    let nb = w[0].len() / q4_k::BYTES;
+    for r in &w {
+        assert_eq!(r.len(), nb * q4_k::BYTES);
+    }
+    for r in &x {
+        assert!(r.qs.len() >= nb * QK_K && r.d.len() >= nb && r.bsums.len() >= nb * QK_K / 16);
+    }
+    assert!(!paths.contains(&GgmlPath::VecDot));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = [[0f32; N]; R];
+    let mut accm = [[0f32; N]; R];
+    for ib in 0..nb {
+        for k in 0..R {
+            let blk = &w[k][ib * q4_k::BYTES..(ib + 1) * q4_k::BYTES];
+            let (dw, dminw) = f16x2(blk.as_ptr());
+            let (sc, m) = q4_k::scales_mins(&blk[4..16]);
+            // the nibbles of the four 32-byte runs: run c holds sub-blocks 2c (low) and 2c+1 (high)
+            let mut nib = [[_mm256_setzero_si256(); 2]; 4];
+            for (c, n) in nib.iter_mut().enumerate() {
+                let q = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * c) as *const __m256i);
+                n[0] = _mm256_and_si256(q, m4);
+                n[1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            }
+            for j in 0..N {
+                let r = &x[j];
+                let qy = r.qs.as_ptr().add(ib * QK_K);
+                let bsums = &r.bsums[ib * QK_K / 16..(ib + 1) * QK_K / 16];
+                let dy = *r.d.get_unchecked(ib);
+                let mut isum = [0i32; 4];
+                let mut imin = [0i32; 4];
+                for c in 0..4 {
+                    let yl = _mm256_loadu_si256(qy.add(64 * c) as *const __m256i);
+                    let yh = _mm256_loadu_si256(qy.add(64 * c + 32) as *const __m256i);
+                    let pl = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(nib[c][0], yl),
+                        _mm256_set1_epi16(i16::from(sc[2 * c])),
+                    );
+                    let ph = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(nib[c][1], yh),
+                        _mm256_set1_epi16(i16::from(sc[2 * c + 1])),
+                    );
+                    isum[c] = hsum_i32_8(_mm256_add_epi32(pl, ph));
+                    for g in [2 * c, 2 * c + 1] {
+                        imin[c] += i32::from(m[g])
+                            * (i32::from(bsums[2 * g]) + i32::from(bsums[2 * g + 1]));
+                    }
+                }
+                let (a, am) = (&mut acc[k][j], &mut accm[k][j]);
+                match paths[j] {
+                    GgmlPath::RepackGemv => {
+                        let (dsc, dmn) = (dw * dy, dminw * dy);
+                        *a = (isum.iter().sum::<i32>() as f32).mul_add(dsc, *a);
+                        *am = (imin.iter().sum::<i32>() as f32).mul_add(dmn, *am);
+                    }
+                    GgmlPath::RepackGemm => {
+                        let (dsc, dmn) = (dw * dy, dminw * dy);
+                        for p in 0..4 {
+                            *a = (isum[p] as f32).mul_add(dsc, *a);
+                            *am = (imin[p] as f32).mul_add(dmn, *am);
+                        }
+                    }
+                    GgmlPath::Tiled => {
+                        let s1 = isum.iter().sum::<i32>() as f32;
+                        let s2 = imin.iter().sum::<i32>() as f32;
+                        let res = (-dminw).mul_add(s2, dw * s1);
+                        *a = res.mul_add(dy, *a);
+                    }
+                    GgmlPath::VecDot => unreachable!("checked above"),
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; N]; R];
+    for k in 0..R {
+        for j in 0..N {
+            out[k][j] = match paths[j] {
+                GgmlPath::Tiled => acc[k][j],
+                _ => acc[k][j] - accm[k][j],
+            };
+        }
+    }
+    out
+}
+
+/// Q6_K weights against Q8_K activations: `ggml_vec_dot_q6_K_q8_K` (AVX2 branch, arch/x86/quants.c) for
+/// `paths[j] = VecDot`, the tiled K-quant matmul (ggml-cpu/tiled) for `Tiled`. Per super-block the eight
+/// i32 lanes `Σ_g sc[2g + l/4]·Σ_{k<4} q6·q8` (unsigned 6-bit quants, `maddubs` then `madd` with the
+/// scales, exact) are shared: vec_dot subtracts `32·(bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1])` per lane
+/// and fmas the lanes with `d_w·d_x` into eight accumulators (`hsum_float_8` at the end); tiled sums
+/// them to `s1` (minus the same offsets) and does `acc = fma(d_w·s1, d_x, acc)`. Every output has the
+/// bits of `q6_k::dot_q8_k` / `q6_k::dot_q8_k_tiled`.
+///
+/// # Safety
+/// [`available`] must be true; every `w` row holds `nb` Q6_K blocks and every activation row `nb` Q8_K
+/// blocks (checked); every path is `VecDot` or `Tiled` (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q6_k_q8_k<const R: usize, const N: usize>(
+    w: [&[u8]; R],
+    x: [Q8kRow<'_>; N],
+    paths: [GgmlPath; N],
+) -> [[f32; N]; R] {
+    let nb = w[0].len() / q6_k::BYTES;
+    for r in &w {
+        assert_eq!(r.len(), nb * q6_k::BYTES);
+    }
+    for r in &x {
+        assert!(r.qs.len() >= nb * QK_K && r.d.len() >= nb && r.bsums.len() >= nb * QK_K / 16);
+    }
+    assert!(paths
+        .iter()
+        .all(|p| matches!(p, GgmlPath::VecDot | GgmlPath::Tiled)));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(0x03);
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    let mut acc1 = [[0f32; N]; R];
+    for ib in 0..nb {
+        for k in 0..R {
+            let blk = &w[k][ib * q6_k::BYTES..(ib + 1) * q6_k::BYTES];
+            let dw = f16x1(blk.as_ptr().add(208));
+            let sc: [i16; 16] = std::array::from_fn(|i| i16::from(blk[192 + i] as i8));
+            // the 256 unsigned quants, 32 per group g (= sub-blocks 2g, 2g+1), and each group's scales
+            let mut q6 = [_mm256_setzero_si256(); 8];
+            let mut scv = [_mm256_setzero_si256(); 8];
+            for half in 0..2 {
+                let p = blk.as_ptr();
+                let ql0 = _mm256_loadu_si256(p.add(64 * half) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(p.add(64 * half + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(p.add(128 + 32 * half) as *const __m256i);
+                let hi = |shift: i32| -> __m256i {
+                    let h = match shift {
+                        0 => qh,
+                        2 => _mm256_srli_epi16(qh, 2),
+                        4 => _mm256_srli_epi16(qh, 4),
+                        _ => _mm256_srli_epi16(qh, 6),
+                    };
+                    _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)
+                };
+                let lo0 = _mm256_and_si256(ql0, m4);
+                let lo1 = _mm256_and_si256(ql1, m4);
+                let up0 = _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4);
+                let up1 = _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
+                q6[4 * half] = _mm256_or_si256(lo0, hi(0));
+                q6[4 * half + 1] = _mm256_or_si256(lo1, hi(2));
+                q6[4 * half + 2] = _mm256_or_si256(up0, hi(4));
+                q6[4 * half + 3] = _mm256_or_si256(up1, hi(6));
+            }
+            for (g, v) in scv.iter_mut().enumerate() {
+                *v = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
+            }
+            for j in 0..N {
+                let r = &x[j];
+                let qy = r.qs.as_ptr().add(ib * QK_K);
+                let bsums = &r.bsums[ib * QK_K / 16..(ib + 1) * QK_K / 16];
+                let dy = *r.d.get_unchecked(ib);
+                let mut lanes = _mm256_setzero_si256();
+                for g in 0..8 {
+                    let y = _mm256_loadu_si256(qy.add(32 * g) as *const __m256i);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q6[g], y), scv[g]);
+                    lanes = _mm256_add_epi32(lanes, p);
+                }
+                let off: [i32; 8] = std::array::from_fn(|l| {
+                    (i32::from(bsums[2 * l]) * i32::from(sc[2 * l])
+                        + i32::from(bsums[2 * l + 1]) * i32::from(sc[2 * l + 1]))
+                        << 5
+                });
+                let off = _mm256_loadu_si256(off.as_ptr() as *const __m256i);
+                let lanes = _mm256_sub_epi32(lanes, off);
+                match paths[j] {
+                    GgmlPath::Tiled => {
+                        let s1 = hsum_i32_8(lanes) as f32;
+                        acc1[k][j] = (dw * s1).mul_add(dy, acc1[k][j]);
+                    }
+                    _ => {
+                        let d = _mm256_set1_ps(dy * dw);
+                        acc[k][j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[k][j]);
+                    }
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; N]; R];
+    for k in 0..R {
+        for j in 0..N {
+            out[k][j] = match paths[j] {
+                GgmlPath::Tiled => acc1[k][j],
+                _ => hsum_float_8(acc[k][j]),
+            };
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     //! Each SIMD kernel against its scalar replica, in the style of llama.cpp's test-backend-ops: many
@@ -247,9 +539,9 @@ mod tests {
         }
         let mut rng = Rng(0x5eed_1234_abcd_0001);
         let mut cases = 0;
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
-            let k = simd_kernel(Simd::Avx2, ty, NumericsMode::Ggml, GgmlPath::VecDot)
-                .expect("a SIMD kernel for this type");
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
+            let k = simd_kernel(Simd::Avx2, ty, NumericsMode::Ggml).expect("a SIMD kernel");
+            let vd = GgmlPath::VecDot;
             for nb in (1..=24).chain([36, 48, 64, 96, 192]) {
                 let n = nb * 32;
                 for _ in 0..8 {
@@ -266,17 +558,17 @@ mod tests {
                         .iter()
                         .map(|p| vec_dot_path(ty, &w, p, GgmlPath::VecDot))
                         .collect();
-                    let four = k.dot([&w], [&xs[0], &xs[1], &xs[2], &xs[3]])[0];
+                    let four = k.dot([&w], [&xs[0], &xs[1], &xs[2], &xs[3]], [vd; 4])[0];
                     // the same row three times in a 3-row call: each copy gives the same bits (a NaN's
                     // sign and payload are not part of the contract)
-                    let rows3 = k.dot([&w, &w, &w], [&xs[0], &xs[1], &xs[2], &xs[3]]);
+                    let rows3 = k.dot([&w, &w, &w], [&xs[0], &xs[1], &xs[2], &xs[3]], [vd; 4]);
                     for r in rows3 {
                         for (a, b) in r.iter().zip(&four) {
                             assert!(same(*a, *b), "{ty} nb {nb}: 3-row {a:e} vs 1-row {b:e}");
                         }
                     }
                     for j in 0..4 {
-                        let one = k.dot([&w], [&xs[j]])[0][0];
+                        let one = k.dot([&w], [&xs[j]], [vd])[0][0];
                         assert!(
                             same(one, want[j]) && same(four[j], want[j]),
                             "{ty} nb {nb} row {j}: scalar {:e} ({:#x}), simd x1 {:e}, simd x4 {:e}",
@@ -293,24 +585,91 @@ mod tests {
         assert!(cases > 1000);
     }
 
+    /// Random K-quant super-blocks: random bytes, with the f16 super-block scales (`d`, and Q4_K's
+    /// `dmin`) set to ordinary magnitudes most of the time and left as random bit patterns otherwise.
+    fn k_quant_row(ty: GgmlType, nb: usize, rng: &mut Rng) -> Vec<u8> {
+        let per = ty.type_size();
+        let mut w: Vec<u8> = (0..nb * per).map(|_| rng.next() as u8).collect();
+        for blk in w.chunks_exact_mut(per) {
+            if rng.next() % 8 != 0 {
+                let mut f16 = |lo: f32| {
+                    half::f16::from_f32(((rng.next() % 1000) as f32 + lo) * 1e-5).to_le_bytes()
+                };
+                match ty {
+                    GgmlType::Q4_K => {
+                        let (d, m) = (f16(1.0), f16(0.0));
+                        blk[0..2].copy_from_slice(&d);
+                        blk[2..4].copy_from_slice(&m);
+                    }
+                    _ => blk[208..210].copy_from_slice(&f16(1.0)),
+                }
+            }
+        }
+        w
+    }
+
     #[test]
-    fn no_simd_kernel_outside_ggml_mode_vec_dot() {
+    fn k_quant_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
+        if !super::available() {
+            eprintln!("skipping: this CPU has no AVX2+FMA+F16C (the scalar path is the only one)");
+            return;
+        }
+        use GgmlPath::*;
+        let mut rng = Rng(0x0dd_ba11_cafe_f00d);
+        let mut cases = 0;
+        for (ty, paths) in [
+            (GgmlType::Q4_K, [RepackGemv, RepackGemm, Tiled, VecDot]),
+            (GgmlType::Q6_K, [VecDot, Tiled, VecDot, Tiled]),
+        ] {
+            let k = simd_kernel(Simd::Avx2, ty, NumericsMode::Ggml).expect("a SIMD kernel");
+            for nb in [1, 2, 3, 4, 7, 19] {
+                for _ in 0..6 {
+                    let w = k_quant_row(ty, nb, &mut rng);
+                    let xs: Vec<PreparedRow> = (0..4)
+                        .map(|_| {
+                            let x: Vec<f32> = (0..nb * 256).map(|_| rng.activation()).collect();
+                            let mut p = PreparedRow::new();
+                            p.prepare(ty, NumericsMode::Ggml, &x).unwrap();
+                            p
+                        })
+                        .collect();
+                    let xs4 = [&xs[0], &xs[1], &xs[2], &xs[3]];
+                    // every path in one call (as in a batch whose tail rows take another kernel), and
+                    // each path on its own for every row
+                    let mixed = k.dot([&w, &w], xs4, paths);
+                    for (j, &p) in paths.iter().enumerate() {
+                        let want = vec_dot_path(ty, &w, &xs[j], p);
+                        for (r, row) in mixed.iter().enumerate() {
+                            assert!(
+                                same(row[j], want),
+                                "{ty} nb {nb} {p:?} row {r}: simd {:e} vs scalar {want:e}",
+                                row[j]
+                            );
+                        }
+                        for p in [VecDot, Tiled, RepackGemv, RepackGemm] {
+                            if ty == GgmlType::Q6_K && matches!(p, RepackGemv | RepackGemm) {
+                                continue; // Q6_K is not repacked on x86
+                            }
+                            let want = vec_dot_path(ty, &w, &xs[j], p);
+                            let one = k.dot([&w], [&xs[j]], [p])[0][0];
+                            assert!(same(one, want), "{ty} nb {nb} {p:?}: {one:e} vs {want:e}");
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(cases > 500, "{cases}");
+    }
+
+    #[test]
+    fn no_simd_kernel_outside_ggml_mode() {
         assert_eq!(
-            simd_kernel(
-                Simd::Off,
-                GgmlType::Q4_1,
-                NumericsMode::Ggml,
-                GgmlPath::VecDot
-            ),
+            simd_kernel(Simd::Off, GgmlType::Q4_1, NumericsMode::Ggml),
             None
         );
         assert_eq!(
-            simd_kernel(
-                Simd::Avx2,
-                GgmlType::Q4_1,
-                NumericsMode::Reference,
-                GgmlPath::VecDot
-            ),
+            simd_kernel(Simd::Avx2, GgmlType::Q4_1, NumericsMode::Reference),
             None
         );
     }

@@ -386,47 +386,66 @@ pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: Gg
 /// A SIMD kernel chosen for one matmul ([`simd_kernel`]): computes `N` outputs of one weight row at once,
 /// each with the same bits as [`vec_dot_path`] gives for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(non_camel_case_types)] // ggml's type names
 pub(crate) enum SimdKernel {
     /// `ggml_vec_dot_q4_1_q8_1`, AVX2 (`avx2::dot_q4_1_q8_1`).
     Q4_1Avx2,
     /// `ggml_vec_dot_q8_0_q8_0`, AVX2 (`avx2::dot_q8_0_q8_0`).
     Q8_0Avx2,
+    /// `ggml_vec_dot_q5_0_q8_0`, AVX2 (`avx2::dot_q5_0_q8_0`).
+    Q5_0Avx2,
+    /// Q4_K's repacked gemv/gemm and tiled paths, AVX2 integer sums (`avx2::dot_q4_k_q8_k`).
+    Q4_KAvx2,
+    /// `ggml_vec_dot_q6_K_q8_K` and the tiled path, AVX2 (`avx2::dot_q6_k_q8_k`).
+    Q6_KAvx2,
 }
 
-/// The SIMD kernel for weights of `ty` in `mode` through ggml kernel `path` under `simd`, or `None`
-/// where only the scalar kernel exists (then the caller uses [`vec_dot_path`]). Checks at run time that
-/// the CPU has the instructions, so a `Simd` value built by hand cannot reach an unsupported kernel.
+/// The SIMD kernel for weights of `ty` in `mode` under `simd`, or `None` where only the scalar kernel
+/// exists (then the caller uses [`vec_dot_path`]). Checks at run time that the CPU has the instructions,
+/// so a `Simd` value built by hand cannot reach an unsupported kernel.
 pub(crate) fn simd_kernel(
     simd: crate::simd::Simd,
     ty: GgmlType,
     mode: NumericsMode,
-    path: GgmlPath,
 ) -> Option<SimdKernel> {
-    if simd != crate::simd::Simd::Avx2 || mode != NumericsMode::Ggml || path != GgmlPath::VecDot {
-        return None;
-    }
-    if !avx2_available() {
+    if simd != crate::simd::Simd::Avx2 || mode != NumericsMode::Ggml || !avx2_available() {
         return None;
     }
     match ty {
         GgmlType::Q4_1 => Some(SimdKernel::Q4_1Avx2),
         GgmlType::Q8_0 => Some(SimdKernel::Q8_0Avx2),
+        GgmlType::Q5_0 => Some(SimdKernel::Q5_0Avx2),
+        GgmlType::Q4_K => Some(SimdKernel::Q4_KAvx2),
+        GgmlType::Q6_K => Some(SimdKernel::Q6_KAvx2),
         _ => None,
     }
 }
 
 impl SimdKernel {
     /// `R × N` dot products of the weight rows `w` with the prepared rows `xs` (all prepared in ggml mode
-    /// for this kernel's weight type, `debug_assert`ed): `out[r][t] = w[r] · xs[t]`.
+    /// for this kernel's weight type, `debug_assert`ed), activation row `t` through llama.cpp's kernel
+    /// `paths[t]` ([`ggml_path`]): `out[r][t] = vec_dot_path(w[r], xs[t], paths[t])`, bit for bit. A
+    /// path this SIMD kernel does not mirror (Q4_K's plain vec_dot) runs the scalar kernel.
     #[inline]
     pub(crate) fn dot<const R: usize, const N: usize>(
         self,
         w: [&[u8]; R],
         xs: [&PreparedRow; N],
+        paths: [GgmlPath; N],
     ) -> [[f32; N]; R] {
         #[cfg(target_arch = "x86_64")]
         {
-            let rows = xs.map(|p| {
+            let ty = match self {
+                SimdKernel::Q4_1Avx2 => GgmlType::Q4_1,
+                SimdKernel::Q8_0Avx2 => GgmlType::Q8_0,
+                SimdKernel::Q5_0Avx2 => GgmlType::Q5_0,
+                SimdKernel::Q4_KAvx2 => GgmlType::Q4_K,
+                SimdKernel::Q6_KAvx2 => GgmlType::Q6_K,
+            };
+            if self == SimdKernel::Q4_KAvx2 && paths.contains(&GgmlPath::VecDot) {
+                return w.map(|w| std::array::from_fn(|t| vec_dot_path(ty, w, xs[t], paths[t])));
+            }
+            let q8 = xs.map(|p| {
                 debug_assert_eq!(p.mode(), NumericsMode::Ggml);
                 avx2::Q8Row {
                     qs: &p.qs,
@@ -434,18 +453,27 @@ impl SimdKernel {
                     s: &p.s,
                 }
             });
+            let q8k = xs.map(|p| avx2::Q8kRow {
+                qs: &p.qs,
+                d: &p.d,
+                bsums: &p.bsums,
+            });
             // SAFETY: a `SimdKernel` exists only where `simd_kernel` found AVX2+FMA+F16C on this CPU;
-            // the kernels check that the rows hold whole blocks of the same count.
+            // the kernels check that the rows hold whole blocks of the same count, and Q4_K's vec_dot
+            // path was sent to the scalar kernel above.
             unsafe {
                 match self {
-                    SimdKernel::Q4_1Avx2 => avx2::dot_q4_1_q8_1(w, rows),
-                    SimdKernel::Q8_0Avx2 => avx2::dot_q8_0_q8_0(w, rows),
+                    SimdKernel::Q4_1Avx2 => avx2::dot_q4_1_q8_1(w, q8),
+                    SimdKernel::Q8_0Avx2 => avx2::dot_q8_0_q8_0(w, q8),
+                    SimdKernel::Q5_0Avx2 => avx2::dot_q5_0_q8_0(w, q8),
+                    SimdKernel::Q4_KAvx2 => avx2::dot_q4_k_q8_k(w, q8k, paths),
+                    SimdKernel::Q6_KAvx2 => avx2::dot_q6_k_q8_k(w, q8k, paths),
                 }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (w, xs);
+            let _ = (w, xs, paths);
             unreachable!("no SIMD kernel is selected off x86-64")
         }
     }

@@ -15,7 +15,7 @@ pub(crate) const BYTES: usize = 144;
 
 /// The 8 scales and 8 mins (`get_scale_min_k4`, ggml-quants.c).
 #[inline]
-fn scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
+pub(super) fn scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
     let mut sc = [0u8; 8];
     let mut m = [0u8; 8];
     for j in 0..8 {
