@@ -291,6 +291,7 @@ fn ggml_mode_gives_the_same_bits_with_simd_on_for_every_matrix_type_and_thread_c
     for (matrix_type, embd_type) in [
         (GgmlType::Q4_1, GgmlType::Q8_0),
         (GgmlType::Q8_0, GgmlType::Q8_0),
+        (GgmlType::Q5_0, GgmlType::Q8_0),
         (GgmlType::Q4_0, GgmlType::Q4_1),
     ] {
         let model = tiny(&TinyLlama {

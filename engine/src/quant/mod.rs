@@ -479,6 +479,79 @@ impl SimdKernel {
     }
 }
 
+impl SimdKernel {
+    /// `out[i] = vec_dot_path(rows[i], x, path)` for the `out.len()` consecutive weight rows of
+    /// `row_bytes` bytes each in `rows`, bit for bit: a matrix-vector product (a decode step) with one
+    /// dispatch for the whole run of rows instead of one per row.
+    pub(crate) fn dot_rows(
+        self,
+        rows: &[u8],
+        row_bytes: usize,
+        x: &PreparedRow,
+        path: GgmlPath,
+        out: &mut [f32],
+    ) {
+        assert!(rows.len() >= out.len() * row_bytes);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `SimdKernel` exists only where `simd_kernel` found AVX2+FMA+F16C on this CPU.
+        unsafe {
+            dot_rows_avx2(self, rows, row_bytes, x, path, out)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (rows, row_bytes, x, path, out);
+            unreachable!("no SIMD kernel is selected off x86-64")
+        }
+    }
+}
+
+/// [`SimdKernel::dot_rows`], compiled with the kernels' features so that the kernel inlines into the
+/// row loop.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_rows_avx2(
+    k: SimdKernel,
+    rows: &[u8],
+    row_bytes: usize,
+    x: &PreparedRow,
+    path: GgmlPath,
+    out: &mut [f32],
+) {
+    let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
+    let q8 = [avx2::Q8Row {
+        qs: &x.qs,
+        d: &x.d,
+        s: &x.s,
+    }];
+    let q8k = [avx2::Q8kRow {
+        qs: &x.qs,
+        d: &x.d,
+        bsums: &x.bsums,
+    }];
+    // one plain loop per kernel (a closure or `dyn` call would keep the kernel from inlining)
+    macro_rules! each {
+        ($w:ident => $dot:expr) => {
+            for (i, o) in out.iter_mut().enumerate() {
+                let $w = row(i);
+                *o = $dot;
+            }
+        };
+    }
+    match k {
+        SimdKernel::Q4_1Avx2 => each!(w => avx2::dot_q4_1_q8_1([w], q8)[0][0]),
+        SimdKernel::Q8_0Avx2 => each!(w => avx2::dot_q8_0_q8_0([w], q8)[0][0]),
+        SimdKernel::Q5_0Avx2 => each!(w => avx2::dot_q5_0_q8_0([w], q8)[0][0]),
+        SimdKernel::Q4_KAvx2 if path == GgmlPath::VecDot => {
+            each!(w => vec_dot_path(GgmlType::Q4_K, w, x, path))
+        }
+        SimdKernel::Q4_KAvx2 => each!(w => avx2::dot_q4_k_q8_k([w], q8k, [path])[0][0]),
+        SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k([w], q8k, [path])[0][0]),
+    }
+}
+
 /// Ggml-mode dispatch (see [`vec_dot`]).
 fn dot_ggml(ty: GgmlType, w: &[u8], x: &PreparedRow) -> f32 {
     use GgmlType::*;
