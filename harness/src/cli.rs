@@ -79,6 +79,15 @@ pub enum Command {
     /// Measure the stage floors of the modes that are not bit-exact (bisect's local pass of the unbroken
     /// engine on every golden of the matrix) and write them (ci/floors.json).
     Floors(FloorsArgs),
+    /// Describe a GGUF file: name, architecture, size, parameters, bits per weight and the tensors of
+    /// each ggml type (JSON with --json).
+    Inspect {
+        #[command(flatten)]
+        model: ModelArg,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the token ids of a prompt, as the engine (and llama.cpp) tokenizes it.
     Tokenize {
         #[command(flatten)]
@@ -536,6 +545,13 @@ fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Resul
 
 /// Entry point for the binary: parse arguments, run, print errors with their causes.
 pub fn main() -> ExitCode {
+    // A reader that closes our stdout early (`lockstep inspect … | head`) ends the process quietly, as
+    // it does a C tool, instead of a panic in `println!` (Rust ignores SIGPIPE by default).
+    // SAFETY: restoring a signal's default disposition before any thread starts.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     crate::process::install_interrupt_handler();
     let cli = Cli::parse();
     let code = match run(cli) {
@@ -731,6 +747,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 t0.elapsed().as_secs_f64()
             );
         }
+        Command::Inspect { model, json } => {
+            let path = fetch::resolve_model(&model.model)?;
+            println!("{}", inspect(&path, json)?);
+        }
         Command::Tokenize {
             model,
             prompt,
@@ -749,6 +769,60 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `lockstep inspect`: `general.name`, `general.architecture`, file size, parameters (elements of every
+/// tensor), bits per weight as llama.cpp prints it ([`lockstep_engine::gguf::GgufFile::bits_per_weight`])
+/// and the tensor count, elements and bytes per ggml type — as text, or as one JSON object.
+///
+/// Errors: the file is not a valid GGUF (naming the file and the fault).
+pub fn inspect(path: &std::path::Path, json: bool) -> Result<String> {
+    let g = lockstep_engine::gguf::GgufFile::open(path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let name = g.get_str("general.name").unwrap_or("");
+    let arch = g.get_str("general.architecture").unwrap_or("");
+    let counts = g.type_counts();
+    let params: u64 = counts.iter().map(|c| c.elements).sum();
+    let bpw = g.bits_per_weight();
+    if json {
+        let types: Vec<serde_json::Value> = counts
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "type": c.ggml_type.name(),
+                    "tensors": c.tensors,
+                    "elements": c.elements,
+                    "bytes": c.bytes,
+                })
+            })
+            .collect();
+        let v = serde_json::json!({
+            "path": path.display().to_string(),
+            "name": name,
+            "architecture": arch,
+            "file_size": g.file_size(),
+            "n_params": params,
+            "bits_per_weight": bpw,
+            "types": types,
+        });
+        return Ok(serde_json::to_string_pretty(&v)?);
+    }
+    let mut out = format!(
+        "{}\n  name {name:?}, architecture {arch:?}\n  {} bytes, {params} parameters, {} bits per weight\n",
+        path.display(),
+        g.file_size(),
+        bpw.map_or("-".into(), |b| format!("{b:.4}")),
+    );
+    for c in &counts {
+        out += &format!(
+            "  {:<8} {:>4} tensors {:>12} elements {:>12} bytes\n",
+            c.ggml_type.name(),
+            c.tensors,
+            c.elements,
+            c.bytes
+        );
+    }
+    Ok(out.trim_end().to_string())
 }
 
 /// Largest `--prompt-file` read (1 MiB: ~250k tokens, far beyond every registered model's context).

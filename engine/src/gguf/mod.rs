@@ -76,6 +76,19 @@ impl TensorInfo {
     }
 }
 
+/// The tensors of one ggml type in a file ([`GgufFile::type_counts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TypeCount {
+    /// The element type.
+    pub ggml_type: GgmlType,
+    /// Tensors of this type.
+    pub tensors: usize,
+    /// Their elements.
+    pub elements: u64,
+    /// Their data bytes.
+    pub bytes: u64,
+}
+
 /// The bytes a [`GgufFile`] parses and lends out: a read-only memory map or an owned buffer.
 enum Backing {
     Map(memmap2::Mmap),
@@ -351,6 +364,39 @@ impl GgufFile {
         self.map_array(key, "an integer that fits in i32", |e| {
             e.as_i128().and_then(|x| i32::try_from(x).ok())
         })
+    }
+
+    /// The tensors per ggml type, most elements first (ties by type id): what `gguf-dump` and
+    /// llama.cpp's model loader (`llama_model_loader`: "type q4_1: 210 tensors") list.
+    pub fn type_counts(&self) -> Vec<TypeCount> {
+        let mut out: Vec<TypeCount> = Vec::new();
+        for t in &self.tensors {
+            match out.iter_mut().find(|c| c.ggml_type == t.ggml_type) {
+                Some(c) => {
+                    c.tensors += 1;
+                    c.elements += t.n_elements;
+                    c.bytes += t.n_bytes as u64;
+                }
+                None => out.push(TypeCount {
+                    ggml_type: t.ggml_type,
+                    tensors: 1,
+                    elements: t.n_elements,
+                    bytes: t.n_bytes as u64,
+                }),
+            }
+        }
+        out.sort_by_key(|c| (std::cmp::Reverse(c.elements), c.ggml_type.id()));
+        out
+    }
+
+    /// Bits per weight as llama.cpp's model loader prints it (`file size = … (… BPW)`): 8 × the bytes of
+    /// all tensor data over all their elements (metadata not counted). `None` for a file without
+    /// tensors.
+    pub fn bits_per_weight(&self) -> Option<f64> {
+        let (bytes, elements) = self.tensors.iter().fold((0u64, 0u64), |(b, e), t| {
+            (b + t.n_bytes as u64, e + t.n_elements)
+        });
+        (elements > 0).then(|| bytes as f64 * 8.0 / elements as f64)
     }
 
     /// The tensor-info table, in file order.

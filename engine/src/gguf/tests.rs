@@ -398,3 +398,34 @@ fn gguf_file_can_be_shared_across_threads() {
     assert_send_sync::<TensorInfo>();
     assert_send_sync::<MetaValue>();
 }
+
+#[test]
+fn type_counts_and_bits_per_weight_follow_the_tensor_table() {
+    let cfg = crate::fixtures::TinyLlama::default();
+    let g = GgufFile::from_bytes(cfg.build().unwrap(), "tiny").unwrap();
+    let (d, ff, l) = (cfg.d_model as u64, cfg.d_ff as u64, cfg.n_layer as u64);
+    let kv = d / cfg.n_head as u64 * cfg.n_kv_head as u64;
+    let vocab = g.tensor("token_embd.weight").unwrap().n_rows();
+    // per layer: q, o (d×d), k, v (kv×d), gate, up, down (ff×d): Q4_1; token_embd: Q8_0; norms: F32
+    let q4_1 = l * (2 * d * d + 2 * kv * d + 3 * ff * d);
+    let f32s = (2 * l + 1) * d;
+    let want = [
+        (GgmlType::Q4_1, 7 * l as usize, q4_1, q4_1 / 32 * 20),
+        (GgmlType::Q8_0, 1, vocab * d, vocab * d / 32 * 34),
+        (GgmlType::F32, 2 * l as usize + 1, f32s, 4 * f32s),
+    ];
+    let mut want: Vec<TypeCount> = want
+        .into_iter()
+        .map(|(ggml_type, tensors, elements, bytes)| TypeCount {
+            ggml_type,
+            tensors,
+            elements,
+            bytes,
+        })
+        .collect();
+    want.sort_by_key(|c| std::cmp::Reverse(c.elements));
+    assert_eq!(g.type_counts(), want);
+    let bits: u64 = want.iter().map(|c| 8 * c.bytes).sum();
+    let elements: u64 = want.iter().map(|c| c.elements).sum();
+    assert_eq!(g.bits_per_weight(), Some(bits as f64 / elements as f64));
+}
