@@ -144,7 +144,8 @@ impl Backend for CpuBackend {
                     // one weight row per kernel step: measured faster here than 2 or 4 rows at once
                     // (more concurrent streams from memory); one dispatch per chunk of rows
                     let rb = w.row_bytes();
-                    k.dot_rows(&w.data[r0 * rb..], rb, &prepared[0], p, chunk);
+                    let rows = &w.data[r0 * rb..];
+                    k.dot_rows(rows, rb, chunk.len(), [&prepared[0]], [p], chunk, 1);
                 });
             return Ok(());
         }
@@ -168,22 +169,17 @@ impl Backend for CpuBackend {
                 // token groups outermost: the group's activations stay in L1 across the chunk's rows
                 let n_rows = chunk.len() / n_tokens;
                 let full = n_tokens - n_tokens % TOKENS_PER_CALL;
-                let r0 = c * ROWS_PER_TASK;
+                let rb = w.row_bytes();
+                let rows = &w.data[c * ROWS_PER_TASK * rb..];
                 for t0 in (0..full).step_by(TOKENS_PER_CALL) {
                     let xs: [&PreparedRow; TOKENS_PER_CALL] =
                         std::array::from_fn(|j| &prepared[t0 + j]);
                     let paths = std::array::from_fn(|j| path(t0 + j));
-                    for i in 0..n_rows {
-                        let r = k.dot([w.row(r0 + i)], xs, paths)[0];
-                        chunk[i * n_tokens + t0..i * n_tokens + t0 + TOKENS_PER_CALL]
-                            .copy_from_slice(&r);
-                    }
+                    k.dot_rows(rows, rb, n_rows, xs, paths, &mut chunk[t0..], n_tokens);
                 }
                 for t in full..n_tokens {
-                    for i in 0..n_rows {
-                        chunk[i * n_tokens + t] =
-                            k.dot([w.row(r0 + i)], [&prepared[t]], [path(t)])[0][0];
-                    }
+                    let (x, p) = ([&prepared[t]], [path(t)]);
+                    k.dot_rows(rows, rb, n_rows, x, p, &mut chunk[t..], n_tokens);
                 }
             });
         let staging = &scratch.staging;

@@ -421,85 +421,51 @@ pub(crate) fn simd_kernel(
     }
 }
 
+#[cfg(test)]
 impl SimdKernel {
-    /// `R × N` dot products of the weight rows `w` with the prepared rows `xs` (all prepared in ggml mode
-    /// for this kernel's weight type, `debug_assert`ed), activation row `t` through llama.cpp's kernel
-    /// `paths[t]` ([`ggml_path`]): `out[r][t] = vec_dot_path(w[r], xs[t], paths[t])`, bit for bit. A
-    /// path this SIMD kernel does not mirror (Q4_K's plain vec_dot) runs the scalar kernel.
-    #[inline]
+    /// `out[r][t] = vec_dot_path(w[r], xs[t], paths[t])` through [`SimdKernel::dot_rows`] (the tests'
+    /// view of the kernels: any rows, any activation rows).
     pub(crate) fn dot<const R: usize, const N: usize>(
         self,
         w: [&[u8]; R],
         xs: [&PreparedRow; N],
         paths: [GgmlPath; N],
     ) -> [[f32; N]; R] {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let ty = match self {
-                SimdKernel::Q4_1Avx2 => GgmlType::Q4_1,
-                SimdKernel::Q8_0Avx2 => GgmlType::Q8_0,
-                SimdKernel::Q5_0Avx2 => GgmlType::Q5_0,
-                SimdKernel::Q4_KAvx2 => GgmlType::Q4_K,
-                SimdKernel::Q6_KAvx2 => GgmlType::Q6_K,
-            };
-            if self == SimdKernel::Q4_KAvx2 && paths.contains(&GgmlPath::VecDot) {
-                return w.map(|w| std::array::from_fn(|t| vec_dot_path(ty, w, xs[t], paths[t])));
-            }
-            let q8 = xs.map(|p| {
-                debug_assert_eq!(p.mode(), NumericsMode::Ggml);
-                avx2::Q8Row {
-                    qs: &p.qs,
-                    d: &p.d,
-                    s: &p.s,
-                }
-            });
-            let q8k = xs.map(|p| avx2::Q8kRow {
-                qs: &p.qs,
-                d: &p.d,
-                bsums: &p.bsums,
-            });
-            // SAFETY: a `SimdKernel` exists only where `simd_kernel` found AVX2+FMA+F16C on this CPU;
-            // the kernels check that the rows hold whole blocks of the same count, and Q4_K's vec_dot
-            // path was sent to the scalar kernel above.
-            unsafe {
-                match self {
-                    SimdKernel::Q4_1Avx2 => avx2::dot_q4_1_q8_1(w, q8),
-                    SimdKernel::Q8_0Avx2 => avx2::dot_q8_0_q8_0(w, q8),
-                    SimdKernel::Q5_0Avx2 => avx2::dot_q5_0_q8_0(w, q8),
-                    SimdKernel::Q4_KAvx2 => avx2::dot_q4_k_q8_k(w, q8k, paths),
-                    SimdKernel::Q6_KAvx2 => avx2::dot_q6_k_q8_k(w, q8k, paths),
-                }
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (w, xs, paths);
-            unreachable!("no SIMD kernel is selected off x86-64")
-        }
+        w.map(|w| {
+            let mut out = [0f32; N];
+            self.dot_rows(w, w.len(), 1, xs, paths, &mut out, N);
+            out
+        })
     }
 }
 
 impl SimdKernel {
-    /// `out[i] = vec_dot_path(rows[i], x, path)` for the `out.len()` consecutive weight rows of
-    /// `row_bytes` bytes each in `rows`, bit for bit: a matrix-vector product (a decode step) with one
-    /// dispatch for the whole run of rows instead of one per row.
-    pub(crate) fn dot_rows(
+    /// `out[i·stride + t] = vec_dot_path(rows[i], xs[t], paths[t])` for `i < n_rows` consecutive weight
+    /// rows of `row_bytes` bytes each in `rows` and the `N` activation rows `xs`, bit for bit: one
+    /// dispatch for a whole run of rows (a decode step's matrix-vector product with `N = 1`, a group of
+    /// `N` prompt tokens otherwise) instead of one per row.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dot_rows<const N: usize>(
         self,
         rows: &[u8],
         row_bytes: usize,
-        x: &PreparedRow,
-        path: GgmlPath,
+        n_rows: usize,
+        xs: [&PreparedRow; N],
+        paths: [GgmlPath; N],
         out: &mut [f32],
+        stride: usize,
     ) {
-        assert!(rows.len() >= out.len() * row_bytes);
+        assert!(rows.len() >= n_rows * row_bytes && N <= stride);
+        assert!(n_rows == 0 || out.len() >= (n_rows - 1) * stride + N);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: a `SimdKernel` exists only where `simd_kernel` found AVX2+FMA+F16C on this CPU.
+        // SAFETY: a `SimdKernel` exists only where `simd_kernel` found AVX2+FMA+F16C on this CPU; the
+        // bounds were checked above.
         unsafe {
-            dot_rows_avx2(self, rows, row_bytes, x, path, out)
+            dot_rows_avx2(self, rows, row_bytes, n_rows, xs, paths, out, stride)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (rows, row_bytes, x, path, out);
+            let _ = (rows, row_bytes, n_rows, xs, paths, out, stride);
             unreachable!("no SIMD kernel is selected off x86-64")
         }
     }
@@ -512,43 +478,47 @@ impl SimdKernel {
 /// The CPU must have AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_rows_avx2(
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_rows_avx2<const N: usize>(
     k: SimdKernel,
     rows: &[u8],
     row_bytes: usize,
-    x: &PreparedRow,
-    path: GgmlPath,
+    n_rows: usize,
+    xs: [&PreparedRow; N],
+    paths: [GgmlPath; N],
     out: &mut [f32],
+    stride: usize,
 ) {
     let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
-    let q8 = [avx2::Q8Row {
+    let q8 = xs.map(|x| avx2::Q8Row {
         qs: &x.qs,
         d: &x.d,
         s: &x.s,
-    }];
-    let q8k = [avx2::Q8kRow {
+    });
+    let q8k = xs.map(|x| avx2::Q8kRow {
         qs: &x.qs,
         d: &x.d,
         bsums: &x.bsums,
-    }];
+    });
     // one plain loop per kernel (a closure or `dyn` call would keep the kernel from inlining)
     macro_rules! each {
         ($w:ident => $dot:expr) => {
-            for (i, o) in out.iter_mut().enumerate() {
+            for i in 0..n_rows {
                 let $w = row(i);
-                *o = $dot;
+                let r: [f32; N] = $dot;
+                out[i * stride..i * stride + N].copy_from_slice(&r);
             }
         };
     }
     match k {
-        SimdKernel::Q4_1Avx2 => each!(w => avx2::dot_q4_1_q8_1([w], q8)[0][0]),
-        SimdKernel::Q8_0Avx2 => each!(w => avx2::dot_q8_0_q8_0([w], q8)[0][0]),
-        SimdKernel::Q5_0Avx2 => each!(w => avx2::dot_q5_0_q8_0([w], q8)[0][0]),
-        SimdKernel::Q4_KAvx2 if path == GgmlPath::VecDot => {
-            each!(w => vec_dot_path(GgmlType::Q4_K, w, x, path))
+        SimdKernel::Q4_1Avx2 => each!(w => avx2::dot_q4_1_q8_1([w], q8)[0]),
+        SimdKernel::Q8_0Avx2 => each!(w => avx2::dot_q8_0_q8_0([w], q8)[0]),
+        SimdKernel::Q5_0Avx2 => each!(w => avx2::dot_q5_0_q8_0([w], q8)[0]),
+        SimdKernel::Q4_KAvx2 if paths.contains(&GgmlPath::VecDot) => {
+            each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_K, w, xs[t], paths[t])))
         }
-        SimdKernel::Q4_KAvx2 => each!(w => avx2::dot_q4_k_q8_k([w], q8k, [path])[0][0]),
-        SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k([w], q8k, [path])[0][0]),
+        SimdKernel::Q4_KAvx2 => each!(w => avx2::dot_q4_k_q8_k([w], q8k, paths)[0]),
+        SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k([w], q8k, paths)[0]),
     }
 }
 
