@@ -67,6 +67,9 @@ pub struct BisectOptions {
     pub ggml_target: Option<GgmlTarget>,
     /// The measured floors (`ci/floors.json`), read when the cell's thresholds ask for them.
     pub floors: PathBuf,
+    /// The kernels [`bisect`] loads our engine with. Ggml mode computes the same bits with any setting
+    /// (the `simd` axis of `lockstep run` proves it cell by cell); reference mode has no SIMD kernels.
+    pub simd: lockstep_engine::Simd,
 }
 
 /// The verdict of a bisection.
@@ -218,7 +221,7 @@ fn non_finite(out: &EngineOutput, n_prompt: usize) -> Option<NonFinite> {
 /// Bisect with our own engine loaded from the model's file.
 pub fn bisect(opts: &BisectOptions) -> Result<BisectReport> {
     let model = crate::fetch::resolve_model(&opts.model)?;
-    let mut engine = LockstepEngine::load(&model)?;
+    let mut engine = LockstepEngine::load(&model)?.with_simd(opts.simd);
     bisect_with(opts, &model, &mut engine)
 }
 

@@ -315,6 +315,9 @@ pub struct BisectArgs {
     /// Also write the full result (both passes' comparisons) as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// SIMD setting of our engine: `off`, `avx2` or `auto` (ggml mode gives the same bits with each).
+    #[arg(long, default_value = "auto", value_parser = parse_simd)]
+    pub simd: Simd,
 }
 
 /// Arguments of `lockstep run`.
@@ -574,9 +577,14 @@ pub fn main() -> ExitCode {
 /// Run a parsed command line.
 pub fn run(cli: Cli) -> Result<ExitCode> {
     let threads = resolve_threads(cli.threads)?;
-    // a second call in one process (tests) finds the pool built: keep it
+    // The calling thread is worker 0 of the pool: the engine's parallel loops then run on it directly,
+    // instead of parking it on a latch and waking a worker for each of the hundreds of matmuls of a
+    // token (measured: ~20% of a SmolLM2 decode step went to those handoffs). Nothing here spawns
+    // detached rayon jobs, which this thread would not pick up. A second call in one process (tests)
+    // finds the pool built: keep it.
     let _ = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
+        .use_current_thread()
         .build_global();
     let threads = rayon::current_num_threads();
     match cli.command {
@@ -711,6 +719,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 oracle: a.oracle,
                 ggml_target: a.ggml_target,
                 floors: a.floors.unwrap_or_else(|| root.join("ci/floors.json")),
+                simd: a.simd,
             };
             let r = crate::bisect::bisect(&opts)?;
             print!("{}", crate::bisect::render(&r));

@@ -22,6 +22,8 @@ fn options_for(model: &str, prompt: &str, mode: NumericsMode) -> BisectOptions {
         oracle: "llama.cpp-f32kv".into(),
         ggml_target: None,
         floors: root().join("ci/floors.json"),
+        // the fastest kernels: ggml mode's bits do not depend on them, reference mode has none
+        simd: lockstep_engine::Simd::detect(),
     }
 }
 
@@ -54,7 +56,9 @@ fn a_one_element_change_is_named_by_layer_stage_and_phase() {
     ] {
         let model = lockstep::fetch::resolve_model(id).unwrap();
         let mut engine = Corrupting {
-            inner: LockstepEngine::load(&model).unwrap(),
+            inner: LockstepEngine::load(&model)
+                .unwrap()
+                .with_simd(lockstep_engine::Simd::detect()),
             target: Stage::parse(stage).unwrap(),
             value,
         };

@@ -217,6 +217,8 @@ fn options(s: &Subject, mode: NumericsMode) -> BisectOptions {
         oracle: "llama.cpp-f32kv".into(),
         ggml_target: None,
         floors: root().join("ci/floors.json"),
+        // the fastest kernels: ggml mode's bits do not depend on them, reference mode has none
+        simd: lockstep_engine::Simd::detect(),
     }
 }
 
@@ -234,7 +236,9 @@ fn named(r: &BisectReport) -> Option<(Option<usize>, StageKind, Phase)> {
 fn bisect_once(s: &Subject, mode: NumericsMode, fault: Option<Fault>) -> BisectReport {
     faults::set(fault);
     let path = lockstep::fetch::resolve_model(s.id).unwrap();
-    let mut engine = LockstepEngine::load(&path).unwrap();
+    let mut engine = LockstepEngine::load(&path)
+        .unwrap()
+        .with_simd(lockstep_engine::Simd::detect());
     let r = bisect_with(&options(s, mode), &path, &mut engine);
     faults::set(None);
     r.unwrap_or_else(|e| panic!("{} {} {mode} {fault:?}: {e:#}", s.id, s.prompt))
