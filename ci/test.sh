@@ -24,9 +24,9 @@ echo "== tests (including real-model tests)"
 # editing models.toml) and a kernel-throughput printout for humans (speed is measured, never asserted).
 EXCLUDE='test(real_fetch_every_registry_model) | test(bench_vec_dot_throughput)'
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --run-ignored all --no-fail-fast -E "not ($EXCLUDE)"
-  # nextest does not run doctests
+  # nextest does not run doctests; they go first so that nextest's summary closes the run
   cargo test --workspace --doc
+  cargo nextest run --workspace --run-ignored all --no-fail-fast -E "not ($EXCLUDE)"
 else
   cargo test --workspace --no-fail-fast -- --include-ignored \
     --skip real_fetch_every_registry_model --skip bench_vec_dot_throughput
