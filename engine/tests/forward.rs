@@ -371,3 +371,41 @@ fn tokenizer_round_trips_and_parses_specials_on_request() {
     let ids = tok.encode("123", false, false).unwrap();
     assert_eq!(ids.len(), 3);
 }
+
+#[test]
+fn forward_last_gives_the_last_row_of_forward_and_the_same_cache() {
+    // every block runs on every position; only the head is restricted to the last one. Reference mode
+    // and these ggml kernels (Q4_1, Q8_0: vec_dot for any batch) give the full forward's last row bit
+    // for bit, and the decode steps after it see the same KV cache
+    for arch in ARCHS {
+        let model = tiny_arch(arch);
+        let n_vocab = model.info().n_vocab;
+        for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
+            let mut full = model.session(16, mode);
+            let mut last = model.session(16, mode);
+            let want = model.forward(&mut full, &PROMPT, None).unwrap().to_vec();
+            let mut rec = Recorder::new();
+            let got = model
+                .forward_last(&mut last, &PROMPT, Some(&mut rec))
+                .unwrap()
+                .to_vec();
+            assert_eq!(got.len(), n_vocab, "{arch} {mode}");
+            assert_eq!(got, want[(PROMPT.len() - 1) * n_vocab..], "{arch} {mode}");
+            for kind in [StageKind::OutputNorm, StageKind::Logits] {
+                let r = rec.get(Stage::global(kind)).unwrap();
+                assert_eq!(
+                    r.positions,
+                    vec![PROMPT.len() - 1],
+                    "{arch} {mode} {kind:?}"
+                );
+            }
+            let blk = rec.get(Stage::parse("blk.0.out").unwrap()).unwrap();
+            assert_eq!(blk.positions.len(), PROMPT.len(), "{arch} {mode}");
+            for t in [5, 9] {
+                let a = model.forward(&mut full, &[t], None).unwrap().to_vec();
+                let b = model.forward_last(&mut last, &[t], None).unwrap().to_vec();
+                assert_eq!(a, b, "{arch} {mode} decode");
+            }
+        }
+    }
+}

@@ -341,28 +341,29 @@ pub fn sample(model: &Model, test: Test, mode: NumericsMode, simd: Simd) -> Resu
         s.set_simd(simd);
         s
     };
-    // warm-up, as llama-bench: a prompt batch, or one generated token
+    // warm-up, as llama-bench: a prompt batch, or one generated token; like llama-bench's batches
+    // (`llama_batch_get_one`), every forward asks for the last position's logits only
     let mut warm = session(n_ctx.max(1));
     if test.n_prompt > 0 {
-        model.forward(
+        model.forward_last(
             &mut warm,
             &random_tokens(test.n_prompt.min(512), n_vocab, 7),
             None,
         )?;
     } else {
-        model.forward(&mut warm, &random_tokens(1, n_vocab, 7), None)?;
+        model.forward_last(&mut warm, &random_tokens(1, n_vocab, 7), None)?;
     }
     let mut s = session(n_ctx);
     if test.n_depth > 0 {
-        model.forward(&mut s, &random_tokens(test.n_depth, n_vocab, 11), None)?;
+        model.forward_last(&mut s, &random_tokens(test.n_depth, n_vocab, 11), None)?;
     }
     let t0 = Instant::now();
     if test.n_prompt > 0 {
-        model.forward(&mut s, &random_tokens(test.n_prompt, n_vocab, 13), None)?;
+        model.forward_last(&mut s, &random_tokens(test.n_prompt, n_vocab, 13), None)?;
     }
     let gen = random_tokens(test.n_gen, n_vocab, 17);
     for &t in &gen {
-        model.forward(&mut s, &[t], None)?;
+        model.forward_last(&mut s, &[t], None)?;
     }
     Ok(t0.elapsed().as_nanos() as u64)
 }

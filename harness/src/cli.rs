@@ -903,14 +903,13 @@ fn generate(a: GenerateArgs) -> Result<()> {
         top_p: a.top_p,
         seed: a.seed,
     });
-    let n_vocab = model.info().n_vocab;
     let mut out = std::io::stdout().lock();
     write!(out, "{}", a.prompt)?;
     out.flush()?;
 
     let t0 = Instant::now();
-    let logits = model.forward(&mut session, &prompt, None)?;
-    let last = &logits[(prompt.len() - 1) * n_vocab..];
+    // the last position's logits only, as llama.cpp's generation asks for them
+    let last = model.forward_last(&mut session, &prompt, None)?;
     if last.iter().any(|v| !v.is_finite()) {
         return Err(non_finite_generation(&model, &prompt, a.mode, &session));
     }
@@ -928,7 +927,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
             break;
         }
         sequence.push(next);
-        let logits = model.forward(&mut session, &[next], None)?;
+        let logits = model.forward_last(&mut session, &[next], None)?;
         if logits.iter().any(|v| !v.is_finite()) {
             return Err(non_finite_generation(&model, &sequence, a.mode, &session));
         }

@@ -678,6 +678,7 @@ impl Decoder {
         kv: &mut KvCache,
         act: &mut Activations,
         tokens: &[u32],
+        last_only: bool,
     ) -> Result<()> {
         let d = self.embed.weight.cols;
         let n = tokens.len();
@@ -689,9 +690,24 @@ impl Decoder {
             l.forward(f, kv, x, layer)?;
         }
 
-        // logits = RMSNorm(x)·w_output_norm · W_outᵀ               [n, n_vocab]
-        let h = sized(&mut layer.h, n * d);
-        h.copy_from_slice(x);
+        // logits = RMSNorm(x)·w_output_norm · W_outᵀ               [rows, n_vocab]
+        // over every row, or only the last one (llama.cpp's `inp_out_ids` when a batch asks for the last
+        // position's logits alone: the head then sees — and its stages are — that one row)
+        let row0 = if last_only { n - 1 } else { 0 };
+        let rows = n - row0;
+        let h = sized(&mut layer.h, rows * d);
+        h.copy_from_slice(&x[row0 * d..]);
+        let batch = (f.p0, f.n);
+        (f.p0, f.n) = (f.p0 + row0, rows);
+        let head = self.head_forward(f, h, logits);
+        (f.p0, f.n) = batch;
+        head
+    }
+
+    /// The output head over the `f.n` rows of `h` (`[f.n, d]`, normalised in place): `output_norm`, then
+    /// `logits` (`[f.n, n_vocab]`, in `logits`).
+    fn head_forward(&self, f: &mut Fwd, h: &mut [f32], logits: &mut Vec<f32>) -> Result<()> {
+        let n = f.n;
         if faults::is(Fault::FinalNormSkipped) {
             f.emit(Stage::global(StageKind::OutputNorm), h);
         } else {

@@ -226,6 +226,34 @@ impl Model {
         tokens: &[u32],
         sink: Option<&mut dyn StageSink>,
     ) -> Result<&'s [f32]> {
+        self.forward_rows(session, tokens, sink, false)
+    }
+
+    /// [`Model::forward`] that computes the output head for the batch's last position only and returns
+    /// its logits `[n_vocab]`: what llama.cpp does for a batch that asks for the last token's logits
+    /// alone (`llama_batch_get_one`; the graph's `inp_out_ids`), as generation and llama-bench's prompt
+    /// test do. Every block still runs on every position (the KV cache is filled); `output_norm` and
+    /// `logits` are emitted for the last position only. In ggml mode the output matmul is then a
+    /// one-row product, with the kernel llama.cpp picks for one row (for some weight types other bits
+    /// than the same row inside a full-batch [`Model::forward`]).
+    ///
+    /// Errors: as [`Model::forward`].
+    pub fn forward_last<'s>(
+        &self,
+        session: &'s mut Session,
+        tokens: &[u32],
+        sink: Option<&mut dyn StageSink>,
+    ) -> Result<&'s [f32]> {
+        self.forward_rows(session, tokens, sink, true)
+    }
+
+    fn forward_rows<'s>(
+        &self,
+        session: &'s mut Session,
+        tokens: &[u32],
+        sink: Option<&mut dyn StageSink>,
+        last_only: bool,
+    ) -> Result<&'s [f32]> {
         if tokens.is_empty() {
             return Err(Error::Invalid("forward called with no tokens".into()));
         }
@@ -265,9 +293,10 @@ impl Model {
             p0: *n_past,
             n: tokens.len(),
         };
-        self.decoder.forward(&mut f, kv, act, tokens)?;
+        self.decoder.forward(&mut f, kv, act, tokens, last_only)?;
         *n_past += tokens.len();
-        Ok(&act.logits[..tokens.len() * n_vocab])
+        let rows = if last_only { 1 } else { tokens.len() };
+        Ok(&act.logits[..rows * n_vocab])
     }
 }
 
