@@ -355,12 +355,11 @@ fn vec_dot_f32_lanes<F: Fma, const L: usize>(
     y: &[f32],
 ) -> f32 {
     debug_assert!(y.len() >= n && L == target.lanes());
-    let step = 4 * L;
-    let np = n / step * step;
+    let np = n / (4 * L) * (4 * L);
     let mut sumf = 0.0f32;
     if np > 0 {
         let mut sum = [[0f32; L]; 4];
-        for i in (0..np).step_by(step) {
+        for i in (0..np).step_by(4 * L) {
             for (j, s) in sum.iter_mut().enumerate() {
                 let base = i + j * L;
                 for (l, a) in s.iter_mut().enumerate() {
@@ -370,6 +369,78 @@ fn vec_dot_f32_lanes<F: Fma, const L: usize>(
         }
         sumf = target.vec_reduce(|j, l| sum[j][l]);
     }
+    vec_dot_f32_tail::<F>(target, np, n, sumf, x, y)
+}
+
+/// [`vec_dot_f32`] with AVX2 + FMA intrinsics, for either target: the four L-lane accumulators are
+/// `__m256` halves (L = 16 as two), every lane sees the fmas of [`vec_dot_f32`] in its order, and the
+/// reductions are [`GgmlTarget::vec_reduce`]'s tree written with vector adds (the same bits; the generic
+/// form does not vectorize: its accumulators stay on the stack). Attention's KQ products run here.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `y` holds at least `x.len()` elements (checked).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn vec_dot_f32_avx2(target: GgmlTarget, x: &[f32], y: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = x.len();
+    let y = &y[..n];
+    let (lanes, halves) = match target {
+        GgmlTarget::Avx2 => (8, 1),
+        GgmlTarget::Avx512 => (16, 2),
+    };
+    let np = n / (4 * lanes) * (4 * lanes);
+    let mut sumf = 0.0f32;
+    if np > 0 {
+        // acc[j][h]: lanes 8h .. 8h + 8 of accumulator j
+        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        let (px, py) = (x.as_ptr(), y.as_ptr());
+        for i in (0..np).step_by(4 * lanes) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                for (h, a) in a[..halves].iter_mut().enumerate() {
+                    let o = i + j * lanes + 8 * h;
+                    *a =
+                        _mm256_fmadd_ps(_mm256_loadu_ps(px.add(o)), _mm256_loadu_ps(py.add(o)), *a);
+                }
+            }
+        }
+        // (s0 + s2) + (s1 + s3), lane by lane
+        let r: [__m256; 2] = std::array::from_fn(|h| {
+            _mm256_add_ps(
+                _mm256_add_ps(acc[0][h], acc[2][h]),
+                _mm256_add_ps(acc[1][h], acc[3][h]),
+            )
+        });
+        sumf = match target {
+            GgmlTarget::Avx2 => {
+                // t_l = r_l + r_{l+4}, then two hadds: (t0 + t1) + (t2 + t3)
+                let t = _mm_add_ps(_mm256_castps256_ps128(r[0]), _mm256_extractf128_ps(r[0], 1));
+                let t = _mm_hadd_ps(t, t);
+                _mm_cvtss_f32(_mm_hadd_ps(t, t))
+            }
+            GgmlTarget::Avx512 => {
+                // _mm512_reduce_add_ps: 16 → 8 (high + low) → 4 → (a0 + a2) + (a1 + a3)
+                let t8 = _mm256_add_ps(r[1], r[0]);
+                let t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+                let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+                _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)))
+            }
+        };
+    }
+    vec_dot_f32_tail::<crate::quant::x86::Hardware>(target, np, n, sumf, |i| x[i], y)
+}
+
+/// The leftovers of `ggml_vec_dot_f32` after the first `np` elements (step 3 of [`vec_dot_f32`]):
+/// products rounded and added to `sumf` one by one, then the last few as fmas.
+#[inline(always)]
+fn vec_dot_f32_tail<F: Fma>(
+    target: GgmlTarget,
+    np: usize,
+    n: usize,
+    mut sumf: f32,
+    x: impl Fn(usize) -> f32,
+    y: &[f32],
+) -> f32 {
     let rem = n - np;
     let unfused = match target {
         GgmlTarget::Avx512 => rem & !7,

@@ -476,7 +476,8 @@ pub fn attention_ggml(
                     attention_head_avx2(q, cache, layer, pos, shape, sh, oh, h, to, acc);
                 }
             } else {
-                attention_head::<Emulated>(q, cache, layer, pos, shape, sh, oh, h, to, acc);
+                let kq = |k: &[f32], q: &[f32]| ggml_cpu::vec_dot_f32(target, k, q);
+                attention_head::<Emulated, _>(q, cache, layer, pos, shape, sh, oh, h, to, acc, kq);
             }
         })
     };
@@ -530,7 +531,9 @@ unsafe fn attention_head_avx2(
     to: (GgmlTarget, KqvOrder),
     acc: &mut Vec<f32>,
 ) {
-    attention_head::<Hardware>(q, cache, layer, pos, shape, scores, out, h, to, acc)
+    // SAFETY: the caller's CPU has AVX2 and FMA (this function's own contract).
+    let kq = |k: &[f32], q: &[f32]| unsafe { ggml_cpu::vec_dot_f32_avx2(to.0, k, q) };
+    attention_head::<Hardware, _>(q, cache, layer, pos, shape, scores, out, h, to, acc, kq)
 }
 
 /// Largest head dimension [`kqv_all_d`] takes (larger heads use the per-output dot products).
@@ -542,10 +545,10 @@ thread_local! {
 }
 
 /// One query head of [`attention_ggml`]: `scores` is this head's scratch (`attention_scratch_len(pos+1)`),
-/// `out` its `head_dim` outputs.
+/// `out` its `head_dim` outputs; `kq(k, q)` computes one KQ score as `ggml_vec_dot_f32` does for `target`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attention_head<F: Fma>(
+fn attention_head<F: Fma, K: Fn(&[f32], &[f32]) -> f32>(
     q: &[f32],
     cache: &KvCache,
     layer: usize,
@@ -556,6 +559,7 @@ fn attention_head<F: Fma>(
     h: usize,
     (target, order): (GgmlTarget, KqvOrder),
     acc: &mut Vec<f32>,
+    kq: K,
 ) {
     let AttnShape {
         n_head,
@@ -573,8 +577,9 @@ fn attention_head<F: Fma>(
     let kvh = kv_head(h, group, n_kv_head);
     let qh = &q[h * head_dim..(h + 1) * head_dim];
     let keys = cache.keys(layer, kvh, n_pos);
+    // kq(k, q) is `ggml_vec_dot_f32(k, q)` for the target (vec_dot_f32, or its AVX2 form)
     for (s, k) in scores.iter_mut().zip(keys.chunks_exact(head_dim)) {
-        *s = ggml_cpu::vec_dot_f32_by::<F>(target, head_dim, |i| k[i], qh);
+        *s = kq(k, qh);
     }
     // masked positions: kq·scale + (−∞) = −∞, exp → exactly 0 (outside the window and past `pos`)
     scores[..first].fill(f32::NEG_INFINITY);
