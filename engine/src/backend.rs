@@ -94,8 +94,9 @@ impl CpuBackend {
 /// Rows per rayon task: large enough to amortise scheduling, small enough to balance two cores.
 const ROWS_PER_TASK: usize = 64;
 
-/// Activation rows per SIMD kernel call in a batch.
-const TOKENS_PER_CALL: usize = 4;
+/// Activation rows per SIMD kernel call in a batch (8 measured ~8% faster than 4 on a Qwen2.5 prompt, where
+/// unpacking K-quant blocks is dear; the same on SmolLM2 Q4_1).
+const TOKENS_PER_CALL: usize = 8;
 
 impl Backend for CpuBackend {
     fn name(&self) -> &'static str {
