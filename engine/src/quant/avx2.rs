@@ -94,99 +94,81 @@ pub(crate) struct Q8Row<'a> {
     pub s: &'a [f32],
 }
 
-/// `ggml_vec_dot_q4_1_q8_1`, AVX2 branch, for `R` Q4_1 weight rows against `N` activation rows (the
-/// `R·N` independent accumulator chains run interleaved, which the one-row loop's fma latency would
-/// otherwise serialise). Per block and pair: `summs += m_w * s_x` (contracted to an fma, as gcc does),
+/// `ggml_vec_dot_q4_1_q8_1`, AVX2 branch, for one Q4_1 weight row against `N` activation rows (the `N`
+/// independent accumulator chains run interleaved, which one row's fma latency would otherwise
+/// serialise; the weight's nibbles are unpacked once). Per block and pair: `summs += m_w * s_x` (contracted to an fma, as gcc does),
 /// `acc = fma(d_w * d_x, mul_sum_us8_pairs_float(nibbles, q8), acc)`; result `hsum_float_8(acc) + summs`.
 /// Every output has the bits of [`q4_1::dot_q8_1`] for its pair.
 ///
 /// # Safety
-/// [`available`] must be true; every `w` row holds `nb` Q4_1 blocks and every activation row `nb` Q8_1
+/// [`available`] must be true; `w` holds `nb` Q4_1 blocks and every activation row `nb` Q8_1
 /// blocks (checked).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q4_1_q8_1<const R: usize, const N: usize>(
-    w: [&[u8]; R],
-    x: [Q8Row<'_>; N],
-) -> [[f32; N]; R] {
-    let nb = w[0].len() / q4_1::BYTES;
-    for r in &w {
-        assert_eq!(r.len(), nb * q4_1::BYTES);
-    }
+pub(crate) unsafe fn dot_q4_1_q8_1<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) -> [f32; N] {
+    let nb = w.len() / q4_1::BYTES;
+    assert_eq!(w.len(), nb * q4_1::BYTES);
     for r in &x {
         assert!(r.qs.len() >= nb * QK && r.d.len() >= nb && r.s.len() >= nb);
     }
     let m_at = q4_1::min_offset();
-    let mut acc = [[_mm256_setzero_ps(); N]; R];
-    let mut summs = [[0f32; N]; R];
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut summs = [0f32; N];
     for ib in 0..nb {
-        for k in 0..R {
-            let blk = w[k].as_ptr().add(ib * q4_1::BYTES);
-            let (dw, m2) = f16x2(blk);
-            let mw = if m_at == 2 {
-                m2
-            } else {
-                read_f16(std::slice::from_raw_parts(blk, 4), m_at)
-            };
-            let qx = bytes_from_nibbles_32(blk.add(4));
-            for j in 0..N {
-                let r = &x[j];
-                summs[k][j] = mw.mul_add(*r.s.get_unchecked(ib), summs[k][j]);
-                let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
-                let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
-                let xy = mul_sum_us8_pairs_float(qx, qy);
-                acc[k][j] = _mm256_fmadd_ps(d, xy, acc[k][j]);
-            }
+        let blk = w.as_ptr().add(ib * q4_1::BYTES);
+        let (dw, m2) = f16x2(blk);
+        let mw = if m_at == 2 {
+            m2
+        } else {
+            read_f16(std::slice::from_raw_parts(blk, 4), m_at)
+        };
+        let qx = bytes_from_nibbles_32(blk.add(4));
+        for j in 0..N {
+            let r = &x[j];
+            summs[j] = mw.mul_add(*r.s.get_unchecked(ib), summs[j]);
+            let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
+            let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
+            let xy = mul_sum_us8_pairs_float(qx, qy);
+            acc[j] = _mm256_fmadd_ps(d, xy, acc[j]);
         }
     }
-    let mut out = [[0f32; N]; R];
-    for k in 0..R {
-        for j in 0..N {
-            out[k][j] = hsum_float_8(acc[k][j]) + summs[k][j];
-        }
+    let mut out = [0f32; N];
+    for j in 0..N {
+        out[j] = hsum_float_8(acc[j]) + summs[j];
     }
     out
 }
 
 /// `ggml_vec_dot_q8_0_q8_0`, AVX2 branch (and `tinyBLAS_Q0_AVX`, which computes each output the same
-/// way), for `R` Q8_0 weight rows against `N` activation rows: per block and pair `acc = fma(d_w * d_x,
+/// way), for one Q8_0 weight row against `N` activation rows: per block and pair `acc = fma(d_w * d_x,
 /// mul_sum_i8_pairs_float(q_w, q_x), acc)`, result `hsum_float_8(acc)`. Every output has the bits of
 /// [`super::q8::dot_q8_0_q8_0`] (its exact `_mm256_sign_epi8` form included).
 ///
 /// # Safety
-/// [`available`] must be true; every `w` row holds `nb` Q8_0 blocks and every activation row `nb` Q8_0
+/// [`available`] must be true; `w` holds `nb` Q8_0 blocks and every activation row `nb` Q8_0
 /// blocks (checked).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q8_0_q8_0<const R: usize, const N: usize>(
-    w: [&[u8]; R],
-    x: [Q8Row<'_>; N],
-) -> [[f32; N]; R] {
-    let nb = w[0].len() / Q8_0_BYTES;
-    for r in &w {
-        assert_eq!(r.len(), nb * Q8_0_BYTES);
-    }
+pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) -> [f32; N] {
+    let nb = w.len() / Q8_0_BYTES;
+    assert_eq!(w.len(), nb * Q8_0_BYTES);
     for r in &x {
         assert!(r.qs.len() >= nb * QK && r.d.len() >= nb);
     }
-    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    let mut acc = [_mm256_setzero_ps(); N];
     for ib in 0..nb {
-        for k in 0..R {
-            let blk = w[k].as_ptr().add(ib * Q8_0_BYTES);
-            let dw = f16x1(blk);
-            let qx = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-            for j in 0..N {
-                let r = &x[j];
-                let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
-                let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
-                let q = mul_sum_i8_pairs_float(qx, qy);
-                acc[k][j] = _mm256_fmadd_ps(d, q, acc[k][j]);
-            }
+        let blk = w.as_ptr().add(ib * Q8_0_BYTES);
+        let dw = f16x1(blk);
+        let qx = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+        for j in 0..N {
+            let r = &x[j];
+            let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
+            let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
+            let q = mul_sum_i8_pairs_float(qx, qy);
+            acc[j] = _mm256_fmadd_ps(d, q, acc[j]);
         }
     }
-    let mut out = [[0f32; N]; R];
-    for k in 0..R {
-        for j in 0..N {
-            out[k][j] = hsum_float_8(acc[k][j]);
-        }
+    let mut out = [0f32; N];
+    for j in 0..N {
+        out[j] = hsum_float_8(acc[j]);
     }
     out
 }
@@ -208,49 +190,40 @@ unsafe fn bytes_from_bits_32(x: *const u8) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1))
 }
 
-/// `ggml_vec_dot_q5_0_q8_0`, AVX2 branch (and `tinyBLAS_Q0_AVX`, the same per-output arithmetic), for `R`
-/// Q5_0 weight rows against `N` activation rows: per block, the nibbles (`bytes_from_nibbles_32`) OR'd
+/// `ggml_vec_dot_q5_0_q8_0`, AVX2 branch (and `tinyBLAS_Q0_AVX`, the same per-output arithmetic), for one
+/// Q5_0 weight row against `N` activation rows: per block, the nibbles (`bytes_from_nibbles_32`) OR'd
 /// with `0xF0` where the block's high bit is clear (`bytes_from_bits_32`, `andnot`) give the signed 5-bit
 /// values; `acc = fma(d_w * d_x, mul_sum_i8_pairs_float(q_w, q_x), acc)`; result `hsum_float_8(acc)`.
 /// Every output has the bits of `q5_0::dot_q8_0::<true>` (the `_mm256_sign_epi8` form), which is
 /// `dot_q8_0::<false>` wherever no activation quant is -128.
 ///
 /// # Safety
-/// [`available`] must be true; every `w` row holds `nb` Q5_0 blocks and every activation row `nb` Q8_0
+/// [`available`] must be true; `w` holds `nb` Q5_0 blocks and every activation row `nb` Q8_0
 /// blocks (checked).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q5_0_q8_0<const R: usize, const N: usize>(
-    w: [&[u8]; R],
-    x: [Q8Row<'_>; N],
-) -> [[f32; N]; R] {
-    let nb = w[0].len() / q5_0::BYTES;
-    for r in &w {
-        assert_eq!(r.len(), nb * q5_0::BYTES);
-    }
+pub(crate) unsafe fn dot_q5_0_q8_0<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) -> [f32; N] {
+    let nb = w.len() / q5_0::BYTES;
+    assert_eq!(w.len(), nb * q5_0::BYTES);
     for r in &x {
         assert!(r.qs.len() >= nb * QK && r.d.len() >= nb);
     }
-    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    let mut acc = [_mm256_setzero_ps(); N];
     for ib in 0..nb {
-        for k in 0..R {
-            let blk = w[k].as_ptr().add(ib * q5_0::BYTES);
-            let dw = f16x1(blk);
-            let bxhi = _mm256_andnot_si256(bytes_from_bits_32(blk.add(2)), _mm256_set1_epi8(-16));
-            let qx = _mm256_or_si256(bytes_from_nibbles_32(blk.add(6)), bxhi);
-            for j in 0..N {
-                let r = &x[j];
-                let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
-                let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
-                let q = mul_sum_i8_pairs_float(qx, qy);
-                acc[k][j] = _mm256_fmadd_ps(d, q, acc[k][j]);
-            }
+        let blk = w.as_ptr().add(ib * q5_0::BYTES);
+        let dw = f16x1(blk);
+        let bxhi = _mm256_andnot_si256(bytes_from_bits_32(blk.add(2)), _mm256_set1_epi8(-16));
+        let qx = _mm256_or_si256(bytes_from_nibbles_32(blk.add(6)), bxhi);
+        for j in 0..N {
+            let r = &x[j];
+            let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
+            let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
+            let q = mul_sum_i8_pairs_float(qx, qy);
+            acc[j] = _mm256_fmadd_ps(d, q, acc[j]);
         }
     }
-    let mut out = [[0f32; N]; R];
-    for k in 0..R {
-        for j in 0..N {
-            out[k][j] = hsum_float_8(acc[k][j]);
-        }
+    let mut out = [0f32; N];
+    for j in 0..N {
+        out[j] = hsum_float_8(acc[j]);
     }
     out
 }
@@ -282,94 +255,88 @@ pub(crate) struct Q8kRow<'a> {
 /// [`GgmlPath::VecDot`] is not handled here (the caller uses the scalar kernel).
 ///
 /// # Safety
-/// [`available`] must be true; every `w` row holds `nb` Q4_K blocks and every activation row `nb` Q8_K
+/// [`available`] must be true; `w` holds `nb` Q4_K blocks and every activation row `nb` Q8_K
 /// blocks (checked); no path is `VecDot` (checked).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q4_k_q8_k<const R: usize, const N: usize>(
-    w: [&[u8]; R],
+pub(crate) unsafe fn dot_q4_k_q8_k<const N: usize>(
+    w: &[u8],
     x: [Q8kRow<'_>; N],
     paths: [GgmlPath; N],
-) -> [[f32; N]; R] {
-    let nb = w[0].len() / q4_k::BYTES;
-    for r in &w {
-        assert_eq!(r.len(), nb * q4_k::BYTES);
-    }
+) -> [f32; N] {
+    let nb = w.len() / q4_k::BYTES;
+    assert_eq!(w.len(), nb * q4_k::BYTES);
     for r in &x {
         assert!(r.qs.len() >= nb * QK_K && r.d.len() >= nb && r.bsums.len() >= nb * QK_K / 16);
     }
     assert!(!paths.contains(&GgmlPath::VecDot));
     let m4 = _mm256_set1_epi8(0x0F);
-    let mut acc = [[0f32; N]; R];
-    let mut accm = [[0f32; N]; R];
+    let mut acc = [0f32; N];
+    let mut accm = [0f32; N];
     for ib in 0..nb {
-        for k in 0..R {
-            let blk = &w[k][ib * q4_k::BYTES..(ib + 1) * q4_k::BYTES];
-            let (dw, dminw) = f16x2(blk.as_ptr());
-            let (sc, m) = q4_k::scales_mins(&blk[4..16]);
-            // the nibbles of the four 32-byte runs: run c holds sub-blocks 2c (low) and 2c+1 (high)
-            let mut nib = [[_mm256_setzero_si256(); 2]; 4];
-            for (c, n) in nib.iter_mut().enumerate() {
-                let q = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * c) as *const __m256i);
-                n[0] = _mm256_and_si256(q, m4);
-                n[1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        let blk = &w[ib * q4_k::BYTES..(ib + 1) * q4_k::BYTES];
+        let (dw, dminw) = f16x2(blk.as_ptr());
+        let (sc, m) = q4_k::scales_mins(&blk[4..16]);
+        // the nibbles of the four 32-byte runs: run c holds sub-blocks 2c (low) and 2c+1 (high)
+        let mut nib = [[_mm256_setzero_si256(); 2]; 4];
+        for (c, n) in nib.iter_mut().enumerate() {
+            let q = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * c) as *const __m256i);
+            n[0] = _mm256_and_si256(q, m4);
+            n[1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        }
+        for j in 0..N {
+            let r = &x[j];
+            let qy = r.qs.as_ptr().add(ib * QK_K);
+            let bsums = &r.bsums[ib * QK_K / 16..(ib + 1) * QK_K / 16];
+            let dy = *r.d.get_unchecked(ib);
+            let mut isum = [0i32; 4];
+            let mut imin = [0i32; 4];
+            for c in 0..4 {
+                let yl = _mm256_loadu_si256(qy.add(64 * c) as *const __m256i);
+                let yh = _mm256_loadu_si256(qy.add(64 * c + 32) as *const __m256i);
+                let pl = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(nib[c][0], yl),
+                    _mm256_set1_epi16(i16::from(sc[2 * c])),
+                );
+                let ph = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(nib[c][1], yh),
+                    _mm256_set1_epi16(i16::from(sc[2 * c + 1])),
+                );
+                isum[c] = hsum_i32_8(_mm256_add_epi32(pl, ph));
+                for g in [2 * c, 2 * c + 1] {
+                    imin[c] +=
+                        i32::from(m[g]) * (i32::from(bsums[2 * g]) + i32::from(bsums[2 * g + 1]));
+                }
             }
-            for j in 0..N {
-                let r = &x[j];
-                let qy = r.qs.as_ptr().add(ib * QK_K);
-                let bsums = &r.bsums[ib * QK_K / 16..(ib + 1) * QK_K / 16];
-                let dy = *r.d.get_unchecked(ib);
-                let mut isum = [0i32; 4];
-                let mut imin = [0i32; 4];
-                for c in 0..4 {
-                    let yl = _mm256_loadu_si256(qy.add(64 * c) as *const __m256i);
-                    let yh = _mm256_loadu_si256(qy.add(64 * c + 32) as *const __m256i);
-                    let pl = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(nib[c][0], yl),
-                        _mm256_set1_epi16(i16::from(sc[2 * c])),
-                    );
-                    let ph = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(nib[c][1], yh),
-                        _mm256_set1_epi16(i16::from(sc[2 * c + 1])),
-                    );
-                    isum[c] = hsum_i32_8(_mm256_add_epi32(pl, ph));
-                    for g in [2 * c, 2 * c + 1] {
-                        imin[c] += i32::from(m[g])
-                            * (i32::from(bsums[2 * g]) + i32::from(bsums[2 * g + 1]));
+            let (a, am) = (&mut acc[j], &mut accm[j]);
+            match paths[j] {
+                GgmlPath::RepackGemv => {
+                    let (dsc, dmn) = (dw * dy, dminw * dy);
+                    *a = (isum.iter().sum::<i32>() as f32).mul_add(dsc, *a);
+                    *am = (imin.iter().sum::<i32>() as f32).mul_add(dmn, *am);
+                }
+                GgmlPath::RepackGemm => {
+                    let (dsc, dmn) = (dw * dy, dminw * dy);
+                    for p in 0..4 {
+                        *a = (isum[p] as f32).mul_add(dsc, *a);
+                        *am = (imin[p] as f32).mul_add(dmn, *am);
                     }
                 }
-                let (a, am) = (&mut acc[k][j], &mut accm[k][j]);
-                match paths[j] {
-                    GgmlPath::RepackGemv => {
-                        let (dsc, dmn) = (dw * dy, dminw * dy);
-                        *a = (isum.iter().sum::<i32>() as f32).mul_add(dsc, *a);
-                        *am = (imin.iter().sum::<i32>() as f32).mul_add(dmn, *am);
-                    }
-                    GgmlPath::RepackGemm => {
-                        let (dsc, dmn) = (dw * dy, dminw * dy);
-                        for p in 0..4 {
-                            *a = (isum[p] as f32).mul_add(dsc, *a);
-                            *am = (imin[p] as f32).mul_add(dmn, *am);
-                        }
-                    }
-                    GgmlPath::Tiled => {
-                        let s1 = isum.iter().sum::<i32>() as f32;
-                        let s2 = imin.iter().sum::<i32>() as f32;
-                        let res = (-dminw).mul_add(s2, dw * s1);
-                        *a = res.mul_add(dy, *a);
-                    }
-                    GgmlPath::VecDot => unreachable!("checked above"),
+                GgmlPath::Tiled => {
+                    let s1 = isum.iter().sum::<i32>() as f32;
+                    let s2 = imin.iter().sum::<i32>() as f32;
+                    let res = (-dminw).mul_add(s2, dw * s1);
+                    *a = res.mul_add(dy, *a);
                 }
+                GgmlPath::VecDot => unreachable!("checked above"),
             }
         }
     }
-    let mut out = [[0f32; N]; R];
-    for k in 0..R {
-        for j in 0..N {
-            out[k][j] = match paths[j] {
-                GgmlPath::Tiled => acc[k][j],
-                _ => acc[k][j] - accm[k][j],
-            };
-        }
+    let mut out = [0f32; N];
+    for j in 0..N {
+        out[j] = match paths[j] {
+            GgmlPath::Tiled => acc[j],
+            _ => acc[j] - accm[j],
+        };
     }
     out
 }
@@ -383,18 +350,16 @@ pub(crate) unsafe fn dot_q4_k_q8_k<const R: usize, const N: usize>(
 /// bits of `q6_k::dot_q8_k` / `q6_k::dot_q8_k_tiled`.
 ///
 /// # Safety
-/// [`available`] must be true; every `w` row holds `nb` Q6_K blocks and every activation row `nb` Q8_K
+/// [`available`] must be true; `w` holds `nb` Q6_K blocks and every activation row `nb` Q8_K
 /// blocks (checked); every path is `VecDot` or `Tiled` (checked).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q6_k_q8_k<const R: usize, const N: usize>(
-    w: [&[u8]; R],
+pub(crate) unsafe fn dot_q6_k_q8_k<const N: usize>(
+    w: &[u8],
     x: [Q8kRow<'_>; N],
     paths: [GgmlPath; N],
-) -> [[f32; N]; R] {
-    let nb = w[0].len() / q6_k::BYTES;
-    for r in &w {
-        assert_eq!(r.len(), nb * q6_k::BYTES);
-    }
+) -> [f32; N] {
+    let nb = w.len() / q6_k::BYTES;
+    assert_eq!(w.len(), nb * q6_k::BYTES);
     for r in &x {
         assert!(r.qs.len() >= nb * QK_K && r.d.len() >= nb && r.bsums.len() >= nb * QK_K / 16);
     }
@@ -403,81 +368,77 @@ pub(crate) unsafe fn dot_q6_k_q8_k<const R: usize, const N: usize>(
         .all(|p| matches!(p, GgmlPath::VecDot | GgmlPath::Tiled)));
     let m4 = _mm256_set1_epi8(0x0F);
     let m2 = _mm256_set1_epi8(0x03);
-    let mut acc = [[_mm256_setzero_ps(); N]; R];
-    let mut acc1 = [[0f32; N]; R];
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc1 = [0f32; N];
     for ib in 0..nb {
-        for k in 0..R {
-            let blk = &w[k][ib * q6_k::BYTES..(ib + 1) * q6_k::BYTES];
-            let dw = f16x1(blk.as_ptr().add(208));
-            let sc: [i16; 16] = std::array::from_fn(|i| i16::from(blk[192 + i] as i8));
-            // the 256 unsigned quants, 32 per group g (= sub-blocks 2g, 2g+1), and each group's scales
-            let mut q6 = [_mm256_setzero_si256(); 8];
-            let mut scv = [_mm256_setzero_si256(); 8];
-            for half in 0..2 {
-                let p = blk.as_ptr();
-                let ql0 = _mm256_loadu_si256(p.add(64 * half) as *const __m256i);
-                let ql1 = _mm256_loadu_si256(p.add(64 * half + 32) as *const __m256i);
-                let qh = _mm256_loadu_si256(p.add(128 + 32 * half) as *const __m256i);
-                let hi = |shift: i32| -> __m256i {
-                    let h = match shift {
-                        0 => qh,
-                        2 => _mm256_srli_epi16(qh, 2),
-                        4 => _mm256_srli_epi16(qh, 4),
-                        _ => _mm256_srli_epi16(qh, 6),
-                    };
-                    _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)
+        let blk = &w[ib * q6_k::BYTES..(ib + 1) * q6_k::BYTES];
+        let dw = f16x1(blk.as_ptr().add(208));
+        let sc: [i16; 16] = std::array::from_fn(|i| i16::from(blk[192 + i] as i8));
+        // the 256 unsigned quants, 32 per group g (= sub-blocks 2g, 2g+1), and each group's scales
+        let mut q6 = [_mm256_setzero_si256(); 8];
+        let mut scv = [_mm256_setzero_si256(); 8];
+        for half in 0..2 {
+            let p = blk.as_ptr();
+            let ql0 = _mm256_loadu_si256(p.add(64 * half) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(p.add(64 * half + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * half) as *const __m256i);
+            let hi = |shift: i32| -> __m256i {
+                let h = match shift {
+                    0 => qh,
+                    2 => _mm256_srli_epi16(qh, 2),
+                    4 => _mm256_srli_epi16(qh, 4),
+                    _ => _mm256_srli_epi16(qh, 6),
                 };
-                let lo0 = _mm256_and_si256(ql0, m4);
-                let lo1 = _mm256_and_si256(ql1, m4);
-                let up0 = _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4);
-                let up1 = _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
-                q6[4 * half] = _mm256_or_si256(lo0, hi(0));
-                q6[4 * half + 1] = _mm256_or_si256(lo1, hi(2));
-                q6[4 * half + 2] = _mm256_or_si256(up0, hi(4));
-                q6[4 * half + 3] = _mm256_or_si256(up1, hi(6));
+                _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)
+            };
+            let lo0 = _mm256_and_si256(ql0, m4);
+            let lo1 = _mm256_and_si256(ql1, m4);
+            let up0 = _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4);
+            let up1 = _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4);
+            q6[4 * half] = _mm256_or_si256(lo0, hi(0));
+            q6[4 * half + 1] = _mm256_or_si256(lo1, hi(2));
+            q6[4 * half + 2] = _mm256_or_si256(up0, hi(4));
+            q6[4 * half + 3] = _mm256_or_si256(up1, hi(6));
+        }
+        for (g, v) in scv.iter_mut().enumerate() {
+            *v = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
+        }
+        for j in 0..N {
+            let r = &x[j];
+            let qy = r.qs.as_ptr().add(ib * QK_K);
+            let bsums = &r.bsums[ib * QK_K / 16..(ib + 1) * QK_K / 16];
+            let dy = *r.d.get_unchecked(ib);
+            let mut lanes = _mm256_setzero_si256();
+            for g in 0..8 {
+                let y = _mm256_loadu_si256(qy.add(32 * g) as *const __m256i);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q6[g], y), scv[g]);
+                lanes = _mm256_add_epi32(lanes, p);
             }
-            for (g, v) in scv.iter_mut().enumerate() {
-                *v = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
-            }
-            for j in 0..N {
-                let r = &x[j];
-                let qy = r.qs.as_ptr().add(ib * QK_K);
-                let bsums = &r.bsums[ib * QK_K / 16..(ib + 1) * QK_K / 16];
-                let dy = *r.d.get_unchecked(ib);
-                let mut lanes = _mm256_setzero_si256();
-                for g in 0..8 {
-                    let y = _mm256_loadu_si256(qy.add(32 * g) as *const __m256i);
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q6[g], y), scv[g]);
-                    lanes = _mm256_add_epi32(lanes, p);
+            let off: [i32; 8] = std::array::from_fn(|l| {
+                (i32::from(bsums[2 * l]) * i32::from(sc[2 * l])
+                    + i32::from(bsums[2 * l + 1]) * i32::from(sc[2 * l + 1]))
+                    << 5
+            });
+            let off = _mm256_loadu_si256(off.as_ptr() as *const __m256i);
+            let lanes = _mm256_sub_epi32(lanes, off);
+            match paths[j] {
+                GgmlPath::Tiled => {
+                    let s1 = hsum_i32_8(lanes) as f32;
+                    acc1[j] = (dw * s1).mul_add(dy, acc1[j]);
                 }
-                let off: [i32; 8] = std::array::from_fn(|l| {
-                    (i32::from(bsums[2 * l]) * i32::from(sc[2 * l])
-                        + i32::from(bsums[2 * l + 1]) * i32::from(sc[2 * l + 1]))
-                        << 5
-                });
-                let off = _mm256_loadu_si256(off.as_ptr() as *const __m256i);
-                let lanes = _mm256_sub_epi32(lanes, off);
-                match paths[j] {
-                    GgmlPath::Tiled => {
-                        let s1 = hsum_i32_8(lanes) as f32;
-                        acc1[k][j] = (dw * s1).mul_add(dy, acc1[k][j]);
-                    }
-                    _ => {
-                        let d = _mm256_set1_ps(dy * dw);
-                        acc[k][j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[k][j]);
-                    }
+                _ => {
+                    let d = _mm256_set1_ps(dy * dw);
+                    acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[j]);
                 }
             }
         }
     }
-    let mut out = [[0f32; N]; R];
-    for k in 0..R {
-        for j in 0..N {
-            out[k][j] = match paths[j] {
-                GgmlPath::Tiled => acc1[k][j],
-                _ => hsum_float_8(acc[k][j]),
-            };
-        }
+    let mut out = [0f32; N];
+    for j in 0..N {
+        out[j] = match paths[j] {
+            GgmlPath::Tiled => acc1[j],
+            _ => hsum_float_8(acc[j]),
+        };
     }
     out
 }

@@ -511,14 +511,14 @@ unsafe fn dot_rows_avx2<const N: usize>(
         };
     }
     match k {
-        SimdKernel::Q4_1Avx2 => each!(w => avx2::dot_q4_1_q8_1([w], q8)[0]),
-        SimdKernel::Q8_0Avx2 => each!(w => avx2::dot_q8_0_q8_0([w], q8)[0]),
-        SimdKernel::Q5_0Avx2 => each!(w => avx2::dot_q5_0_q8_0([w], q8)[0]),
+        SimdKernel::Q4_1Avx2 => each!(w => avx2::dot_q4_1_q8_1(w, q8)),
+        SimdKernel::Q8_0Avx2 => each!(w => avx2::dot_q8_0_q8_0(w, q8)),
+        SimdKernel::Q5_0Avx2 => each!(w => avx2::dot_q5_0_q8_0(w, q8)),
         SimdKernel::Q4_KAvx2 if paths.contains(&GgmlPath::VecDot) => {
             each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_K, w, xs[t], paths[t])))
         }
-        SimdKernel::Q4_KAvx2 => each!(w => avx2::dot_q4_k_q8_k([w], q8k, paths)[0]),
-        SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k([w], q8k, paths)[0]),
+        SimdKernel::Q4_KAvx2 => each!(w => avx2::dot_q4_k_q8_k(w, q8k, paths)),
+        SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k(w, q8k, paths)),
     }
 }
 
