@@ -96,8 +96,9 @@ pub(crate) struct Q8Row<'a> {
 
 /// `ggml_vec_dot_q4_1_q8_1`, AVX2 branch, for one Q4_1 weight row against `N` activation rows (the `N`
 /// independent accumulator chains run interleaved, which one row's fma latency would otherwise
-/// serialise; the weight's nibbles are unpacked once). Per block and pair: `summs += m_w * s_x` (contracted to an fma, as gcc does),
-/// `acc = fma(d_w * d_x, mul_sum_us8_pairs_float(nibbles, q8), acc)`; result `hsum_float_8(acc) + summs`.
+/// serialise; the weight's nibbles are unpacked once). Per block and pair: `summs += m_w * s_x`
+/// (contracted to an fma, as gcc does), `acc = fma(d_w * d_x, mul_sum_us8_pairs_float(nibbles, q8),
+/// acc)`; result `hsum_float_8(acc) + summs`.
 /// Every output has the bits of [`q4_1::dot_q8_1`] for its pair.
 ///
 /// # Safety
