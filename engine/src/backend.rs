@@ -103,6 +103,7 @@ impl Backend for CpuBackend {
         match self.simd {
             Simd::Off => "scalar",
             Simd::Avx2 => "avx2",
+            Simd::Avx512 => "avx512",
         }
     }
 

@@ -219,7 +219,7 @@ pub struct BenchArgs {
     /// Our engine's numerics mode.
     #[arg(long, default_value = "ggml")]
     pub mode: NumericsMode,
-    /// Our engine's SIMD setting (`off`, `avx2`, `auto`).
+    /// Our engine's SIMD setting (`off`, `avx2`, `avx512`, `auto`).
     #[arg(long, default_value = "auto", value_parser = parse_simd)]
     pub simd: Simd,
     /// llama-bench to interleave with (default: the one oracles/llamacpp/build_tools.sh cached for this
@@ -315,7 +315,7 @@ pub struct BisectArgs {
     /// Also write the full result (both passes' comparisons) as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// SIMD setting of our engine: `off`, `avx2` or `auto` (ggml mode gives the same bits with each).
+    /// SIMD setting of our engine: `off`, `avx2`, `avx512` or `auto` (ggml mode gives the same bits with each).
     #[arg(long, default_value = "auto", value_parser = parse_simd)]
     pub simd: Simd,
 }
@@ -338,7 +338,8 @@ pub struct RunArgs {
     /// Only these oracles (repeatable), e.g. llama.cpp-f32kv.
     #[arg(long)]
     pub oracle: Vec<String>,
-    /// Only these SIMD settings (repeatable): off, avx2 (with --engine-cmd: off, the default).
+    /// Only these SIMD settings (repeatable): off, avx2, avx512 (`auto` in the matrix is resolved to one of
+    /// them; with --engine-cmd: off, the default).
     #[arg(long)]
     pub simd: Vec<String>,
     /// Mirror this ggml-cpu build (`avx2`, `avx512`) in ggml mode instead of the one each golden records.

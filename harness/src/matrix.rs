@@ -33,8 +33,10 @@ pub const MODES: &[&str] = &["reference", "ggml"];
 /// The engines the harness can drive.
 pub const ENGINES: &[&str] = &["lockstep", "external"];
 
-/// The values of the `simd` axis: `off` (scalar kernels) and `avx2` ([`lockstep_engine::Simd`]).
-pub const SIMD: &[&str] = &["off", "avx2"];
+/// The values of the `simd` axis: `off` (scalar kernels), `avx2`, `avx512` ([`lockstep_engine::Simd`]),
+/// and `auto`, the best of those this CPU runs ([`lockstep_engine::Simd::detect`]), which [`Matrix::expand`]
+/// resolves to its name (a value listed twice that way gives its cells once).
+pub const SIMD: &[&str] = &["off", "avx2", "avx512", "auto"];
 
 /// The prompt wildcard: every prompt that has a golden for the model and oracle.
 pub const ALL_PROMPTS: &str = "*";
@@ -193,6 +195,21 @@ impl Matrix {
             .collect()
     }
 
+    /// The `simd` axis with `auto` resolved to this CPU's best setting, each value once (in order).
+    pub fn simd_values(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for v in &self.simd {
+            let v = match v.as_str() {
+                "auto" => lockstep_engine::Simd::detect().name().to_string(),
+                other => other.to_string(),
+            };
+            if !out.contains(&v) {
+                out.push(v);
+            }
+        }
+        out
+    }
+
     /// Expand to cells, resolving `"*"` prompts from the manifest's goldens for that model and oracle.
     ///
     /// Order: model (as listed), prompt (as listed, or sorted for `"*"`), mode, simd, oracle, engine.
@@ -223,7 +240,8 @@ impl Matrix {
         )?;
         check_filter("mode", &filters.mode, &set(&self.modes))?;
         check_filter("oracle", &filters.oracle, &set(&self.oracles))?;
-        check_filter("simd", &filters.simd, &set(&self.simd))?;
+        let simd_values = self.simd_values();
+        check_filter("simd", &filters.simd, &set(&simd_values))?;
 
         let models: Vec<&MatrixModel> = self
             .models
@@ -281,7 +299,7 @@ impl Matrix {
         for (m, order, per_oracle) in &resolved {
             for prompt in order.iter().filter(|p| keep(&filters.prompt, p)) {
                 for mode in self.modes.iter().filter(|v| keep(&filters.mode, v)) {
-                    for simd in self.simd.iter().filter(|v| keep(&filters.simd, v)) {
+                    for simd in simd_values.iter().filter(|v| keep(&filters.simd, v)) {
                         for (oracle, prompts) in per_oracle {
                             if !prompts.contains(prompt) {
                                 continue; // "*" resolved per oracle: this oracle has no such golden.
@@ -409,6 +427,34 @@ prompts = ["*"]
                 "m/prose/Q4_1/ggml/simd-off/llama.cpp-f32kv/lockstep",
             ]
         );
+    }
+
+    #[test]
+    fn auto_simd_resolves_to_this_cpus_best_setting_once() {
+        let text = MATRIX.replace(r#"simd = ["off"]"#, r#"simd = ["off", "auto", "avx2"]"#);
+        assert_ne!(text, MATRIX);
+        let m = Matrix::parse(&text, "test").unwrap();
+        let best = lockstep_engine::Simd::detect().name();
+        let mut want = vec!["off".to_string()];
+        for v in [best, "avx2"] {
+            if !want.iter().any(|w| w == v) {
+                want.push(v.to_string());
+            }
+        }
+        assert_eq!(m.simd_values(), want);
+        let f = Filters {
+            mode: vec!["ggml".into()],
+            prompt: vec!["chat".into()],
+            ..Filters::default()
+        };
+        let cells = m.expand(&small(), &f).unwrap();
+        let simd: Vec<&str> = cells.iter().map(|c| c.simd.as_str()).collect();
+        assert_eq!(simd, want);
+        let f = Filters {
+            simd: vec![best.to_string()],
+            ..Filters::default()
+        };
+        assert!(m.expand(&small(), &f).unwrap().iter().all(|c| c.simd == best));
     }
 
     #[test]

@@ -519,10 +519,13 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         models.len() >= 3 && pairs.len() >= 2 * models.len(),
         "the default matrix should cover every committed model and prompt: {pairs:?}"
     );
+    // off, avx2 and `auto` (this CPU's best: avx512 adds a third setting, avx2 none)
+    let n_simd = matrix.simd_values().len();
+    assert!(n_simd >= 2 && matrix.simd_values()[..2] == ["off", "avx2"]);
     assert_eq!(
         cells.len(),
-        pairs.len() * 2 * 2,
-        "2 modes × 2 SIMD settings per model and prompt"
+        pairs.len() * 2 * n_simd,
+        "2 modes × {n_simd} SIMD settings per model and prompt"
     );
     let th = Thresholds::load(&root.join("ci/thresholds.toml")).unwrap_or_else(|e| panic!("{e:#}"));
     // The values are tuned from measured data; what must hold whatever they are: every cell has

@@ -430,6 +430,121 @@ pub(crate) unsafe fn vec_dot_f32_avx2(target: GgmlTarget, x: &[f32], y: &[f32]) 
     vec_dot_f32_tail::<crate::quant::x86::Hardware>(target, np, n, sumf, |i| x[i], y)
 }
 
+/// `scores[i] = ggml_vec_dot_f32(k_i, q)` for the `scores.len()` consecutive rows `k_i` of `keys`, each with
+/// the bits of [`vec_dot_f32_avx2`] (and so of [`vec_dot_f32`]): eight keys at a time, their four L-lane
+/// accumulators as in that function, then the eight reductions side by side — the same adds of the same
+/// operands in the same tree ([`GgmlTarget::vec_reduce`]: AVX2 `hsum` of halves and two `hadd`s; AVX-512
+/// `_mm512_reduce_add_ps`'s 16 → 8 → 4 → 2 → 1), with the keys in the lanes of one vector instead of the
+/// lanes of each key's vector folded one by one. Keys past a multiple of eight, and rows whose length is
+/// not a multiple of the 4·L step (these have a scalar tail), go through [`vec_dot_f32_avx2`].
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `keys` holds `scores.len()` rows of `q.len()` (checked).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn kq_scores_avx2(target: GgmlTarget, keys: &[f32], q: &[f32], scores: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let hd = q.len();
+    assert!(keys.len() >= scores.len() * hd);
+    let lanes = target.lanes();
+    let batched = if hd > 0 && hd % (4 * lanes) == 0 {
+        scores.len() / 8 * 8
+    } else {
+        0
+    };
+    let pq = q.as_ptr();
+    for k0 in (0..batched).step_by(8) {
+        // per key: (s0 + s2) + (s1 + s3) of its four accumulators, per half, as vec_dot_f32_avx2, then
+        // eight lanes per key: AVX2 that `r`, AVX-512 `hi + lo` (the 16 → 8 step). Plain loops: a
+        // closure here would be compiled without this function's target features.
+        let mut t8 = [_mm256_setzero_ps(); 8];
+        for (key, t8) in t8.iter_mut().enumerate() {
+            let pk = keys.as_ptr().add((k0 + key) * hd);
+            *t8 = match target {
+                GgmlTarget::Avx2 => kq_lanes::<1>(pk, pq, hd),
+                GgmlTarget::Avx512 => kq_lanes::<2>(pk, pq, hd),
+            };
+        }
+        let mut t4 = [_mm256_setzero_ps(); 4];
+        for (m, t4) in t4.iter_mut().enumerate() {
+            let (a, b) = (t8[2 * m], t8[2 * m + 1]);
+            *t4 = _mm256_add_ps(
+                _mm256_permute2f128_ps(a, b, 0x31),
+                _mm256_permute2f128_ps(a, b, 0x20),
+            );
+        }
+        // 4 → 1, leaving per 128-bit half the keys [0, 2, 4, 6] (low) and [1, 3, 5, 7] (high)
+        let one = match target {
+            GgmlTarget::Avx2 => {
+                // hadd(t, t) twice: (t0 + t1) + (t2 + t3)
+                let h01 = _mm256_hadd_ps(t4[0], t4[1]);
+                let h23 = _mm256_hadd_ps(t4[2], t4[3]);
+                _mm256_hadd_ps(h01, h23)
+            }
+            GgmlTarget::Avx512 => {
+                // t + movehl(t): (t0 + t2, t1 + t3); then add_ss(movehdup): sum of those two
+                let p01 = _mm256_add_ps(
+                    _mm256_shuffle_ps(t4[0], t4[1], 0b01_00_01_00),
+                    _mm256_shuffle_ps(t4[0], t4[1], 0b11_10_11_10),
+                );
+                let p23 = _mm256_add_ps(
+                    _mm256_shuffle_ps(t4[2], t4[3], 0b01_00_01_00),
+                    _mm256_shuffle_ps(t4[2], t4[3], 0b11_10_11_10),
+                );
+                _mm256_add_ps(
+                    _mm256_shuffle_ps(p01, p23, 0b10_00_10_00),
+                    _mm256_shuffle_ps(p01, p23, 0b11_01_11_01),
+                )
+            }
+        };
+        let ordered = _mm256_permutevar8x32_ps(one, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_ps(scores.as_mut_ptr().add(k0), ordered);
+    }
+    for (i, s) in scores.iter_mut().enumerate().skip(batched) {
+        *s = vec_dot_f32_avx2(target, &keys[i * hd..(i + 1) * hd], q);
+    }
+}
+
+/// One key of [`kq_scores_avx2`] up to its eight-lane vector: the four `8·H`-lane accumulators of
+/// `ggml_vec_dot_f32` over `hd` (a multiple of `32·H`) as `__m256` halves, `(s0 + s2) + (s1 + s3)`, and for
+/// AVX-512 (`H = 2`) `_mm512_reduce_add_ps`'s first step, high half + low half. `H` is a constant so that
+/// the accumulators stay in registers.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `k` and `q` point to `hd` floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn kq_lanes<const H: usize>(
+    k: *const f32,
+    q: *const f32,
+    hd: usize,
+) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let lanes = 8 * H;
+    let mut acc = [[_mm256_setzero_ps(); H]; 4];
+    for i in (0..hd).step_by(4 * lanes) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (h, a) in a.iter_mut().enumerate() {
+                let o = i + j * lanes + 8 * h;
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(k.add(o)), _mm256_loadu_ps(q.add(o)), *a);
+            }
+        }
+    }
+    let mut r = [_mm256_setzero_ps(); H];
+    for (h, r) in r.iter_mut().enumerate() {
+        *r = _mm256_add_ps(
+            _mm256_add_ps(acc[0][h], acc[2][h]),
+            _mm256_add_ps(acc[1][h], acc[3][h]),
+        );
+    }
+    if H == 2 {
+        _mm256_add_ps(r[H - 1], r[0])
+    } else {
+        r[0]
+    }
+}
+
 /// The leftovers of `ggml_vec_dot_f32` after the first `np` elements (step 3 of [`vec_dot_f32`]):
 /// products rounded and added to `sumf` one by one, then the last few as fmas.
 #[inline(always)]

@@ -209,7 +209,8 @@ pub fn softmax_scaled(x: &mut [f32], scale: f32) {
 /// `ggml_vec_swiglu_f32`. Reference mode: libm `exp` everywhere. Ggml mode: [`ggml_cpu::swiglu_row`]
 /// (`ggml_v_silu` on 16-lane blocks, `ggml_silu_f32` for the last `width % 16`).
 ///
-/// With `simd` = [`Simd::Avx2`] the ggml-mode rows run compiled with AVX2 and FMA (the same bits).
+/// With `simd` = [`Simd::Avx2`] or [`Simd::Avx512`] the ggml-mode rows run compiled with AVX2 and FMA (the
+/// same bits).
 pub fn swiglu(
     gate: &mut [f32],
     up: &[f32],
@@ -225,7 +226,7 @@ pub fn swiglu(
             }
         }
         #[cfg(target_arch = "x86_64")]
-        NumericsMode::Ggml if simd == Simd::Avx2 && crate::quant::avx2_available() => {
+        NumericsMode::Ggml if simd.avx2_kernels() => {
             // SAFETY: AVX2 and FMA were detected on this CPU.
             unsafe { ggml_cpu::swiglu_rows_avx2(target, gate, up, width) }
         }
@@ -462,7 +463,7 @@ pub fn attention_ggml(
 ) {
     let hd = shape.head_dim;
     let n_pad = attention_scratch_len(pos + 1);
-    let hw = simd == Simd::Avx2 && crate::quant::avx2_available();
+    let hw = simd.avx2_kernels();
     let head = |h: usize, sh: &mut [f32], oh: &mut [f32]| {
         // the thread's KQV accumulators, taken here: a closure inside the target-feature function would
         // be compiled without its features
@@ -476,7 +477,11 @@ pub fn attention_ggml(
                     attention_head_avx2(q, cache, layer, pos, shape, sh, oh, h, to, acc);
                 }
             } else {
-                let kq = |k: &[f32], q: &[f32]| ggml_cpu::vec_dot_f32(target, k, q);
+                let kq = |keys: &[f32], q: &[f32], s: &mut [f32]| {
+                    for (s, k) in s.iter_mut().zip(keys.chunks_exact(q.len())) {
+                        *s = ggml_cpu::vec_dot_f32(target, k, q);
+                    }
+                };
                 attention_head::<Emulated, _>(q, cache, layer, pos, shape, sh, oh, h, to, acc, kq);
             }
         })
@@ -532,7 +537,7 @@ unsafe fn attention_head_avx2(
     acc: &mut Vec<f32>,
 ) {
     // SAFETY: the caller's CPU has AVX2 and FMA (this function's own contract).
-    let kq = |k: &[f32], q: &[f32]| unsafe { ggml_cpu::vec_dot_f32_avx2(to.0, k, q) };
+    let kq = |k: &[f32], q: &[f32], s: &mut [f32]| unsafe { ggml_cpu::kq_scores_avx2(to.0, k, q, s) };
     attention_head::<Hardware, _>(q, cache, layer, pos, shape, scores, out, h, to, acc, kq)
 }
 
@@ -545,10 +550,11 @@ thread_local! {
 }
 
 /// One query head of [`attention_ggml`]: `scores` is this head's scratch (`attention_scratch_len(pos+1)`),
-/// `out` its `head_dim` outputs; `kq(k, q)` computes one KQ score as `ggml_vec_dot_f32` does for `target`.
+/// `out` its `head_dim` outputs; `kq(keys, q, scores)` computes the KQ score of every key row as
+/// `ggml_vec_dot_f32(k, q)` does for `target`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attention_head<F: Fma, K: Fn(&[f32], &[f32]) -> f32>(
+fn attention_head<F: Fma, K: Fn(&[f32], &[f32], &mut [f32])>(
     q: &[f32],
     cache: &KvCache,
     layer: usize,
@@ -577,10 +583,8 @@ fn attention_head<F: Fma, K: Fn(&[f32], &[f32]) -> f32>(
     let kvh = kv_head(h, group, n_kv_head);
     let qh = &q[h * head_dim..(h + 1) * head_dim];
     let keys = cache.keys(layer, kvh, n_pos);
-    // kq(k, q) is `ggml_vec_dot_f32(k, q)` for the target (vec_dot_f32, or its AVX2 form)
-    for (s, k) in scores.iter_mut().zip(keys.chunks_exact(head_dim)) {
-        *s = kq(k, qh);
-    }
+    // every score `ggml_vec_dot_f32(k, q)` for the target (vec_dot_f32, or its AVX2 form)
+    kq(keys, qh, &mut scores[..n_pos]);
     // masked positions: kq·scale + (−∞) = −∞, exp → exactly 0 (outside the window and past `pos`)
     scores[..first].fill(f32::NEG_INFINITY);
     scores[n_pos..n_row].fill(f32::NEG_INFINITY);
@@ -625,6 +629,90 @@ fn attention_head<F: Fma, K: Fn(&[f32], &[f32]) -> f32>(
     }
 }
 
+/// [`kqv_all_d`]'s reductions for dimensions `d0 .. d0 + 8` at once: per dimension exactly the adds of
+/// [`GgmlTarget::vec_reduce`] ([`KqvOrder::VecDot`]) or of the target's horizontal sum
+/// ([`KqvOrder::TinyBlas`]: AVX2 `hsum_float_8`, AVX-512 `_mm512_reduce_add_ps`), element-wise on
+/// eight-wide arrays (which vectorize) instead of one dimension after another.
+#[inline(always)]
+fn kqv_reduce8(
+    target: GgmlTarget,
+    order: KqvOrder,
+    acc: &[f32],
+    hd: usize,
+    d0: usize,
+) -> [f32; 8] {
+    type V = [f32; 8];
+    let lanes = target.lanes();
+    let ld = |j: usize, l: usize| -> V {
+        let s = &acc[(j * lanes + l) * hd + d0..][..8];
+        std::array::from_fn(|i| s[i])
+    };
+    let add = |a: V, b: V| -> V { std::array::from_fn(|i| a[i] + b[i]) };
+    let mut r = [[0f32; 8]; ggml_cpu::LANES];
+    for (l, r) in r[..lanes].iter_mut().enumerate() {
+        *r = match order {
+            // (s0 + s2) + (s1 + s3)
+            KqvOrder::VecDot => add(add(ld(0, l), ld(2, l)), add(ld(1, l), ld(3, l))),
+            KqvOrder::TinyBlas => ld(0, l),
+        };
+    }
+    match (target, order) {
+        // _mm512_reduce_add_ps: 16 → 8 (high + low) → 4 → (0 + 2) + (1 + 3)
+        (GgmlTarget::Avx512, _) => {
+            let t8: [V; 8] = std::array::from_fn(|i| add(r[8 + i], r[i]));
+            let t4: [V; 4] = std::array::from_fn(|i| add(t8[4 + i], t8[i]));
+            add(add(t4[0], t4[2]), add(t4[1], t4[3]))
+        }
+        // GGML_F32x8_REDUCE: halves, then two hadds: (t0 + t1) + (t2 + t3)
+        (GgmlTarget::Avx2, KqvOrder::VecDot) => {
+            let t: [V; 4] = std::array::from_fn(|i| add(r[i], r[i + 4]));
+            add(add(t[0], t[1]), add(t[2], t[3]))
+        }
+        // hsum_float_8: (a4 + a0, a5 + a1, a6 + a2, a7 + a3), then (r0 + r2) + (r1 + r3)
+        (GgmlTarget::Avx2, KqvOrder::TinyBlas) => {
+            let t: [V; 4] = std::array::from_fn(|i| add(r[4 + i], r[i]));
+            add(add(t[0], t[2]), add(t[1], t[3]))
+        }
+    }
+}
+
+/// Head dimensions [`kqv_slot`] keeps in registers at once (eight 8-lane vectors: eight independent fma
+/// chains, enough to cover the fma latency).
+const KQV_DIMS: usize = 64;
+
+/// Accumulator `a` of [`kqv_all_d`] for dimensions `d0 .. d0 + D`: `acc[k] = fma(v[i][d0 + k], p[i],
+/// acc[k])` for `i = a, a + n_acc, ...` below `p.len()` (rows past `n_pos` are zeros), from 0.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn kqv_slot<F: Fma, const D: usize>(
+    values: &[f32],
+    n_pos: usize,
+    hd: usize,
+    p: &[f32],
+    a: usize,
+    n_acc: usize,
+    d0: usize,
+    out: &mut [f32],
+) {
+    let mut r = [0f32; D];
+    let mut i = a;
+    while i < p.len() {
+        let pi = p[i];
+        if i < n_pos {
+            let row = &values[i * hd + d0..][..D];
+            for (r, &v) in r.iter_mut().zip(row) {
+                *r = F::fma(v, pi, *r);
+            }
+        } else {
+            for r in r.iter_mut() {
+                *r = F::fma(0.0, pi, *r);
+            }
+        }
+        i += n_acc;
+    }
+    out[..D].copy_from_slice(&r);
+}
+
 /// `out[d] = Σ_i p[i]·v[i][d]` for every `d` at once, each output with exactly the operations of
 /// `vec_dot_f32_by` ([`KqvOrder::VecDot`], `p.len()` a multiple of 4 lanes) or `tinyblas_dot_f32_by`
 /// ([`KqvOrder::TinyBlas`], a multiple of the lanes): the accumulators of every `d` advance together over
@@ -653,22 +741,27 @@ fn kqv_all_d<F: Fma>(
         scratch.resize(n_acc * hd, 0.0);
     }
     let acc = &mut scratch[..n_acc * hd];
-    acc.fill(0.0);
-    // VecDot: element i + j·L + l of every 4L-step goes to accumulator (j, l); TinyBlas: i + l to l.
-    for (idx, &pi) in p.iter().enumerate() {
-        let a = &mut acc[(idx % n_acc) * hd..][..hd];
-        if idx < n_pos {
-            let row = &values[idx * hd..][..hd];
-            for (a, &v) in a.iter_mut().zip(row) {
-                *a = F::fma(v, pi, *a);
-            }
-        } else {
-            for a in a.iter_mut() {
-                *a = F::fma(0.0, pi, *a);
-            }
+    // VecDot: element i + j·L + l of every 4L-step goes to accumulator (j, l); TinyBlas: i + l to l —
+    // accumulator `a` takes positions a, a + n_acc, a + 2·n_acc, ... in that order. One accumulator and
+    // KQV_DIMS dimensions at a time, so the running sums stay in registers.
+    for (a, acc) in acc.chunks_exact_mut(hd).enumerate() {
+        let mut d0 = 0;
+        while d0 + KQV_DIMS <= hd {
+            kqv_slot::<F, KQV_DIMS>(values, n_pos, hd, p, a, n_acc, d0, &mut acc[d0..]);
+            d0 += KQV_DIMS;
+        }
+        while d0 < hd {
+            kqv_slot::<F, 1>(values, n_pos, hd, p, a, n_acc, d0, &mut acc[d0..]);
+            d0 += 1;
         }
     }
-    for (d, o) in out[..hd].iter_mut().enumerate() {
+    // eight dimensions at a time: the same trees with the dimensions as the lanes of one vector
+    let mut d0 = 0;
+    while d0 + 8 <= hd {
+        out[d0..d0 + 8].copy_from_slice(&kqv_reduce8(target, order, acc, hd, d0));
+        d0 += 8;
+    }
+    for (d, o) in out[..hd].iter_mut().enumerate().skip(d0) {
         let lane = |j: usize, l: usize| acc[(j * lanes + l) * hd + d];
         *o = match order {
             // ggml_vec_dot_f32's reduction (GGML_F32_VEC_REDUCE)

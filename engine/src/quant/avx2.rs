@@ -29,7 +29,7 @@ pub fn available() -> bool {
 /// `hsum_float_8` (arch/x86/quants.c): high + low 128 bits, `movehl`, `movehdup` + `add_ss`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn hsum_float_8(x: __m256) -> f32 {
+pub(super) unsafe fn hsum_float_8(x: __m256) -> f32 {
     let mut res = _mm256_extractf128_ps(x, 1);
     res = _mm_add_ps(res, _mm256_castps256_ps128(x));
     res = _mm_add_ps(res, _mm_movehl_ps(res, res));
@@ -59,7 +59,7 @@ unsafe fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
 /// `bytes_from_nibbles_32`: 16 bytes of packed nibbles → 32 bytes, low nibbles first.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn bytes_from_nibbles_32(qs: *const u8) -> __m256i {
+pub(super) unsafe fn bytes_from_nibbles_32(qs: *const u8) -> __m256i {
     let tmp = _mm_loadu_si128(qs as *const __m128i);
     let bytes = _mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
     _mm256_and_si256(_mm256_set1_epi8(0x0F), bytes)
@@ -70,7 +70,7 @@ unsafe fn bytes_from_nibbles_32(qs: *const u8) -> __m256i {
 /// [`read_f16`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn f16x2(p: *const u8) -> (f32, f32) {
+pub(super) unsafe fn f16x2(p: *const u8) -> (f32, f32) {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)))
 }
@@ -78,7 +78,7 @@ unsafe fn f16x2(p: *const u8) -> (f32, f32) {
 /// One f16 at `p` (see [`f16x2`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn f16x1(p: *const u8) -> f32 {
+pub(super) unsafe fn f16x1(p: *const u8) -> f32 {
     let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
         (p as *const u16).read_unaligned(),
     )));
@@ -178,7 +178,7 @@ pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) 
 /// and `0` elsewhere (byte `j` from bit `j`).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn bytes_from_bits_32(x: *const u8) -> __m256i {
+pub(super) unsafe fn bytes_from_bits_32(x: *const u8) -> __m256i {
     let x32 = (x as *const i32).read_unaligned();
     let shuf_mask = _mm256_set_epi64x(
         0x0303_0303_0303_0303,
@@ -493,6 +493,14 @@ mod tests {
         a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
     }
 
+    /// Every SIMD setting this CPU runs besides `off`.
+    fn simd_settings() -> Vec<Simd> {
+        Simd::ALL
+            .into_iter()
+            .filter(|s| *s != Simd::Off && s.available())
+            .collect()
+    }
+
     #[test]
     fn simd_kernels_give_the_scalar_kernels_bits() {
         if !super::available() {
@@ -501,50 +509,71 @@ mod tests {
         }
         let mut rng = Rng(0x5eed_1234_abcd_0001);
         let mut cases = 0;
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
-            let k = simd_kernel(Simd::Avx2, ty, NumericsMode::Ggml).expect("a SIMD kernel");
-            let vd = GgmlPath::VecDot;
-            for nb in (1..=24).chain([36, 48, 64, 96, 192]) {
-                let n = nb * 32;
-                for _ in 0..8 {
-                    let w = weight_row(ty, nb, &mut rng);
-                    let xs: Vec<PreparedRow> = (0..4)
-                        .map(|_| {
-                            let x: Vec<f32> = (0..n).map(|_| rng.activation()).collect();
-                            let mut p = PreparedRow::new();
-                            p.prepare(ty, NumericsMode::Ggml, &x).unwrap();
-                            p
-                        })
-                        .collect();
-                    let want: Vec<f32> = xs
-                        .iter()
-                        .map(|p| vec_dot_path(ty, &w, p, GgmlPath::VecDot))
-                        .collect();
-                    let four = k.dot([&w], [&xs[0], &xs[1], &xs[2], &xs[3]], [vd; 4])[0];
-                    // the same row three times in a 3-row call: each copy gives the same bits (a NaN's
-                    // sign and payload are not part of the contract)
-                    let rows3 = k.dot([&w, &w, &w], [&xs[0], &xs[1], &xs[2], &xs[3]], [vd; 4]);
-                    for r in rows3 {
-                        for (a, b) in r.iter().zip(&four) {
-                            assert!(same(*a, *b), "{ty} nb {nb}: 3-row {a:e} vs 1-row {b:e}");
+        let mut with_min_quant = 0;
+        for simd in simd_settings() {
+            for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
+                let k = simd_kernel(simd, ty, NumericsMode::Ggml).expect("a SIMD kernel");
+                let vd = GgmlPath::VecDot;
+                for nb in (1..=24).chain([36, 48, 64, 96, 192]) {
+                    let n = nb * 32;
+                    for _ in 0..6 {
+                        let w = weight_row(ty, nb, &mut rng);
+                        // one call in four has rows with NaN inputs (a −128 quant: the AVX-512 tiles
+                        // hand such calls to the AVX2 kernels); the others none
+                        let nan = rng.next() % 4 == 0;
+                        let xs: Vec<PreparedRow> = (0..8)
+                            .map(|_| {
+                                let x: Vec<f32> = (0..n)
+                                    .map(|_| match rng.activation() {
+                                        v if v.is_nan() && !nan => 0.5,
+                                        v => v,
+                                    })
+                                    .collect();
+                                let mut p = PreparedRow::new();
+                                p.prepare(ty, NumericsMode::Ggml, &x).unwrap();
+                                p
+                            })
+                            .collect();
+                        with_min_quant += xs.iter().filter(|p| p.has_min_quant).count();
+                        let want: Vec<f32> = xs
+                            .iter()
+                            .map(|p| vec_dot_path(ty, &w, p, GgmlPath::VecDot))
+                            .collect();
+                        let x8: [&PreparedRow; 8] = std::array::from_fn(|j| &xs[j]);
+                        let eight = k.dot([&w], x8, [vd; 8])[0];
+                        let four = k.dot([&w], [&xs[0], &xs[1], &xs[2], &xs[3]], [vd; 4])[0];
+                        // the same row three times in a 3-row call: each copy gives the same bits (a
+                        // NaN's sign and payload are not part of the contract)
+                        let rows3 = k.dot([&w, &w, &w], x8, [vd; 8]);
+                        for r in rows3 {
+                            for (a, b) in r.iter().zip(&eight) {
+                                assert!(
+                                    same(*a, *b),
+                                    "{simd} {ty} nb {nb}: 3-row {a:e} vs 1-row {b:e}"
+                                );
+                            }
                         }
-                    }
-                    for j in 0..4 {
-                        let one = k.dot([&w], [&xs[j]], [vd])[0][0];
-                        assert!(
-                            same(one, want[j]) && same(four[j], want[j]),
-                            "{ty} nb {nb} row {j}: scalar {:e} ({:#x}), simd x1 {:e}, simd x4 {:e}",
-                            want[j],
-                            want[j].to_bits(),
-                            one,
-                            four[j]
-                        );
-                        cases += 1;
+                        for j in 0..8 {
+                            let one = k.dot([&w], [&xs[j]], [vd])[0][0];
+                            let x4 = if j < 4 { four[j] } else { eight[j] };
+                            assert!(
+                                same(one, want[j]) && same(eight[j], want[j]) && same(x4, want[j]),
+                                "{simd} {ty} nb {nb} row {j}: scalar {:e} ({:#x}), simd x1 {one:e}, \
+                                 x4 {x4:e}, x8 {:e}",
+                                want[j],
+                                want[j].to_bits(),
+                                eight[j]
+                            );
+                            cases += 1;
+                        }
                     }
                 }
             }
         }
-        assert!(cases > 1000);
+        assert!(
+            cases > 1000 && with_min_quant > 10,
+            "{cases} {with_min_quant}"
+        );
     }
 
     /// Random K-quant super-blocks: random bytes, with the f16 super-block scales (`d`, and Q4_K's
@@ -579,11 +608,15 @@ mod tests {
         use GgmlPath::*;
         let mut rng = Rng(0x0dd_ba11_cafe_f00d);
         let mut cases = 0;
-        for (ty, paths) in [
-            (GgmlType::Q4_K, [RepackGemv, RepackGemm, Tiled, VecDot]),
-            (GgmlType::Q6_K, [VecDot, Tiled, VecDot, Tiled]),
+        for (ty, paths, simd) in [
+            (
+                GgmlType::Q4_K,
+                [RepackGemv, RepackGemm, Tiled, VecDot],
+                Simd::Avx2,
+            ),
+            (GgmlType::Q6_K, [VecDot, Tiled, VecDot, Tiled], Simd::Avx2),
         ] {
-            let k = simd_kernel(Simd::Avx2, ty, NumericsMode::Ggml).expect("a SIMD kernel");
+            let k = simd_kernel(simd, ty, NumericsMode::Ggml).expect("a SIMD kernel");
             for nb in [1, 2, 3, 4, 7, 19] {
                 for _ in 0..6 {
                     let w = k_quant_row(ty, nb, &mut rng);

@@ -86,6 +86,8 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
 mod float;
 mod fp;
 mod prepared;
@@ -107,6 +109,18 @@ pub fn avx2_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         avx2::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+/// True if this CPU runs the AVX-512 VNNI tiles ([`crate::simd::Simd::Avx512`]; they need the AVX2
+/// kernels' features too).
+pub fn avx512_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx512::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -398,6 +412,12 @@ pub(crate) enum SimdKernel {
     Q4_KAvx2,
     /// `ggml_vec_dot_q6_K_q8_K` and the tiled path, AVX2 (`avx2::dot_q6_k_q8_k`).
     Q6_KAvx2,
+    /// `ggml_vec_dot_q4_1_q8_1` with VNNI block products (`avx512::dot_q4_1_q8_1`).
+    Q4_1Avx512,
+    /// `ggml_vec_dot_q8_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q8_0_q8_0`).
+    Q8_0Avx512,
+    /// `ggml_vec_dot_q5_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q5_0_q8_0`).
+    Q5_0Avx512,
 }
 
 /// The SIMD kernel for weights of `ty` in `mode` under `simd`, or `None` where only the scalar kernel
@@ -408,8 +428,17 @@ pub(crate) fn simd_kernel(
     ty: GgmlType,
     mode: NumericsMode,
 ) -> Option<SimdKernel> {
-    if simd != crate::simd::Simd::Avx2 || mode != NumericsMode::Ggml || !avx2_available() {
+    use crate::simd::Simd;
+    if !simd.avx2_kernels() || mode != NumericsMode::Ggml {
         return None;
+    }
+    if simd == Simd::Avx512 {
+        match ty {
+            GgmlType::Q4_1 => return Some(SimdKernel::Q4_1Avx512),
+            GgmlType::Q8_0 => return Some(SimdKernel::Q8_0Avx512),
+            GgmlType::Q5_0 => return Some(SimdKernel::Q5_0Avx512),
+            _ => {}
+        }
     }
     match ty {
         GgmlType::Q4_1 => Some(SimdKernel::Q4_1Avx2),
@@ -458,10 +487,23 @@ impl SimdKernel {
         assert!(rows.len() >= n_rows * row_bytes && N <= stride);
         assert!(n_rows == 0 || out.len() >= (n_rows - 1) * stride + N);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: a `SimdKernel` exists only where `simd_kernel` found AVX2+FMA+F16C on this CPU; the
-        // bounds were checked above.
+        // SAFETY: a `SimdKernel` exists only where `simd_kernel` found its features on this CPU
+        // (AVX2+FMA+F16C, and AVX-512 F/BW/VL/VNNI for the `Avx512` ones); the bounds were checked above.
         unsafe {
-            dot_rows_avx2(self, rows, row_bytes, n_rows, xs, paths, out, stride)
+            use SimdKernel::*;
+            let vnni = matches!(self, Q4_1Avx512 | Q8_0Avx512 | Q5_0Avx512);
+            // a −128 activation quant needs ggml's `sign` form, which the AVX2 kernels have
+            if vnni && !xs.iter().any(|x| x.has_min_quant) {
+                dot_rows_avx512(self, rows, row_bytes, n_rows, xs, out, stride)
+            } else {
+                let k = match self {
+                    Q4_1Avx512 => Q4_1Avx2,
+                    Q8_0Avx512 => Q8_0Avx2,
+                    Q5_0Avx512 => Q5_0Avx2,
+                    k => k,
+                };
+                dot_rows_avx2(k, rows, row_bytes, n_rows, xs, paths, out, stride)
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -519,6 +561,85 @@ unsafe fn dot_rows_avx2<const N: usize>(
         }
         SimdKernel::Q4_KAvx2 => each!(w => avx2::dot_q4_k_q8_k(w, q8k, paths)),
         SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k(w, q8k, paths)),
+        SimdKernel::Q4_1Avx512 | SimdKernel::Q8_0Avx512 | SimdKernel::Q5_0Avx512 => {
+            unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512")
+        }
+    }
+}
+
+/// Blocks per row up to which [`dot_rows_avx512`] keeps the transposed scales on the stack (16 KiB).
+#[cfg(target_arch = "x86_64")]
+const MAX_TILE_BLOCKS: usize = 512;
+
+/// The bytes of `q` as `u8` (the same memory; `vpdpbusd` takes Q8_1 quants as its signed operand).
+#[cfg(target_arch = "x86_64")]
+fn bytemuck_i8(q: &[i8]) -> &[u8] {
+    // SAFETY: i8 and u8 have the same size and alignment, and every bit pattern is valid for both.
+    unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, q.len()) }
+}
+
+/// [`SimdKernel::dot_rows`] for the AVX-512 VNNI kernels (`quant::avx512`), compiled with their features;
+/// no activation row may hold a −128 quant (the caller checks `has_min_quant`).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C and AVX-512 F, BW, VL, VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_rows_avx512<const N: usize>(
+    k: SimdKernel,
+    rows: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    xs: [&PreparedRow; N],
+    out: &mut [f32],
+    stride: usize,
+) {
+    use avx512::LANES;
+    let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
+    let nb = xs.first().map_or(0, |x| x.d.len());
+    // the rows' scales transposed, LANES per block (lanes past N stay 0); a stack buffer for rows of up
+    // to MAX_TILE_BLOCKS blocks, the heap past that (no model here has such rows)
+    let mut stack = [0f32; 2 * LANES * MAX_TILE_BLOCKS];
+    let mut heap = Vec::new();
+    let buf: &mut [f32] = if nb <= MAX_TILE_BLOCKS {
+        &mut stack[..2 * LANES * nb]
+    } else {
+        heap.resize(2 * LANES * nb, 0.0);
+        &mut heap
+    };
+    let (d, s) = buf.split_at_mut(LANES * nb);
+    for (j, x) in xs.iter().enumerate() {
+        for ib in 0..nb {
+            d[ib * LANES + j] = x.d[ib];
+            if let Some(&v) = x.s.get(ib) {
+                s[ib * LANES + j] = v;
+            }
+        }
+    }
+    let q4_1 = avx512::Tile {
+        qs: xs.map(|x| bytemuck_i8(&x.qs)),
+        d,
+        s,
+    };
+    let q8u = avx512::Tile {
+        qs: xs.map(|x| &x.qu[..]),
+        d,
+        s,
+    };
+    macro_rules! each {
+        ($w:ident => $dot:expr) => {
+            for i in 0..n_rows {
+                let $w = row(i);
+                let r: [f32; N] = $dot;
+                out[i * stride..i * stride + N].copy_from_slice(&r);
+            }
+        };
+    }
+    match k {
+        SimdKernel::Q4_1Avx512 => each!(w => avx512::dot_q4_1_q8_1(w, &q4_1)),
+        SimdKernel::Q8_0Avx512 => each!(w => avx512::dot_q8_0_q8_0(w, &q8u)),
+        SimdKernel::Q5_0Avx512 => each!(w => avx512::dot_q5_0_q8_0(w, &q8u)),
+        _ => unreachable!("dot_rows_avx512 runs the AVX-512 kernels only"),
     }
 }
 

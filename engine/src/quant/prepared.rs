@@ -35,6 +35,9 @@ pub struct PreparedRow {
     pub(super) s: Vec<f32>,
     /// Ggml, Q8_K: per-16 sums of the quants.
     pub(super) bsums: Vec<i16>,
+    /// Ggml, Q8_0: the quants offset to unsigned, `q + 128` (the operand of the AVX-512 VNNI tiles,
+    /// `quant::avx512`).
+    pub(super) qu: Vec<u8>,
     /// Ggml, Q8_0: some quant is -128 (only a NaN input produces one); the kernels then use the exact
     /// `_mm256_sign_epi8` product.
     pub(super) has_min_quant: bool,
@@ -108,6 +111,8 @@ impl PreparedRow {
                 resize(&mut self.d, nb, 0.0);
                 self.has_min_quant =
                     q8::quantize_act_q8_0(x, &mut self.blocks, &mut self.qs, &mut self.d);
+                self.qu.clear();
+                self.qu.extend(self.qs.iter().map(|&q| (q as u8) ^ 0x80));
             }
             (NumericsMode::Ggml, GgmlType::Q8_1) => {
                 resize(&mut self.blocks, nbytes, 0);

@@ -1,0 +1,216 @@
+//! AVX-512 VNNI tiles: the AVX2 kernels of [`super::avx2`] for Q4_1, Q5_0 and Q8_0 weights with the
+//! integer block products done by `vpdpbusd` on 256-bit vectors (AVX-512 F, BW, VL, VNNI), for
+//! [`crate::simd::Simd::Avx512`].
+//!
+//! What they mirror, and why the bits are the AVX2 kernels' (and llama.cpp's): every output is
+//! `hsum_float_8(acc)` (+ `summs` for Q4_1) of one eight-lane accumulator updated once per 32-element block
+//! with `acc = fma(d_w · d_x, lane, acc)`, where lane `l` is the exact integer dot of elements
+//! `4l .. 4l+4`. ggml-cpu's x86 kernels (`ggml_vec_dot_q8_0_q8_0`, `_q5_0_q8_0`, `_q4_1_q8_1` in
+//! `arch/x86/quants.c`, and `tinyBLAS_Q0_AVX` in `llamafile/sgemm.cpp`) compute those lanes with
+//! `maddubs`/`madd` on AVX2 and with `_mm256_dpbusd_epi32` when built with `__AVX512VNNI__`; both are
+//! exact, so the lanes are the same integers. Only the way to the integers differs here:
+//!
+//! - **Signed weights × signed activations (Q8_0, Q5_0)**: ggml makes the product unsigned × signed with
+//!   `_mm256_sign_epi8` (`|w|` and `sign(a, w)`), one extra instruction per weight block and activation
+//!   row. These tiles use the offset form instead: `Σ w·a = Σ w·(a+128) − 128·Σ w`, with `a + 128` made
+//!   once per activation row ([`super::PreparedRow`]'s `qu`) and `−128·Σ w` once per weight block, as the
+//!   `vpdpbusd` accumulator's starting value. Both are exact for every quant except an activation quant of
+//!   −128 (only a NaN input produces one), where ggml's `sign` form wraps; rows with one go to the AVX2
+//!   kernel, which reproduces the wrap.
+//! - **Unsigned nibbles × signed activations (Q4_1)**: `vpdpbusd` takes them as they are (4·15·127 fits
+//!   an i32; `maddubs` could not saturate either: 2·15·127 < 2¹⁵).
+//!
+//! The scales `d_w · d_x` of one weight block and the call's (up to eight) activation rows are one
+//! `vmulps` on the rows' transposed scales ([`Tile`]; every lane the same f32 product as ggml's
+//! `_mm256_set1_ps(d_w * d_x)`), broadcast per row with an in-lane `vpermilps` as ggml's `gemm4xN` does;
+//! Q4_1's `summs` chains are the lanes of one vector likewise. One activation block then costs a load,
+//! `vpdpbusd`, `vcvtdq2ps`, `vpermilps` and the fma.
+//!
+//! Every function here is `unsafe`: the caller must have checked [`available`], and the slices must hold
+//! whole blocks of matching length (checked with `assert!`).
+
+use std::arch::x86_64::*;
+
+use super::avx2::{bytes_from_bits_32, bytes_from_nibbles_32, f16x1, f16x2, hsum_float_8};
+use super::fp::read_f16;
+use super::q8::{Q8_0_BYTES, QK};
+use super::{q4_1, q5_0};
+
+/// True if this CPU runs the kernels of this module: the AVX2 kernels' features (AVX2, FMA, F16C) and
+/// AVX-512 F, BW, VL and VNNI, detected at run time.
+pub fn available() -> bool {
+    super::avx2::available()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// The activation rows of one kernel call, as the tiles read them: up to [`LANES`] rows of quants (offset
+/// to unsigned, `q + 128`, for the signed-weight tiles; as stored for Q4_1) and their per-block scales
+/// transposed, `d[ib · LANES + j]` = row `j`'s `d` of block `ib` (and `s` likewise, Q8_1), so that the
+/// scales of every row of one block are one vector.
+pub(crate) struct Tile<'a, const N: usize> {
+    pub qs: [&'a [u8]; N],
+    pub d: &'a [f32],
+    pub s: &'a [f32],
+}
+
+/// Activation rows per [`Tile`] at most, and the stride of its transposed scales.
+pub(crate) const LANES: usize = 8;
+
+/// `−128 · Σ w` over each group of four signed bytes of `w` (exact i32 lanes): the starting value that
+/// turns `vpdpbusd(·, a + 128, w)` into `Σ a·w`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn offset_correction(w: __m256i) -> __m256i {
+    let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), w);
+    _mm256_sub_epi32(_mm256_setzero_si256(), s)
+}
+
+/// Lane `j` of the eight scales `lo` (lanes 0..4 in both halves) / `hi` (lanes 4..8 in both halves)
+/// broadcast to all eight lanes with one in-lane `vpermilps` (`j` is a constant once the row loop is
+/// unrolled).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn lane(lo: __m256, hi: __m256, j: usize) -> __m256 {
+    match j {
+        0 => _mm256_permute_ps(lo, 0x00),
+        1 => _mm256_permute_ps(lo, 0x55),
+        2 => _mm256_permute_ps(lo, 0xAA),
+        3 => _mm256_permute_ps(lo, 0xFF),
+        4 => _mm256_permute_ps(hi, 0x00),
+        5 => _mm256_permute_ps(hi, 0x55),
+        6 => _mm256_permute_ps(hi, 0xAA),
+        _ => _mm256_permute_ps(hi, 0xFF),
+    }
+}
+
+/// The products `d_w · d_x[j]` of block `ib` for the tile's rows (each lane ggml's `d_w * d_x`, one f32
+/// rounding), split for [`lane`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn scales(dw: f32, d: &[f32], ib: usize) -> (__m256, __m256) {
+    let dv = _mm256_mul_ps(
+        _mm256_set1_ps(dw),
+        _mm256_loadu_ps(d.as_ptr().add(ib * LANES)),
+    );
+    (
+        _mm256_permute2f128_ps(dv, dv, 0x00),
+        _mm256_permute2f128_ps(dv, dv, 0x11),
+    )
+}
+
+/// Check the tile holds `nb` blocks of `QK` quants per row and `nb` transposed scales.
+fn check_tile<const N: usize>(x: &Tile<'_, N>, nb: usize, with_s: bool) {
+    assert!(N <= LANES);
+    assert!(x.d.len() >= nb * LANES && (!with_s || x.s.len() >= nb * LANES));
+    for q in &x.qs {
+        assert!(q.len() >= nb * QK);
+    }
+}
+
+/// The `N` accumulator updates of one signed weight block `qw` (scale `dw`) against block `ib` of the
+/// tile's offset rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn signed_block<const N: usize>(
+    qw: __m256i,
+    dw: f32,
+    x: &Tile<'_, N>,
+    ib: usize,
+    acc: &mut [__m256; N],
+) {
+    let corr = offset_correction(qw);
+    let (lo, hi) = scales(dw, x.d, ib);
+    for j in 0..N {
+        let qa = _mm256_loadu_si256(x.qs[j].as_ptr().add(ib * QK) as *const __m256i);
+        let l = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr, qa, qw));
+        acc[j] = _mm256_fmadd_ps(lane(lo, hi, j), l, acc[j]);
+    }
+}
+
+/// `ggml_vec_dot_q8_0_q8_0` / `tinyBLAS_Q0_AVX` for one Q8_0 weight row against the tile's `N` offset
+/// activation rows (module docs): every output has the bits of `avx2::dot_q8_0_q8_0` (and of the scalar
+/// `q8::dot_q8_0_q8_0`) for rows without a −128 quant.
+///
+/// # Safety
+/// [`available`] must be true; `w` holds `nb` Q8_0 blocks and the tile `nb` blocks (checked).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(w: &[u8], x: &Tile<'_, N>) -> [f32; N] {
+    let nb = w.len() / Q8_0_BYTES;
+    assert_eq!(w.len(), nb * Q8_0_BYTES);
+    check_tile(x, nb, false);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for ib in 0..nb {
+        let blk = w.as_ptr().add(ib * Q8_0_BYTES);
+        let qw = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+        signed_block(qw, f16x1(blk), x, ib, &mut acc);
+    }
+    acc.map(|a| hsum_float_8(a))
+}
+
+/// `ggml_vec_dot_q5_0_q8_0` / `tinyBLAS_Q0_AVX` for one Q5_0 weight row against the tile's `N` offset
+/// activation rows: the signed 5-bit values are unpacked as `avx2::dot_q5_0_q8_0` does
+/// (`bytes_from_nibbles_32` OR'd with `0xF0` where the high bit is clear); every output has that kernel's
+/// bits for rows without a −128 quant.
+///
+/// # Safety
+/// [`available`] must be true; `w` holds `nb` Q5_0 blocks and the tile `nb` blocks (checked).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q5_0_q8_0<const N: usize>(w: &[u8], x: &Tile<'_, N>) -> [f32; N] {
+    let nb = w.len() / q5_0::BYTES;
+    assert_eq!(w.len(), nb * q5_0::BYTES);
+    check_tile(x, nb, false);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for ib in 0..nb {
+        let blk = w.as_ptr().add(ib * q5_0::BYTES);
+        let bxhi = _mm256_andnot_si256(bytes_from_bits_32(blk.add(2)), _mm256_set1_epi8(-16));
+        let qw = _mm256_or_si256(bytes_from_nibbles_32(blk.add(6)), bxhi);
+        signed_block(qw, f16x1(blk), x, ib, &mut acc);
+    }
+    acc.map(|a| hsum_float_8(a))
+}
+
+/// `ggml_vec_dot_q4_1_q8_1` for one Q4_1 weight row against the tile's `N` Q8_1 activation rows, the
+/// nibbles × quants as `vpdpbusd` (ggml's `mul_sum_us8_pairs_float` under `__AVX512VNNI__`): per block
+/// and row `summs += m_w · s_x` (one fma; the rows' `summs` are the lanes of one vector) and
+/// `acc = fma(d_w · d_x, lane, acc)`; result `hsum_float_8(acc) + summs`. Every output has the bits of
+/// `avx2::dot_q4_1_q8_1` and `q4_1::dot_q8_1`.
+///
+/// # Safety
+/// [`available`] must be true; `w` holds `nb` Q4_1 blocks and the tile `nb` Q8_1 blocks (checked).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q4_1_q8_1<const N: usize>(w: &[u8], x: &Tile<'_, N>) -> [f32; N] {
+    let nb = w.len() / q4_1::BYTES;
+    assert_eq!(w.len(), nb * q4_1::BYTES);
+    check_tile(x, nb, true);
+    let m_at = q4_1::min_offset();
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut summs = _mm256_setzero_ps();
+    for ib in 0..nb {
+        let blk = w.as_ptr().add(ib * q4_1::BYTES);
+        let (dw, m2) = f16x2(blk);
+        let mw = if m_at == 2 {
+            m2
+        } else {
+            read_f16(std::slice::from_raw_parts(blk, 4), m_at)
+        };
+        let sv = _mm256_loadu_ps(x.s.as_ptr().add(ib * LANES));
+        summs = _mm256_fmadd_ps(_mm256_set1_ps(mw), sv, summs);
+        let qw = bytes_from_nibbles_32(blk.add(4));
+        let (lo, hi) = scales(dw, x.d, ib);
+        for j in 0..N {
+            let qa = _mm256_loadu_si256(x.qs[j].as_ptr().add(ib * QK) as *const __m256i);
+            let l = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), qw, qa));
+            acc[j] = _mm256_fmadd_ps(lane(lo, hi, j), l, acc[j]);
+        }
+    }
+    let mut s = [0f32; LANES];
+    _mm256_storeu_ps(s.as_mut_ptr(), summs);
+    let mut out = [0f32; N];
+    for j in 0..N {
+        out[j] = hsum_float_8(acc[j]) + s[j];
+    }
+    out
+}
