@@ -454,7 +454,11 @@ prompts = ["*"]
             simd: vec![best.to_string()],
             ..Filters::default()
         };
-        assert!(m.expand(&small(), &f).unwrap().iter().all(|c| c.simd == best));
+        assert!(m
+            .expand(&small(), &f)
+            .unwrap()
+            .iter()
+            .all(|c| c.simd == best));
     }
 
     #[test]

@@ -121,7 +121,7 @@ impl DecoderDims {
             rope_dim: m.opt_usize("rope.dimension_count")?.unwrap_or(head_dim),
             rope_base: m.opt_f32("rope.freq_base")?.unwrap_or(10000.0),
         };
-        if dims.rope_dim > dims.head_dim || dims.rope_dim % 2 != 0 {
+        if dims.rope_dim > dims.head_dim || !dims.rope_dim.is_multiple_of(2) {
             return Err(m.error(format!(
                 "rope.dimension_count {} must be even and ≤ head_dim {}",
                 dims.rope_dim, dims.head_dim

@@ -442,12 +442,17 @@ pub(crate) unsafe fn vec_dot_f32_avx2(target: GgmlTarget, x: &[f32], y: &[f32]) 
 /// The CPU must have AVX2 and FMA; `keys` holds `scores.len()` rows of `q.len()` (checked).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn kq_scores_avx2(target: GgmlTarget, keys: &[f32], q: &[f32], scores: &mut [f32]) {
+pub(crate) unsafe fn kq_scores_avx2(
+    target: GgmlTarget,
+    keys: &[f32],
+    q: &[f32],
+    scores: &mut [f32],
+) {
     use std::arch::x86_64::*;
     let hd = q.len();
     assert!(keys.len() >= scores.len() * hd);
     let lanes = target.lanes();
-    let batched = if hd > 0 && hd % (4 * lanes) == 0 {
+    let batched = if hd > 0 && hd.is_multiple_of(4 * lanes) {
         scores.len() / 8 * 8
     } else {
         0

@@ -537,7 +537,8 @@ unsafe fn attention_head_avx2(
     acc: &mut Vec<f32>,
 ) {
     // SAFETY: the caller's CPU has AVX2 and FMA (this function's own contract).
-    let kq = |k: &[f32], q: &[f32], s: &mut [f32]| unsafe { ggml_cpu::kq_scores_avx2(to.0, k, q, s) };
+    let kq =
+        |k: &[f32], q: &[f32], s: &mut [f32]| unsafe { ggml_cpu::kq_scores_avx2(to.0, k, q, s) };
     attention_head::<Hardware, _>(q, cache, layer, pos, shape, scores, out, h, to, acc, kq)
 }
 
@@ -634,13 +635,7 @@ fn attention_head<F: Fma, K: Fn(&[f32], &[f32], &mut [f32])>(
 /// ([`KqvOrder::TinyBlas`]: AVX2 `hsum_float_8`, AVX-512 `_mm512_reduce_add_ps`), element-wise on
 /// eight-wide arrays (which vectorize) instead of one dimension after another.
 #[inline(always)]
-fn kqv_reduce8(
-    target: GgmlTarget,
-    order: KqvOrder,
-    acc: &[f32],
-    hd: usize,
-    d0: usize,
-) -> [f32; 8] {
+fn kqv_reduce8(target: GgmlTarget, order: KqvOrder, acc: &[f32], hd: usize, d0: usize) -> [f32; 8] {
     type V = [f32; 8];
     let lanes = target.lanes();
     let ld = |j: usize, l: usize| -> V {
@@ -736,7 +731,7 @@ fn kqv_all_d<F: Fma>(
         KqvOrder::VecDot => 4 * lanes,
         KqvOrder::TinyBlas => lanes,
     };
-    debug_assert!(hd <= MAX_KQV_HEAD_DIM && p.len() % n_acc == 0);
+    debug_assert!(hd <= MAX_KQV_HEAD_DIM && p.len().is_multiple_of(n_acc));
     if scratch.len() < n_acc * hd {
         scratch.resize(n_acc * hd, 0.0);
     }

@@ -477,7 +477,7 @@ mod tests {
         let per = bytes / nb;
         let mut w: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
         for blk in w.chunks_exact_mut(per) {
-            if rng.next() % 2 == 0 {
+            if rng.next().is_multiple_of(2) {
                 let d = half::f16::from_f32(((rng.next() % 1000) as f32 + 1.0) * 1e-5);
                 blk[0..2].copy_from_slice(&d.to_le_bytes());
                 if ty == GgmlType::Q4_1 {
@@ -520,7 +520,7 @@ mod tests {
                         let w = weight_row(ty, nb, &mut rng);
                         // one call in four has rows with NaN inputs (a −128 quant: the AVX-512 tiles
                         // hand such calls to the AVX2 kernels); the others none
-                        let nan = rng.next() % 4 == 0;
+                        let nan = rng.next().is_multiple_of(4);
                         let xs: Vec<PreparedRow> = (0..8)
                             .map(|_| {
                                 let x: Vec<f32> = (0..n)
@@ -582,7 +582,7 @@ mod tests {
         let per = ty.type_size();
         let mut w: Vec<u8> = (0..nb * per).map(|_| rng.next() as u8).collect();
         for blk in w.chunks_exact_mut(per) {
-            if rng.next() % 8 != 0 {
+            if !rng.next().is_multiple_of(8) {
                 let mut f16 = |lo: f32| {
                     half::f16::from_f32(((rng.next() % 1000) as f32 + lo) * 1e-5).to_le_bytes()
                 };

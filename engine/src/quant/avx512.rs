@@ -22,9 +22,9 @@
 //!
 //! The scales `d_w · d_x` of one weight block and the call's (up to eight) activation rows are one
 //! `vmulps` on the rows' transposed scales ([`Tile`]; every lane the same f32 product as ggml's
-//! `_mm256_set1_ps(d_w * d_x)`), broadcast per row with an in-lane `vpermilps` as ggml's `gemm4xN` does;
-//! Q4_1's `summs` chains are the lanes of one vector likewise. One activation block then costs a load,
-//! `vpdpbusd`, `vcvtdq2ps`, `vpermilps` and the fma.
+//! `_mm256_set1_ps(d_w * d_x)`), made for the whole weight row first and read back with broadcast loads
+//! (no shuffle); Q4_1's `summs` chains are the lanes of one vector likewise. One activation block then
+//! costs two loads, `vpdpbusd`, `vcvtdq2ps` and the fma.
 //!
 //! Every function here is `unsafe`: the caller must have checked [`available`], and the slices must hold
 //! whole blocks of matching length (checked with `assert!`).
@@ -68,37 +68,20 @@ unsafe fn offset_correction(w: __m256i) -> __m256i {
     _mm256_sub_epi32(_mm256_setzero_si256(), s)
 }
 
-/// Lane `j` of the eight scales `lo` (lanes 0..4 in both halves) / `hi` (lanes 4..8 in both halves)
-/// broadcast to all eight lanes with one in-lane `vpermilps` (`j` is a constant once the row loop is
-/// unrolled).
+/// `prod[ib · LANES + j] = d_w[ib] · d[ib · LANES + j]` for every block of the row (one `vmulps` per
+/// block, every lane ggml's f32 product `d_w * d_x`): the kernels then read each row's scale with a
+/// broadcast load, which costs no shuffle.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn lane(lo: __m256, hi: __m256, j: usize) -> __m256 {
-    match j {
-        0 => _mm256_permute_ps(lo, 0x00),
-        1 => _mm256_permute_ps(lo, 0x55),
-        2 => _mm256_permute_ps(lo, 0xAA),
-        3 => _mm256_permute_ps(lo, 0xFF),
-        4 => _mm256_permute_ps(hi, 0x00),
-        5 => _mm256_permute_ps(hi, 0x55),
-        6 => _mm256_permute_ps(hi, 0xAA),
-        _ => _mm256_permute_ps(hi, 0xFF),
+unsafe fn scale_products(dw: impl Fn(usize) -> f32, d: &[f32], nb: usize, prod: &mut [f32]) {
+    assert!(d.len() >= nb * LANES && prod.len() >= nb * LANES);
+    for ib in 0..nb {
+        let v = _mm256_mul_ps(
+            _mm256_set1_ps(dw(ib)),
+            _mm256_loadu_ps(d.as_ptr().add(ib * LANES)),
+        );
+        _mm256_storeu_ps(prod.as_mut_ptr().add(ib * LANES), v);
     }
-}
-
-/// The products `d_w · d_x[j]` of block `ib` for the tile's rows (each lane ggml's `d_w * d_x`, one f32
-/// rounding), split for [`lane`].
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[inline]
-unsafe fn scales(dw: f32, d: &[f32], ib: usize) -> (__m256, __m256) {
-    let dv = _mm256_mul_ps(
-        _mm256_set1_ps(dw),
-        _mm256_loadu_ps(d.as_ptr().add(ib * LANES)),
-    );
-    (
-        _mm256_permute2f128_ps(dv, dv, 0x00),
-        _mm256_permute2f128_ps(dv, dv, 0x11),
-    )
 }
 
 /// Check the tile holds `nb` blocks of `QK` quants per row and `nb` transposed scales.
@@ -110,23 +93,24 @@ fn check_tile<const N: usize>(x: &Tile<'_, N>, nb: usize, with_s: bool) {
     }
 }
 
-/// The `N` accumulator updates of one signed weight block `qw` (scale `dw`) against block `ib` of the
-/// tile's offset rows.
+/// The `N` accumulator updates of one signed weight block `qw` against block `ib` of the tile's offset
+/// rows, with the scale products `prod` of [`scale_products`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn signed_block<const N: usize>(
     qw: __m256i,
-    dw: f32,
     x: &Tile<'_, N>,
+    prod: &[f32],
     ib: usize,
     acc: &mut [__m256; N],
 ) {
     let corr = offset_correction(qw);
-    let (lo, hi) = scales(dw, x.d, ib);
+    #[allow(clippy::needless_range_loop)] // j indexes the rows, their accumulators and scales alike
     for j in 0..N {
         let qa = _mm256_loadu_si256(x.qs[j].as_ptr().add(ib * QK) as *const __m256i);
         let l = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(corr, qa, qw));
-        acc[j] = _mm256_fmadd_ps(lane(lo, hi, j), l, acc[j]);
+        let d = _mm256_set1_ps(*prod.get_unchecked(ib * LANES + j));
+        acc[j] = _mm256_fmadd_ps(d, l, acc[j]);
     }
 }
 
@@ -137,15 +121,20 @@ unsafe fn signed_block<const N: usize>(
 /// # Safety
 /// [`available`] must be true; `w` holds `nb` Q8_0 blocks and the tile `nb` blocks (checked).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(w: &[u8], x: &Tile<'_, N>) -> [f32; N] {
+pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(
+    w: &[u8],
+    x: &Tile<'_, N>,
+    prod: &mut [f32],
+) -> [f32; N] {
     let nb = w.len() / Q8_0_BYTES;
     assert_eq!(w.len(), nb * Q8_0_BYTES);
     check_tile(x, nb, false);
+    scale_products(|ib| f16x1(w.as_ptr().add(ib * Q8_0_BYTES)), x.d, nb, prod);
     let mut acc = [_mm256_setzero_ps(); N];
     for ib in 0..nb {
         let blk = w.as_ptr().add(ib * Q8_0_BYTES);
         let qw = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-        signed_block(qw, f16x1(blk), x, ib, &mut acc);
+        signed_block(qw, x, prod, ib, &mut acc);
     }
     acc.map(|a| hsum_float_8(a))
 }
@@ -158,16 +147,21 @@ pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(w: &[u8], x: &Tile<'_, N>) ->
 /// # Safety
 /// [`available`] must be true; `w` holds `nb` Q5_0 blocks and the tile `nb` blocks (checked).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn dot_q5_0_q8_0<const N: usize>(w: &[u8], x: &Tile<'_, N>) -> [f32; N] {
+pub(crate) unsafe fn dot_q5_0_q8_0<const N: usize>(
+    w: &[u8],
+    x: &Tile<'_, N>,
+    prod: &mut [f32],
+) -> [f32; N] {
     let nb = w.len() / q5_0::BYTES;
     assert_eq!(w.len(), nb * q5_0::BYTES);
     check_tile(x, nb, false);
+    scale_products(|ib| f16x1(w.as_ptr().add(ib * q5_0::BYTES)), x.d, nb, prod);
     let mut acc = [_mm256_setzero_ps(); N];
     for ib in 0..nb {
         let blk = w.as_ptr().add(ib * q5_0::BYTES);
         let bxhi = _mm256_andnot_si256(bytes_from_bits_32(blk.add(2)), _mm256_set1_epi8(-16));
         let qw = _mm256_or_si256(bytes_from_nibbles_32(blk.add(6)), bxhi);
-        signed_block(qw, f16x1(blk), x, ib, &mut acc);
+        signed_block(qw, x, prod, ib, &mut acc);
     }
     acc.map(|a| hsum_float_8(a))
 }
@@ -181,34 +175,41 @@ pub(crate) unsafe fn dot_q5_0_q8_0<const N: usize>(w: &[u8], x: &Tile<'_, N>) ->
 /// # Safety
 /// [`available`] must be true; `w` holds `nb` Q4_1 blocks and the tile `nb` Q8_1 blocks (checked).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn dot_q4_1_q8_1<const N: usize>(w: &[u8], x: &Tile<'_, N>) -> [f32; N] {
+pub(crate) unsafe fn dot_q4_1_q8_1<const N: usize>(
+    w: &[u8],
+    x: &Tile<'_, N>,
+    prod: &mut [f32],
+) -> [f32; N] {
     let nb = w.len() / q4_1::BYTES;
     assert_eq!(w.len(), nb * q4_1::BYTES);
     check_tile(x, nb, true);
+    scale_products(|ib| f16x1(w.as_ptr().add(ib * q4_1::BYTES)), x.d, nb, prod);
     let m_at = q4_1::min_offset();
     let mut acc = [_mm256_setzero_ps(); N];
     let mut summs = _mm256_setzero_ps();
     for ib in 0..nb {
         let blk = w.as_ptr().add(ib * q4_1::BYTES);
-        let (dw, m2) = f16x2(blk);
         let mw = if m_at == 2 {
-            m2
+            f16x2(blk).1
         } else {
             read_f16(std::slice::from_raw_parts(blk, 4), m_at)
         };
         let sv = _mm256_loadu_ps(x.s.as_ptr().add(ib * LANES));
         summs = _mm256_fmadd_ps(_mm256_set1_ps(mw), sv, summs);
         let qw = bytes_from_nibbles_32(blk.add(4));
-        let (lo, hi) = scales(dw, x.d, ib);
+        #[allow(clippy::needless_range_loop)]
+        // j indexes the rows, their accumulators and scales alike
         for j in 0..N {
             let qa = _mm256_loadu_si256(x.qs[j].as_ptr().add(ib * QK) as *const __m256i);
             let l = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), qw, qa));
-            acc[j] = _mm256_fmadd_ps(lane(lo, hi, j), l, acc[j]);
+            let d = _mm256_set1_ps(*prod.get_unchecked(ib * LANES + j));
+            acc[j] = _mm256_fmadd_ps(d, l, acc[j]);
         }
     }
     let mut s = [0f32; LANES];
     _mm256_storeu_ps(s.as_mut_ptr(), summs);
     let mut out = [0f32; N];
+    #[allow(clippy::needless_range_loop)] // j indexes the rows, their accumulators and scales alike
     for j in 0..N {
         out[j] = hsum_float_8(acc[j]) + s[j];
     }

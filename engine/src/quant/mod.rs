@@ -364,7 +364,7 @@ pub enum GgmlPath {
 /// Q4_0 and IQ4_NL are repacked too, but the engine has no repacked kernels for them yet: they keep
 /// [`GgmlPath::VecDot`] and are not bit-exact in ggml mode (see the module docs).
 pub fn ggml_path(ty: GgmlType, rows: usize, n_tokens: usize, t: usize) -> GgmlPath {
-    let repacked = ty == GgmlType::Q4_K && rows % 8 == 0;
+    let repacked = ty == GgmlType::Q4_K && rows.is_multiple_of(8);
     if repacked {
         if t < n_tokens - n_tokens % 4 {
             GgmlPath::RepackGemm
@@ -492,8 +492,10 @@ impl SimdKernel {
         unsafe {
             use SimdKernel::*;
             let vnni = matches!(self, Q4_1Avx512 | Q8_0Avx512 | Q5_0Avx512);
-            // a −128 activation quant needs ggml's `sign` form, which the AVX2 kernels have
-            if vnni && !xs.iter().any(|x| x.has_min_quant) {
+            // a −128 activation quant needs ggml's `sign` form, which the AVX2 kernels have; a single
+            // activation row (decode) is faster there too (the tile's transposed scales and products
+            // cost more than they save for one row: criterion `matmul/q8_0/*/ggml/decode`)
+            if vnni && N > 1 && !xs.iter().any(|x| x.has_min_quant) {
                 dot_rows_avx512(self, rows, row_bytes, n_rows, xs, out, stride)
             } else {
                 let k = match self {
@@ -567,10 +569,6 @@ unsafe fn dot_rows_avx2<const N: usize>(
     }
 }
 
-/// Blocks per row up to which [`dot_rows_avx512`] keeps the transposed scales on the stack (16 KiB).
-#[cfg(target_arch = "x86_64")]
-const MAX_TILE_BLOCKS: usize = 512;
-
 /// The bytes of `q` as `u8` (the same memory; `vpdpbusd` takes Q8_1 quants as its signed operand).
 #[cfg(target_arch = "x86_64")]
 fn bytemuck_i8(q: &[i8]) -> &[u8] {
@@ -595,27 +593,60 @@ unsafe fn dot_rows_avx512<const N: usize>(
     stride: usize,
 ) {
     use avx512::LANES;
-    let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
     let nb = xs.first().map_or(0, |x| x.d.len());
-    // the rows' scales transposed, LANES per block (lanes past N stay 0); a stack buffer for rows of up
-    // to MAX_TILE_BLOCKS blocks, the heap past that (no model here has such rows)
-    let mut stack = [0f32; 2 * LANES * MAX_TILE_BLOCKS];
-    let mut heap = Vec::new();
-    let buf: &mut [f32] = if nb <= MAX_TILE_BLOCKS {
-        &mut stack[..2 * LANES * nb]
-    } else {
-        heap.resize(2 * LANES * nb, 0.0);
-        &mut heap
-    };
-    let (d, s) = buf.split_at_mut(LANES * nb);
-    for (j, x) in xs.iter().enumerate() {
-        for ib in 0..nb {
-            d[ib * LANES + j] = x.d[ib];
-            if let Some(&v) = x.s.get(ib) {
-                s[ib * LANES + j] = v;
+    // the thread's tile buffer: the rows' scales transposed, LANES per block (lanes past N are 0), and
+    // room for the kernel's per-row scale products (grows once, then reused: no allocation per call)
+    TILE_SCRATCH.with(|buf| {
+        let buf = &mut *buf.borrow_mut();
+        if buf.len() < 3 * LANES * nb {
+            buf.resize(3 * LANES * nb, 0.0);
+        }
+        let (d, rest) = buf.split_at_mut(LANES * nb);
+        let (s, prod) = rest.split_at_mut(LANES * nb);
+        if N < LANES {
+            d.fill(0.0);
+            s.fill(0.0);
+        }
+        for (j, x) in xs.iter().enumerate() {
+            for ib in 0..nb {
+                d[ib * LANES + j] = x.d[ib];
+                if let Some(&v) = x.s.get(ib) {
+                    s[ib * LANES + j] = v;
+                }
             }
         }
-    }
+        let prod = &mut prod[..LANES * nb];
+        dot_rows_tiles(k, rows, row_bytes, n_rows, xs, d, s, prod, out, stride)
+    })
+}
+
+thread_local! {
+    /// Per-thread buffer of [`dot_rows_avx512`] (transposed scales and scale products).
+    #[cfg(target_arch = "x86_64")]
+    static TILE_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The row loop of [`dot_rows_avx512`] over its tile buffer (a separate function with the kernels'
+/// features: a closure would be compiled without them).
+///
+/// # Safety
+/// As [`dot_rows_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_rows_tiles<const N: usize>(
+    k: SimdKernel,
+    rows: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    xs: [&PreparedRow; N],
+    d: &[f32],
+    s: &[f32],
+    prod: &mut [f32],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
     let q4_1 = avx512::Tile {
         qs: xs.map(|x| bytemuck_i8(&x.qs)),
         d,
@@ -636,9 +667,9 @@ unsafe fn dot_rows_avx512<const N: usize>(
         };
     }
     match k {
-        SimdKernel::Q4_1Avx512 => each!(w => avx512::dot_q4_1_q8_1(w, &q4_1)),
-        SimdKernel::Q8_0Avx512 => each!(w => avx512::dot_q8_0_q8_0(w, &q8u)),
-        SimdKernel::Q5_0Avx512 => each!(w => avx512::dot_q5_0_q8_0(w, &q8u)),
+        SimdKernel::Q4_1Avx512 => each!(w => avx512::dot_q4_1_q8_1(w, &q4_1, prod)),
+        SimdKernel::Q8_0Avx512 => each!(w => avx512::dot_q8_0_q8_0(w, &q8u, prod)),
+        SimdKernel::Q5_0Avx512 => each!(w => avx512::dot_q5_0_q8_0(w, &q8u, prod)),
         _ => unreachable!("dot_rows_avx512 runs the AVX-512 kernels only"),
     }
 }

@@ -66,7 +66,7 @@ impl PreparedRow {
             NumericsMode::Ggml => vdt,
         };
         for ty in [weight_ty, act_ty] {
-            if n % ty.block_size() != 0 {
+            if !n.is_multiple_of(ty.block_size()) {
                 return Err(Error::Invalid(format!(
                     "activation length {n} is not a multiple of the {ty} block size {}",
                     ty.block_size()

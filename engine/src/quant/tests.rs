@@ -22,7 +22,7 @@ impl Rng {
     /// Heavy-tailed values like activations with outlier channels.
     fn activation(&mut self) -> f32 {
         let u = self.uniform();
-        if self.next() % 64 == 0 {
+        if self.next().is_multiple_of(64) {
             u * 20.0
         } else {
             u

@@ -115,7 +115,7 @@ impl GgmlType {
     /// the size overflows `usize`.
     pub fn bytes_for(self, n_elements: u64) -> Option<usize> {
         let bs = self.block_size() as u64;
-        if n_elements % bs != 0 {
+        if !n_elements.is_multiple_of(bs) {
             return None;
         }
         let bytes = (n_elements / bs).checked_mul(self.type_size() as u64)?;
