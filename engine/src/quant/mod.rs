@@ -5,7 +5,9 @@
 //! code). Weights are read as little-endian bytes straight from the memory map; nothing is dequantized at
 //! load. One module per format (`q4_0`, `q4_1`, `q5_0`, `q8` = Q8_0 + Q8_1, `q8_k`, `q4_k`, `q6_k`,
 //! `float` = F32/F16/BF16); `fp` holds ggml's f16/bf16 conversions, `x86` the scalar replicas of the SIMD
-//! reduction steps, `reference` the reference-mode dot products, `prepared` the [`PreparedRow`].
+//! reduction steps, `reference` the reference-mode dot products, `prepared` the [`PreparedRow`]; `avx2`
+//! and `avx512` the SIMD kernels of ggml mode ([`crate::simd::Simd`]), each bit-identical to the scalar
+//! replicas.
 //!
 //! | type | dequantize | quantize (`_ref`) | dot (both modes) | `vec_dot_type` |
 //! |---|---|---|---|---|
