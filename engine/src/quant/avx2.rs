@@ -542,16 +542,26 @@ mod tests {
                         let x8: [&PreparedRow; 8] = std::array::from_fn(|j| &xs[j]);
                         let eight = k.dot([&w], x8, [vd; 8])[0];
                         let four = k.dot([&w], [&xs[0], &xs[1], &xs[2], &xs[3]], [vd; 4])[0];
-                        // the same row three times in a 3-row call: each copy gives the same bits (a
-                        // NaN's sign and payload are not part of the contract)
-                        let rows3 = k.dot([&w, &w, &w], x8, [vd; 8]);
-                        for r in rows3 {
+                        // another row between two copies of this one in a 3-row call (kernels that
+                        // take weight rows in pairs): each row gives its own bits (a NaN's sign and
+                        // payload are not part of the contract)
+                        let w2 = weight_row(ty, nb, &mut rng);
+                        let rows3 = k.dot([&w, &w2, &w], x8, [vd; 8]);
+                        for r in [rows3[0], rows3[2]] {
                             for (a, b) in r.iter().zip(&eight) {
                                 assert!(
                                     same(*a, *b),
                                     "{simd} {ty} nb {nb}: 3-row {a:e} vs 1-row {b:e}"
                                 );
                             }
+                        }
+                        for (j, x) in xs.iter().enumerate() {
+                            let want2 = vec_dot_path(ty, &w2, x, vd);
+                            let got = rows3[1][j];
+                            assert!(
+                                same(got, want2),
+                                "{simd} {ty} nb {nb} row 2: {got:e} vs {want2:e}"
+                            );
                         }
                         for j in 0..8 {
                             let one = k.dot([&w], [&xs[j]], [vd])[0][0];

@@ -139,6 +139,44 @@ pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(
     acc.map(|a| hsum_float_8(a))
 }
 
+/// [`dot_q8_0_q8_0`] for two weight rows at once (each activation block is loaded once for both): every
+/// output has that function's bits. `prod` holds room for both rows' scale products.
+///
+/// # Safety
+/// As [`dot_q8_0_q8_0`], for both rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q8_0_q8_0_x2<const N: usize>(
+    w: [&[u8]; 2],
+    x: &Tile<'_, N>,
+    prod: &mut [f32],
+) -> [[f32; N]; 2] {
+    let nb = w[0].len() / Q8_0_BYTES;
+    assert!(w[0].len() == nb * Q8_0_BYTES && w[1].len() == nb * Q8_0_BYTES);
+    check_tile(x, nb, false);
+    let (p0, p1) = prod.split_at_mut(nb * LANES);
+    scale_products(|ib| f16x1(w[0].as_ptr().add(ib * Q8_0_BYTES)), x.d, nb, p0);
+    scale_products(|ib| f16x1(w[1].as_ptr().add(ib * Q8_0_BYTES)), x.d, nb, p1);
+    let mut acc0 = [_mm256_setzero_ps(); N];
+    let mut acc1 = [_mm256_setzero_ps(); N];
+    for ib in 0..nb {
+        let qw0 = _mm256_loadu_si256(w[0].as_ptr().add(ib * Q8_0_BYTES + 2) as *const __m256i);
+        let qw1 = _mm256_loadu_si256(w[1].as_ptr().add(ib * Q8_0_BYTES + 2) as *const __m256i);
+        let (c0, c1) = (offset_correction(qw0), offset_correction(qw1));
+        #[allow(clippy::needless_range_loop)]
+        // j indexes the rows, their accumulators and scales alike
+        for j in 0..N {
+            let qa = _mm256_loadu_si256(x.qs[j].as_ptr().add(ib * QK) as *const __m256i);
+            let l0 = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c0, qa, qw0));
+            let l1 = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c1, qa, qw1));
+            let d0 = _mm256_set1_ps(*p0.get_unchecked(ib * LANES + j));
+            let d1 = _mm256_set1_ps(*p1.get_unchecked(ib * LANES + j));
+            acc0[j] = _mm256_fmadd_ps(d0, l0, acc0[j]);
+            acc1[j] = _mm256_fmadd_ps(d1, l1, acc1[j]);
+        }
+    }
+    [acc0.map(|a| hsum_float_8(a)), acc1.map(|a| hsum_float_8(a))]
+}
+
 /// `ggml_vec_dot_q5_0_q8_0` / `tinyBLAS_Q0_AVX` for one Q5_0 weight row against the tile's `N` offset
 /// activation rows: the signed 5-bit values are unpacked as `avx2::dot_q5_0_q8_0` does
 /// (`bytes_from_nibbles_32` OR'd with `0xF0` where the high bit is clear); every output has that kernel's

@@ -462,11 +462,13 @@ impl SimdKernel {
         xs: [&PreparedRow; N],
         paths: [GgmlPath; N],
     ) -> [[f32; N]; R] {
-        w.map(|w| {
-            let mut out = [0f32; N];
-            self.dot_rows(w, w.len(), 1, xs, paths, &mut out, N);
-            out
-        })
+        // the rows side by side in one buffer and one call, as the backend calls it
+        let rb = w[0].len();
+        assert!(w.iter().all(|r| r.len() == rb));
+        let rows: Vec<u8> = w.concat();
+        let mut out = vec![0f32; R * N];
+        self.dot_rows(&rows, rb, R, xs, paths, &mut out, N);
+        std::array::from_fn(|r| std::array::from_fn(|t| out[r * N + t]))
     }
 }
 
@@ -600,8 +602,8 @@ unsafe fn dot_rows_avx512<const N: usize>(
     // room for the kernel's per-row scale products (grows once, then reused: no allocation per call)
     TILE_SCRATCH.with(|buf| {
         let buf = &mut *buf.borrow_mut();
-        if buf.len() < 3 * LANES * nb {
-            buf.resize(3 * LANES * nb, 0.0);
+        if buf.len() < 4 * LANES * nb {
+            buf.resize(4 * LANES * nb, 0.0);
         }
         let (d, rest) = buf.split_at_mut(LANES * nb);
         let (s, prod) = rest.split_at_mut(LANES * nb);
@@ -617,7 +619,7 @@ unsafe fn dot_rows_avx512<const N: usize>(
                 }
             }
         }
-        let prod = &mut prod[..LANES * nb];
+        let prod = &mut prod[..2 * LANES * nb];
         dot_rows_tiles(k, rows, row_bytes, n_rows, xs, d, s, prod, out, stride)
     })
 }
@@ -670,7 +672,19 @@ unsafe fn dot_rows_tiles<const N: usize>(
     }
     match k {
         SimdKernel::Q4_1Avx512 => each!(w => avx512::dot_q4_1_q8_1(w, &q4_1, prod)),
-        SimdKernel::Q8_0Avx512 => each!(w => avx512::dot_q8_0_q8_0(w, &q8u, prod)),
+        SimdKernel::Q8_0Avx512 => {
+            // two weight rows per step: each activation block loaded once for both
+            let pairs = n_rows / 2;
+            for i in 0..pairs {
+                let r = avx512::dot_q8_0_q8_0_x2([row(2 * i), row(2 * i + 1)], &q8u, prod);
+                out[2 * i * stride..2 * i * stride + N].copy_from_slice(&r[0]);
+                out[(2 * i + 1) * stride..(2 * i + 1) * stride + N].copy_from_slice(&r[1]);
+            }
+            for i in 2 * pairs..n_rows {
+                let r = avx512::dot_q8_0_q8_0(row(i), &q8u, prod);
+                out[i * stride..i * stride + N].copy_from_slice(&r);
+            }
+        }
         SimdKernel::Q5_0Avx512 => each!(w => avx512::dot_q5_0_q8_0(w, &q8u, prod)),
         _ => unreachable!("dot_rows_avx512 runs the AVX-512 kernels only"),
     }
