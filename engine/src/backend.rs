@@ -43,8 +43,6 @@ impl<'a> QMatrix<'a> {
 #[derive(Debug, Default)]
 pub struct MatmulScratch {
     prepared: Vec<PreparedRow>,
-    /// `[rows, n_tokens]` staging of the transposed result when `n_tokens > 1`.
-    staging: Vec<f32>,
 }
 
 /// Computes quantized-weight × f32-activation products.
@@ -91,6 +89,21 @@ impl CpuBackend {
     }
 }
 
+/// The output of a batched matmul shared by its row-chunk tasks, each of which writes a disjoint set of
+/// elements (see [`CpuBackend`]'s `matmul`).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the tasks that share an `OutPtr` write disjoint elements (their weight rows), and the matmul
+// that made it waits for all of them before `out` is used again.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    /// The pointer (a method, so that closures capture the whole `Send + Sync` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Rows per rayon task: large enough to amortise scheduling, small enough to balance two cores.
 const ROWS_PER_TASK: usize = 64;
 
@@ -117,7 +130,7 @@ impl Backend for CpuBackend {
         scratch: &mut MatmulScratch,
     ) -> crate::Result<()> {
         debug_assert_eq!(x.len(), n_tokens * w.cols);
-        debug_assert_eq!(out.len(), n_tokens * w.rows);
+        assert_eq!(out.len(), n_tokens * w.rows, "matmul output size"); // the tasks write through a raw pointer
         if scratch.prepared.len() < n_tokens {
             scratch.prepared.resize_with(n_tokens, PreparedRow::new);
         }
@@ -147,47 +160,48 @@ impl Backend for CpuBackend {
                     // (more concurrent streams from memory); one dispatch per chunk of rows
                     let rb = w.row_bytes();
                     let rows = &w.data[r0 * rb..];
-                    k.dot_rows(rows, rb, chunk.len(), [&prepared[0]], [p], chunk, 1);
+                    k.dot_rows(rows, rb, chunk.len(), [&prepared[0]], [p], [chunk]);
                 });
             return Ok(());
         }
-        // Row-major over weight rows so each row's blocks are read once for all tokens.
-        scratch.staging.resize(w.rows * n_tokens, 0.0);
-        scratch
-            .staging
-            .par_chunks_mut(ROWS_PER_TASK * n_tokens)
-            .enumerate()
-            .for_each(|(c, chunk)| {
-                let rows = chunk.chunks_exact_mut(n_tokens).enumerate();
-                let Some(k) = kernel else {
-                    for (i, row_out) in rows {
-                        let row = w.row(c * ROWS_PER_TASK + i);
-                        for (t, (o, p)) in row_out.iter_mut().zip(prepared).enumerate() {
-                            *o = quant::vec_dot_path(w.ty, row, p, path(t));
-                        }
+        // Tasks are chunks of ROWS_PER_TASK weight rows, each writing its rows of every token's output
+        // row: row-major over weight rows, so each row's blocks are read once for all tokens.
+        let n_chunks = w.rows.div_ceil(ROWS_PER_TASK);
+        let base = OutPtr(out.as_mut_ptr());
+        let (rows_total, rb) = (w.rows, w.row_bytes());
+        (0..n_chunks).into_par_iter().for_each(|c| {
+            let r0 = c * ROWS_PER_TASK;
+            let n_rows = ROWS_PER_TASK.min(rows_total - r0);
+            // token t's outputs of this chunk: out[t·rows + r0 .. + n_rows]
+            let token_out = |t: usize| -> &mut [f32] {
+                // SAFETY: `out` holds n_tokens·rows floats (checked above) and outlives this scope; the
+                // chunks' row ranges are disjoint, and within a chunk each token's range is taken once
+                // per kernel call (distinct t), so no two live slices overlap.
+                unsafe {
+                    std::slice::from_raw_parts_mut(base.get().add(t * rows_total + r0), n_rows)
+                }
+            };
+            let Some(k) = kernel else {
+                for i in 0..n_rows {
+                    let row = w.row(r0 + i);
+                    for (t, p) in prepared.iter().enumerate() {
+                        token_out(t)[i] = quant::vec_dot_path(w.ty, row, p, path(t));
                     }
-                    return;
-                };
-                // token groups outermost: the group's activations stay in L1 across the chunk's rows
-                let n_rows = chunk.len() / n_tokens;
-                let full = n_tokens - n_tokens % TOKENS_PER_CALL;
-                let rb = w.row_bytes();
-                let rows = &w.data[c * ROWS_PER_TASK * rb..];
-                for t0 in (0..full).step_by(TOKENS_PER_CALL) {
-                    let xs: [&PreparedRow; TOKENS_PER_CALL] =
-                        std::array::from_fn(|j| &prepared[t0 + j]);
-                    let paths = std::array::from_fn(|j| path(t0 + j));
-                    k.dot_rows(rows, rb, n_rows, xs, paths, &mut chunk[t0..], n_tokens);
                 }
-                for t in full..n_tokens {
-                    let (x, p) = ([&prepared[t]], [path(t)]);
-                    k.dot_rows(rows, rb, n_rows, x, p, &mut chunk[t..], n_tokens);
-                }
-            });
-        let staging = &scratch.staging;
-        out.par_chunks_mut(w.rows).enumerate().for_each(|(t, o)| {
-            for (r, o) in o.iter_mut().enumerate() {
-                *o = staging[r * n_tokens + t];
+                return;
+            };
+            // token groups outermost: the group's activations stay in L1 across the chunk's rows
+            let full = n_tokens - n_tokens % TOKENS_PER_CALL;
+            let rows = &w.data[r0 * rb..];
+            for t0 in (0..full).step_by(TOKENS_PER_CALL) {
+                let xs: [&PreparedRow; TOKENS_PER_CALL] =
+                    std::array::from_fn(|j| &prepared[t0 + j]);
+                let paths = std::array::from_fn(|j| path(t0 + j));
+                let outs = std::array::from_fn(|j| token_out(t0 + j));
+                k.dot_rows(rows, rb, n_rows, xs, paths, outs);
+            }
+            for t in full..n_tokens {
+                k.dot_rows(rows, rb, n_rows, [&prepared[t]], [path(t)], [token_out(t)]);
             }
         });
         Ok(())

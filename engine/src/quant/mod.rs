@@ -466,17 +466,19 @@ impl SimdKernel {
         let rb = w[0].len();
         assert!(w.iter().all(|r| r.len() == rb));
         let rows: Vec<u8> = w.concat();
-        let mut out = vec![0f32; R * N];
-        self.dot_rows(&rows, rb, R, xs, paths, &mut out, N);
-        std::array::from_fn(|r| std::array::from_fn(|t| out[r * N + t]))
+        let mut out = vec![[0f32; R]; N];
+        let mut outs = out.iter_mut();
+        let outs: [&mut [f32]; N] = std::array::from_fn(|_| &mut outs.next().unwrap()[..]);
+        self.dot_rows(&rows, rb, R, xs, paths, outs);
+        std::array::from_fn(|r| std::array::from_fn(|t| out[t][r]))
     }
 }
 
 impl SimdKernel {
-    /// `out[i·stride + t] = vec_dot_path(rows[i], xs[t], paths[t])` for `i < n_rows` consecutive weight
-    /// rows of `row_bytes` bytes each in `rows` and the `N` activation rows `xs`, bit for bit: one
-    /// dispatch for a whole run of rows (a decode step's matrix-vector product with `N = 1`, a group of
-    /// `N` prompt tokens otherwise) instead of one per row.
+    /// `outs[t][i] = vec_dot_path(rows[i], xs[t], paths[t])` for `i < n_rows` consecutive weight rows of
+    /// `row_bytes` bytes each in `rows` and the `N` activation rows `xs`, bit for bit: one dispatch for a
+    /// whole run of rows (a decode step's matrix-vector product with `N = 1`, a group of `N` prompt
+    /// tokens otherwise) instead of one per row; each token's outputs go straight to its own output row.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn dot_rows<const N: usize>(
         self,
@@ -485,11 +487,10 @@ impl SimdKernel {
         n_rows: usize,
         xs: [&PreparedRow; N],
         paths: [GgmlPath; N],
-        out: &mut [f32],
-        stride: usize,
+        mut outs: [&mut [f32]; N],
     ) {
-        assert!(rows.len() >= n_rows * row_bytes && N <= stride);
-        assert!(n_rows == 0 || out.len() >= (n_rows - 1) * stride + N);
+        assert!(rows.len() >= n_rows * row_bytes);
+        assert!(outs.iter().all(|o| o.len() >= n_rows));
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a `SimdKernel` exists only where `simd_kernel` found its features on this CPU
         // (AVX2+FMA+F16C, and AVX-512 F/BW/VL/VNNI for the `Avx512` ones); the bounds were checked above.
@@ -500,7 +501,7 @@ impl SimdKernel {
             // activation row (decode) is faster there too (the tile's transposed scales and products
             // cost more than they save for one row: criterion `matmul/q8_0/*/ggml/decode`)
             if vnni && N > 1 && !xs.iter().any(|x| x.has_min_quant) {
-                dot_rows_avx512(self, rows, row_bytes, n_rows, xs, out, stride)
+                dot_rows_avx512(self, rows, row_bytes, n_rows, xs, &mut outs)
             } else {
                 let k = match self {
                     Q4_1Avx512 => Q4_1Avx2,
@@ -508,12 +509,12 @@ impl SimdKernel {
                     Q5_0Avx512 => Q5_0Avx2,
                     k => k,
                 };
-                dot_rows_avx2(k, rows, row_bytes, n_rows, xs, paths, out, stride)
+                dot_rows_avx2(k, rows, row_bytes, n_rows, xs, paths, &mut outs)
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (rows, row_bytes, n_rows, xs, paths, out, stride);
+            let _ = (rows, row_bytes, n_rows, xs, paths, outs);
             unreachable!("no SIMD kernel is selected off x86-64")
         }
     }
@@ -534,8 +535,7 @@ unsafe fn dot_rows_avx2<const N: usize>(
     n_rows: usize,
     xs: [&PreparedRow; N],
     paths: [GgmlPath; N],
-    out: &mut [f32],
-    stride: usize,
+    outs: &mut [&mut [f32]; N],
 ) {
     let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
     let q8 = xs.map(|x| avx2::Q8Row {
@@ -554,7 +554,9 @@ unsafe fn dot_rows_avx2<const N: usize>(
             for i in 0..n_rows {
                 let $w = row(i);
                 let r: [f32; N] = $dot;
-                out[i * stride..i * stride + N].copy_from_slice(&r);
+                for (o, r) in outs.iter_mut().zip(r) {
+                    o[i] = r;
+                }
             }
         };
     }
@@ -593,8 +595,7 @@ unsafe fn dot_rows_avx512<const N: usize>(
     row_bytes: usize,
     n_rows: usize,
     xs: [&PreparedRow; N],
-    out: &mut [f32],
-    stride: usize,
+    outs: &mut [&mut [f32]; N],
 ) {
     use avx512::LANES;
     let nb = xs.first().map_or(0, |x| x.d.len());
@@ -620,7 +621,7 @@ unsafe fn dot_rows_avx512<const N: usize>(
             }
         }
         let prod = &mut prod[..2 * LANES * nb];
-        dot_rows_tiles(k, rows, row_bytes, n_rows, xs, d, s, prod, out, stride)
+        dot_rows_tiles(k, rows, row_bytes, n_rows, xs, d, s, prod, outs)
     })
 }
 
@@ -647,8 +648,7 @@ unsafe fn dot_rows_tiles<const N: usize>(
     d: &[f32],
     s: &[f32],
     prod: &mut [f32],
-    out: &mut [f32],
-    stride: usize,
+    outs: &mut [&mut [f32]; N],
 ) {
     let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
     let q4_1 = avx512::Tile {
@@ -666,7 +666,9 @@ unsafe fn dot_rows_tiles<const N: usize>(
             for i in 0..n_rows {
                 let $w = row(i);
                 let r: [f32; N] = $dot;
-                out[i * stride..i * stride + N].copy_from_slice(&r);
+                for (o, r) in outs.iter_mut().zip(r) {
+                    o[i] = r;
+                }
             }
         };
     }
@@ -677,12 +679,16 @@ unsafe fn dot_rows_tiles<const N: usize>(
             let pairs = n_rows / 2;
             for i in 0..pairs {
                 let r = avx512::dot_q8_0_q8_0_x2([row(2 * i), row(2 * i + 1)], &q8u, prod);
-                out[2 * i * stride..2 * i * stride + N].copy_from_slice(&r[0]);
-                out[(2 * i + 1) * stride..(2 * i + 1) * stride + N].copy_from_slice(&r[1]);
+                for (t, o) in outs.iter_mut().enumerate() {
+                    o[2 * i] = r[0][t];
+                    o[2 * i + 1] = r[1][t];
+                }
             }
             for i in 2 * pairs..n_rows {
                 let r = avx512::dot_q8_0_q8_0(row(i), &q8u, prod);
-                out[i * stride..i * stride + N].copy_from_slice(&r);
+                for (o, r) in outs.iter_mut().zip(r) {
+                    o[i] = r;
+                }
             }
         }
         SimdKernel::Q5_0Avx512 => each!(w => avx512::dot_q5_0_q8_0(w, &q8u, prod)),
