@@ -200,8 +200,8 @@ impl Backend for CpuBackend {
                 let outs = std::array::from_fn(|j| token_out(t0 + j));
                 k.dot_rows(rows, rb, n_rows, xs, paths, outs);
             }
-            for t in full..n_tokens {
-                k.dot_rows(rows, rb, n_rows, [&prepared[t]], [path(t)], [token_out(t)]);
+            for (t, x) in prepared.iter().enumerate().skip(full) {
+                k.dot_rows(rows, rb, n_rows, [x], [path(t)], [token_out(t)]);
             }
         });
         Ok(())
