@@ -520,6 +520,21 @@ impl SimdKernel {
     }
 }
 
+/// `outs[t][i] = dot(row(i))[t]` for every weight row `i < n_rows`: the row loop of the SIMD dispatchers,
+/// written out in each (a closure or `dyn` call would keep the kernel from inlining).
+#[cfg(target_arch = "x86_64")]
+macro_rules! each_row {
+    ($n_rows:expr, $row:ident, $outs:ident, $w:ident => $dot:expr) => {
+        for i in 0..$n_rows {
+            let $w = $row(i);
+            let r: [f32; N] = $dot;
+            for (o, r) in $outs.iter_mut().zip(r) {
+                o[i] = r;
+            }
+        }
+    };
+}
+
 /// [`SimdKernel::dot_rows`], compiled with the kernels' features so that the kernel inlines into the
 /// row loop.
 ///
@@ -551,13 +566,7 @@ unsafe fn dot_rows_avx2<const N: usize>(
     // one plain loop per kernel (a closure or `dyn` call would keep the kernel from inlining)
     macro_rules! each {
         ($w:ident => $dot:expr) => {
-            for i in 0..n_rows {
-                let $w = row(i);
-                let r: [f32; N] = $dot;
-                for (o, r) in outs.iter_mut().zip(r) {
-                    o[i] = r;
-                }
-            }
+            each_row!(n_rows, row, outs, $w => $dot)
         };
     }
     match k {
@@ -663,13 +672,7 @@ unsafe fn dot_rows_tiles<const N: usize>(
     };
     macro_rules! each {
         ($w:ident => $dot:expr) => {
-            for i in 0..n_rows {
-                let $w = row(i);
-                let r: [f32; N] = $dot;
-                for (o, r) in outs.iter_mut().zip(r) {
-                    o[i] = r;
-                }
-            }
+            each_row!(n_rows, row, outs, $w => $dot)
         };
     }
     match k {
