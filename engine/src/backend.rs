@@ -141,7 +141,7 @@ impl Backend for CpuBackend {
             .try_for_each(|(t, p)| p.prepare(w.ty, mode, &x[t * w.cols..(t + 1) * w.cols]))?;
         let prepared = &scratch.prepared[..n_tokens];
         // the ggml kernel of each batch row (llama.cpp's choice depends on the batch size)
-        let path = |t: usize| quant::ggml_path(w.ty, w.rows, n_tokens, t);
+        let path = |t: usize| quant::ggml_path(w.ty, w.rows, w.cols, n_tokens, t);
         // the SIMD kernel of this weight type, or none (each call is given its rows' ggml paths)
         let kernel = quant::simd_kernel(self.simd, w.ty, mode);
         if n_tokens == 1 {

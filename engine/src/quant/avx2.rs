@@ -257,7 +257,7 @@ pub(crate) struct Q8kRow<'a> {
 ///
 /// # Safety
 /// [`available`] must be true; `w` holds `nb` Q4_K blocks and every activation row `nb` Q8_K
-/// blocks (checked); no path is `VecDot` (checked).
+/// blocks (checked); no path is `VecDot` or `TinyBlas` (checked).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4_k_q8_k<const N: usize>(
     w: &[u8],
@@ -269,7 +269,7 @@ pub(crate) unsafe fn dot_q4_k_q8_k<const N: usize>(
     for r in &x {
         assert!(r.qs.len() >= nb * QK_K && r.d.len() >= nb && r.bsums.len() >= nb * QK_K / 16);
     }
-    assert!(!paths.contains(&GgmlPath::VecDot));
+    assert!(!paths.contains(&GgmlPath::VecDot) && !paths.contains(&GgmlPath::TinyBlas));
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [0f32; N];
     let mut accm = [0f32; N];
@@ -328,7 +328,7 @@ pub(crate) unsafe fn dot_q4_k_q8_k<const N: usize>(
                     let res = (-dminw).mul_add(s2, dw * s1);
                     *a = res.mul_add(dy, *a);
                 }
-                GgmlPath::VecDot => unreachable!("checked above"),
+                GgmlPath::VecDot | GgmlPath::TinyBlas => unreachable!("checked above"),
             }
         }
     }

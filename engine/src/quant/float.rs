@@ -147,3 +147,69 @@ pub(crate) fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
     }
     sumf as f32
 }
+
+/// One output of llamafile's `tinyBLAS` (ggml-cpu/llamafile/sgemm.cpp, `tinyBLAS::gemm_bloc`), which is
+/// what ggml-cpu runs for F32, F16 and BF16 weights in a batch of ≥ 2 activation rows when the row count
+/// is a multiple of 4 and the row length of `KN` ([`tinyblas_applies`]), AVX-512 build:
+///
+/// - F32 and F16 (`tinyBLAS<16, __m512, __m512, ...>`): one accumulator of 16 lanes, `c[l] = fma(w, x,
+///   c[l])` over chunks of 16 elements in order (F16 widened by `_mm512_cvtph_ps`, exact), then
+///   `hsum` = `_mm512_reduce_add_ps`;
+/// - BF16 with AVX512-BF16 (`tinyBLAS<32, __m512, __m512bh, ...>`): chunks of 32 elements through
+///   `_mm512_dpbf16_ps` (lane `k` adds the pair `2k + 1`, then `2k`, DAZ/FTZ fmas), then
+///   `_mm512_reduce_add_ps`.
+///
+/// The per-output arithmetic does not depend on the tile shape (`RM × RN`) or on the thread split. `x` is
+/// the activation already converted to the weight's type and widened (F32: itself). The result is the f32
+/// of the reduction, with no double accumulation (unlike `ggml_vec_dot_f16/bf16`).
+pub(crate) fn dot_tinyblas(ty: super::GgmlType, w: &[u8], x: &[f32]) -> f32 {
+    use super::GgmlType;
+    let n = x.len();
+    let mut c = [0f32; 16];
+    match ty {
+        GgmlType::F32 | GgmlType::F16 => {
+            let wv = |i: usize| {
+                if ty == GgmlType::F32 {
+                    read_f32(w, 4 * i)
+                } else {
+                    f16_to_f32(read_u16(w, 2 * i))
+                }
+            };
+            for base in (0..n - n % 16).step_by(16) {
+                for (l, a) in c.iter_mut().enumerate() {
+                    *a = fma(wv(base + l), x[base + l], *a);
+                }
+            }
+        }
+        GgmlType::BF16 => {
+            let wv = |i: usize| bf16_to_f32(read_u16(w, 2 * i));
+            for base in (0..n - n % 32).step_by(32) {
+                for (k, a) in c.iter_mut().enumerate() {
+                    let (o, e) = (base + 2 * k + 1, base + 2 * k);
+                    *a = bf16_fma(wv(o), x[o], *a);
+                    *a = bf16_fma(wv(e), x[e], *a);
+                }
+            }
+        }
+        _ => return f32::NAN,
+    }
+    reduce_add_16(&c)
+}
+
+/// Whether ggml-cpu's `llamafile_sgemm` (AVX-512 build) takes a float-weight matmul of `rows` weight rows of
+/// `cols` elements against `n_tokens` activation rows: `n ≥ 2`, `m % 4 == 0` (`tinyBLAS::matmul`), and
+/// `k % KN == 0` with `KN` = 16 for F32/F16 and 32 for BF16; otherwise the vec_dot kernels run.
+pub(crate) fn tinyblas_applies(
+    ty: super::GgmlType,
+    rows: usize,
+    cols: usize,
+    n_tokens: usize,
+) -> bool {
+    use super::GgmlType;
+    let kn = match ty {
+        GgmlType::F32 | GgmlType::F16 => 16,
+        GgmlType::BF16 => 32,
+        _ => return false,
+    };
+    n_tokens >= 2 && rows.is_multiple_of(4) && cols.is_multiple_of(kn)
+}

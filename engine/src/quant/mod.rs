@@ -42,7 +42,7 @@
 //! **Batched prefill, llamafile sgemm** (`llamafile_sgemm`, ggml-cpu/llamafile/sgemm.cpp, tried first
 //! when the batch is ≥ 2): handles F32, F16, BF16 weights when the row count is a multiple of 4 (tinyBLAS:
 //! one 16-lane accumulator per output, then `_mm512_reduce_add_ps` — a different order from
-//! `ggml_vec_dot_f32/f16/bf16`; measured here: ~1e-6 relative differences) and Q8_0, Q4_0, Q5_0, IQ4_NL
+//! `ggml_vec_dot_f32/f16/bf16`, mirrored as [`GgmlPath::TinyBlas`]) and Q8_0, Q4_0, Q5_0, IQ4_NL
 //! weights with Q8_0 activations (`tinyBLAS_Q0_AVX`). The latter computes, per output, the same lane
 //! integers, the same `fma(d_w*d_x, lane, acc)` and the same `hsum` as the vec_dot kernel: bit-identical
 //! (checked on whole `ggml_mul_mat` ops at batch 4 and 9 in `tests/quant_vs_gguf.rs`). Q4_1 and the
@@ -55,7 +55,8 @@
 //! `ggml_gemm_*` (arch/x86/repack.cpp) with their own activation quantization (`ggml_quantize_mat_q8_*_4x8`)
 //! and accumulation order. Ggml mode mirrors the Q4_K ones ([`GgmlPath::RepackGemm`] for batch rows in
 //! groups of 4, [`GgmlPath::RepackGemv`] for decode and the last `B % 4` rows: one fma per pair of
-//! sub-blocks, resp. per super-block); repacked Q4_0 / IQ4_NL are not mirrored yet. Not repacked on x86:
+//! sub-blocks, resp. per super-block) and the Q4_0 ones (one fma per block on a single accumulator, gemm
+//! and gemv alike); repacked IQ4_NL is not mirrored yet. Not repacked on x86:
 //! Q4_1, Q5_0, Q8_0, Q6_K, F16, BF16, F32. `token_embd` is read by GET_ROWS with `dequantize_row_*`
 //! (libggml-base), which [`dequantize_row`] matches bit for bit.
 //!
@@ -71,9 +72,9 @@
 //! **So, per model** (measured against the committed goldens, `lockstep run --mode ggml`): SmolLM2 Q4_1 (+
 //! Q8_0 tied output), Gemma 3 270M and Qwen2.5-Coder-0.5B Q4_K_M (Q5_0, Q8_0, Q4_K, Q6_K, F32) are
 //! bit-exact in prefill and decode. What remains outside the contract:
-//! 1. repacked Q4_0 / IQ4_NL / MXFP4 weights (no model here has them);
-//! 2. F32/F16/BF16 weight matrices under tinyBLAS in prefill (ggml mode mirrors `ggml_vec_dot_f32/f16/bf16`,
-//!    the decode path). Attention is not a weight matmul and lives in `crate::ops::ggml_cpu`, which
+//! 1. repacked IQ4_NL / MXFP4 weights, and Q2_K's repacking on AVX-512 hosts;
+//! 2. F32/F16/BF16 weights on an AVX2-only golden host (the float kernels mirror the AVX-512 build's
+//!    `ggml_vec_dot_f32/f16/bf16` and tinyBLAS only). Attention is not a weight matmul and lives in `crate::ops::ggml_cpu`, which
 //!    mirrors KQ and KQV for an F32 KV cache; an F16 KV cache (llama.cpp's default) is not mirrored;
 //! 3. a NaN in an activation block: ggml's max tree drops or keeps it by position and a NaN quantizes to
 //!    -128; both are mirrored, but the NaN payloads themselves are not part of the contract;
@@ -354,19 +355,27 @@ pub enum GgmlPath {
     RepackGemm,
     /// ggml-cpu/tiled K-quant matmul (Q6_K, and Q4_K not repacked, batches ≥ 8).
     Tiled,
+    /// llamafile's `tinyBLAS` for F32/F16/BF16 weights (ggml-cpu/llamafile/sgemm.cpp; batches ≥ 2, row
+    /// count a multiple of 4): one 16-lane accumulator per output, `_mm512_reduce_add_ps`.
+    TinyBlas,
 }
 
 /// The kernel llama.cpp (the pinned version, default `CPU_REPACK` on x86 with AVX2) uses for output row
-/// `t` of a `[n_tokens]`-row activation batch against a `[rows, ·]` weight of type `ty`:
+/// `t` of a `[n_tokens]`-row activation batch against a `[rows, cols]` weight of type `ty`:
 ///
-/// - Q4_K with `rows % 8 == 0` is repacked: gemm for `t < n − n % 4`, gemv for the rest;
+/// - Q4_K and Q4_0 with `rows % 8 == 0` are repacked (`ggml_repack_get_optimal_repack_type`,
+///   ggml-cpu/repack.cpp: `q4_K_8x8_q8_K`, `q4_0_8x8_q8_0`): gemm for `t < n − n % 4`, gemv for the rest.
+///   This holds for the tied output too: llama.cpp loads `token_embd` a second time as the output layer's
+///   MUL_MAT weight (`TENSOR_DUPLICATED`, llama-model-loader.cpp), into the repack buffer;
 /// - Q6_K, and Q4_K that is not repacked, take the tiled path when `n_tokens ≥ 8`;
+/// - F32, F16 and BF16 take llamafile's tinyBLAS when `n_tokens ≥ 2`, `rows % 4 == 0` and `cols` is a
+///   multiple of 16 (32 for BF16);
 /// - everything else the vec_dot kernel (or tinyBLAS_Q0, the same arithmetic).
 ///
-/// Q4_0 and IQ4_NL are repacked too, but the engine has no repacked kernels for them yet: they keep
-/// [`GgmlPath::VecDot`] and are not bit-exact in ggml mode (see the module docs).
-pub fn ggml_path(ty: GgmlType, rows: usize, n_tokens: usize, t: usize) -> GgmlPath {
-    let repacked = ty == GgmlType::Q4_K && rows.is_multiple_of(8);
+/// IQ4_NL (and MXFP4) is repacked too, and Q2_K on AVX-512 hosts; the engine has no repacked kernels for
+/// those yet: they keep [`GgmlPath::VecDot`] and are not bit-exact in ggml mode (see the module docs).
+pub fn ggml_path(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, t: usize) -> GgmlPath {
+    let repacked = matches!(ty, GgmlType::Q4_K | GgmlType::Q4_0) && rows.is_multiple_of(8);
     if repacked {
         if t < n_tokens - n_tokens % 4 {
             GgmlPath::RepackGemm
@@ -375,6 +384,8 @@ pub fn ggml_path(ty: GgmlType, rows: usize, n_tokens: usize, t: usize) -> GgmlPa
         }
     } else if matches!(ty, GgmlType::Q6_K | GgmlType::Q4_K) && n_tokens >= 8 {
         GgmlPath::Tiled
+    } else if float::tinyblas_applies(ty, rows, cols, n_tokens) {
+        GgmlPath::TinyBlas
     } else {
         GgmlPath::VecDot
     }
@@ -393,6 +404,13 @@ pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: Gg
                 return q4_k::dot_q8_k_tiled(w_row, &x.qs, &x.d, &x.bsums)
             }
             (GgmlType::Q6_K, GgmlPath::Tiled) => return q6_k::dot_q8_k_tiled(w_row, &x.qs, &x.d),
+            (GgmlType::Q4_0, GgmlPath::RepackGemv | GgmlPath::RepackGemm) => {
+                let gemv = path == GgmlPath::RepackGemv;
+                return q4_0::dot_q8_0_repacked(w_row, &x.qs, &x.d, gemv);
+            }
+            (GgmlType::F32 | GgmlType::F16 | GgmlType::BF16, GgmlPath::TinyBlas) => {
+                return float::dot_tinyblas(weight_ty, w_row, &x.x)
+            }
             _ => {}
         }
     }

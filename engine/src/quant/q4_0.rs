@@ -5,7 +5,7 @@
 
 use super::fp::{c_f32_to_i8, f32_to_f16_ref, read_f16};
 use super::q8::QK;
-use super::x86::{fma_lanes, hsum_float_8, sign_trick_mul};
+use super::x86::{fma, fma_lanes, hsum_float_8, sign_trick_mul};
 
 /// Bytes per block.
 pub(crate) const BYTES: usize = 18;
@@ -69,4 +69,37 @@ pub(crate) fn dot_q8_0<const SIGN_EXACT: bool>(w: &[u8], xq: &[i8], xd: &[f32]) 
         fma_lanes(d, &lanes, &mut acc);
     }
     hsum_float_8(&acc)
+}
+
+/// One output of llama.cpp's repacked Q4_0 matmul (`q4_0_8x8_q8_0`, ggml-cpu/arch/x86/repack.cpp), which
+/// is what runs for Q4_0 weights with a row count divisible by 8 on an AVX2 or AVX-512 host (the default
+/// `CPU_REPACK` buffer, `ggml_repack_get_optimal_repack_type`):
+/// `gemv_q4_b32_8x8_q8_0_lut_avx` (decode, and the last `B % 4` rows of a batch) and
+/// `gemm_q4_b32_8x8_q8_0_lut_avx` (batch rows in groups of 4; its AVX2 and AVX-512 branches agree per
+/// output). Per block one exact integer dot of the 32 values `q - 8` with the activation quants, then
+/// `acc = fma(isum, d_w·d_x, acc)` on a single accumulator, blocks in order; no lane split, no `hsum`.
+///
+/// `gemv = true` mirrors the gemv's `mul_sum_i8_pairs_acc_int32x8(weights, activations)`, whose `sign`
+/// form wraps a −128 activation quant against a negative weight ([`sign_trick_mul`]); the gemm passes the
+/// activation first and is exact there. A −128 quant only comes from a NaN input, so both agree otherwise.
+/// The activation is `quantize_row_q8_0` (gemv) or `ggml_quantize_mat_q8_0_4x8` (gemm), which give the same
+/// quants and scales.
+pub(crate) fn dot_q8_0_repacked(w: &[u8], xq: &[i8], xd: &[f32], gemv: bool) -> f32 {
+    let mut acc = 0f32;
+    for ((blk, qy), &dy) in w.chunks_exact(BYTES).zip(xq.chunks_exact(QK)).zip(xd) {
+        let d = read_f16(blk, 0) * dy;
+        let qs = &blk[2..2 + QK / 2];
+        let mut isum = 0i32;
+        for k in 0..QK / 2 {
+            let lo = i32::from(qs[k] & 0x0F) - 8;
+            let hi = i32::from(qs[k] >> 4) - 8;
+            if gemv {
+                isum += sign_trick_mul(lo, qy[k]) + sign_trick_mul(hi, qy[k + QK / 2]);
+            } else {
+                isum += lo * i32::from(qy[k]) + hi * i32::from(qy[k + QK / 2]);
+            }
+        }
+        acc = fma(isum as f32, d, acc);
+    }
+    acc
 }

@@ -597,3 +597,57 @@ fn bench_vec_dot_throughput() {
         }
     }
 }
+
+#[test]
+fn ggml_path_routes_each_weight_type_as_llama_cpp_does() {
+    use GgmlPath::*;
+    // Q4_0 with rows % 8 == 0 is repacked: gemm for the batch rows in groups of 4, gemv for the rest
+    let q4_0: Vec<GgmlPath> = (0..6)
+        .map(|t| ggml_path(GgmlType::Q4_0, 576, 576, 6, t))
+        .collect();
+    assert_eq!(
+        q4_0,
+        [RepackGemm, RepackGemm, RepackGemm, RepackGemm, RepackGemv, RepackGemv]
+    );
+    assert_eq!(ggml_path(GgmlType::Q4_0, 576, 576, 1, 0), RepackGemv);
+    assert_eq!(ggml_path(GgmlType::Q4_0, 572, 576, 6, 0), VecDot);
+    // float weights: tinyBLAS for batches of 2 and more, rows % 4 == 0, row length of 16 (32 for BF16)
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        assert_eq!(ggml_path(ty, 576, 576, 2, 1), TinyBlas, "{ty}");
+        assert_eq!(ggml_path(ty, 576, 576, 1, 0), VecDot, "{ty}: decode");
+        assert_eq!(ggml_path(ty, 578, 576, 9, 0), VecDot, "{ty}: rows % 4");
+    }
+    assert_eq!(ggml_path(GgmlType::F16, 576, 48, 4, 0), TinyBlas);
+    assert_eq!(ggml_path(GgmlType::BF16, 576, 48, 4, 0), VecDot);
+    // quantized types tinyBLAS_Q0 takes compute the vec_dot arithmetic
+    assert_eq!(ggml_path(GgmlType::Q8_0, 576, 576, 9, 0), VecDot);
+}
+
+#[test]
+fn repacked_q4_0_is_one_fma_per_block_of_the_exact_integer_dot() {
+    // two blocks whose products are known: block 0 all q = 15 (value 7), block 1 all q = 0 (value -8)
+    let d0 = fp::f32_to_f16_ref(0.5).to_le_bytes();
+    let d1 = fp::f32_to_f16_ref(0.25).to_le_bytes();
+    let mut w = Vec::new();
+    w.extend_from_slice(&d0);
+    w.extend_from_slice(&[0xFF; 16]);
+    w.extend_from_slice(&d1);
+    w.extend_from_slice(&[0x00; 16]);
+    let xq: Vec<i8> = (0..64).map(|i| (i % 7) as i8 - 3).collect();
+    let xd = [0.125f32, 3.0];
+    let s0: i32 = xq[..32].iter().map(|&q| 7 * i32::from(q)).sum();
+    let s1: i32 = xq[32..].iter().map(|&q| -8 * i32::from(q)).sum();
+    let want = x86::fma(s1 as f32, 0.25 * 3.0, x86::fma(s0 as f32, 0.5 * 0.125, 0.0));
+    for gemv in [false, true] {
+        assert_eq!(
+            q4_0::dot_q8_0_repacked(&w, &xq, &xd, gemv).to_bits(),
+            want.to_bits()
+        );
+    }
+    // a -128 activation quant (NaN input) against a negative weight: the gemv's sign form wraps
+    let mut xq2 = xq.clone();
+    xq2[32] = -128;
+    let exact = q4_0::dot_q8_0_repacked(&w, &xq2, &xd, false);
+    let wrapped = q4_0::dot_q8_0_repacked(&w, &xq2, &xd, true);
+    assert_ne!(exact, wrapped);
+}
