@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 use super::fp::read_f16;
 use super::q8::{Q8_0_BYTES, QK};
 use super::q8_k::QK_K;
-use super::{q4_1, q4_k, q5_0, q6_k, GgmlPath};
+use super::{q4_0, q4_1, q4_k, q5_0, q6_k, GgmlPath};
 
 /// True if this CPU runs the kernels of this module (AVX2, FMA and F16C, detected at run time).
 pub fn available() -> bool {
@@ -172,6 +172,48 @@ pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) 
         out[j] = hsum_float_8(acc[j]);
     }
     out
+}
+
+/// Repacked Q4_0 (`q4_0_8x8_q8_0`, ggml-cpu/arch/x86/repack.cpp) for one weight row against `N` activation
+/// rows, as `q4_0::dot_q8_0_repacked`: per block the exact integer dot, then
+/// `acc = fma(isum, d_w·d_x, acc)` on one scalar accumulator per row. The gemv (`paths[j]` =
+/// [`GgmlPath::RepackGemv`]) passes the weights as the `sign` operand, the gemm the activations, as
+/// llama.cpp's `mul_sum_i8_pairs_acc_int32x8` calls do; `maddubs` cannot saturate on either (|q| ≤ 8).
+///
+/// # Safety
+/// [`available`] must be true; `w` holds `nb` Q4_0 blocks and every activation row `nb` Q8_0 blocks
+/// (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_0_repacked<const N: usize>(
+    w: &[u8],
+    x: [Q8Row<'_>; N],
+    paths: [GgmlPath; N],
+) -> [f32; N] {
+    let nb = w.len() / q4_0::BYTES;
+    assert_eq!(w.len(), nb * q4_0::BYTES);
+    for r in &x {
+        assert!(r.qs.len() >= nb * QK && r.d.len() >= nb);
+    }
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [0f32; N];
+    for ib in 0..nb {
+        let blk = w.as_ptr().add(ib * q4_0::BYTES);
+        let dw = f16x1(blk);
+        let qw = _mm256_sub_epi8(bytes_from_nibbles_32(blk.add(2)), _mm256_set1_epi8(8));
+        for j in 0..N {
+            let r = &x[j];
+            let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
+            let (a, b) = if paths[j] == GgmlPath::RepackGemv {
+                (qw, qy)
+            } else {
+                (qy, qw)
+            };
+            let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+            let isum = hsum_i32_8(_mm256_madd_epi16(dot, ones));
+            acc[j] = (isum as f32).mul_add(dw * *r.d.get_unchecked(ib), acc[j]);
+        }
+    }
+    acc
 }
 
 /// `bytes_from_bits_32` (arch/x86/quants.c): the 32 bits at `x` → 32 bytes, `0xFF` where the bit is set
@@ -665,6 +707,108 @@ mod tests {
             }
         }
         assert!(cases > 500, "{cases}");
+    }
+
+    /// A float weight row of `n` elements: ordinary magnitudes, with one element in eight a random bit
+    /// pattern (NaN, infinities, subnormals) and one in eight tiny (`dpbf16`'s flushing shows).
+    fn float_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+        let mut w = Vec::new();
+        // one row in four of the smallest normals only: every product with an activation below 1 is
+        // subnormal (flushed by `dpbf16`, kept by `fma`)
+        let tiny_row = rng.next().is_multiple_of(4);
+        for _ in 0..n {
+            let raw = rng.next();
+            let scale = if tiny_row || raw % 8 == 1 {
+                1.2e-38
+            } else {
+                1e-3
+            };
+            let v = ((rng.next() % 2001) as f32 - 1000.0) * scale;
+            let odd = raw.is_multiple_of(8);
+            match ty {
+                GgmlType::F32 if odd && !tiny_row => {
+                    w.extend_from_slice(&(raw as u32).to_le_bytes())
+                }
+                GgmlType::F32 => w.extend_from_slice(&v.to_le_bytes()),
+                GgmlType::F16 if odd && !tiny_row => {
+                    w.extend_from_slice(&(raw as u16).to_le_bytes())
+                }
+                GgmlType::F16 => w.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+                _ if odd && !tiny_row => w.extend_from_slice(&(raw as u16).to_le_bytes()),
+                _ => w.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+            }
+        }
+        w
+    }
+
+    #[test]
+    fn float_and_repacked_q4_0_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
+        if !super::available() {
+            eprintln!("skipping: this CPU has no AVX2+FMA+F16C (the scalar path is the only one)");
+            return;
+        }
+        use GgmlPath::*;
+        let mut rng = Rng(0xf10a_7000_0000_0042);
+        let mut cases = 0;
+        for simd in simd_settings() {
+            for ty in [GgmlType::Q4_0, GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+                let k = simd_kernel(simd, ty, NumericsMode::Ggml).expect("a SIMD kernel");
+                let paths = if ty == GgmlType::Q4_0 {
+                    [RepackGemv, RepackGemm, RepackGemm, RepackGemv]
+                } else {
+                    [TinyBlas, VecDot, TinyBlas, VecDot]
+                };
+                for n in [32, 64, 96, 160, 576, 1536] {
+                    for _ in 0..4 {
+                        let w = if ty == GgmlType::Q4_0 {
+                            weight_row(ty, n / 32, &mut rng)
+                        } else {
+                            float_row(ty, n, &mut rng)
+                        };
+                        let nan = rng.next().is_multiple_of(3);
+                        let xs: Vec<PreparedRow> = (0..4)
+                            .map(|_| {
+                                let x: Vec<f32> = (0..n)
+                                    .map(|_| match rng.activation() {
+                                        v if v.is_nan() && !nan => 0.5,
+                                        v => v,
+                                    })
+                                    .collect();
+                                let mut p = PreparedRow::new();
+                                p.prepare(ty, NumericsMode::Ggml, &x).unwrap();
+                                p
+                            })
+                            .collect();
+                        let xs4 = [&xs[0], &xs[1], &xs[2], &xs[3]];
+                        let w2 = weight_row_like(ty, &w, &mut rng);
+                        let got = k.dot([&w, &w2], xs4, paths);
+                        for (r, row) in [&w, &w2].iter().enumerate() {
+                            for (j, &p) in paths.iter().enumerate() {
+                                let want = vec_dot_path(ty, row, &xs[j], p);
+                                assert!(
+                                    same(got[r][j], want),
+                                    "{simd} {ty} n {n} {p:?} row {r}: simd {:e} vs scalar {want:e}",
+                                    got[r][j]
+                                );
+                                let one = k.dot([row], [&xs[j]], [p])[0][0];
+                                assert!(same(one, want), "{simd} {ty} n {n} {p:?}: {one:e}");
+                                cases += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(cases > 500, "{cases}");
+    }
+
+    /// Another random row of the same type and length as `w`.
+    fn weight_row_like(ty: GgmlType, w: &[u8], rng: &mut Rng) -> Vec<u8> {
+        if ty == GgmlType::Q4_0 {
+            weight_row(ty, w.len() / ty.type_size(), rng)
+        } else {
+            float_row(ty, w.len() / ty.type_size(), rng)
+        }
     }
 
     #[test]

@@ -90,6 +90,8 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_float;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 mod float;
 mod fp;
@@ -430,6 +432,14 @@ pub(crate) enum SimdKernel {
     Q5_0Avx2,
     /// Q4_K's repacked gemv/gemm and tiled paths, AVX2 integer sums (`avx2::dot_q4_k_q8_k`).
     Q4_KAvx2,
+    /// Q4_0's repacked gemv/gemm (`avx2::dot_q4_0_repacked`); its vec_dot path stays scalar.
+    Q4_0Avx2,
+    /// F32 weights: `ggml_vec_dot_f32` and tinyBLAS (`avx2_float::dot_float`).
+    F32Avx2,
+    /// F16 weights: `ggml_vec_dot_f16` and tinyBLAS (`avx2_float::dot_float`).
+    F16Avx2,
+    /// BF16 weights: `ggml_vec_dot_bf16` and tinyBLAS, `dpbf16` emulated (`avx2_float::dot_float`).
+    BF16Avx2,
     /// `ggml_vec_dot_q6_K_q8_K` and the tiled path, AVX2 (`avx2::dot_q6_k_q8_k`).
     Q6_KAvx2,
     /// `ggml_vec_dot_q4_1_q8_1` with VNNI block products (`avx512::dot_q4_1_q8_1`).
@@ -466,6 +476,10 @@ pub(crate) fn simd_kernel(
         GgmlType::Q5_0 => Some(SimdKernel::Q5_0Avx2),
         GgmlType::Q4_K => Some(SimdKernel::Q4_KAvx2),
         GgmlType::Q6_K => Some(SimdKernel::Q6_KAvx2),
+        GgmlType::Q4_0 => Some(SimdKernel::Q4_0Avx2),
+        GgmlType::F32 => Some(SimdKernel::F32Avx2),
+        GgmlType::F16 => Some(SimdKernel::F16Avx2),
+        GgmlType::BF16 => Some(SimdKernel::BF16Avx2),
         _ => None,
     }
 }
@@ -595,6 +609,22 @@ unsafe fn dot_rows_avx2<const N: usize>(
             each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_K, w, xs[t], paths[t])))
         }
         SimdKernel::Q4_KAvx2 => each!(w => avx2::dot_q4_k_q8_k(w, q8k, paths)),
+        SimdKernel::Q4_0Avx2 if paths.contains(&GgmlPath::VecDot) => {
+            each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_0, w, xs[t], paths[t])))
+        }
+        SimdKernel::Q4_0Avx2 => each!(w => avx2::dot_q4_0_repacked(w, q8, paths)),
+        SimdKernel::F32Avx2 | SimdKernel::F16Avx2 | SimdKernel::BF16Avx2 => {
+            let ty = match k {
+                SimdKernel::F32Avx2 => GgmlType::F32,
+                SimdKernel::F16Avx2 => GgmlType::F16,
+                _ => GgmlType::BF16,
+            };
+            let xf = xs.map(|x| avx2_float::FloatRow {
+                x: &x.x,
+                raw: &x.blocks,
+            });
+            each!(w => avx2_float::dot_float(ty, w, xf, paths))
+        }
         SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k(w, q8k, paths)),
         SimdKernel::Q4_1Avx512 | SimdKernel::Q8_0Avx512 | SimdKernel::Q5_0Avx512 => {
             unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512")

@@ -1,0 +1,187 @@
+//! AVX2 + FMA kernels for F32, F16 and BF16 weights in ggml mode, bit-identical to the scalar replicas in
+//! `float.rs`: `ggml_vec_dot_f32/f16/bf16` (vec.cpp, AVX-512 build: decode) and llamafile's tinyBLAS
+//! (ggml-cpu/llamafile/sgemm.cpp, AVX-512 build: batches of ≥ 2 rows, [`GgmlPath::TinyBlas`]).
+//!
+//! A 16-lane AVX-512 accumulator is kept here as two `__m256` halves: every lane sees the same fmas in the
+//! same order, so the bits do not depend on the register width; the final `_mm512_reduce_add_ps` tree is
+//! the scalar `reduce_add_16`. `_mm512_dpbf16_ps` is emulated lane by lane as `float.rs` documents it
+//! (odd pair first, then even; denormal inputs read as zero, denormal results flushed to zero).
+//!
+//! Every function here is `unsafe`: the caller must have checked [`super::avx2::available`]; the slices
+//! must hold whole rows of matching length (checked with asserts).
+
+use std::arch::x86_64::*;
+
+use super::x86::reduce_add_16;
+use super::{GgmlPath, GgmlType};
+
+/// One activation row as the float kernels read it: `x` the activation converted to the weight's type and
+/// widened to f32 (`PreparedRow::x`), `raw` its bf16 bytes for BF16 weights (`PreparedRow::blocks`).
+#[derive(Clone, Copy)]
+pub(crate) struct FloatRow<'a> {
+    pub x: &'a [f32],
+    pub raw: &'a [u8],
+}
+
+/// Eight weights starting at element `i` of `w` (F32 or F16), widened to f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load8(ty: GgmlType, w: *const u8, i: usize) -> __m256 {
+    if ty == GgmlType::F32 {
+        _mm256_loadu_ps(w.add(4 * i) as *const f32)
+    } else {
+        _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * i) as *const __m128i))
+    }
+}
+
+/// The 16 lanes of `lo` (0..8) and `hi` (8..16) reduced as `_mm512_reduce_add_ps`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn reduce16(lo: __m256, hi: __m256) -> f32 {
+    let mut a = [0f32; 16];
+    _mm256_storeu_ps(a.as_mut_ptr(), lo);
+    _mm256_storeu_ps(a.as_mut_ptr().add(8), hi);
+    reduce_add_16(&a)
+}
+
+/// Denormals to (signed) zero: `vdpbf16ps`'s DAZ on inputs and FTZ on results.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn flush(v: __m256) -> __m256 {
+    let sign = _mm256_set1_ps(-0.0);
+    let tiny =
+        _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_andnot_ps(sign, v), _mm256_set1_ps(f32::MIN_POSITIVE));
+    _mm256_blendv_ps(v, _mm256_and_ps(v, sign), tiny)
+}
+
+/// One `vdpbf16ps` step on 8 lanes from 16 bf16 weights and 16 bf16 activations (lane `k` holds elements
+/// `2k` and `2k + 1`): `acc = ftz(fma(odd_w, odd_x, acc))`, then the same with the even elements.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dpbf16_8(w: *const u8, x: *const u8, acc: __m256) -> __m256 {
+    let hi = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+    let wv = _mm256_loadu_si256(w as *const __m256i);
+    let xv = _mm256_loadu_si256(x as *const __m256i);
+    let w_odd = flush(_mm256_castsi256_ps(_mm256_and_si256(wv, hi)));
+    let x_odd = flush(_mm256_castsi256_ps(_mm256_and_si256(xv, hi)));
+    let w_even = flush(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(wv)));
+    let x_even = flush(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(xv)));
+    let acc = flush(_mm256_fmadd_ps(w_odd, x_odd, acc));
+    flush(_mm256_fmadd_ps(w_even, x_even, acc))
+}
+
+/// Float weights (F32, F16 or BF16 `ty`) against `N` activation rows, each through the kernel of its path:
+/// [`GgmlPath::TinyBlas`] as `float::dot_tinyblas`, anything else as `ggml_vec_dot_f32/f16/bf16`
+/// (`float::dot_f32` / `dot_f16` / `dot_bf16`). The weight row is read once per chunk for all rows.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `w` holds `x.len()` elements of `ty` for every row (checked),
+/// and for BF16 every `raw` holds those elements' bf16 bytes (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_float<const N: usize>(
+    ty: GgmlType,
+    w: &[u8],
+    xs: [FloatRow<'_>; N],
+    paths: [GgmlPath; N],
+) -> [f32; N] {
+    let n = w.len() / ty.type_size();
+    assert_eq!(w.len(), n * ty.type_size());
+    assert!(matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16));
+    for r in &xs {
+        assert!(r.x.len() == n && (ty != GgmlType::BF16 || r.raw.len() == 2 * n));
+    }
+    let wp = w.as_ptr();
+    let mut out = [0f32; N];
+    // tinyBLAS rows, all at once (a batch's rows share one path)
+    let tb: [bool; N] = std::array::from_fn(|j| paths[j] == GgmlPath::TinyBlas);
+    if tb.iter().any(|&t| t) {
+        let mut lo = [_mm256_setzero_ps(); N];
+        let mut hi = [_mm256_setzero_ps(); N];
+        if ty == GgmlType::BF16 {
+            for base in (0..n - n % 32).step_by(32) {
+                for j in (0..N).filter(|&j| tb[j]) {
+                    let xr = xs[j].raw.as_ptr();
+                    lo[j] = dpbf16_8(wp.add(2 * base), xr.add(2 * base), lo[j]);
+                    hi[j] = dpbf16_8(wp.add(2 * base + 32), xr.add(2 * base + 32), hi[j]);
+                }
+            }
+        } else {
+            for base in (0..n - n % 16).step_by(16) {
+                let (w0, w1) = (load8(ty, wp, base), load8(ty, wp, base + 8));
+                for j in (0..N).filter(|&j| tb[j]) {
+                    let x = xs[j].x.as_ptr();
+                    lo[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x.add(base)), lo[j]);
+                    hi[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(base + 8)), hi[j]);
+                }
+            }
+        }
+        for j in (0..N).filter(|&j| tb[j]) {
+            out[j] = reduce16(lo[j], hi[j]);
+        }
+    }
+    for j in (0..N).filter(|&j| !tb[j]) {
+        out[j] = match ty {
+            GgmlType::BF16 => vec_dot_bf16(wp, xs[j], n),
+            _ => vec_dot_f32_f16(ty, wp, xs[j].x, n),
+        };
+    }
+    out
+}
+
+/// `ggml_vec_dot_f32` / `ggml_vec_dot_f16`, AVX-512 branch (see `float::avx512_body`): four 16-lane
+/// accumulators over chunks of 64, `s0 += s2`, `s1 += s3`, `s0 += s1`, `_mm512_reduce_add_ps`; leftovers
+/// one rounded product at a time (F32 in f32, F16 in a double).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_f32_f16(ty: GgmlType, w: *const u8, x: &[f32], n: usize) -> f32 {
+    let np = n & !63;
+    let xp = x.as_ptr();
+    let mut s = [_mm256_setzero_ps(); 8];
+    for i in (0..np).step_by(64) {
+        for (h, acc) in s.iter_mut().enumerate() {
+            let e = i + 8 * h;
+            *acc = _mm256_fmadd_ps(load8(ty, w, e), _mm256_loadu_ps(xp.add(e)), *acc);
+        }
+    }
+    // accumulator j of 16 lanes = halves (2j, 2j + 1)
+    let lo = _mm256_add_ps(_mm256_add_ps(s[0], s[4]), _mm256_add_ps(s[2], s[6]));
+    let hi = _mm256_add_ps(_mm256_add_ps(s[1], s[5]), _mm256_add_ps(s[3], s[7]));
+    let reduced = reduce16(lo, hi);
+    if ty == GgmlType::F32 {
+        let mut sumf = reduced;
+        for (i, &xi) in x.iter().enumerate().skip(np) {
+            sumf += (w.add(4 * i) as *const f32).read_unaligned() * xi;
+        }
+        sumf
+    } else {
+        let mut sumf = f64::from(reduced);
+        for (i, &xi) in x.iter().enumerate().skip(np) {
+            let wi = (w.add(2 * i) as *const u16).read_unaligned();
+            sumf += f64::from(super::fp::f16_to_f32(wi) * xi);
+        }
+        sumf as f32
+    }
+}
+
+/// `ggml_vec_dot_bf16`, `__AVX512BF16__` branch (see `float::dot_bf16`): two 16-lane `dpbf16`
+/// accumulators over chunks of 64 (elements 0..32 and 32..64), each reduced and added into a double;
+/// leftovers `sumf += (double)(w * x)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_bf16(w: *const u8, x: FloatRow<'_>, n: usize) -> f32 {
+    let xr = x.raw.as_ptr();
+    let mut c = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 64 <= n {
+        for (h, acc) in c.iter_mut().enumerate() {
+            let e = i + 16 * h;
+            *acc = dpbf16_8(w.add(2 * e), xr.add(2 * e), *acc);
+        }
+        i += 64;
+    }
+    let mut sumf = f64::from(reduce16(c[0], c[1]));
+    sumf += f64::from(reduce16(c[2], c[3]));
+    for (j, &xj) in x.x.iter().enumerate().skip(i) {
+        let wj = (w.add(2 * j) as *const u16).read_unaligned();
+        sumf += f64::from(super::fp::bf16_to_f32(wj) * xj);
+    }
+    sumf as f32
+}
