@@ -174,20 +174,22 @@ pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) 
     out
 }
 
-/// Repacked Q4_0 (`q4_0_8x8_q8_0`, ggml-cpu/arch/x86/repack.cpp) for one weight row against `N` activation
-/// rows, as `q4_0::dot_q8_0_repacked`: per block the exact integer dot, then
+/// Repacked 4-bit blocks with Q4_0's layout (`q4_0_8x8_q8_0`, `iq4_nl_8x8_q8_0`,
+/// ggml-cpu/arch/x86/repack.cpp) for one weight row against `N` activation rows, as
+/// `q4_0::dot_q8_0_repacked_lut` with the nibble table `values`: per block the exact integer dot, then
 /// `acc = fma(isum, d_w·d_x, acc)` on one scalar accumulator per row. The gemv (`paths[j]` =
 /// [`GgmlPath::RepackGemv`]) passes the weights as the `sign` operand, the gemm the activations, as
-/// llama.cpp's `mul_sum_i8_pairs_acc_int32x8` calls do; `maddubs` cannot saturate on either (|q| ≤ 8).
+/// llama.cpp's `mul_sum_i8_pairs_acc_int32x8` calls do; `maddubs` cannot saturate (|value| ≤ 127,
+/// |quant| ≤ 128: pairs ≤ 32512).
 ///
 /// # Safety
-/// [`available`] must be true; `w` holds `nb` Q4_0 blocks and every activation row `nb` Q8_0 blocks
-/// (checked).
+/// [`available`] must be true; `w` holds `nb` blocks and every activation row `nb` Q8_0 blocks (checked).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4_0_repacked<const N: usize>(
     w: &[u8],
     x: [Q8Row<'_>; N],
     paths: [GgmlPath; N],
+    values: &[i8; 16],
 ) -> [f32; N] {
     let nb = w.len() / q4_0::BYTES;
     assert_eq!(w.len(), nb * q4_0::BYTES);
@@ -195,11 +197,13 @@ pub(crate) unsafe fn dot_q4_0_repacked<const N: usize>(
         assert!(r.qs.len() >= nb * QK && r.d.len() >= nb);
     }
     let ones = _mm256_set1_epi16(1);
+    let lut128 = _mm_loadu_si128(values.as_ptr() as *const __m128i);
+    let lut = _mm256_set_m128i(lut128, lut128);
     let mut acc = [0f32; N];
     for ib in 0..nb {
         let blk = w.as_ptr().add(ib * q4_0::BYTES);
         let dw = f16x1(blk);
-        let qw = _mm256_sub_epi8(bytes_from_nibbles_32(blk.add(2)), _mm256_set1_epi8(8));
+        let qw = _mm256_shuffle_epi8(lut, bytes_from_nibbles_32(blk.add(2)));
         for j in 0..N {
             let r = &x[j];
             let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);

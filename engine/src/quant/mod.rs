@@ -612,7 +612,7 @@ unsafe fn dot_rows_avx2<const N: usize>(
         SimdKernel::Q4_0Avx2 if paths.contains(&GgmlPath::VecDot) => {
             each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_0, w, xs[t], paths[t])))
         }
-        SimdKernel::Q4_0Avx2 => each!(w => avx2::dot_q4_0_repacked(w, q8, paths)),
+        SimdKernel::Q4_0Avx2 => each!(w => avx2::dot_q4_0_repacked(w, q8, paths, &q4_0::VALUES)),
         SimdKernel::F32Avx2 | SimdKernel::F16Avx2 | SimdKernel::BF16Avx2 => {
             let ty = match k {
                 SimdKernel::F32Avx2 => GgmlType::F32,

@@ -85,14 +85,32 @@ pub(crate) fn dot_q8_0<const SIGN_EXACT: bool>(w: &[u8], xq: &[i8], xd: &[f32]) 
 /// The activation is `quantize_row_q8_0` (gemv) or `ggml_quantize_mat_q8_0_4x8` (gemm), which give the same
 /// quants and scales.
 pub(crate) fn dot_q8_0_repacked(w: &[u8], xq: &[i8], xd: &[f32], gemv: bool) -> f32 {
+    dot_q8_0_repacked_lut(w, xq, xd, gemv, &VALUES)
+}
+
+/// The values of the 16 nibbles of a Q4_0 block as the file stores them: `q - 8`. (The repacked
+/// `block_q4_0x8` stores `q ^ 8`, which is why `ggml_gemv_q4_0_8x8_q8_0`'s `signextendlut` reads
+/// `0..7, -8..-1`: the same values.)
+pub(crate) const VALUES: [i8; 16] = [-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7];
+
+/// [`dot_q8_0_repacked`] for any 4-bit format with Q4_0's block layout (`d: f16`, 16 bytes of nibbles) whose
+/// nibble `i` stands for `values[i]`: `gemv_q4_b32_8x8_q8_0_lut_avx` / `gemm_q4_b32_8x8_q8_0_lut_avx` take
+/// the table as their `signextendlut` (Q4_0: [`VALUES`] in nibble order `q - 8`; IQ4_NL: `kvalues_iq4nl`).
+pub(crate) fn dot_q8_0_repacked_lut(
+    w: &[u8],
+    xq: &[i8],
+    xd: &[f32],
+    gemv: bool,
+    values: &[i8; 16],
+) -> f32 {
     let mut acc = 0f32;
     for ((blk, qy), &dy) in w.chunks_exact(BYTES).zip(xq.chunks_exact(QK)).zip(xd) {
         let d = read_f16(blk, 0) * dy;
         let qs = &blk[2..2 + QK / 2];
         let mut isum = 0i32;
         for k in 0..QK / 2 {
-            let lo = i32::from(qs[k] & 0x0F) - 8;
-            let hi = i32::from(qs[k] >> 4) - 8;
+            let lo = i32::from(values[usize::from(qs[k] & 0x0F)]);
+            let hi = i32::from(values[usize::from(qs[k] >> 4)]);
             if gemv {
                 isum += sign_trick_mul(lo, qy[k]) + sign_trick_mul(hi, qy[k + QK / 2]);
             } else {
