@@ -7,7 +7,7 @@
 
 use super::fp::read_f16;
 use super::q8::QK;
-use super::x86::{fma, fma_lanes, hsum_float_8, sign_trick_mul};
+use super::x86::{fma_lanes, hsum_float_8, sign_trick_mul};
 
 /// Bytes per block.
 pub(crate) const BYTES: usize = 18;
@@ -58,8 +58,9 @@ fn lanes<const SIGN_EXACT: bool>(v: &[i32; QK], qy: &[i8]) -> [i32; 8] {
 /// `ggml_vec_dot_iq4_nl_q8_0`, x86 AVX2 branch (arch/x86/quants.c). Blocks in pairs: the even block of each
 /// pair goes to accumulator `acc1`, the odd one to `acc2`, each as `acc[l] = fma(d_x*d_w, lane[l], acc[l])`
 /// with the lanes of `mul_add_epi8` (sign trick) + `madd(·, 1)`; then `hsum_float_8(acc1 + acc2)`. An odd
-/// last block takes the scalar tail: plain integer products, `sumf = fma(d_x*d_w, sumi, sumf)` (gcc
-/// contracts `sumf += d * sumi`).
+/// last block takes the scalar tail: plain integer products, `sumf += (d_x*d_w) * sumi`, rounded twice (not
+/// contracted to an fma in this build: the odd-block fixtures of `tests/quant_vs_gguf.rs` tell the two
+/// apart).
 pub(crate) fn dot_q8_0<const SIGN_EXACT: bool>(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
     let nb = xd.len().min(w.len() / BYTES);
     let mut acc = [[0f32; 8]; 2];
@@ -81,7 +82,7 @@ pub(crate) fn dot_q8_0<const SIGN_EXACT: bool>(w: &[u8], xq: &[i8], xd: &[f32]) 
             .zip(&xq[ib * QK..(ib + 1) * QK])
             .map(|(&v, &y)| v * i32::from(y))
             .sum();
-        sumf = fma(d, sumi as f32, sumf);
+        sumf += d * sumi as f32;
     }
     sumf
 }
