@@ -1,5 +1,6 @@
-//! The quant kernels against the two oracles, on real blocks of SmolLM2-135M-Instruct Q4_1 and on real F32
-//! values quantized by the oracles (fixtures made by `oracles/fixtures/make_quant_fixtures.py`, described
+//! The quant kernels against the two oracles, on real blocks of SmolLM2-135M-Instruct Q4_1 and of its
+//! variants made by llama-quantize (Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS `blk.0.ffn_down` rows), and on
+//! real F32 values quantized by the oracles (fixtures made by `oracles/fixtures/make_quant_fixtures.py`, described
 //! in `tests/fixtures/quant/index.json`, listed in `manifest.tsv`):
 //!
 //! - `gguf` (the Python package, 0.17.1): [`dequantize_row`] equals its dequantization bit for bit, and
@@ -15,7 +16,8 @@
 use std::path::{Path, PathBuf};
 
 use lockstep_engine::quant::{
-    dequantize_row, quantize_row, vec_dot, GgmlType, NumericsMode, PreparedRow,
+    dequantize_row, ggml_path, quantize_row, vec_dot, vec_dot_path, GgmlPath, GgmlType,
+    NumericsMode, PreparedRow,
 };
 
 fn dir() -> PathBuf {
@@ -42,10 +44,16 @@ fn ty(name: &str) -> GgmlType {
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
+        GgmlType::Q5_1,
         GgmlType::Q8_0,
         GgmlType::Q8_1,
+        GgmlType::IQ4_NL,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
         GgmlType::Q4_K,
+        GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::IQ4_XS,
         GgmlType::Q8_K,
     ]
     .into_iter()
@@ -240,10 +248,26 @@ fn ggml_mode_vec_dot_matches_ggml_cpu_bit_for_bit() {
     );
 }
 
+/// The kernel a plain ggml context runs for output column `t` of a `batch`-column matmul: [`ggml_path`]
+/// without repacking (a ggml context has no `CPU_REPACK` buffer): a would-be repacked Q4_K takes the
+/// tiled path at batch >= 8, IQ4_NL tinyBLAS_Q0 at batch >= 2, and the rest vec_dot (Q4_0's tinyBLAS_Q0
+/// computes the same).
+fn plain_context_path(t: GgmlType, rows: usize, cols: usize, batch: usize, j: usize) -> GgmlPath {
+    match ggml_path(t, rows, cols, batch, j) {
+        GgmlPath::RepackGemv | GgmlPath::RepackGemm => match t {
+            GgmlType::Q4_K if batch >= 8 => GgmlPath::Tiled,
+            GgmlType::IQ4_NL if batch >= 2 => GgmlPath::TinyBlasQ0,
+            _ => GgmlPath::VecDot,
+        },
+        p => p,
+    }
+}
+
 /// Whole `ggml_mul_mat` ops from ggml's CPU backend at batch 1, 4 and 9, which route through vec_dot,
-/// llamafile's tinyBLAS (batch >= 2) and the tiled K-quant kernels (batch >= 8). Where the op ends in the x86
-/// vec_dot kernels or in `tinyBLAS_Q0_AVX` (Q4_0/Q5_0/Q8_0), ggml mode must match every output bit for bit;
-/// elsewhere (tinyBLAS for float weights, tiled Q4_K/Q6_K) only closely — those are the documented gaps.
+/// llamafile's tinyBLAS (batch >= 2) and the tiled K-quant kernels (batch >= 8), each output computed by
+/// ggml mode through the path [`ggml_path`] names for it. Every quantized weight type must match every
+/// output bit for bit (vec_dot, `tinyBLAS_Q0_AVX` for Q4_0/Q5_0/Q8_0/IQ4_NL, tiled for the K-quants and
+/// IQ4_XS); tinyBLAS for float weights only closely — the documented gap.
 #[test]
 fn ggml_mode_matches_whole_ggml_mul_mat_where_the_kernels_agree() {
     let mut exact_checked = 0;
@@ -268,7 +292,8 @@ fn ggml_mode_matches_whole_ggml_mul_mat_where_the_kernels_agree() {
             p.prepare(t, NumericsMode::Ggml, &acts[j * n..(j + 1) * n])
                 .unwrap();
             for r in 0..rows {
-                let got = vec_dot(t, &w[r * rb..(r + 1) * rb], &p);
+                let path = plain_context_path(t, rows, n, batch, j);
+                let got = vec_dot_path(t, &w[r * rb..(r + 1) * rb], &p, path);
                 let want = want[j * rows + r];
                 if got.to_bits() == want.to_bits() {
                     same += 1;
@@ -297,7 +322,7 @@ fn ggml_mode_matches_whole_ggml_mul_mat_where_the_kernels_agree() {
     }
     eprintln!("{}", report.join("\n"));
     assert!(
-        exact_checked >= 150,
+        exact_checked >= 600,
         "only {exact_checked} exact matmul outputs"
     );
     assert!(

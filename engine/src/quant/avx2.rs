@@ -315,7 +315,10 @@ pub(crate) unsafe fn dot_q4_k_q8_k<const N: usize>(
     for r in &x {
         assert!(r.qs.len() >= nb * QK_K && r.d.len() >= nb && r.bsums.len() >= nb * QK_K / 16);
     }
-    assert!(!paths.contains(&GgmlPath::VecDot) && !paths.contains(&GgmlPath::TinyBlas));
+    assert!(paths.iter().all(|p| matches!(
+        p,
+        GgmlPath::RepackGemv | GgmlPath::RepackGemm | GgmlPath::Tiled
+    )));
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [0f32; N];
     let mut accm = [0f32; N];
@@ -374,7 +377,9 @@ pub(crate) unsafe fn dot_q4_k_q8_k<const N: usize>(
                     let res = (-dminw).mul_add(s2, dw * s1);
                     *a = res.mul_add(dy, *a);
                 }
-                GgmlPath::VecDot | GgmlPath::TinyBlas => unreachable!("checked above"),
+                GgmlPath::VecDot | GgmlPath::TinyBlas | GgmlPath::TinyBlasQ0 => {
+                    unreachable!("checked above")
+                }
             }
         }
     }

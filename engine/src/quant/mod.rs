@@ -95,11 +95,17 @@ mod avx2_float;
 pub(crate) mod avx512;
 mod float;
 mod fp;
+mod iq4_nl;
+mod iq4_xs;
 mod prepared;
+mod q2_k;
+mod q3_k;
 mod q4_0;
 mod q4_1;
 mod q4_k;
 mod q5_0;
+mod q5_1;
+mod q5_k;
 mod q6_k;
 mod q8;
 mod q8_k;
@@ -194,9 +200,9 @@ pub fn vec_dot_type(ty: GgmlType) -> Option<GgmlType> {
         F32 => Some(F32),
         F16 => Some(F16),
         BF16 => Some(BF16),
-        Q4_0 | Q5_0 | Q8_0 => Some(Q8_0),
-        Q4_1 => Some(Q8_1),
-        Q4_K | Q6_K => Some(Q8_K),
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL => Some(Q8_0),
+        Q4_1 | Q5_1 => Some(Q8_1),
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Some(Q8_K),
         _ => None,
     }
 }
@@ -225,7 +231,22 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> crate::Resul
     use GgmlType::*;
     if !matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q8_1 | Q4_K | Q6_K | Q8_K
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q8_1
+            | IQ4_NL
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | IQ4_XS
+            | Q8_K
     ) {
         return Err(Error::Unsupported(format!(
             "no dequantization kernel for {ty}"
@@ -250,10 +271,16 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> crate::Resul
         Q4_0 => blocks(src, dst, q4_0::BYTES, q4_0::dequantize_block),
         Q4_1 => blocks(src, dst, q4_1::BYTES, q4_1::dequantize_block),
         Q5_0 => blocks(src, dst, q5_0::BYTES, q5_0::dequantize_block),
+        Q5_1 => blocks(src, dst, q5_1::BYTES, q5_1::dequantize_block),
         Q8_0 => blocks(src, dst, q8::Q8_0_BYTES, q8::dequantize_block_q8_0),
         Q8_1 => blocks(src, dst, q8::Q8_1_BYTES, q8::dequantize_block_q8_1),
+        IQ4_NL => blocks(src, dst, iq4_nl::BYTES, iq4_nl::dequantize_block),
+        Q2_K => blocks(src, dst, q2_k::BYTES, q2_k::dequantize_block),
+        Q3_K => blocks(src, dst, q3_k::BYTES, q3_k::dequantize_block),
         Q4_K => blocks(src, dst, q4_k::BYTES, q4_k::dequantize_block),
+        Q5_K => blocks(src, dst, q5_k::BYTES, q5_k::dequantize_block),
         Q6_K => blocks(src, dst, q6_k::BYTES, q6_k::dequantize_block),
+        IQ4_XS => blocks(src, dst, iq4_xs::BYTES, iq4_xs::dequantize_block),
         Q8_K => blocks(src, dst, q8_k::BYTES, q8_k::dequantize_block),
         _ => unreachable!("checked above"),
     }
@@ -355,37 +382,70 @@ pub enum GgmlPath {
     RepackGemv,
     /// Q4_K repacked, `ggml_gemm_q4_K_8x8_q8_K` (batch rows `0 .. B − B % 4`).
     RepackGemm,
-    /// ggml-cpu/tiled K-quant matmul (Q6_K, and Q4_K not repacked, batches ≥ 8).
+    /// ggml-cpu/tiled K-quant matmul (batches ≥ 8; Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS, and Q4_K not
+    /// repacked).
     Tiled,
     /// llamafile's `tinyBLAS` for F32/F16/BF16 weights (ggml-cpu/llamafile/sgemm.cpp; batches ≥ 2, row
     /// count a multiple of 4): one 16-lane accumulator per output, `_mm512_reduce_add_ps`.
     TinyBlas,
+    /// llamafile's `tinyBLAS_Q0_AVX` where its arithmetic differs from the vec_dot kernel's: IQ4_NL
+    /// weights that are not repacked, batches ≥ 2 (one accumulator where `ggml_vec_dot_iq4_nl_q8_0`
+    /// alternates two).
+    TinyBlasQ0,
+}
+
+/// True for the weight types ggml-cpu/tiled handles (`ggml_tiled_supported`, tiled/tiled.cpp) that have
+/// kernels here.
+fn tiled_type(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS)
+}
+
+/// `path` if it names a kernel that exists for weights of `ty`, else [`GgmlPath::VecDot`] (what
+/// [`vec_dot_path`] computes for it).
+pub(crate) fn effective_path(ty: GgmlType, path: GgmlPath) -> GgmlPath {
+    use GgmlType::*;
+    match (ty, path) {
+        (Q4_K | Q4_0 | IQ4_NL, GgmlPath::RepackGemv | GgmlPath::RepackGemm) => path,
+        (t, GgmlPath::Tiled) if tiled_type(t) => path,
+        (IQ4_NL, GgmlPath::TinyBlasQ0) => path,
+        (F32 | F16 | BF16, GgmlPath::TinyBlas) => path,
+        _ => GgmlPath::VecDot,
+    }
 }
 
 /// The kernel llama.cpp (the pinned version, default `CPU_REPACK` on x86 with AVX2) uses for output row
 /// `t` of a `[n_tokens]`-row activation batch against a `[rows, cols]` weight of type `ty`:
 ///
-/// - Q4_K and Q4_0 with `rows % 8 == 0` are repacked (`ggml_repack_get_optimal_repack_type`,
-///   ggml-cpu/repack.cpp: `q4_K_8x8_q8_K`, `q4_0_8x8_q8_0`): gemm for `t < n − n % 4`, gemv for the rest.
-///   This holds for the tied output too: llama.cpp loads `token_embd` a second time as the output layer's
-///   MUL_MAT weight (`TENSOR_DUPLICATED`, llama-model-loader.cpp), into the repack buffer;
-/// - Q6_K, and Q4_K that is not repacked, take the tiled path when `n_tokens ≥ 8`;
+/// - Q4_K, Q4_0 and IQ4_NL with `rows % 8 == 0` are repacked (`ggml_repack_get_optimal_repack_type`,
+///   ggml-cpu/repack.cpp: `q4_K_8x8_q8_K`, `q4_0_8x8_q8_0`, `iq4_nl_8x8_q8_0`): gemm for
+///   `t < n − n % 4`, gemv for the rest. This holds for the tied output too: llama.cpp loads `token_embd`
+///   a second time as the output layer's MUL_MAT weight (`TENSOR_DUPLICATED`, llama-model-loader.cpp),
+///   into the repack buffer;
+/// - Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS, and Q4_K that is not repacked, take the tiled path when
+///   `n_tokens ≥ 8`;
+/// - IQ4_NL that is not repacked takes llamafile's `tinyBLAS_Q0_AVX` when `n_tokens ≥ 2`
+///   ([`GgmlPath::TinyBlasQ0`]);
 /// - F32, F16 and BF16 take llamafile's tinyBLAS when `n_tokens ≥ 2`, `rows % 4 == 0` and `cols` is a
 ///   multiple of 16 (32 for BF16);
-/// - everything else the vec_dot kernel (or tinyBLAS_Q0, the same arithmetic).
+/// - everything else the vec_dot kernel (or tinyBLAS_Q0 for Q4_0/Q5_0/Q8_0, the same arithmetic).
 ///
-/// IQ4_NL (and MXFP4) is repacked too, and Q2_K on AVX-512 hosts; the engine has no repacked kernels for
-/// those yet: they keep [`GgmlPath::VecDot`] and are not bit-exact in ggml mode (see the module docs).
+/// Q2_K is repacked too on AVX-512 hosts (`q2_K_8x8_q8_K`); the engine has no repacked Q2_K kernel yet: it
+/// keeps the tiled / vec_dot path and is not bit-exact in ggml mode against an AVX-512 golden (see the
+/// module docs).
 pub fn ggml_path(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, t: usize) -> GgmlPath {
-    let repacked = matches!(ty, GgmlType::Q4_K | GgmlType::Q4_0) && rows.is_multiple_of(8);
+    use GgmlType::*;
+    let repacked = matches!(ty, Q4_K | Q4_0 | IQ4_NL) && rows.is_multiple_of(8);
     if repacked {
         if t < n_tokens - n_tokens % 4 {
             GgmlPath::RepackGemm
         } else {
             GgmlPath::RepackGemv
         }
-    } else if matches!(ty, GgmlType::Q6_K | GgmlType::Q4_K) && n_tokens >= 8 {
+    } else if tiled_type(ty) && n_tokens >= 8 {
         GgmlPath::Tiled
+    } else if ty == GgmlType::IQ4_NL && n_tokens >= 2 {
+        GgmlPath::TinyBlasQ0
     } else if float::tinyblas_applies(ty, rows, cols, n_tokens) {
         GgmlPath::TinyBlas
     } else {
@@ -397,18 +457,29 @@ pub fn ggml_path(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, t: usi
 /// and a path that does not exist for the weight type falls back to [`GgmlPath::VecDot`].
 pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: GgmlPath) -> f32 {
     if x.mode() == NumericsMode::Ggml {
-        match (weight_ty, path) {
-            (GgmlType::Q4_K, GgmlPath::RepackGemv | GgmlPath::RepackGemm) => {
-                let gemm = path == GgmlPath::RepackGemm;
-                return q4_k::dot_q8_k_repacked(w_row, &x.qs, &x.d, &x.bsums, gemm);
+        let (qs, d, bsums) = (&x.qs[..], &x.d[..], &x.bsums[..]);
+        match (weight_ty, effective_path(weight_ty, path)) {
+            (GgmlType::Q4_K, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
+                return q4_k::dot_q8_k_repacked(w_row, qs, d, bsums, p == GgmlPath::RepackGemm);
             }
-            (GgmlType::Q4_K, GgmlPath::Tiled) => {
-                return q4_k::dot_q8_k_tiled(w_row, &x.qs, &x.d, &x.bsums)
+            (GgmlType::Q2_K, GgmlPath::Tiled) => return q2_k::dot_q8_k_tiled(w_row, qs, d, bsums),
+            (GgmlType::Q3_K, GgmlPath::Tiled) => return q3_k::dot_q8_k_tiled(w_row, qs, d),
+            (GgmlType::Q4_K, GgmlPath::Tiled) => return q4_k::dot_q8_k_tiled(w_row, qs, d, bsums),
+            (GgmlType::Q5_K, GgmlPath::Tiled) => return q5_k::dot_q8_k_tiled(w_row, qs, d, bsums),
+            (GgmlType::Q6_K, GgmlPath::Tiled) => return q6_k::dot_q8_k_tiled(w_row, qs, d),
+            (GgmlType::IQ4_XS, GgmlPath::Tiled) => return iq4_xs::dot_q8_k_tiled(w_row, qs, d),
+            (GgmlType::IQ4_NL, GgmlPath::TinyBlasQ0) if x.has_min_quant => {
+                return iq4_nl::dot_q8_0_tinyblas::<true>(w_row, qs, d)
             }
-            (GgmlType::Q6_K, GgmlPath::Tiled) => return q6_k::dot_q8_k_tiled(w_row, &x.qs, &x.d),
-            (GgmlType::Q4_0, GgmlPath::RepackGemv | GgmlPath::RepackGemm) => {
-                let gemv = path == GgmlPath::RepackGemv;
-                return q4_0::dot_q8_0_repacked(w_row, &x.qs, &x.d, gemv);
+            (GgmlType::IQ4_NL, GgmlPath::TinyBlasQ0) => {
+                return iq4_nl::dot_q8_0_tinyblas::<false>(w_row, qs, d)
+            }
+            (GgmlType::Q4_0, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
+                return q4_0::dot_q8_0_repacked(w_row, qs, d, p == GgmlPath::RepackGemv);
+            }
+            (GgmlType::IQ4_NL, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
+                let gemv = p == GgmlPath::RepackGemv;
+                return q4_0::dot_q8_0_repacked_lut(w_row, qs, d, gemv, &iq4_nl::KVALUES);
             }
             (GgmlType::F32 | GgmlType::F16 | GgmlType::BF16, GgmlPath::TinyBlas) => {
                 return float::dot_tinyblas(weight_ty, w_row, &x.x)
@@ -585,6 +656,13 @@ unsafe fn dot_rows_avx2<const N: usize>(
     outs: &mut [&mut [f32]; N],
 ) {
     let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
+    // a path that does not exist for the kernel's weight type is the vec_dot kernel (as in vec_dot_path)
+    let ty = match k {
+        SimdKernel::Q4_KAvx2 => Some(GgmlType::Q4_K),
+        SimdKernel::Q6_KAvx2 => Some(GgmlType::Q6_K),
+        _ => None,
+    };
+    let paths = paths.map(|p| ty.map_or(p, |t| effective_path(t, p)));
     let q8 = xs.map(|x| avx2::Q8Row {
         qs: &x.qs,
         d: &x.d,
@@ -761,9 +839,16 @@ fn dot_ggml(ty: GgmlType, w: &[u8], x: &PreparedRow) -> f32 {
         Q5_0 => q5_0::dot_q8_0::<false>(w, &x.qs, &x.d),
         Q8_0 if exact => q8::dot_q8_0_q8_0::<true>(w, &x.qs, &x.d),
         Q8_0 => q8::dot_q8_0_q8_0::<false>(w, &x.qs, &x.d),
+        IQ4_NL if exact => iq4_nl::dot_q8_0::<true>(w, &x.qs, &x.d),
+        IQ4_NL => iq4_nl::dot_q8_0::<false>(w, &x.qs, &x.d),
         Q4_1 => q4_1::dot_q8_1(w, &x.qs, &x.d, &x.s),
+        Q5_1 => q5_1::dot_q8_1(w, &x.qs, &x.d, &x.s),
+        Q2_K => q2_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
+        Q3_K => q3_k::dot_q8_k(w, &x.qs, &x.d),
         Q4_K => q4_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
+        Q5_K => q5_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
         Q6_K => q6_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
+        IQ4_XS => iq4_xs::dot_q8_k(w, &x.qs, &x.d),
         _ => {
             debug_assert!(false, "no dot kernel for {ty}");
             f32::NAN

@@ -9,7 +9,7 @@
 use super::fp::{bf16_to_f32, f16_to_f32, read_f32, read_u16};
 use super::types::GgmlType;
 use super::x86::hsum_float_8;
-use super::{q4_0, q4_1, q4_k, q5_0, q6_k, q8, q8_k};
+use super::{iq4_nl, iq4_xs, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8, q8_k};
 
 /// Dot product of blocks of `QK` elements, `bytes` each, dequantized by `deq`.
 #[inline]
@@ -57,6 +57,12 @@ pub(crate) fn dot(ty: GgmlType, w: &[u8], x: &[f32]) -> Option<f32> {
         GgmlType::Q4_0 => dot_blocks(w, q4_0::BYTES, x, q4_0::dequantize_block),
         GgmlType::Q4_1 => dot_blocks(w, q4_1::BYTES, x, q4_1::dequantize_block),
         GgmlType::Q5_0 => dot_blocks(w, q5_0::BYTES, x, q5_0::dequantize_block),
+        GgmlType::Q5_1 => dot_blocks(w, q5_1::BYTES, x, q5_1::dequantize_block),
+        GgmlType::IQ4_NL => dot_blocks(w, iq4_nl::BYTES, x, iq4_nl::dequantize_block),
+        GgmlType::Q2_K => dot_blocks(w, q2_k::BYTES, x, q2_k::dequantize_block),
+        GgmlType::Q3_K => dot_blocks(w, q3_k::BYTES, x, q3_k::dequantize_block),
+        GgmlType::Q5_K => dot_blocks(w, q5_k::BYTES, x, q5_k::dequantize_block),
+        GgmlType::IQ4_XS => dot_blocks(w, iq4_xs::BYTES, x, iq4_xs::dequantize_block),
         GgmlType::Q8_0 => dot_blocks(w, q8::Q8_0_BYTES, x, q8::dequantize_block_q8_0),
         GgmlType::Q8_1 => dot_blocks(w, q8::Q8_1_BYTES, x, q8::dequantize_block_q8_1),
         GgmlType::Q4_K => dot_blocks(w, q4_k::BYTES, x, q4_k::dequantize_block),

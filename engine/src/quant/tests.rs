@@ -33,22 +33,64 @@ impl Rng {
     }
 }
 
-const DOT_TYPES: [GgmlType; 9] = [
+const DOT_TYPES: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
+    GgmlType::Q5_1,
     GgmlType::Q8_0,
+    GgmlType::IQ4_NL,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
     GgmlType::Q4_K,
+    GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
 ];
 
-/// Weight rows for every dot type: quantized with [`quantize_row`] where it exists; K-quants built from
-/// random bytes with sane scales.
+/// The quantized dot types (integer kernels in ggml mode).
+const QUANT_DOT_TYPES: [GgmlType; 12] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::IQ4_NL,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
+];
+
+/// Random blocks of `ty` (every quant, scale and min bit pattern) with the f16 scales at `scales` (byte
+/// offset, value) overwritten by sane values.
+fn random_blocks(ty: GgmlType, n: usize, rng: &mut Rng, scales: &[(usize, f32)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for _ in 0..n / ty.block_size() {
+        let mut b: Vec<u8> = (0..ty.type_size()).map(|_| rng.next() as u8).collect();
+        for &(at, v) in scales {
+            b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        }
+        out.extend(b);
+    }
+    out
+}
+
+/// Weight rows for every dot type: quantized with [`quantize_row`] where it exists; the other types built
+/// from random bytes with sane scales.
 fn weight_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     match ty {
+        GgmlType::Q5_1 => random_blocks(ty, n, rng, &[(0, 0.003), (2, -0.05)]),
+        GgmlType::IQ4_NL => random_blocks(ty, n, rng, &[(0, 0.0005)]),
+        GgmlType::Q2_K => random_blocks(ty, n, rng, &[(80, 0.002), (82, 0.001)]),
+        GgmlType::Q3_K => random_blocks(ty, n, rng, &[(108, 0.001)]),
+        GgmlType::Q5_K => random_blocks(ty, n, rng, &[(0, 0.001), (2, 0.001)]),
+        GgmlType::IQ4_XS => random_blocks(ty, n, rng, &[(0, 0.0002)]),
         GgmlType::Q4_K => {
             let mut out = Vec::new();
             for _ in 0..n / 256 {
@@ -196,6 +238,78 @@ fn unpack(ty: GgmlType, row: &[u8]) -> Unpacked {
                 }
             }
         }
+        GgmlType::Q5_1 => {
+            for b in row.chunks_exact(24) {
+                let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+                for j in 0..32 {
+                    let nib = (b[8 + j % 16] >> (4 * (j / 16))) & 15;
+                    let hi = ((qh >> j) & 1) as i32;
+                    push(i32::from(nib) + 16 * hi, f16(b, 0), -f16(b, 2));
+                }
+            }
+        }
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
+            const KV: [i32; 16] = [
+                -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+            ];
+            // IQ4_NL: one 32-element sub-block per block, scale d; IQ4_XS: eight, scale d * (ls - 32)
+            let (bytes, subs, qoff) = if ty == GgmlType::IQ4_NL {
+                (18, 1, 2)
+            } else {
+                (136, 8, 8)
+            };
+            for b in row.chunks_exact(bytes) {
+                for s in 0..subs {
+                    let scale = if ty == GgmlType::IQ4_NL {
+                        f16(b, 0)
+                    } else {
+                        let lo = (b[4 + s / 2] >> (4 * (s % 2))) & 15;
+                        let hi = (u16::from_le_bytes([b[2], b[3]]) >> (2 * s)) & 3;
+                        f16(b, 0) * f64::from(i32::from(lo) + 16 * i32::from(hi) - 32)
+                    };
+                    for j in 0..32 {
+                        let nib = (b[qoff + 16 * s + j % 16] >> (4 * (j / 16))) & 15;
+                        push(KV[usize::from(nib)], scale, 0.0);
+                    }
+                }
+            }
+        }
+        GgmlType::Q2_K => {
+            for b in row.chunks_exact(84) {
+                let (d, dmin) = (f16(b, 80), f16(b, 82));
+                for i in 0..256 {
+                    let sc = b[i / 16];
+                    let q = (b[16 + 32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3;
+                    push(
+                        i32::from(q),
+                        d * f64::from(sc & 15),
+                        dmin * f64::from(sc >> 4),
+                    );
+                }
+            }
+        }
+        GgmlType::Q3_K => {
+            for b in row.chunks_exact(110) {
+                let d = f16(b, 108);
+                for i in 0..256 {
+                    let s = i / 16;
+                    let lo4 = if s < 8 {
+                        b[96 + s] & 15
+                    } else {
+                        b[96 + s - 8] >> 4
+                    };
+                    let hi2 = (b[104 + s % 4] >> (2 * (s / 4))) & 3;
+                    let sc = i32::from(lo4 | (hi2 << 4)) - 32;
+                    let low = (b[32 + 32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3;
+                    let high = (b[i % 32] >> (i / 32)) & 1;
+                    push(
+                        i32::from(low) + 4 * i32::from(high) - 4,
+                        d * f64::from(sc),
+                        0.0,
+                    );
+                }
+            }
+        }
         GgmlType::Q8_0 => {
             for b in row.chunks_exact(34) {
                 for j in 0..32 {
@@ -203,8 +317,13 @@ fn unpack(ty: GgmlType, row: &[u8]) -> Unpacked {
                 }
             }
         }
-        GgmlType::Q4_K => {
-            for b in row.chunks_exact(144) {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let (bytes, qoff) = if ty == GgmlType::Q4_K {
+                (144, 16)
+            } else {
+                (176, 48)
+            };
+            for b in row.chunks_exact(bytes) {
                 let (d, dmin) = (f16(b, 0), f16(b, 2));
                 let (sd, sm, smd) = (&b[4..8], &b[8..12], &b[12..16]);
                 for j in 0..256 {
@@ -218,9 +337,13 @@ fn unpack(ty: GgmlType, row: &[u8]) -> Unpacked {
                             (smd[k] >> 4) | ((sm[k] >> 2) & 0x30),
                         )
                     };
-                    let byte = b[16 + 32 * (sub / 2) + j % 32];
-                    let q = if sub % 2 == 0 { byte & 15 } else { byte >> 4 };
-                    push(i32::from(q), d * f64::from(sc), dmin * f64::from(m));
+                    let byte = b[qoff + 32 * (sub / 2) + j % 32];
+                    let mut q = i32::from(if sub % 2 == 0 { byte & 15 } else { byte >> 4 });
+                    if ty == GgmlType::Q5_K {
+                        // the fifth bit of element j: bit `sub` of qh[j % 32]
+                        q += 16 * i32::from((b[16 + j % 32] >> sub) & 1);
+                    }
+                    push(q, d * f64::from(sc), dmin * f64::from(m));
                 }
             }
         }
@@ -269,54 +392,75 @@ fn unpack_act(ty: GgmlType, blocks: &[u8]) -> (Vec<i32>, Vec<f64>) {
 #[test]
 fn ggml_dot_equals_independent_integer_computation() {
     let mut rng = Rng(42);
-    let n = 1536;
-    for ty in [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-    ] {
-        for trial in 0..4 {
-            let w = weight_row(ty, n, &mut rng);
-            let x = rng.vec(n, 1.0 + trial as f32);
-            let p = prepared(ty, NumericsMode::Ggml, &x);
-            let (aty, blocks) = p.ggml_blocks().unwrap();
-            let (aq, ad) = unpack_act(aty, blocks);
-            let u = unpack(ty, &w);
-            // exact value of the integer formulation, and the magnitude of everything the kernel sums
-            let qk = ty.block_size();
-            let mut exact = 0f64;
-            let mut magnitude = 0f64;
-            for b in 0..n / qk {
-                for i in b * qk..(b + 1) * qk {
-                    let pos = u.scale[i] * f64::from(u.q[i]) * ad[i] * f64::from(aq[i]);
-                    let neg = u.offset[i] * ad[i] * f64::from(aq[i]);
-                    if ty == GgmlType::Q4_1 {
-                        // the min term goes through the activation's stored s = f16(d * sum(q)) instead
-                        exact += pos;
-                        magnitude += pos.abs();
-                    } else {
-                        exact += pos - neg;
-                        magnitude += pos.abs() + neg.abs();
+    for ty in QUANT_DOT_TYPES {
+        // an even and an odd number of 32-element blocks (IQ4_NL's vec_dot pairs blocks and has a tail)
+        let sizes = if ty.block_size() == 32 {
+            [1536, 1312]
+        } else {
+            [1536, 1280]
+        };
+        // every kernel llama.cpp may run for this type (see `ggml_path`)
+        let mut paths = vec![GgmlPath::VecDot];
+        for p in [
+            GgmlPath::Tiled,
+            GgmlPath::TinyBlasQ0,
+            GgmlPath::RepackGemv,
+            GgmlPath::RepackGemm,
+        ] {
+            if effective_path(ty, p) == p {
+                paths.push(p);
+            }
+        }
+        for n in sizes {
+            for trial in 0..5 {
+                let w = weight_row(ty, n, &mut rng);
+                let mut x = rng.vec(n, 1.0 + trial as f32);
+                if trial == 4 {
+                    // edge blocks: all zero, one spike, tiny values
+                    x[0..256].fill(0.0);
+                    x[300] = 1e4;
+                    x[512..768].iter_mut().for_each(|v| *v *= 1e-30);
+                }
+                let p = prepared(ty, NumericsMode::Ggml, &x);
+                let (aty, blocks) = p.ggml_blocks().unwrap();
+                let (aq, ad) = unpack_act(aty, blocks);
+                let u = unpack(ty, &w);
+                // Q4_1 / Q5_1: the min term goes through the activation's stored s = f16(d * sum(q))
+                let via_s = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
+                // exact value of the integer formulation, and the magnitude of everything the kernel sums
+                let qk = ty.block_size();
+                let mut exact = 0f64;
+                let mut magnitude = 0f64;
+                for b in 0..n / qk {
+                    for i in b * qk..(b + 1) * qk {
+                        let pos = u.scale[i] * f64::from(u.q[i]) * ad[i] * f64::from(aq[i]);
+                        let neg = u.offset[i] * ad[i] * f64::from(aq[i]);
+                        if via_s {
+                            exact += pos;
+                            magnitude += pos.abs();
+                        } else {
+                            exact += pos - neg;
+                            magnitude += pos.abs() + neg.abs();
+                        }
+                    }
+                    if via_s {
+                        let s = f64::from(f16_to_f32(read_u16(blocks, 36 * b + 2)));
+                        let m = -u.offset[b * qk];
+                        exact += m * s;
+                        magnitude += (m * s).abs();
                     }
                 }
-                if ty == GgmlType::Q4_1 {
-                    let s = f64::from(f16_to_f32(read_u16(blocks, 36 * b + 2)));
-                    let m = -u.offset[b * qk];
-                    exact += m * s;
-                    magnitude += (m * s).abs();
+                for &path in &paths {
+                    let got = f64::from(vec_dot_path(ty, &w, &p, path));
+                    // f32 scale products, fmas and lane sums: a few roundings per block, relative to the
+                    // magnitude; a wrong quant or scale anywhere would be off by ~1/n of the magnitude
+                    let tol = magnitude * f64::from(f32::EPSILON) * (8 + n / qk) as f64 + 1e-30;
+                    assert!(
+                        (got - exact).abs() <= tol,
+                        "{ty} n {n} trial {trial} {path:?}: {got} vs {exact} (tol {tol})"
+                    );
                 }
             }
-            let got = f64::from(vec_dot(ty, &w, &p));
-            // f32 scale products, fmas and lane sums: a few roundings per block, relative to the magnitude;
-            // a wrong quant or scale anywhere would be off by ~1/n of the magnitude
-            let tol = magnitude * f64::from(f32::EPSILON) * (8 + n / qk) as f64 + 1e-30;
-            assert!(
-                (got - exact).abs() <= tol,
-                "{ty} trial {trial}: {got} vs {exact} (tol {tol})"
-            );
         }
     }
 }
@@ -354,9 +498,10 @@ fn ggml_mode_tracks_reference_within_activation_quantization_error() {
                 .zip(&x)
                 .map(|(w, a)| f64::from(*w) * f64::from(*a))
                 .sum();
-            // Q4_1: the min term uses the activation's s = f16(d * sum(q)), one more f16 rounding per block
-            let s_err: f64 = if ty == GgmlType::Q4_1 {
-                w.chunks_exact(20)
+            // Q4_1/Q5_1: the min term uses the activation's s = f16(d * sum(q)), one more f16 rounding per
+            // block
+            let s_err: f64 = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                w.chunks_exact(ty.type_size())
                     .zip(blocks.chunks_exact(36))
                     .map(|(wb, ab)| {
                         f64::from((f16_to_f32(read_u16(wb, 2)) * f16_to_f32(read_u16(ab, 2))).abs())
@@ -566,7 +711,7 @@ fn errors_name_the_problem() {
     for ty in DOT_TYPES {
         assert!(supports(ty));
     }
-    assert!(!supports(GgmlType::Q8_1) && !supports(GgmlType::Q5_1) && !supports(GgmlType::Q8_K));
+    assert!(!supports(GgmlType::Q8_1) && !supports(GgmlType::IQ2_XS) && !supports(GgmlType::Q8_K));
 }
 
 /// Rough kernel speed, for a human: `cargo test --release -p lockstep-engine --lib bench_vec_dot -- --ignored

@@ -1,0 +1,128 @@
+//! IQ4_XS: super-blocks of 256 = 8 sub-blocks of 32 4-bit indices into `kvalues_iq4nl`, each with a 6-bit
+//! scale; value = `d * (ls - 32) * kvalues_iq4nl[q]`.
+//!
+//! `block_iq4_xs` (ggml-common.h, 136 bytes): `d: f16`, `scales_h: u16` (bits `2s..2s+2`: high bits of
+//! sub-block `s`'s scale), `scales_l: [u8; 4]` (low nibbles: sub-block `s` in nibble `s % 2` of
+//! `scales_l[s / 2]`), `qs: [u8; 128]` (sub-block `s` in `qs[16s..16s+16]`, low nibbles first, as IQ4_NL).
+//! `vec_dot_type` Q8_K.
+
+use super::fp::{read_f16, read_u16};
+use super::iq4_nl;
+use super::q8_k::QK_K;
+use super::x86::{fma, fma_lanes, hsum_float_8, sign_trick_mul};
+
+/// Bytes per block.
+pub(crate) const BYTES: usize = 136;
+
+/// The eight sub-block scales minus 32 (`ls - 32`, `-32..32`), as `dequantize_row_iq4_xs` extracts them.
+#[inline]
+fn scales(blk: &[u8]) -> [i32; 8] {
+    let sh = u32::from(read_u16(blk, 2));
+    core::array::from_fn(|s| {
+        let lo = u32::from(blk[4 + s / 2] >> (4 * (s % 2))) & 0xF;
+        ((lo | (((sh >> (2 * s)) & 3) << 4)) as i32) - 32
+    })
+}
+
+/// One block to f32 (`dequantize_row_iq4_xs`, ggml-quants.c: `dl = d * (ls - 32)`,
+/// `y = dl * kvalues_iq4nl[q]`).
+#[inline]
+pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
+    let d = read_f16(blk, 0);
+    let ls = scales(blk);
+    for (s, y) in out.chunks_exact_mut(32).enumerate() {
+        let dl = d * ls[s] as f32;
+        for (y, v) in y
+            .iter_mut()
+            .zip(iq4_nl::values(&blk[8 + 16 * s..8 + 16 * s + 16]))
+        {
+            *y = dl * v as f32;
+        }
+    }
+}
+
+/// `ggml_vec_dot_iq4_xs_q8_K`, x86 AVX2 branch (arch/x86/quants.c). Per super-block: eight i32 lanes
+/// `lane[l] = Σ_s (ls[s] − 32) · Σ_{e<4} v[32s+4l+e] ⊙ q8[32s+4l+e]` with the table values `v` and the
+/// `mul_add_epi8` product `⊙` (`_mm256_sign_epi8` trick: [`sign_trick_mul`], equal to `v * q8` unless a
+/// quant is −128), `madd` with the scale (exact); `acc[l] = fma(d_w * d8, lane[l], acc[l])`. Result
+/// `hsum_float_8(acc)`.
+pub(crate) fn dot_q8_k(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for ((blk, qy), &dy) in w.chunks_exact(BYTES).zip(xq.chunks_exact(QK_K)).zip(xd) {
+        let ls = scales(blk);
+        let mut lanes = [0i32; 8];
+        for (s, &sc) in ls.iter().enumerate() {
+            let v = iq4_nl::values(&blk[8 + 16 * s..8 + 16 * s + 16]);
+            let y = &qy[32 * s..32 * s + 32];
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let mut p = 0i32;
+                for e in 4 * l..4 * l + 4 {
+                    p += sign_trick_mul(v[e], y[e]);
+                }
+                *lane = lane.wrapping_add(sc * p);
+            }
+        }
+        fma_lanes(read_f16(blk, 0) * dy, &lanes, &mut acc);
+    }
+    hsum_float_8(&acc)
+}
+
+/// One output of llama.cpp's tiled K-quant matmul for IQ4_XS (ggml-cpu/tiled,
+/// `tiled_run_microtile<32, false, 128>`: codes `v + 128` with the bias taken out through the Q8_K sums),
+/// batches ≥ 8: per super-block the exact integer `s1 = Σ_s (ls[s] − 32) · Σ v·q8`, then `res = d_w·s1`,
+/// `acc = fma(res, d_x, acc)`. This machine runs the AVX-512 VNNI kernel (`vpdpbusd` of the biased codes:
+/// plain products); the AVX2 kernel would use the sign trick instead, which differs only for a −128
+/// activation quant (a NaN input).
+pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for ((blk, qy), &dy) in w.chunks_exact(BYTES).zip(xq.chunks_exact(QK_K)).zip(xd) {
+        let ls = scales(blk);
+        let mut s1 = 0i32;
+        for (s, &sc) in ls.iter().enumerate() {
+            let v = iq4_nl::values(&blk[8 + 16 * s..8 + 16 * s + 16]);
+            let dot: i32 = v
+                .iter()
+                .zip(&qy[32 * s..32 * s + 32])
+                .map(|(&v, &y)| v * i32::from(y))
+                .sum();
+            s1 = s1.wrapping_add(sc * dot);
+        }
+        acc = fma(read_f16(blk, 0) * s1 as f32, dy, acc);
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dequantizes_a_hand_made_block() {
+        // d = 0.125; sub-block s has ls = 8s + 3 (low nibble in scales_l, high 2 bits in scales_h);
+        // element 32s + j has index (j + s) % 16
+        let mut blk = [0u8; BYTES];
+        blk[0..2].copy_from_slice(&half::f16::from_f32(0.125).to_le_bytes());
+        let mut sh = 0u16;
+        for s in 0..8 {
+            let ls = 8 * s as u8 + 3;
+            blk[4 + s / 2] |= (ls & 0xF) << (4 * (s % 2));
+            sh |= u16::from(ls >> 4) << (2 * s);
+        }
+        blk[2..4].copy_from_slice(&sh.to_le_bytes());
+        for s in 0..8 {
+            for j in 0..16 {
+                let lo = ((j + s) % 16) as u8;
+                let hi = ((j + 16 + s) % 16) as u8;
+                blk[8 + 16 * s + j] = lo | (hi << 4);
+            }
+        }
+        let mut out = [0f32; QK_K];
+        dequantize_block(&blk, &mut out);
+        for (i, &v) in out.iter().enumerate() {
+            let (s, j) = (i / 32, i % 32);
+            let dl = 0.125 * (8 * s as i32 + 3 - 32) as f32;
+            let want = dl * f32::from(iq4_nl::KVALUES[(j + s) % 16]);
+            assert_eq!(v, want, "element {i}");
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Q3_K: super-blocks of 256 = 16 sub-blocks of 16 3-bit quants with 6-bit scales;
+//! value = `d * (sc - 32) * (q - 4)`.
+//!
+//! `block_q3_K` (ggml-common.h, 110 bytes): `hmask: [u8; 32]` (high bits), `qs: [u8; 64]` (low 2 bits),
+//! `scales: [u8; 12]` (16 6-bit scales, packed as `dequantize_row_q3_K` unpacks them), `d: f16`. Element
+//! `128h + 32k + b` takes its low bits from bits `2k..2k+2` of `qs[32h + b]` and its high bit from bit
+//! `4h + k` of `hmask[b]`; a *clear* high bit subtracts 4. `vec_dot_type` Q8_K.
+
+use super::fp::read_f16;
+use super::q8_k::QK_K;
+use super::x86::{fma, fma_lanes, hsum_float_8};
+
+/// Bytes per block.
+pub(crate) const BYTES: usize = 110;
+/// Byte offset of `d`.
+const D_AT: usize = 108;
+
+/// The 16 sub-block scales minus 32 (`-32..32`), unpacked as `dequantize_row_q3_K` / the AVX2 kernel do
+/// (`kmask1 = 0x03030303`, `kmask2 = 0x0f0f0f0f` over three little-endian u32).
+#[inline]
+fn scales(blk: &[u8]) -> [i32; 16] {
+    let s = &blk[96..108];
+    let aux = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (a0, a1, tmp) = (aux(0), aux(1), aux(2));
+    const KMASK1: u32 = 0x0303_0303;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    let words = [
+        (a0 & KMASK2) | ((tmp & KMASK1) << 4),
+        (a1 & KMASK2) | (((tmp >> 2) & KMASK1) << 4),
+        ((a0 >> 4) & KMASK2) | (((tmp >> 4) & KMASK1) << 4),
+        ((a1 >> 4) & KMASK2) | (((tmp >> 6) & KMASK1) << 4),
+    ];
+    core::array::from_fn(|i| i32::from(words[i / 4].to_le_bytes()[i % 4] as i8) - 32)
+}
+
+/// The 256 signed 3-bit values `q - 4` (`-4..4`) of one block, in element order.
+#[inline]
+fn values(blk: &[u8]) -> [i8; QK_K] {
+    let (hm, qs) = (&blk[0..32], &blk[32..96]);
+    let mut v = [0i8; QK_K];
+    for (i, v) in v.iter_mut().enumerate() {
+        let (h, k, b) = (i / 128, (i % 128) / 32, i % 32);
+        let low = ((qs[32 * h + b] >> (2 * k)) & 3) as i8;
+        let high = (hm[b] >> (4 * h + k)) & 1;
+        *v = low - if high != 0 { 0 } else { 4 };
+    }
+    v
+}
+
+/// One block to f32 (`dequantize_row_q3_K`, ggml-quants.c: `dl = d * (sc - 32)`, `y = dl * (q - 4)`).
+#[inline]
+pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
+    let d = read_f16(blk, D_AT);
+    let sc = scales(blk);
+    for (i, (o, &v)) in out.iter_mut().zip(values(blk).iter()).enumerate() {
+        let dl = d * sc[i / 16] as f32;
+        *o = dl * f32::from(v);
+    }
+}
+
+/// `ggml_vec_dot_q3_K_q8_K`, x86 AVX2 branch (arch/x86/quants.c). Per super-block: `d = d8 * d_w`; eight
+/// i32 lanes `lane[l] = Σ_{h<2, k<4} (sc[8h + 2k + l/4] − 32) · Σ_{e<4} v[128h+32k+4l+e] · q8[...]` with
+/// the signed values `v = q − 4` (the kernel's `maddubs(low, q8) − maddubs(4·!high, q8)` then `madd` with
+/// the scales: exact); `acc[l] = fma(d, lane[l], acc[l])`. Result `hsum_float_8(acc)`.
+pub(crate) fn dot_q8_k(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for ((blk, qy), &dy) in w.chunks_exact(BYTES).zip(xq.chunks_exact(QK_K)).zip(xd) {
+        let d = dy * read_f16(blk, D_AT);
+        let sc = scales(blk);
+        let v = values(blk);
+        let mut lanes = [0i32; 8];
+        for h in 0..2 {
+            for k in 0..4 {
+                let base = 128 * h + 32 * k;
+                for (l, lane) in lanes.iter_mut().enumerate() {
+                    let mut p = 0i32;
+                    for e in base + 4 * l..base + 4 * l + 4 {
+                        p += i32::from(v[e]) * i32::from(qy[e]);
+                    }
+                    *lane = lane.wrapping_add(sc[8 * h + 2 * k + l / 4] * p);
+                }
+            }
+        }
+        fma_lanes(d, &lanes, &mut acc);
+    }
+    hsum_float_8(&acc)
+}
+
+/// One output of llama.cpp's tiled K-quant matmul for Q3_K (ggml-cpu/tiled,
+/// `tiled_run_microtile<16, false, 4>`: unsigned codes `q` with the bias 4 taken out through the Q8_K
+/// sums; the AVX2 and the AVX-512 VNNI kernels compute the same), batches ≥ 8: per super-block the exact
+/// integer `s1 = Σ_s (sc[s] − 32) · Σ (q − 4)·q8`, then `res = d_w·s1`, `acc = fma(res, d_x, acc)`.
+pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for ((blk, qy), &dy) in w.chunks_exact(BYTES).zip(xq.chunks_exact(QK_K)).zip(xd) {
+        let sc = scales(blk);
+        let v = values(blk);
+        let mut s1 = 0i32;
+        for (s, &sc) in sc.iter().enumerate() {
+            let dot: i32 = (16 * s..16 * s + 16)
+                .map(|e| i32::from(v[e]) * i32::from(qy[e]))
+                .sum();
+            s1 = s1.wrapping_add(sc * dot);
+        }
+        acc = fma(read_f16(blk, D_AT) * s1 as f32, dy, acc);
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dequantizes_a_hand_made_block() {
+        // d = 0.25; scale of sub-block s is s + 25 (6 bits: low nibble in bytes 0..8, high 2 bits in
+        // bytes 8..12); element i has value (i % 8) - 4
+        let mut blk = [0u8; BYTES];
+        let sc: Vec<u8> = (0..16).map(|s| s as u8 + 25).collect();
+        for s in 0..16 {
+            let (byte, shift) = if s < 8 { (s, 0) } else { (s - 8, 4) };
+            blk[96 + byte] |= (sc[s] & 0xF) << shift;
+            blk[96 + 8 + s % 4] |= (sc[s] >> 4) << (2 * (s / 4));
+        }
+        for i in 0..QK_K {
+            let (h, k, b) = (i / 128, (i % 128) / 32, i % 32);
+            let q = (i % 8) as u8;
+            blk[32 + 32 * h + b] |= (q & 3) << (2 * k);
+            blk[b] |= (q >> 2) << (4 * h + k);
+        }
+        blk[108..110].copy_from_slice(&half::f16::from_f32(0.25).to_le_bytes());
+        let mut out = [0f32; QK_K];
+        dequantize_block(&blk, &mut out);
+        for (i, &v) in out.iter().enumerate() {
+            let want = 0.25 * (i32::from(sc[i / 16]) - 32) as f32 * ((i % 8) as f32 - 4.0);
+            assert_eq!(v, want, "element {i}");
+        }
+    }
+}

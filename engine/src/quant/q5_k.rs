@@ -1,0 +1,155 @@
+//! Q5_K: super-blocks of 256 = 8 sub-blocks of 32 5-bit quants, each with a 6-bit scale and a 6-bit min;
+//! value = `d * sc * q - dmin * m`.
+//!
+//! `block_q5_K` (ggml-common.h, 176 bytes): `d: f16`, `dmin: f16`, `scales: [u8; 12]` (packed as Q4_K's,
+//! `get_scale_min_k4`), `qh: [u8; 32]` (fifth bits), `qs: [u8; 128]` (low 4 bits). Chunk `j` of 64
+//! elements uses `qs[32j..32j+32]`: element `64j + b` is the low nibble of `qs[32j + b]` plus bit `2j` of
+//! `qh[b]` (as 16), element `64j + 32 + b` the high nibble plus bit `2j + 1`. `vec_dot_type` Q8_K.
+
+use super::fp::read_f16;
+use super::q4_k::scales_mins;
+use super::q8_k::QK_K;
+use super::x86::{fma, fma_lanes, hsum_float_8};
+
+/// Bytes per block.
+pub(crate) const BYTES: usize = 176;
+
+/// The 256 unsigned 5-bit quants (0..32) of one block, in element order.
+#[inline]
+fn quants(blk: &[u8]) -> [u8; QK_K] {
+    let (qh, qs) = (&blk[16..48], &blk[48..176]);
+    let mut q = [0u8; QK_K];
+    for j in 0..4 {
+        for b in 0..32 {
+            let byte = qs[32 * j + b];
+            q[64 * j + b] = (byte & 0xF) | (((qh[b] >> (2 * j)) & 1) << 4);
+            q[64 * j + 32 + b] = (byte >> 4) | (((qh[b] >> (2 * j + 1)) & 1) << 4);
+        }
+    }
+    q
+}
+
+/// One block to f32 (`dequantize_row_q5_K`, ggml-quants.c: `d1 = d * sc`, `m1 = dmin * m`,
+/// `y = d1 * q - m1`).
+#[inline]
+pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
+    let d = read_f16(blk, 0);
+    let min = read_f16(blk, 2);
+    let (sc, m) = scales_mins(&blk[4..16]);
+    for (g, (y, q)) in out
+        .chunks_exact_mut(32)
+        .zip(quants(blk).chunks_exact(32))
+        .enumerate()
+    {
+        let d1 = d * f32::from(sc[g]);
+        let m1 = min * f32::from(m[g]);
+        for (y, &q) in y.iter_mut().zip(q) {
+            *y = d1 * f32::from(q) - m1;
+        }
+    }
+}
+
+/// `ggml_vec_dot_q5_K_q8_K`, x86 AVX2 branch (arch/x86/quants.c). Per super-block: `d = d8 * d_w`,
+/// `dmin = -d8 * dmin_w`; the mins term as one integer, `Σ_g m[g] · (bsums[2g] + bsums[2g+1])` (`hadd` of
+/// the i16 sums, wrapping as `_mm_hadd_epi16` does, `madd` with the mins, `hadd`s), fused into a scalar
+/// `summs = fma(dmin, ., summs)` (gcc contracts `summs += dmin * x`); eight i32 lanes
+/// `lane[l] = Σ_j sc[2j] · Σ_{e<4} q5[64j+4l+e]·q8[..] + sc[2j+1] · Σ_{e<4} q5[64j+32+4l+e]·q8[..]`,
+/// `acc[l] = fma(d, lane[l], acc[l])`. Result `hsum_float_8(acc) + summs`.
+pub(crate) fn dot_q8_k(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (((blk, qy), &dy), bsums) in w
+        .chunks_exact(BYTES)
+        .zip(xq.chunks_exact(QK_K))
+        .zip(xd)
+        .zip(xbsums.chunks_exact(QK_K / 16))
+    {
+        let d = dy * read_f16(blk, 0);
+        let dmin = -dy * read_f16(blk, 2);
+        let (sc, m) = scales_mins(&blk[4..16]);
+        let mut msum = 0i32;
+        for g in 0..8 {
+            let q8s = i32::from(bsums[2 * g].wrapping_add(bsums[2 * g + 1]));
+            msum = msum.wrapping_add(i32::from(m[g]) * q8s);
+        }
+        summs = fma(dmin, msum as f32, summs);
+        let q = quants(blk);
+        let mut lanes = [0i32; 8];
+        for j in 0..4 {
+            let (s0, s1) = (i32::from(sc[2 * j]), i32::from(sc[2 * j + 1]));
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let (mut p0, mut p1) = (0i32, 0i32);
+                for e in 4 * l..4 * l + 4 {
+                    p0 += i32::from(q[64 * j + e]) * i32::from(qy[64 * j + e]);
+                    p1 += i32::from(q[64 * j + 32 + e]) * i32::from(qy[64 * j + 32 + e]);
+                }
+                *lane = lane.wrapping_add(s0 * p0 + s1 * p1);
+            }
+        }
+        fma_lanes(d, &lanes, &mut acc);
+    }
+    hsum_float_8(&acc) + summs
+}
+
+/// One output of llama.cpp's tiled K-quant matmul for Q5_K (ggml-cpu/tiled,
+/// `tiled_run_microtile<32, true, 0>`, shared with Q4_K; the AVX2 and the AVX-512 VNNI kernels compute
+/// the same), batches ≥ 8: per super-block the exact integers `s1 = Σ_g sc[g] · Σ q5·q8` and
+/// `s2 = Σ_g m[g] · (bsums[2g] + bsums[2g+1])`, then `res = d_w·s1`, `res = fma(−dmin_w, s2, res)`,
+/// `acc = fma(res, d_x, acc)`.
+pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) -> f32 {
+    let mut acc = 0f32;
+    for (((blk, qy), &dy), bsums) in w
+        .chunks_exact(BYTES)
+        .zip(xq.chunks_exact(QK_K))
+        .zip(xd)
+        .zip(xbsums.chunks_exact(QK_K / 16))
+    {
+        let (sc, m) = scales_mins(&blk[4..16]);
+        let q = quants(blk);
+        let (mut s1, mut s2) = (0i32, 0i32);
+        for g in 0..8 {
+            let dot: i32 = (32 * g..32 * g + 32)
+                .map(|e| i32::from(q[e]) * i32::from(qy[e]))
+                .sum();
+            s1 = s1.wrapping_add(i32::from(sc[g]) * dot);
+            let bs = i32::from(bsums[2 * g]) + i32::from(bsums[2 * g + 1]);
+            s2 = s2.wrapping_add(i32::from(m[g]) * bs);
+        }
+        let res = fma(-read_f16(blk, 2), s2 as f32, read_f16(blk, 0) * s1 as f32);
+        acc = fma(res, dy, acc);
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dequantizes_a_hand_made_block() {
+        // d = 0.5, dmin = 0.25; scales 1..8 and mins 8..1 in Q4_K's packing (all < 16: low 6 bits of
+        // bytes 0..8, nibbles of bytes 8..12); element i has quant i % 32
+        let mut blk = [0u8; BYTES];
+        blk[0..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+        blk[2..4].copy_from_slice(&half::f16::from_f32(0.25).to_le_bytes());
+        let (sc, mn): (Vec<u8>, Vec<u8>) = (0..8).map(|g| (g + 1, 8 - g)).unzip();
+        for g in 0..4 {
+            blk[4 + g] = sc[g];
+            blk[8 + g] = mn[g];
+            blk[12 + g] = sc[g + 4] | (mn[g + 4] << 4);
+        }
+        for i in 0..QK_K {
+            let (j, hi, b) = (i / 64, (i % 64) / 32, i % 32);
+            let q = (i % 32) as u8;
+            blk[48 + 32 * j + b] |= (q & 0xF) << (4 * hi);
+            blk[16 + b] |= (q >> 4) << (2 * j + hi);
+        }
+        let mut out = [0f32; QK_K];
+        dequantize_block(&blk, &mut out);
+        for (i, &v) in out.iter().enumerate() {
+            let g = i / 32;
+            let want = 0.5 * f32::from(sc[g]) * (i % 32) as f32 - 0.25 * f32::from(mn[g]);
+            assert_eq!(v, want, "element {i}");
+        }
+    }
+}
