@@ -90,7 +90,11 @@
 //!
 //! **So, per model** (measured against the committed goldens, `lockstep run --mode ggml`): SmolLM2 Q4_1 (+
 //! Q8_0 tied output), Gemma 3 270M and Qwen2.5-Coder-0.5B Q4_K_M (Q5_0, Q8_0, Q4_K, Q6_K, F32) are
-//! bit-exact in prefill and decode. What remains outside the contract:
+//! bit-exact in prefill and decode. The SmolLM2 variants made by llama-quantize (`lockstep dump --mode ggml`
+//! against llama-cpp-python's logits, F32 KV cache, prompts of 2 and 8 tokens): Q5_1 and Q5_K (+ Q5_1) are
+//! bit-identical at every position; Q2_K, Q3_K, IQ4_XS (+ Q4_0 / IQ4_NL) and IQ4_NL are bit-identical when
+//! llama.cpp does not repack (`use_extra_bufts = false`) and differ by default, through their repacked
+//! Q4_0 / IQ4_NL / Q2_K matrices (item 1). What remains outside the contract:
 //! 1. repacked Q4_0 / IQ4_NL / MXFP4 weights, and Q2_K on AVX-512 hosts (repacked there);
 //! 2. F32/F16/BF16 weight matrices under tinyBLAS in prefill (ggml mode mirrors `ggml_vec_dot_f32/f16/bf16`,
 //!    the decode path). Attention is not a weight matmul and lives in `crate::ops::ggml_cpu`, which
