@@ -3,8 +3,8 @@
 //! Source of truth for every layout: ggml's `ggml/src/ggml-common.h` (block structs) and
 //! `ggml/src/ggml-quants.c` / `ggml/src/ggml-cpu/quants.c` (dequantize / quantize / vec_dot reference
 //! code). Weights are read as little-endian bytes straight from the memory map; nothing is dequantized at
-//! load. One module per format (`q4_0`, `q4_1`, `q5_0`, `q8` = Q8_0 + Q8_1, `q8_k`, `q4_k`, `q6_k`,
-//! `float` = F32/F16/BF16); `fp` holds ggml's f16/bf16 conversions, `x86` the scalar replicas of the SIMD
+//! load. One module per format (`q4_0`, `q4_1`, `q5_0`, `q5_1`, `q8` = Q8_0 + Q8_1, `iq4_nl`, `q8_k`,
+//! `q2_k`, `q3_k`, `q4_k`, `q5_k`, `q6_k`, `iq4_xs`, `float` = F32/F16/BF16); `fp` holds ggml's f16/bf16 conversions, `x86` the scalar replicas of the SIMD
 //! reduction steps, `reference` the reference-mode dot products, `prepared` the [`PreparedRow`]; `avx2`
 //! and `avx512` the SIMD kernels of ggml mode ([`crate::simd::Simd`]), each bit-identical to the scalar
 //! replicas.
@@ -13,8 +13,10 @@
 //! |---|---|---|---|---|
 //! | F32, F16, BF16 | yes | yes | yes | itself |
 //! | Q4_0, Q5_0, Q8_0 | yes | yes | yes | Q8_0 |
+//! | IQ4_NL | yes | no | yes | Q8_0 |
 //! | Q4_1 | yes | yes | yes | Q8_1 |
-//! | Q4_K, Q6_K | yes | no | yes | Q8_K |
+//! | Q5_1 | yes | no | yes | Q8_1 |
+//! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS | yes | no | yes | Q8_K |
 //! | Q8_1, Q8_K (activation types) | yes | yes | no | — |
 //!
 //! # What ggml mode reproduces, and what llama.cpp on this machine actually runs
@@ -34,6 +36,14 @@
 //! takes the integer dot of elements `4l..4l+4` of each 32-block (exact, `vpdpbusd`) — updates them with
 //! `fma(d_w*d_x, lane, acc)` block after block, and adds the lanes with `hsum_float_8`. That is not the order
 //! of the portable C (`ggml_vec_dot_*_generic` in ggml-cpu/quants.c: `sumf += sumi*d_x*d_y` per block).
+//! The K-quant and IQ4 kernels follow the same pattern with their own lane layouts and scale orders,
+//! documented at each replica (`q2_k::dot_q8_k` etc.); two of them deviate from "one `__m256`, one fma per
+//! block": `ggml_vec_dot_iq4_nl_q8_0` alternates two accumulators between even and odd blocks and adds an odd
+//! last block in scalar code (not fma-contracted), and `ggml_vec_dot_q5_K_q8_K` (like Q4_1/Q5_1) keeps the
+//! mins term in a scalar fma'd `summs`. None of the quant kernels of arch/x86/quants.c has an `__AVX512*`
+//! branch (checked for Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS as for the older types): an AVX-512 build runs
+//! their `__AVX2__` code, whose only VNNI variant is the exact integer `mul_sum_us8_pairs_float` (Q4_1,
+//! Q5_1).
 //! **Ggml mode mirrors the x86 kernels step for step** (exactly rounded fmas, `x86::fma`), because they are
 //! what runs here: on the committed fixtures every dot product and every quantized activation is
 //! bit-identical to the real `libggml-cpu.so`. Threads split output rows and the activation is quantized per
@@ -44,37 +54,51 @@
 //! one 16-lane accumulator per output, then `_mm512_reduce_add_ps` — a different order from
 //! `ggml_vec_dot_f32/f16/bf16`, mirrored as [`GgmlPath::TinyBlas`]) and Q8_0, Q4_0, Q5_0, IQ4_NL
 //! weights with Q8_0 activations (`tinyBLAS_Q0_AVX`). The latter computes, per output, the same lane
-//! integers, the same `fma(d_w*d_x, lane, acc)` and the same `hsum` as the vec_dot kernel: bit-identical
-//! (checked on whole `ggml_mul_mat` ops at batch 4 and 9 in `tests/quant_vs_gguf.rs`). Q4_1 and the
-//! K-quants are not handled by tinyBLAS.
+//! integers (`updot`: the sign-trick products), one `fma(d_w*d_x, lane, acc)` per block into *one*
+//! accumulator and the same `hsum`: for Q4_0/Q5_0/Q8_0 exactly the vec_dot kernel (bit-identical), for
+//! IQ4_NL not (its vec_dot alternates two accumulators), so ggml mode mirrors IQ4_NL's tinyBLAS order
+//! separately ([`GgmlPath::TinyBlasQ0`]); all checked on whole `ggml_mul_mat` ops at batch 4 and 9 in
+//! `tests/quant_vs_gguf.rs`. Q4_1, Q5_1, the K-quants and IQ4_XS are not handled by tinyBLAS.
 //!
 //! **Repacking** (extra buffer type `CPU_REPACK`, ggml-cpu/repack.cpp `ggml_repack_get_optimal_repack_type`;
 //! llama.cpp uses it by default, `llama_model_params .use_extra_bufts = true`, and llama-cpp-python does not
 //! change that). On x86 with AVX2: Q4_0 weights with a row count divisible by 8 become `q4_0_8x8_q8_0`, Q4_K
-//! → `q4_K_8x8_q8_K`, also IQ4_NL and MXFP4 (Q2_K only with AVX-512). Those matmuls run `ggml_gemv_*` /
+//! → `q4_K_8x8_q8_K`, also IQ4_NL (`iq4_nl_8x8_q8_0`) and MXFP4 (Q2_K → `q2_K_8x8_q8_K` only with
+//! AVX-512; the Q5_K and Q6_K repacks are ARM-only). Those matmuls run `ggml_gemv_*` /
 //! `ggml_gemm_*` (arch/x86/repack.cpp) with their own activation quantization (`ggml_quantize_mat_q8_*_4x8`)
 //! and accumulation order. Ggml mode mirrors the Q4_K ones ([`GgmlPath::RepackGemm`] for batch rows in
 //! groups of 4, [`GgmlPath::RepackGemv`] for decode and the last `B % 4` rows: one fma per pair of
-//! sub-blocks, resp. per super-block) and the Q4_0 ones (one fma per block on a single accumulator, gemm
-//! and gemv alike); repacked IQ4_NL is not mirrored yet. Not repacked on x86:
-//! Q4_1, Q5_0, Q8_0, Q6_K, F16, BF16, F32. `token_embd` is read by GET_ROWS with `dequantize_row_*`
+//! sub-blocks, resp. per super-block), and the Q4_0 and IQ4_NL ones (`q4_0_8x8_q8_0`,
+//! `iq4_nl_8x8_q8_0`: one fma per block on a single accumulator, gemm and gemv alike); repacked Q2_K (on
+//! AVX-512 hosts) is not mirrored yet. Not repacked on x86: Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q5_K, Q6_K,
+//! IQ4_XS, F16, BF16, F32. `token_embd` is read by GET_ROWS with `dequantize_row_*`
 //! (libggml-base), which [`dequantize_row`] matches bit for bit.
 //!
-//! **Tiled K-quant matmul** (ggml-cpu/tiled, new in this version): for batches ≥ 8, K-quant weights that were
-//! not repacked (Q6_K here; Q2_K..Q5_K, IQ*) go to `ggml_compute_forward_mul_mat_tiled` unless
-//! `GGML_CPU_TILED_MM=0`: per super-block `acc = fma(d_w·s1 [− dmin_w·s2], d_x, acc)` with exact integers,
-//! the same on the AVX2 and the AVX-512 VNNI kernel. Ggml mode mirrors it ([`GgmlPath::Tiled`], Q6_K and
-//! unrepacked Q4_K).
+//! **Tiled K-quant matmul** (ggml-cpu/tiled, new in this version): for batches ≥ 8, weights that were not
+//! repacked of the types `ggml_tiled_supported` lists (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and IQ2_*,
+//! IQ3_*, IQ1_*; *not* IQ4_NL, Q5_1 or the other 32-blocks) go to `ggml_compute_forward_mul_mat_tiled`
+//! unless `GGML_CPU_TILED_MM=0`: per super-block `res = d_w·s1`, `res = fma(−dmin_w, s2, res)` for the
+//! types with mins (Q2_K, Q4_K, Q5_K), `acc = fma(res, d_x, acc)`, with exact integers
+//! `s1 = Σ scale·Σ q·q8`, `s2 = Σ min·bsum` (the biased codes of Q3_K, Q6_K, IQ4_XS are corrected through
+//! the Q8_K sums, exactly). The AVX2 kernel (`tiled_run_microtile_avx2`) and the AVX-512 VNNI kernel this
+//! build runs (`tiled_run_micro_vnni_8x16`) compute the same integers and the same three roundings — except
+//! for IQ4_XS with a −128 activation quant (only a NaN input gives one): the AVX2 kernel uses the sign
+//! trick there, VNNI the plain product, which ggml mode follows. Ggml mode mirrors the tiled path for all
+//! six types ([`GgmlPath::Tiled`]); the fixtures check each of them bit for bit at batch 9.
 //!
 //! [`ggml_path`] picks the kernel per weight and batch row the way llama.cpp does, so ggml mode is exactly as
 //! batch-dependent as llama.cpp (a decode step is not a re-prefill).
 //!
 //! **So, per model** (measured against the committed goldens, `lockstep run --mode ggml`): SmolLM2 Q4_1 (+
 //! Q8_0 tied output), Gemma 3 270M and Qwen2.5-Coder-0.5B Q4_K_M (Q5_0, Q8_0, Q4_K, Q6_K, F32) are
-//! bit-exact in prefill and decode. What remains outside the contract:
-//! 1. repacked IQ4_NL / MXFP4 weights, and Q2_K's repacking on AVX-512 hosts;
+//! bit-exact in prefill and decode. The SmolLM2 variants made by llama-quantize (every captured stage of a
+//! 14-token prefill against llama-cpp-python, F32 KV cache): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+//! Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS bit-identical with llama.cpp's default repacking; Q2_K
+//! differs on an AVX-512 host (item 1). What remains outside the contract:
+//! 1. repacked Q2_K (AVX-512 hosts) and MXFP4 weights;
 //! 2. F32/F16/BF16 weights on an AVX2-only golden host (the float kernels mirror the AVX-512 build's
-//!    `ggml_vec_dot_f32/f16/bf16` and tinyBLAS only). Attention is not a weight matmul and lives in `crate::ops::ggml_cpu`, which
+//!    `ggml_vec_dot_f32/f16/bf16` and tinyBLAS only). Attention is not a weight matmul and lives in
+//!    `crate::ops::ggml_cpu`, which
 //!    mirrors KQ and KQV for an F32 KV cache; an F16 KV cache (llama.cpp's default) is not mirrored;
 //! 3. a NaN in an activation block: ggml's max tree drops or keeps it by position and a NaN quantizes to
 //!    -128; both are mirrored, but the NaN payloads themselves are not part of the contract;
@@ -294,7 +318,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> crate::Resul
 /// [`PreparedRow`].
 ///
 /// Errors: [`Error::Invalid`] if `src.len()` is not a whole number of blocks; [`Error::Unsupported`] for
-/// other types (the K-quant quantizers are not implemented).
+/// other types (the Q5_1, IQ4 and K-quant quantizers are not implemented).
 pub fn quantize_row(ty: GgmlType, src: &[f32]) -> crate::Result<Vec<u8>> {
     use GgmlType::*;
     if !matches!(
@@ -338,8 +362,11 @@ pub fn quantize_row(ty: GgmlType, src: &[f32]) -> crate::Result<Vec<u8>> {
 /// - Reference mode: dequantize each block and f32 multiply-accumulate (order in `reference.rs`).
 /// - Ggml mode: the x86 `ggml_vec_dot_<type>_<vec_dot_type>` of this machine's llama.cpp build, step for
 ///   step (see the module docs): `ggml_vec_dot_q4_0_q8_0`, `ggml_vec_dot_q4_1_q8_1`,
-///   `ggml_vec_dot_q5_0_q8_0`, `ggml_vec_dot_q8_0_q8_0`, `ggml_vec_dot_q4_K_q8_K`, `ggml_vec_dot_q6_K_q8_K`
-///   (arch/x86/quants.c), `ggml_vec_dot_f32`, `ggml_vec_dot_f16`, `ggml_vec_dot_bf16` (vec.cpp).
+///   `ggml_vec_dot_q5_0_q8_0`, `ggml_vec_dot_q5_1_q8_1`, `ggml_vec_dot_q8_0_q8_0`,
+///   `ggml_vec_dot_iq4_nl_q8_0`, `ggml_vec_dot_q2_K_q8_K`, `ggml_vec_dot_q3_K_q8_K`,
+///   `ggml_vec_dot_q4_K_q8_K`, `ggml_vec_dot_q5_K_q8_K`, `ggml_vec_dot_q6_K_q8_K`,
+///   `ggml_vec_dot_iq4_xs_q8_K` (arch/x86/quants.c), `ggml_vec_dot_f32`, `ggml_vec_dot_f16`,
+///   `ggml_vec_dot_bf16` (vec.cpp). Other kernels of a matmul: [`vec_dot_path`].
 ///
 /// Lengths are the caller's contract: `w_row` holds `x.len()` elements of `weight_ty`, and `x` was prepared
 /// for `weight_ty` or a type with the same `vec_dot_type` (checked by `debug_assert`). A weight type
@@ -373,7 +400,8 @@ pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
 /// Which ggml-cpu kernel computes one output of a ggml-mode matmul. llama.cpp's choice depends on the
 /// weight type, the weight's row count and the batch (`ggml_compute_forward_mul_mat` in ggml-cpu.c, the
 /// `CPU_REPACK` buffer of repack.cpp, ggml-cpu/tiled); only the choices whose arithmetic differs from the
-/// vec_dot kernels are named here (tinyBLAS_Q0 for Q8_0/Q5_0/Q4_0 computes exactly what vec_dot does).
+/// vec_dot kernels are named here (tinyBLAS_Q0 for Q8_0/Q5_0/Q4_0 computes exactly what vec_dot does; for
+/// IQ4_NL it does not: [`GgmlPath::TinyBlasQ0`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GgmlPath {
     /// `ggml_vec_dot_<type>_<vec_dot_type>` (arch/x86/quants.c).
@@ -454,7 +482,9 @@ pub fn ggml_path(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, t: usi
 }
 
 /// [`vec_dot`] through an explicit ggml kernel `path` ([`ggml_path`]); reference mode ignores `path`,
-/// and a path that does not exist for the weight type falls back to [`GgmlPath::VecDot`].
+/// and a path that does not exist for the weight type falls back to [`GgmlPath::VecDot`]. Kernels:
+/// `q4_k::dot_q8_k_repacked` (repack.cpp), `{q2_k,q3_k,q4_k,q5_k,q6_k,iq4_xs}::dot_q8_k_tiled`
+/// (ggml-cpu/tiled), `iq4_nl::dot_q8_0_tinyblas` (llamafile/sgemm.cpp `tinyBLAS_Q0_AVX`).
 pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: GgmlPath) -> f32 {
     if x.mode() == NumericsMode::Ggml {
         let (qs, d, bsums) = (&x.qs[..], &x.d[..], &x.bsums[..]);
