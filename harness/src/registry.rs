@@ -377,6 +377,35 @@ notes = "two chunks"
     }
 
     #[test]
+    fn registry_variants_are_checked_against_their_source_and_type() {
+        let r = Registry::builtin().unwrap();
+        assert_eq!(r.variants.len(), VARIANT_TYPES.len());
+        let q = r.variant("smollm2-135m-q4_1-iq4_xs").unwrap();
+        assert_eq!(q.file_name(), "smollm2-135m-q4_1-IQ4_XS.gguf");
+        assert_eq!(r.arch(&q.id), Some("llama"));
+        assert!(
+            r.lookup("smollm2-135m-q4_1-q8_0").is_err(),
+            "a variant is no [[models]] entry"
+        );
+        let v = |id: &str, source: &str, ty: &str| {
+            format!(
+                "{GOOD}\n[[variants]]\nid = \"{id}\"\nsource = \"{source}\"\ntype = \"{ty}\"\nsize = 1\n\
+                 sha256 = \"{}\"\n",
+                "0".repeat(64)
+            )
+        };
+        let ok = Registry::parse(&v("tiny-a-q8_0", "tiny-a", "Q8_0")).unwrap();
+        assert_eq!(
+            ok.variant("tiny-a-q8_0").unwrap().recipe(),
+            "oracles/llamacpp/make_variants.sh --model tiny-a Q8_0"
+        );
+        assert!(err(&v("tiny-c-q8_0", "tiny-c", "Q8_0")).contains("not a [[models]] id"));
+        assert!(err(&v("tiny-a-q9_0", "tiny-a", "Q9_0")).contains("make_variants.sh makes"));
+        assert!(err(&v("tiny-a-x", "tiny-a", "Q8_0")).contains("must be `tiny-a-q8_0`"));
+        assert!(err(&v("tiny-a", "tiny-a", "Q8_0")).contains("duplicate model id"));
+    }
+
+    #[test]
     fn registry_parses_good_text() {
         let r = Registry::parse(GOOD).unwrap();
         assert_eq!(r.models.len(), 2);
