@@ -30,10 +30,12 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Download, verify and cache a registered model; prints its path.
+    /// Download (a model) or make (a quantization variant), verify and cache registered files; prints their
+    /// paths, one a line, in the order given.
     Fetch {
-        /// Model id from models.toml (`lockstep fetch --list` shows them).
-        id: Option<String>,
+        /// Model or variant ids from models.toml (`lockstep fetch --list` shows them). Missing variants of
+        /// one source are made by one call of their recipe (oracles/llamacpp/make_variants.sh).
+        ids: Vec<String>,
         /// Rehash the cached file even when its verified-hash sidecar matches.
         #[arg(long)]
         verify: bool,
@@ -515,6 +517,10 @@ fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Resul
         let th = crate::gate::Thresholds::load(t)?;
         for c in &mut r.cells {
             let ct = th.for_cell(&c.cell)?;
+            if let Some(e) = &c.error {
+                c.verdict = crate::gate::engine_error_verdict(e, &ct);
+                continue;
+            }
             c.verdict = crate::gate::evaluate(&c.cell, &c.comparison, &ct);
             if let Some(f) = &c.finding {
                 crate::bisect::gate_finding(&mut c.verdict, f);
@@ -589,27 +595,59 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         .build_global();
     let threads = rayon::current_num_threads();
     match cli.command {
-        Command::Fetch { id, verify, list } => {
+        Command::Fetch { ids, verify, list } => {
             let reg = registry::Registry::builtin()?;
             if list {
                 for m in &reg.models {
                     println!("{:<28} {:<8} {:>12} B  {}", m.id, m.arch, m.size, m.name);
                 }
+                for v in &reg.variants {
+                    let arch = reg.arch(&v.id).unwrap_or("?");
+                    println!(
+                        "{:<28} {:<8} {:>12} B  {} of {} (made by {})",
+                        v.id,
+                        arch,
+                        v.size,
+                        v.qtype,
+                        v.source,
+                        v.recipe()
+                    );
+                }
                 return Ok(ExitCode::SUCCESS);
             }
-            let Some(id) = id else {
+            if ids.is_empty() {
                 bail!("give a model id, or --list to see them")
-            };
-            let entry = reg.get(&id).with_context(|| {
-                format!(
-                    "unknown model id {id:?}; `lockstep fetch --list` shows the registered ones"
-                )
-            })?;
+            }
             let opts = fetch::FetchOptions {
                 verify,
                 ..fetch::FetchOptions::default()
             };
-            println!("{}", fetch::fetch(entry, &opts)?.display());
+            let mut variants = Vec::new();
+            for id in &ids {
+                if let Some(v) = reg.variant(id) {
+                    variants.push(v);
+                } else if reg.get(id).is_none() {
+                    bail!(
+                        "unknown model id {id:?}; `lockstep fetch --list` shows the registered ones"
+                    );
+                }
+            }
+            // the variants first, in one recipe call per source (it fetches their source models itself)
+            let cache = fetch::cache_dir()?;
+            let made = fetch::fetch_variants(&variants, &cache, &opts)?;
+            for id in &ids {
+                let path = match reg.get(id) {
+                    Some(entry) => fetch::fetch(entry, &opts)?,
+                    None => {
+                        let i = variants
+                            .iter()
+                            .position(|v| &v.id == id)
+                            .context("a variant")?;
+                        made[i].clone()
+                    }
+                };
+                println!("{}", path.display());
+            }
         }
         Command::Generate(a) => generate(a)?,
         Command::Run(a) => return run_matrix(a, threads),

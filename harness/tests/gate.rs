@@ -515,9 +515,30 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         .map(|c| (c.model.as_str(), c.prompt.as_str()))
         .collect();
     let models: std::collections::BTreeSet<&str> = pairs.iter().map(|p| p.0).collect();
-    assert!(
-        models.len() >= 3 && pairs.len() >= 2 * models.len(),
-        "the default matrix should cover every committed model and prompt: {pairs:?}"
+    // every model with goldens, every prompt it has a golden for: the three downloaded models with their
+    // six prompts each, and each quantization variant (the quant axis) with its one prompt
+    let reg = lockstep::registry::Registry::builtin().unwrap();
+    let with_goldens: std::collections::BTreeSet<&str> = manifest
+        .goldens
+        .iter()
+        .map(|g| g.model_id.as_str())
+        .collect();
+    assert_eq!(
+        models, with_goldens,
+        "the default matrix should cover every model with goldens"
+    );
+    for m in &models {
+        let n = pairs.iter().filter(|p| p.0 == *m).count();
+        if reg.variant(m).is_some() {
+            assert_eq!(n, 1, "variant {m}: its one golden prompt");
+        } else {
+            assert!(n >= 6, "{m}: every prompt ({n})");
+        }
+    }
+    assert_eq!(
+        models.iter().filter(|m| reg.variant(m).is_some()).count(),
+        reg.variants.len(),
+        "every registered variant is in the default matrix"
     );
     // off, avx2 and `auto` (this CPU's best: avx512 adds a third setting, avx2 none)
     let n_simd = matrix.simd_values().len();

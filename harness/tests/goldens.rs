@@ -101,6 +101,68 @@ fn llama_cpp_goldens_cover_the_prompts_and_both_kv_types() {
 }
 
 #[test]
+fn every_registered_variant_has_compact_goldens_of_both_kv_types() {
+    // the quant axis: each [[variants]] file of models.toml has its own goldens (oracles/README.md
+    // "Quantization variants"), made from exactly that file, on a recorded host
+    let m = manifest();
+    let reg = lockstep::registry::Registry::builtin().unwrap();
+    assert_eq!(reg.variants.len(), 14, "the 14 types of make_variants.sh");
+    for v in &reg.variants {
+        for kv in ["f32", "f16"] {
+            let g = m
+                .find(&v.id, "llama.cpp", kv, "prose")
+                .unwrap_or_else(|| panic!("no llama.cpp {kv}-KV golden for variant {}", v.id));
+            assert_eq!(g.model_sha256, v.sha256, "{}", g.path);
+            assert_eq!(g.model_file, v.file_name(), "{}", g.path);
+            assert_eq!(g.arch, "llama", "{}", g.path);
+            assert_eq!(g.settings.type_k.as_deref(), Some(kv), "{}", g.path);
+            // batched prefill paths of llama.cpp differ at batch >= 4 and >= 8: the prompt must reach them
+            assert!(g.n_prompt_tokens >= 9, "{}", g.path);
+            assert_eq!(g.n_decode_steps, 8, "{}", g.path);
+            assert_eq!(g.capture_changes_logits, 0.0, "{}", g.path);
+            assert!(
+                g.oracle.host_cpu_flags().is_some(),
+                "{}: no host CPU recorded",
+                g.path
+            );
+            let rec = &g.extra["variant"];
+            assert_eq!(rec["source_model"], v.source.as_str(), "{}", g.path);
+            assert_eq!(rec["type"], v.qtype.as_str(), "{}", g.path);
+            assert_eq!(rec["recipe"], v.recipe().as_str(), "{}", g.path);
+            for a in [
+                "tokens",
+                "logits",
+                "logits_topk",
+                "decode.tokens",
+                "logits_decode_topk",
+            ] {
+                assert!(g.arrays.contains_key(a), "{}: no {a}", g.path);
+            }
+        }
+        let g = m.find(&v.id, "llama.cpp", "f32", "prose").unwrap();
+        let n_layer = 30;
+        for n in 0..n_layer {
+            assert!(
+                g.arrays.contains_key(&format!("blk.{n}.out")),
+                "{}: no blk.{n}.out",
+                g.path
+            );
+        }
+        for a in ["output_norm", "decode.output_norm"] {
+            assert!(g.arrays.contains_key(a), "{}: no {a}", g.path);
+        }
+        // the gated golden keeps its logits in f32
+        assert_eq!(g.arrays["logits"].dtype, Dtype::F32, "{}", g.path);
+        let f16 = m.find(&v.id, "llama.cpp", "f16", "prose").unwrap();
+        assert!(
+            f16.extra.contains_key("vs_f32kv"),
+            "{}: no noise floor",
+            f16.path
+        );
+    }
+}
+
+#[test]
 fn stage_map_resolves_llama_stages() {
     let m = manifest();
     let map = m

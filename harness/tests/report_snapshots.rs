@@ -240,6 +240,7 @@ fn report() -> Report {
             } else {
                 "5d41".repeat(16)
             }),
+            error: None,
         }
     };
     Report {

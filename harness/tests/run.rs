@@ -506,6 +506,71 @@ fn a_late_failure_keeps_the_cells_finished_before_it() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("INCOMPLETE"));
 }
 
+#[test]
+#[ignore = "real models: run by ci/test.sh"]
+fn a_model_the_engine_cannot_load_fails_its_cells_and_the_others_still_run() {
+    // the quant axis: a variant whose weight type has no kernels yet must be a failing cell of its own,
+    // with the engine's error in the report and the gate, never a panic, a skip or the end of the run.
+    // The factory stands in for an engine without Q8_0 kernels (the real engine error, Unsupported).
+    let q8 = "smollm2-135m-q4_1-q8_0";
+    let reports = tempfile::tempdir().unwrap();
+    let mut opts = options(&root().join("golden"), reports.path(), "prose", "ggml");
+    opts.filters.model = vec![q8.into(), MODEL.into()];
+    opts.filters.simd = vec!["off".into()];
+    let mut factory = |cell: &Cell, model: &Path, _: &str| -> Result<Box<dyn Engine>> {
+        if cell.model == q8 {
+            return Err(anyhow::Error::new(lockstep_engine::Error::Unsupported(format!(
+                "{}: tensor blk.0.attn_q.weight has type Q8_0, which this engine has no kernels for yet",
+                model.display()
+            )))
+            .context(format!("loading {}", model.display())));
+        }
+        Ok(Box::new(LockstepEngine::load(model)?))
+    };
+    let (dir, r) = run_with(&opts, &mut factory).unwrap();
+    assert!(r.incomplete.is_none());
+    assert_eq!(r.cells.len(), 2, "both cells are in the report");
+    let by = |m: &str| r.cells.iter().find(|c| c.cell.model == m).unwrap();
+    let bad = by(q8);
+    assert!(!bad.verdict.pass);
+    let err = bad
+        .error
+        .as_deref()
+        .expect("the engine's error is recorded");
+    assert!(
+        err.contains("no kernels") && err.contains("Q8_0.gguf"),
+        "{err}"
+    );
+    assert_eq!(bad.verdict.failures.len(), 1);
+    assert_eq!(bad.verdict.failures[0].metric, "engine_error");
+    let good = by(MODEL);
+    assert!(
+        good.error.is_none() && good.verdict.pass,
+        "{:?}",
+        good.verdict.failures
+    );
+    // the gate (re-evaluating with the thresholds) keeps the cell failing and names the error
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .current_dir(root())
+        .args([
+            "gate",
+            dir.join("report.json").to_str().unwrap(),
+            "--thresholds",
+            "ci/thresholds.toml",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(q8) && text.contains("engine_error") && text.contains("no kernels"),
+        "{text}"
+    );
+    assert!(text.contains("1 passed, 1 failed"), "{text}");
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("no kernels"), "{md}");
+}
+
 fn lockstep_run(reports: &Path, threads: &str) -> std::process::Command {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"));
     c.current_dir(root()).args([

@@ -100,6 +100,25 @@ LARGE_VOCAB_POLICY = {
         "default": {"prefill": ("blk.{last}.out",), "decode": (), "exact": (), "decode_logits": "topk", "logits_f16": True},
     },
 }
+# --- quantization variants (issue 8, the quant axis): smollm2-135m-q4_1-<type> -----------------
+# 14 files of SmolLM2 (F16 ... IQ4_XS, made by make_variants.sh; [[variants]] in models.toml), each its
+# own model id. Budget: golden/ was 95.3 MiB of 96 before them; the variants get their own line in
+# oracles/README.md, kept as small as honest: ONE prompt, `prose` (T = 14: llama.cpp's batched prefill
+# paths differ at batch >= 4 and >= 8, so a shorter prompt would not test them), and per KV type:
+# - f32-KV (gated): the residual stream blk.N.out of every layer and output_norm at every prompt position
+#   (layer-level comparison and injection), output_norm at each of the 8 decode steps, the f32 logits row
+#   at the last prompt position, top-64 at every prompt position, and top-64 at each decode step
+#   (logits_decode_topk{,_ids}) instead of the full decode.logits rows (0.18 MiB each);
+# - f16-KV (noise floor only): as the large vocabularies' f16-KV goldens -- blk.{last}.out, the last
+#   row and top-64 as f16 where that keeps the argmax, decode top-64; the floor itself (vs_f32kv: KL,
+#   top-1, per-layer cosines) is computed from the full f32 captures before anything is cut.
+VARIANT_PROMPTS = ("prose",)
+VARIANT_POLICY = {
+    "f32": {
+        "default": {"prefill": ("blk.{N}.out", "output_norm"), "decode": ("output_norm",), "exact": (), "decode_logits": "topk"},
+    },
+    "f16": LARGE_VOCAB_POLICY["f16"],
+}
 KV_ORDER = ("f32", "f16")  # f32 first: its greedy continuation is fed to the f16 run
 
 # Models this oracle knows: the sha256 of the file (must match lockstep's registry, models.toml),
@@ -125,6 +144,41 @@ MODELS = {
         "policy": LARGE_VOCAB_POLICY,
     },
 }
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def load_variants(models_toml: Path = ROOT / "models.toml") -> dict:
+    """The [[variants]] of lockstep's registry (models.toml), as MODELS entries: sha256 of the file
+    make_variants.sh makes, the source model's architecture, VARIANT_POLICY, the prompts, and the recipe."""
+    import tomllib
+
+    reg = tomllib.loads(models_toml.read_text())
+    arch = {m["id"]: m["arch"] for m in reg["models"]}
+    out = {}
+    for v in reg.get("variants", []):
+        out[v["id"]] = {
+            "sha256": v["sha256"],
+            "arch": arch[v["source"]],
+            "policy": VARIANT_POLICY,
+            "prompts": VARIANT_PROMPTS,
+            "variant": {
+                "source_model": v["source"],
+                "source_sha256": MODELS[v["source"]]["sha256"],
+                "type": v["type"],
+                "size": v["size"],
+                "recipe": f"oracles/llamacpp/make_variants.sh --model {v['source']} {v['type']}",
+                "recipe_steps": [
+                    f"llama-quantize --allow-requantize {v['source']}.gguf {v['source']}-F32.gguf F32",
+                    f"llama-quantize --pure {v['source']}-F32.gguf {v['source']}-{v['type']}.gguf {v['type']}",
+                ],
+                "tools": "llama.cpp 0c1e570 (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp), built by oracles/llamacpp/build_tools.sh",
+            },
+        }
+    return out
+
+
+MODELS.update(load_variants())
 
 # A stage is stored as f16 when rounding costs at most this much on every row (one position's
 # vector): 1 - cosine(f16, f32) <= F16_MAX_ONE_MINUS_COS and ||f16 - f32|| / ||f32|| <=
@@ -387,6 +441,11 @@ def main() -> int:
     if template != oracle.chat_template():
         raise SystemExit("gguf and llama.cpp disagree on tokenizer.chat_template")
     prompts = json.loads(args.prompts.read_text())["prompts"]
+    only = MODELS[args.model_id].get("prompts")
+    if only is not None:
+        prompts = [p for p in prompts if p["id"] in only]
+        if [p["id"] for p in prompts] != list(only):
+            raise SystemExit(f"{args.model_id}: prompts {only} are not all in {args.prompts}")
     longest = 0
 
     # --- tokenize -------------------------------------------------------------------------
@@ -553,6 +612,8 @@ def main() -> int:
                 "model_hparams": {"n_layer": n_layer, "n_embd": oracle.n_embd, "n_vocab": oracle.n_vocab},
                 "arrays": listed,
             }
+            if "variant" in MODELS[args.model_id]:
+                entry["variant"] = MODELS[args.model_id]["variant"]
             if p["kind"] == "chat":
                 entry["chat"] = {"messages": p["messages"], **{k: v for k, v in rendered[pid].items() if k not in ("text", "tokens")}}
             entries.append(entry)

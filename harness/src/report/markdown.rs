@@ -183,7 +183,13 @@ pub fn render_markdown(r: &Report) -> String {
             cell.simd,
             cell.oracle,
             cell.engine,
-            if m.tokens_match { "match" } else { "**differ**" },
+            if c.error.is_some() {
+                "-"
+            } else if m.tokens_match {
+                "match"
+            } else {
+                "**differ**"
+            },
             agree,
             positions,
             opt_or_dash(m.mean_kl, fmt_e3),

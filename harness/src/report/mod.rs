@@ -192,6 +192,12 @@ pub struct CellReport {
     /// ([`crate::compare::EngineOutput::sha256`]); absent in reports of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_sha256: Option<String>,
+    /// Set when the engine cannot run this cell's model at all (a weight type it has no kernels for,
+    /// [`lockstep_engine::Error::Unsupported`]): the engine's error, naming the file, tensor and type. The
+    /// cell then fails with the metric `engine_error` ([`crate::gate::engine_error_verdict`]); its comparison
+    /// holds the golden's tokens only and its speed is zero. Absent for every cell that ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One SIMD cell set beside its scalar twin (the cell that differs only in `simd = off`).
