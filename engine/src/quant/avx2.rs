@@ -540,6 +540,30 @@ mod tests {
         w
     }
 
+    /// `count` random activation rows of `n` elements prepared for `ty` in ggml mode; NaN inputs only if
+    /// `nan` (they quantize to −128).
+    fn activation_rows(
+        ty: GgmlType,
+        n: usize,
+        count: usize,
+        nan: bool,
+        rng: &mut Rng,
+    ) -> Vec<PreparedRow> {
+        (0..count)
+            .map(|_| {
+                let x: Vec<f32> = (0..n)
+                    .map(|_| match rng.activation() {
+                        v if v.is_nan() && !nan => 0.5,
+                        v => v,
+                    })
+                    .collect();
+                let mut p = PreparedRow::new();
+                p.prepare(ty, NumericsMode::Ggml, &x).unwrap();
+                p
+            })
+            .collect()
+    }
+
     fn same(a: f32, b: f32) -> bool {
         a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
     }
@@ -572,19 +596,7 @@ mod tests {
                         // one call in four has rows with NaN inputs (a −128 quant: the AVX-512 tiles
                         // hand such calls to the AVX2 kernels); the others none
                         let nan = rng.next().is_multiple_of(4);
-                        let xs: Vec<PreparedRow> = (0..8)
-                            .map(|_| {
-                                let x: Vec<f32> = (0..n)
-                                    .map(|_| match rng.activation() {
-                                        v if v.is_nan() && !nan => 0.5,
-                                        v => v,
-                                    })
-                                    .collect();
-                                let mut p = PreparedRow::new();
-                                p.prepare(ty, NumericsMode::Ggml, &x).unwrap();
-                                p
-                            })
-                            .collect();
+                        let xs = activation_rows(ty, n, 8, nan, &mut rng);
                         with_min_quant += xs.iter().filter(|p| p.has_min_quant).count();
                         let want: Vec<f32> = xs
                             .iter()
@@ -775,19 +787,7 @@ mod tests {
                             float_row(ty, n, &mut rng)
                         };
                         let nan = rng.next().is_multiple_of(3);
-                        let xs: Vec<PreparedRow> = (0..4)
-                            .map(|_| {
-                                let x: Vec<f32> = (0..n)
-                                    .map(|_| match rng.activation() {
-                                        v if v.is_nan() && !nan => 0.5,
-                                        v => v,
-                                    })
-                                    .collect();
-                                let mut p = PreparedRow::new();
-                                p.prepare(ty, NumericsMode::Ggml, &x).unwrap();
-                                p
-                            })
-                            .collect();
+                        let xs = activation_rows(ty, n, 4, nan, &mut rng);
                         let xs4 = [&xs[0], &xs[1], &xs[2], &xs[3]];
                         let w2 = weight_row_like(ty, &w, &mut rng);
                         let got = k.dot([&w, &w2], xs4, paths);
