@@ -24,7 +24,7 @@ echo "== make SmolLM2's quantization variants (the quant axis: [[variants]] of m
 # llama-quantize of the pinned llama.cpp, built once by build_tools.sh into the cache — needs cmake and a C++
 # compiler; measured ~41 min on the shared 2-core machine, then cached — and ~2 min for the 14 files), then
 # checks every file's size and sha256 against models.toml. Cached afterwards: ~2 s to verify them.
-variants="$(cargo run --quiet --release -p lockstep -- fetch --list | awk '/ made by /{print $1}')"
+variants="$(cargo run --quiet --release -p lockstep -- fetch --list | awk '/[(]made by /{print $1}')"
 # shellcheck disable=SC2086  # one id per word
 cargo run --quiet --release -p lockstep -- fetch $variants >/dev/null
 
