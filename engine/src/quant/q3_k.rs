@@ -8,7 +8,7 @@
 
 use super::fp::read_f16;
 use super::q8_k::QK_K;
-use super::x86::{fma, fma_lanes, hsum_float_8};
+use super::x86::{fma, fma_lanes, hsum_float_8, scaled_lanes_16};
 
 /// Bytes per block.
 pub(crate) const BYTES: usize = 110;
@@ -67,20 +67,7 @@ pub(crate) fn dot_q8_k(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
     for ((blk, qy), &dy) in w.chunks_exact(BYTES).zip(xq.chunks_exact(QK_K)).zip(xd) {
         let d = dy * read_f16(blk, D_AT);
         let sc = scales(blk);
-        let v = values(blk);
-        let mut lanes = [0i32; 8];
-        for h in 0..2 {
-            for k in 0..4 {
-                let base = 128 * h + 32 * k;
-                for (l, lane) in lanes.iter_mut().enumerate() {
-                    let mut p = 0i32;
-                    for e in base + 4 * l..base + 4 * l + 4 {
-                        p += i32::from(v[e]) * i32::from(qy[e]);
-                    }
-                    *lane = lane.wrapping_add(sc[8 * h + 2 * k + l / 4] * p);
-                }
-            }
-        }
+        let lanes = scaled_lanes_16(&values(blk), qy, |g| sc[g]);
         fma_lanes(d, &lanes, &mut acc);
     }
     hsum_float_8(&acc)

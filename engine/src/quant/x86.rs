@@ -175,6 +175,31 @@ pub(crate) fn reduce_add_16(a: &[f32; 16]) -> f32 {
     hsum_float_4(&t4)
 }
 
+/// The eight i32 lanes of one 256-element super-block in the AVX2 K-quant kernels whose sub-blocks of 16
+/// carry their own scale (`ggml_vec_dot_q2_K_q8_K`, `ggml_vec_dot_q3_K_q8_K`, arch/x86/quants.c): for half
+/// `h` and 32-element group `k`, lane `l` adds `sc(8h + 2k + l/4) · Σ v[e]·qy[e]` over elements
+/// `4l .. 4l + 4` of the group, wrapping as the kernels' i32 lanes do. `v`, `qy`: `[256]`.
+pub(crate) fn scaled_lanes_16<T: Copy + Into<i32>>(
+    v: &[T],
+    qy: &[i8],
+    sc: impl Fn(usize) -> i32,
+) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for h in 0..2 {
+        for k in 0..4 {
+            let base = 128 * h + 32 * k;
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let mut p = 0i32;
+                for e in base + 4 * l..base + 4 * l + 4 {
+                    p += v[e].into() * i32::from(qy[e]);
+                }
+                *lane = lane.wrapping_add(sc(8 * h + 2 * k + l / 4) * p);
+            }
+        }
+    }
+    lanes
+}
+
 /// The product `_mm256_sign_epi8` + `_mm256_dpbusd_epi32` (or `maddubs`) compute for a signed weight `x`
 /// and a signed activation `y` in `mul_sum_i8_pairs_float`: `|x| * sign(y, x)`, where `sign` negates `y`
 /// in 8 bits. It equals `x * y` unless `y == -128` and `x < 0`; an activation quant of -128 only comes out
