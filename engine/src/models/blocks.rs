@@ -369,26 +369,22 @@ impl Attention {
         if fault == Some(Fault::AttnScale) {
             shape.kq_scale /= (hd as f32).sqrt();
         }
-        for (t, (qt, at)) in q.chunks_exact(qw).zip(att.chunks_exact_mut(qw)).enumerate() {
-            // the query's position: the last key it may see (the whole batch without a causal mask)
-            let pos = if fault == Some(Fault::CausalMaskOff) {
-                p0 + n - 1
-            } else {
-                p0 + t
-            };
-            ops::attention(
-                qt,
-                kv,
-                self.layer,
-                pos,
-                &shape,
-                scores,
-                at,
-                f.mode,
-                (f.target, kqv),
-                f.simd,
-            );
-        }
+        // the query's position: the last key it may see (the whole batch without a causal mask)
+        let causal_off = fault == Some(Fault::CausalMaskOff);
+        let pos_of = |t: usize| if causal_off { p0 + n - 1 } else { p0 + t };
+        ops::attention_batch(
+            q,
+            kv,
+            self.layer,
+            n,
+            pos_of,
+            &shape,
+            scores,
+            att,
+            f.mode,
+            (f.target, kqv),
+            f.simd,
+        );
         f.emit(st(StageKind::AttnOut), att);
 
         // out = att·Woᵀ                                       [n, d_model]

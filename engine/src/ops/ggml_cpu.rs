@@ -656,9 +656,7 @@ pub(crate) fn soft_max_row_f<F: Fma>(
             *v += m;
         }
     }
-    let max = x
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &v| if m > v { m } else { v });
+    let max = vec_max_f32(x);
     if max == f32::NEG_INFINITY {
         x.fill(0.0);
         return;
@@ -668,6 +666,32 @@ pub(crate) fn soft_max_row_f<F: Fma>(
     for v in x.iter_mut() {
         *v *= inv;
     }
+}
+
+/// `ggml_vec_max_f32` (vec.h): `max = MAX(max, x[i])` from `-INFINITY`, `MAX(a, b)` = `a > b ? a : b`.
+/// Without a NaN in `x` the result does not depend on the order (up to the sign of a zero maximum, which
+/// `x − max` and `exp` do not see), so eight running maxima (the same rule, lane-wise: `vmaxps`) are
+/// folded at the end; with a NaN, the sequential fold gives ggml's answer.
+#[inline(always)]
+pub(crate) fn vec_max_f32(x: &[f32]) -> f32 {
+    let max = |m: f32, v: f32| if m > v { m } else { v };
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut nan = false;
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for ((m, &v), _) in lanes.iter_mut().zip(c).zip(0..8) {
+            *m = max(*m, v);
+            nan |= v.is_nan();
+        }
+    }
+    if nan || rest.iter().any(|v| v.is_nan()) {
+        return x.iter().fold(f32::NEG_INFINITY, |m, &v| max(m, v));
+    }
+    lanes
+        .iter()
+        .chain(rest)
+        .fold(f32::NEG_INFINITY, |m, &v| max(m, v))
 }
 
 /// `rotate_pairs<float>(n_dims, 1, cache, src, dst, 1)` (ops.cpp; `GGML_ROPE_TYPE_NORMAL`) for one
@@ -735,6 +759,97 @@ pub fn geglu_row(x: &mut [f32], g: &[f32]) {
             let t = half::f16::from_f32(*a).to_bits();
             half::f16::from_bits(table[t as usize]).to_f32() * b
         };
+    }
+}
+
+/// Heads per call of [`kqv_heads_avx2`] at most (three heads × four slots of eight dimensions are twelve
+/// of the sixteen AVX2 registers).
+pub(crate) const KQV_HEADS: usize = 3;
+
+/// The KQV accumulators of `h ≤ KQV_HEADS` heads that share one V (`ops::kqv_all_d`), on AVX2 registers:
+/// for head `j`, slot `a < n_acc` and each eight dimensions `d0`, `acc[(j·n_acc + a)·hd + d0 ..][..8] =
+/// Σ fma(v[i][d0 ..], p_j[i], ·)` over `i = a, a + n_acc, ...` below `p_len` in increasing order, from 0
+/// (rows past `n_pos` are zeros, as in llama.cpp's padded view), `p_j = p[j·stride ..][..p_len]`: the
+/// fmas of the scalar `ops::kqv_slot`, in the same order per accumulator. Each row of V is
+/// loaded once for all `h` heads.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA. `1 ≤ h ≤ KQV_HEADS`, `n_acc` a multiple of 4, `p_len` of `n_acc`, `hd`
+/// of 8; the slices are checked.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn kqv_heads_avx2(
+    h: usize,
+    values: &[f32],
+    n_pos: usize,
+    hd: usize,
+    p: (&[f32], usize, usize),
+    n_acc: usize,
+    acc: &mut [f32],
+) {
+    match h {
+        1 => kqv_heads::<1, 8>(values, n_pos, hd, p, n_acc, acc),
+        2 => kqv_heads::<2, 4>(values, n_pos, hd, p, n_acc, acc),
+        3 => kqv_heads::<3, 4>(values, n_pos, hd, p, n_acc, acc),
+        _ => unreachable!("kqv_heads_avx2 takes 1 to {KQV_HEADS} heads"),
+    }
+}
+
+/// [`kqv_heads_avx2`] for `H` heads, `S` slots per pass.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kqv_heads<const H: usize, const S: usize>(
+    values: &[f32],
+    n_pos: usize,
+    hd: usize,
+    (p, stride, p_len): (&[f32], usize, usize),
+    n_acc: usize,
+    acc: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    assert!(n_acc.is_multiple_of(S) && p_len.is_multiple_of(n_acc) && hd.is_multiple_of(8));
+    assert!(values.len() >= n_pos * hd && p.len() >= (H - 1) * stride + p_len);
+    assert!(acc.len() >= H * n_acc * hd);
+    let real = n_pos.min(p_len);
+    for a0 in (0..n_acc).step_by(S) {
+        for d0 in (0..hd).step_by(8) {
+            let mut r = [[_mm256_setzero_ps(); S]; H];
+            let mut base = 0;
+            // every row of the step is a real one
+            while base + n_acc <= real {
+                for s in 0..S {
+                    let i = base + a0 + s;
+                    let v = _mm256_loadu_ps(values.as_ptr().add(i * hd + d0));
+                    for (j, r) in r.iter_mut().enumerate() {
+                        let pj = _mm256_set1_ps(*p.get_unchecked(j * stride + i));
+                        r[s] = _mm256_fmadd_ps(v, pj, r[s]);
+                    }
+                }
+                base += n_acc;
+            }
+            // the steps past `n_pos`: real rows, then zeros
+            while base < p_len {
+                for s in 0..S {
+                    let i = base + a0 + s;
+                    let v = if i < n_pos {
+                        _mm256_loadu_ps(values.as_ptr().add(i * hd + d0))
+                    } else {
+                        _mm256_setzero_ps()
+                    };
+                    for (j, r) in r.iter_mut().enumerate() {
+                        let pj = _mm256_set1_ps(p[j * stride + i]);
+                        r[s] = _mm256_fmadd_ps(v, pj, r[s]);
+                    }
+                }
+                base += n_acc;
+            }
+            for (j, r) in r.iter().enumerate() {
+                for (s, r) in r.iter().enumerate() {
+                    let at = (j * n_acc + a0 + s) * hd + d0;
+                    _mm256_storeu_ps(acc.as_mut_ptr().add(at), *r);
+                }
+            }
+        }
     }
 }
 

@@ -391,6 +391,38 @@ pub fn attention(
     }
 }
 
+/// [`attention`] for a batch of `n` queries: `q` and `out` are `[n, n_head·head_dim]`, query `t` sits at
+/// position `pos_of(t)` and sees the cache up to it; `scores` as for [`attention`] at the largest
+/// position. Ggml mode computes every (query, head) pair in one parallel pass
+/// ([`attention_ggml_batch`]); the results are those of [`attention`] per query, bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_batch(
+    q: &[f32],
+    cache: &KvCache,
+    layer: usize,
+    n: usize,
+    pos_of: impl Fn(usize) -> usize + Sync,
+    shape: &AttnShape,
+    scores: &mut [f32],
+    out: &mut [f32],
+    mode: NumericsMode,
+    to: (GgmlTarget, KqvOrder),
+    simd: Simd,
+) {
+    let qw = shape.n_head * shape.head_dim;
+    match mode {
+        NumericsMode::Reference => {
+            for t in 0..n {
+                let (qt, ot) = (&q[t * qw..][..qw], &mut out[t * qw..][..qw]);
+                attention_reference(qt, cache, layer, pos_of(t), shape, scores, ot);
+            }
+        }
+        NumericsMode::Ggml => {
+            attention_ggml_batch(q, cache, layer, n, pos_of, shape, scores, out, to, simd)
+        }
+    }
+}
+
 /// Reference-mode [`attention`].
 fn attention_reference(
     q: &[f32],
@@ -463,60 +495,166 @@ pub fn attention_ggml(
 ) {
     let hd = shape.head_dim;
     let n_pad = attention_scratch_len(pos + 1);
-    let hw = simd.avx2_kernels();
-    let head = |h: usize, sh: &mut [f32], oh: &mut [f32]| {
-        // the thread's KQV accumulators, taken here: a closure inside the target-feature function would
-        // be compiled without its features
-        KQV_ACC.with(|acc| {
-            let acc = &mut acc.borrow_mut();
-            let to = (target, order);
-            if hw {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX2 and FMA were detected on this CPU just above.
-                unsafe {
-                    attention_head_avx2(q, cache, layer, pos, shape, sh, oh, h, to, acc);
-                }
-            } else {
-                let kq = |keys: &[f32], q: &[f32], s: &mut [f32]| {
-                    for (s, k) in s.iter_mut().zip(keys.chunks_exact(q.len())) {
-                        *s = ggml_cpu::vec_dot_f32(target, k, q);
-                    }
-                };
-                attention_head::<Emulated, _>(q, cache, layer, pos, shape, sh, oh, h, to, acc, kq);
-            }
-        })
+    let run = head_run(shape);
+    let heads = |h0: usize, sh: &mut [f32], oh: &mut [f32]| {
+        attention_ggml_run(
+            q,
+            cache,
+            layer,
+            pos,
+            shape,
+            sh,
+            oh,
+            (h0, run),
+            (target, order),
+            simd,
+        )
     };
-    // Heads in parallel once the context makes them worth a task each; every head is computed by one
-    // thread in one fixed order either way, so the bits do not depend on it.
+    // Runs of heads in parallel once the context makes them worth a task each; every head is computed
+    // by one thread in one fixed order either way, so the bits do not depend on it.
+    let out = &mut out[..shape.n_head * hd];
     if (pos + 1) * shape.n_head >= PARALLEL_ATTENTION_WORK && rayon::current_num_threads() > 1 {
-        out[..shape.n_head * hd]
-            .par_chunks_mut(hd)
+        out.par_chunks_mut(run * hd)
             .enumerate()
-            .for_each(|(h, oh)| {
-                HEAD_SCRATCH.with(|s| {
-                    let mut s = s.borrow_mut();
-                    if s.len() < n_pad {
-                        s.resize(n_pad, 0.0);
-                    }
-                    head(h, &mut s[..n_pad], oh);
-                })
-            });
+            .for_each(|(r, oh)| with_head_scratch(run * n_pad, |s| heads(r * run, s, oh)));
     } else {
-        for (h, oh) in out[..shape.n_head * hd].chunks_exact_mut(hd).enumerate() {
-            head(h, &mut scores[..n_pad], oh);
+        for (r, oh) in out.chunks_exact_mut(run * hd).enumerate() {
+            // `scores` holds one row (`attention_scratch_len`); a run of heads takes `run` rows
+            match scores.get_mut(..run * n_pad) {
+                Some(s) => heads(r * run, s, oh),
+                None => with_head_scratch(run * n_pad, |s| heads(r * run, s, oh)),
+            }
         }
     }
+}
+
+/// Query heads per run: the heads that share one KV head, `n_head / n_kv_head`, when they are
+/// neighbours (they are, but under the `GqaHeadMap` fault, which is run one head at a time).
+fn head_run(shape: &AttnShape) -> usize {
+    let group = shape.n_head / shape.n_kv_head;
+    let grouped = (0..shape.n_head).all(|h| kv_head(h, group, shape.n_kv_head) == h / group);
+    if grouped {
+        group
+    } else {
+        1
+    }
+}
+
+/// [`attention_ggml`] for a batch of `n` queries (`q`: `[n, n_head·head_dim]`, query `t` at position
+/// `pos_of(t)`), `out` likewise: every (query, run of heads) pair is one task of one parallel pass,
+/// instead of one pass over the heads per query (a prompt of 512 tokens was 512 small passes per layer).
+/// Each head is computed by one thread in the one order of [`attention_ggml`], so the bits are the same.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_ggml_batch(
+    q: &[f32],
+    cache: &KvCache,
+    layer: usize,
+    n: usize,
+    pos_of: impl Fn(usize) -> usize + Sync,
+    shape: &AttnShape,
+    scores: &mut [f32],
+    out: &mut [f32],
+    to: (GgmlTarget, KqvOrder),
+    simd: Simd,
+) {
+    let hd = shape.head_dim;
+    let qw = shape.n_head * hd;
+    assert!(
+        q.len() >= n * qw && out.len() >= n * qw,
+        "attention batch shapes"
+    );
+    let work: usize = (0..n).map(|t| (pos_of(t) + 1) * shape.n_head).sum();
+    if n == 1 || work < PARALLEL_ATTENTION_WORK || rayon::current_num_threads() == 1 {
+        for t in 0..n {
+            let (qt, ot) = (&q[t * qw..][..qw], &mut out[t * qw..][..qw]);
+            attention_ggml(qt, cache, layer, pos_of(t), shape, scores, ot, to, simd);
+        }
+        return;
+    }
+    let run = head_run(shape);
+    let runs = shape.n_head / run;
+    out[..n * qw]
+        .par_chunks_mut(run * hd)
+        .enumerate()
+        .for_each(|(i, oh)| {
+            let (t, r) = (i / runs, i % runs);
+            let pos = pos_of(t);
+            let qt = &q[t * qw..][..qw];
+            with_head_scratch(run * attention_scratch_len(pos + 1), |s| {
+                attention_ggml_run(
+                    qt,
+                    cache,
+                    layer,
+                    pos,
+                    shape,
+                    s,
+                    oh,
+                    (r * run, run),
+                    to,
+                    simd,
+                )
+            })
+        });
+}
+
+/// Run `f` on this thread's softmax rows of [`HEAD_SCRATCH`], `len` long.
+fn with_head_scratch(len: usize, f: impl FnOnce(&mut [f32])) {
+    HEAD_SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < len {
+            s.resize(len, 0.0);
+        }
+        f(&mut s[..len])
+    })
+}
+
+/// Query heads `h0 .. h0 + run` of [`attention_ggml`] ([`attention_run`]; `sh`: their softmax rows,
+/// `run · attention_scratch_len(pos + 1)`; `oh`: their `run · head_dim` outputs), with the AVX2 kernels
+/// where `simd` has them.
+#[allow(clippy::too_many_arguments)]
+fn attention_ggml_run(
+    q: &[f32],
+    cache: &KvCache,
+    layer: usize,
+    pos: usize,
+    shape: &AttnShape,
+    sh: &mut [f32],
+    oh: &mut [f32],
+    heads: (usize, usize),
+    (target, order): (GgmlTarget, KqvOrder),
+    simd: Simd,
+) {
+    // the thread's KQV accumulators, taken here: a closure inside the target-feature function would be
+    // compiled without its features
+    KQV_ACC.with(|acc| {
+        let acc = &mut acc.borrow_mut();
+        let to = (target, order);
+        if simd.avx2_kernels() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `avx2_kernels` is true only where AVX2 and FMA were detected on this CPU.
+            unsafe {
+                attention_run_avx2(q, cache, layer, pos, shape, sh, oh, heads, to, acc);
+            }
+        } else {
+            let kq = |keys: &[f32], q: &[f32], s: &mut [f32]| {
+                for (s, k) in s.iter_mut().zip(keys.chunks_exact(q.len())) {
+                    *s = ggml_cpu::vec_dot_f32(target, k, q);
+                }
+            };
+            attention_run::<Emulated, _>(q, cache, layer, pos, shape, sh, oh, heads, to, acc, kq);
+        }
+    })
 }
 
 /// Positions × heads above which [`attention_ggml`] splits heads across threads.
 const PARALLEL_ATTENTION_WORK: usize = 256;
 
 thread_local! {
-    /// Per-thread softmax row of the parallel heads (grows once, then reused: no allocation per token).
+    /// Per-thread softmax rows of the parallel heads (grows once, then reused: no allocation per token).
     static HEAD_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// [`attention_head`] compiled with AVX2 and FMA: the same steps, `F` = [`Hardware`], so the lane loops
+/// [`attention_run`] compiled with AVX2 and FMA: the same steps, `F` = [`Hardware`], so the lane loops
 /// vectorize and every fma is one instruction (the same bits as [`Emulated`]).
 ///
 /// # Safety
@@ -524,7 +662,7 @@ thread_local! {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attention_head_avx2(
+unsafe fn attention_run_avx2(
     q: &[f32],
     cache: &KvCache,
     layer: usize,
@@ -532,14 +670,14 @@ unsafe fn attention_head_avx2(
     shape: &AttnShape,
     scores: &mut [f32],
     out: &mut [f32],
-    h: usize,
+    heads: (usize, usize),
     to: (GgmlTarget, KqvOrder),
     acc: &mut Vec<f32>,
 ) {
     // SAFETY: the caller's CPU has AVX2 and FMA (this function's own contract).
     let kq =
         |k: &[f32], q: &[f32], s: &mut [f32]| unsafe { ggml_cpu::kq_scores_avx2(to.0, k, q, s) };
-    attention_head::<Hardware, _>(q, cache, layer, pos, shape, scores, out, h, to, acc, kq)
+    attention_run::<Hardware, _>(q, cache, layer, pos, shape, scores, out, heads, to, acc, kq)
 }
 
 /// Largest head dimension [`kqv_all_d`] takes (larger heads use the per-output dot products).
@@ -550,12 +688,14 @@ thread_local! {
     static KQV_ACC: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// One query head of [`attention_ggml`]: `scores` is this head's scratch (`attention_scratch_len(pos+1)`),
-/// `out` its `head_dim` outputs; `kq(keys, q, scores)` computes the KQ score of every key row as
-/// `ggml_vec_dot_f32(k, q)` does for `target`.
+/// Query heads `h0 .. h0 + run` of [`attention_ggml`], which share one KV head: `scores` is their
+/// scratch (`run` rows of `attention_scratch_len(pos+1)`), `out` their `run · head_dim` outputs;
+/// `kq(keys, q, scores)` computes the KQ score of every key row as `ggml_vec_dot_f32(k, q)` does for
+/// `target`. Each head is computed as llama.cpp computes its row; the run only lets [`kqv_all_d`] read
+/// V once for several heads.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn attention_head<F: Fma, K: Fn(&[f32], &[f32], &mut [f32])>(
+fn attention_run<F: Fma, K: Fn(&[f32], &[f32], &mut [f32])>(
     q: &[f32],
     cache: &KvCache,
     layer: usize,
@@ -563,7 +703,7 @@ fn attention_head<F: Fma, K: Fn(&[f32], &[f32], &mut [f32])>(
     shape: &AttnShape,
     scores: &mut [f32],
     out: &mut [f32],
-    h: usize,
+    (h0, run): (usize, usize),
     (target, order): (GgmlTarget, KqvOrder),
     acc: &mut Vec<f32>,
     kq: K,
@@ -580,17 +720,24 @@ fn attention_head<F: Fma, K: Fn(&[f32], &[f32], &mut [f32])>(
     let first = shape.first_visible(pos);
     let n_row = n_pos.div_ceil(ggml_cpu::LANES) * ggml_cpu::LANES;
     let n_pad = attention_scratch_len(n_pos);
-    let scores = &mut scores[..n_pad];
-    let kvh = kv_head(h, group, n_kv_head);
-    let qh = &q[h * head_dim..(h + 1) * head_dim];
+    let kvh = kv_head(h0, group, n_kv_head);
     let keys = cache.keys(layer, kvh, n_pos);
-    // every score `ggml_vec_dot_f32(k, q)` for the target (vec_dot_f32, or its AVX2 form)
-    kq(keys, qh, &mut scores[..n_pos]);
-    // masked positions: kq·scale + (−∞) = −∞, exp → exactly 0 (outside the window and past `pos`)
-    scores[..first].fill(f32::NEG_INFINITY);
-    scores[n_pos..n_row].fill(f32::NEG_INFINITY);
-    ggml_cpu::soft_max_row_f::<F>(target, &mut scores[..n_row], None, scale);
-    scores[n_row..].fill(0.0);
+    for (j, scores) in scores.chunks_exact_mut(n_pad).take(run).enumerate() {
+        let h = h0 + j;
+        debug_assert_eq!(
+            kv_head(h, group, n_kv_head),
+            kvh,
+            "a run shares its KV head"
+        );
+        let qh = &q[h * head_dim..(h + 1) * head_dim];
+        // every score `ggml_vec_dot_f32(k, q)` for the target (vec_dot_f32, or its AVX2 form)
+        kq(keys, qh, &mut scores[..n_pos]);
+        // masked positions: kq·scale + (−∞) = −∞, exp → exactly 0 (outside the window and past `pos`)
+        scores[..first].fill(f32::NEG_INFINITY);
+        scores[n_pos..n_row].fill(f32::NEG_INFINITY);
+        ggml_cpu::soft_max_row_f::<F>(target, &mut scores[..n_row], None, scale);
+        scores[n_row..].fill(0.0);
+    }
     let values = cache.values(layer, kvh, n_pos);
     let k = match order {
         KqvOrder::TinyBlas => n_row,
@@ -601,24 +748,21 @@ fn attention_head<F: Fma, K: Fn(&[f32], &[f32], &mut [f32])>(
         KqvOrder::TinyBlas => k % target.lanes() == 0,
     };
     if head_dim <= MAX_KQV_HEAD_DIM && whole {
-        kqv_all_d::<F>(
-            target,
-            order,
-            values,
-            n_pos,
-            head_dim,
-            &scores[..k],
-            out,
-            acc,
-        );
-    } else {
-        let v = |i: usize, d: usize| {
-            if i < n_pos {
-                values[i * head_dim + d]
-            } else {
-                0.0
-            }
-        };
+        let ps = (&scores[..], n_pad, k);
+        kqv_all_d::<F>(target, order, values, n_pos, head_dim, ps, run, out, acc);
+        return;
+    }
+    let v = |i: usize, d: usize| {
+        if i < n_pos {
+            values[i * head_dim + d]
+        } else {
+            0.0
+        }
+    };
+    for (scores, out) in scores
+        .chunks_exact(n_pad)
+        .zip(out.chunks_exact_mut(head_dim))
+    {
         for (d, o) in out.iter_mut().enumerate() {
             *o = match order {
                 KqvOrder::TinyBlas => {
@@ -675,8 +819,9 @@ fn kqv_reduce8(target: GgmlTarget, order: KqvOrder, acc: &[f32], hd: usize, d0: 
 /// chains, enough to cover the fma latency).
 const KQV_DIMS: usize = 64;
 
-/// Accumulator `a` of [`kqv_all_d`] for dimensions `d0 .. d0 + D`: `acc[k] = fma(v[i][d0 + k], p[i],
-/// acc[k])` for `i = a, a + n_acc, ...` below `p.len()` (rows past `n_pos` are zeros), from 0.
+/// Accumulator `a` of [`kqv_all_d`] for dimensions `d0 .. d0 + D` (the scalar walk; the AVX2 kernel is
+/// `ggml_cpu::kqv_heads_avx2`): `acc[k] = fma(v[i][d0 + k], p[i], acc[k])` for `i = a, a + n_acc, ...`
+/// below `p.len()` (rows past `n_pos` are zeros), from 0.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn kqv_slot<F: Fma, const D: usize>(
@@ -708,12 +853,15 @@ fn kqv_slot<F: Fma, const D: usize>(
     out[..D].copy_from_slice(&r);
 }
 
-/// `out[d] = Σ_i p[i]·v[i][d]` for every `d` at once, each output with exactly the operations of
-/// `vec_dot_f32_by` ([`KqvOrder::VecDot`], `p.len()` a multiple of 4 lanes) or `tinyblas_dot_f32_by`
+/// `out[j·hd + d] = Σ_i p_j[i]·v[i][d]` for every head `j < run` of a run sharing one KV head and every
+/// `d` at once (`p_j = ps[j·stride ..][..p_len]`), each output with exactly the operations of
+/// `vec_dot_f32_by` ([`KqvOrder::VecDot`], `p_len` a multiple of 4 lanes) or `tinyblas_dot_f32_by`
 /// ([`KqvOrder::TinyBlas`], a multiple of the lanes): the accumulators of every `d` advance together over
 /// the contiguous rows of `v` (rows `≥ n_pos` are zeros, as in llama.cpp's padded view), so the inner
 /// loop runs over `d` and vectorizes, while each output still sees the same fmas in the same order as
-/// the strided per-`d` dot product. Then each `d` is reduced as its kernel reduces.
+/// the strided per-`d` dot product. Then each `d` is reduced as its kernel reduces. The AVX2 kernel reads
+/// each row of `v` once for up to three heads of the run (V was read once per head: a prompt's attention
+/// was bound by the reads of V from L2).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn kqv_all_d<F: Fma>(
@@ -722,7 +870,8 @@ fn kqv_all_d<F: Fma>(
     values: &[f32],
     n_pos: usize,
     hd: usize,
-    p: &[f32],
+    (ps, stride, p_len): (&[f32], usize, usize),
+    run: usize,
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) {
@@ -731,45 +880,67 @@ fn kqv_all_d<F: Fma>(
         KqvOrder::VecDot => 4 * lanes,
         KqvOrder::TinyBlas => lanes,
     };
-    debug_assert!(hd <= MAX_KQV_HEAD_DIM && p.len().is_multiple_of(n_acc));
-    if scratch.len() < n_acc * hd {
-        scratch.resize(n_acc * hd, 0.0);
+    debug_assert!(hd <= MAX_KQV_HEAD_DIM && p_len.is_multiple_of(n_acc));
+    assert!(run >= 1 && ps.len() >= (run - 1) * stride + p_len && out.len() >= run * hd);
+    let per = n_acc * hd;
+    if scratch.len() < run * per {
+        scratch.resize(run * per, 0.0);
     }
-    let acc = &mut scratch[..n_acc * hd];
+    let acc = &mut scratch[..run * per];
     // VecDot: element i + j·L + l of every 4L-step goes to accumulator (j, l); TinyBlas: i + l to l —
-    // accumulator `a` takes positions a, a + n_acc, a + 2·n_acc, ... in that order. One accumulator and
-    // KQV_DIMS dimensions at a time, so the running sums stay in registers.
-    for (a, acc) in acc.chunks_exact_mut(hd).enumerate() {
-        let mut d0 = 0;
-        while d0 + KQV_DIMS <= hd {
-            kqv_slot::<F, KQV_DIMS>(values, n_pos, hd, p, a, n_acc, d0, &mut acc[d0..]);
-            d0 += KQV_DIMS;
+    // accumulator `a` takes positions a, a + n_acc, a + 2·n_acc, ... in that order.
+    let mut done = false;
+    #[cfg(target_arch = "x86_64")]
+    if F::AVX2 && n_acc.is_multiple_of(4) && hd.is_multiple_of(8) {
+        let mut j0 = 0;
+        while j0 < run {
+            let h = (run - j0).min(ggml_cpu::KQV_HEADS);
+            let p = &ps[j0 * stride..];
+            let a = &mut acc[j0 * per..];
+            // SAFETY: `F::AVX2` holds only where the CPU has AVX2 and FMA (`Fma::AVX2`)
+            unsafe { ggml_cpu::kqv_heads_avx2(h, values, n_pos, hd, (p, stride, p_len), n_acc, a) };
+            j0 += h;
         }
-        while d0 < hd {
-            kqv_slot::<F, 1>(values, n_pos, hd, p, a, n_acc, d0, &mut acc[d0..]);
-            d0 += 1;
-        }
+        done = true;
     }
-    // eight dimensions at a time: the same trees with the dimensions as the lanes of one vector
-    let mut d0 = 0;
-    while d0 + 8 <= hd {
-        out[d0..d0 + 8].copy_from_slice(&kqv_reduce8(target, order, acc, hd, d0));
-        d0 += 8;
-    }
-    for (d, o) in out[..hd].iter_mut().enumerate().skip(d0) {
-        let lane = |j: usize, l: usize| acc[(j * lanes + l) * hd + d];
-        *o = match order {
-            // ggml_vec_dot_f32's reduction (GGML_F32_VEC_REDUCE)
-            KqvOrder::VecDot => target.vec_reduce(lane),
-            // tinyBLAS's hsum of its single accumulator
-            KqvOrder::TinyBlas => {
-                let mut r = [0f32; ggml_cpu::LANES];
-                for (l, r) in r[..lanes].iter_mut().enumerate() {
-                    *r = lane(0, l);
+    if !done {
+        for (j, acc) in acc.chunks_exact_mut(per).enumerate() {
+            let p = &ps[j * stride..][..p_len];
+            for (a, acc) in acc.chunks_exact_mut(hd).enumerate() {
+                let mut d0 = 0;
+                while d0 + KQV_DIMS <= hd {
+                    kqv_slot::<F, KQV_DIMS>(values, n_pos, hd, p, a, n_acc, d0, &mut acc[d0..]);
+                    d0 += KQV_DIMS;
                 }
-                target.hsum_vec(&r[..lanes])
+                while d0 < hd {
+                    kqv_slot::<F, 1>(values, n_pos, hd, p, a, n_acc, d0, &mut acc[d0..]);
+                    d0 += 1;
+                }
             }
-        };
+        }
+    }
+    for (acc, out) in acc.chunks_exact(per).zip(out.chunks_exact_mut(hd)) {
+        // eight dimensions at a time: the same trees with the dimensions as the lanes of one vector
+        let mut d0 = 0;
+        while d0 + 8 <= hd {
+            out[d0..d0 + 8].copy_from_slice(&kqv_reduce8(target, order, acc, hd, d0));
+            d0 += 8;
+        }
+        for (d, o) in out[..hd].iter_mut().enumerate().skip(d0) {
+            let lane = |j: usize, l: usize| acc[(j * lanes + l) * hd + d];
+            *o = match order {
+                // ggml_vec_dot_f32's reduction (GGML_F32_VEC_REDUCE)
+                KqvOrder::VecDot => target.vec_reduce(lane),
+                // tinyBLAS's hsum of its single accumulator
+                KqvOrder::TinyBlas => {
+                    let mut r = [0f32; ggml_cpu::LANES];
+                    for (l, r) in r[..lanes].iter_mut().enumerate() {
+                        *r = lane(0, l);
+                    }
+                    target.hsum_vec(&r[..lanes])
+                }
+            };
+        }
     }
 }
 
@@ -843,6 +1014,68 @@ mod tests {
                     (x - y).abs() <= 4.0 * f32::EPSILON * x.abs().max(1e-30),
                     "{t}: {x} vs {y}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_of_queries_gives_the_bits_of_one_query_at_a_time() {
+        // attention_ggml_batch runs every (query, run of heads) pair as one task of one parallel pass;
+        // each output must be the one attention_ggml computes for that query alone
+        let mut s = 0x0bad_cafe_1234_5678u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for (n_head, n_kv, hd) in [(9, 3, 64), (4, 1, 256), (14, 2, 64)] {
+            let (p0, n) = (5, 70);
+            let mut cache = KvCache::new(1, n_kv, hd, p0 + n);
+            for p in 0..p0 + n {
+                let k: Vec<f32> = (0..n_kv * hd).map(|_| rnd()).collect();
+                let v: Vec<f32> = (0..n_kv * hd).map(|_| rnd()).collect();
+                cache.write(0, p, &k, &v).unwrap();
+            }
+            let qw = n_head * hd;
+            let q: Vec<f32> = (0..n * qw).map(|_| rnd()).collect();
+            let shape = AttnShape::causal(n_head, n_kv, hd);
+            for simd in [Simd::Off, Simd::Avx2]
+                .into_iter()
+                .filter(|s| s.available())
+            {
+                let to = (GgmlTarget::Avx512, KqvOrder::TinyBlas);
+                let mut scores = vec![0.0; attention_scratch_len(p0 + n)];
+                let mut batch = vec![0.0; n * qw];
+                pool.install(|| {
+                    let (sc, b) = (&mut scores, &mut batch);
+                    attention_ggml_batch(&q, &cache, 0, n, |t| p0 + t, &shape, sc, b, to, simd)
+                });
+                for t in 0..n {
+                    let mut one = vec![0.0; qw];
+                    let qt = &q[t * qw..][..qw];
+                    attention_ggml(
+                        qt,
+                        &cache,
+                        0,
+                        p0 + t,
+                        &shape,
+                        &mut scores,
+                        &mut one,
+                        to,
+                        simd,
+                    );
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&batch[t * qw..][..qw]),
+                        bits(&one),
+                        "{n_head}x{hd} query {t} {simd:?}"
+                    );
+                }
             }
         }
     }
@@ -929,7 +1162,15 @@ mod tests {
                             .collect();
                         let mut out = vec![0.0; hd];
                         kqv_all_d::<Emulated>(
-                            target, order, &values, n_pos, hd, &p, &mut out, &mut acc,
+                            target,
+                            order,
+                            &values,
+                            n_pos,
+                            hd,
+                            (&p, k, k),
+                            1,
+                            &mut out,
+                            &mut acc,
                         );
                         for (d, &o) in out.iter().enumerate() {
                             let want = match order {

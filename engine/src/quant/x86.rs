@@ -35,6 +35,11 @@ pub(crate) fn fma(a: f32, b: f32, c: f32) -> f32 {
 pub(crate) trait Fma: Copy {
     /// `a * b + c`, rounded once.
     fn fma(a: f32, b: f32, c: f32) -> f32;
+
+    /// True for [`Hardware`]: the caller runs on a CPU with AVX2 and FMA, so code generic over `Fma` may
+    /// call AVX2 kernels that compute the same fmas (`Hardware` is used only inside functions compiled
+    /// with those features, on CPUs that have them).
+    const AVX2: bool = false;
 }
 
 /// [`fma`]: correct on any CPU, no FMA instruction needed.
@@ -57,6 +62,8 @@ impl Fma for Hardware {
     fn fma(a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
     }
+
+    const AVX2: bool = true;
 }
 
 /// `_mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc)`: the per-block update of every
