@@ -406,9 +406,10 @@ pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
 pub enum GgmlPath {
     /// `ggml_vec_dot_<type>_<vec_dot_type>` (arch/x86/quants.c).
     VecDot,
-    /// Q4_K repacked to `q4_K_8x8_q8_K`, `ggml_gemv_q4_K_8x8_q8_K` (decode; the last `B % 4` batch rows).
+    /// Repacked weights (`q4_K_8x8_q8_K`, `q2_K_8x8_q8_K`, `q4_0_8x8_q8_0`, `iq4_nl_8x8_q8_0`): the
+    /// `ggml_gemv_*` kernel (decode; the last `B % 4` batch rows).
     RepackGemv,
-    /// Q4_K repacked, `ggml_gemm_q4_K_8x8_q8_K` (batch rows `0 .. B − B % 4`).
+    /// Repacked weights: the `ggml_gemm_*` kernel (batch rows `0 .. B − B % 4`).
     RepackGemm,
     /// ggml-cpu/tiled K-quant matmul (batches ≥ 8; Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS, and Q4_K not
     /// repacked).
@@ -434,7 +435,7 @@ fn tiled_type(ty: GgmlType) -> bool {
 pub(crate) fn effective_path(ty: GgmlType, path: GgmlPath) -> GgmlPath {
     use GgmlType::*;
     match (ty, path) {
-        (Q4_K | Q4_0 | IQ4_NL, GgmlPath::RepackGemv | GgmlPath::RepackGemm) => path,
+        (Q4_K | Q2_K | Q4_0 | IQ4_NL, GgmlPath::RepackGemv | GgmlPath::RepackGemm) => path,
         (t, GgmlPath::Tiled) if tiled_type(t) => path,
         (IQ4_NL, GgmlPath::TinyBlasQ0) => path,
         (F32 | F16 | BF16, GgmlPath::TinyBlas) => path,
@@ -483,14 +484,17 @@ pub fn ggml_path(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, t: usi
 
 /// [`vec_dot`] through an explicit ggml kernel `path` ([`ggml_path`]); reference mode ignores `path`,
 /// and a path that does not exist for the weight type falls back to [`GgmlPath::VecDot`]. Kernels:
-/// `q4_k::dot_q8_k_repacked` (repack.cpp), `{q2_k,q3_k,q4_k,q5_k,q6_k,iq4_xs}::dot_q8_k_tiled`
-/// (ggml-cpu/tiled), `iq4_nl::dot_q8_0_tinyblas` (llamafile/sgemm.cpp `tinyBLAS_Q0_AVX`).
+/// `{q4_k,q2_k}::dot_q8_k_repacked` (arch/x86/repack.cpp),
+/// `{q2_k,q3_k,q4_k,q5_k,q6_k,iq4_xs}::dot_q8_k_tiled` (ggml-cpu/tiled), `iq4_nl::dot_q8_0_tinyblas` (llamafile/sgemm.cpp `tinyBLAS_Q0_AVX`).
 pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: GgmlPath) -> f32 {
     if x.mode() == NumericsMode::Ggml {
         let (qs, d, bsums) = (&x.qs[..], &x.d[..], &x.bsums[..]);
         match (weight_ty, effective_path(weight_ty, path)) {
             (GgmlType::Q4_K, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
                 return q4_k::dot_q8_k_repacked(w_row, qs, d, bsums, p == GgmlPath::RepackGemm);
+            }
+            (GgmlType::Q2_K, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
+                return q2_k::dot_q8_k_repacked(w_row, qs, d, bsums, p == GgmlPath::RepackGemm);
             }
             (GgmlType::Q2_K, GgmlPath::Tiled) => return q2_k::dot_q8_k_tiled(w_row, qs, d, bsums),
             (GgmlType::Q3_K, GgmlPath::Tiled) => return q3_k::dot_q8_k_tiled(w_row, qs, d),
