@@ -264,7 +264,15 @@ fn bench_matmul(c: &mut Criterion) {
                         let backend = CpuBackend::new(simd);
                         b.iter(|| {
                             backend
-                                .matmul(&w, black_box(&x), n, &mut out, mode, &mut scratch)
+                                .matmul(
+                                    &w,
+                                    black_box(&x),
+                                    n,
+                                    &mut out,
+                                    mode,
+                                    GgmlTarget::host(),
+                                    &mut scratch,
+                                )
                                 .expect("the type has a matmul kernel");
                         });
                     });

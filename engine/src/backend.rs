@@ -9,6 +9,7 @@
 
 use rayon::prelude::*;
 
+use crate::ops::GgmlTarget;
 use crate::quant::{self, GgmlType, NumericsMode, PreparedRow};
 use crate::simd::Simd;
 
@@ -51,9 +52,11 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
 
     /// `out[t · rows + r] = Σ_k W[r, k] · x[t · cols + k]` for `t < n_tokens`.
-    /// `x`: `[n_tokens, cols]`; `out`: `[n_tokens, rows]`. Numerics per [`NumericsMode`].
+    /// `x`: `[n_tokens, cols]`; `out`: `[n_tokens, rows]`. Numerics per [`NumericsMode`]; in ggml mode
+    /// the kernels llama.cpp built for `target` picks ([`quant::ggml_path`]).
     ///
     /// Errors: the weight type has no kernel ([`crate::Error::Unsupported`]).
+    #[allow(clippy::too_many_arguments)]
     fn matmul(
         &self,
         w: &QMatrix<'_>,
@@ -61,6 +64,7 @@ pub trait Backend: Send + Sync {
         n_tokens: usize,
         out: &mut [f32],
         mode: NumericsMode,
+        target: GgmlTarget,
         scratch: &mut MatmulScratch,
     ) -> crate::Result<()>;
 }
@@ -127,6 +131,7 @@ impl Backend for CpuBackend {
         n_tokens: usize,
         out: &mut [f32],
         mode: NumericsMode,
+        target: GgmlTarget,
         scratch: &mut MatmulScratch,
     ) -> crate::Result<()> {
         debug_assert_eq!(x.len(), n_tokens * w.cols);
@@ -141,7 +146,7 @@ impl Backend for CpuBackend {
             .try_for_each(|(t, p)| p.prepare(w.ty, mode, &x[t * w.cols..(t + 1) * w.cols]))?;
         let prepared = &scratch.prepared[..n_tokens];
         // the ggml kernel of each batch row (llama.cpp's choice depends on the batch size)
-        let path = |t: usize| quant::ggml_path(w.ty, w.rows, w.cols, n_tokens, t);
+        let path = |t: usize| quant::ggml_path(w.ty, w.rows, w.cols, n_tokens, t, target);
         // the SIMD kernel of this weight type, or none (each call is given its rows' ggml paths)
         let kernel = quant::simd_kernel(self.simd, w.ty, mode);
         if n_tokens == 1 {

@@ -15,6 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
+use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::quant::{
     dequantize_row, ggml_path, quantize_row, vec_dot, vec_dot_path, GgmlPath, GgmlType,
     NumericsMode, PreparedRow,
@@ -249,13 +250,13 @@ fn ggml_mode_vec_dot_matches_ggml_cpu_bit_for_bit() {
 }
 
 /// The kernel a plain ggml context runs for output column `t` of a `batch`-column matmul: [`ggml_path`]
-/// without repacking (a ggml context has no `CPU_REPACK` buffer): a would-be repacked Q4_K takes the
-/// tiled path at batch >= 8, IQ4_NL tinyBLAS_Q0 at batch >= 2, and the rest vec_dot (Q4_0's tinyBLAS_Q0
-/// computes the same).
+/// without repacking (a ggml context has no `CPU_REPACK` buffer): a would-be repacked Q4_K (or Q2_K, on
+/// the AVX-512 host of the fixtures) takes the tiled path at batch >= 8, IQ4_NL tinyBLAS_Q0 at
+/// batch >= 2, and the rest vec_dot (Q4_0's tinyBLAS_Q0 computes the same).
 fn plain_context_path(t: GgmlType, rows: usize, cols: usize, batch: usize, j: usize) -> GgmlPath {
-    match ggml_path(t, rows, cols, batch, j) {
+    match ggml_path(t, rows, cols, batch, j, GgmlTarget::Avx512) {
         GgmlPath::RepackGemv | GgmlPath::RepackGemm => match t {
-            GgmlType::Q4_K if batch >= 8 => GgmlPath::Tiled,
+            GgmlType::Q4_K | GgmlType::Q2_K if batch >= 8 => GgmlPath::Tiled,
             GgmlType::IQ4_NL if batch >= 2 => GgmlPath::TinyBlasQ0,
             _ => GgmlPath::VecDot,
         },

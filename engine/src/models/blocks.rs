@@ -62,8 +62,15 @@ impl Fwd<'_, '_> {
 
     /// `out[t, r] = Σ_k w[r, k] · x[t, k]` for the batch (`x`: `[n, w.cols]`, `out`: `[n, w.rows]`).
     pub fn matmul(&mut self, w: &Weight, x: &[f32], out: &mut [f32]) -> Result<()> {
-        self.backend
-            .matmul(&w.matrix(self.g), x, self.n, out, self.mode, self.mm)
+        self.backend.matmul(
+            &w.matrix(self.g),
+            x,
+            self.n,
+            out,
+            self.mode,
+            self.target,
+            self.mm,
+        )
     }
 }
 

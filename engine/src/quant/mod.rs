@@ -68,9 +68,10 @@
 //! `ggml_gemm_*` (arch/x86/repack.cpp) with their own activation quantization (`ggml_quantize_mat_q8_*_4x8`)
 //! and accumulation order. Ggml mode mirrors the Q4_K ones ([`GgmlPath::RepackGemm`] for batch rows in
 //! groups of 4, [`GgmlPath::RepackGemv`] for decode and the last `B % 4` rows: one fma per pair of
-//! sub-blocks, resp. per super-block), and the Q4_0 and IQ4_NL ones (`q4_0_8x8_q8_0`,
-//! `iq4_nl_8x8_q8_0`: one fma per block on a single accumulator, gemm and gemv alike); repacked Q2_K (on
-//! AVX-512 hosts) is not mirrored yet. Not repacked on x86: Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q5_K, Q6_K,
+//! sub-blocks, resp. per super-block), the Q2_K ones of an AVX-512 build (gemm one fma per half of 128
+//! elements, gemv one per super-block; [`ggml_path`] takes the golden's [`GgmlTarget`] for this), and the
+//! Q4_0 and IQ4_NL ones (`q4_0_8x8_q8_0`, `iq4_nl_8x8_q8_0`: one fma per block on a single accumulator,
+//! gemm and gemv alike). Not repacked on x86: Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q5_K, Q6_K,
 //! IQ4_XS, F16, BF16, F32. `token_embd` is read by GET_ROWS with `dequantize_row_*`
 //! (libggml-base), which [`dequantize_row`] matches bit for bit.
 //!
@@ -93,9 +94,10 @@
 //! Q8_0 tied output), Gemma 3 270M and Qwen2.5-Coder-0.5B Q4_K_M (Q5_0, Q8_0, Q4_K, Q6_K, F32) are
 //! bit-exact in prefill and decode. The SmolLM2 variants made by llama-quantize (every captured stage of a
 //! 14-token prefill against llama-cpp-python, F32 KV cache): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-//! Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS bit-identical with llama.cpp's default repacking; Q2_K
-//! differs on an AVX-512 host (item 1). What remains outside the contract:
-//! 1. repacked Q2_K (AVX-512 hosts) and MXFP4 weights;
+//! Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS bit-identical with llama.cpp's default
+//! repacking (Q2_K repacked, on this AVX-512 host). What remains outside the contract:
+//! 1. MXFP4 weights, and Q2_K on a host with AVX-512 F but not DQ (ggml repacks Q2_K on
+//!    `ggml_cpu_has_avx512()`, i.e. AVX-512 F, while [`GgmlTarget::Avx512`] needs F and DQ);
 //! 2. F32/F16/BF16 weights on an AVX2-only golden host (the float kernels mirror the AVX-512 build's
 //!    `ggml_vec_dot_f32/f16/bf16` and tinyBLAS only). Attention is not a weight matmul and lives in
 //!    `crate::ops::ggml_cpu`, which
@@ -104,7 +106,8 @@
 //!    -128; both are mirrored, but the NaN payloads themselves are not part of the contract;
 //! 4. everything outside these kernels — norms, RoPE, softmax, SiLU/GELU — is mirrored in
 //!    `crate::ops::ggml_cpu`, per ggml target (AVX2, AVX-512), not here; the quantized kernels here are the
-//!    same on both targets (ggml-cpu has only AVX2 branches for them);
+//!    same on both targets (ggml-cpu has only AVX2 branches for them, or AVX-512 ones with the same
+//!    arithmetic), only the choice of kernel for Q2_K depends on the target ([`ggml_path`]);
 //! 5. on another CPU (no FMA, ARM) llama.cpp picks other kernels and this bit-exactness does not carry over.
 //!
 //! Reference mode is plain: dequantize to f32 (the values [`dequantize_row`] gives, identical to the `gguf`
@@ -163,6 +166,8 @@ pub fn avx512_available() -> bool {
     }
 }
 pub use types::GgmlType;
+
+use crate::ops::GgmlTarget;
 
 use crate::Error;
 
@@ -406,9 +411,10 @@ pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
 pub enum GgmlPath {
     /// `ggml_vec_dot_<type>_<vec_dot_type>` (arch/x86/quants.c).
     VecDot,
-    /// Q4_K repacked to `q4_K_8x8_q8_K`, `ggml_gemv_q4_K_8x8_q8_K` (decode; the last `B % 4` batch rows).
+    /// Repacked weights (`q4_K_8x8_q8_K`, `q2_K_8x8_q8_K`, `q4_0_8x8_q8_0`, `iq4_nl_8x8_q8_0`): the
+    /// `ggml_gemv_*` kernel (decode; the last `B % 4` batch rows).
     RepackGemv,
-    /// Q4_K repacked, `ggml_gemm_q4_K_8x8_q8_K` (batch rows `0 .. B − B % 4`).
+    /// Repacked weights: the `ggml_gemm_*` kernel (batch rows `0 .. B − B % 4`).
     RepackGemm,
     /// ggml-cpu/tiled K-quant matmul (batches ≥ 8; Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS, and Q4_K not
     /// repacked).
@@ -434,7 +440,7 @@ fn tiled_type(ty: GgmlType) -> bool {
 pub(crate) fn effective_path(ty: GgmlType, path: GgmlPath) -> GgmlPath {
     use GgmlType::*;
     match (ty, path) {
-        (Q4_K | Q4_0 | IQ4_NL, GgmlPath::RepackGemv | GgmlPath::RepackGemm) => path,
+        (Q4_K | Q2_K | Q4_0 | IQ4_NL, GgmlPath::RepackGemv | GgmlPath::RepackGemm) => path,
         (t, GgmlPath::Tiled) if tiled_type(t) => path,
         (IQ4_NL, GgmlPath::TinyBlasQ0) => path,
         (F32 | F16 | BF16, GgmlPath::TinyBlas) => path,
@@ -442,15 +448,17 @@ pub(crate) fn effective_path(ty: GgmlType, path: GgmlPath) -> GgmlPath {
     }
 }
 
-/// The kernel llama.cpp (the pinned version, default `CPU_REPACK` on x86 with AVX2) uses for output row
-/// `t` of a `[n_tokens]`-row activation batch against a `[rows, cols]` weight of type `ty`:
+/// The kernel llama.cpp (the pinned version, default `CPU_REPACK` on x86 with AVX2) built for `target`
+/// uses for output row `t` of a `[n_tokens]`-row activation batch against a `[rows, cols]` weight of type
+/// `ty`:
 ///
 /// - Q4_K, Q4_0 and IQ4_NL with `rows % 8 == 0` are repacked (`ggml_repack_get_optimal_repack_type`,
-///   ggml-cpu/repack.cpp: `q4_K_8x8_q8_K`, `q4_0_8x8_q8_0`, `iq4_nl_8x8_q8_0`): gemm for
-///   `t < n − n % 4`, gemv for the rest. This holds for the tied output too: llama.cpp loads `token_embd`
-///   a second time as the output layer's MUL_MAT weight (`TENSOR_DUPLICATED`, llama-model-loader.cpp),
-///   into the repack buffer;
-/// - Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS, and Q4_K that is not repacked, take the tiled path when
+///   ggml-cpu/repack.cpp: `q4_K_8x8_q8_K`, `q4_0_8x8_q8_0`, `iq4_nl_8x8_q8_0`), and so is Q2_K with
+///   `rows % 8 == 0` when the target is [`GgmlTarget::Avx512`] (`q2_K_8x8_q8_K`, only if
+///   `ggml_cpu_has_avx512()`): gemm for `t < n − n % 4`, gemv for the rest. This holds for the tied
+///   output too: llama.cpp loads `token_embd` a second time as the output layer's MUL_MAT weight
+///   (`TENSOR_DUPLICATED`, llama-model-loader.cpp), into the repack buffer;
+/// - Q3_K, Q5_K, Q6_K, IQ4_XS, and Q2_K and Q4_K that are not repacked, take the tiled path when
 ///   `n_tokens ≥ 8`;
 /// - IQ4_NL that is not repacked takes llamafile's `tinyBLAS_Q0_AVX` when `n_tokens ≥ 2`
 ///   ([`GgmlPath::TinyBlasQ0`]);
@@ -458,12 +466,22 @@ pub(crate) fn effective_path(ty: GgmlType, path: GgmlPath) -> GgmlPath {
 ///   multiple of 16 (32 for BF16);
 /// - everything else the vec_dot kernel (or tinyBLAS_Q0 for Q4_0/Q5_0/Q8_0, the same arithmetic).
 ///
-/// Q2_K is repacked too on AVX-512 hosts (`q2_K_8x8_q8_K`); the engine has no repacked Q2_K kernel yet: it
-/// keeps the tiled / vec_dot path and is not bit-exact in ggml mode against an AVX-512 golden (see the
-/// module docs).
-pub fn ggml_path(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, t: usize) -> GgmlPath {
+/// `target` only matters for Q2_K; the other choices are the same on both targets.
+pub fn ggml_path(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n_tokens: usize,
+    t: usize,
+    target: GgmlTarget,
+) -> GgmlPath {
     use GgmlType::*;
-    let repacked = matches!(ty, Q4_K | Q4_0 | IQ4_NL) && rows.is_multiple_of(8);
+    let repacks = match ty {
+        Q4_K | Q4_0 | IQ4_NL => true,
+        Q2_K => target == GgmlTarget::Avx512,
+        _ => false,
+    };
+    let repacked = repacks && rows.is_multiple_of(8);
     if repacked {
         if t < n_tokens - n_tokens % 4 {
             GgmlPath::RepackGemm
@@ -483,14 +501,17 @@ pub fn ggml_path(ty: GgmlType, rows: usize, cols: usize, n_tokens: usize, t: usi
 
 /// [`vec_dot`] through an explicit ggml kernel `path` ([`ggml_path`]); reference mode ignores `path`,
 /// and a path that does not exist for the weight type falls back to [`GgmlPath::VecDot`]. Kernels:
-/// `q4_k::dot_q8_k_repacked` (repack.cpp), `{q2_k,q3_k,q4_k,q5_k,q6_k,iq4_xs}::dot_q8_k_tiled`
-/// (ggml-cpu/tiled), `iq4_nl::dot_q8_0_tinyblas` (llamafile/sgemm.cpp `tinyBLAS_Q0_AVX`).
+/// `{q4_k,q2_k}::dot_q8_k_repacked` (arch/x86/repack.cpp),
+/// `{q2_k,q3_k,q4_k,q5_k,q6_k,iq4_xs}::dot_q8_k_tiled` (ggml-cpu/tiled), `iq4_nl::dot_q8_0_tinyblas` (llamafile/sgemm.cpp `tinyBLAS_Q0_AVX`).
 pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: GgmlPath) -> f32 {
     if x.mode() == NumericsMode::Ggml {
         let (qs, d, bsums) = (&x.qs[..], &x.d[..], &x.bsums[..]);
         match (weight_ty, effective_path(weight_ty, path)) {
             (GgmlType::Q4_K, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
                 return q4_k::dot_q8_k_repacked(w_row, qs, d, bsums, p == GgmlPath::RepackGemm);
+            }
+            (GgmlType::Q2_K, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
+                return q2_k::dot_q8_k_repacked(w_row, qs, d, bsums, p == GgmlPath::RepackGemm);
             }
             (GgmlType::Q2_K, GgmlPath::Tiled) => return q2_k::dot_q8_k_tiled(w_row, qs, d, bsums),
             (GgmlType::Q3_K, GgmlPath::Tiled) => return q3_k::dot_q8_k_tiled(w_row, qs, d),

@@ -86,15 +86,8 @@ pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) ->
         .zip(xd)
         .zip(xbsums.chunks_exact(QK_K / 16))
     {
-        let q = quants(blk);
-        let (mut s1, mut s2) = (0i32, 0i32);
-        for s in 0..16 {
-            let dot: i32 = (16 * s..16 * s + 16)
-                .map(|e| i32::from(q[e]) * i32::from(qy[e]))
-                .sum();
-            s1 = s1.wrapping_add(i32::from(blk[s] & 0xF) * dot);
-            s2 = s2.wrapping_add(i32::from(blk[s] >> 4) * i32::from(bsums[s]));
-        }
+        let (isum, imin) = half_ints(blk, qy, bsums);
+        let (s1, s2) = (isum[0].wrapping_add(isum[1]), imin[0].wrapping_add(imin[1]));
         let res = fma(
             -read_f16(blk, D_AT + 2),
             s2 as f32,
@@ -105,9 +98,158 @@ pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) ->
     acc
 }
 
+/// Exact integer parts of one Q2_K super-block against Q8_K activations, per half `h` of 128 elements
+/// (sub-blocks `8h .. 8h + 8` of 16): `isum[h] = Σ_s sc[s] · Σ q2·q8` and `imin[h] = Σ_s m[s] · bsums[s]`.
+#[inline]
+fn half_ints(blk: &[u8], qy: &[i8], bsums: &[i16]) -> ([i32; 2], [i32; 2]) {
+    let q = quants(blk);
+    let (mut isum, mut imin) = ([0i32; 2], [0i32; 2]);
+    for s in 0..16 {
+        let dot: i32 = (16 * s..16 * s + 16)
+            .map(|e| i32::from(q[e]) * i32::from(qy[e]))
+            .sum();
+        isum[s / 8] = isum[s / 8].wrapping_add(i32::from(blk[s] & 0xF) * dot);
+        imin[s / 8] = imin[s / 8].wrapping_add(i32::from(blk[s] >> 4) * i32::from(bsums[s]));
+    }
+    (isum, imin)
+}
+
+/// One output of llama.cpp's repacked Q2_K matmul (`q2_K_8x8_q8_K`, arch/x86/repack.cpp), which is what
+/// runs for Q2_K weights with a row count divisible by 8 on an AVX-512 host
+/// (`ggml_repack_get_optimal_repack_type` repacks Q2_K only when `ggml_cpu_has_avx512()`):
+///
+/// - `gemm = false`: `ggml_gemv_q2_K_8x8_q8_K` (its `__AVX2__` branch; decode, and the last `B % 4` rows
+///   of a batch): one fma per super-block, `acc = fma(Σ isum, d_w·d_x, acc)`,
+///   `accm = fma(Σ imin, dmin_w·d_x, accm)`;
+/// - `gemm = true`: `ggml_gemm_q2_K_8x8_q8_K` (batch rows in groups of 4; its `__AVX512BW__ &&
+///   __AVX512DQ__` branch, and the `__AVX2__` loop for leftover columns, compute the same): the same with
+///   one fma per half of 128 elements (the `sb` loop), `isum` and `imin` summed over that half's eight
+///   sub-blocks.
+///
+/// `isum = sc · Σ q2·q8` and `imin = m · bsums` per sub-block of 16 are exact integers. Result
+/// `acc − accm`. The activation's `ggml_quantize_mat_q8_K_4x8` gives the values of `quantize_row_q8_K` up
+/// to a sign flip of a whole block that leaves every product unchanged (as for `q4_k::dot_q8_k_repacked`),
+/// and its interleaved `bsums` are the same sums of 16.
+pub(crate) fn dot_q8_k_repacked(
+    w: &[u8],
+    xq: &[i8],
+    xd: &[f32],
+    xbsums: &[i16],
+    gemm: bool,
+) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (((blk, qy), &dy), bsums) in w
+        .chunks_exact(BYTES)
+        .zip(xq.chunks_exact(QK_K))
+        .zip(xd)
+        .zip(xbsums.chunks_exact(QK_K / 16))
+    {
+        let dsc = read_f16(blk, D_AT) * dy;
+        let dmn = read_f16(blk, D_AT + 2) * dy;
+        let (isum, imin) = half_ints(blk, qy, bsums);
+        if gemm {
+            for h in 0..2 {
+                acc = fma(isum[h] as f32, dsc, acc);
+                accm = fma(imin[h] as f32, dmn, accm);
+            }
+        } else {
+            acc = fma(isum[0].wrapping_add(isum[1]) as f32, dsc, acc);
+            accm = fma(imin[0].wrapping_add(imin[1]) as f32, dmn, accm);
+        }
+    }
+    acc - accm
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two super-blocks with every quant 3 (all `qs` bits set) and known scales and mins: the integer
+    /// parts per half are `Σ_s sc[s]·3·Σ q8` and `Σ_s m[s]·bsums[s]`, and the kernels must be exactly
+    /// the fma chains of `ggml_gemv_q2_K_8x8_q8_K` (one per super-block) and `ggml_gemm_q2_K_8x8_q8_K`
+    /// (one per half).
+    #[test]
+    fn repacked_is_one_fma_per_super_block_resp_half_of_the_exact_integers() {
+        let (d, dmin) = ([0.0123f32, 0.3], [0.0071f32, 0.05]);
+        let mut w = Vec::new();
+        for b in 0..2 {
+            let mut blk = [0xFFu8; BYTES];
+            for (s, x) in blk[..16].iter_mut().enumerate() {
+                *x = ((s as u8 * 7 + b as u8) & 0xF) | (((s as u8 * 5 + 3) & 0xF) << 4);
+            }
+            blk[80..82].copy_from_slice(&half::f16::from_f32(d[b]).to_le_bytes());
+            blk[82..84].copy_from_slice(&half::f16::from_f32(dmin[b]).to_le_bytes());
+            w.extend_from_slice(&blk);
+        }
+        let xq: Vec<i8> = (0..512).map(|i| ((i * 37 + 11) % 255) as i8).collect();
+        let bsums: Vec<i16> = xq
+            .chunks_exact(16)
+            .map(|c| c.iter().map(|&q| i16::from(q)).sum())
+            .collect();
+        let dw = |b: usize, at: usize| read_f16(&w[BYTES * b..], at);
+        for xd in [[0.37f32, 1.0e-3], [1.7, 0.011], [-0.093, 2.5]] {
+            let (mut gemv, mut gemv_m, mut gemm, mut gemm_m) = (0f32, 0f32, 0f32, 0f32);
+            for b in 0..2 {
+                let (dsc, dmn) = (dw(b, D_AT) * xd[b], dw(b, D_AT + 2) * xd[b]);
+                let mut half = [(0i32, 0i32); 2];
+                for s in 0..16 {
+                    let sc = i32::from(w[BYTES * b + s] & 0xF);
+                    let m = i32::from(w[BYTES * b + s] >> 4);
+                    let q8: i32 = xq[256 * b + 16 * s..][..16]
+                        .iter()
+                        .map(|&q| i32::from(q))
+                        .sum();
+                    half[s / 8].0 += sc * 3 * q8;
+                    half[s / 8].1 += m * q8;
+                }
+                gemv = ((half[0].0 + half[1].0) as f32).mul_add(dsc, gemv);
+                gemv_m = ((half[0].1 + half[1].1) as f32).mul_add(dmn, gemv_m);
+                for (hs, hm) in half {
+                    gemm = (hs as f32).mul_add(dsc, gemm);
+                    gemm_m = (hm as f32).mul_add(dmn, gemm_m);
+                }
+            }
+            let got = |g| dot_q8_k_repacked(&w, &xq, &xd, &bsums, g).to_bits();
+            assert_eq!(got(false), (gemv - gemv_m).to_bits(), "gemv, x_d {xd:?}");
+            assert_eq!(got(true), (gemm - gemm_m).to_bits(), "gemm, x_d {xd:?}");
+        }
+    }
+
+    /// The two orders are not the same function: on random blocks, gemm and gemv differ in some bits.
+    #[test]
+    fn repacked_gemm_and_gemv_round_differently() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut differ = 0;
+        for _ in 0..20 {
+            let mut w = Vec::new();
+            for _ in 0..4 {
+                let mut blk: Vec<u8> = (0..BYTES).map(|_| next() as u8).collect();
+                blk[80..82].copy_from_slice(&half::f16::from_f32(0.0021).to_le_bytes());
+                blk[82..84].copy_from_slice(&half::f16::from_f32(0.0013).to_le_bytes());
+                w.extend(blk);
+            }
+            let xq: Vec<i8> = (0..1024).map(|_| next() as i8).collect();
+            let bsums: Vec<i16> = xq
+                .chunks_exact(16)
+                .map(|c| c.iter().map(|&q| i16::from(q)).sum())
+                .collect();
+            let xd = [0.013f32, 0.021, 0.0077, 0.019];
+            let gemv = dot_q8_k_repacked(&w, &xq, &xd, &bsums, false);
+            let gemm = dot_q8_k_repacked(&w, &xq, &xd, &bsums, true);
+            assert!(
+                (gemv - gemm).abs() <= 1e-4 * (gemv.abs() + 1.0),
+                "{gemv} vs {gemm}"
+            );
+            differ += usize::from(gemv.to_bits() != gemm.to_bits());
+        }
+        assert!(differ > 0, "gemm and gemv gave the same bits on every row");
+    }
 
     #[test]
     fn dequantizes_a_hand_made_block() {

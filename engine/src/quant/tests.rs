@@ -746,26 +746,59 @@ fn bench_vec_dot_throughput() {
 #[test]
 fn ggml_path_routes_each_weight_type_as_llama_cpp_does() {
     use GgmlPath::*;
-    // Q4_0 with rows % 8 == 0 is repacked: gemm for the batch rows in groups of 4, gemv for the rest
-    let q4_0: Vec<GgmlPath> = (0..6)
-        .map(|t| ggml_path(GgmlType::Q4_0, 576, 576, 6, t))
-        .collect();
-    assert_eq!(
-        q4_0,
-        [RepackGemm, RepackGemm, RepackGemm, RepackGemm, RepackGemv, RepackGemv]
-    );
-    assert_eq!(ggml_path(GgmlType::Q4_0, 576, 576, 1, 0), RepackGemv);
-    assert_eq!(ggml_path(GgmlType::Q4_0, 572, 576, 6, 0), VecDot);
-    // float weights: tinyBLAS for batches of 2 and more, rows % 4 == 0, row length of 16 (32 for BF16)
-    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
-        assert_eq!(ggml_path(ty, 576, 576, 2, 1), TinyBlas, "{ty}");
-        assert_eq!(ggml_path(ty, 576, 576, 1, 0), VecDot, "{ty}: decode");
-        assert_eq!(ggml_path(ty, 578, 576, 9, 0), VecDot, "{ty}: rows % 4");
+    for target in GgmlTarget::ALL {
+        let ggml_path = |ty, rows, cols, n, t| ggml_path(ty, rows, cols, n, t, target);
+        // Q4_0 with rows % 8 == 0 is repacked: gemm for the batch rows in groups of 4, gemv for the rest
+        let q4_0: Vec<GgmlPath> = (0..6)
+            .map(|t| ggml_path(GgmlType::Q4_0, 576, 576, 6, t))
+            .collect();
+        assert_eq!(
+            q4_0,
+            [RepackGemm, RepackGemm, RepackGemm, RepackGemm, RepackGemv, RepackGemv]
+        );
+        assert_eq!(ggml_path(GgmlType::Q4_0, 576, 576, 1, 0), RepackGemv);
+        assert_eq!(ggml_path(GgmlType::Q4_0, 572, 576, 6, 0), VecDot);
+        // float weights: tinyBLAS for batches of 2 and more, rows % 4 == 0, row length of 16 (32 for BF16)
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            assert_eq!(ggml_path(ty, 576, 576, 2, 1), TinyBlas, "{ty}");
+            assert_eq!(ggml_path(ty, 576, 576, 1, 0), VecDot, "{ty}: decode");
+            assert_eq!(ggml_path(ty, 578, 576, 9, 0), VecDot, "{ty}: rows % 4");
+        }
+        assert_eq!(ggml_path(GgmlType::F16, 576, 48, 4, 0), TinyBlas);
+        assert_eq!(ggml_path(GgmlType::BF16, 576, 48, 4, 0), VecDot);
+        // quantized types tinyBLAS_Q0 takes compute the vec_dot arithmetic
+        assert_eq!(ggml_path(GgmlType::Q8_0, 576, 576, 9, 0), VecDot);
+        // Q2_K is repacked (q2_K_8x8_q8_K) only by an AVX-512 build, and only with rows % 8 == 0;
+        // otherwise it takes the tiled path from batch 8 on and vec_dot below
+        let q2_k: Vec<GgmlPath> = (0..9)
+            .map(|t| ggml_path(GgmlType::Q2_K, 576, 576, 9, t))
+            .collect();
+        let q2_k_decode = ggml_path(GgmlType::Q2_K, 576, 576, 1, 0);
+        let q2_k_small = ggml_path(GgmlType::Q2_K, 576, 576, 6, 5);
+        match target {
+            GgmlTarget::Avx512 => {
+                assert_eq!(q2_k, [[RepackGemm; 8].as_slice(), &[RepackGemv]].concat());
+                assert_eq!((q2_k_decode, q2_k_small), (RepackGemv, RepackGemv));
+            }
+            GgmlTarget::Avx2 => {
+                assert_eq!(q2_k, [Tiled; 9]);
+                assert_eq!((q2_k_decode, q2_k_small), (VecDot, VecDot));
+            }
+        }
+        assert_eq!(
+            ggml_path(GgmlType::Q2_K, 572, 576, 9, 0),
+            Tiled,
+            "{target:?}"
+        );
+        assert_eq!(
+            ggml_path(GgmlType::Q2_K, 572, 576, 1, 0),
+            VecDot,
+            "{target:?}"
+        );
+        // the other K-quants are repacked (Q4_K) or not (Q3_K) the same way on both targets
+        assert_eq!(ggml_path(GgmlType::Q4_K, 576, 576, 9, 8), RepackGemv);
+        assert_eq!(ggml_path(GgmlType::Q3_K, 576, 576, 9, 0), Tiled);
     }
-    assert_eq!(ggml_path(GgmlType::F16, 576, 48, 4, 0), TinyBlas);
-    assert_eq!(ggml_path(GgmlType::BF16, 576, 48, 4, 0), VecDot);
-    // quantized types tinyBLAS_Q0 takes compute the vec_dot arithmetic
-    assert_eq!(ggml_path(GgmlType::Q8_0, 576, 576, 9, 0), VecDot);
 }
 
 #[test]
