@@ -143,7 +143,10 @@ impl Backend for CpuBackend {
         scratch.prepared[..n_tokens]
             .par_iter_mut()
             .enumerate()
-            .try_for_each(|(t, p)| p.prepare(w.ty, mode, &x[t * w.cols..(t + 1) * w.cols]))?;
+            .try_for_each(|(t, p)| {
+                let xt = &x[t * w.cols..(t + 1) * w.cols];
+                p.prepare_simd(w.ty, mode, xt, self.simd != Simd::Off)
+            })?;
         let prepared = &scratch.prepared[..n_tokens];
         // the ggml kernel of each batch row (llama.cpp's choice depends on the batch size)
         let path = |t: usize| quant::ggml_path(w.ty, w.rows, w.cols, n_tokens, t, target);

@@ -37,6 +37,66 @@ pub(super) unsafe fn hsum_float_8(x: __m256) -> f32 {
     _mm_cvtss_f32(res)
 }
 
+/// x86 `quantize_row_q8_0` (arch/x86/quants.c, AVX2 branch) on AVX2 registers: per block of 32, max |x|
+/// (`_mm256_max_ps` of the four vectors, then 8 → 4 → 2 → 1), `d = max / 127`, `id = max ≠ 0 ? 127 / max
+/// : 0`, quants `cvtps_epi32(round(x · id))` packed with saturation (`packs_epi32`, `packs_epi16`,
+/// `permutevar8x32`), `d` stored as f16 (`_mm_cvtps_ph`). Writes what the scalar
+/// `q8::quantize_act_q8_0` writes — the block bytes, the quants, the widened `d` — plus the quants
+/// offset to unsigned (`qu`, `q + 128`); returns whether a quant is −128 (NaN input). Same bytes as the
+/// scalar quantizer (test `avx2_quantizer_writes_the_scalar_bytes`).
+///
+/// # Safety
+/// [`available`] must be true. `x` holds whole blocks; the outputs are sized for them (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_row_q8_0(
+    x: &[f32],
+    blocks: &mut [u8],
+    qs: &mut [i8],
+    qu: &mut [u8],
+    d: &mut [f32],
+) -> bool {
+    let nb = x.len() / QK;
+    assert!(x.len() == nb * QK && blocks.len() >= nb * Q8_0_BYTES && d.len() >= nb);
+    assert!(qs.len() >= nb * QK && qu.len() >= nb * QK);
+    let sign = _mm256_set1_ps(-0.0);
+    let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let (min, flip) = (_mm256_set1_epi8(-128), _mm256_set1_epi8(-128));
+    let mut has_min = _mm256_setzero_si256();
+    for ib in 0..nb {
+        let p = x.as_ptr().add(ib * QK);
+        let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(p.add(o)));
+        let mut m = _mm256_andnot_ps(sign, v[0]);
+        for v in &v[1..] {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *v));
+        }
+        let mut m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        let max = _mm_cvtss_f32(m4);
+        let dh = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(max / 127.0));
+        let id = _mm256_set1_ps(if max != 0.0 { 127.0 / max } else { 0.0 });
+        let i = v.map(|v| {
+            let r = _mm256_round_ps::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(v, id));
+            _mm256_cvtps_epi32(r)
+        });
+        let q = _mm256_packs_epi16(
+            _mm256_packs_epi32(i[0], i[1]),
+            _mm256_packs_epi32(i[2], i[3]),
+        );
+        let q = _mm256_permutevar8x32_epi32(q, perm);
+        has_min = _mm256_or_si256(has_min, _mm256_cmpeq_epi8(q, min));
+        let blk = blocks.as_mut_ptr().add(ib * Q8_0_BYTES);
+        let h = _mm_extract_epi16::<0>(dh) as u16;
+        blk.cast::<[u8; 2]>().write_unaligned(h.to_le_bytes());
+        _mm256_storeu_si256(blk.add(2) as *mut __m256i, q);
+        _mm256_storeu_si256(qs.as_mut_ptr().add(ib * QK) as *mut __m256i, q);
+        let u = _mm256_xor_si256(q, flip);
+        _mm256_storeu_si256(qu.as_mut_ptr().add(ib * QK) as *mut __m256i, u);
+        d[ib] = _mm_cvtss_f32(_mm_cvtph_ps(dh));
+    }
+    _mm256_movemask_epi8(has_min) != 0
+}
+
 /// `mul_sum_us8_pairs_float` (AVX2 branch): unsigned × signed bytes, pairs to i16 (`maddubs`), pairs of
 /// those to i32 (`madd` with ones), to f32: lane `l` = the dot of bytes `4l .. 4l+4`.
 #[target_feature(enable = "avx2,fma")]
@@ -562,6 +622,55 @@ mod tests {
                 p
             })
             .collect()
+    }
+
+    #[test]
+    fn avx2_quantizer_writes_the_scalar_bytes() {
+        if !super::available() {
+            eprintln!("skipping: no AVX2+FMA+F16C on this CPU");
+            return;
+        }
+        let mut rng = Rng(0x51ed_2701_aa55_0f0f);
+        let specials = [
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            -1e-40,
+            3e38,
+            -3e38,
+            1e-30,
+            0.5,
+            -0.5,
+        ];
+        for case in 0..200 {
+            let n = 32 * (1 + case % 9);
+            let mut x: Vec<f32> = (0..n).map(|_| rng.activation()).collect();
+            match case % 4 {
+                // a whole block of zeros (max 0 → id 0), and single specials
+                0 => x[..32].fill(0.0),
+                1 => x[(rng.next() as usize) % n] = specials[(case / 4) % specials.len()],
+                // exact ties x·id = k + 0.5 round to even
+                2 => {
+                    for (i, v) in x[..32].iter_mut().enumerate() {
+                        *v = (i as f32 - 16.0) + 0.5;
+                    }
+                    x[31] = 127.0;
+                }
+                _ => {}
+            }
+            let (mut a, mut b) = (PreparedRow::new(), PreparedRow::new());
+            a.prepare_simd(GgmlType::Q8_0, NumericsMode::Ggml, &x, false)
+                .unwrap();
+            b.prepare_simd(GgmlType::Q8_0, NumericsMode::Ggml, &x, true)
+                .unwrap();
+            assert_eq!(a.blocks, b.blocks, "case {case}: block bytes");
+            assert_eq!(a.qs, b.qs, "case {case}: quants");
+            assert_eq!(a.qu, b.qu, "case {case}: offset quants");
+            let bits = |d: &[f32]| d.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.d), bits(&b.d), "case {case}: scales");
+            assert_eq!(a.has_min_quant, b.has_min_quant, "case {case}: −128 flag");
+        }
     }
 
     fn same(a: f32, b: f32) -> bool {

@@ -55,6 +55,20 @@ impl PreparedRow {
     /// [`Error::Invalid`] if `x.len()` is not a whole number of `weight_ty` blocks (and of its
     /// `vec_dot_type`'s blocks in ggml mode).
     pub fn prepare(&mut self, weight_ty: GgmlType, mode: NumericsMode, x: &[f32]) -> Result<()> {
+        self.prepare_simd(weight_ty, mode, x, false)
+    }
+
+    /// [`PreparedRow::prepare`], with the AVX2 activation quantizer where `simd` is true, the CPU has
+    /// AVX2 and one exists for the type (Q8_0: `avx2::quantize_row_q8_0`); the same bytes either way.
+    ///
+    /// Errors: as [`PreparedRow::prepare`].
+    pub fn prepare_simd(
+        &mut self,
+        weight_ty: GgmlType,
+        mode: NumericsMode,
+        x: &[f32],
+        simd: bool,
+    ) -> Result<()> {
         let Some(vdt) = vec_dot_type(weight_ty) else {
             return Err(Error::Unsupported(format!(
                 "no dot-product kernel for weight type {weight_ty}"
@@ -109,6 +123,15 @@ impl PreparedRow {
                 resize(&mut self.blocks, nbytes, 0);
                 resize(&mut self.qs, n, 0);
                 resize(&mut self.d, nb, 0.0);
+                #[cfg(target_arch = "x86_64")]
+                if simd && super::avx2::available() {
+                    resize(&mut self.qu, n, 0);
+                    let (b, q, u, d) = (&mut self.blocks, &mut self.qs, &mut self.qu, &mut self.d);
+                    // SAFETY: AVX2, FMA and F16C were detected just above; the buffers are sized for x.
+                    self.has_min_quant = unsafe { super::avx2::quantize_row_q8_0(x, b, q, u, d) };
+                    return Ok(());
+                }
+                let _ = simd;
                 self.has_min_quant =
                     q8::quantize_act_q8_0(x, &mut self.blocks, &mut self.qs, &mut self.d);
                 self.qu.clear();
