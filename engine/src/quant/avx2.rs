@@ -62,7 +62,7 @@ pub(crate) unsafe fn quantize_row_q8_0(
     let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let (min, flip) = (_mm256_set1_epi8(-128), _mm256_set1_epi8(-128));
     let mut has_min = _mm256_setzero_si256();
-    for ib in 0..nb {
+    for (ib, d) in d[..nb].iter_mut().enumerate() {
         let p = x.as_ptr().add(ib * QK);
         let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(p.add(o)));
         let mut m = _mm256_andnot_ps(sign, v[0]);
@@ -92,7 +92,7 @@ pub(crate) unsafe fn quantize_row_q8_0(
         _mm256_storeu_si256(qs.as_mut_ptr().add(ib * QK) as *mut __m256i, q);
         let u = _mm256_xor_si256(q, flip);
         _mm256_storeu_si256(qu.as_mut_ptr().add(ib * QK) as *mut __m256i, u);
-        d[ib] = _mm_cvtss_f32(_mm_cvtph_ps(dh));
+        *d = _mm_cvtss_f32(_mm_cvtph_ps(dh));
     }
     _mm256_movemask_epi8(has_min) != 0
 }
