@@ -20,16 +20,24 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// A zeroed cache for `capacity` positions.
+    /// A zeroed cache for `capacity` positions, its memory written (committed) here, as llama.cpp clears
+    /// its KV buffer when it makes a context (`llama_kv_cache` → `ggml_backend_buffer_clear`): the first
+    /// forward passes then take no page faults (`vec![0.0; n]` would map lazily zeroed pages).
     pub fn new(n_layer: usize, n_kv_head: usize, head_dim: usize, capacity: usize) -> KvCache {
         let n = n_layer * n_kv_head * capacity * head_dim;
+        let written = || {
+            let mut v = Vec::with_capacity(n);
+            // black_box: an allocator may not fold this write back into a lazily zeroed allocation
+            v.resize(n, std::hint::black_box(0.0f32));
+            v
+        };
         KvCache {
             n_layer,
             n_kv_head,
             head_dim,
             capacity,
-            k: vec![0.0; n],
-            v: vec![0.0; n],
+            k: written(),
+            v: written(),
         }
     }
 

@@ -327,7 +327,7 @@ fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 /// One timed sample of our engine on an already loaded model (what `lockstep bench-sample` prints):
-/// warm-up, a fresh session, `n_depth` tokens prefilled untimed, then the timed part. Nanoseconds.
+/// warm-up, the session reset, `n_depth` tokens prefilled untimed, then the timed part. Nanoseconds.
 ///
 /// Errors: whatever the engine reports (a test longer than the model's context, say).
 pub fn sample(model: &Model, test: Test, mode: NumericsMode, simd: Simd) -> Result<u64> {
@@ -342,18 +342,20 @@ pub fn sample(model: &Model, test: Test, mode: NumericsMode, simd: Simd) -> Resu
         s
     };
     // warm-up, as llama-bench: a prompt batch, or one generated token; like llama-bench's batches
-    // (`llama_batch_get_one`), every forward asks for the last position's logits only
-    let mut warm = session(n_ctx.max(1));
+    // (`llama_batch_get_one`), every forward asks for the last position's logits only. As llama-bench
+    // times a context it has warmed up and cleared (`llama_memory_clear`), the timed run reuses the
+    // warmed session, reset: its buffers are allocated and touched before the clock starts.
+    let mut s = session(n_ctx.max(1));
     if test.n_prompt > 0 {
         model.forward_last(
-            &mut warm,
+            &mut s,
             &random_tokens(test.n_prompt.min(512), n_vocab, 7),
             None,
         )?;
     } else {
-        model.forward_last(&mut warm, &random_tokens(1, n_vocab, 7), None)?;
+        model.forward_last(&mut s, &random_tokens(1, n_vocab, 7), None)?;
     }
-    let mut s = session(n_ctx);
+    s.reset();
     if test.n_depth > 0 {
         model.forward_last(&mut s, &random_tokens(test.n_depth, n_vocab, 11), None)?;
     }

@@ -18,6 +18,8 @@
 
 use std::ops::Range;
 
+use rayon::prelude::*;
+
 use crate::backend::{Backend, MatmulScratch};
 use crate::faults::{self, Fault};
 use crate::gguf::GgufFile;
@@ -174,6 +176,10 @@ pub struct AttnBufs {
     rope: Vec<f32>,
     scores: Vec<f32>,
 }
+
+/// Tokens from which a batch's RoPE runs in parallel (below, one thread and the layer's own cache: a decode
+/// step allocates nothing).
+const ROPE_PAR_TOKENS: usize = 16;
 
 /// One self-attention sub-layer: projections, optional biases and Q/K norms, RoPE, cached causal GQA,
 /// output projection (llama.cpp `build_attn` and the Q/K/V lines of each `src/models/<arch>.cpp`).
@@ -334,22 +340,38 @@ impl Attention {
             Some(Fault::RopeBase) => 10000.0,
             _ => self.rope.base,
         };
-        for (t, (qt, kt)) in q
-            .chunks_exact_mut(qw)
-            .zip(k.chunks_exact_mut(kvw))
-            .enumerate()
-        {
+        let rotate = match (self.rope.kind, fault == Some(Fault::RopePairing)) {
+            (RopeKind::Norm, false) | (RopeKind::Neox, true) => ops::rope_norm,
+            (RopeKind::Neox, false) | (RopeKind::Norm, true) => ops::rope_neox,
+        };
+        let (dim, mode) = (self.rope.dim, f.mode);
+        let rope_token = |t: usize, qt: &mut [f32], kt: &mut [f32], cache: &mut [f32]| {
             let pos = match fault {
                 Some(Fault::RopeDecodePosition) if n == 1 => (p0 + t).saturating_sub(1),
                 _ => p0 + t,
             };
-            ops::rope_cache(pos, base, self.rope.dim, rope);
-            let rotate = match (self.rope.kind, fault == Some(Fault::RopePairing)) {
-                (RopeKind::Norm, false) | (RopeKind::Neox, true) => ops::rope_norm,
-                (RopeKind::Neox, false) | (RopeKind::Norm, true) => ops::rope_neox,
-            };
-            rotate(qt, hd, self.rope.dim, rope, f.mode);
-            rotate(kt, hd, self.rope.dim, rope, f.mode);
+            ops::rope_cache(pos, base, dim, cache);
+            rotate(qt, hd, dim, cache, mode);
+            rotate(kt, hd, dim, cache, mode);
+        };
+        if n >= ROPE_PAR_TOKENS && rayon::current_num_threads() > 1 {
+            // a prompt: tokens in parallel, each task with its own angle cache (every token is rotated
+            // on its own, so the split changes nothing)
+            q.par_chunks_exact_mut(qw)
+                .zip(k.par_chunks_exact_mut(kvw))
+                .enumerate()
+                .for_each_init(
+                    || vec![0.0f32; dim],
+                    |cache, (t, (qt, kt))| rope_token(t, qt, kt, cache),
+                );
+        } else {
+            for (t, (qt, kt)) in q
+                .chunks_exact_mut(qw)
+                .zip(k.chunks_exact_mut(kvw))
+                .enumerate()
+            {
+                rope_token(t, qt, kt, rope);
+            }
         }
         f.emit(st(StageKind::QRope), q);
         f.emit(st(StageKind::KRope), k);

@@ -47,13 +47,50 @@ use crate::simd::Simd;
 /// `(x·scale)·w`. There is nothing gcc can contract here, so both modes run this. Zhang & Sennrich 2019.
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
     let width = weight.len();
-    for row in x.chunks_exact_mut(width) {
-        let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
-        let mean = (sum / width as f64) as f32;
-        let scale = 1.0f32 / (mean + eps).sqrt();
-        for (v, &w) in row.iter_mut().zip(weight) {
-            *v = *v * scale * w;
+    for_row_chunks(x, width, |rows| {
+        for row in rows.chunks_exact_mut(width) {
+            let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
+            let mean = (sum / width as f64) as f32;
+            let scale = 1.0f32 / (mean + eps).sqrt();
+            for (v, &w) in row.iter_mut().zip(weight) {
+                *v = *v * scale * w;
+            }
         }
+    });
+}
+
+/// Elements per task of the row-wise ops of a prompt batch ([`for_row_chunks`]): rows are gathered
+/// until a chunk holds about this many, so that a task is worth its scheduling.
+const PAR_CHUNK_ELEMS: usize = 16 * 1024;
+
+/// `f` on consecutive chunks of whole rows of `x` (`[n_rows, width]`), in parallel when `x` holds more
+/// than one chunk of [`PAR_CHUNK_ELEMS`] (a prompt batch), else in one call on this thread (a decode
+/// step: no task, no allocation). For ops that treat each row on its own, so the split never changes a
+/// bit.
+pub(crate) fn for_row_chunks(x: &mut [f32], width: usize, f: impl Fn(&mut [f32]) + Sync) {
+    let rows_per = (PAR_CHUNK_ELEMS / width.max(1)).max(1);
+    if width == 0 || x.len() <= rows_per * width || rayon::current_num_threads() == 1 {
+        f(x);
+    } else {
+        x.par_chunks_mut(rows_per * width).for_each(&f);
+    }
+}
+
+/// [`for_row_chunks`] over two arrays of the same shape, chunked alike (`y` read-only).
+pub(crate) fn for_row_chunks2(
+    x: &mut [f32],
+    y: &[f32],
+    width: usize,
+    f: impl Fn(&mut [f32], &[f32]) + Sync,
+) {
+    assert_eq!(x.len(), y.len());
+    let rows_per = (PAR_CHUNK_ELEMS / width.max(1)).max(1);
+    if width == 0 || x.len() <= rows_per * width || rayon::current_num_threads() == 1 {
+        f(x, y);
+    } else {
+        x.par_chunks_mut(rows_per * width)
+            .zip(y.par_chunks(rows_per * width))
+            .for_each(|(a, b)| f(a, b));
     }
 }
 
@@ -160,7 +197,7 @@ pub fn gelu_tanh(x: f32) -> f32 {
 /// `LLM_FFN_PAR`), computed per row by `ggml_vec_geglu_f32`. Reference mode: [`gelu_tanh`] in f32. Ggml
 /// mode: [`ggml_cpu::geglu_row`] (ggml's f16 lookup table, `GGML_GELU_FP16`).
 pub fn geglu(gate: &mut [f32], up: &[f32], width: usize, mode: NumericsMode) {
-    match mode {
+    for_row_chunks2(gate, up, width, |gate, up| match mode {
         NumericsMode::Reference => {
             for (g, &u) in gate.iter_mut().zip(up) {
                 *g = gelu_tanh(*g) * u;
@@ -171,7 +208,7 @@ pub fn geglu(gate: &mut [f32], up: &[f32], width: usize, mode: NumericsMode) {
                 ggml_cpu::geglu_row(g, u);
             }
         }
-    }
+    })
 }
 
 /// Softmax in place over `x`, with inputs pre-scaled by `scale`: p_i = exp(s·x_i − max) / Σ — the
@@ -219,7 +256,7 @@ pub fn swiglu(
     target: GgmlTarget,
     simd: Simd,
 ) {
-    match mode {
+    for_row_chunks2(gate, up, width, |gate, up| match mode {
         NumericsMode::Reference => {
             for (g, &u) in gate.iter_mut().zip(up) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
@@ -235,15 +272,18 @@ pub fn swiglu(
                 ggml_cpu::swiglu_row(target, g, u);
             }
         }
-    }
+    })
 }
 
 /// `x += y` element-wise (`ggml_add` of two f32 tensors: one rounded addition per element, whatever the
 /// SIMD width; the same in both modes).
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
+    // elementwise: any split gives the same bits (rows of 1024 elements for the chunking)
+    for_row_chunks2(x, y, 1024.min(x.len()), |x, y| {
+        for (a, &b) in x.iter_mut().zip(y) {
+            *a += b;
+        }
+    })
 }
 
 /// Dot product of two f32 slices, accumulated in f32 left to right (reference mode).

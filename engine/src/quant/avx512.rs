@@ -24,7 +24,8 @@
 //! `vmulps` on the rows' transposed scales ([`Tile`]; every lane the same f32 product as ggml's
 //! `_mm256_set1_ps(d_w * d_x)`), made for the whole weight row first and read back with broadcast loads
 //! (no shuffle); Q4_1's `summs` chains are the lanes of one vector likewise. One activation block then
-//! costs two loads, `vpdpbusd`, `vcvtdq2ps` and the fma.
+//! costs two loads, `vpdpbusd`, `vcvtdq2ps` and the fma. The two-row Q8_0 tile (the prefill workhorse)
+//! makes its products per block inside the loop instead and picks each row's lane with `vpermps`.
 //!
 //! Every function here is `unsafe`: the caller must have checked [`available`], and the slices must hold
 //! whole blocks of matching length (checked with `assert!`).
@@ -140,7 +141,10 @@ pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(
 }
 
 /// [`dot_q8_0_q8_0`] for two weight rows at once (each activation block is loaded once for both): every
-/// output has that function's bits. `prod` holds room for both rows' scale products.
+/// output has that function's bits. The scale products of a block are made in the loop, one `vmulps` per
+/// row for the tile's rows, and each row's lane picked with `vpermps` (no store and reload of products:
+/// measured ~5% faster on a SmolLM2 Q8_0 prompt, where a weight row's first touch would otherwise stall
+/// a separate products pass).
 ///
 /// # Safety
 /// As [`dot_q8_0_q8_0`], for both rows.
@@ -148,28 +152,32 @@ pub(crate) unsafe fn dot_q8_0_q8_0<const N: usize>(
 pub(crate) unsafe fn dot_q8_0_q8_0_x2<const N: usize>(
     w: [&[u8]; 2],
     x: &Tile<'_, N>,
-    prod: &mut [f32],
 ) -> [[f32; N]; 2] {
     let nb = w[0].len() / Q8_0_BYTES;
     assert!(w[0].len() == nb * Q8_0_BYTES && w[1].len() == nb * Q8_0_BYTES);
     check_tile(x, nb, false);
-    let (p0, p1) = prod.split_at_mut(nb * LANES);
-    scale_products(|ib| f16x1(w[0].as_ptr().add(ib * Q8_0_BYTES)), x.d, nb, p0);
-    scale_products(|ib| f16x1(w[1].as_ptr().add(ib * Q8_0_BYTES)), x.d, nb, p1);
     let mut acc0 = [_mm256_setzero_ps(); N];
     let mut acc1 = [_mm256_setzero_ps(); N];
     for ib in 0..nb {
-        let qw0 = _mm256_loadu_si256(w[0].as_ptr().add(ib * Q8_0_BYTES + 2) as *const __m256i);
-        let qw1 = _mm256_loadu_si256(w[1].as_ptr().add(ib * Q8_0_BYTES + 2) as *const __m256i);
+        let (b0, b1) = (
+            w[0].as_ptr().add(ib * Q8_0_BYTES),
+            w[1].as_ptr().add(ib * Q8_0_BYTES),
+        );
+        let qw0 = _mm256_loadu_si256(b0.add(2) as *const __m256i);
+        let qw1 = _mm256_loadu_si256(b1.add(2) as *const __m256i);
         let (c0, c1) = (offset_correction(qw0), offset_correction(qw1));
+        let xd = _mm256_loadu_ps(x.d.as_ptr().add(ib * LANES));
+        let p0 = _mm256_mul_ps(_mm256_set1_ps(f16x1(b0)), xd);
+        let p1 = _mm256_mul_ps(_mm256_set1_ps(f16x1(b1)), xd);
         #[allow(clippy::needless_range_loop)]
         // j indexes the rows, their accumulators and scales alike
         for j in 0..N {
             let qa = _mm256_loadu_si256(x.qs[j].as_ptr().add(ib * QK) as *const __m256i);
             let l0 = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c0, qa, qw0));
             let l1 = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c1, qa, qw1));
-            let d0 = _mm256_set1_ps(*p0.get_unchecked(ib * LANES + j));
-            let d1 = _mm256_set1_ps(*p1.get_unchecked(ib * LANES + j));
+            let lane = _mm256_set1_epi32(j as i32);
+            let d0 = _mm256_permutexvar_ps(lane, p0);
+            let d1 = _mm256_permutexvar_ps(lane, p1);
             acc0[j] = _mm256_fmadd_ps(d0, l0, acc0[j]);
             acc1[j] = _mm256_fmadd_ps(d1, l1, acc1[j]);
         }

@@ -858,7 +858,7 @@ unsafe fn dot_rows_tiles<const N: usize>(
             // two weight rows per step: each activation block loaded once for both
             let pairs = n_rows / 2;
             for i in 0..pairs {
-                let r = avx512::dot_q8_0_q8_0_x2([row(2 * i), row(2 * i + 1)], &q8u, prod);
+                let r = avx512::dot_q8_0_q8_0_x2([row(2 * i), row(2 * i + 1)], &q8u);
                 for (t, o) in outs.iter_mut().enumerate() {
                     o[2 * i] = r[0][t];
                     o[2 * i + 1] = r[1][t];
