@@ -448,8 +448,55 @@ pub(crate) unsafe fn kq_scores_avx2(
     q: &[f32],
     scores: &mut [f32],
 ) {
+    kq_scores_body(target, keys, q, scores)
+}
+
+/// [`kq_scores_avx2`] compiled with AVX-512 F and VL as well: the same instructions on 256-bit vectors,
+/// with sixteen more vector registers to keep the query in (the same bits).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, AVX-512 F and VL; `keys` holds `scores.len()` rows of `q.len()` (checked).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+pub(crate) unsafe fn kq_scores_avx512(
+    target: GgmlTarget,
+    keys: &[f32],
+    q: &[f32],
+    scores: &mut [f32],
+) {
+    kq_scores_body(target, keys, q, scores)
+}
+
+/// The body of [`kq_scores_avx2`] and [`kq_scores_avx512`], inlined into each.
+///
+/// # Safety
+/// As [`kq_scores_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn kq_scores_body(target: GgmlTarget, keys: &[f32], q: &[f32], scores: &mut [f32]) {
+    // the common head widths as constants: the key loop then unrolls and keeps the query in registers
+    match q.len() {
+        64 => kq_scores_hd::<64>(target, keys, q, scores),
+        128 => kq_scores_hd::<128>(target, keys, q, scores),
+        _ => kq_scores_hd::<0>(target, keys, q, scores),
+    }
+}
+
+/// [`kq_scores_body`] for head width `HD` (`0`: `q.len()`, any width).
+///
+/// # Safety
+/// As [`kq_scores_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn kq_scores_hd<const HD: usize>(
+    target: GgmlTarget,
+    keys: &[f32],
+    q: &[f32],
+    scores: &mut [f32],
+) {
     use std::arch::x86_64::*;
-    let hd = q.len();
+    let hd = if HD > 0 { HD } else { q.len() };
+    assert_eq!(hd, q.len());
     assert!(keys.len() >= scores.len() * hd);
     let lanes = target.lanes();
     let batched = if hd > 0 && hd.is_multiple_of(4 * lanes) {
@@ -792,6 +839,78 @@ pub(crate) unsafe fn kqv_heads_avx2(
         2 => kqv_heads::<2, 4>(values, n_pos, hd, p, n_acc, acc),
         3 => kqv_heads::<3, 4>(values, n_pos, hd, p, n_acc, acc),
         _ => unreachable!("kqv_heads_avx2 takes 1 to {KQV_HEADS} heads"),
+    }
+}
+
+/// [`kqv_heads_avx2`] for 64-wide heads on a CPU with AVX-512 F and VL: each accumulator slot in one
+/// pass over its positions with all `H · 8` eight-dimension accumulators in registers (24 of the 32 for
+/// three heads), so that a position's probabilities are broadcast once for its eight V loads and 8·H
+/// fmas. Every accumulator takes the same fmas in the same order as in [`kqv_heads_avx2`] (same bits).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, AVX-512 F and VL. `1 ≤ h ≤ KQV_HEADS`, `p_len` a multiple of `n_acc`;
+/// the slices are checked.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+pub(crate) unsafe fn kqv_heads64_avx512(
+    h: usize,
+    values: &[f32],
+    n_pos: usize,
+    p: (&[f32], usize, usize),
+    n_acc: usize,
+    acc: &mut [f32],
+) {
+    match h {
+        1 => kqv_heads64::<1>(values, n_pos, p, n_acc, acc),
+        2 => kqv_heads64::<2>(values, n_pos, p, n_acc, acc),
+        3 => kqv_heads64::<3>(values, n_pos, p, n_acc, acc),
+        _ => unreachable!("kqv_heads64_avx512 takes 1 to {KQV_HEADS} heads"),
+    }
+}
+
+/// [`kqv_heads64_avx512`] for `H` heads.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+unsafe fn kqv_heads64<const H: usize>(
+    values: &[f32],
+    n_pos: usize,
+    (p, stride, p_len): (&[f32], usize, usize),
+    n_acc: usize,
+    acc: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    const HD: usize = 64;
+    const C: usize = HD / 8;
+    assert!(n_acc > 0 && p_len.is_multiple_of(n_acc));
+    assert!(values.len() >= n_pos * HD && p.len() >= (H - 1) * stride + p_len);
+    assert!(acc.len() >= H * n_acc * HD);
+    for a in 0..n_acc {
+        let mut r = [[_mm256_setzero_ps(); C]; H];
+        let mut i = a;
+        // positions a, a + n_acc, ... in increasing order; rows past n_pos are zeros (fma kept)
+        while i < p_len {
+            let real = i < n_pos;
+            let mut pj = [_mm256_setzero_ps(); H];
+            for (j, pj) in pj.iter_mut().enumerate() {
+                *pj = _mm256_set1_ps(*p.get_unchecked(j * stride + i));
+            }
+            for c in 0..C {
+                let v = if real {
+                    _mm256_loadu_ps(values.as_ptr().add(i * HD + 8 * c))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                for j in 0..H {
+                    r[j][c] = _mm256_fmadd_ps(v, pj[j], r[j][c]);
+                }
+            }
+            i += n_acc;
+        }
+        for (j, r) in r.iter().enumerate() {
+            for (c, r) in r.iter().enumerate() {
+                _mm256_storeu_ps(acc.as_mut_ptr().add((j * n_acc + a) * HD + 8 * c), *r);
+            }
+        }
     }
 }
 

@@ -34,7 +34,7 @@ pub use ggml_cpu::GgmlTarget;
 use rayon::prelude::*;
 
 use crate::kv_cache::KvCache;
-use crate::quant::x86::{Emulated, Fma, Hardware};
+use crate::quant::x86::{Emulated, Fma, Hardware, HardwareAvx512};
 use crate::quant::NumericsMode;
 use crate::simd::Simd;
 
@@ -669,7 +669,13 @@ fn attention_ggml_run(
     KQV_ACC.with(|acc| {
         let acc = &mut acc.borrow_mut();
         let to = (target, order);
-        if simd.avx2_kernels() {
+        if simd == Simd::Avx512 && simd.available() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `available` is true only where AVX2, FMA and AVX-512 were detected on this CPU.
+            unsafe {
+                attention_run_avx512(q, cache, layer, pos, shape, sh, oh, heads, to, acc);
+            }
+        } else if simd.avx2_kernels() {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `avx2_kernels` is true only where AVX2 and FMA were detected on this CPU.
             unsafe {
@@ -718,6 +724,32 @@ unsafe fn attention_run_avx2(
     let kq =
         |k: &[f32], q: &[f32], s: &mut [f32]| unsafe { ggml_cpu::kq_scores_avx2(to.0, k, q, s) };
     attention_run::<Hardware, _>(q, cache, layer, pos, shape, scores, out, heads, to, acc, kq)
+}
+
+/// [`attention_run_avx2`] compiled with AVX-512 F and VL as well (the KQ scores of
+/// [`ggml_cpu::kq_scores_avx512`]: 32 vector registers); the same bits.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, AVX-512 F and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attention_run_avx512(
+    q: &[f32],
+    cache: &KvCache,
+    layer: usize,
+    pos: usize,
+    shape: &AttnShape,
+    scores: &mut [f32],
+    out: &mut [f32],
+    heads: (usize, usize),
+    to: (GgmlTarget, KqvOrder),
+    acc: &mut Vec<f32>,
+) {
+    // SAFETY: the caller's CPU has AVX2, FMA and AVX-512 F/VL (this function's own contract).
+    let kq =
+        |k: &[f32], q: &[f32], s: &mut [f32]| unsafe { ggml_cpu::kq_scores_avx512(to.0, k, q, s) };
+    attention_run::<HardwareAvx512, _>(q, cache, layer, pos, shape, scores, out, heads, to, acc, kq)
 }
 
 /// Largest head dimension [`kqv_all_d`] takes (larger heads use the per-output dot products).
@@ -937,8 +969,14 @@ fn kqv_all_d<F: Fma>(
             let h = (run - j0).min(ggml_cpu::KQV_HEADS);
             let p = &ps[j0 * stride..];
             let a = &mut acc[j0 * per..];
-            // SAFETY: `F::AVX2` holds only where the CPU has AVX2 and FMA (`Fma::AVX2`)
-            unsafe { ggml_cpu::kqv_heads_avx2(h, values, n_pos, hd, (p, stride, p_len), n_acc, a) };
+            let p = (p, stride, p_len);
+            if F::AVX512 && hd == 64 {
+                // SAFETY: `F::AVX512` holds only where the CPU has AVX2, FMA and AVX-512 F/VL
+                unsafe { ggml_cpu::kqv_heads64_avx512(h, values, n_pos, p, n_acc, a) };
+            } else {
+                // SAFETY: `F::AVX2` holds only where the CPU has AVX2 and FMA (`Fma::AVX2`)
+                unsafe { ggml_cpu::kqv_heads_avx2(h, values, n_pos, hd, p, n_acc, a) };
+            }
             j0 += h;
         }
         done = true;
@@ -1160,11 +1198,19 @@ mod tests {
                                 );
                                 out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
                             };
-                            assert_eq!(
-                                run(Simd::Off, &mut scores),
-                                run(Simd::Avx2, &mut scores),
-                                "{n_head}x{hd} pos {pos} {window:?} {target} {order:?}"
-                            );
+                            let scalar = run(Simd::Off, &mut scores);
+                            // the AVX2 kernels, and where this CPU has them the AVX-512 ones
+                            // (32-register KQ and 64-wide KQV)
+                            for simd in [Simd::Avx2, Simd::Avx512] {
+                                if simd.available() {
+                                    assert_eq!(
+                                        scalar,
+                                        run(simd, &mut scores),
+                                        "{simd:?} {n_head}x{hd} pos {pos} {window:?} {target} \
+                                         {order:?}"
+                                    );
+                                }
+                            }
                             cases += 1;
                         }
                     }

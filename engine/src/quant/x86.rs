@@ -40,6 +40,10 @@ pub(crate) trait Fma: Copy {
     /// call AVX2 kernels that compute the same fmas (`Hardware` is used only inside functions compiled
     /// with those features, on CPUs that have them).
     const AVX2: bool = false;
+
+    /// True for [`HardwareAvx512`]: as [`Fma::AVX2`], and the CPU has AVX-512 F and VL too, so code
+    /// generic over `Fma` may call kernels that use the 32 vector registers of AVX-512 (same fmas).
+    const AVX512: bool = false;
 }
 
 /// [`fma`]: correct on any CPU, no FMA instruction needed.
@@ -64,6 +68,20 @@ impl Fma for Hardware {
     }
 
     const AVX2: bool = true;
+}
+
+/// [`Hardware`] inside functions compiled with AVX-512 F and VL as well, on CPUs that have them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HardwareAvx512;
+
+impl Fma for HardwareAvx512 {
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+
+    const AVX2: bool = true;
+    const AVX512: bool = true;
 }
 
 /// `_mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc)`: the per-block update of every
