@@ -44,6 +44,9 @@ impl<'a> QMatrix<'a> {
 #[derive(Debug, Default)]
 pub struct MatmulScratch {
     prepared: Vec<PreparedRow>,
+    /// The transposed scales of each full token group of a batch, for kernels that read them
+    /// ([`quant::SimdKernel::uses_tiles`]): made once per matmul instead of once per task.
+    tiles: Vec<f32>,
 }
 
 /// Computes quantized-weight × f32-activation products.
@@ -192,6 +195,25 @@ impl Backend for CpuBackend {
         }
         // Tasks are chunks of about ROWS_PER_TASK weight rows (batch_chunk_rows), each writing its rows of every token's output
         // row: row-major over weight rows, so each row's blocks are read once for all tokens.
+        // the token groups' transposed scales, once for every task (16 floats per block and group)
+        let full = n_tokens - n_tokens % TOKENS_PER_CALL;
+        let tile_len = 16 * prepared.first().map_or(0, |p| p.n_blocks());
+        let tiled = kernel.is_some_and(|k| k.uses_tiles()) && tile_len > 0;
+        if tiled {
+            let groups = full / TOKENS_PER_CALL;
+            scratch.tiles.resize(groups * tile_len, 0.0);
+            scratch
+                .tiles
+                .par_chunks_mut(tile_len)
+                .enumerate()
+                .for_each(|(g, t)| {
+                    let t0 = g * TOKENS_PER_CALL;
+                    let xs: [&PreparedRow; TOKENS_PER_CALL] =
+                        std::array::from_fn(|j| &prepared[t0 + j]);
+                    quant::tile_scales(xs, t);
+                });
+        }
+        let tiles = &scratch.tiles;
         let chunk_rows = batch_chunk_rows(w.rows, rayon::current_num_threads());
         let n_chunks = w.rows.div_ceil(chunk_rows);
         let base = OutPtr(out.as_mut_ptr());
@@ -218,14 +240,15 @@ impl Backend for CpuBackend {
                 return;
             };
             // token groups outermost: the group's activations stay in L1 across the chunk's rows
-            let full = n_tokens - n_tokens % TOKENS_PER_CALL;
             let rows = &w.data[r0 * rb..];
             for t0 in (0..full).step_by(TOKENS_PER_CALL) {
                 let xs: [&PreparedRow; TOKENS_PER_CALL] =
                     std::array::from_fn(|j| &prepared[t0 + j]);
                 let paths = std::array::from_fn(|j| path(t0 + j));
                 let outs = std::array::from_fn(|j| token_out(t0 + j));
-                k.dot_rows(rows, rb, n_rows, xs, paths, outs);
+                let g = t0 / TOKENS_PER_CALL;
+                let tile = tiled.then(|| &tiles[g * tile_len..(g + 1) * tile_len]);
+                k.dot_rows_tiled(rows, rb, n_rows, xs, paths, outs, tile);
             }
             for (t, x) in prepared.iter().enumerate().skip(full) {
                 k.dot_rows(rows, rb, n_rows, [x], [path(t)], [token_out(t)]);

@@ -641,7 +641,33 @@ impl SimdKernel {
         n_rows: usize,
         xs: [&PreparedRow; N],
         paths: [GgmlPath; N],
+        outs: [&mut [f32]; N],
+    ) {
+        self.dot_rows_tiled(rows, row_bytes, n_rows, xs, paths, outs, None)
+    }
+
+    /// True if [`SimdKernel::dot_rows`] on `N > 1` activation rows reads them through transposed scales
+    /// ([`tile_scales`]), which a caller that runs the same rows against many weight rows may make once
+    /// and hand to [`SimdKernel::dot_rows_tiled`].
+    pub(crate) fn uses_tiles(self) -> bool {
+        matches!(
+            self,
+            SimdKernel::Q4_1Avx512 | SimdKernel::Q8_0Avx512 | SimdKernel::Q5_0Avx512
+        )
+    }
+
+    /// [`SimdKernel::dot_rows`] with the activation rows' transposed scales made beforehand by
+    /// [`tile_scales`] (`tiles`, for these `xs`), or made here (`None`). Same bits either way.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dot_rows_tiled<const N: usize>(
+        self,
+        rows: &[u8],
+        row_bytes: usize,
+        n_rows: usize,
+        xs: [&PreparedRow; N],
+        paths: [GgmlPath; N],
         mut outs: [&mut [f32]; N],
+        tiles: Option<&[f32]>,
     ) {
         assert!(rows.len() >= n_rows * row_bytes);
         assert!(outs.iter().all(|o| o.len() >= n_rows));
@@ -650,12 +676,12 @@ impl SimdKernel {
         // (AVX2+FMA+F16C, and AVX-512 F/BW/VL/VNNI for the `Avx512` ones); the bounds were checked above.
         unsafe {
             use SimdKernel::*;
-            let vnni = matches!(self, Q4_1Avx512 | Q8_0Avx512 | Q5_0Avx512);
+            let vnni = self.uses_tiles();
             // a −128 activation quant needs ggml's `sign` form, which the AVX2 kernels have; a single
             // activation row (decode) is faster there too (the tile's transposed scales and products
             // cost more than they save for one row: criterion `matmul/q8_0/*/ggml/decode`)
             if vnni && N > 1 && !xs.iter().any(|x| x.has_min_quant) {
-                dot_rows_avx512(self, rows, row_bytes, n_rows, xs, &mut outs)
+                dot_rows_avx512(self, rows, row_bytes, n_rows, xs, &mut outs, tiles)
             } else {
                 let k = match self {
                     Q4_1Avx512 => Q4_1Avx2,
@@ -668,7 +694,7 @@ impl SimdKernel {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (rows, row_bytes, n_rows, xs, paths, outs);
+            let _ = (rows, row_bytes, n_rows, xs, paths, outs, tiles);
             unreachable!("no SIMD kernel is selected off x86-64")
         }
     }
@@ -782,33 +808,58 @@ unsafe fn dot_rows_avx512<const N: usize>(
     n_rows: usize,
     xs: [&PreparedRow; N],
     outs: &mut [&mut [f32]; N],
+    tiles: Option<&[f32]>,
 ) {
     use avx512::LANES;
     let nb = xs.first().map_or(0, |x| x.d.len());
-    // the thread's tile buffer: the rows' scales transposed, LANES per block (lanes past N are 0), and
-    // room for the kernel's per-row scale products (grows once, then reused: no allocation per call)
+    // the thread's tile buffer: the rows' scales transposed, LANES per block (lanes past N are 0), unless
+    // the caller made them, and room for the kernel's per-row scale products (grows once, then reused:
+    // no allocation per call)
     TILE_SCRATCH.with(|buf| {
         let buf = &mut *buf.borrow_mut();
         if buf.len() < 4 * LANES * nb {
             buf.resize(4 * LANES * nb, 0.0);
         }
-        let (d, rest) = buf.split_at_mut(LANES * nb);
-        let (s, prod) = rest.split_at_mut(LANES * nb);
-        if N < LANES {
-            d.fill(0.0);
-            s.fill(0.0);
-        }
-        for (j, x) in xs.iter().enumerate() {
-            for ib in 0..nb {
-                d[ib * LANES + j] = x.d[ib];
-                if let Some(&v) = x.s.get(ib) {
-                    s[ib * LANES + j] = v;
-                }
+        let (ds, prod) = buf.split_at_mut(2 * LANES * nb);
+        let ds = match tiles {
+            Some(t) => {
+                assert!(t.len() >= 2 * LANES * nb);
+                &t[..2 * LANES * nb]
             }
-        }
+            None => {
+                tile_scales(xs, ds);
+                &*ds
+            }
+        };
+        let (d, s) = ds.split_at(LANES * nb);
         let prod = &mut prod[..2 * LANES * nb];
         dot_rows_tiles(k, rows, row_bytes, n_rows, xs, d, s, prod, outs)
     })
+}
+
+/// The transposed scales the AVX-512 tiles read ([`SimdKernel::uses_tiles`]) for the activation rows
+/// `xs` (`N ≤ 8`, each `nb` blocks): `out[ib·8 + j]` = row `j`'s `d` of block `ib`, then from `8·nb` on
+/// its `s` (Q8_1; 0 for Q8_0 rows), lanes past `N` 0. `out` holds at least `16·nb` floats (checked).
+pub(crate) fn tile_scales<const N: usize>(xs: [&PreparedRow; N], out: &mut [f32]) {
+    const LANES: usize = 8;
+    assert!(N <= LANES);
+    let nb = xs.first().map_or(0, |x| x.d.len());
+    let (d, s) = out[..2 * LANES * nb].split_at_mut(LANES * nb);
+    if N < LANES {
+        d.fill(0.0);
+        s.fill(0.0);
+    }
+    for (j, x) in xs.iter().enumerate() {
+        assert_eq!(
+            x.d.len(),
+            nb,
+            "activation rows of one tile have the same length"
+        );
+        for ib in 0..nb {
+            d[ib * LANES + j] = x.d[ib];
+            s[ib * LANES + j] = x.s.get(ib).copied().unwrap_or(0.0);
+        }
+    }
 }
 
 thread_local! {

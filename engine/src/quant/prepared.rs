@@ -164,6 +164,12 @@ impl PreparedRow {
         Ok(())
     }
 
+    /// Number of per-block scales prepared (`d`: the blocks of a Q8_0/Q8_1/Q8_K row; 0 in reference
+    /// mode and for float activation types).
+    pub(crate) fn n_blocks(&self) -> usize {
+        self.d.len()
+    }
+
     /// Number of activation elements prepared.
     pub fn len(&self) -> usize {
         self.len
