@@ -911,8 +911,9 @@ unsafe fn dot_rows_tiles<const N: usize>(
             for i in 0..pairs {
                 let r = avx512::dot_q8_0_q8_0_x2([row(2 * i), row(2 * i + 1)], &q8u);
                 for (t, o) in outs.iter_mut().enumerate() {
-                    o[2 * i] = r[0][t];
-                    o[2 * i + 1] = r[1][t];
+                    // SAFETY: every output holds `n_rows` floats (`dot_rows_tiled` checked it)
+                    *o.get_unchecked_mut(2 * i) = r[0][t];
+                    *o.get_unchecked_mut(2 * i + 1) = r[1][t];
                 }
             }
             for i in 2 * pairs..n_rows {
