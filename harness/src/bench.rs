@@ -6,7 +6,8 @@
 //! timed region (loading, page faults of the map, thread-pool start): `llama-bench -r 1` for llama.cpp,
 //! `lockstep bench-sample` for ours (and the baseline's). Inside, as llama-bench does (tools/llama-bench/
 //! llama-bench.cpp `test_prompt` / `test_gen`): a warm-up (a prompt of `min(n_prompt, 512)` tokens, or one
-//! generated token), then a fresh context; `n_depth` tokens prefilled untimed; then timed: `n_prompt`
+//! generated token), then the same context cleared (`llama_memory_clear`; for us the same session reset, its
+//! KV cache and buffers already written); `n_depth` tokens prefilled untimed; then timed: `n_prompt`
 //! tokens as one batch (`pp`), or `n_gen` tokens decoded one at a time (`tg`). Tokens are pseudo-random
 //! ids below the vocabulary size, as llama-bench's.
 //!
