@@ -316,6 +316,32 @@ pub(crate) unsafe fn swiglu_rows_avx2(target: GgmlTarget, x: &mut [f32], g: &[f3
     }
 }
 
+/// [`swiglu_row`] for the AVX-512 target over every row of `width`, on a CPU with AVX-512 F: ggml's loop
+/// itself (`y = ggml_v_silu(x) · g` sixteen lanes at a time, `ggml_v_silu(x) = x / (1 + ggml_v_expf(0 −
+/// x))` with [`v_expf_zmm`]; the tail with [`silu_scalar`]); the bits of the lane-by-lane replica.
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn swiglu_rows_avx512(x: &mut [f32], g: &[f32], width: usize) {
+    use std::arch::x86_64::*;
+    assert_eq!(x.len(), g.len());
+    let (one, zero) = (_mm512_set1_ps(1.0), _mm512_setzero_ps());
+    for (x, g) in x.chunks_exact_mut(width).zip(g.chunks_exact(width)) {
+        let n_vec = width / 16 * 16;
+        for i in (0..n_vec).step_by(16) {
+            let (px, pg) = (x.as_mut_ptr().add(i), g.as_ptr().add(i));
+            let v = _mm512_loadu_ps(px);
+            let silu = _mm512_div_ps(v, _mm512_add_ps(one, v_expf_zmm(_mm512_sub_ps(zero, v))));
+            _mm512_storeu_ps(px, _mm512_mul_ps(silu, _mm512_loadu_ps(pg)));
+        }
+        for (a, &b) in x[n_vec..].iter_mut().zip(&g[n_vec..]) {
+            *a = silu_scalar(*a) * b;
+        }
+    }
+}
+
 /// `ggml_vec_dot_f32(n, s, 0, x, 0, y, 0, 1)` (vec.cpp, generic `GGML_SIMD` branch) on f32 slices, as
 /// compiled for `target` (`L` = [`GgmlTarget::lanes`]):
 ///
@@ -658,6 +684,11 @@ pub fn vec_soft_max_f32(target: GgmlTarget, x: &mut [f32], max: f32) -> f64 {
 /// [`vec_soft_max_f32`] with the fma of `F`.
 #[inline(always)]
 pub(crate) fn vec_soft_max_f32_f<F: Fma>(target: GgmlTarget, x: &mut [f32], max: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if F::AVX512 && target == GgmlTarget::Avx512 {
+        // SAFETY: `F::AVX512` holds only on a CPU with AVX-512 F (`Fma::AVX512`)
+        return unsafe { vec_soft_max_f32_zmm(x, max) };
+    }
     let lanes = target.lanes();
     let n_vec = x.len() / lanes * lanes;
     let mut sum = 0.0f64;
@@ -668,6 +699,87 @@ pub(crate) fn vec_soft_max_f32_f<F: Fma>(target: GgmlTarget, x: &mut [f32], max:
             *o = *e;
         }
         sum += f64::from(target.hsum(&v[..lanes]));
+    }
+    for e in &mut x[n_vec..] {
+        *e = (*e - max).exp();
+        sum += f64::from(*e);
+    }
+    sum
+}
+
+/// `ggml_v_expf(__m512)` (ggml-cpu/vec.h, AVX-512 branch) with the instructions it compiles to — the
+/// sixteen lanes of [`expf_avx512`] at once (`vscalefps` is the `scalef` that function emulates).
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn v_expf_zmm(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let r = _mm512_set1_ps(SHIFT);
+    let z = _mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), r);
+    let n = _mm512_sub_ps(z, r);
+    let b = _mm512_fnmadd_ps(
+        n,
+        _mm512_set1_ps(LN2_LO),
+        _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x),
+    );
+    let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+    let u = _mm512_mul_ps(b, b);
+    let j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(
+            _mm512_fmadd_ps(_mm512_set1_ps(P5), b, _mm512_set1_ps(P4)),
+            u,
+            _mm512_fmadd_ps(_mm512_set1_ps(P3), b, _mm512_set1_ps(P2)),
+        ),
+        u,
+        _mm512_fmadd_ps(_mm512_set1_ps(P1), b, _mm512_set1_ps(1.0)),
+    );
+    let res = _mm512_scalef_ps(j, n);
+    if d == 0 {
+        return res;
+    }
+    let zero = _mm512_setzero_ps();
+    let le = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero);
+    let alt = _mm512_mask_blend_ps(le, _mm512_set1_ps(f32::INFINITY), zero);
+    _mm512_mask_blend_ps(d, res, alt)
+}
+
+/// gcc's `_mm512_reduce_add_ps` ([`crate::quant::x86::reduce_add_16`]'s order) on a vector.
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn reduce_add_zmm(v: std::arch::x86_64::__m512) -> f32 {
+    use std::arch::x86_64::*;
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let t8 = _mm256_add_ps(hi, _mm512_castps512_ps256(v));
+    let t4 = _mm_add_ps(_mm256_extractf128_ps::<1>(t8), _mm256_castps256_ps128(t8));
+    let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+    _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)))
+}
+
+/// [`vec_soft_max_f32`] for the AVX-512 target on a CPU that has AVX-512 F: ggml's loop itself
+/// (`_mm512_loadu_ps`, `ggml_v_expf`, `_mm512_storeu_ps`, `sum += (ggml_float)_mm512_reduce_add_ps`),
+/// the tail with libm `expf`; the bits of the lane-by-lane replica.
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn vec_soft_max_f32_zmm(x: &mut [f32], max: f32) -> f64 {
+    use std::arch::x86_64::*;
+    let n_vec = x.len() / 16 * 16;
+    let mut sum = 0.0f64;
+    let m = _mm512_set1_ps(max);
+    for i in (0..n_vec).step_by(16) {
+        let p = x.as_mut_ptr().add(i);
+        let v = v_expf_zmm(_mm512_sub_ps(_mm512_loadu_ps(p), m));
+        _mm512_storeu_ps(p, v);
+        sum += f64::from(reduce_add_zmm(v));
     }
     for e in &mut x[n_vec..] {
         *e = (*e - max).exp();
@@ -975,6 +1087,58 @@ unsafe fn kqv_heads<const H: usize, const S: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn zmm_expf_and_reduce_give_the_lane_replicas_bits() {
+        if !crate::quant::avx512_available() {
+            eprintln!("skipping: no AVX-512 on this CPU");
+            return;
+        }
+        use std::arch::x86_64::*;
+        // a sweep through every range (overflow, underflow to subnormals and 0, ±0), and the specials
+        let mut xs: Vec<f32> = (-2000..2000).map(|i| i as f32 * 0.0625).collect();
+        xs.extend((0..4000).map(|i| f32::from_bits(0x3000_0000u32.wrapping_add(i * 0x1_2345))));
+        xs.extend((0..4000).map(|i| -f32::from_bits(0x3000_0000u32.wrapping_add(i * 0x1_2345))));
+        xs.extend([
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            88.72,
+            88.73,
+            -87.3,
+        ]);
+        xs.extend([
+            -103.0,
+            -104.0,
+            -149.9,
+            133.0,
+            -133.0,
+            192.5 / LOG2E,
+            -192.5 / LOG2E,
+        ]);
+        while xs.len() % 16 != 0 {
+            xs.push(1.0);
+        }
+        for v in xs.chunks_exact(16) {
+            // SAFETY: AVX-512 F was detected above; `v` holds 16 floats
+            let (got, sum) = unsafe {
+                let z = v_expf_zmm(_mm512_loadu_ps(v.as_ptr()));
+                let mut o = [0f32; 16];
+                _mm512_storeu_ps(o.as_mut_ptr(), z);
+                (o, reduce_add_zmm(z))
+            };
+            for (&x, g) in v.iter().zip(got) {
+                assert_eq!(g.to_bits(), expf_avx512(x).to_bits(), "x = {x:e}");
+            }
+            assert_eq!(
+                sum.to_bits(),
+                crate::quant::x86::reduce_add_16(&got).to_bits()
+            );
+        }
+    }
 
     #[test]
     fn expf_is_close_to_libm_and_handles_the_edges() {
