@@ -341,18 +341,18 @@ impl Attention {
             _ => self.rope.base,
         };
         let rotate = match (self.rope.kind, fault == Some(Fault::RopePairing)) {
-            (RopeKind::Norm, false) | (RopeKind::Neox, true) => ops::rope_norm,
-            (RopeKind::Neox, false) | (RopeKind::Norm, true) => ops::rope_neox,
+            (RopeKind::Norm, false) | (RopeKind::Neox, true) => ops::rope_norm_simd,
+            (RopeKind::Neox, false) | (RopeKind::Norm, true) => ops::rope_neox_simd,
         };
-        let (dim, mode) = (self.rope.dim, f.mode);
+        let (dim, mode, simd) = (self.rope.dim, f.mode, f.simd);
         let rope_token = |t: usize, qt: &mut [f32], kt: &mut [f32], cache: &mut [f32]| {
             let pos = match fault {
                 Some(Fault::RopeDecodePosition) if n == 1 => (p0 + t).saturating_sub(1),
                 _ => p0 + t,
             };
             ops::rope_cache(pos, base, dim, cache);
-            rotate(qt, hd, dim, cache, mode);
-            rotate(kt, hd, dim, cache, mode);
+            rotate(qt, hd, dim, cache, mode, simd);
+            rotate(kt, hd, dim, cache, mode, simd);
         };
         if n >= ROPE_PAR_TOKENS && rayon::current_num_threads() > 1 {
             // a prompt: tokens in parallel, each task with its own angle cache (every token is rotated

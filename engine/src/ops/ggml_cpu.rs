@@ -859,11 +859,41 @@ pub(crate) fn vec_max_f32(x: &[f32]) -> f32 {
 /// `[x0, x0]·[cos, sin] ∓ that`; the scalar remainder is contracted the same way) into
 /// `fma(x0, cos, −(x1·sin))` and `fma(x0, sin, x1·cos)`: the `x1` products rounded, the `x0` ones fused.
 pub fn rotate_pairs_norm(head: &mut [f32], cache: &[f32]) {
+    rotate_pairs_norm_f::<Emulated>(head, cache)
+}
+
+/// [`rotate_pairs_norm`] with the fma of `F`.
+#[inline(always)]
+pub(crate) fn rotate_pairs_norm_f<F: Fma>(head: &mut [f32], cache: &[f32]) {
     for (pair, cs) in head.chunks_exact_mut(2).zip(cache.chunks_exact(2)) {
         let (x0, x1) = (pair[0], pair[1]);
         let (cos, sin) = (cs[0], cs[1]);
-        pair[0] = fma(x0, cos, -(x1 * sin));
-        pair[1] = fma(x0, sin, x1 * cos);
+        pair[0] = F::fma(x0, cos, -(x1 * sin));
+        pair[1] = F::fma(x0, sin, x1 * cos);
+    }
+}
+
+/// [`rotate_pairs_norm`] (`neox = false`) or [`rotate_pairs_neox`] on the first `rope_dim` entries of
+/// every `head_dim`-wide head of `x`, compiled with FMA (one `vfmadd` per fma; the same bits).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn rotate_heads_fma(
+    neox: bool,
+    x: &mut [f32],
+    head_dim: usize,
+    rope_dim: usize,
+    cache: &[f32],
+) {
+    use crate::quant::x86::Hardware;
+    for head in x.chunks_exact_mut(head_dim) {
+        if neox {
+            rotate_pairs_neox_f::<Hardware>(&mut head[..rope_dim], cache);
+        } else {
+            rotate_pairs_norm_f::<Hardware>(&mut head[..rope_dim], cache);
+        }
     }
 }
 
@@ -872,12 +902,18 @@ pub fn rotate_pairs_norm(head: &mut [f32], cache: &[f32]) {
 /// uses `cache[2i], cache[2i+1]`. The same source expression as [`rotate_pairs_norm`], contracted the
 /// same way by gcc: `fma(x0, cos, −(x1·sin))`, `fma(x0, sin, x1·cos)`.
 pub fn rotate_pairs_neox(head: &mut [f32], cache: &[f32]) {
+    rotate_pairs_neox_f::<Emulated>(head, cache)
+}
+
+/// [`rotate_pairs_neox`] with the fma of `F`.
+#[inline(always)]
+pub(crate) fn rotate_pairs_neox_f<F: Fma>(head: &mut [f32], cache: &[f32]) {
     let half = head.len() / 2;
     for i in 0..half {
         let (x0, x1) = (head[i], head[i + half]);
         let (cos, sin) = (cache[2 * i], cache[2 * i + 1]);
-        head[i] = fma(x0, cos, -(x1 * sin));
-        head[i + half] = fma(x0, sin, x1 * cos);
+        head[i] = F::fma(x0, cos, -(x1 * sin));
+        head[i + half] = F::fma(x0, sin, x1 * cos);
     }
 }
 

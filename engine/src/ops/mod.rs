@@ -128,6 +128,24 @@ pub fn rope_norm(
     cache: &[f32],
     mode: NumericsMode,
 ) {
+    rope_norm_simd(x, head_dim, rope_dim, cache, mode, Simd::Off)
+}
+
+/// [`rope_norm`], in ggml mode with the hardware fma where `simd` runs the AVX2 kernels (same bits).
+pub fn rope_norm_simd(
+    x: &mut [f32],
+    head_dim: usize,
+    rope_dim: usize,
+    cache: &[f32],
+    mode: NumericsMode,
+    simd: Simd,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if mode == NumericsMode::Ggml && simd.avx2_kernels() {
+        // SAFETY: AVX2 and FMA were detected on this CPU
+        return unsafe { ggml_cpu::rotate_heads_fma(false, x, head_dim, rope_dim, cache) };
+    }
+    let _ = simd;
     for head in x.chunks_exact_mut(head_dim) {
         let rot = &mut head[..rope_dim];
         match mode {
@@ -157,6 +175,24 @@ pub fn rope_neox(
     cache: &[f32],
     mode: NumericsMode,
 ) {
+    rope_neox_simd(x, head_dim, rope_dim, cache, mode, Simd::Off)
+}
+
+/// [`rope_neox`], in ggml mode with the hardware fma where `simd` runs the AVX2 kernels (same bits).
+pub fn rope_neox_simd(
+    x: &mut [f32],
+    head_dim: usize,
+    rope_dim: usize,
+    cache: &[f32],
+    mode: NumericsMode,
+    simd: Simd,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if mode == NumericsMode::Ggml && simd.avx2_kernels() {
+        // SAFETY: AVX2 and FMA were detected on this CPU
+        return unsafe { ggml_cpu::rotate_heads_fma(true, x, head_dim, rope_dim, cache) };
+    }
+    let _ = simd;
     let half = rope_dim / 2;
     for head in x.chunks_exact_mut(head_dim) {
         match mode {
@@ -1069,6 +1105,33 @@ mod tests {
             assert!((n - 30.0).abs() < 1e-4);
             // pair 0 rotated by θ = 5 rad
             assert!((x[0] - (5f32.cos() - 2.0 * 5f32.sin())).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn simd_rope_gives_the_scalar_bits() {
+        if !Simd::Avx2.available() {
+            eprintln!("skipping: no AVX2+FMA on this CPU");
+            return;
+        }
+        let (hd, rd) = (64, 48);
+        let x: Vec<f32> = (0..9 * hd)
+            .map(|i| (i as f32 * 0.77).sin() * 10f32.powi(i as i32 % 7 - 3))
+            .collect();
+        for pos in [0, 1, 17, 500, 30_000] {
+            let mut c = vec![0.0; rd];
+            rope_cache(pos, 10_000.0, rd, &mut c);
+            type Rope = fn(&mut [f32], usize, usize, &[f32], NumericsMode, Simd);
+            for rope in [rope_norm_simd as Rope, rope_neox_simd] {
+                let (mut a, mut b) = (x.clone(), x.clone());
+                rope(&mut a, hd, rd, &c, NumericsMode::Ggml, Simd::Off);
+                rope(&mut b, hd, rd, &c, NumericsMode::Ggml, Simd::Avx2);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "pos {pos}");
+                if pos > 0 {
+                    assert_ne!(bits(&a), bits(&x), "pos {pos}: rotated");
+                }
+            }
         }
     }
 
