@@ -49,10 +49,18 @@
 //! bit-identical to the real `libggml-cpu.so`. Threads split output rows and the activation is quantized per
 //! block, so thread count changes nothing.
 //!
+//! **Float weights** (F32, F16, BF16; `ggml_vec_dot_f32/f16/bf16`, ggml-cpu/vec.cpp) are the one place
+//! where the vec_dot kernel itself depends on the build: the AVX-512 build runs four 16-lane accumulators
+//! over chunks of 64 (`_mm512_dpbf16_ps` for BF16), an AVX2-only build four 8-lane ones over chunks of 32
+//! with `GGML_F32x8_REDUCE` (BF16: its `__AVX2__` branch, fma-contracted, `hsum`); ggml mode mirrors
+//! both, [`GgmlPath::VecDot`] for the former and [`GgmlPath::VecDotAvx2`] for the latter (`float.rs`).
+//!
 //! **Batched prefill, llamafile sgemm** (`llamafile_sgemm`, ggml-cpu/llamafile/sgemm.cpp, tried first
 //! when the batch is ≥ 2): handles F32, F16, BF16 weights when the row count is a multiple of 4 (tinyBLAS:
 //! one 16-lane accumulator per output, then `_mm512_reduce_add_ps` — a different order from
-//! `ggml_vec_dot_f32/f16/bf16`, mirrored as [`GgmlPath::TinyBlas`]) and Q8_0, Q4_0, Q5_0, IQ4_NL
+//! `ggml_vec_dot_f32/f16/bf16`, mirrored as [`GgmlPath::TinyBlas`]; an AVX2 build's `tinyBLAS<8, __m256>`
+//! keeps one 8-lane accumulator and `hsum`, for row lengths that are multiples of 8,
+//! [`GgmlPath::TinyBlasAvx2`]) and Q8_0, Q4_0, Q5_0, IQ4_NL
 //! weights with Q8_0 activations (`tinyBLAS_Q0_AVX`). The latter computes, per output, the same lane
 //! integers (`updot`: the sign-trick products), one `fma(d_w*d_x, lane, acc)` per block into *one*
 //! accumulator and the same `hsum`: for Q4_0/Q5_0/Q8_0 exactly the vec_dot kernel (bit-identical), for
@@ -95,19 +103,22 @@
 //! bit-exact in prefill and decode. The SmolLM2 variants made by llama-quantize (every captured stage of a
 //! 14-token prefill against llama-cpp-python, F32 KV cache): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
 //! Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS bit-identical with llama.cpp's default
-//! repacking (Q2_K repacked, on this AVX-512 host). What remains outside the contract:
+//! repacking (Q2_K repacked, on this AVX-512 host); F32, F16 and BF16 also against an AVX2-only build of
+//! the same llama.cpp (goldens made with `LOCKSTEP_ORACLE_CPU=avx2`, which record `ggml_cpu_flags`), with
+//! [`GgmlTarget::Avx2`]. What remains outside the contract:
 //! 1. MXFP4 weights, and Q2_K on a host with AVX-512 F but not DQ (ggml repacks Q2_K on
 //!    `ggml_cpu_has_avx512()`, i.e. AVX-512 F, while [`GgmlTarget::Avx512`] needs F and DQ);
-//! 2. F32/F16/BF16 weights on an AVX2-only golden host (the float kernels mirror the AVX-512 build's
-//!    `ggml_vec_dot_f32/f16/bf16` and tinyBLAS only). Attention is not a weight matmul and lives in
-//!    `crate::ops::ggml_cpu`, which
-//!    mirrors KQ and KQV for an F32 KV cache; an F16 KV cache (llama.cpp's default) is not mirrored;
+//! 2. an F16 KV cache (llama.cpp's default): attention is not a weight matmul and lives in
+//!    `crate::ops::ggml_cpu`, which mirrors KQ and KQV for an F32 KV cache only; and BF16 weights on an
+//!    AVX-512 host without AVX512-BF16 ([`GgmlTarget::Avx512`] mirrors the `__AVX512BF16__` branches of
+//!    `ggml_vec_dot_bf16` and tinyBLAS, not the `__AVX512F__`-only ones);
 //! 3. a NaN in an activation block: ggml's max tree drops or keeps it by position and a NaN quantizes to
 //!    -128; both are mirrored, but the NaN payloads themselves are not part of the contract;
 //! 4. everything outside these kernels — norms, RoPE, softmax, SiLU/GELU — is mirrored in
 //!    `crate::ops::ggml_cpu`, per ggml target (AVX2, AVX-512), not here; the quantized kernels here are the
 //!    same on both targets (ggml-cpu has only AVX2 branches for them, or AVX-512 ones with the same
-//!    arithmetic), only the choice of kernel for Q2_K depends on the target ([`ggml_path`]);
+//!    arithmetic), only the choice of kernel for Q2_K and the float kernels depend on the target
+//!    ([`ggml_path`]);
 //! 5. on another CPU (no FMA, ARM) llama.cpp picks other kernels and this bit-exactness does not carry over.
 //!
 //! Reference mode is plain: dequantize to f32 (the values [`dequantize_row`] gives, identical to the `gguf`
