@@ -479,9 +479,17 @@ def host_info() -> dict:
         "ggml_system_info": system_info,
     }
     build = oracle_cpu_build()
-    if build != "native":
+    fields = {part.strip() for part in system_info.replace("|", "\n").splitlines()}
+    if build == "native":
+        # a narrower build loaded without saying so would record flags its kernels never used
+        for flag, field in (("avx512f", "AVX512 = 1"), ("avx2", "AVX2 = 1")):
+            if flag in flags and field not in fields:
+                raise SystemExit(
+                    f"the host has {flag} but the loaded ggml-cpu was not built for it ({system_info!r}): "
+                    "not a native build; set LOCKSTEP_ORACLE_CPU to the build's target (oracles/README.md)"
+                )
+    else:
         b = ORACLE_CPU_BUILDS[build]
-        fields = {part.strip() for part in system_info.replace("|", "\n").splitlines()}
         missing = [f for f in b["system_info_has"] if f not in fields]
         extra = [f for f in b["system_info_lacks"] if f in fields]
         if missing or extra:
