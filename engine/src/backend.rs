@@ -268,7 +268,7 @@ mod tests {
             for rows in [8usize, 64, 192, 576, 640, 896, 1536, 4864, 49152, 100, 1000] {
                 let per = batch_chunk_rows(rows, threads);
                 assert!(
-                    per % 8 == 0 && per > 0,
+                    per.is_multiple_of(8) && per > 0,
                     "{rows} rows, {threads} threads: {per}"
                 );
                 let n = rows.div_ceil(per);
@@ -278,7 +278,7 @@ mod tests {
                         0,
                         "{rows} rows, {threads} threads: {per}-row chunks"
                     );
-                    assert!(per >= ROWS_PER_TASK / 4 && per <= ROWS_PER_TASK);
+                    assert!((ROWS_PER_TASK / 4..=ROWS_PER_TASK).contains(&per));
                 }
             }
         }

@@ -207,13 +207,23 @@ impl OracleInfo {
         v.iter().map(|f| f.as_str().map(str::to_string)).collect()
     }
 
-    /// The ggml-cpu build whose kernels made this golden, chosen from [`OracleInfo::host_cpu_flags`]
-    /// (what `GGML_NATIVE` compiles for that CPU: [`GgmlTarget::from_cpu_flags`]). Ggml mode mirrors it.
+    /// The CPU flags a non-native ggml-cpu build was compiled for (`ggml_cpu_flags`, recorded with
+    /// `ggml_cpu_build` by goldens made with `LOCKSTEP_ORACLE_CPU=avx2`: an AVX2-only llama.cpp on a host
+    /// that may have more), if the oracle recorded them.
+    pub fn ggml_cpu_flags(&self) -> Option<Vec<String>> {
+        let v = self.extra.get("ggml_cpu_flags")?.as_array()?;
+        v.iter().map(|f| f.as_str().map(str::to_string)).collect()
+    }
+
+    /// The ggml-cpu build whose kernels made this golden, chosen from the flags it was compiled for:
+    /// [`OracleInfo::ggml_cpu_flags`] where recorded (a build narrower than its host), else
+    /// [`OracleInfo::host_cpu_flags`] (what `GGML_NATIVE` compiles for that CPU), through
+    /// [`GgmlTarget::from_cpu_flags`]. Ggml mode mirrors it.
     ///
     /// Errors: no `host_cpu_flags` recorded, or a CPU ggml mode has no replicas for (neither AVX2+FMA nor
     /// AVX-512 F/DQ).
     pub fn ggml_target(&self) -> Result<GgmlTarget> {
-        let flags = self.host_cpu_flags().with_context(|| {
+        let flags = self.ggml_cpu_flags().or_else(|| self.host_cpu_flags()).with_context(|| {
             format!(
                 "oracle {} records no host_cpu_flags: cannot tell which ggml-cpu kernels made this golden",
                 self.name

@@ -26,11 +26,15 @@ fn manifest() -> Manifest {
     load_manifest(&golden_dir()).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// All `.npz` files under `dir`, relative, with `/` separators.
+/// All `.npz` files under `dir`, relative, with `/` separators; a subdirectory with a `manifest.json` of
+/// its own is another golden directory (`golden/avx2/`) and is left out.
 fn npz_files(dir: &Path) -> BTreeSet<String> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) {
         for e in fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
+            if p.is_dir() && p.join("manifest.json").is_file() {
+                continue;
+            }
             if p.is_dir() {
                 walk(root, &p, out);
             } else if p.extension().is_some_and(|x| x == "npz") {
@@ -69,6 +73,44 @@ fn every_golden_matches_the_manifest() {
         unlisted.is_empty(),
         "golden files not listed in golden/manifest.json: {unlisted:?}"
     );
+}
+
+/// golden/avx2/: goldens of an AVX2-only llama.cpp made on a bigger host (`LOCKSTEP_ORACLE_CPU=avx2`),
+/// in a manifest of their own. Each is intact and listed, records the real host and the build's flags,
+/// and selects the AVX2 target although its host has AVX-512.
+#[test]
+fn avx2_build_goldens_match_their_manifest_and_select_the_avx2_target() {
+    let dir = golden_dir().join("avx2");
+    let m = load_manifest(&dir).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(!m.goldens.is_empty());
+    for g in &m.goldens {
+        verify_golden(&dir, g).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(g.oracle.extra["ggml_cpu_build"], "avx2", "{}", g.path);
+        let host = g.oracle.host_cpu_flags().expect("host_cpu_flags");
+        let build = g.oracle.ggml_cpu_flags().expect("ggml_cpu_flags");
+        assert!(build.iter().all(|f| host.contains(f)), "{}", g.path);
+        assert!(!build.iter().any(|f| f.starts_with("avx512")), "{}", g.path);
+        assert_eq!(
+            g.oracle.ggml_target().unwrap(),
+            lockstep_engine::ops::GgmlTarget::Avx2,
+            "{}",
+            g.path
+        );
+        // the variant it was made from is registered (same file as golden/manifest.json's)
+        let main = manifest();
+        let twin = main
+            .find(&g.model_id, "llama.cpp", "f32", &g.prompt_id)
+            .expect("the same variant in golden/manifest.json");
+        assert_eq!(twin.model_sha256, g.model_sha256, "{}", g.path);
+        assert_eq!(
+            (&twin.prompt, twin.n_prompt_tokens),
+            (&g.prompt, g.n_prompt_tokens),
+            "{}",
+            g.path
+        );
+    }
+    let listed: BTreeSet<String> = m.goldens.iter().map(|g| g.path.clone()).collect();
+    assert_eq!(npz_files(&dir), listed);
 }
 
 #[test]

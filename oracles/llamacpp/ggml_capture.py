@@ -421,11 +421,38 @@ CPU_FLAGS = (
 )
 
 
+# The ggml-cpu builds the oracle can run (LOCKSTEP_ORACLE_CPU, oracles/llamacpp/setup.sh): "native"
+# (GGML_NATIVE, the SIMD branches of the host's CPU: the goldens record only the host's flags) or a
+# build for a narrower CPU than the host, named by the flags of CPU_FLAGS it was compiled for. The
+# goldens of such a build record them as ``ggml_cpu_flags``, which the harness prefers over
+# ``host_cpu_flags`` to choose the ggml target (harness/src/golden.rs, OracleInfo::ggml_target).
+ORACLE_CPU_BUILDS = {
+    "avx2": {
+        "flags": ("sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"),
+        "cmake_args": "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
+        "-DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF",
+        # llama_print_system_info() of the build must say these (compile-time features of ggml-cpu)
+        "system_info_has": ("AVX2 = 1", "FMA = 1", "F16C = 1"),
+        "system_info_lacks": ("AVX512 = 1", "AVX512_VNNI = 1", "AVX512_BF16 = 1", "AVX_VNNI = 1"),
+    },
+}
+
+
+def oracle_cpu_build() -> str:
+    """LOCKSTEP_ORACLE_CPU: ``native`` (default) or a key of ORACLE_CPU_BUILDS."""
+    build = os.environ.get("LOCKSTEP_ORACLE_CPU", "native") or "native"
+    if build != "native" and build not in ORACLE_CPU_BUILDS:
+        raise SystemExit(f"LOCKSTEP_ORACLE_CPU={build!r}: expected native or one of {sorted(ORACLE_CPU_BUILDS)}")
+    return build
+
+
 def host_info() -> dict:
     """The oracle host's CPU, as recorded in every golden's ``oracle`` field: the CPU model name,
     which of ``CPU_FLAGS`` it has (and lacks), the logical CPU count, and ggml's own system info
     (``llama_print_system_info()``: the features the loaded ggml-cpu build was compiled with and
-    detected)."""
+    detected). With LOCKSTEP_ORACLE_CPU=avx2 (a build narrower than the host) also
+    ``ggml_cpu_build``, ``ggml_cpu_cmake_args`` and ``ggml_cpu_flags`` (the host's flags the build was
+    compiled for); the loaded library must be that build (its system info is checked)."""
     import platform
 
     model, flags = None, set()
@@ -442,14 +469,41 @@ def host_info() -> dict:
         pass
     if "pni" in flags:  # /proc/cpuinfo calls SSE3 "pni" (Prescott New Instructions)
         flags.add("sse3")
-    return {
+    system_info = L.llama_print_system_info().decode(errors="replace").strip()
+    info = {
         "host_cpu": model or platform.processor() or None,
         "host_cpu_flags": [f for f in CPU_FLAGS if f in flags],
         "host_cpu_flags_absent": [f for f in CPU_FLAGS if f not in flags],
         "host_machine": platform.machine(),
         "host_logical_cpus": os.cpu_count(),
-        "ggml_system_info": L.llama_print_system_info().decode(errors="replace").strip(),
+        "ggml_system_info": system_info,
     }
+    build = oracle_cpu_build()
+    fields = {part.strip() for part in system_info.replace("|", "\n").splitlines()}
+    if build == "native":
+        # a narrower build loaded without saying so would record flags its kernels never used
+        for flag, field in (("avx512f", "AVX512 = 1"), ("avx2", "AVX2 = 1")):
+            if flag in flags and field not in fields:
+                raise SystemExit(
+                    f"the host has {flag} but the loaded ggml-cpu was not built for it ({system_info!r}): "
+                    "not a native build; set LOCKSTEP_ORACLE_CPU to the build's target (oracles/README.md)"
+                )
+    else:
+        b = ORACLE_CPU_BUILDS[build]
+        missing = [f for f in b["system_info_has"] if f not in fields]
+        extra = [f for f in b["system_info_lacks"] if f in fields]
+        if missing or extra:
+            raise SystemExit(
+                f"LOCKSTEP_ORACLE_CPU={build} but the loaded ggml-cpu is another build (missing {missing}, "
+                f"has {extra}): run oracles/llamacpp/setup.sh with LOCKSTEP_ORACLE_CPU={build} and use its venv"
+            )
+        lacking = [f for f in b["flags"] if f not in flags]
+        if lacking:
+            raise SystemExit(f"this host lacks {lacking}: it cannot run the {build} build")
+        info["ggml_cpu_build"] = build
+        info["ggml_cpu_cmake_args"] = b["cmake_args"]
+        info["ggml_cpu_flags"] = [f for f in CPU_FLAGS if f in b["flags"]]
+    return info
 
 
 @dataclass

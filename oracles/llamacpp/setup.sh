@@ -14,11 +14,24 @@
 # The wheel is built with llama-cpp-python's default CMake options: CMAKE_ARGS and FORCE_CMAKE are
 # cleared for the build so that a stray environment variable cannot change the oracle.
 # PYTHON selects the interpreter used to create the venv (default: python3).
+#
+# LOCKSTEP_ORACLE_CPU selects the ggml-cpu build (the CPU the goldens record, see oracles/README.md):
+#   native (default)  GGML_NATIVE: the SIMD branches of this machine's CPU      -> .../oracle/
+#   avx2              an AVX2-only build, whatever this machine has beyond it:  -> .../oracle-avx2/
+#                     CMAKE_ARGS="$AVX2_CMAKE_ARGS" (below), the goldens it makes record
+#                     ggml_cpu_build = "avx2" and the flags ggml mode follows (ggml_cpu_flags)
+# Both keep their own venv, wheel and build.log; pip's wheel cache is bypassed (--no-cache-dir) so
+# that one build's wheel is never reused for the other.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache="${LOCKSTEP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lockstep}"
-oracle="$cache/oracle"
+AVX2_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF"
+case "${LOCKSTEP_ORACLE_CPU:-native}" in
+  native) oracle="$cache/oracle"; cmake_args="" ;;
+  avx2) oracle="$cache/oracle-avx2"; cmake_args="$AVX2_CMAKE_ARGS" ;;
+  *) echo "[oracle setup] LOCKSTEP_ORACLE_CPU=${LOCKSTEP_ORACLE_CPU} is not native or avx2" >&2; exit 2 ;;
+esac
 venv="$oracle/venv"
 wheels="$oracle/wheels"
 req="$here/requirements.txt"
@@ -51,7 +64,8 @@ if [ ${#whl[@]} -eq 0 ]; then
   log "(compiles llama.cpp, ~10 min on 2 cores; log: $oracle/build.log)"
   mkdir -p "$wheels"
   if ! (unset CMAKE_ARGS FORCE_CMAKE
-        "$venv/bin/python" -m pip wheel --disable-pip-version-check --no-deps \
+        if [ -n "$cmake_args" ]; then export CMAKE_ARGS="$cmake_args"; fi
+        "$venv/bin/python" -m pip wheel --disable-pip-version-check --no-deps --no-cache-dir \
           --no-binary llama-cpp-python -w "$wheels" "llama-cpp-python==$version") \
        >"$oracle/build.log" 2>&1; then
     tail -n 40 "$oracle/build.log" >&2

@@ -437,7 +437,11 @@ pub(crate) unsafe fn dot_q4_k_q8_k<const N: usize>(
                     let res = (-dminw).mul_add(s2, dw * s1);
                     *a = res.mul_add(dy, *a);
                 }
-                GgmlPath::VecDot | GgmlPath::TinyBlas | GgmlPath::TinyBlasQ0 => {
+                GgmlPath::VecDot
+                | GgmlPath::TinyBlas
+                | GgmlPath::TinyBlasQ0
+                | GgmlPath::TinyBlasAvx2
+                | GgmlPath::VecDotAvx2 => {
                     unreachable!("checked above")
                 }
             }
@@ -883,13 +887,20 @@ mod tests {
         for simd in simd_settings() {
             for ty in [GgmlType::Q4_0, GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
                 let k = simd_kernel(simd, ty, NumericsMode::Ggml).expect("a SIMD kernel");
-                let paths = if ty == GgmlType::Q4_0 {
-                    [RepackGemv, RepackGemm, RepackGemm, RepackGemv]
-                } else {
-                    [TinyBlas, VecDot, TinyBlas, VecDot]
-                };
-                for n in [32, 64, 96, 160, 576, 1536] {
-                    for _ in 0..4 {
+                for n in [32, 64, 96, 160, 576, 1536, 40, 200, 1000] {
+                    if ty == GgmlType::Q4_0 && n % 32 != 0 {
+                        continue;
+                    }
+                    for trial in 0..4 {
+                        // both builds' kernels (AVX-512: VecDot, TinyBlas; AVX2: VecDotAvx2,
+                        // TinyBlasAvx2), mixed in one call and alone
+                        let paths = match (ty, trial) {
+                            (GgmlType::Q4_0, _) => [RepackGemv, RepackGemm, RepackGemm, RepackGemv],
+                            (_, 0) => [TinyBlas, VecDot, TinyBlas, VecDot],
+                            (_, 1) => [TinyBlasAvx2, VecDotAvx2, TinyBlasAvx2, VecDotAvx2],
+                            (_, 2) => [TinyBlasAvx2; 4],
+                            _ => [VecDotAvx2, TinyBlas, TinyBlasAvx2, VecDot],
+                        };
                         let w = if ty == GgmlType::Q4_0 {
                             weight_row(ty, n / 32, &mut rng)
                         } else {

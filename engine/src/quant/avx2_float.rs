@@ -1,18 +1,23 @@
 //! AVX2 + FMA kernels for F32, F16 and BF16 weights in ggml mode, bit-identical to the scalar replicas in
-//! `float.rs`: `ggml_vec_dot_f32/f16/bf16` (vec.cpp, AVX-512 build: decode) and llamafile's tinyBLAS
-//! (ggml-cpu/llamafile/sgemm.cpp, AVX-512 build: batches of ≥ 2 rows, [`GgmlPath::TinyBlas`]).
+//! `float.rs`, for both ggml-cpu builds ([`crate::ops::GgmlTarget`]):
 //!
-//! A 16-lane AVX-512 accumulator is kept here as two `__m256` halves: every lane sees the same fmas in the
-//! same order, so the bits do not depend on the register width; the final `_mm512_reduce_add_ps` tree is
-//! the scalar `reduce_add_16`. `_mm512_dpbf16_ps` is emulated lane by lane as `float.rs` documents it
-//! (odd pair first, then even; denormal inputs read as zero, denormal results flushed to zero).
+//! - AVX-512 build: `ggml_vec_dot_f32/f16/bf16` (vec.cpp, decode: [`GgmlPath::VecDot`]) and llamafile's
+//!   tinyBLAS (ggml-cpu/llamafile/sgemm.cpp, batches of ≥ 2 rows: [`GgmlPath::TinyBlas`]). A 16-lane
+//!   AVX-512 accumulator is kept here as two `__m256` halves: every lane sees the same fmas in the same
+//!   order, so the bits do not depend on the register width; the final `_mm512_reduce_add_ps` tree is the
+//!   scalar `reduce_add_16`. `_mm512_dpbf16_ps` is emulated lane by lane as `float.rs` documents it (odd
+//!   pair first, then even; denormal inputs read as zero, denormal results flushed to zero).
+//! - AVX2 build: the same functions' `__AVX2__` branches ([`GgmlPath::VecDotAvx2`]: four 8-lane
+//!   accumulators over chunks of 32) and `tinyBLAS<8, __m256>` ([`GgmlPath::TinyBlasAvx2`]: one 8-lane
+//!   accumulator per output), on the very registers that build uses.
 //!
 //! Every function here is `unsafe`: the caller must have checked [`super::avx2::available`]; the slices
 //! must hold whole rows of matching length (checked with asserts).
 
 use std::arch::x86_64::*;
 
-use super::x86::reduce_add_16;
+use super::float::{f32_leftovers, f32x8_reduce_tail};
+use super::x86::{hsum_float_8, reduce_add_16};
 use super::{GgmlPath, GgmlType};
 
 /// One activation row as the float kernels read it: `x` the activation converted to the weight's type and
@@ -23,15 +28,27 @@ pub(crate) struct FloatRow<'a> {
     pub raw: &'a [u8],
 }
 
-/// Eight weights starting at element `i` of `w` (F32 or F16), widened to f32.
+/// Eight weights starting at element `i` of `w` (F32, F16 or BF16), widened to f32 (exact: F16 by
+/// `_mm256_cvtph_ps`, BF16 by `_mm256_cvtepu16_epi32` and a 16-bit shift, as ggml's AVX2 `LOAD`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn load8(ty: GgmlType, w: *const u8, i: usize) -> __m256 {
-    if ty == GgmlType::F32 {
-        _mm256_loadu_ps(w.add(4 * i) as *const f32)
-    } else {
-        _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * i) as *const __m128i))
+    match ty {
+        GgmlType::F32 => _mm256_loadu_ps(w.add(4 * i) as *const f32),
+        GgmlType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * i) as *const __m128i)),
+        _ => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+            _mm_loadu_si128(w.add(2 * i) as *const __m128i),
+        ))),
     }
+}
+
+/// The 8 lanes of `a` reduced as `hsum_float_8` / sgemm.cpp's `hsum(__m256)`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn hsum8(a: __m256) -> f32 {
+    let mut l = [0f32; 8];
+    _mm256_storeu_ps(l.as_mut_ptr(), a);
+    hsum_float_8(&l)
 }
 
 /// The 16 lanes of `lo` (0..8) and `hi` (8..16) reduced as `_mm512_reduce_add_ps`.
@@ -71,8 +88,10 @@ unsafe fn dpbf16_8(w: *const u8, x: *const u8, acc: __m256) -> __m256 {
 }
 
 /// Float weights (F32, F16 or BF16 `ty`) against `N` activation rows, each through the kernel of its path:
-/// [`GgmlPath::TinyBlas`] as `float::dot_tinyblas`, anything else as `ggml_vec_dot_f32/f16/bf16`
-/// (`float::dot_f32` / `dot_f16` / `dot_bf16`). The weight row is read once per chunk for all rows.
+/// [`GgmlPath::TinyBlas`] as `float::dot_tinyblas`, [`GgmlPath::TinyBlasAvx2`] as
+/// `float::dot_tinyblas_avx2`, [`GgmlPath::VecDotAvx2`] as `float::dot_{f32,f16,bf16}_avx2`, anything
+/// else as the AVX-512 build's `ggml_vec_dot_f32/f16/bf16` (`float::dot_f32` / `dot_f16` / `dot_bf16`).
+/// The weight row is read once per chunk for all tinyBLAS rows.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `w` holds `x.len()` elements of `ty` for every row (checked),
@@ -92,7 +111,7 @@ pub(crate) unsafe fn dot_float<const N: usize>(
     }
     let wp = w.as_ptr();
     let mut out = [0f32; N];
-    // tinyBLAS rows, all at once (a batch's rows share one path)
+    // tinyBLAS rows of the AVX-512 build, all at once (a batch's rows share one path)
     let tb: [bool; N] = std::array::from_fn(|j| paths[j] == GgmlPath::TinyBlas);
     if tb.iter().any(|&t| t) {
         let mut lo = [_mm256_setzero_ps(); N];
@@ -119,18 +138,81 @@ pub(crate) unsafe fn dot_float<const N: usize>(
             out[j] = reduce16(lo[j], hi[j]);
         }
     }
-    for j in (0..N).filter(|&j| !tb[j]) {
-        out[j] = match ty {
-            GgmlType::BF16 => vec_dot_bf16(wp, xs[j], n),
+    // tinyBLAS rows of the AVX2 build: one __m256 per output, chunks of 8 (all three types)
+    let tb8: [bool; N] = std::array::from_fn(|j| paths[j] == GgmlPath::TinyBlasAvx2);
+    if tb8.iter().any(|&t| t) {
+        let mut c = [_mm256_setzero_ps(); N];
+        for base in (0..n - n % 8).step_by(8) {
+            let wv = load8(ty, wp, base);
+            for j in (0..N).filter(|&j| tb8[j]) {
+                c[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[j].x.as_ptr().add(base)), c[j]);
+            }
+        }
+        for j in (0..N).filter(|&j| tb8[j]) {
+            out[j] = hsum8(c[j]);
+        }
+    }
+    for j in (0..N).filter(|&j| !tb[j] && !tb8[j]) {
+        out[j] = match (ty, paths[j]) {
+            (_, GgmlPath::VecDotAvx2) => vec_dot_avx2_build(ty, wp, xs[j].x, n),
+            (GgmlType::BF16, _) => vec_dot_bf16(wp, xs[j], n),
             _ => vec_dot_f32_f16(ty, wp, xs[j].x, n),
         };
     }
     out
 }
 
+/// `ggml_vec_dot_f32` / `ggml_vec_dot_f16` / `ggml_vec_dot_bf16` of an AVX2 build (see
+/// `float::dot_f32_avx2`, `dot_f16_avx2`, `dot_bf16_avx2`): four 8-lane fma accumulators over chunks of
+/// 32; F32/F16 reduced by `GGML_F32x8_REDUCE` (`s0 += s2`, `s1 += s3`, `s0 += s1`, two `hadd`s), BF16 by
+/// `(c1 + c3) + (c2 + c4)` and `hsum`; leftovers as the scalar replicas (F32: `float::f32_leftovers`;
+/// F16 and BF16: rounded products into a double).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_avx2_build(ty: GgmlType, w: *const u8, x: &[f32], n: usize) -> f32 {
+    let np = n & !31;
+    let xp = x.as_ptr();
+    let mut s = [_mm256_setzero_ps(); 4];
+    for i in (0..np).step_by(32) {
+        for (j, acc) in s.iter_mut().enumerate() {
+            let e = i + 8 * j;
+            *acc = _mm256_fmadd_ps(load8(ty, w, e), _mm256_loadu_ps(xp.add(e)), *acc);
+        }
+    }
+    let elem = |i: usize| -> f32 {
+        match ty {
+            GgmlType::F32 => (w.add(4 * i) as *const f32).read_unaligned(),
+            GgmlType::F16 => super::fp::f16_to_f32((w.add(2 * i) as *const u16).read_unaligned()),
+            _ => super::fp::bf16_to_f32((w.add(2 * i) as *const u16).read_unaligned()),
+        }
+    };
+    if ty == GgmlType::BF16 {
+        let c = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
+        let mut sumf = 0f64;
+        sumf += f64::from(hsum8(c));
+        for (i, &xi) in x.iter().enumerate().skip(np) {
+            sumf += f64::from(elem(i) * xi);
+        }
+        return sumf as f32;
+    }
+    let s0 = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
+    let mut l = [0f32; 8];
+    _mm256_storeu_ps(l.as_mut_ptr(), s0);
+    let reduced = f32x8_reduce_tail(&l);
+    if ty == GgmlType::F32 {
+        f32_leftovers(reduced, std::slice::from_raw_parts(w, 4 * n), x, np, 4)
+    } else {
+        let mut sumf = f64::from(reduced);
+        for (i, &xi) in x.iter().enumerate().skip(np) {
+            sumf += f64::from(elem(i) * xi);
+        }
+        sumf as f32
+    }
+}
+
 /// `ggml_vec_dot_f32` / `ggml_vec_dot_f16`, AVX-512 branch (see `float::avx512_body`): four 16-lane
 /// accumulators over chunks of 64, `s0 += s2`, `s1 += s3`, `s0 += s1`, `_mm512_reduce_add_ps`; leftovers
-/// one rounded product at a time (F32 in f32, F16 in a double).
+/// as the scalar replicas (F32 `float::f32_leftovers` into the f32 sum, F16 rounded products into a
+/// double).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_f32_f16(ty: GgmlType, w: *const u8, x: &[f32], n: usize) -> f32 {
     let np = n & !63;
@@ -147,11 +229,8 @@ unsafe fn vec_dot_f32_f16(ty: GgmlType, w: *const u8, x: &[f32], n: usize) -> f3
     let hi = _mm256_add_ps(_mm256_add_ps(s[1], s[5]), _mm256_add_ps(s[3], s[7]));
     let reduced = reduce16(lo, hi);
     if ty == GgmlType::F32 {
-        let mut sumf = reduced;
-        for (i, &xi) in x.iter().enumerate().skip(np) {
-            sumf += (w.add(4 * i) as *const f32).read_unaligned() * xi;
-        }
-        sumf
+        let w = std::slice::from_raw_parts(w, 4 * n);
+        f32_leftovers(reduced, w, x, np, 8)
     } else {
         let mut sumf = f64::from(reduced);
         for (i, &xi) in x.iter().enumerate().skip(np) {

@@ -2,12 +2,23 @@
 //!
 //! For these weight types the activation is converted to the weight's own type (`vec_dot_type` = the type
 //! itself) by `ggml_cpu_fp32_to_fp32` / `ggml_cpu_fp32_to_fp16` (F16C, round to nearest even) /
-//! `ggml_cpu_fp32_to_bf16` (`ggml_compute_fp32_to_bf16`). The dot kernels live in ggml-cpu/vec.cpp; this
-//! machine's build takes the AVX-512 branches (`GGML_F32_STEP` 64, `GGML_F32_EPR` 16, no AVX512-FP16 in
-//! the build) and `_mm512_dpbf16_ps` for BF16.
+//! `ggml_cpu_fp32_to_bf16` (`ggml_compute_fp32_to_bf16`) — the same bytes in an AVX2 and an AVX-512
+//! build (F16C `cvtps_ph` rounding to nearest even in both, scalar bf16 rounding in both). The dot kernels
+//! live in ggml-cpu/vec.cpp, the batched ones in llamafile/sgemm.cpp, and both depend on the build
+//! ([`crate::ops::GgmlTarget`]):
+//!
+//! - AVX-512 build (`__AVX512F__`, the native build of this machine): `GGML_F32_STEP` 64, `GGML_F32_EPR`
+//!   16, no AVX512-FP16 in the build, `_mm512_dpbf16_ps` for BF16; tinyBLAS `<16, __m512>` (`<32,
+//!   __m512bh>` for BF16): [`dot_f32`], [`dot_f16`], [`dot_bf16`], [`dot_tinyblas`];
+//! - AVX2 build (`__AVX2__ && __FMA__ && __F16C__`, no `__AVX512F__`): `GGML_F32_STEP` 32,
+//!   `GGML_F32_EPR` 8 (`GGML_F32x8` / `GGML_F32Cx8`, reduced by `GGML_F32x8_REDUCE`), the `__AVX2__` branch
+//!   of `ggml_vec_dot_bf16` (four `__m256` accumulators, `hsum`-style reduction); tinyBLAS `<8, __m256>`
+//!   for all three types (`VECTOR_REGISTERS` 16 changes only the tile shape, not the arithmetic of an
+//!   output): [`dot_f32_avx2`], [`dot_f16_avx2`], [`dot_bf16_avx2`], [`dot_tinyblas_avx2`].
 
 use super::fp::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16_ref, read_f32, read_u16};
-use super::x86::{fma, reduce_add_16};
+use super::x86::{fma, hsum_float_8, reduce_add_16};
+use crate::ops::GgmlTarget;
 
 /// Little-endian f32 bytes to f32.
 pub(crate) fn dequantize_f32(src: &[u8], dst: &mut [f32]) {
@@ -78,15 +89,31 @@ fn avx512_body(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> (f32, usize) {
     (reduce_add_16(&s0), np)
 }
 
-/// `ggml_vec_dot_f32` (vec.cpp, AVX-512 branch): [`avx512_body`], then the leftover elements added in f32,
-/// one rounded product at a time.
-pub(crate) fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
-    let n = x.len();
-    let (mut sumf, np) = avx512_body(n, |i| read_f32(w, 4 * i), x);
+/// The leftover loop of `ggml_vec_dot_f32` (`for (i = np; i < n; ++i) sumf += x[i]*y[i];`) as GCC -O3
+/// compiles it (read from the disassembly of both `libggml-cpu.so` builds): vectorized over the first
+/// `L − L % vw` of the `L` leftover elements (`vmulps`: rounded products, then added into `sumf` one by
+/// one in element order), the last `L % vw` elements contracted to `vfmadd231ss`. `vw` is 8 in the
+/// AVX-512 build (16- and 8-wide chunks), 4 in the AVX2 build (8- and 4-wide chunks).
+#[inline]
+pub(crate) fn f32_leftovers(mut sumf: f32, w: &[u8], x: &[f32], np: usize, vw: usize) -> f32 {
+    let fused_from = x.len() - (x.len() - np) % vw;
     for (i, &xi) in x.iter().enumerate().skip(np) {
-        sumf += read_f32(w, 4 * i) * xi;
+        let wi = read_f32(w, 4 * i);
+        sumf = if i < fused_from {
+            sumf + wi * xi
+        } else {
+            fma(wi, xi, sumf)
+        };
     }
     sumf
+}
+
+/// `ggml_vec_dot_f32` (vec.cpp, AVX-512 branch): [`avx512_body`], then the leftover elements added into the
+/// f32 sum ([`f32_leftovers`] with 8-wide chunks).
+pub(crate) fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
+    let n = x.len();
+    let (sumf, np) = avx512_body(n, |i| read_f32(w, 4 * i), x);
+    f32_leftovers(sumf, w, x, np, 8)
 }
 
 /// `ggml_vec_dot_f16` (vec.cpp, AVX-512 branch without AVX512-FP16: f16 widened to f32): [`avx512_body`]
@@ -196,20 +223,142 @@ pub(crate) fn dot_tinyblas(ty: super::GgmlType, w: &[u8], x: &[f32]) -> f32 {
     reduce_add_16(&c)
 }
 
-/// Whether ggml-cpu's `llamafile_sgemm` (AVX-512 build) takes a float-weight matmul of `rows` weight rows of
-/// `cols` elements against `n_tokens` activation rows: `n ≥ 2`, `m % 4 == 0` (`tinyBLAS::matmul`), and
-/// `k % KN == 0` with `KN` = 16 for F32/F16 and 32 for BF16; otherwise the vec_dot kernels run.
+/// Whether ggml-cpu's `llamafile_sgemm` built for `target` takes a float-weight matmul of `rows` weight
+/// rows of `cols` elements against `n_tokens` activation rows: `n ≥ 2`, `m % 4 == 0` (`tinyBLAS::matmul`:
+/// the smallest `RM × BM` tile of both `VECTOR_REGISTERS` settings), and `k % KN == 0` with `KN` = 16 for
+/// F32/F16 and 32 for BF16 in the AVX-512 build (`tinyBLAS<16, __m512>`, `<32, __m512bh>`), 8 for all
+/// three in the AVX2 build (`tinyBLAS<8, __m256>`; BF16 needs `__AVX2__`, F16 `__F16C__`); otherwise the
+/// vec_dot kernels run. The activation is first converted to the weight's type
+/// (`ggml_compute_forward_mul_mat` tries `llamafile_sgemm` with the F32 activation, which fails for
+/// F16/BF16 weights, then again on `params->wdata` of `vec_dot_type`).
 pub(crate) fn tinyblas_applies(
     ty: super::GgmlType,
     rows: usize,
     cols: usize,
     n_tokens: usize,
+    target: GgmlTarget,
 ) -> bool {
     use super::GgmlType;
-    let kn = match ty {
-        GgmlType::F32 | GgmlType::F16 => 16,
-        GgmlType::BF16 => 32,
+    let kn = match (ty, target) {
+        (GgmlType::F32 | GgmlType::F16 | GgmlType::BF16, GgmlTarget::Avx2) => 8,
+        (GgmlType::F32 | GgmlType::F16, GgmlTarget::Avx512) => 16,
+        (GgmlType::BF16, GgmlTarget::Avx512) => 32,
         _ => return false,
     };
     n_tokens >= 2 && rows.is_multiple_of(4) && cols.is_multiple_of(kn)
+}
+
+/// `GGML_F32x8_REDUCE` (ggml-cpu/simd-mappings.h, `__AVX__` branch) of one 8-lane register, after the
+/// accumulators were folded into it: `t[i] = a[i] + a[i + 4]` (low half + high half), then two
+/// `_mm_hadd_ps`: `(t0 + t1) + (t2 + t3)`. Not the order of [`hsum_float_8`] (`(t0 + t2) + (t1 + t3)`).
+#[inline]
+pub(crate) fn f32x8_reduce_tail(a: &[f32; 8]) -> f32 {
+    let t = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
+/// The AVX2 body shared by `ggml_vec_dot_f32` and `ggml_vec_dot_f16` (vec.cpp, `GGML_F32_VEC` =
+/// `GGML_F32x8`, `GGML_F16_DOT_VEC` = `GGML_F32Cx8`: `GGML_F32_STEP` 32, `GGML_F32_EPR` 8, so four
+/// accumulators of 8 lanes): over chunks of 32, `sum[j] = fma(w, x, sum[j])` (`_mm256_fmadd_ps`, F16
+/// widened by `_mm256_cvtph_ps`, exact); then `GGML_F32x8_REDUCE`: `sum[0] += sum[2]`,
+/// `sum[1] += sum[3]`, `sum[0] += sum[1]`, [`f32x8_reduce_tail`]. Returns the reduced value and the
+/// number of elements consumed.
+#[inline]
+fn avx2_body(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> (f32, usize) {
+    let np = n & !31;
+    let mut sum = [[0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, s) in sum.iter_mut().enumerate() {
+            let base = i + 8 * j;
+            for (l, a) in s.iter_mut().enumerate() {
+                *a = fma(w(base + l), x[base + l], *a);
+            }
+        }
+    }
+    let [mut s0, mut s1, s2, s3] = sum;
+    for l in 0..8 {
+        s0[l] += s2[l];
+        s1[l] += s3[l];
+    }
+    for l in 0..8 {
+        s0[l] += s1[l];
+    }
+    (f32x8_reduce_tail(&s0), np)
+}
+
+/// `ggml_vec_dot_f32` (vec.cpp) of an AVX2 build: [`avx2_body`] into an f32 `sumf`, then the leftover
+/// elements (`n % 32`) as GCC compiled `sumf += x[i]*y[i]` there ([`f32_leftovers`] with 4-wide chunks).
+pub(crate) fn dot_f32_avx2(w: &[u8], x: &[f32]) -> f32 {
+    let n = x.len();
+    let (sumf, np) = avx2_body(n, |i| read_f32(w, 4 * i), x);
+    f32_leftovers(sumf, w, x, np, 4)
+}
+
+/// `ggml_vec_dot_f16` (vec.cpp) of an AVX2 build (`GGML_F16_DOT_*` = `GGML_F32Cx8`): [`avx2_body`] into
+/// a double, leftovers `sumf += (double)(w * x)` with the product rounded to f32, result rounded to f32.
+/// `x` is the activation already rounded to f16 and widened.
+pub(crate) fn dot_f16_avx2(w: &[u8], x: &[f32]) -> f32 {
+    let n = x.len();
+    let (reduced, np) = avx2_body(n, |i| f16_to_f32(read_u16(w, 2 * i)), x);
+    let mut sumf = f64::from(reduced);
+    for (i, &xi) in x.iter().enumerate().skip(np) {
+        sumf += f64::from(f16_to_f32(read_u16(w, 2 * i)) * xi);
+    }
+    sumf as f32
+}
+
+/// `ggml_vec_dot_bf16` (vec.cpp, `__AVX2__` branch, no `__AVX512F__`): over chunks of 32, four 8-lane
+/// accumulators `c_j = _mm256_add_ps(_mm256_mul_ps(w, x), c_j)` for elements `8j .. 8j + 8` (bf16 widened
+/// by a 16-bit shift, exact), which GCC contracts to `vfmadd231ps` (checked in the disassembly of the
+/// AVX2 `libggml-cpu.so`; one rounding, no DAZ/FTZ: plain AVX arithmetic, unlike `vdpbf16ps`); then `c1 = (c1 + c3) + (c2 + c4)`, reduced as [`hsum_float_8`]
+/// (high + low half, `movehl`, `movehdup`), added into a double; leftovers `sumf += (double)(w * x)`;
+/// result rounded to f32. `x` is the activation rounded to bf16 and widened.
+pub(crate) fn dot_bf16_avx2(w: &[u8], x: &[f32]) -> f32 {
+    let n = x.len();
+    let wv = |i: usize| bf16_to_f32(read_u16(w, 2 * i));
+    let mut c = [[0f32; 8]; 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (j, cj) in c.iter_mut().enumerate() {
+            let base = i + 8 * j;
+            for (l, a) in cj.iter_mut().enumerate() {
+                *a = fma(wv(base + l), x[base + l], *a);
+            }
+        }
+        i += 32;
+    }
+    let folded: [f32; 8] = std::array::from_fn(|l| (c[0][l] + c[2][l]) + (c[1][l] + c[3][l]));
+    // `ggml_float sumf = 0; sumf += (ggml_float)hsum`: a -0.0 sum becomes +0.0
+    let mut sumf = 0f64;
+    sumf += f64::from(hsum_float_8(&folded));
+    for (j, &xj) in x.iter().enumerate().skip(i) {
+        sumf += f64::from(wv(j) * xj);
+    }
+    sumf as f32
+}
+
+/// One output of llamafile's `tinyBLAS<8, __m256, __m256, T, T, float>` (ggml-cpu/llamafile/sgemm.cpp,
+/// `tinyBLAS::gemm_bloc`, AVX2 build) for F32, F16 and BF16 weights: one 8-lane accumulator,
+/// `c[l] = fma(w, x, c[l])` (`madd` = `_mm256_fmadd_ps`) over chunks of `KN` = 8 elements in order (F16
+/// widened by `_mm256_cvtph_ps`, BF16 by a 16-bit shift: exact), then `hsum(__m256)` = [`hsum_float_8`].
+/// The tile shape (`mnpack<4, 3, BM>` with `VECTOR_REGISTERS` 16) and the thread split do not change an
+/// output. `x` is the activation converted to the weight's type and widened; no double accumulation.
+pub(crate) fn dot_tinyblas_avx2(ty: super::GgmlType, w: &[u8], x: &[f32]) -> f32 {
+    use super::GgmlType;
+    let n = x.len();
+    let wv = |i: usize| match ty {
+        GgmlType::F32 => read_f32(w, 4 * i),
+        GgmlType::F16 => f16_to_f32(read_u16(w, 2 * i)),
+        _ => bf16_to_f32(read_u16(w, 2 * i)),
+    };
+    if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        return f32::NAN;
+    }
+    let mut c = [0f32; 8];
+    for base in (0..n - n % 8).step_by(8) {
+        for (l, a) in c.iter_mut().enumerate() {
+            *a = fma(wv(base + l), x[base + l], *a);
+        }
+    }
+    hsum_float_8(&c)
 }

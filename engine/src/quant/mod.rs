@@ -49,10 +49,18 @@
 //! bit-identical to the real `libggml-cpu.so`. Threads split output rows and the activation is quantized per
 //! block, so thread count changes nothing.
 //!
+//! **Float weights** (F32, F16, BF16; `ggml_vec_dot_f32/f16/bf16`, ggml-cpu/vec.cpp) are the one place
+//! where the vec_dot kernel itself depends on the build: the AVX-512 build runs four 16-lane accumulators
+//! over chunks of 64 (`_mm512_dpbf16_ps` for BF16), an AVX2-only build four 8-lane ones over chunks of 32
+//! with `GGML_F32x8_REDUCE` (BF16: its `__AVX2__` branch, fma-contracted, `hsum`); ggml mode mirrors
+//! both, [`GgmlPath::VecDot`] for the former and [`GgmlPath::VecDotAvx2`] for the latter (`float.rs`).
+//!
 //! **Batched prefill, llamafile sgemm** (`llamafile_sgemm`, ggml-cpu/llamafile/sgemm.cpp, tried first
 //! when the batch is ≥ 2): handles F32, F16, BF16 weights when the row count is a multiple of 4 (tinyBLAS:
 //! one 16-lane accumulator per output, then `_mm512_reduce_add_ps` — a different order from
-//! `ggml_vec_dot_f32/f16/bf16`, mirrored as [`GgmlPath::TinyBlas`]) and Q8_0, Q4_0, Q5_0, IQ4_NL
+//! `ggml_vec_dot_f32/f16/bf16`, mirrored as [`GgmlPath::TinyBlas`]; an AVX2 build's `tinyBLAS<8, __m256>`
+//! keeps one 8-lane accumulator and `hsum`, for row lengths that are multiples of 8,
+//! [`GgmlPath::TinyBlasAvx2`]) and Q8_0, Q4_0, Q5_0, IQ4_NL
 //! weights with Q8_0 activations (`tinyBLAS_Q0_AVX`). The latter computes, per output, the same lane
 //! integers (`updot`: the sign-trick products), one `fma(d_w*d_x, lane, acc)` per block into *one*
 //! accumulator and the same `hsum`: for Q4_0/Q5_0/Q8_0 exactly the vec_dot kernel (bit-identical), for
@@ -95,19 +103,22 @@
 //! bit-exact in prefill and decode. The SmolLM2 variants made by llama-quantize (every captured stage of a
 //! 14-token prefill against llama-cpp-python, F32 KV cache): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
 //! Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS bit-identical with llama.cpp's default
-//! repacking (Q2_K repacked, on this AVX-512 host). What remains outside the contract:
+//! repacking (Q2_K repacked, on this AVX-512 host); F32, F16 and BF16 also against an AVX2-only build of
+//! the same llama.cpp (goldens made with `LOCKSTEP_ORACLE_CPU=avx2`, which record `ggml_cpu_flags`), with
+//! [`GgmlTarget::Avx2`]. What remains outside the contract:
 //! 1. MXFP4 weights, and Q2_K on a host with AVX-512 F but not DQ (ggml repacks Q2_K on
 //!    `ggml_cpu_has_avx512()`, i.e. AVX-512 F, while [`GgmlTarget::Avx512`] needs F and DQ);
-//! 2. F32/F16/BF16 weights on an AVX2-only golden host (the float kernels mirror the AVX-512 build's
-//!    `ggml_vec_dot_f32/f16/bf16` and tinyBLAS only). Attention is not a weight matmul and lives in
-//!    `crate::ops::ggml_cpu`, which
-//!    mirrors KQ and KQV for an F32 KV cache; an F16 KV cache (llama.cpp's default) is not mirrored;
+//! 2. an F16 KV cache (llama.cpp's default): attention is not a weight matmul and lives in
+//!    `crate::ops::ggml_cpu`, which mirrors KQ and KQV for an F32 KV cache only; and BF16 weights on an
+//!    AVX-512 host without AVX512-BF16 ([`GgmlTarget::Avx512`] mirrors the `__AVX512BF16__` branches of
+//!    `ggml_vec_dot_bf16` and tinyBLAS, not the `__AVX512F__`-only ones);
 //! 3. a NaN in an activation block: ggml's max tree drops or keeps it by position and a NaN quantizes to
 //!    -128; both are mirrored, but the NaN payloads themselves are not part of the contract;
 //! 4. everything outside these kernels — norms, RoPE, softmax, SiLU/GELU — is mirrored in
 //!    `crate::ops::ggml_cpu`, per ggml target (AVX2, AVX-512), not here; the quantized kernels here are the
 //!    same on both targets (ggml-cpu has only AVX2 branches for them, or AVX-512 ones with the same
-//!    arithmetic), only the choice of kernel for Q2_K depends on the target ([`ggml_path`]);
+//!    arithmetic), only the choice of kernel for Q2_K and the float kernels depend on the target
+//!    ([`ggml_path`]);
 //! 5. on another CPU (no FMA, ARM) llama.cpp picks other kernels and this bit-exactness does not carry over.
 //!
 //! Reference mode is plain: dequantize to f32 (the values [`dequantize_row`] gives, identical to the `gguf`
@@ -419,9 +430,18 @@ pub enum GgmlPath {
     /// ggml-cpu/tiled K-quant matmul (batches ≥ 8; Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS, and Q4_K not
     /// repacked).
     Tiled,
-    /// llamafile's `tinyBLAS` for F32/F16/BF16 weights (ggml-cpu/llamafile/sgemm.cpp; batches ≥ 2, row
-    /// count a multiple of 4): one 16-lane accumulator per output, `_mm512_reduce_add_ps`.
+    /// llamafile's `tinyBLAS` for F32/F16/BF16 weights, AVX-512 build (ggml-cpu/llamafile/sgemm.cpp;
+    /// batches ≥ 2, row count a multiple of 4): one 16-lane accumulator per output,
+    /// `_mm512_reduce_add_ps` (`float::dot_tinyblas`).
     TinyBlas,
+    /// llamafile's `tinyBLAS<8, __m256>` for F32/F16/BF16 weights, AVX2 build (batches ≥ 2, row count a
+    /// multiple of 4, row length a multiple of 8): one 8-lane accumulator per output, `hsum`
+    /// (`float::dot_tinyblas_avx2`).
+    TinyBlasAvx2,
+    /// `ggml_vec_dot_f32` / `ggml_vec_dot_f16` / `ggml_vec_dot_bf16` (vec.cpp) of an AVX2 build, for
+    /// F32/F16/BF16 weights (`float::dot_f32_avx2` etc.): where [`GgmlPath::VecDot`] runs the AVX-512
+    /// build's branches of those functions for float weights, this is what an AVX2-only llama.cpp runs.
+    VecDotAvx2,
     /// llamafile's `tinyBLAS_Q0_AVX` where its arithmetic differs from the vec_dot kernel's: IQ4_NL
     /// weights that are not repacked, batches ≥ 2 (one accumulator where `ggml_vec_dot_iq4_nl_q8_0`
     /// alternates two).
@@ -443,7 +463,9 @@ pub(crate) fn effective_path(ty: GgmlType, path: GgmlPath) -> GgmlPath {
         (Q4_K | Q2_K | Q4_0 | IQ4_NL, GgmlPath::RepackGemv | GgmlPath::RepackGemm) => path,
         (t, GgmlPath::Tiled) if tiled_type(t) => path,
         (IQ4_NL, GgmlPath::TinyBlasQ0) => path,
-        (F32 | F16 | BF16, GgmlPath::TinyBlas) => path,
+        (F32 | F16 | BF16, GgmlPath::TinyBlas | GgmlPath::TinyBlasAvx2 | GgmlPath::VecDotAvx2) => {
+            path
+        }
         _ => GgmlPath::VecDot,
     }
 }
@@ -463,10 +485,14 @@ pub(crate) fn effective_path(ty: GgmlType, path: GgmlPath) -> GgmlPath {
 /// - IQ4_NL that is not repacked takes llamafile's `tinyBLAS_Q0_AVX` when `n_tokens ≥ 2`
 ///   ([`GgmlPath::TinyBlasQ0`]);
 /// - F32, F16 and BF16 take llamafile's tinyBLAS when `n_tokens ≥ 2`, `rows % 4 == 0` and `cols` is a
-///   multiple of 16 (32 for BF16);
+///   multiple of `KN`: [`GgmlPath::TinyBlas`] (AVX-512 build, `KN` 16, 32 for BF16) or
+///   [`GgmlPath::TinyBlasAvx2`] (AVX2 build, `KN` 8); otherwise `ggml_vec_dot_f32/f16/bf16`, whose AVX2
+///   build is [`GgmlPath::VecDotAvx2`];
 /// - everything else the vec_dot kernel (or tinyBLAS_Q0 for Q4_0/Q5_0/Q8_0, the same arithmetic).
 ///
-/// `target` only matters for Q2_K; the other choices are the same on both targets.
+/// `target` matters for Q2_K (repacked by an AVX-512 build only) and for the float weights (the
+/// kernels' lane counts and reductions differ between the builds); the quantized kernels are the same
+/// on both targets.
 pub fn ggml_path(
     ty: GgmlType,
     rows: usize,
@@ -492,8 +518,13 @@ pub fn ggml_path(
         GgmlPath::Tiled
     } else if ty == GgmlType::IQ4_NL && n_tokens >= 2 {
         GgmlPath::TinyBlasQ0
-    } else if float::tinyblas_applies(ty, rows, cols, n_tokens) {
-        GgmlPath::TinyBlas
+    } else if float::tinyblas_applies(ty, rows, cols, n_tokens, target) {
+        match target {
+            GgmlTarget::Avx512 => GgmlPath::TinyBlas,
+            GgmlTarget::Avx2 => GgmlPath::TinyBlasAvx2,
+        }
+    } else if matches!(ty, F32 | F16 | BF16) && target == GgmlTarget::Avx2 {
+        GgmlPath::VecDotAvx2
     } else {
         GgmlPath::VecDot
     }
@@ -502,7 +533,9 @@ pub fn ggml_path(
 /// [`vec_dot`] through an explicit ggml kernel `path` ([`ggml_path`]); reference mode ignores `path`,
 /// and a path that does not exist for the weight type falls back to [`GgmlPath::VecDot`]. Kernels:
 /// `{q4_k,q2_k}::dot_q8_k_repacked` (arch/x86/repack.cpp),
-/// `{q2_k,q3_k,q4_k,q5_k,q6_k,iq4_xs}::dot_q8_k_tiled` (ggml-cpu/tiled), `iq4_nl::dot_q8_0_tinyblas` (llamafile/sgemm.cpp `tinyBLAS_Q0_AVX`).
+/// `{q2_k,q3_k,q4_k,q5_k,q6_k,iq4_xs}::dot_q8_k_tiled` (ggml-cpu/tiled), `iq4_nl::dot_q8_0_tinyblas`
+/// (llamafile/sgemm.cpp `tinyBLAS_Q0_AVX`), `float::dot_tinyblas` / `dot_tinyblas_avx2` (tinyBLAS of an
+/// AVX-512 / AVX2 build), `float::dot_{f32,f16,bf16}_avx2` (vec.cpp of an AVX2 build).
 pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: GgmlPath) -> f32 {
     if x.mode() == NumericsMode::Ggml {
         let (qs, d, bsums) = (&x.qs[..], &x.d[..], &x.bsums[..]);
@@ -535,6 +568,12 @@ pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: Gg
             (GgmlType::F32 | GgmlType::F16 | GgmlType::BF16, GgmlPath::TinyBlas) => {
                 return float::dot_tinyblas(weight_ty, w_row, &x.x)
             }
+            (GgmlType::F32 | GgmlType::F16 | GgmlType::BF16, GgmlPath::TinyBlasAvx2) => {
+                return float::dot_tinyblas_avx2(weight_ty, w_row, &x.x)
+            }
+            (GgmlType::F32, GgmlPath::VecDotAvx2) => return float::dot_f32_avx2(w_row, &x.x),
+            (GgmlType::F16, GgmlPath::VecDotAvx2) => return float::dot_f16_avx2(w_row, &x.x),
+            (GgmlType::BF16, GgmlPath::VecDotAvx2) => return float::dot_bf16_avx2(w_row, &x.x),
             _ => {}
         }
     }
@@ -556,11 +595,12 @@ pub(crate) enum SimdKernel {
     Q4_KAvx2,
     /// Q4_0's repacked gemv/gemm (`avx2::dot_q4_0_repacked`); its vec_dot path stays scalar.
     Q4_0Avx2,
-    /// F32 weights: `ggml_vec_dot_f32` and tinyBLAS (`avx2_float::dot_float`).
+    /// F32 weights: `ggml_vec_dot_f32` and tinyBLAS of either build (`avx2_float::dot_float`).
     F32Avx2,
-    /// F16 weights: `ggml_vec_dot_f16` and tinyBLAS (`avx2_float::dot_float`).
+    /// F16 weights: `ggml_vec_dot_f16` and tinyBLAS of either build (`avx2_float::dot_float`).
     F16Avx2,
-    /// BF16 weights: `ggml_vec_dot_bf16` and tinyBLAS, `dpbf16` emulated (`avx2_float::dot_float`).
+    /// BF16 weights: `ggml_vec_dot_bf16` and tinyBLAS of either build, the AVX-512 build's `dpbf16`
+    /// emulated (`avx2_float::dot_float`).
     BF16Avx2,
     /// `ggml_vec_dot_q6_K_q8_K` and the tiled path, AVX2 (`avx2::dot_q6_k_q8_k`).
     Q6_KAvx2,

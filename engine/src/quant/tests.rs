@@ -465,6 +465,65 @@ fn ggml_dot_equals_independent_integer_computation() {
     }
 }
 
+/// Every float kernel of either build (`ggml_vec_dot_f32/f16/bf16` and tinyBLAS, AVX-512 and AVX2)
+/// computes the dot product of the weights with the activation rounded to the weight's type, to within
+/// the f32 roundings of its sums; the two builds' kernels differ only in their order of summation.
+#[test]
+fn float_kernels_of_both_builds_compute_the_dot_product_of_the_converted_activation() {
+    let mut rng = Rng(0xa2f1);
+    let mut differ = 0;
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for n in [8usize, 40, 64, 200, 576, 1000, 1536] {
+            let wf = rng.vec(n, 1.0);
+            let w = quantize_row(ty, &wf).unwrap();
+            let x = rng.vec(n, 2.0);
+            let p = prepared(ty, NumericsMode::Ggml, &x);
+            let (mut wd, mut xd) = (vec![0f32; n], vec![0f32; n]);
+            dequantize_row(ty, &w, &mut wd).unwrap();
+            dequantize_row(ty, &quantize_row(ty, &x).unwrap(), &mut xd).unwrap();
+            let exact: f64 = wd
+                .iter()
+                .zip(&xd)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum();
+            let magnitude: f64 = wd
+                .iter()
+                .zip(&xd)
+                .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+                .sum();
+            let mut got = vec![];
+            for path in [
+                GgmlPath::VecDot,
+                GgmlPath::VecDotAvx2,
+                GgmlPath::TinyBlas,
+                GgmlPath::TinyBlasAvx2,
+            ] {
+                // tinyBLAS runs only where the row length is a multiple of its KN
+                let kn = match (path, ty) {
+                    (GgmlPath::TinyBlas, GgmlType::BF16) => 32,
+                    (GgmlPath::TinyBlas, _) => 16,
+                    (GgmlPath::TinyBlasAvx2, _) => 8,
+                    _ => 1,
+                };
+                if n % kn != 0 {
+                    continue;
+                }
+                let r = vec_dot_path(ty, &w, &p, path);
+                let tol = magnitude * f64::from(f32::EPSILON) * 16.0;
+                assert!(
+                    (f64::from(r) - exact).abs() <= tol,
+                    "{ty} n {n} {path:?}: {r} vs {exact}"
+                );
+                got.push(r.to_bits());
+            }
+            got.dedup();
+            differ += usize::from(got.len() > 1);
+        }
+    }
+    // the orders are not the same (if they were, the AVX2 replicas would be redundant)
+    assert!(differ > 5, "{differ}");
+}
+
 #[test]
 fn ggml_mode_tracks_reference_within_activation_quantization_error() {
     let mut rng = Rng(7);
@@ -758,14 +817,33 @@ fn ggml_path_routes_each_weight_type_as_llama_cpp_does() {
         );
         assert_eq!(ggml_path(GgmlType::Q4_0, 576, 576, 1, 0), RepackGemv);
         assert_eq!(ggml_path(GgmlType::Q4_0, 572, 576, 6, 0), VecDot);
-        // float weights: tinyBLAS for batches of 2 and more, rows % 4 == 0, row length of 16 (32 for BF16)
+        // float weights: tinyBLAS for batches of 2 and more, rows % 4 == 0, row length a multiple of
+        // KN (AVX-512 build: 16, 32 for BF16; AVX2 build: 8), else the vec_dot kernels of the build
+        let (tb, vd) = match target {
+            GgmlTarget::Avx512 => (TinyBlas, VecDot),
+            GgmlTarget::Avx2 => (TinyBlasAvx2, VecDotAvx2),
+        };
         for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
-            assert_eq!(ggml_path(ty, 576, 576, 2, 1), TinyBlas, "{ty}");
-            assert_eq!(ggml_path(ty, 576, 576, 1, 0), VecDot, "{ty}: decode");
-            assert_eq!(ggml_path(ty, 578, 576, 9, 0), VecDot, "{ty}: rows % 4");
+            assert_eq!(ggml_path(ty, 576, 576, 2, 1), tb, "{ty}");
+            assert_eq!(ggml_path(ty, 576, 576, 1, 0), vd, "{ty}: decode");
+            assert_eq!(ggml_path(ty, 578, 576, 9, 0), vd, "{ty}: rows % 4");
+            assert_eq!(effective_path(ty, ggml_path(ty, 576, 576, 9, 0)), tb);
+            // a row length of 8 · odd: tinyBLAS only in the AVX2 build
+            let want = if target == GgmlTarget::Avx2 { tb } else { vd };
+            assert_eq!(ggml_path(ty, 576, 40, 4, 0), want, "{ty}: k = 40");
         }
-        assert_eq!(ggml_path(GgmlType::F16, 576, 48, 4, 0), TinyBlas);
-        assert_eq!(ggml_path(GgmlType::BF16, 576, 48, 4, 0), VecDot);
+        assert_eq!(ggml_path(GgmlType::F16, 576, 48, 4, 0), tb);
+        assert_eq!(
+            ggml_path(GgmlType::BF16, 576, 48, 4, 0),
+            match target {
+                GgmlTarget::Avx512 => VecDot,
+                GgmlTarget::Avx2 => TinyBlasAvx2,
+            }
+        );
+        // the float paths of one build do not exist for quantized weights
+        for p in [TinyBlas, TinyBlasAvx2, VecDotAvx2] {
+            assert_eq!(effective_path(GgmlType::Q4_K, p), VecDot);
+        }
         // quantized types tinyBLAS_Q0 takes compute the vec_dot arithmetic
         assert_eq!(ggml_path(GgmlType::Q8_0, 576, 576, 9, 0), VecDot);
         // Q2_K is repacked (q2_K_8x8_q8_K) only by an AVX-512 build, and only with rows % 8 == 0;
