@@ -1042,6 +1042,8 @@ unsafe fn kqv_heads64<const H: usize>(
             for (j, pj) in pj.iter_mut().enumerate() {
                 *pj = _mm256_set1_ps(*p.get_unchecked(j * stride + i));
             }
+            #[allow(clippy::needless_range_loop)]
+            // c indexes the dimensions and each head's accumulators
             for c in 0..C {
                 let v = if real {
                     _mm256_loadu_ps(values.as_ptr().add(i * HD + 8 * c))
@@ -1155,7 +1157,7 @@ mod tests {
             192.5 / LOG2E,
             -192.5 / LOG2E,
         ]);
-        while xs.len() % 16 != 0 {
+        while !xs.len().is_multiple_of(16) {
             xs.push(1.0);
         }
         for v in xs.chunks_exact(16) {
