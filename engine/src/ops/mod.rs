@@ -140,23 +140,45 @@ pub fn rope_norm_simd(
     mode: NumericsMode,
     simd: Simd,
 ) {
+    rope_heads(false, x, (head_dim, rope_dim), cache, mode, simd)
+}
+
+/// The head loop of [`rope_norm_simd`] (`neox = false`) and [`rope_neox_simd`]: reference mode's four
+/// rounded products, or ggml mode's fmas (the hardware's where `simd` runs the AVX2 kernels).
+fn rope_heads(
+    neox: bool,
+    x: &mut [f32],
+    (head_dim, rope_dim): (usize, usize),
+    cache: &[f32],
+    mode: NumericsMode,
+    simd: Simd,
+) {
     #[cfg(target_arch = "x86_64")]
     if mode == NumericsMode::Ggml && simd.avx2_kernels() {
         // SAFETY: AVX2 and FMA were detected on this CPU
-        return unsafe { ggml_cpu::rotate_heads_fma(false, x, head_dim, rope_dim, cache) };
+        return unsafe { ggml_cpu::rotate_heads_fma(neox, x, head_dim, rope_dim, cache) };
     }
     let _ = simd;
+    let half = rope_dim / 2;
     for head in x.chunks_exact_mut(head_dim) {
         let rot = &mut head[..rope_dim];
-        match mode {
-            NumericsMode::Reference => {
+        match (mode, neox) {
+            (NumericsMode::Reference, false) => {
                 for (pair, cs) in rot.chunks_exact_mut(2).zip(cache.chunks_exact(2)) {
                     let (x0, x1) = (pair[0], pair[1]);
                     pair[0] = x0 * cs[0] - x1 * cs[1];
                     pair[1] = x0 * cs[1] + x1 * cs[0];
                 }
             }
-            NumericsMode::Ggml => ggml_cpu::rotate_pairs_norm(rot, cache),
+            (NumericsMode::Reference, true) => {
+                for (i, cs) in cache[..rope_dim].chunks_exact(2).enumerate() {
+                    let (x0, x1) = (rot[i], rot[i + half]);
+                    rot[i] = x0 * cs[0] - x1 * cs[1];
+                    rot[i + half] = x0 * cs[1] + x1 * cs[0];
+                }
+            }
+            (NumericsMode::Ggml, false) => ggml_cpu::rotate_pairs_norm(rot, cache),
+            (NumericsMode::Ggml, true) => ggml_cpu::rotate_pairs_neox(rot, cache),
         }
     }
 }
@@ -187,25 +209,7 @@ pub fn rope_neox_simd(
     mode: NumericsMode,
     simd: Simd,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if mode == NumericsMode::Ggml && simd.avx2_kernels() {
-        // SAFETY: AVX2 and FMA were detected on this CPU
-        return unsafe { ggml_cpu::rotate_heads_fma(true, x, head_dim, rope_dim, cache) };
-    }
-    let _ = simd;
-    let half = rope_dim / 2;
-    for head in x.chunks_exact_mut(head_dim) {
-        match mode {
-            NumericsMode::Reference => {
-                for (i, cs) in cache[..rope_dim].chunks_exact(2).enumerate() {
-                    let (x0, x1) = (head[i], head[i + half]);
-                    head[i] = x0 * cs[0] - x1 * cs[1];
-                    head[i + half] = x0 * cs[1] + x1 * cs[0];
-                }
-            }
-            NumericsMode::Ggml => ggml_cpu::rotate_pairs_neox(&mut head[..rope_dim], cache),
-        }
-    }
+    rope_heads(true, x, (head_dim, rope_dim), cache, mode, simd)
 }
 
 /// `x *= s` element-wise (`ggml_scale`: `ggml_vec_scale_f32`, one rounded product per element whatever
