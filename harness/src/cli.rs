@@ -309,13 +309,17 @@ pub struct QualityArgs {
     /// SIMD setting.
     #[arg(long, default_value = "auto", value_parser = parse_simd)]
     pub simd: Simd,
-    /// Chunks (from the first) whose full base rows are kept to measure the top-k KLD's gap (50 MB each
-    /// for a 49k vocabulary).
+    /// Chunks (from the first) whose full base rows are kept to measure the gap of the cached KLD to the
+    /// full-row KL (50 MB each for a 49k vocabulary).
     #[arg(long, default_value_t = 1)]
     pub full_kl_chunks: usize,
-    /// Base tokens stored per scored position (top-k ids and log-probs; the rest as one tail mass).
-    #[arg(long, default_value_t = crate::quality::TOP_K)]
-    pub top_k: usize,
+    /// Base tokens whose log-probability is within this many nats of the top one are stored per scored
+    /// position (raw logits; the rest as one tail mass).
+    #[arg(long, default_value_t = crate::quality::WINDOW)]
+    pub window: f64,
+    /// At most this many base tokens are stored per scored position (the most probable).
+    #[arg(long, default_value_t = crate::quality::MAX_KEPT)]
+    pub max_kept: usize,
     /// Cross-check with this llama-perplexity binary (`--kl-divergence` on the same text and chunks).
     #[arg(long)]
     pub check_llama_perplexity: Option<PathBuf>,
@@ -1030,7 +1034,8 @@ fn quality(a: QualityArgs, threads: usize) -> Result<()> {
             mode: a.mode,
             simd: a.simd,
             full_kl_chunks: a.full_kl_chunks,
-            top_k: a.top_k,
+            window: a.window,
+            max_kept: a.max_kept,
         },
         threads,
         cache_root: fetch::cache_dir()?,

@@ -78,7 +78,7 @@ fn quality_end_to_end_on_synthetic_variants() {
         "64",
         "--chunks",
         "4",
-        "--top-k",
+        "--max-kept",
         "16",
         "--reports-dir",
         reports.to_str().unwrap(),
@@ -115,9 +115,9 @@ fn quality_end_to_end_on_synthetic_variants() {
     assert_eq!(same["same_top_p"]["value"], 1.0);
     let kld = |l: &str| by(l)["stats"]["kld"]["value"].as_f64().unwrap();
     assert!(kld("Q8_0") > 0.0 && kld("Q4_1") > kld("Q8_0"));
-    // the gap to the full-row KL is measured and the top-k KLD is a lower bound of it
+    // the gap to the full-row KL is measured and the cached KLD is a lower bound of it
     let gap = &by("Q4_1")["kl_gap"];
-    assert!(gap["mean_topk"].as_f64().unwrap() <= gap["mean_full"].as_f64().unwrap() + 1e-9);
+    assert!(gap["mean_kept"].as_f64().unwrap() <= gap["mean_full"].as_f64().unwrap() + 1e-9);
     // a broken variant stays in the table with its error; the run goes on
     let bad = by("BAD");
     assert!(bad["stats"].is_null());
@@ -131,6 +131,21 @@ fn quality_end_to_end_on_synthetic_variants() {
     let (code, _, stderr) = quality(&cache, &args);
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("base: cached"), "{stderr}");
+
+    // a damaged cache file is a clear error naming it (the run does not go on with bad numbers)
+    let base_file = std::fs::read_dir(cache.join("quality"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "bin"))
+        .unwrap();
+    let bytes = std::fs::read(&base_file).unwrap();
+    std::fs::write(&base_file, &bytes[..bytes.len() / 2]).unwrap();
+    let (code, _, stderr) = quality(&cache, &args);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&base_file.display().to_string()) && stderr.contains("truncated"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -215,7 +230,7 @@ fn quality_bad_input_is_a_clear_error() {
         "64",
         "--chunks",
         "2",
-        "--top-k",
+        "--max-kept",
         "8",
         "--reports-dir",
         r,

@@ -1,9 +1,13 @@
 //! The cross-check: `llama-perplexity --kl-divergence` on the same text and chunking, its printout parsed.
 //!
-//! Runs `llama-perplexity -m BASE -f CORPUS -c n_ctx -b n_ctx --chunks n -t threads --kl-divergence-base
-//! FILE` once (saves the base's 16-bit log-probs), then for each checked variant `llama-perplexity -m
-//! VARIANT -f CORPUS -c n_ctx -b n_ctx -t threads --kl-divergence-base FILE --kl-divergence`, and reads the
-//! final statistics block that llama.cpp `kl_divergence()` prints.
+//! Runs `llama-perplexity -m BASE -f CORPUS -c n_ctx -b n_ctx --chunks n -fa off -ctk f32 -ctv f32 -t threads
+//! --kl-divergence-base FILE` once (llama.cpp `perplexity()`: saves the base's 16-bit log-probs), then for
+//! each checked variant the same with `-m VARIANT ... --kl-divergence` (llama.cpp `kl_divergence()`, which
+//! takes the tokens from FILE), and reads the final statistics block that `kl_divergence()` prints.
+//!
+//! The flags make llama.cpp compute what our engine computes: `-b n_ctx` one chunk per batch (`n_seq` = 1,
+//! as we run each chunk alone in a fresh KV cache), `-fa off` the plain attention (`ggml_soft_max_ext` of
+//! K·Q, no flash attention), `-ctk f32 -ctv f32` an f32 KV cache (ours is f32).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -87,8 +91,18 @@ pub fn parse(out: &str) -> LlamaFigures {
     f
 }
 
-fn run(bin: &Path, args: &[String]) -> Result<String> {
+/// One llama-perplexity invocation: the command line as run and its wall time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Invocation {
+    /// The program and its arguments, space-separated.
+    pub command: String,
+    /// Wall time in seconds.
+    pub seconds: f64,
+}
+
+fn run(bin: &Path, args: &[String]) -> Result<(String, Invocation)> {
     let shown = format!("{} {}", bin.display(), args.join(" "));
+    let t0 = std::time::Instant::now();
     let out = Command::new(bin)
         .args(args)
         .stdin(std::process::Stdio::null())
@@ -107,7 +121,13 @@ fn run(bin: &Path, args: &[String]) -> Result<String> {
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
-    Ok(text)
+    Ok((
+        text,
+        Invocation {
+            command: shown,
+            seconds: t0.elapsed().as_secs_f64(),
+        },
+    ))
 }
 
 /// Settings of the llama-perplexity runs.
@@ -126,6 +146,11 @@ pub struct LlamaRun {
 }
 
 impl LlamaRun {
+    /// The chunking and numerics flags every run gets, as shown in the report.
+    pub fn flags_shown(n_ctx: usize, n_chunks: usize) -> String {
+        format!("-c {n_ctx} -b {n_ctx} --chunks {n_chunks} -fa off -ctk f32 -ctv f32")
+    }
+
     fn common(&self, model: &Path, logits: &Path) -> Vec<String> {
         [
             "-m".into(),
@@ -138,6 +163,12 @@ impl LlamaRun {
             self.n_ctx.to_string(),
             "--chunks".into(),
             self.n_chunks.to_string(),
+            "-fa".into(),
+            "off".into(),
+            "-ctk".into(),
+            "f32".into(),
+            "-ctv".into(),
+            "f32".into(),
             "-t".into(),
             self.threads.to_string(),
             "--kl-divergence-base".into(),
@@ -149,17 +180,22 @@ impl LlamaRun {
     /// Saves the base's log-probs to `logits` (llama-perplexity without `--kl-divergence`).
     ///
     /// Errors: the program fails (its last lines quoted).
-    pub fn save_base(&self, base: &Path, logits: &Path) -> Result<()> {
-        run(&self.bin, &self.common(base, logits)).map(|_| ())
+    pub fn save_base(&self, base: &Path, logits: &Path) -> Result<Invocation> {
+        run(&self.bin, &self.common(base, logits)).map(|(_, i)| i)
     }
 
-    /// Runs `--kl-divergence` for one variant against the saved base and parses the statistics.
+    /// Runs `--kl-divergence` for one variant against the saved base and parses the statistics; returns
+    /// them with the whole printout and the invocation.
     ///
     /// Errors: the program fails, or prints no `Mean    KLD` line (fewer than 100 tokens scored).
-    pub fn kl_divergence(&self, variant: &Path, logits: &Path) -> Result<(LlamaFigures, String)> {
+    pub fn kl_divergence(
+        &self,
+        variant: &Path,
+        logits: &Path,
+    ) -> Result<(LlamaFigures, String, Invocation)> {
         let mut args = self.common(variant, logits);
         args.push("--kl-divergence".into());
-        let out = run(&self.bin, &args)?;
+        let (out, inv) = run(&self.bin, &args)?;
         let f = parse(&out);
         if f.kld.is_none() {
             bail!(
@@ -168,13 +204,27 @@ impl LlamaRun {
                 variant.display()
             );
         }
-        Ok((f, out))
+        Ok((f, out, inv))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_match_our_engine() {
+        let r = LlamaRun {
+            bin: "llama-perplexity".into(),
+            corpus: "c.txt".into(),
+            n_ctx: 512,
+            n_chunks: 81,
+            threads: 2,
+        };
+        let a = r.common(Path::new("m.gguf"), Path::new("b.kld")).join(" ");
+        assert!(a.contains(&LlamaRun::flags_shown(512, 81)), "{a}");
+        assert!(a.ends_with("-t 2 --kl-divergence-base b.kld"), "{a}");
+    }
 
     #[test]
     fn parses_the_printout() {

@@ -11,18 +11,23 @@
 //! - only the second half is scored: logits at positions `first = n_ctx/2 ..= n_ctx − 2` predict the tokens
 //!   at `first+1 ..= n_ctx − 1` (`n_ctx − 1 − n_ctx/2` tokens per chunk).
 //!
-//! The base's logits are computed once and cached compactly ([`base`]): per scored token the top
-//! [`TOP_K`] token ids with their log-probabilities, the log-probability of the actual next token, and the
-//! probability mass of the rest of the vocabulary (the tail). Each variant's full logit rows are then scored
-//! against that: NLL, KLD, Δp, same top token ([`score_row`]), accumulated into llama.cpp's statistics
-//! ([`stats`]).
+//! The base's logits are computed once and cached compactly ([`base`]): per scored token every token whose
+//! log-probability is within [`WINDOW`] nats of the top one (at least the top token, at most [`MAX_KEPT`])
+//! with its raw f32 logit, `ln Σ exp(l − l_max)` of the whole row, the logit of the actual next token, and
+//! the probability mass of the rest of the vocabulary (the tail). Each variant's full logit rows are then
+//! scored against that: NLL, KLD, Δp, same top token ([`score_row`]), accumulated into llama.cpp's
+//! statistics ([`stats`]).
 //!
-//! **KLD from top-k + tail.** KL(P‖Q) ≈ Σ_{i∈topk(P)} p_i ln(p_i/q_i) + p_tail ln(p_tail/q_tail), with
-//! p_tail = 1 − Σ_{topk} p_i and q_tail = 1 − Σ_{topk(P)} q_i. Grouping the tail tokens into one outcome can
-//! only lose divergence (log-sum inequality), so this is a lower bound of the full KL; the gap is measured
-//! against full-row KL on the first `--full-kl-chunks` chunks (their full base rows are cached too) and
-//! reported per variant. llama.cpp's own KLD is approximate in another way: it stores base log-probs as
-//! 16-bit steps over [max − 16, max] and sums only tokens with ln p_base > −16.
+//! **KLD from the kept tokens + tail.** KL(P‖Q) ≈ Σ_{i kept} p_i ln(p_i/q_i) + p_tail ln(p_tail/q_tail),
+//! with p_tail = Σ_{i not kept} p_i and q_tail = Σ_{i not kept} q_i (both summed directly in f64). The kept
+//! terms are exact (the stored logits are the engine's own f32 values, their log-probs taken in f64);
+//! grouping the tail into one outcome can only lose divergence (log-sum inequality): the loss is
+//! p_tail · KL(P_tail/p_tail ‖ Q_tail/q_tail) ≥ 0, so this is a lower bound of the full KL. The gap is
+//! measured against the full-row KL on the first `--full-kl-chunks` chunks (their full base rows are cached
+//! too) and reported per variant, for the run's window and cap and for a few others ([`GAP_SETTINGS`]).
+//! llama.cpp's own KLD is approximate in another way: it stores base log-probs as 16-bit steps over
+//! [max − 16, max] (`log_softmax(n_vocab, logits, log_prob, tok)`) and sums only tokens with
+//! ln p_base > −16 (`log_softmax(n_vocab, logits, base_log_prob, tok, kld)`), without a tail term.
 
 pub mod base;
 pub mod llama;
@@ -38,17 +43,37 @@ use lockstep_engine::{Model, NumericsMode, Simd};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use self::base::{BaseKey, BaseLogits, BaseRow};
+use self::base::{softmax_norm, BaseKey, BaseLogits, BaseRow};
 use self::report::QualityReport;
 use self::stats::{KldAccumulator, QualityStats, TokenScore};
 
-/// How many of the base's most probable tokens are stored per scored position, by default (`--top-k`).
-/// 64 loses ~13% of SmolLM2's Q8_0 KLD to the tail (measured, see the report's gap table); 1024 keeps the
-/// cache at 8 KB per scored token (a full row is 192 KB).
-pub const TOP_K: usize = 1024;
+/// Tokens within this many nats of a position's top token are kept in the base cache, by default
+/// (`--window`): the 16 nats of llama.cpp's own base file (`log_softmax` keeps `[max − 16, max]`).
+pub const WINDOW: f64 = 16.0;
 
-/// The top-k sizes whose KLD is compared with the full-row KL on the full-row chunks.
-pub const GAP_KS: &[usize] = &[32, 64, 256, 1024];
+/// At most this many tokens are kept per position, by default (`--max-kept`): 16 384 × (u16 id + f32 logit)
+/// = 96 KiB at worst per position, half a 49 152-token f32 row.
+///
+/// Measured (`lockstep quality --chunks 2 --full-kl-chunks 2`, SmolLM2-135M F32 base over alice29, 510
+/// positions): a 16-nat window holds 11 800 of the 49 152 tokens on average (up to 31 600), so it is not
+/// small; with this cap 10 500 are kept (134 positions at the cap), the tail mass is 2.2e-4 on average, and
+/// the cached KLD is (3.5 ± 0.1)e-4 (relative) below the full-row KL for Q8_0, Q4_0 and Q2_K alike. The
+/// gap by setting: top-1024 1.7e-2, 16 nats ≤ 4096 3.4e-3, ≤ 8192 1.1e-3, uncapped 2.6e-4, 20 nats 5.8e-6,
+/// 24 nats 6.6e-8 (43 000 tokens kept: most of the row). A relative 1e-7 thus needs ~24 nats, i.e.
+/// nearly the full rows; 3.5e-4 is two orders of magnitude below the statistical ± of the Mean KLD.
+pub const MAX_KEPT: usize = 16_384;
+
+/// (window in nats, cap) settings whose KLD is compared with the full-row KL on the full-row chunks.
+pub const GAP_SETTINGS: &[(f64, usize)] = &[
+    (8.0, usize::MAX),
+    (12.0, usize::MAX),
+    (16.0, 1024),
+    (16.0, 4096),
+    (16.0, 8192),
+    (16.0, usize::MAX),
+    (20.0, usize::MAX),
+    (24.0, usize::MAX),
+];
 
 /// The text to score and where it came from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -133,7 +158,7 @@ impl Corpus {
 }
 
 /// The run's settings, shared by the base and every variant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Params {
     /// Tokens per chunk (llama-perplexity `-c`).
     pub n_ctx: usize,
@@ -145,10 +170,12 @@ pub struct Params {
     /// SIMD setting of our engine.
     #[serde(with = "simd_name")]
     pub simd: Simd,
-    /// Chunks (from the first) whose full base rows are kept to measure the top-k KLD's gap.
+    /// Chunks (from the first) whose full base rows are kept to measure the gap of the cached KLD.
     pub full_kl_chunks: usize,
-    /// Base tokens stored per scored position.
-    pub top_k: usize,
+    /// Base tokens within this many nats of a position's top token are stored ([`WINDOW`]).
+    pub window: f64,
+    /// At most this many base tokens are stored per position ([`MAX_KEPT`]).
+    pub max_kept: usize,
 }
 
 mod mode_name {
@@ -259,58 +286,13 @@ pub fn run_chunk(model: &Model, tokens: &[u32], i: usize, params: &Params) -> Re
     Ok(rows.to_vec())
 }
 
-/// max logit, ln Σ exp(l − max) (f64) and the first index of the max.
-fn softmax_norm(row: &[f32]) -> (f32, f64, usize) {
-    let mut max = row[0];
-    let mut imax = 0;
-    for (i, &x) in row.iter().enumerate().skip(1) {
-        if x > max {
-            max = x;
-            imax = i;
-        }
-    }
-    let sum: f64 = row.iter().map(|&x| (f64::from(x - max)).exp()).sum();
-    (max, sum.ln(), imax)
-}
-
-/// The compact base record of one logit row predicting `next`: the `top_k` most probable ids (probability
-/// descending, lower id first on ties) with their log-probs, ln p(next), and the tail mass Σ over the other
-/// ids (summed directly, not as 1 − Σ top, to keep its relative precision). `full` receives the row's
-/// log-probs when given.
-pub fn base_row(row: &[f32], next: u32, top_k: usize, full: Option<&mut Vec<f32>>) -> BaseRow {
-    let (max, lse, _) = softmax_norm(row);
-    let lp = |x: f32| f64::from(x - max) - lse;
-    let k = top_k.clamp(1, row.len());
-    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
-    let cmp = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
-    if k < idx.len() {
-        idx.select_nth_unstable_by(k - 1, cmp);
-    }
-    idx.truncate(k);
-    idx.sort_by(cmp);
-    let mut in_top = idx.clone();
-    in_top.sort_unstable();
-    let tail: f64 = row
-        .iter()
-        .enumerate()
-        .filter(|(j, _)| in_top.binary_search(&(*j as u32)).is_err())
-        .map(|(_, &x)| lp(x).exp())
-        .sum();
-    if let Some(f) = full {
-        f.extend(row.iter().map(|&x| lp(x) as f32));
-    }
-    BaseRow {
-        logp: idx.iter().map(|&i| lp(row[i as usize]) as f32).collect(),
-        ids: idx,
-        logp_next: lp(row[next as usize]) as f32,
-        tail,
-    }
-}
-
-/// Scores one variant row `q` (logits, `[n_vocab]`) predicting `next` against the base record `b`.
+/// Scores one variant row `q` (raw logits, `[n_vocab]`) predicting `next` against the base record `b`.
 ///
-/// Returns the token's [`TokenScore`] (KLD from top-k + tail, see the [module docs](self)) and, when the full
-/// base log-prob row is given, the full-row KL for the gap measurement.
+/// Returns the token's [`TokenScore`] — NLL of both, KLD from the kept tokens + tail (see the
+/// [module docs](self)), Δp, same top token (argmax of `q`, first index on ties, against the base's) — and,
+/// when the base's full raw logit row `[n_vocab]` is given, the full-row KL for the gap measurement. All
+/// log-probabilities are taken in f64 from the f32 logits (llama.cpp's per-token `log_softmax(n_vocab,
+/// logits, base_log_prob, tok, kld)` does the same sums in f32/f64 from its 16-bit base).
 pub fn score_row(
     b: &BaseRow,
     q: &[f32],
@@ -318,32 +300,34 @@ pub fn score_row(
     full: Option<&[f32]>,
 ) -> (TokenScore, Option<f64>) {
     let (max, lse, imax) = softmax_norm(q);
-    let lq = |i: usize| f64::from(q[i] - max) - lse;
+    let (m, lse) = (f64::from(max), lse);
+    let lq = |x: f32| f64::from(x) - m - lse;
+    let mut kept = vec![false; q.len()];
     let mut kld = 0.0;
-    let mut in_top = b.ids.clone();
-    in_top.sort_unstable();
-    for (&id, &lp) in b.ids.iter().zip(&b.logp) {
-        let lp = f64::from(lp);
-        let l = lq(id as usize);
-        kld += lp.exp() * (lp - l);
+    for (&id, &l) in b.ids.iter().zip(&b.logits) {
+        let lp = b.logp(l);
+        kld += lp.exp() * (lp - lq(q[id as usize]));
+        kept[id as usize] = true;
     }
-    let q_tail: f64 = q
-        .iter()
-        .enumerate()
-        .filter(|(j, _)| in_top.binary_search(&(*j as u32)).is_err())
-        .map(|(j, _)| lq(j).exp())
-        .sum();
     if b.tail > 0.0 {
+        let q_tail: f64 = q
+            .iter()
+            .zip(&kept)
+            .filter(|(_, &k)| !k)
+            .map(|(&x, _)| lq(x).exp())
+            .sum();
         kld += b.tail * (b.tail / q_tail.max(f64::MIN_POSITIVE)).ln();
     }
-    let nll = -lq(next as usize);
-    let nll_base = -f64::from(b.logp_next);
+    let nll = -lq(q[next as usize]);
+    let nll_base = -b.logp_next();
     let full_kl = full.map(|p| {
+        let (pm, plse, _) = softmax_norm(p);
+        let (pm, plse) = (f64::from(pm), plse);
         p.iter()
-            .enumerate()
-            .map(|(j, &lp)| {
-                let lp = f64::from(lp);
-                lp.exp() * (lp - lq(j))
+            .zip(q)
+            .map(|(&lp, &l)| {
+                let lp = f64::from(lp) - pm - plse;
+                lp.exp() * (lp - lq(l))
             })
             .sum()
     });
@@ -353,25 +337,38 @@ pub fn score_row(
             nll_base,
             kld,
             p_diff: (-nll).exp() - (-nll_base).exp(),
-            same_top: b.ids.first().is_some_and(|&t| t as usize == imax),
+            same_top: b.top() as usize == imax,
         },
         full_kl,
     )
 }
 
-/// The gap of the top-k KLD to the full-row KL on the first chunks.
+/// The gap of the cached (kept + tail) KLD to the full-row KL on the first chunks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KlGap {
     /// Tokens compared.
     pub count: usize,
     /// Mean full-row KL (nats).
     pub mean_full: f64,
-    /// Mean top-k + tail KLD on the same tokens.
-    pub mean_topk: f64,
-    /// Largest per-token gap full − top-k (≥ 0 up to rounding).
+    /// Mean kept + tail KLD on the same tokens, with the run's window and cap.
+    pub mean_kept: f64,
+    /// Largest per-token gap full − kept (≥ 0 up to rounding).
     pub max_gap: f64,
-    /// Mean top-k + tail KLD on the same tokens for other k ([`GAP_KS`]): (k, mean).
-    pub by_k: Vec<(usize, f64)>,
+    /// The mean kept + tail KLD on the same tokens for other settings ([`GAP_SETTINGS`]).
+    pub by_setting: Vec<GapAt>,
+}
+
+/// The mean cached KLD with one (window, cap) setting.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GapAt {
+    /// Window in nats.
+    pub window: f64,
+    /// Cap on kept tokens (`None` = no cap).
+    pub max_kept: Option<usize>,
+    /// Mean kept + tail KLD.
+    pub mean_kld: f64,
+    /// Mean tokens kept per position.
+    pub mean_kept: f64,
 }
 
 /// One variant's outcome.
@@ -387,7 +384,7 @@ pub struct VariantResult {
     pub bpw: Option<f64>,
     /// The statistics, when the run succeeded.
     pub stats: Option<QualityStats>,
-    /// The top-k KLD's gap on the first chunks, when measured.
+    /// The cached KLD's gap on the first chunks, when measured.
     pub kl_gap: Option<KlGap>,
     /// Why the variant has no statistics (an unsupported weight type, a vocabulary mismatch, ...).
     pub error: Option<String>,
@@ -475,12 +472,14 @@ fn score_variant(
     let first = n_ctx / 2;
     let mut acc = KldAccumulator::default();
     let mut gap = (0usize, 0.0f64, 0.0f64, 0.0f64);
-    let mut by_k = vec![0.0f64; GAP_KS.len()];
+    let mut by_setting = vec![(0.0f64, 0.0f64); GAP_SETTINGS.len()];
     for i in 0..params.n_chunks {
         let rows = run_chunk(&model, &tokens, i, params)
             .with_context(|| format!("{}: chunk {i}", path.display()))?;
         let full = base.full_chunk(i);
-        let scored: Vec<(TokenScore, Option<f64>, Vec<f64>)> = (0..per)
+        // per token: its score, the full-row KL and (KLD, tokens kept) at each of GAP_SETTINGS
+        type Scored = (TokenScore, Option<f64>, Vec<(f64, f64)>);
+        let scored: Vec<Scored> = (0..per)
             .into_par_iter()
             .map(|r| {
                 let next = tokens[i * n_ctx + first + r + 1];
@@ -488,9 +487,12 @@ fn score_variant(
                 let f = full.map(|f| &f[r * v..(r + 1) * v]);
                 let (t, fk) = score_row(&base.rows[i * per + r], q, next, f);
                 let ks = f.map_or_else(Vec::new, |f| {
-                    GAP_KS
+                    GAP_SETTINGS
                         .iter()
-                        .map(|&k| score_row(&base_row(f, next, k, None), q, next, None).0.kld)
+                        .map(|&(w, k)| {
+                            let b = BaseRow::from_logits(f, next, w, k);
+                            (score_row(&b, q, next, None).0.kld, b.ids.len() as f64)
+                        })
                         .collect()
                 });
                 (t, fk, ks)
@@ -502,8 +504,9 @@ fn score_variant(
                 gap.1 += f;
                 gap.2 += t.kld;
                 gap.3 = gap.3.max(f - t.kld);
-                for (a, k) in by_k.iter_mut().zip(ks) {
-                    *a += k;
+                for (a, (k, n)) in by_setting.iter_mut().zip(ks) {
+                    a.0 += k;
+                    a.1 += n;
                 }
             }
             acc.add(t);
@@ -514,12 +517,17 @@ fn score_variant(
     let gap = (gap.0 > 0).then(|| KlGap {
         count: gap.0,
         mean_full: gap.1 / gap.0 as f64,
-        mean_topk: gap.2 / gap.0 as f64,
+        mean_kept: gap.2 / gap.0 as f64,
         max_gap: gap.3,
-        by_k: GAP_KS
+        by_setting: GAP_SETTINGS
             .iter()
-            .zip(&by_k)
-            .map(|(&k, s)| (k, s / gap.0 as f64))
+            .zip(&by_setting)
+            .map(|(&(window, k), s)| GapAt {
+                window,
+                max_kept: (k != usize::MAX).then_some(k),
+                mean_kld: s.0 / gap.0 as f64,
+                mean_kept: s.1 / gap.0 as f64,
+            })
             .collect(),
     });
     Ok((stats, gap))
@@ -549,23 +557,21 @@ pub fn compute_base(
         let logits = run_chunk(&model, &tokens, i, params)
             .with_context(|| format!("{}: chunk {i}", path.display()))?;
         let keep_full = i < n_full;
-        let chunk_rows: Vec<(BaseRow, Vec<f32>)> = (0..per)
+        let chunk_rows: Vec<BaseRow> = (0..per)
             .into_par_iter()
             .map(|r| {
                 let next = tokens[i * n_ctx + first + r + 1];
-                let mut f = Vec::new();
-                let b = base_row(
+                BaseRow::from_logits(
                     &logits[r * v..(r + 1) * v],
                     next,
-                    params.top_k,
-                    keep_full.then_some(&mut f),
-                );
-                (b, f)
+                    params.window,
+                    params.max_kept,
+                )
             })
             .collect();
-        for (b, f) in chunk_rows {
-            rows.push(b);
-            full.extend(f);
+        rows.extend(chunk_rows);
+        if keep_full {
+            full.extend_from_slice(&logits);
         }
         progress(&format!("chunk {}/{n_chunks}", i + 1));
     }
@@ -577,7 +583,8 @@ pub fn compute_base(
             n_ctx,
             n_chunks,
             mode: params.mode.name().to_string(),
-            top_k: params.top_k,
+            window: params.window,
+            max_kept: params.max_kept,
             n_vocab: v,
             corpus_tokens: n_tokens,
             full_kl_chunks: n_full,
@@ -651,6 +658,13 @@ pub fn files_for_types(dir: &Path, types: &[String]) -> Result<Vec<PathBuf>> {
 /// Errors: the corpus, the base (missing file, engine failure, non-finite logits), the cache or the report
 /// directory. A variant's failure is not an error of the run.
 pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityReport, PathBuf)> {
+    let w = opts.params.window;
+    if !(w.is_finite() && w >= 0.0) {
+        bail!("--window {w}: give a finite number of nats ≥ 0");
+    }
+    if opts.params.max_kept == 0 {
+        bail!("--max-kept 0: at least the top token is kept");
+    }
     let corpus = Corpus::resolve(&opts.corpus)?;
     if !opts.base.is_file() {
         bail!("the base model {} does not exist", opts.base.display());
@@ -683,7 +697,8 @@ pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityR
         n_ctx: params.n_ctx,
         n_chunks: params.n_chunks,
         mode: params.mode.name().to_string(),
-        top_k: params.top_k,
+        window: params.window,
+        max_kept: params.max_kept,
         n_vocab,
         corpus_tokens: n_tokens,
         full_kl_chunks: params.full_kl_chunks,
@@ -709,6 +724,17 @@ pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityR
             (b, t0.elapsed().as_secs_f64())
         }
     };
+    let base_kept = base.kept_summary();
+    log(&format!(
+        "base: {:.0} tokens kept per position on average (window {} nats, cap {}: {} of {} positions at \
+         the cap), mean tail mass {:.3e}",
+        base_kept.mean_kept,
+        params.window,
+        params.max_kept,
+        base_kept.capped_rows,
+        base_kept.rows,
+        base_kept.mean_tail
+    ));
     let mut variants = Vec::new();
     for v in &opts.variants {
         let label = variant_label(v);
@@ -729,6 +755,7 @@ pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityR
         variants.push(r);
     }
     let mut cross_check = Vec::new();
+    let mut llama_base = None;
     if let Some(bin) = &opts.llama_perplexity {
         let lr = llama::LlamaRun {
             bin: bin.clone(),
@@ -744,37 +771,74 @@ pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityR
         let logits = dir.path().join("base.kld");
         log("llama-perplexity: saving the base log-probs");
         let saved = lr.save_base(&opts.base, &logits);
+        match &saved {
+            Ok(inv) => log(&format!(
+                "llama-perplexity: {} ({:.0} s)",
+                inv.command, inv.seconds
+            )),
+            Err(e) => log(&format!("llama-perplexity: base failed: {e:#}")),
+        }
         for t in &opts.check_types {
             let Some(v) = variants.iter().find(|v| v.label.eq_ignore_ascii_case(t)) else {
                 bail!("--check-types {t}: no such variant in this run");
             };
             log(&format!("llama-perplexity: --kl-divergence {}", v.label));
             let res = match &saved {
-                Ok(()) => lr.kl_divergence(&v.path, &logits).map(|(f, _)| f),
+                Ok(_) => lr
+                    .kl_divergence(&v.path, &logits)
+                    .map(|(f, _, inv)| (f, inv)),
                 Err(e) => Err(anyhow::anyhow!("{e:#}")),
             };
             let ours = v.stats.as_ref();
             cross_check.push(match res {
-                Ok(f) => report::CrossCheck {
-                    label: v.label.clone(),
-                    kld_within: ours
-                        .zip(f.kld)
-                        .map(|(o, t)| (o.kld.value - t.value).abs() <= t.unc),
-                    same_top_within: ours
-                        .zip(f.same_top_p)
-                        .map(|(o, t)| (o.same_top_p.value - t.value).abs() <= t.unc),
-                    llama: Some(f),
-                    error: None,
-                },
+                Ok((f, inv)) => {
+                    log(&format!(
+                        "llama-perplexity: {} ({:.0} s)",
+                        inv.command, inv.seconds
+                    ));
+                    let mut side = |name: &str, o: Option<stats::Unc>, l: Option<stats::Unc>| {
+                        if let (Some(o), Some(l)) = (o, l) {
+                            log(&format!(
+                                "{}: {name} lockstep {:.6} ± {:.6}, llama.cpp {:.6} ± {:.6}: {}",
+                                v.label,
+                                o.value,
+                                o.unc,
+                                l.value,
+                                l.unc,
+                                if (o.value - l.value).abs() <= l.unc {
+                                    "within llama's ±"
+                                } else {
+                                    "OUTSIDE llama's ±"
+                                }
+                            ));
+                        }
+                    };
+                    side("Mean KLD", ours.map(|o| o.kld), f.kld);
+                    side("Same top p", ours.map(|o| o.same_top_p), f.same_top_p);
+                    report::CrossCheck {
+                        label: v.label.clone(),
+                        kld_within: ours
+                            .zip(f.kld)
+                            .map(|(o, t)| (o.kld.value - t.value).abs() <= t.unc),
+                        same_top_within: ours
+                            .zip(f.same_top_p)
+                            .map(|(o, t)| (o.same_top_p.value - t.value).abs() <= t.unc),
+                        llama: Some(f),
+                        error: None,
+                        invocation: Some(inv),
+                    }
+                }
                 Err(e) => report::CrossCheck {
                     label: v.label.clone(),
                     llama: None,
                     error: Some(format!("{e:#}")),
                     kld_within: None,
                     same_top_within: None,
+                    invocation: None,
                 },
             });
         }
+        llama_base = saved.ok();
     }
     let report = QualityReport {
         schema_version: report::QUALITY_SCHEMA_VERSION,
@@ -784,16 +848,18 @@ pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityR
         corpus,
         params,
         scored_per_chunk: scored_per_chunk(params.n_ctx),
-        top_k: params.top_k,
         models: vec![report::ModelTable {
             model: model_name,
             base_path: opts.base.clone(),
             base_sha256,
+            base_cache_bytes: std::fs::metadata(&cache).ok().map(|m| m.len()),
             base_cache: cache,
             base_seconds,
+            base_kept,
             variants,
         }],
         cross_check,
+        llama_base,
     };
     let dir = report::write(&opts.reports_root, &report)?;
     Ok((report, dir))
@@ -815,8 +881,20 @@ mod tests {
             .collect()
     }
 
+    fn full_kl(p: &[f32], q: &[f32]) -> f64 {
+        let (pm, pl, _) = softmax_norm(p);
+        let (qm, ql, _) = softmax_norm(q);
+        p.iter()
+            .zip(q)
+            .map(|(&a, &b)| {
+                let lp = f64::from(a) - f64::from(pm) - pl;
+                lp.exp() * (lp - (f64::from(b) - f64::from(qm) - ql))
+            })
+            .sum()
+    }
+
     #[test]
-    fn top_k_kld_is_a_lower_bound_and_exact_on_itself() {
+    fn windowed_kld_is_a_lower_bound_and_exact_on_itself() {
         let v = 300;
         let p = logits(v, 1);
         let q: Vec<f32> = p
@@ -824,32 +902,57 @@ mod tests {
             .zip(logits(v, 2))
             .map(|(a, b)| a + 0.3 * b)
             .collect();
-        let mut full = Vec::new();
-        let b = base_row(&p, 7, 64, Some(&mut full));
-        assert_eq!(b.ids.len(), 64);
-        assert!(b.logp.windows(2).all(|w| w[0] >= w[1]));
-        let mass: f64 = b.logp.iter().map(|&l| f64::from(l).exp()).sum::<f64>() + b.tail;
-        assert!((mass - 1.0).abs() < 1e-6, "{mass}");
-        let (t, f) = score_row(&b, &q, 7, Some(&full));
+        // logits spread over 10 nats: a 4-nat window keeps part of the row
+        let b = BaseRow::from_logits(&p, 7, 4.0, usize::MAX);
+        assert!(b.ids.len() > 1 && b.ids.len() < v && b.tail > 0.0);
+        assert!(b.logits.windows(2).all(|w| w[0] >= w[1]));
+        let mass: f64 = b.logits.iter().map(|&l| b.logp(l).exp()).sum::<f64>() + b.tail;
+        assert!((mass - 1.0).abs() < 1e-12, "{mass}");
+        let (t, f) = score_row(&b, &q, 7, Some(&p));
         let f = f.unwrap();
-        assert!(t.kld <= f + 1e-9 && t.kld > 0.0, "{} {f}", t.kld);
+        assert!((f - full_kl(&p, &q)).abs() < 1e-15);
+        assert!(t.kld <= f + 1e-12 && t.kld > 0.0, "{} {f}", t.kld);
+        // a wider window is closer
+        let wide = BaseRow::from_logits(&p, 7, 8.0, usize::MAX);
+        let tw = score_row(&wide, &q, 7, None).0;
+        assert!(tw.kld >= t.kld - 1e-15 && tw.kld <= f + 1e-12);
         // Q = P: zero divergence, same top, zero Δp
-        let (t0, f0) = score_row(&b, &p, 7, Some(&full));
-        assert!(t0.kld.abs() < 1e-6 && f0.unwrap().abs() < 1e-6);
-        assert!(t0.same_top && t0.p_diff.abs() < 1e-6);
-        assert!((t0.nll - t0.nll_base).abs() < 1e-6);
+        let (t0, f0) = score_row(&b, &p, 7, Some(&p));
+        assert!(t0.kld.abs() < 1e-12 && f0.unwrap().abs() < 1e-12);
+        assert!(t0.same_top && t0.p_diff.abs() < 1e-12);
+        assert!((t0.nll - t0.nll_base).abs() < 1e-12);
     }
 
+    /// The window covering the whole row: the KLD is the full-row KL to f64 rounding, ~1e-16 relative.
     #[test]
-    fn top_k_covering_the_vocabulary_is_exact() {
-        let v = 100; // every token in the top-k: no tail
+    fn a_window_covering_the_vocabulary_is_exact() {
+        let v = 100;
         let p = logits(v, 3);
         let q = logits(v, 4);
-        let mut full = Vec::new();
-        let b = base_row(&p, 0, 100, Some(&mut full));
+        let b = BaseRow::from_logits(&p, 0, 1e9, usize::MAX);
+        assert_eq!(b.ids.len(), v);
         assert!(b.tail == 0.0);
-        let (t, f) = score_row(&b, &q, 0, Some(&full));
-        assert!((t.kld - f.unwrap()).abs() < 1e-6);
+        let (t, f) = score_row(&b, &q, 0, Some(&p));
+        let f = f.unwrap();
+        assert!((t.kld - f).abs() <= 1e-14 * f, "{} {f}", t.kld);
+        // a tail of tokens far below the window: exact to their mass (the grouping loses at most
+        // p_tail · KL of the tail's shapes)
+        let mut p2 = p.clone();
+        let mut q2 = q.clone();
+        for j in 0..20 {
+            p2[j] -= 40.0;
+            q2[j] -= 40.0 + (j as f32) * 0.1;
+        }
+        let b2 = BaseRow::from_logits(&p2, 50, 16.0, usize::MAX);
+        assert_eq!(b2.ids.len(), v - 20);
+        assert!(b2.tail > 0.0 && b2.tail < 1e-15);
+        let (t2, f2) = score_row(&b2, &q2, 50, Some(&p2));
+        let f2 = f2.unwrap();
+        assert!((t2.kld - f2).abs() <= 1e-12 * f2, "{} {f2}", t2.kld);
+        // the next token's log-prob and the top come from the stored logits exactly
+        let (_, lse, imax) = softmax_norm(&p2);
+        assert_eq!(b2.top() as usize, imax);
+        assert_eq!(b2.lse, lse);
     }
 
     #[test]

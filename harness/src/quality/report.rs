@@ -6,13 +6,14 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use super::llama::LlamaFigures;
+use super::base::KeptSummary;
+use super::llama::{Invocation, LlamaFigures};
 use super::stats::Unc;
 use super::{Corpus, Params, VariantResult};
 use crate::report::Environment;
 
 /// Schema version of `quality.json`.
-pub const QUALITY_SCHEMA_VERSION: u32 = 1;
+pub const QUALITY_SCHEMA_VERSION: u32 = 2;
 
 /// One model's table.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -25,8 +26,12 @@ pub struct ModelTable {
     pub base_sha256: String,
     /// Where the base's compact logits are cached.
     pub base_cache: PathBuf,
+    /// Bytes of that file.
+    pub base_cache_bytes: Option<u64>,
     /// Seconds spent computing the base (0 when read from the cache).
     pub base_seconds: f64,
+    /// How many base tokens the cache keeps per position, and the tail mass it leaves.
+    pub base_kept: KeptSummary,
     /// One row per variant, in the order given.
     pub variants: Vec<VariantResult>,
 }
@@ -44,6 +49,8 @@ pub struct CrossCheck {
     pub kld_within: Option<bool>,
     /// The same for Same top p.
     pub same_top_within: Option<bool>,
+    /// The `--kl-divergence` command as run, and its time.
+    pub invocation: Option<Invocation>,
 }
 
 /// The whole report.
@@ -63,12 +70,12 @@ pub struct QualityReport {
     pub params: Params,
     /// Scored tokens per chunk.
     pub scored_per_chunk: usize,
-    /// Top-k stored per base token.
-    pub top_k: usize,
     /// One table per model.
     pub models: Vec<ModelTable>,
     /// llama-perplexity cross-checks, when asked for.
     pub cross_check: Vec<CrossCheck>,
+    /// The llama-perplexity run that saved the base's log-probs, when it succeeded.
+    pub llama_base: Option<Invocation>,
 }
 
 fn pm(u: &Unc, digits: usize) -> String {
@@ -105,15 +112,16 @@ pub fn render_markdown(r: &QualityReport) -> String {
     let _ = writeln!(
         s,
         "{} chunks of {} tokens, the last {} of each scored ({} tokens per variant), as `llama-perplexity \
-         --kl-divergence -c {} --chunks {}`. Base top-k = {} + tail mass. Engine: mode {}, simd {}, {} \
-         threads.  \nCPU {} · lockstep {} at {}{}.\n",
+         --kl-divergence -c {} --chunks {}`. Base: every token within {} nats of the top one (at most {}) \
+         + tail mass. Engine: mode {}, simd {}, {} threads.  \nCPU {} · lockstep {} at {}{}.\n",
         p.n_chunks,
         p.n_ctx,
         r.scored_per_chunk,
         p.n_chunks * r.scored_per_chunk,
         p.n_ctx,
         p.n_chunks,
-        r.top_k,
+        p.window,
+        p.max_kept,
         p.mode,
         p.simd,
         e.threads,
@@ -124,16 +132,28 @@ pub fn render_markdown(r: &QualityReport) -> String {
     );
     for m in &r.models {
         let _ = writeln!(s, "## {}\n", m.model);
+        let k = &m.base_kept;
         let _ = writeln!(
             s,
-            "Base `{}` (sha256 `{}`){}.\n",
+            "Base `{}` (sha256 `{}`){}. Cached: {:.1} tokens kept per position on average (most {}; {} of {} \
+             positions at the cap), tail mass mean {:.3e}, max {:.3e}; {}.\n",
             m.base_path.display(),
             &m.base_sha256,
             if m.base_seconds > 0.0 {
                 format!(", computed in {:.0} s", m.base_seconds)
             } else {
                 ", from the cache".into()
-            }
+            },
+            k.mean_kept,
+            k.max_kept,
+            k.capped_rows,
+            k.rows,
+            k.mean_tail,
+            k.max_tail,
+            m.base_cache_bytes.map_or_else(
+                || "file size unknown".into(),
+                |b| format!("{:.1} MiB", b as f64 / 1048576.0)
+            )
         );
         let _ = write!(
             s,
@@ -203,31 +223,39 @@ pub fn render_markdown(r: &QualityReport) -> String {
             }
         }
         let gaps: Vec<&VariantResult> = m.variants.iter().filter(|v| v.kl_gap.is_some()).collect();
-        if !gaps.is_empty() {
+        if let Some(first) = gaps.first().and_then(|v| v.kl_gap.as_ref()) {
+            let label = |g: &super::GapAt| match g.max_kept {
+                Some(c) => format!("{} nats ≤ {c}", g.window),
+                None => format!("{} nats", g.window),
+            };
             let _ = writeln!(
                 s,
-                "\nTop-k KLD vs full-row KL (first {} chunk(s); top-k + tail is a lower bound):\n\n\
-                 | type | tokens | mean full KL | mean top-k KLD (k = {}) | relative gap | max gap | relative gap at k = {} |\n|---|---|---|---|---|---|---|",
+                "\nCached KLD vs full-row KL (first {} chunk(s), {} tokens; kept + tail is a lower bound; \
+                 relative gap = (full − cached)/full):\n\n\
+                 | type | mean full KL | mean cached KLD | relative gap | max gap |{}\n|---|---|---|---|---|{}",
                 p.full_kl_chunks,
-                p.top_k,
-                super::GAP_KS.iter().map(usize::to_string).collect::<Vec<_>>().join(" / ")
+                first.count,
+                first
+                    .by_setting
+                    .iter()
+                    .map(|g| format!(" gap at {} (mean kept {:.0}) |", label(g), g.mean_kept))
+                    .collect::<String>(),
+                "---|".repeat(first.by_setting.len())
             );
             for v in gaps {
                 let g = v.kl_gap.as_ref().expect("filtered");
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {:.8} | {:.8} | {:.2e} | {:.2e} | {} |",
+                    "| {} | {:.8} | {:.8} | {:.2e} | {:.2e} |{}",
                     v.label,
-                    g.count,
                     g.mean_full,
-                    g.mean_topk,
-                    (g.mean_full - g.mean_topk) / g.mean_full,
+                    g.mean_kept,
+                    (g.mean_full - g.mean_kept) / g.mean_full,
                     g.max_gap,
-                    g.by_k
+                    g.by_setting
                         .iter()
-                        .map(|(_, m)| format!("{:.2e}", (g.mean_full - m) / g.mean_full))
-                        .collect::<Vec<_>>()
-                        .join(" / ")
+                        .map(|x| format!(" {:.2e} |", (g.mean_full - x.mean_kld) / g.mean_full))
+                        .collect::<String>()
                 );
             }
         }
@@ -237,9 +265,10 @@ pub fn render_markdown(r: &QualityReport) -> String {
         let _ = writeln!(
             s,
             "## Cross-check against llama-perplexity --kl-divergence\n\n\
-             Same text, `-c {} -b {} --chunks {}`; llama.cpp's base is the same F32 file.\n\n\
+             Same text, `{}`; llama.cpp's base is the same F32 file. \
+             *within* = |lockstep − llama.cpp| ≤ llama-perplexity's printed ±.\n\n\
              | type | figure | lockstep | llama-perplexity | within llama's ± |\n|---|---|---|---|---|",
-            p.n_ctx, p.n_ctx, p.n_chunks
+            super::llama::LlamaRun::flags_shown(p.n_ctx, p.n_chunks)
         );
         for c in &r.cross_check {
             let ours = r
@@ -305,6 +334,14 @@ pub fn render_markdown(r: &QualityReport) -> String {
                 l.same_top_p,
                 true,
             ));
+        }
+        let _ = writeln!(s, "\nllama-perplexity runs:\n");
+        for inv in r
+            .llama_base
+            .iter()
+            .chain(r.cross_check.iter().filter_map(|c| c.invocation.as_ref()))
+        {
+            let _ = writeln!(s, "- `{}` ({:.0} s)", inv.command, inv.seconds);
         }
     }
     s
