@@ -60,7 +60,9 @@ pub const WINDOW: f64 = 16.0;
 /// the cached KLD is (3.5 ± 0.1)e-4 (relative) below the full-row KL for Q8_0, Q4_0 and Q2_K alike. The
 /// gap by setting: top-1024 1.7e-2, 16 nats ≤ 4096 3.4e-3, ≤ 8192 1.1e-3, uncapped 2.6e-4, 20 nats 5.8e-6,
 /// 24 nats 6.6e-8 (43 000 tokens kept: most of the row). A relative 1e-7 thus needs ~24 nats, i.e.
-/// nearly the full rows; 3.5e-4 is two orders of magnitude below the statistical ± of the Mean KLD.
+/// nearly the full rows; 3.5e-4 is two orders of magnitude below the statistical ± of the Mean KLD. The
+/// whole alice29 run (81 chunks, 20 655 positions) keeps 10 177 tokens per position on average, 5 626
+/// positions at the cap, mean tail mass 2.7e-4: a 1.3 GB cache file (llama-perplexity's: 2.0 GB).
 pub const MAX_KEPT: usize = 16_384;
 
 /// (window in nats, cap) settings whose KLD is compared with the full-row KL on the full-row chunks.
