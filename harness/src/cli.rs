@@ -39,10 +39,17 @@ pub enum Command {
         /// Rehash the cached file even when its verified-hash sidecar matches.
         #[arg(long)]
         verify: bool,
-        /// List the registered models.
+        /// List the registered models (and corpora).
         #[arg(long)]
         list: bool,
+        /// Fetch this registered corpus (models.toml `[[corpora]]`) instead of a model.
+        #[arg(long, conflicts_with_all = ["ids", "list"])]
+        corpus: Option<String>,
     },
+    /// Quantization quality over a text corpus, as `llama-perplexity --kl-divergence`: Mean PPL, KLD with
+    /// percentiles, Δp, Same top p for each variant against the F32 base; writes
+    /// reports/<run id>/quality.{json,md,csv}.
+    Quality(QualityArgs),
     /// Generate text from a prompt, streamed to stdout.
     Generate(GenerateArgs),
     /// Run token ids through the engine and write every stage and the logits to an .npz (the dump format).
@@ -265,6 +272,63 @@ pub struct BenchSampleArgs {
     /// SIMD setting.
     #[arg(long, default_value = "auto", value_parser = parse_simd)]
     pub simd: Simd,
+}
+
+/// Arguments of `lockstep quality`.
+#[derive(Debug, Args)]
+pub struct QualityArgs {
+    /// The base GGUF (F32). Default with --variants-dir: its `*-F32.gguf`.
+    #[arg(long)]
+    pub base: Option<PathBuf>,
+    /// A variant GGUF (repeatable), labelled by the text after the last `-` of its file name.
+    #[arg(long)]
+    pub variant: Vec<PathBuf>,
+    /// A directory of variants named `*-<TYPE>.gguf` (as oracles/llamacpp/make_variants.sh writes them).
+    #[arg(long)]
+    pub variants_dir: Option<PathBuf>,
+    /// With --variants-dir: the types to score, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "F16,BF16,Q8_0,Q6_K,Q5_K,Q5_1,Q5_0,Q4_K,Q4_1,Q4_0,IQ4_NL,IQ4_XS,Q3_K,Q2_K"
+    )]
+    pub types: Vec<String>,
+    /// The text: a registered corpus id (models.toml `[[corpora]]`) or a local UTF-8 file.
+    #[arg(long, default_value = "alice29")]
+    pub corpus: String,
+    /// Tokens per chunk (llama-perplexity -c).
+    #[arg(long = "ctx", default_value_t = 512)]
+    pub n_ctx: usize,
+    /// Chunks to score, from the start (llama-perplexity --chunks); 0 = all.
+    #[arg(long, default_value_t = 0)]
+    pub chunks: usize,
+    /// Numerics mode. ggml (default) reproduces llama.cpp's CPU arithmetic (activations quantized for the
+    /// dot products as ggml does), so the figures measure what llama-perplexity measures.
+    #[arg(long, default_value = "ggml")]
+    pub mode: NumericsMode,
+    /// SIMD setting.
+    #[arg(long, default_value = "auto", value_parser = parse_simd)]
+    pub simd: Simd,
+    /// Chunks (from the first) whose full base rows are kept to measure the gap of the cached KLD to the
+    /// full-row KL (50 MB each for a 49k vocabulary).
+    #[arg(long, default_value_t = 1)]
+    pub full_kl_chunks: usize,
+    /// Base tokens whose log-probability is within this many nats of the top one are stored per scored
+    /// position (raw logits; the rest as one tail mass).
+    #[arg(long, default_value_t = crate::quality::WINDOW)]
+    pub window: f64,
+    /// At most this many base tokens are stored per scored position (the most probable).
+    #[arg(long, default_value_t = crate::quality::MAX_KEPT)]
+    pub max_kept: usize,
+    /// Cross-check with this llama-perplexity binary (`--kl-divergence` on the same text and chunks).
+    #[arg(long)]
+    pub check_llama_perplexity: Option<PathBuf>,
+    /// With --check-llama-perplexity: the variant types to check, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "Q8_0,Q4_0")]
+    pub check_types: Vec<String>,
+    /// Where reports go (default reports/ of the repository).
+    #[arg(long)]
+    pub reports_dir: Option<PathBuf>,
 }
 
 /// Arguments of `lockstep floors`.
@@ -583,7 +647,14 @@ pub fn main() -> ExitCode {
 
 /// Run a parsed command line.
 pub fn run(cli: Cli) -> Result<ExitCode> {
-    let threads = resolve_threads(cli.threads)?;
+    // `lockstep quality` defaults to 2 threads (shared machines; llama-perplexity runs with -t 2 beside it)
+    let requested = match (&cli.command, cli.threads) {
+        (Command::Quality(_), None) => {
+            Some(2.min(std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)))
+        }
+        (_, t) => t,
+    };
+    let threads = resolve_threads(requested)?;
     // The calling thread is worker 0 of the pool: the engine's parallel loops then run on it directly,
     // instead of parking it on a latch and waking a worker for each of the hundreds of matmuls of a
     // token (measured: ~20% of a SmolLM2 decode step went to those handoffs). Nothing here spawns
@@ -595,7 +666,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         .build_global();
     let threads = rayon::current_num_threads();
     match cli.command {
-        Command::Fetch { ids, verify, list } => {
+        Command::Fetch {
+            ids,
+            verify,
+            list,
+            corpus,
+        } => {
             let reg = registry::Registry::builtin()?;
             if list {
                 for m in &reg.models {
@@ -613,6 +689,17 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                         v.recipe()
                     );
                 }
+                for c in &reg.corpora {
+                    println!("{:<28} {:<8} {:>12} B  {}", c.id, "corpus", c.size, c.name);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            if let Some(c) = corpus {
+                let opts = fetch::FetchOptions {
+                    verify,
+                    ..fetch::FetchOptions::default()
+                };
+                println!("{}", fetch::fetch_corpus(reg.corpus(&c)?, &opts)?.display());
                 return Ok(ExitCode::SUCCESS);
             }
             if ids.is_empty() {
@@ -650,6 +737,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Generate(a) => generate(a)?,
+        Command::Quality(a) => quality(a, threads)?,
         Command::Run(a) => return run_matrix(a, threads),
         Command::Gate {
             report,
@@ -913,6 +1001,53 @@ pub fn resolve_threads(requested: Option<usize>) -> Result<usize> {
             "--threads {n} is more than this machine's {cores} cores; give 1 to {cores}, or 0 for all"
         ),
     }
+}
+
+/// `lockstep quality`: resolve the files, run [`crate::quality::run`], print the table's path.
+fn quality(a: QualityArgs, threads: usize) -> Result<()> {
+    let root = repo_root();
+    let base = match (&a.base, &a.variants_dir) {
+        (Some(b), _) => b.clone(),
+        (None, Some(d)) => crate::quality::files_for_types(d, &["F32".to_string()])?.remove(0),
+        (None, None) => bail!("give --base F32.gguf, or --variants-dir DIR holding a *-F32.gguf"),
+    };
+    let mut variants = a.variant.clone();
+    if let Some(d) = &a.variants_dir {
+        // a type without a file is reported as that variant's error, not the run's
+        for t in &a.types {
+            match crate::quality::files_for_types(d, std::slice::from_ref(t)) {
+                Ok(mut f) => variants.push(f.remove(0)),
+                Err(e) => eprintln!("quality: skipping {t}: {e:#}"),
+            }
+        }
+    }
+    if variants.is_empty() {
+        bail!("no variants: give --variant FILE (repeatable) or --variants-dir DIR --types ...");
+    }
+    let opts = crate::quality::QualityOptions {
+        base,
+        variants,
+        corpus: a.corpus,
+        params: crate::quality::Params {
+            n_ctx: a.n_ctx,
+            n_chunks: a.chunks,
+            mode: a.mode,
+            simd: a.simd,
+            full_kl_chunks: a.full_kl_chunks,
+            window: a.window,
+            max_kept: a.max_kept,
+        },
+        threads,
+        cache_root: fetch::cache_dir()?,
+        reports_root: a.reports_dir.unwrap_or_else(|| root.join("reports")),
+        golden_manifest: root.join("golden").join(crate::golden::MANIFEST_FILE),
+        llama_perplexity: a.check_llama_perplexity,
+        check_types: a.check_types,
+    };
+    let (report, dir) = crate::quality::run(&opts, &mut |m| eprintln!("quality: {m}"))?;
+    print!("{}", crate::quality::report::render_markdown(&report));
+    println!("\nreport: {}", dir.display());
+    Ok(())
 }
 
 /// Resolve `--model` (registry id or path) and load it.

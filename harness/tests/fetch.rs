@@ -542,6 +542,7 @@ fn resolve_model_takes_local_gguf_paths_and_registry_ids() {
     let registry = Registry {
         models: vec![entry],
         variants: vec![],
+        corpora: vec![],
     };
     let cache = tempfile::tempdir().unwrap();
     let path = resolve_model_in("tiny-chunked", &registry, cache.path(), &pip.opts()).unwrap();

@@ -136,3 +136,49 @@ fn smollm2_dump_writes_every_stage_for_a_20_token_prompt() {
         assert_eq!(argmax(back.logits.row(19).as_slice().unwrap()), Some(first));
     }
 }
+
+#[test]
+#[ignore = "real model: run by ci/test.sh (fetches ~98 MB and the brotli sdist on first use)"]
+fn smollm2_quality_on_alice29_against_itself() {
+    // the registered corpus, fetched and sha256-checked; SmolLM2 Q4_1 scored against itself: zero KLD,
+    // the same top token everywhere, PPL(Q) = PPL(base)
+    let path = resolve_model(MODEL).expect("fetch the SmolLM2 model");
+    let dir = tempfile::tempdir().unwrap();
+    let opts = lockstep::quality::QualityOptions {
+        base: path.clone(),
+        variants: vec![path],
+        corpus: "alice29".into(),
+        params: lockstep::quality::Params {
+            n_ctx: 512,
+            n_chunks: 2,
+            mode: NumericsMode::Ggml,
+            simd: Simd::parse("auto").unwrap(),
+            full_kl_chunks: 0,
+            window: lockstep::quality::WINDOW,
+            max_kept: 64,
+        },
+        threads: 2,
+        cache_root: dir.path().join("cache"),
+        reports_root: dir.path().join("reports"),
+        golden_manifest: dir.path().join("none"),
+        llama_perplexity: None,
+        check_types: vec![],
+    };
+    let (r, out) = lockstep::quality::run(&opts, &mut |_| {}).unwrap();
+    assert!(out.join("quality.md").is_file());
+    assert_eq!(
+        r.corpus.sha256,
+        "7467306ee0feed4971260f3c87421154a05be571d944e9cb021a5713700c38f0"
+    );
+    assert_eq!(r.corpus_tokens, 41933);
+    let s = r.models[0].variants[0].stats.as_ref().unwrap();
+    assert_eq!(s.count, 2 * 255);
+    assert!(s.kld.value.abs() < 1e-6, "{}", s.kld.value);
+    assert_eq!(s.same_top_p.value, 1.0);
+    assert!((s.ppl_q.value - s.ppl_base.value).abs() < 1e-3 * s.ppl_base.value);
+    assert!(
+        s.ppl_base.value > 1.0 && s.ppl_base.value < 100.0,
+        "{}",
+        s.ppl_base.value
+    );
+}
