@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 use super::fp::read_f16;
 use super::q8::{Q8_0_BYTES, QK};
 use super::q8_k::QK_K;
-use super::{q4_0, q4_1, q4_k, q5_0, q6_k, GgmlPath};
+use super::{q4_0, q4_1, q4_k, q5_0, q5_1, q6_k, GgmlPath};
 
 /// True if this CPU runs the kernels of this module (AVX2, FMA and F16C, detected at run time).
 pub fn available() -> bool {
@@ -183,6 +183,45 @@ pub(crate) unsafe fn dot_q4_1_q8_1<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) 
             read_f16(std::slice::from_raw_parts(blk, 4), m_at)
         };
         let qx = bytes_from_nibbles_32(blk.add(4));
+        for j in 0..N {
+            let r = &x[j];
+            summs[j] = mw.mul_add(*r.s.get_unchecked(ib), summs[j]);
+            let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
+            let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
+            let xy = mul_sum_us8_pairs_float(qx, qy);
+            acc[j] = _mm256_fmadd_ps(d, xy, acc[j]);
+        }
+    }
+    let mut out = [0f32; N];
+    for j in 0..N {
+        out[j] = hsum_float_8(acc[j]) + summs[j];
+    }
+    out
+}
+
+/// `ggml_vec_dot_q5_1_q8_1`, AVX2 branch (arch/x86/quants.c; the only kernel llama.cpp runs for Q5_1), for
+/// one Q5_1 weight row against `N` activation rows: the Q4_1 kernel with the fifth bits OR-ed in
+/// (`bytes_from_bits_32(qh) & 0x10`): per block `summs = fma(m_w, s_x, summs)`, `acc = fma(d_w * d_x,
+/// mul_sum_us8_pairs_float(q_w, q_x), acc)`, result `hsum_float_8(acc) + summs`. Every output has the bits
+/// of [`super::q5_1::dot_q8_1`].
+///
+/// # Safety
+/// [`available`] must be true; `w` holds `nb` Q5_1 blocks and every activation row `nb` Q8_1
+/// blocks (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q5_1_q8_1<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) -> [f32; N] {
+    let nb = w.len() / q5_1::BYTES;
+    assert_eq!(w.len(), nb * q5_1::BYTES);
+    for r in &x {
+        assert!(r.qs.len() >= nb * QK && r.d.len() >= nb && r.s.len() >= nb);
+    }
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut summs = [0f32; N];
+    for ib in 0..nb {
+        let blk = w.as_ptr().add(ib * q5_1::BYTES);
+        let (dw, mw) = f16x2(blk);
+        let bxhi = _mm256_and_si256(bytes_from_bits_32(blk.add(4)), _mm256_set1_epi8(0x10));
+        let qx = _mm256_or_si256(bytes_from_nibbles_32(blk.add(8)), bxhi);
         for j in 0..N {
             let r = &x[j];
             summs[j] = mw.mul_add(*r.s.get_unchecked(ib), summs[j]);
@@ -595,7 +634,7 @@ mod tests {
             if rng.next().is_multiple_of(2) {
                 let d = half::f16::from_f32(((rng.next() % 1000) as f32 + 1.0) * 1e-5);
                 blk[0..2].copy_from_slice(&d.to_le_bytes());
-                if ty == GgmlType::Q4_1 {
+                if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
                     let m = half::f16::from_f32(-((rng.next() % 1000) as f32) * 1e-4);
                     blk[2..4].copy_from_slice(&m.to_le_bytes());
                 }
@@ -699,7 +738,12 @@ mod tests {
         let mut cases = 0;
         let mut with_min_quant = 0;
         for simd in simd_settings() {
-            for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
+            for ty in [
+                GgmlType::Q4_1,
+                GgmlType::Q8_0,
+                GgmlType::Q5_0,
+                GgmlType::Q5_1,
+            ] {
                 let k = simd_kernel(simd, ty, NumericsMode::Ggml).expect("a SIMD kernel");
                 let vd = GgmlPath::VecDot;
                 for nb in (1..=24).chain([36, 48, 64, 96, 192]) {
@@ -876,7 +920,7 @@ mod tests {
     }
 
     #[test]
-    fn float_and_repacked_q4_0_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
+    fn float_and_repacked_4_bit_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
         if !super::available() {
             eprintln!("skipping: this CPU has no AVX2+FMA+F16C (the scalar path is the only one)");
             return;
@@ -885,23 +929,33 @@ mod tests {
         let mut rng = Rng(0xf10a_7000_0000_0042);
         let mut cases = 0;
         for simd in simd_settings() {
-            for ty in [GgmlType::Q4_0, GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            let types = [
+                GgmlType::Q4_0,
+                GgmlType::IQ4_NL,
+                GgmlType::F32,
+                GgmlType::F16,
+                GgmlType::BF16,
+            ];
+            for ty in types {
                 let k = simd_kernel(simd, ty, NumericsMode::Ggml).expect("a SIMD kernel");
+                let nibbles = matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4_NL);
                 for n in [32, 64, 96, 160, 576, 1536, 40, 200, 1000] {
-                    if ty == GgmlType::Q4_0 && n % 32 != 0 {
+                    if nibbles && n % 32 != 0 {
                         continue;
                     }
                     for trial in 0..4 {
                         // both builds' kernels (AVX-512: VecDot, TinyBlas; AVX2: VecDotAvx2,
                         // TinyBlasAvx2), mixed in one call and alone
-                        let paths = match (ty, trial) {
-                            (GgmlType::Q4_0, _) => [RepackGemv, RepackGemm, RepackGemm, RepackGemv],
+                        let paths = match (nibbles, trial) {
+                            // a call with a row that is not repacked runs the scalar kernels
+                            (true, 3) => [RepackGemv, TinyBlasQ0, VecDot, RepackGemm],
+                            (true, _) => [RepackGemv, RepackGemm, RepackGemm, RepackGemv],
                             (_, 0) => [TinyBlas, VecDot, TinyBlas, VecDot],
                             (_, 1) => [TinyBlasAvx2, VecDotAvx2, TinyBlasAvx2, VecDotAvx2],
                             (_, 2) => [TinyBlasAvx2; 4],
                             _ => [VecDotAvx2, TinyBlas, TinyBlasAvx2, VecDot],
                         };
-                        let w = if ty == GgmlType::Q4_0 {
+                        let w = if nibbles {
                             weight_row(ty, n / 32, &mut rng)
                         } else {
                             float_row(ty, n, &mut rng)
@@ -933,7 +987,7 @@ mod tests {
 
     /// Another random row of the same type and length as `w`.
     fn weight_row_like(ty: GgmlType, w: &[u8], rng: &mut Rng) -> Vec<u8> {
-        if ty == GgmlType::Q4_0 {
+        if matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4_NL) {
             weight_row(ty, w.len() / ty.type_size(), rng)
         } else {
             float_row(ty, w.len() / ty.type_size(), rng)

@@ -595,6 +595,11 @@ pub(crate) enum SimdKernel {
     Q4_KAvx2,
     /// Q4_0's repacked gemv/gemm (`avx2::dot_q4_0_repacked`); its vec_dot path stays scalar.
     Q4_0Avx2,
+    /// `ggml_vec_dot_q5_1_q8_1`, AVX2 (`avx2::dot_q5_1_q8_1`).
+    Q5_1Avx2,
+    /// IQ4_NL's repacked gemv/gemm (`iq4_nl_8x8_q8_0`: Q4_0's kernel with the IQ4_NL value table,
+    /// `avx2::dot_q4_0_repacked`); its vec_dot and tinyBLAS paths stay scalar.
+    IQ4_NLAvx2,
     /// F32 weights: `ggml_vec_dot_f32` and tinyBLAS of either build (`avx2_float::dot_float`).
     F32Avx2,
     /// F16 weights: `ggml_vec_dot_f16` and tinyBLAS of either build (`avx2_float::dot_float`).
@@ -642,6 +647,8 @@ pub(crate) fn simd_kernel(
         GgmlType::F32 => Some(SimdKernel::F32Avx2),
         GgmlType::F16 => Some(SimdKernel::F16Avx2),
         GgmlType::BF16 => Some(SimdKernel::BF16Avx2),
+        GgmlType::Q5_1 => Some(SimdKernel::Q5_1Avx2),
+        GgmlType::IQ4_NL => Some(SimdKernel::IQ4_NLAvx2),
         _ => None,
     }
 }
@@ -777,9 +784,15 @@ unsafe fn dot_rows_avx2<const N: usize>(
     let ty = match k {
         SimdKernel::Q4_KAvx2 => Some(GgmlType::Q4_K),
         SimdKernel::Q6_KAvx2 => Some(GgmlType::Q6_K),
+        SimdKernel::Q4_0Avx2 => Some(GgmlType::Q4_0),
+        SimdKernel::IQ4_NLAvx2 => Some(GgmlType::IQ4_NL),
         _ => None,
     };
     let paths = paths.map(|p| ty.map_or(p, |t| effective_path(t, p)));
+    // the repacked kernels serve only calls whose every row takes a repacked path (Q4_0, IQ4_NL)
+    let repacked = paths
+        .iter()
+        .all(|p| matches!(p, GgmlPath::RepackGemv | GgmlPath::RepackGemm));
     let q8 = xs.map(|x| avx2::Q8Row {
         qs: &x.qs,
         d: &x.d,
@@ -804,7 +817,7 @@ unsafe fn dot_rows_avx2<const N: usize>(
             each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_K, w, xs[t], paths[t])))
         }
         SimdKernel::Q4_KAvx2 => each!(w => avx2::dot_q4_k_q8_k(w, q8k, paths)),
-        SimdKernel::Q4_0Avx2 if paths.contains(&GgmlPath::VecDot) => {
+        SimdKernel::Q4_0Avx2 if !repacked => {
             each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_0, w, xs[t], paths[t])))
         }
         SimdKernel::Q4_0Avx2 => each!(w => avx2::dot_q4_0_repacked(w, q8, paths, &q4_0::VALUES)),
@@ -821,6 +834,13 @@ unsafe fn dot_rows_avx2<const N: usize>(
             each!(w => avx2_float::dot_float(ty, w, xf, paths))
         }
         SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k(w, q8k, paths)),
+        SimdKernel::Q5_1Avx2 => each!(w => avx2::dot_q5_1_q8_1(w, q8)),
+        SimdKernel::IQ4_NLAvx2 if !repacked => {
+            each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::IQ4_NL, w, xs[t], paths[t])))
+        }
+        SimdKernel::IQ4_NLAvx2 => {
+            each!(w => avx2::dot_q4_0_repacked(w, q8, paths, &iq4_nl::KVALUES))
+        }
         SimdKernel::Q4_1Avx512 | SimdKernel::Q8_0Avx512 | SimdKernel::Q5_0Avx512 => {
             unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512")
         }
