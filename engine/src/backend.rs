@@ -81,13 +81,24 @@ pub trait Backend: Send + Sync {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend {
     simd: Simd,
+    input_rounding: bool,
 }
 
 impl CpuBackend {
     /// A backend with the kernels of `simd`. A setting the CPU cannot run falls back to scalar kernels
     /// ([`Simd::parse`] refuses it earlier, with a message).
     pub fn new(simd: Simd) -> Self {
-        CpuBackend { simd }
+        CpuBackend {
+            simd,
+            input_rounding: false,
+        }
+    }
+
+    /// In reference mode, round every matmul input as llama.cpp does before the f32 dot products
+    /// ([`PreparedRow::prepare_rounded`]): the rounding probe. No effect in ggml mode, which rounds anyway.
+    pub fn with_input_rounding(mut self, on: bool) -> Self {
+        self.input_rounding = on;
+        self
     }
 
     /// The SIMD setting.
@@ -166,7 +177,12 @@ impl Backend for CpuBackend {
             .enumerate()
             .try_for_each(|(t, p)| {
                 let xt = &x[t * w.cols..(t + 1) * w.cols];
-                p.prepare_simd(w.ty, mode, xt, self.simd != Simd::Off)
+                let simd = self.simd != Simd::Off;
+                if self.input_rounding && mode == NumericsMode::Reference {
+                    p.prepare_rounded(w.ty, xt, simd)
+                } else {
+                    p.prepare_simd(w.ty, mode, xt, simd)
+                }
             })?;
         let prepared = &scratch.prepared[..n_tokens];
         // the ggml kernel of each batch row (llama.cpp's choice depends on the batch size)

@@ -53,6 +53,13 @@ pub trait Engine {
     fn replaces_stages(&self) -> bool {
         false
     }
+
+    /// From the next [`Engine::reset`] on, in reference mode, round every matmul input as llama.cpp does
+    /// before the f32 dot products (the rounding probe, [`crate::probe`]). Returns false, and changes
+    /// nothing, when the engine cannot (an external engine).
+    fn set_input_rounding(&mut self, _on: bool) -> bool {
+        false
+    }
 }
 
 /// Our own engine, in process.
@@ -60,6 +67,7 @@ pub struct LockstepEngine {
     model: Model,
     path: PathBuf,
     simd: Simd,
+    input_rounding: bool,
     session: Option<Session>,
 }
 
@@ -71,6 +79,7 @@ impl LockstepEngine {
             model,
             path: path.to_path_buf(),
             simd: Simd::Off,
+            input_rounding: false,
             session: None,
         })
     }
@@ -88,6 +97,7 @@ impl LockstepEngine {
             model,
             path,
             simd: Simd::Off,
+            input_rounding: false,
             session: None,
         }
     }
@@ -133,8 +143,14 @@ impl Engine for LockstepEngine {
         let mut session = self.model.session(n_ctx, mode);
         session.set_ggml_target(target);
         session.set_simd(self.simd);
+        session.set_input_rounding(self.input_rounding);
         self.session = Some(session);
         Ok(())
+    }
+
+    fn set_input_rounding(&mut self, on: bool) -> bool {
+        self.input_rounding = on;
+        true
     }
 
     fn replaces_stages(&self) -> bool {

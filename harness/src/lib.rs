@@ -12,6 +12,7 @@
 //! - [`gate`] — thresholds (`ci/thresholds.toml`), verdicts and failure lines.
 //! - [`report`] — run reports: `report.json`, `report.md`, `results.csv`.
 //! - [`engine`] — the engine seam: our engine in process, or any external command writing the dump format.
+//! - [`probe`] — the rounding probe: a failing reference cell rerun with llama.cpp's input rounding.
 //! - [`run`] — `lockstep run`: every cell of the matrix against its golden, compared, gated, reported.
 //! - [`bench`] — `lockstep bench` beside llama-bench, and the speed gate.
 //! - [`cli`] — command-line parsing and the subcommands.
@@ -32,6 +33,7 @@ pub mod hash;
 pub mod matrix;
 pub mod metrics;
 pub mod npz;
+pub mod probe;
 pub mod process;
 pub mod quality;
 pub mod registry;

@@ -293,6 +293,7 @@ fn engine_error_cell(
         finding: None,
         output_sha256: None,
         error: Some(error),
+        rounding_probe: None,
     })
 }
 
@@ -414,6 +415,12 @@ pub fn run_cell(
 
     let mut verdict = evaluate(cell, &comparison, &th);
     crate::bisect::gate_finding(&mut verdict, &judged.finding);
+    // a failing reference cell: how much of its gap is llama.cpp's input rounding (informative)
+    let rounding_probe = if crate::probe::wanted(mode, &verdict) {
+        crate::probe::run(&case, &mut gf, engine.as_mut(), cell, &th)?
+    } else {
+        None
+    };
     Ok(CellReport {
         error: None,
         cell: cell.clone(),
@@ -428,6 +435,7 @@ pub fn run_cell(
         local_nmse_by_layer: judged.local_nmse_by_layer(),
         finding: Some(judged.finding),
         output_sha256,
+        rounding_probe,
     })
 }
 

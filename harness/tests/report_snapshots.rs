@@ -241,6 +241,7 @@ fn report() -> Report {
                 "5d41".repeat(16)
             }),
             error: None,
+            rounding_probe: None,
         }
     };
     Report {

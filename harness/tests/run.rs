@@ -807,3 +807,45 @@ fn ctrl_c_during_a_run_saves_the_cells_finished_before_it() {
         "{inc:?}"
     );
 }
+
+#[test]
+#[ignore = "real models: run by ci/test.sh"]
+fn the_rounding_probe_tells_a_bug_from_llamacpp_rounding() {
+    // a passing reference cell gets no probe
+    let reports = tempfile::tempdir().unwrap();
+    let opts = options(&root().join("golden"), reports.path(), "prose", "reference");
+    let mut opts_off = opts.clone();
+    opts_off.filters.simd = vec!["off".into()];
+    let (_, r) = run(&opts_off).unwrap();
+    assert!(r.cells[0].verdict.pass);
+    assert!(r.cells[0].rounding_probe.is_none());
+
+    // a bug (RMSNorm epsilon 1e-2 for 1e-5) fails in reference mode and still fails with llama.cpp's
+    // input rounding added: the probe does not excuse it
+    let mut factory = |_: &Cell, model: &Path, _: &str| -> Result<Box<dyn Engine>> {
+        let bytes = with_eps(std::fs::read(model)?, 1e-2);
+        let m = Model::from_gguf(GgufFile::from_bytes(bytes, "broken-eps.gguf")?)?;
+        Ok(Box::new(LockstepEngine::from_model(m, model.to_path_buf())))
+    };
+    let (_, r) = run_with(&opts_off, &mut factory).unwrap();
+    let cell = &r.cells[0];
+    assert!(!cell.verdict.pass, "a wrong epsilon must fail the gate");
+    let probe = cell
+        .rounding_probe
+        .as_ref()
+        .expect("a failing reference cell is probed");
+    assert!(!probe.verdict.pass, "{probe:?}");
+    assert!(probe.mean_kl.unwrap() > 0.1, "{probe:?}");
+
+    // the Q5_K variant's reference cell fails (four top-1 flips against llama.cpp's Q8_K-rounded inputs);
+    // with that rounding added it passes its own gate: sensitivity, not a bug
+    let mut opts = opts_off.clone();
+    opts.filters.model = vec!["smollm2-135m-q4_1-q5_k".into()];
+    let (dir, r) = run(&opts).unwrap();
+    let cell = &r.cells[0];
+    assert!(!cell.verdict.pass, "{:?}", cell.verdict.failures);
+    let probe = cell.rounding_probe.as_ref().expect("probed");
+    assert!(probe.verdict.pass, "{probe:?}");
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("## Rounding probe"), "{md}");
+}

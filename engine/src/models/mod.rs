@@ -209,6 +209,7 @@ impl Model {
             mode,
             target: GgmlTarget::default(),
             simd: Simd::Off,
+            input_rounding: false,
             backend: Box::new(CpuBackend::new(Simd::Off)),
             mm: MatmulScratch::default(),
             act: blocks::Activations::default(),
@@ -281,6 +282,7 @@ impl Model {
             backend,
             mm,
             act,
+            ..
         } = session;
         let mut f = blocks::Fwd {
             g: &self.gguf,
@@ -308,6 +310,7 @@ pub struct Session {
     mode: NumericsMode,
     target: GgmlTarget,
     simd: Simd,
+    input_rounding: bool,
     backend: Box<dyn Backend>,
     mm: MatmulScratch,
     act: blocks::Activations,
@@ -349,7 +352,15 @@ impl Session {
     /// kernels give the scalar ones' bits); in reference mode sums may be reordered.
     pub fn set_simd(&mut self, simd: Simd) {
         self.simd = simd;
-        self.backend = Box::new(CpuBackend::new(simd));
+        self.backend = Box::new(CpuBackend::new(simd).with_input_rounding(self.input_rounding));
+    }
+
+    /// In reference mode, round every matmul input as llama.cpp does (to the weight type's `vec_dot_type`
+    /// and back) before the f32 dot products: the rounding probe
+    /// ([`crate::quant::PreparedRow::prepare_rounded`]). Off by default; no effect in ggml mode.
+    pub fn set_input_rounding(&mut self, on: bool) {
+        self.input_rounding = on;
+        self.backend = Box::new(CpuBackend::new(self.simd).with_input_rounding(on));
     }
 
     /// Forget every cached position (the next forward starts at position 0).

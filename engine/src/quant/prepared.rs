@@ -164,6 +164,31 @@ impl PreparedRow {
         Ok(())
     }
 
+    /// Prepare `x` for reference-mode dot products with rows of `weight_ty` after rounding it as
+    /// llama.cpp rounds every matmul input: converted to the weight type's `vec_dot_type` exactly as
+    /// [`NumericsMode::Ggml`] does (Q8_0, Q8_1, Q8_K, F16, BF16; F32 unchanged) and dequantized back to f32
+    /// (`dequantize_row_q8_0` etc.); the dot products then run in reference mode (f32 accumulation).
+    ///
+    /// This is a probe, not a numerics mode of its own: the reference computation with llama.cpp's input
+    /// rounding and nothing else of ggml's, to measure how much of a reference-vs-llama.cpp gap that
+    /// rounding explains (`lockstep run`'s rounding probe).
+    ///
+    /// Errors: as [`PreparedRow::prepare`] in ggml mode.
+    pub fn prepare_rounded(&mut self, weight_ty: GgmlType, x: &[f32], simd: bool) -> Result<()> {
+        self.prepare_simd(weight_ty, NumericsMode::Ggml, x, simd)?;
+        let act_ty = self.act_ty.unwrap_or(GgmlType::F32);
+        if matches!(act_ty, GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8_K) {
+            resize(&mut self.x, x.len(), 0.0);
+            super::dequantize_row(act_ty, &self.blocks, &mut self.x)?;
+        }
+        // F32/F16/BF16: `x` already holds the activation as the kernel reads it
+        self.mode = NumericsMode::Reference;
+        self.act_ty = Some(GgmlType::F32);
+        self.blocks.clear();
+        self.has_min_quant = false;
+        Ok(())
+    }
+
     /// Number of per-block scales prepared (`d`: the blocks of a Q8_0/Q8_1/Q8_K row; 0 in reference
     /// mode and for float activation types).
     pub(crate) fn n_blocks(&self) -> usize {

@@ -907,3 +907,40 @@ fn repacked_q4_0_is_one_fma_per_block_of_the_exact_integer_dot() {
     let wrapped = q4_0::dot_q8_0_repacked(&w, &xq2, &xd, true);
     assert_ne!(exact, wrapped);
 }
+
+#[test]
+fn rounded_reference_rows_hold_the_ggml_activation_dequantized() {
+    // the rounding probe: reference-mode dot products of the activation llama.cpp's kernels read
+    let mut rng = Rng(0x0b5e_0000_0000_0077);
+    for ty in DOT_TYPES {
+        let n = 512;
+        let x = rng.vec(n, 3.0);
+        let w = weight_row(ty, n, &mut rng);
+        let mut r = PreparedRow::new();
+        r.prepare_rounded(ty, &x, false).unwrap();
+        let g = prepared(ty, NumericsMode::Ggml, &x);
+        // what the ggml row's kernels read, as f32
+        let want: Vec<f32> = match g.activation_type().unwrap() {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => g.x.clone(),
+            act => {
+                // one scale per element
+                let (q, d) = unpack_act(act, &g.blocks);
+                q.iter()
+                    .zip(&d)
+                    .map(|(&q, &d)| (d * f64::from(q)) as f32)
+                    .collect()
+            }
+        };
+        assert!(r.x == want, "{ty}: not the activation ggml's kernels read");
+        // every type but F32 (whose kernels read the f32 input) rounds
+        assert_eq!(r.x != x, ty != GgmlType::F32, "{ty}: rounded or not");
+        assert_eq!(r.mode(), NumericsMode::Reference, "{ty}");
+        // its dot product is reference mode's on the rounded activation
+        let plain = prepared(ty, NumericsMode::Reference, &want);
+        assert_eq!(
+            vec_dot(ty, &w, &r).to_bits(),
+            vec_dot(ty, &w, &plain).to_bits(),
+            "{ty}"
+        );
+    }
+}

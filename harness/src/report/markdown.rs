@@ -309,6 +309,63 @@ pub fn render_markdown(r: &Report) -> String {
         }
     }
 
+    // The rounding probe of failing reference cells.
+    let probed: Vec<(&CellReport, &crate::probe::RoundingProbe)> = r
+        .cells
+        .iter()
+        .filter_map(|c| c.rounding_probe.as_ref().map(|p| (c, p)))
+        .collect();
+    if !probed.is_empty() {
+        let _ = writeln!(
+            md,
+            "## Rounding probe (failing reference cells)
+"
+        );
+        let _ = writeln!(
+            md,
+            "Each failing `reference` cell rerun with every matmul input rounded as llama.cpp rounds it (to the \
+             weight type's `vec_dot_type`: Q8_0, Q8_1, Q8_K, F16 or BF16) and nothing else of ggml's \
+             arithmetic, gated with the cell's own thresholds. A bug does not shrink when llama.cpp's \
+             rounding is added; a gap that does was that rounding's sensitivity. Informative: the cell's \
+             verdict stays as it is.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| cell | top-1 | mean KL | max KL | top-5 mean | with llama.cpp's rounding: top-1 | mean KL | max KL | top-5 mean | gate |"
+        );
+        let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|");
+        for (c, p) in probed {
+            let m = cell_metrics(&c.comparison, c.verdict.margin_tolerance);
+            let gate = if p.verdict.pass {
+                "PASS".to_string()
+            } else {
+                let metrics: Vec<&str> = p
+                    .verdict
+                    .failures
+                    .iter()
+                    .map(|f| f.metric.as_str())
+                    .collect();
+                format!("FAIL ({})", metrics.join(", "))
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {}/{} | {} | {} | {} | {}/{} | {} | {} | {} | {gate} |",
+                c.cell.id(),
+                m.top1_agree,
+                m.positions,
+                opt_or_dash(m.mean_kl, fmt_e3),
+                opt_or_dash(m.max_kl.map(|x| x.0), fmt_e3),
+                opt_or_dash(m.top5_mean, |v| format!("{v:.4}")),
+                p.top1_agree,
+                p.positions,
+                opt_or_dash(p.mean_kl, fmt_e3),
+                opt_or_dash(p.max_kl, fmt_e3),
+                opt_or_dash(p.top5_mean, |v| format!("{v:.4}")),
+            );
+        }
+        md.push('\n');
+    }
+
     // Worst stages across cells.
     let mut all: Vec<(&CellReport, &StageComparison)> = r
         .cells

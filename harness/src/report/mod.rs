@@ -198,6 +198,10 @@ pub struct CellReport {
     /// holds the golden's tokens only and its speed is zero. Absent for every cell that ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// A reference cell that failed, rerun with llama.cpp's input rounding ([`crate::probe`]): how much of
+    /// its gap that rounding explains. Informative, never part of the verdict; absent elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounding_probe: Option<crate::probe::RoundingProbe>,
 }
 
 /// One SIMD cell set beside its scalar twin (the cell that differs only in `simd = off`).
