@@ -963,13 +963,12 @@ unsafe fn dot_rows_tiles<const N: usize>(
             each_row!(n_rows, row, outs, $w => $dot)
         };
     }
-    match k {
-        SimdKernel::Q4_1Avx512 => each!(w => avx512::dot_q4_1_q8_1(w, &q4_1, prod)),
-        SimdKernel::Q8_0Avx512 => {
-            // two weight rows per step: each activation block loaded once for both
+    // rows two at a time through `$x2`, an odd last one through `$one`
+    macro_rules! pairs {
+        ($x2:path, $one:path) => {{
             let pairs = n_rows / 2;
             for i in 0..pairs {
-                let r = avx512::dot_q8_0_q8_0_x2([row(2 * i), row(2 * i + 1)], &q8u);
+                let r = $x2([row(2 * i), row(2 * i + 1)], &q8u);
                 for (t, o) in outs.iter_mut().enumerate() {
                     // SAFETY: every output holds `n_rows` floats (`dot_rows_tiled` checked it)
                     *o.get_unchecked_mut(2 * i) = r[0][t];
@@ -977,13 +976,18 @@ unsafe fn dot_rows_tiles<const N: usize>(
                 }
             }
             for i in 2 * pairs..n_rows {
-                let r = avx512::dot_q8_0_q8_0(row(i), &q8u, prod);
+                let r = $one(row(i), &q8u, prod);
                 for (o, r) in outs.iter_mut().zip(r) {
                     o[i] = r;
                 }
             }
-        }
-        SimdKernel::Q5_0Avx512 => each!(w => avx512::dot_q5_0_q8_0(w, &q8u, prod)),
+        }};
+    }
+    match k {
+        SimdKernel::Q4_1Avx512 => each!(w => avx512::dot_q4_1_q8_1(w, &q4_1, prod)),
+        // two weight rows per step: each activation block loaded once for both
+        SimdKernel::Q8_0Avx512 => pairs!(avx512::dot_q8_0_q8_0_x2, avx512::dot_q8_0_q8_0),
+        SimdKernel::Q5_0Avx512 => pairs!(avx512::dot_q5_0_q8_0_x2, avx512::dot_q5_0_q8_0),
         _ => unreachable!("dot_rows_avx512 runs the AVX-512 kernels only"),
     }
 }
