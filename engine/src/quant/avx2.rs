@@ -319,6 +319,75 @@ pub(crate) unsafe fn dot_q4_0_repacked<const N: usize>(
     acc
 }
 
+/// Lane `j` = the sum of the eight i32 lanes of `v[j]` (exact integers, so the order of the adds does not
+/// matter; wrapping as `_mm256_add_epi32`): eight horizontal sums for the price of about one each.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn hsum_i32_8x8(v: &[__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    // per 128-bit half: [s0, s1, s2, s3] and [s4, s5, s6, s7] of that half's lanes
+    let h0123 = _mm256_hadd_epi32(h01, h23);
+    let h4567 = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(h0123, h4567, 0x20),
+        _mm256_permute2x128_si256(h0123, h4567, 0x31),
+    )
+}
+
+/// [`dot_q4_0_repacked`] for eight activation rows at once, with their scales transposed (`dt[ib·8 + j]` =
+/// row `j`'s `d` of block `ib`, as [`super::tile_scales`] lays them out): the eight rows' block sums
+/// become one vector ([`hsum_i32_8x8`]) and the eight accumulators its lanes, each lane the scalar
+/// kernel's `fma(isum, d_w·d_x, acc)`. Same bits as [`dot_q4_0_repacked`].
+///
+/// # Safety
+/// As [`dot_q4_0_repacked`]; `dt` holds `8·nb` scales (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_0_repacked_x8(
+    w: &[u8],
+    x: [Q8Row<'_>; 8],
+    dt: &[f32],
+    paths: [GgmlPath; 8],
+    values: &[i8; 16],
+) -> [f32; 8] {
+    let nb = w.len() / q4_0::BYTES;
+    assert_eq!(w.len(), nb * q4_0::BYTES);
+    assert!(dt.len() >= 8 * nb);
+    for r in &x {
+        assert!(r.qs.len() >= nb * QK && r.d.len() >= nb);
+    }
+    let ones = _mm256_set1_epi16(1);
+    let lut128 = _mm_loadu_si128(values.as_ptr() as *const __m128i);
+    let lut = _mm256_set_m128i(lut128, lut128);
+    let mut acc = _mm256_setzero_ps();
+    let mut m = [_mm256_setzero_si256(); 8];
+    for ib in 0..nb {
+        let blk = w.as_ptr().add(ib * q4_0::BYTES);
+        let qw = _mm256_shuffle_epi8(lut, bytes_from_nibbles_32(blk.add(2)));
+        for j in 0..8 {
+            let qy = _mm256_loadu_si256(x[j].qs.as_ptr().add(ib * QK) as *const __m256i);
+            let (a, b) = if paths[j] == GgmlPath::RepackGemv {
+                (qw, qy)
+            } else {
+                (qy, qw)
+            };
+            let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+            m[j] = _mm256_madd_epi16(dot, ones);
+        }
+        let isum = _mm256_cvtepi32_ps(hsum_i32_8x8(&m));
+        let d = _mm256_mul_ps(
+            _mm256_set1_ps(f16x1(blk)),
+            _mm256_loadu_ps(dt.as_ptr().add(8 * ib)),
+        );
+        acc = _mm256_fmadd_ps(isum, d, acc);
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
 /// `bytes_from_bits_32` (arch/x86/quants.c): the 32 bits at `x` → 32 bytes, `0xFF` where the bit is set
 /// and `0` elsewhere (byte `j` from bit `j`).
 #[target_feature(enable = "avx2,fma")]
@@ -983,6 +1052,57 @@ mod tests {
             }
         }
         assert!(cases > 500, "{cases}");
+    }
+
+    #[test]
+    fn repacked_4_bit_kernels_give_the_scalar_bits_one_or_eight_tokens_at_a_time() {
+        if !super::available() {
+            eprintln!("skipping: this CPU has no AVX2+FMA+F16C (the scalar path is the only one)");
+            return;
+        }
+        use GgmlPath::*;
+        let mut rng = Rng(0x4e9a_c4ed_0000_0008);
+        let mut cases = 0;
+        for simd in simd_settings() {
+            for ty in [GgmlType::Q4_0, GgmlType::IQ4_NL] {
+                let k = simd_kernel(simd, ty, NumericsMode::Ggml).expect("a SIMD kernel");
+                for nb in [1, 2, 18, 48] {
+                    let n = nb * 32;
+                    let w: Vec<Vec<u8>> = (0..11).map(|_| weight_row(ty, nb, &mut rng)).collect();
+                    let nan = rng.next().is_multiple_of(3);
+                    let xs = activation_rows(ty, n, 8, nan, &mut rng);
+                    // a decode step: eleven rows against one token
+                    for p in [RepackGemv, RepackGemm] {
+                        let rows: [&[u8]; 11] = std::array::from_fn(|r| &w[r][..]);
+                        let got = k.dot(rows, [&xs[0]], [p]);
+                        for (r, row) in rows.iter().enumerate() {
+                            let want = vec_dot_path(ty, row, &xs[0], p);
+                            assert!(same(got[r][0], want), "{simd} {ty} nb {nb} {p:?} row {r}");
+                            cases += 1;
+                        }
+                    }
+                    // a prompt's token group: three rows against eight tokens, gemm and gemv rows mixed
+                    let paths = [
+                        RepackGemm, RepackGemm, RepackGemv, RepackGemm, RepackGemm, RepackGemv,
+                        RepackGemv, RepackGemm,
+                    ];
+                    let rows: [&[u8]; 3] = std::array::from_fn(|r| &w[r][..]);
+                    let x8: [&PreparedRow; 8] = std::array::from_fn(|j| &xs[j]);
+                    let got = k.dot(rows, x8, paths);
+                    for (r, row) in rows.iter().enumerate() {
+                        for (j, &p) in paths.iter().enumerate() {
+                            let want = vec_dot_path(ty, row, &xs[j], p);
+                            assert!(
+                                same(got[r][j], want),
+                                "{simd} {ty} nb {nb} {p:?} row {r} token {j}"
+                            );
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(cases > 100, "{cases}");
     }
 
     /// Another random row of the same type and length as `w`.

@@ -820,7 +820,9 @@ unsafe fn dot_rows_avx2<const N: usize>(
         SimdKernel::Q4_0Avx2 if !repacked => {
             each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_0, w, xs[t], paths[t])))
         }
-        SimdKernel::Q4_0Avx2 => each!(w => avx2::dot_q4_0_repacked(w, q8, paths, &q4_0::VALUES)),
+        SimdKernel::Q4_0Avx2 => {
+            repacked_rows(rows, row_bytes, n_rows, xs, q8, paths, &q4_0::VALUES, outs)
+        }
         SimdKernel::F32Avx2 | SimdKernel::F16Avx2 | SimdKernel::BF16Avx2 => {
             let ty = match k {
                 SimdKernel::F32Avx2 => GgmlType::F32,
@@ -838,13 +840,74 @@ unsafe fn dot_rows_avx2<const N: usize>(
         SimdKernel::IQ4_NLAvx2 if !repacked => {
             each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::IQ4_NL, w, xs[t], paths[t])))
         }
-        SimdKernel::IQ4_NLAvx2 => {
-            each!(w => avx2::dot_q4_0_repacked(w, q8, paths, &iq4_nl::KVALUES))
-        }
+        SimdKernel::IQ4_NLAvx2 => repacked_rows(
+            rows,
+            row_bytes,
+            n_rows,
+            xs,
+            q8,
+            paths,
+            &iq4_nl::KVALUES,
+            outs,
+        ),
         SimdKernel::Q4_1Avx512 | SimdKernel::Q8_0Avx512 | SimdKernel::Q5_0Avx512 => {
             unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512")
         }
     }
+}
+
+/// The repacked Q4_0 / IQ4_NL kernels (`values`: the nibble table) over `n_rows` weight rows: a group of
+/// eight prompt tokens with their scales transposed once for all rows (`avx2::dot_q4_0_repacked_x8`: 24%
+/// faster on a SmolLM2 Q4_0 prompt), anything else row by row (`avx2::dot_q4_0_repacked`; eight rows at a
+/// time for a decode step measured 30% slower: eight strided weight streams). Same bits every way.
+///
+/// # Safety
+/// As [`dot_rows_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn repacked_rows<const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    xs: [&PreparedRow; N],
+    q8: [avx2::Q8Row<'_>; N],
+    paths: [GgmlPath; N],
+    values: &[i8; 16],
+    outs: &mut [&mut [f32]; N],
+) {
+    let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
+    if N == 8 {
+        let nb = xs[0].n_blocks();
+        REPACK_SCRATCH.with(|buf| {
+            let buf = &mut *buf.borrow_mut();
+            if buf.len() < 16 * nb {
+                buf.resize(16 * nb, 0.0);
+            }
+            tile_scales(xs, buf);
+            let x8: [avx2::Q8Row<'_>; 8] = std::array::from_fn(|j| q8[j]);
+            let p8: [GgmlPath; 8] = std::array::from_fn(|j| paths[j]);
+            for i in 0..n_rows {
+                let r = avx2::dot_q4_0_repacked_x8(row(i), x8, &buf[..8 * nb], p8, values);
+                for (o, r) in outs.iter_mut().zip(r) {
+                    o[i] = r;
+                }
+            }
+        });
+        return;
+    }
+    for i in 0..n_rows {
+        let r = avx2::dot_q4_0_repacked(row(i), q8, paths, values);
+        for (o, r) in outs.iter_mut().zip(r) {
+            o[i] = r;
+        }
+    }
+}
+
+thread_local! {
+    /// Per-thread buffer of [`repacked_rows`] (the token group's transposed scales).
+    #[cfg(target_arch = "x86_64")]
+    static REPACK_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The bytes of `q` as `u8` (the same memory; `vpdpbusd` takes Q8_1 quants as its signed operand).
