@@ -183,15 +183,39 @@ pub(crate) unsafe fn dot_q4_1_q8_1<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) 
             read_f16(std::slice::from_raw_parts(blk, 4), m_at)
         };
         let qx = bytes_from_nibbles_32(blk.add(4));
-        for j in 0..N {
-            let r = &x[j];
-            summs[j] = mw.mul_add(*r.s.get_unchecked(ib), summs[j]);
-            let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
-            let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
-            let xy = mul_sum_us8_pairs_float(qx, qy);
-            acc[j] = _mm256_fmadd_ps(d, xy, acc[j]);
-        }
+        q8_1_block(qx, dw, mw, &x, ib, &mut acc, &mut summs);
     }
+    q8_1_results(&acc, &summs)
+}
+
+/// One block of the Q4_1 and Q5_1 kernels: the weight's unsigned quants `qx` (scale `dw`, min `mw`)
+/// against block `ib` of every activation row: `summs = fma(m_w, s_x, summs)` (gcc contracts
+/// `summs += m*s`), `acc = fma(d_w * d_x, mul_sum_us8_pairs_float(qx, q_x), acc)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q8_1_block<const N: usize>(
+    qx: __m256i,
+    dw: f32,
+    mw: f32,
+    x: &[Q8Row<'_>; N],
+    ib: usize,
+    acc: &mut [__m256; N],
+    summs: &mut [f32; N],
+) {
+    for j in 0..N {
+        let r = &x[j];
+        summs[j] = mw.mul_add(*r.s.get_unchecked(ib), summs[j]);
+        let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
+        let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
+        let xy = mul_sum_us8_pairs_float(qx, qy);
+        acc[j] = _mm256_fmadd_ps(d, xy, acc[j]);
+    }
+}
+
+/// The Q4_1/Q5_1 kernels' results: `hsum_float_8(acc) + summs` per activation row.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q8_1_results<const N: usize>(acc: &[__m256; N], summs: &[f32; N]) -> [f32; N] {
     let mut out = [0f32; N];
     for j in 0..N {
         out[j] = hsum_float_8(acc[j]) + summs[j];
@@ -222,20 +246,9 @@ pub(crate) unsafe fn dot_q5_1_q8_1<const N: usize>(w: &[u8], x: [Q8Row<'_>; N]) 
         let (dw, mw) = f16x2(blk);
         let bxhi = _mm256_and_si256(bytes_from_bits_32(blk.add(4)), _mm256_set1_epi8(0x10));
         let qx = _mm256_or_si256(bytes_from_nibbles_32(blk.add(8)), bxhi);
-        for j in 0..N {
-            let r = &x[j];
-            summs[j] = mw.mul_add(*r.s.get_unchecked(ib), summs[j]);
-            let d = _mm256_set1_ps(dw * *r.d.get_unchecked(ib));
-            let qy = _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK) as *const __m256i);
-            let xy = mul_sum_us8_pairs_float(qx, qy);
-            acc[j] = _mm256_fmadd_ps(d, xy, acc[j]);
-        }
+        q8_1_block(qx, dw, mw, &x, ib, &mut acc, &mut summs);
     }
-    let mut out = [0f32; N];
-    for j in 0..N {
-        out[j] = hsum_float_8(acc[j]) + summs[j];
-    }
-    out
+    q8_1_results(&acc, &summs)
 }
 
 /// `ggml_vec_dot_q8_0_q8_0`, AVX2 branch (and `tinyBLAS_Q0_AVX`, which computes each output the same
