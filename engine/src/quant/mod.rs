@@ -699,7 +699,11 @@ impl SimdKernel {
     pub(crate) fn uses_tiles(self) -> bool {
         matches!(
             self,
-            SimdKernel::Q4_1Avx512 | SimdKernel::Q8_0Avx512 | SimdKernel::Q5_0Avx512
+            SimdKernel::Q4_1Avx512
+                | SimdKernel::Q8_0Avx512
+                | SimdKernel::Q5_0Avx512
+                | SimdKernel::Q4_0Avx2
+                | SimdKernel::IQ4_NLAvx2
         )
     }
 
@@ -723,7 +727,7 @@ impl SimdKernel {
         // (AVX2+FMA+F16C, and AVX-512 F/BW/VL/VNNI for the `Avx512` ones); the bounds were checked above.
         unsafe {
             use SimdKernel::*;
-            let vnni = self.uses_tiles();
+            let vnni = matches!(self, Q4_1Avx512 | Q8_0Avx512 | Q5_0Avx512);
             // a −128 activation quant needs ggml's `sign` form, which the AVX2 kernels have; a single
             // activation row (decode) is faster there too (the tile's transposed scales and products
             // cost more than they save for one row: criterion `matmul/q8_0/*/ggml/decode`)
@@ -736,7 +740,7 @@ impl SimdKernel {
                     Q5_0Avx512 => Q5_0Avx2,
                     k => k,
                 };
-                dot_rows_avx2(k, rows, row_bytes, n_rows, xs, paths, &mut outs)
+                dot_rows_avx2(k, rows, row_bytes, n_rows, xs, paths, &mut outs, tiles)
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -778,6 +782,7 @@ unsafe fn dot_rows_avx2<const N: usize>(
     xs: [&PreparedRow; N],
     paths: [GgmlPath; N],
     outs: &mut [&mut [f32]; N],
+    tiles: Option<&[f32]>,
 ) {
     let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
     // a path that does not exist for the kernel's weight type is the vec_dot kernel (as in vec_dot_path)
@@ -820,9 +825,17 @@ unsafe fn dot_rows_avx2<const N: usize>(
         SimdKernel::Q4_0Avx2 if !repacked => {
             each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_0, w, xs[t], paths[t])))
         }
-        SimdKernel::Q4_0Avx2 => {
-            repacked_rows(rows, row_bytes, n_rows, xs, q8, paths, &q4_0::VALUES, outs)
-        }
+        SimdKernel::Q4_0Avx2 => repacked_rows(
+            rows,
+            row_bytes,
+            n_rows,
+            xs,
+            q8,
+            paths,
+            &q4_0::VALUES,
+            outs,
+            tiles,
+        ),
         SimdKernel::F32Avx2 | SimdKernel::F16Avx2 | SimdKernel::BF16Avx2 => {
             let ty = match k {
                 SimdKernel::F32Avx2 => GgmlType::F32,
@@ -849,6 +862,7 @@ unsafe fn dot_rows_avx2<const N: usize>(
             paths,
             &iq4_nl::KVALUES,
             outs,
+            tiles,
         ),
         SimdKernel::Q4_1Avx512 | SimdKernel::Q8_0Avx512 | SimdKernel::Q5_0Avx512 => {
             unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512")
@@ -875,25 +889,33 @@ unsafe fn repacked_rows<const N: usize>(
     paths: [GgmlPath; N],
     values: &[i8; 16],
     outs: &mut [&mut [f32]; N],
+    tiles: Option<&[f32]>,
 ) {
     let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
     if N == 8 {
         let nb = xs[0].n_blocks();
-        REPACK_SCRATCH.with(|buf| {
-            let buf = &mut *buf.borrow_mut();
-            if buf.len() < 16 * nb {
-                buf.resize(16 * nb, 0.0);
-            }
-            tile_scales(xs, buf);
-            let x8: [avx2::Q8Row<'_>; 8] = std::array::from_fn(|j| q8[j]);
-            let p8: [GgmlPath; 8] = std::array::from_fn(|j| paths[j]);
+        let x8: [avx2::Q8Row<'_>; 8] = std::array::from_fn(|j| q8[j]);
+        let p8: [GgmlPath; 8] = std::array::from_fn(|j| paths[j]);
+        let mut run = |dt: &[f32]| {
             for i in 0..n_rows {
-                let r = avx2::dot_q4_0_repacked_x8(row(i), x8, &buf[..8 * nb], p8, values);
+                let r = avx2::dot_q4_0_repacked_x8(row(i), x8, &dt[..8 * nb], p8, values);
                 for (o, r) in outs.iter_mut().zip(r) {
                     o[i] = r;
                 }
             }
-        });
+        };
+        // the transposed scales the caller made once per matmul, or made here in the tile buffer
+        match tiles {
+            Some(t) => run(t),
+            None => TILE_SCRATCH.with(|buf| {
+                let buf = &mut *buf.borrow_mut();
+                if buf.len() < 16 * nb {
+                    buf.resize(16 * nb, 0.0);
+                }
+                tile_scales(xs, buf);
+                run(buf)
+            }),
+        }
         return;
     }
     for i in 0..n_rows {
@@ -902,12 +924,6 @@ unsafe fn repacked_rows<const N: usize>(
             o[i] = r;
         }
     }
-}
-
-thread_local! {
-    /// Per-thread buffer of [`repacked_rows`] (the token group's transposed scales).
-    #[cfg(target_arch = "x86_64")]
-    static REPACK_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The bytes of `q` as `u8` (the same memory; `vpdpbusd` takes Q8_1 quants as its signed operand).
@@ -986,7 +1002,8 @@ pub(crate) fn tile_scales<const N: usize>(xs: [&PreparedRow; N], out: &mut [f32]
 }
 
 thread_local! {
-    /// Per-thread buffer of [`dot_rows_avx512`] (transposed scales and scale products).
+    /// Per-thread buffer of [`dot_rows_avx512`] (transposed scales and scale products) and of
+    /// [`repacked_rows`] (transposed scales), when their caller made none.
     #[cfg(target_arch = "x86_64")]
     static TILE_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
