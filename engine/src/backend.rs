@@ -246,6 +246,26 @@ impl Backend for CpuBackend {
                     std::slice::from_raw_parts_mut(base.get().add(t * rows_total + r0), n_rows)
                 }
             };
+            if kernel.is_none() && mode == NumericsMode::Reference {
+                // reference mode: each weight row dequantized once for all tokens (same bits as the
+                // per-token dequantizing dot, fewer dequantizations by the batch size)
+                let mut deq = vec![0f32; w.cols];
+                let mut ok = true;
+                for i in 0..n_rows {
+                    let row = w.row(r0 + i);
+                    if ok && quant::dequantize_row(w.ty, row, &mut deq).is_ok() {
+                        for (t, p) in prepared.iter().enumerate() {
+                            token_out(t)[i] = quant::dot_dequantized(&deq, p);
+                        }
+                    } else {
+                        ok = false;
+                        for (t, p) in prepared.iter().enumerate() {
+                            token_out(t)[i] = quant::vec_dot_path(w.ty, row, p, path(t));
+                        }
+                    }
+                }
+                return;
+            }
             let Some(k) = kernel else {
                 for i in 0..n_rows {
                     let row = w.row(r0 + i);
@@ -277,6 +297,68 @@ impl Backend for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A batched reference-mode matmul (each row dequantized once for all tokens) gives the bits of the
+    /// per-token dequantizing dot product, for every setting and a row length that is not a multiple of 8
+    /// for the float types.
+    #[test]
+    fn reference_batch_dequantizes_once_with_the_per_token_bits() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        for (ty, cols) in [
+            (GgmlType::Q4_0, 64),
+            (GgmlType::Q4_1, 96),
+            (GgmlType::Q5_0, 64),
+            (GgmlType::Q8_0, 64),
+            (GgmlType::F16, 36),
+            (GgmlType::BF16, 36),
+            (GgmlType::F32, 37),
+        ] {
+            let rows = 19;
+            let wf: Vec<f32> = (0..rows * cols).map(|_| rnd() * 0.1).collect();
+            let data = quant::quantize_row(ty, &wf).unwrap();
+            let w = QMatrix {
+                ty,
+                rows,
+                cols,
+                data: &data,
+            };
+            let n_tokens = 5;
+            let x: Vec<f32> = (0..n_tokens * cols).map(|_| rnd() * 3.0).collect();
+            for simd in [Simd::Off, Simd::detect()] {
+                let mut out = vec![0f32; n_tokens * rows];
+                CpuBackend::new(simd)
+                    .matmul(
+                        &w,
+                        &x,
+                        n_tokens,
+                        &mut out,
+                        NumericsMode::Reference,
+                        GgmlTarget::default(),
+                        &mut MatmulScratch::default(),
+                    )
+                    .unwrap();
+                for t in 0..n_tokens {
+                    let mut p = PreparedRow::new();
+                    p.prepare(ty, NumericsMode::Reference, &x[t * cols..(t + 1) * cols])
+                        .unwrap();
+                    for r in 0..rows {
+                        let want = quant::vec_dot(ty, w.row(r), &p);
+                        assert_eq!(
+                            out[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{ty} {simd:?} token {t} row {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn batch_chunks_split_evenly_over_the_workers() {

@@ -499,7 +499,7 @@ fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
         },
         force_external: external.is_some(),
         external,
-        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        progress: true,
         threads,
         ggml_target: a.ggml_target,
         floors: a.floors.unwrap_or_else(|| root.join("ci/floors.json")),
@@ -766,7 +766,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     Some(p) => Some(p),
                     None => Some(cached_llama_bench().context(
                         "no llama-bench given and none cached for this CPU: run \
-                         oracles/llamacpp/build_tools.sh, give --llama-bench, or --no-llama",
+                         oracles/llamacpp/build_tools.sh (compiles llama.cpp once, 10-25 min; needs cmake and \
+                         a C++ compiler: `apt-get install -y cmake g++`, which it runs itself as root), give \
+                         --llama-bench, or --no-llama",
                     )?),
                 }
             };

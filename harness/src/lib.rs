@@ -13,6 +13,7 @@
 //! - [`report`] — run reports: `report.json`, `report.md`, `results.csv`.
 //! - [`engine`] — the engine seam: our engine in process, or any external command writing the dump format.
 //! - [`probe`] — the rounding probe: a failing reference cell rerun with llama.cpp's input rounding.
+//! - [`progress`] — progress on stderr: a bar on a terminal, a line per finished cell elsewhere.
 //! - [`run`] — `lockstep run`: every cell of the matrix against its golden, compared, gated, reported.
 //! - [`bench`] — `lockstep bench` beside llama-bench, and the speed gate.
 //! - [`cli`] — command-line parsing and the subcommands.
@@ -35,6 +36,7 @@ pub mod metrics;
 pub mod npz;
 pub mod probe;
 pub mod process;
+pub mod progress;
 pub mod quality;
 pub mod registry;
 pub mod report;

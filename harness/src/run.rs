@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use lockstep_engine::hooks::{Recorder, StageSink};
 use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::{NumericsMode, Simd};
@@ -43,7 +42,8 @@ pub struct RunOptions {
     pub external: Option<ExternalCommands>,
     /// Treat every cell as an external-engine cell.
     pub force_external: bool,
-    /// Draw progress bars on stderr.
+    /// Report progress on stderr: a bar on a terminal, a line per finished cell and per fetched model
+    /// elsewhere ([`crate::progress`]).
     pub progress: bool,
     /// Threads the engine uses (for the report).
     pub threads: usize,
@@ -139,21 +139,16 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
 
-    let mut model_cache: BTreeMap<String, (PathBuf, String)> = BTreeMap::new();
-    let bar = if opts.progress {
-        let b = ProgressBar::new(cells.len() as u64);
-        b.set_style(
-            ProgressStyle::with_template("{spinner} [{pos}/{len}] {wide_msg} {elapsed}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b
-    } else {
-        ProgressBar::hidden()
-    };
+    let display = crate::progress::Display::for_stderr(opts.progress);
+    // every model and variant the cells need, fetched or made and hashed before the first cell: a model
+    // that cannot be had fails the run here, naming it, not after the cells before it ran
+    let model_cache = resolve_models(&cells, display)?;
+    let mut bar = crate::progress::Progress::new(cells.len(), display);
     let mut reports = Vec::with_capacity(cells.len());
     let mut failure = None;
     for (i, cell) in cells.iter().enumerate() {
-        bar.set_message(cell.id());
+        bar.start(&cell.id());
+        let cell_start = Instant::now();
         if crate::process::interrupted() {
             failure = Some((
                 anyhow::anyhow!("interrupted (Ctrl-C) before cell {} ran", cell.id()),
@@ -162,31 +157,30 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
             break;
         }
         let result = (|| {
-            let (model_path, model_sha) = match model_cache.get(&cell.model) {
-                Some(x) => x.clone(),
-                None => {
-                    let p = crate::fetch::resolve_model(&cell.model)?;
-                    let sha = crate::hash::sha256_file(&p)?;
-                    model_cache.insert(cell.model.clone(), (p.clone(), sha.clone()));
-                    (p, sha)
-                }
-            };
+            let (model_path, model_sha) = model_cache
+                .get(&cell.model)
+                .with_context(|| format!("model {} was not resolved", cell.model))?;
             run_cell(
                 opts,
                 &manifest,
                 &thresholds,
                 cell,
-                &model_path,
-                &model_sha,
+                model_path,
+                model_sha,
                 factory,
             )
         })();
         match result {
-            Ok(r) => reports.push(r),
+            Ok(r) => {
+                bar.finish(&cell.id(), verdict_word(&r), cell_start.elapsed());
+                reports.push(r)
+            }
             // the engine cannot run this model (a weight type without kernels): this cell fails with the
             // engine's error, the others still run
             Err(e) if unsupported(&e) && !crate::process::interrupted() => {
-                reports.push(engine_error_cell(opts, &manifest, &thresholds, cell, &e)?);
+                let r = engine_error_cell(opts, &manifest, &thresholds, cell, &e)?;
+                bar.finish(&cell.id(), verdict_word(&r), cell_start.elapsed());
+                reports.push(r);
             }
             Err(e) => {
                 let e = if crate::process::interrupted() {
@@ -198,9 +192,8 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
                 break;
             }
         }
-        bar.inc(1);
     }
-    bar.finish_and_clear();
+    bar.clear();
     report::gate_simd_identity(&mut reports);
     let incomplete = failure.as_ref().map(|(e, i)| report::Incomplete {
         failed_cell: cells[*i].id(),
@@ -241,6 +234,45 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
             }
         }
     }
+}
+
+/// `PASS` or `FAIL`, for the progress line of a finished cell.
+fn verdict_word(r: &CellReport) -> &'static str {
+    if r.verdict.pass {
+        "PASS"
+    } else {
+        "FAIL"
+    }
+}
+
+/// Every distinct model of `cells`, resolved ([`crate::fetch::resolve_model`]: a registered model fetched, a
+/// variant made, a path checked) and hashed, in the order of first use; one progress line per model.
+///
+/// Errors: the first model that cannot be had, named (with the fetch or quantize error under it).
+fn resolve_models(
+    cells: &[Cell],
+    display: crate::progress::Display,
+) -> Result<BTreeMap<String, (PathBuf, String)>> {
+    let steps = crate::progress::Progress::new(0, display);
+    let mut out = BTreeMap::new();
+    for cell in cells {
+        if out.contains_key(&cell.model) {
+            continue;
+        }
+        if crate::process::interrupted() {
+            bail!("interrupted (Ctrl-C) while fetching the models");
+        }
+        let t = Instant::now();
+        let p = crate::fetch::resolve_model(&cell.model)
+            .with_context(|| format!("model {} (needed by cell {})", cell.model, cell.id()))?;
+        let sha = crate::hash::sha256_file(&p)?;
+        steps.step(
+            &format!("model {} ready: {}", cell.model, p.display()),
+            t.elapsed(),
+        );
+        out.insert(cell.model.clone(), (p, sha));
+    }
+    Ok(out)
 }
 
 /// Whether `e` says the engine does not implement something the model uses

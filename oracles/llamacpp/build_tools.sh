@@ -57,6 +57,10 @@ if [ -n "${LOCKSTEP_TOOLS_CACHED_ONLY:-}" ]; then
   exit 1
 fi
 
+# a missing cmake or C++ compiler stops here, before any download
+. "$here/require_toolchain.sh"
+require_toolchain "[llama.cpp tools]"
+
 mkdir -p "$out"
 src="$out/src"
 rm -rf "$src" && mkdir -p "$src"

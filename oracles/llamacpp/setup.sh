@@ -60,6 +60,9 @@ fi
 shopt -s nullglob
 whl=("$wheels"/llama_cpp_python-"$version"-*.whl)
 if [ ${#whl[@]} -eq 0 ]; then
+  # a missing cmake or C++ compiler stops here, before any download
+  . "$here/require_toolchain.sh"
+  require_toolchain "[oracle setup]"
   log "no cached wheel in $wheels: building llama-cpp-python==$version from the PyPI sdist"
   log "(compiles llama.cpp, ~10 min on 2 cores; log: $oracle/build.log)"
   mkdir -p "$wheels"

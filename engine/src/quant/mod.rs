@@ -373,6 +373,14 @@ pub fn quantize_row(ty: GgmlType, src: &[f32]) -> crate::Result<Vec<u8>> {
     Ok(dst)
 }
 
+/// Reference mode's dot product of a weight row already dequantized to f32 ([`dequantize_row`]) with a
+/// prepared reference row: the bits [`vec_dot`] gives for the same row (`reference.rs` states the order).
+/// `w.len()` equals `x.len()` (the caller's contract).
+pub fn dot_dequantized(w: &[f32], x: &PreparedRow) -> f32 {
+    debug_assert_eq!(x.mode(), NumericsMode::Reference);
+    reference::dot_dequantized(w, &x.x)
+}
+
 /// Dot product of one weight row (raw block bytes straight from the mmap, unaligned) with a prepared row.
 ///
 /// - Reference mode: dequantize each block and f32 multiply-accumulate (order in `reference.rs`).

@@ -32,6 +32,47 @@ fn dot_blocks<const QK: usize>(
     hsum_float_8(&lanes)
 }
 
+/// Dot product of a weight row already dequantized to f32 (`w`, e.g. by [`super::dequantize_row`]) with `x`,
+/// in the order of [`dot`]: element `i` into lane `i % 8` as a rounded product (no fma), the lanes combined by
+/// `hsum_float_8`. Bit-identical to [`dot`] on the same row, since the dequantized values are the same: a
+/// batched matmul dequantizes each weight row once and calls this for every token (the row's blocks are
+/// not dequantized again per token).
+#[inline]
+pub(crate) fn dot_dequantized(w: &[f32], x: &[f32]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked above); the function only widens the vectors the compiler
+        // may use for the same scalar mul/add sequence, so the bits are those of the portable build.
+        return unsafe { dot_dequantized_avx2(w, x) };
+    }
+    dot_lanes8(w, x)
+}
+
+/// [`dot_lanes8`] compiled with AVX2 available: the eight lanes are one 256-bit register. Rust never
+/// contracts `a * b + c` into an fma, so this computes the same bits as the portable build.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_dequantized_avx2(w: &[f32], x: &[f32]) -> f32 {
+    dot_lanes8(w, x)
+}
+
+/// The eight-lane f32 dot of [`dot_dequantized`].
+#[inline(always)]
+fn dot_lanes8(w: &[f32], x: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let full = x.len().min(w.len()) / 8 * 8;
+    for (wc, xc) in w[..full].chunks_exact(8).zip(x[..full].chunks_exact(8)) {
+        for k in 0..8 {
+            lanes[k] += wc[k] * xc[k];
+        }
+    }
+    for i in full..x.len().min(w.len()) {
+        lanes[i % 8] += w[i] * x[i];
+    }
+    hsum_float_8(&lanes)
+}
+
 /// Dot product of plain elements of `size` bytes converted by `conv`.
 #[inline]
 fn dot_elems(w: &[u8], size: usize, x: &[f32], conv: impl Fn(&[u8]) -> f32) -> f32 {
