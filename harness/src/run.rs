@@ -265,7 +265,12 @@ fn resolve_models(
         let t = Instant::now();
         let p = crate::fetch::resolve_model(&cell.model)
             .with_context(|| format!("model {} (needed by cell {})", cell.model, cell.id()))?;
-        let sha = crate::hash::sha256_file(&p)?;
+        // a registered model or variant was just verified against the registry's sha256 by the fetch (its
+        // sidecar stamp, or a rehash); a local path is hashed here
+        let sha = match registered_sha256(&cell.model)? {
+            Some(sha) => sha,
+            None => crate::hash::sha256_file(&p)?,
+        };
         steps.step(
             &format!("model {} ready: {}", cell.model, p.display()),
             t.elapsed(),
@@ -273,6 +278,19 @@ fn resolve_models(
         out.insert(cell.model.clone(), (p, sha));
     }
     Ok(out)
+}
+
+/// The registry's sha256 of a registered model or variant id (`None` for a path), which
+/// [`crate::fetch::resolve_model`] has checked the cached file against.
+fn registered_sha256(spec: &str) -> Result<Option<String>> {
+    if crate::fetch::is_path_spec(spec) {
+        return Ok(None);
+    }
+    let registry = crate::registry::Registry::builtin()?;
+    if let Some(v) = registry.variant(spec) {
+        return Ok(Some(v.sha256.clone()));
+    }
+    Ok(Some(registry.lookup(spec)?.sha256.clone()))
 }
 
 /// Whether `e` says the engine does not implement something the model uses
