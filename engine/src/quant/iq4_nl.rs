@@ -5,7 +5,8 @@
 //! of `qs[j]`, element `j + 16` the high nibble). `vec_dot_type` Q8_0. The table `kvalues_iq4nl`
 //! (ggml-common.h) is shared with IQ4_XS.
 
-use super::fp::read_f16;
+use super::fp::{f32_to_f16_ref, read_f16};
+use super::kquant_ref::nearest_int;
 use super::q8::QK;
 use super::x86::{fma_lanes, hsum_float_8, sign_trick_mul};
 
@@ -99,6 +100,199 @@ pub(crate) fn dot_q8_0_tinyblas<const SIGN_EXACT: bool>(w: &[u8], xq: &[i8], xd:
         fma_lanes(d, &lanes::<SIGN_EXACT>(&values(&blk[2..]), qy), &mut acc);
     }
     hsum_float_8(&acc)
+}
+
+/// `best_index_int8` (ggml-quants.c): the index in the ascending table `val` of the value nearest to `x`
+/// (ties and NaN go up: `x − val[mu−1] < val[mu] − x ? mu−1 : mu` after a bisection; below `val[0]` → 0,
+/// above the last → `n − 1`).
+#[inline]
+pub(crate) fn best_index_int8(val: &[i8], x: f32) -> usize {
+    let n = val.len();
+    if x <= f32::from(val[0]) {
+        return 0;
+    }
+    if x >= f32::from(val[n - 1]) {
+        return n - 1;
+    }
+    let (mut ml, mut mu) = (0usize, n - 1);
+    while mu - ml > 1 {
+        let mav = (ml + mu) / 2;
+        if x < f32::from(val[mav]) {
+            mu = mav;
+        } else {
+            ml = mav;
+        }
+    }
+    if x - f32::from(val[mu - 1]) < f32::from(val[mu]) - x {
+        mu - 1
+    } else {
+        mu
+    }
+}
+
+/// `quantize_row_iq4_nl_impl` (ggml-quants.c), shared by IQ4_NL and IQ4_XS: one super-block of
+/// `super_block_size` elements `x` (a multiple of 32, at most 256) in sub-blocks of `block_size`, each
+/// value an index into the 16-entry `values` table (`KVALUES` for both types).
+///
+/// Outputs: `dh` the f16 bits of the super-block scale; `q4` (`super_block_size/2` bytes) the indices,
+/// packed per 32 as IQ4_NL's `qs` (element `j < 16` low nibble of byte `j`, `j + 16` high nibble); and when
+/// there is more than one sub-block, the 6-bit sub-block scales `l + 32`, low nibbles in `scales_l`
+/// (`nb/2` bytes) and high 2 bits in `scales_h` (`(nb+7)/8` u16s, cleared first). With a single sub-block
+/// (IQ4_NL: `(32, 32)`) `dh` is the sub-block scale itself and `scales_h`/`scales_l` are not touched (pass
+/// empty slices).
+///
+/// Weights: `quant_weights` (the importance matrix for these elements) times `sqrt(σ² + x²)` with
+/// `σ² = 2Σx²/super_block_size`, or `x²` without one. Each sub-block: `d = ∓max/values[0]` (minus when
+/// `ntry > 0`), indices by [`best_index_int8`], the weighted least-squares scale, then a search over
+/// `id = (itry + values[0])/max` for `itry = −ntry..=ntry`. `quantize_iq4_xs` and `quantize_iq4_nl` pass
+/// `ntry = 7`, `quantize_row_iq4_nl_ref` −1. Plain f32 arithmetic in C's order: libggml-base is compiled
+/// without FMA (see `kquant_ref`).
+///
+/// One deviation, unreachable from `llama-quantize`: with a single sub-block, `ntry ≤ 0` and an all-zero
+/// (`amax < GROUP_MAX_EPS`) input, C packs whatever its caller's `L` scratch held (the previous block's
+/// indices, or uninitialized stack); this writes index 0.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn quantize_row_iq4_nl_impl(
+    super_block_size: usize,
+    block_size: usize,
+    x: &[f32],
+    dh: &mut u16,
+    q4: &mut [u8],
+    scales_h: &mut [u16],
+    scales_l: &mut [u8],
+    values: &[i8; 16],
+    quant_weights: Option<&[f32]>,
+    ntry: i32,
+) {
+    const MAX_SB: usize = 256;
+    let x = &x[..super_block_size];
+    let nb = super_block_size / block_size;
+    let mut l_all = [0u8; MAX_SB];
+    let mut scales = [0f32; MAX_SB];
+    let mut weight = [0f32; MAX_SB];
+    let l_all = &mut l_all[..super_block_size];
+    let v0 = f32::from(values[0]);
+
+    let mut sigma2 = 0f32;
+    for &v in x {
+        sigma2 += v * v;
+    }
+    sigma2 *= 2.0 / super_block_size as f32;
+
+    q4[..super_block_size / 2].fill(0);
+    *dh = f32_to_f16_ref(0.0);
+
+    let mut max_scale = 0f32;
+    let mut amax_scale = 0f32;
+    for ib in 0..nb {
+        let xb = &x[ib * block_size..(ib + 1) * block_size];
+        let lb = &mut l_all[ib * block_size..(ib + 1) * block_size];
+        let weight = &mut weight[..block_size];
+        match quant_weights {
+            Some(qw) => {
+                let qw = &qw[ib * block_size..(ib + 1) * block_size];
+                for ((w, &q), &v) in weight.iter_mut().zip(qw).zip(xb) {
+                    *w = q * (sigma2 + v * v).sqrt();
+                }
+            }
+            None => {
+                for (w, &v) in weight.iter_mut().zip(xb) {
+                    *w = v * v;
+                }
+            }
+        }
+        let mut amax = 0f32;
+        let mut max = 0f32;
+        for &v in xb {
+            let ax = v.abs();
+            if ax > amax {
+                amax = ax;
+                max = v;
+            }
+        }
+        if amax < super::kquant_ref::GROUP_MAX_EPS {
+            scales[ib] = 0.0;
+            continue;
+        }
+        let mut d = if ntry > 0 { -max / v0 } else { max / v0 };
+        let mut id = 1.0 / d;
+        let mut sumqx = 0f32;
+        let mut sumq2 = 0f32;
+        for ((o, &v), &w) in lb.iter_mut().zip(xb).zip(weight.iter()) {
+            let al = id * v;
+            let l = best_index_int8(values, al);
+            *o = l as u8;
+            let q = f32::from(values[l]);
+            sumqx += w * q * v;
+            sumq2 += w * q * q;
+        }
+        d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+        let mut best = d * sumqx;
+        for itry in -ntry..=ntry {
+            id = (itry + i32::from(values[0])) as f32 / max;
+            sumqx = 0.0;
+            sumq2 = 0.0;
+            for (&v, &w) in xb.iter().zip(weight.iter()) {
+                let al = id * v;
+                let q = f32::from(values[best_index_int8(values, al)]);
+                sumqx += w * q * v;
+                sumq2 += w * q * q;
+            }
+            if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scales[ib] = d;
+        let abs_d = d.abs();
+        if abs_d > amax_scale {
+            amax_scale = abs_d;
+            max_scale = d;
+        }
+    }
+
+    if nb > 1 {
+        scales_h[..nb.div_ceil(8)].fill(0);
+        let d = -max_scale / 32.0;
+        *dh = f32_to_f16_ref(d);
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        for ib in 0..nb {
+            let l = nearest_int(id * scales[ib]).clamp(-32, 31);
+            let dl = d * l as f32;
+            let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
+            let xb = &x[ib * block_size..(ib + 1) * block_size];
+            let lb = &mut l_all[ib * block_size..(ib + 1) * block_size];
+            for (o, &v) in lb.iter_mut().zip(xb) {
+                *o = best_index_int8(values, idl * v) as u8;
+            }
+            let l = (l + 32) as u8;
+            let (l_l, l_h) = (l & 0xF, l >> 4);
+            if ib % 2 == 0 {
+                scales_l[ib / 2] = l_l;
+            } else {
+                scales_l[ib / 2] |= l_l << 4;
+            }
+            scales_h[ib / 8] |= u16::from(l_h) << (2 * (ib % 8));
+        }
+    } else {
+        *dh = f32_to_f16_ref(scales[0]);
+        if ntry > 0 {
+            let id = if scales[0] != 0.0 {
+                1.0 / scales[0]
+            } else {
+                0.0
+            };
+            for (o, &v) in l_all.iter_mut().zip(x) {
+                *o = best_index_int8(values, id * v) as u8;
+            }
+        }
+    }
+
+    for i in 0..super_block_size / 32 {
+        for j in 0..16 {
+            q4[16 * i + j] = l_all[32 * i + j] | (l_all[32 * i + 16 + j] << 4);
+        }
+    }
 }
 
 #[cfg(test)]

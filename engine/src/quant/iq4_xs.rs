@@ -92,6 +92,33 @@ pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
     acc
 }
 
+/// IQ4_XS without an importance matrix: `quantize_iq4_xs(src, dst, 1, n, NULL)` (ggml-quants.c; also
+/// `quantize_row_iq4_xs_ref`), i.e. per super-block [`iq4_nl::quantize_row_iq4_nl_impl`]`(256, 32, …,
+/// kvalues_iq4nl, NULL, ntry 7)`. `src`: `n·256` f32; `dst`: `n·136` bytes (`block_iq4_xs`). Plain f32
+/// arithmetic: libggml-base is compiled without FMA (see `kquant_ref`).
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    for (x, blk) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {
+        let mut dh = 0u16;
+        let mut sh = [0u16; 1];
+        let mut sl = [0u8; 4];
+        iq4_nl::quantize_row_iq4_nl_impl(
+            QK_K,
+            32,
+            x,
+            &mut dh,
+            &mut blk[8..BYTES],
+            &mut sh,
+            &mut sl,
+            &iq4_nl::KVALUES,
+            None,
+            7,
+        );
+        blk[0..2].copy_from_slice(&dh.to_le_bytes());
+        blk[2..4].copy_from_slice(&sh[0].to_le_bytes());
+        blk[4..8].copy_from_slice(&sl);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

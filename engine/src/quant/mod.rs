@@ -135,6 +135,7 @@ mod float;
 mod fp;
 mod iq4_nl;
 mod iq4_xs;
+mod kquant_ref;
 mod prepared;
 mod q2_k;
 mod q3_k;

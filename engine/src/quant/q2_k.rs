@@ -6,7 +6,8 @@
 //! uses 32 bytes of `qs`: element `128h + 32k + b` is bits `2k..2k+2` of `qs[32h + b]`. `vec_dot_type`
 //! Q8_K.
 
-use super::fp::read_f16;
+use super::fp::{f16_to_f32, f32_to_f16_ref, read_f16};
+use super::kquant_ref::{make_qkx2_quants, nearest_int, pack_2bit, Qkx2};
 use super::q8_k::QK_K;
 use super::x86::{fma, fma_lanes, hsum_float_8, scaled_lanes_16};
 
@@ -158,6 +159,85 @@ pub(crate) fn dot_q8_k_repacked(
         }
     }
     acc - accm
+}
+
+/// `quantize_row_q2_K_ref` (ggml-quants.c; what `quantize_q2_K` runs without an importance matrix, i.e.
+/// `llama-quantize --pure` with no imatrix). `src`: `n·256` f32; `dst`: `n·84` bytes (`block_q2_K`).
+///
+/// Per super-block: for each sub-block of 16, weights `|x|` and [`make_qkx2_quants`]`(nmax 3, rmin −0.5,
+/// rdelta 0.1, nstep 15, mad)` → scale `s_j`, min `m_j`; `d = f16(max s / 15)` with 4-bit scales
+/// `nearest_int(15/max_s · s_j)` (all 0 and `d = 0` if no scale is positive), likewise `dmin` and the mins
+/// in the high nibbles (only when some min is positive); then each quant is redone as
+/// `clamp(nearest_int((x + dm)/d), 0, 3)` from the *stored* f16 values (`d = d_f16·sc`, skipped when 0).
+/// Plain f32 arithmetic throughout: libggml-base is compiled without FMA (see `kquant_ref`).
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    const Q4SCALE: f32 = 15.0;
+    for (x, blk) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {
+        let mut l = [0u8; QK_K];
+        let mut laux = [0u8; 16];
+        let mut weights = [0f32; 16];
+        let mut mins = [0f32; 16];
+        let mut scales = [0f32; 16];
+        let p = Qkx2 {
+            nmax: 3,
+            rmin: -0.5,
+            rdelta: 0.1,
+            nstep: 15,
+            use_mad: true,
+        };
+        let mut max_scale = 0f32;
+        let mut max_min = 0f32;
+        for j in 0..16 {
+            let xb = &x[16 * j..16 * j + 16];
+            for (w, &v) in weights.iter_mut().zip(xb) {
+                *w = v.abs();
+            }
+            let (s, m) = make_qkx2_quants(p, xb, &weights, &mut l[16 * j..16 * j + 16], &mut laux);
+            scales[j] = s;
+            mins[j] = m;
+            if s > max_scale {
+                max_scale = s;
+            }
+            if m > max_min {
+                max_min = m;
+            }
+        }
+        let (sc, rest) = blk.split_at_mut(16);
+        let (d_bits, dmin_bits);
+        if max_scale > 0.0 {
+            let iscale = Q4SCALE / max_scale;
+            for (o, &s) in sc.iter_mut().zip(&scales) {
+                *o = nearest_int(iscale * s) as u8;
+            }
+            d_bits = f32_to_f16_ref(max_scale / Q4SCALE);
+        } else {
+            sc.fill(0);
+            d_bits = f32_to_f16_ref(0.0);
+        }
+        if max_min > 0.0 {
+            let iscale = Q4SCALE / max_min;
+            for (o, &m) in sc.iter_mut().zip(&mins) {
+                *o |= (nearest_int(iscale * m) << 4) as u8;
+            }
+            dmin_bits = f32_to_f16_ref(max_min / Q4SCALE);
+        } else {
+            dmin_bits = f32_to_f16_ref(0.0);
+        }
+        let (d16, dmin16) = (f16_to_f32(d_bits), f16_to_f32(dmin_bits));
+        for j in 0..16 {
+            let d = d16 * f32::from(sc[j] & 0xF);
+            if d == 0.0 {
+                continue;
+            }
+            let dm = dmin16 * f32::from(sc[j] >> 4);
+            for ii in 0..16 {
+                l[16 * j + ii] = nearest_int((x[16 * j + ii] + dm) / d).clamp(0, 3) as u8;
+            }
+        }
+        pack_2bit(&l, &mut rest[..64]);
+        rest[64..66].copy_from_slice(&d_bits.to_le_bytes());
+        rest[66..68].copy_from_slice(&dmin_bits.to_le_bytes());
+    }
 }
 
 #[cfg(test)]

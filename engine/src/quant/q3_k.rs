@@ -6,7 +6,8 @@
 //! `128h + 32k + b` takes its low bits from bits `2k..2k+2` of `qs[32h + b]` and its high bit from bit
 //! `4h + k` of `hmask[b]`; a *clear* high bit subtracts 4. `vec_dot_type` Q8_K.
 
-use super::fp::read_f16;
+use super::fp::{f16_to_f32, f32_to_f16_ref, read_f16};
+use super::kquant_ref::{make_q3_quants, nearest_int, pack_2bit};
 use super::q8_k::QK_K;
 use super::x86::{fma, fma_lanes, hsum_float_8, scaled_lanes_16};
 
@@ -92,6 +93,81 @@ pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
         acc = fma(read_f16(blk, D_AT) * s1 as f32, dy, acc);
     }
     acc
+}
+
+/// `quantize_row_q3_K_ref` (ggml-quants.c; what `quantize_q3_K` runs without an importance matrix).
+/// `src`: `n·256` f32; `dst`: `n·110` bytes (`block_q3_K`).
+///
+/// Per super-block: [`make_q3_quants`]`(16, nmax 4, rmse)` per sub-block of 16 → signed scales `s_j`; the
+/// one of largest |s| (first wins) sets `iscale = −32/max_scale`, 6-bit scales
+/// `clamp((i8)nearest_int(iscale·s_j), −32, 31) + 32` (low nibbles in `scales[0..8]`, high 2 bits in
+/// `scales[8..12]`), `d = f16(1/iscale)`; then each quant is redone as `clamp(nearest_int(x/d), −4, 3)` with
+/// `d = d_f16·(sc − 32)` (sub-blocks with `d == 0` keep their `make_q3_quants` quants). Plain f32
+/// arithmetic: libggml-base is compiled without FMA (see `kquant_ref`).
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    for (x, blk) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {
+        let mut l = [0i8; QK_K];
+        let mut scales = [0f32; 16];
+        let mut max_scale = 0f32;
+        let mut amax = 0f32;
+        for j in 0..16 {
+            scales[j] = make_q3_quants(
+                4,
+                &x[16 * j..16 * j + 16],
+                &mut l[16 * j..16 * j + 16],
+                true,
+            );
+            let scale = scales[j].abs();
+            if scale > amax {
+                amax = scale;
+                max_scale = scales[j];
+            }
+        }
+        let mut sc = [0u8; 12];
+        let d_bits;
+        if max_scale != 0.0 {
+            let iscale = -32.0 / max_scale;
+            for (j, &s) in scales.iter().enumerate() {
+                let q = nearest_int(iscale * s) as i8; // C: `int8_t l = nearest_int(...)`
+                let q = (i32::from(q).clamp(-32, 31) + 32) as u8;
+                if j < 8 {
+                    sc[j] = q & 0xF;
+                } else {
+                    sc[j - 8] |= (q & 0xF) << 4;
+                }
+                sc[j % 4 + 8] |= (q >> 4) << (2 * (j / 4));
+            }
+            d_bits = f32_to_f16_ref(1.0 / iscale);
+        } else {
+            d_bits = f32_to_f16_ref(0.0);
+        }
+        let d16 = f16_to_f32(d_bits);
+        for j in 0..16 {
+            let lo = if j < 8 { sc[j] & 0xF } else { sc[j - 8] >> 4 };
+            let s = (lo | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) as i8 - 32;
+            let d = d16 * f32::from(s);
+            if d == 0.0 {
+                continue;
+            }
+            for ii in 0..16 {
+                l[16 * j + ii] = (nearest_int(x[16 * j + ii] / d).clamp(-4, 3) + 4) as i8;
+            }
+        }
+        let (hmask, rest) = blk.split_at_mut(32);
+        hmask.fill(0);
+        let mut lu = [0u8; QK_K];
+        for (j, (u, &v)) in lu.iter_mut().zip(&l).enumerate() {
+            let mut v = v as u8;
+            if v > 3 {
+                hmask[j % 32] |= 1 << (j / 32);
+                v -= 4;
+            }
+            *u = v;
+        }
+        pack_2bit(&lu, &mut rest[..64]);
+        rest[64..76].copy_from_slice(&sc);
+        rest[76..78].copy_from_slice(&d_bits.to_le_bytes());
+    }
 }
 
 #[cfg(test)]

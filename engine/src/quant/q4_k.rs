@@ -7,6 +7,7 @@
 //! Q8_K.
 
 use super::fp::read_f16;
+use super::kquant_ref::{q45_k_block, Qkx2};
 use super::q8_k::QK_K;
 use super::x86::{fma, fma_lanes, hsum_float_4, hsum_float_8};
 
@@ -188,4 +189,31 @@ pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) ->
         acc = fma(res, dy, acc);
     }
     acc
+}
+
+/// `quantize_row_q4_K_ref` (ggml-quants.c; what `quantize_q4_K` runs without an importance matrix).
+/// `src`: `n·256` f32; `dst`: `n·144` bytes (`block_q4_K`).
+///
+/// Per super-block ([`q45_k_block`]): weights `sqrt(Σx²/32) + |x|` per sub-block of 32,
+/// [`make_qkx2_quants`](super::kquant_ref::make_qkx2_quants)`(nmax 15, rmin −1, rdelta 0.1, nstep 20, squared error)`, 6-bit scales and mins against `d = f16(max_s/63)`,
+/// `dmin = f16(max_m/63)`, then every quant redone from the stored values as
+/// `clamp(nearest_int((x + dmin·m)/(d·sc)), 0, 15)`. Plain f32 arithmetic: libggml-base is compiled
+/// without FMA (see `kquant_ref`).
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    let p = Qkx2 {
+        nmax: 15,
+        rmin: -1.0,
+        rdelta: 0.1,
+        nstep: 20,
+        use_mad: false,
+    };
+    for (x, blk) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {
+        let l = q45_k_block(x, p, &mut blk[..16]);
+        let qs = &mut blk[16..16 + QK_K / 2];
+        for c in 0..4 {
+            for b in 0..32 {
+                qs[32 * c + b] = l[64 * c + b] | (l[64 * c + b + 32] << 4);
+            }
+        }
+    }
 }

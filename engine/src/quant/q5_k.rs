@@ -7,6 +7,7 @@
 //! `qh[b]` (as 16), element `64j + 32 + b` the high nibble plus bit `2j + 1`. `vec_dot_type` Q8_K.
 
 use super::fp::read_f16;
+use super::kquant_ref::{q45_k_block, Qkx2};
 use super::q4_k::scales_mins;
 use super::q8_k::QK_K;
 use super::x86::{fma, fma_lanes, hsum_float_8};
@@ -119,6 +120,43 @@ pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) ->
         acc = fma(res, dy, acc);
     }
     acc
+}
+
+/// `quantize_row_q5_K_ref` (ggml-quants.c; what `quantize_q5_K` runs without an importance matrix).
+/// `src`: `n·256` f32; `dst`: `n·176` bytes (`block_q5_K`).
+///
+/// Per super-block ([`q45_k_block`]): weights `sqrt(Σx²/32) + |x|` per sub-block of 32,
+/// [`make_qkx2_quants`](super::kquant_ref::make_qkx2_quants)`(nmax 31, rmin −0.5, rdelta 0.1, nstep 15, squared error)`, 6-bit scales and mins against `d = f16(max_s/63)`,
+/// `dmin = f16(max_m/63)`, then every quant redone from the stored values as
+/// `clamp(nearest_int((x + dmin·m)/(d·sc)), 0, 31)`. Plain f32 arithmetic: libggml-base is compiled
+/// without FMA (see `kquant_ref`).
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    let p = Qkx2 {
+        nmax: 31,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep: 15,
+        use_mad: false,
+    };
+    for (x, blk) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {
+        let l = q45_k_block(x, p, &mut blk[..16]);
+        let (qh, qs) = blk[16..].split_at_mut(32);
+        qh.fill(0);
+        for c in 0..4 {
+            for b in 0..32 {
+                let (mut l1, mut l2) = (l[64 * c + b], l[64 * c + b + 32]);
+                if l1 > 15 {
+                    l1 -= 16;
+                    qh[b] |= 1 << (2 * c);
+                }
+                if l2 > 15 {
+                    l2 -= 16;
+                    qh[b] |= 2 << (2 * c);
+                }
+                qs[32 * c + b] = l1 | (l2 << 4);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
