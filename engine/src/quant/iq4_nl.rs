@@ -354,3 +354,125 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod quantize_tests {
+    use super::super::kquant_ref::test_rows::{quantize, rows, sha256_hex};
+    use super::*;
+
+    /// `quantize_iq4_nl(src, dst, 1, n, NULL)` (ggml-quants.c): [`quantize_row_iq4_nl_impl`] per block of
+    /// 32 with `ntry = 7` — what `llama-quantize` runs for IQ4_NL without an importance matrix.
+    fn quantize_iq4_nl(src: &[f32], dst: &mut [u8]) {
+        for (x, blk) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BYTES)) {
+            let mut dh = 0u16;
+            quantize_row_iq4_nl_impl(
+                QK,
+                QK,
+                x,
+                &mut dh,
+                &mut blk[2..],
+                &mut [],
+                &mut [],
+                &KVALUES,
+                None,
+                7,
+            );
+            blk[0..2].copy_from_slice(&dh.to_le_bytes());
+        }
+    }
+
+    #[test]
+    fn impl_with_one_block_matches_ggml_quantize_iq4_nl() {
+        // sha256 of the bytes ggml produces for `test_rows::rows()`: the C oracle (dev-only, outside the
+        // repo) is ggml-quants.c of the pinned llama.cpp 0c1e570 compiled as libggml-base compiles it,
+        // `gcc-12 -O3 -DNDEBUG -std=gnu11 -fPIC -D_GNU_SOURCE -D_XOPEN_SOURCE=600 -DGGML_SCHED_MAX_COPIES=4
+        // -Iggml/include -Iggml/src -Iggml/src/ggml-cpu -c ggml-quants.c`, linked with a small driver that
+        // calls `quantize_iq4_nl(rows, dst, 1, n_per_row, NULL)` on the rows `dump_for_oracle` writes.
+        let expected = [
+            (
+                "constant",
+                "799ae52a6d3559b087143efb745d3f490b2883fca0fa35188e8b36b833103b2f",
+            ),
+            (
+                "huge_in_noise",
+                "b498763a0c932ec688cff9c5b7c41eb3aa5ff073d2fde596e0c20d5c1eb7c8a2",
+            ),
+            (
+                "mixed_groups",
+                "83727c5a07a2cd23427dafcc4c67054cea6d52f263b2dbc405d525ea8addb084",
+            ),
+            (
+                "neg_constant",
+                "a9d2696638853548b9979e8f9120283f938cd97db5804846712034700b4398cd",
+            ),
+            (
+                "normal_0.02",
+                "00f015282aa65f54222ae72578ac47282d8f923b038a188ead2631e9ce73d967",
+            ),
+            (
+                "normal_1",
+                "94e3d59b4cdbb61a2e24c4bda074e82fec88c2a5318231c602b30c8f4d4f5285",
+            ),
+            (
+                "one_huge",
+                "4cd33013508b989e3e5a11d84f4a0300fef5d9aeba0caef2f64a6a714d92549e",
+            ),
+            (
+                "outliers",
+                "d28a46176bf63b15a7cc9390fba549af3eed1a254b0b1c1e12ea4a8f56b2d5ee",
+            ),
+            (
+                "sparse",
+                "e52cb482e4287f0ce6acd56108946c56287c825abb013c4642cd0dde5d2c8810",
+            ),
+            (
+                "tiny",
+                "3dd82e9347a9546a499d111be24d10d38fafd74c5a953159725c611f754e3a9b",
+            ),
+            (
+                "uniform_pos",
+                "45a14c3fe35520aa8e0dbd0ea42dcfba6fa62a6957c44e5bd398f808a6d23f76",
+            ),
+            (
+                "zeros",
+                "cdafff315225e976e4a62792f060b3ebc36e8ce510b677aaf2e50f1df59697e6",
+            ),
+        ];
+        for (name, v) in rows() {
+            let want = expected.iter().find(|(n, _)| *n == name).unwrap().1;
+            let got = sha256_hex(&quantize(quantize_iq4_nl, BYTES * 8, &v));
+            assert_eq!(got, want, "IQ4_NL {name}");
+        }
+    }
+
+    #[test]
+    fn impl_with_one_block_round_trips() {
+        let v = &rows()[0].1;
+        let q = quantize(quantize_iq4_nl, BYTES * 8, v);
+        let (mut err, mut norm) = (0f64, 0f64);
+        for (blk, x) in q.chunks_exact(BYTES).zip(v.chunks_exact(QK)) {
+            let mut y = [0f32; QK];
+            dequantize_block(blk, &mut y);
+            for (&a, &b) in y.iter().zip(x) {
+                err += (f64::from(a) - f64::from(b)).powi(2);
+                norm += f64::from(b).powi(2);
+            }
+        }
+        let e = (err / norm).sqrt();
+        assert!(e < 0.15, "IQ4_NL relative RMS error {e}");
+    }
+
+    #[test]
+    fn best_index_int8_picks_the_nearest_value() {
+        for i in -1400..1400 {
+            let x = i as f32 * 0.1;
+            let got = best_index_int8(&KVALUES, x);
+            let best = KVALUES
+                .iter()
+                .map(|&v| (f32::from(v) - x).abs())
+                .fold(f32::INFINITY, f32::min);
+            assert_eq!((f32::from(KVALUES[got]) - x).abs(), best, "x = {x}");
+        }
+        assert_eq!(best_index_int8(&KVALUES, f32::NAN), 15);
+    }
+}

@@ -569,7 +569,7 @@ pub(crate) mod test_rows {
     }
 
     /// Checks `f`'s output on every golden row against `expected` (row name, sha256 of the C oracle's
-    /// output), naming every mismatch.
+    /// output for that row), naming every mismatch.
     pub(crate) fn check_golden(
         ty: &str,
         f: fn(&[f32], &mut [u8]),
@@ -583,14 +583,87 @@ pub(crate) mod test_rows {
             "{ty}: one expected hash per row"
         );
         let mut bad = Vec::new();
-        for ((name, v), (ename, esha)) in rows.iter().zip(expected) {
-            assert_eq!(name, ename);
+        for (name, v) in &rows {
+            let want = expected
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap_or_else(|| panic!("{ty}: no expected hash for {name}"))
+                .1;
             let got = sha256_hex(&quantize(f, bytes, v));
-            if got != *esha {
+            if got != want {
                 bad.push(format!("{name}: got {got}"));
             }
         }
         assert!(bad.is_empty(), "{ty} differs from ggml on: {bad:#?}");
+    }
+
+    /// Relative RMS error `‖dequant(quant(x)) − x‖ / ‖x‖` of `f` followed by `deq` on `x`.
+    pub(crate) fn round_trip_rel_rmse(
+        f: fn(&[f32], &mut [u8]),
+        bytes: usize,
+        deq: fn(&[u8], &mut [f32; 256]),
+        x: &[f32],
+    ) -> f64 {
+        let q = quantize(f, bytes, x);
+        let (mut err, mut norm) = (0f64, 0f64);
+        for (blk, xb) in q.chunks_exact(bytes).zip(x.chunks_exact(256)) {
+            let mut y = [0f32; 256];
+            deq(blk, &mut y);
+            for (&a, &b) in y.iter().zip(xb) {
+                err += (f64::from(a) - f64::from(b)).powi(2);
+                norm += f64::from(b).powi(2);
+            }
+        }
+        (err / norm).sqrt()
+    }
+
+    /// Round-trip checks shared by every type: on the random rows the relative RMS error is below
+    /// `bound`; the all-zero row comes back as zeros; every row (including the edge cases and
+    /// non-finite input) quantizes without panicking and dequantizes to finite values when the input was
+    /// finite.
+    pub(crate) fn check_round_trip(
+        ty: &str,
+        f: fn(&[f32], &mut [u8]),
+        bytes: usize,
+        deq: fn(&[u8], &mut [f32; 256]),
+        bound: f64,
+    ) {
+        for (name, v) in rows() {
+            let e = round_trip_rel_rmse(f, bytes, deq, &v);
+            match name {
+                "normal_0.02" | "normal_1" | "outliers" | "uniform_pos" => {
+                    assert!(e < bound, "{ty} {name}: relative RMS error {e} ≥ {bound}")
+                }
+                "zeros" => {
+                    let q = quantize(f, bytes, &v);
+                    let mut y = [1f32; 256];
+                    deq(&q[..bytes], &mut y);
+                    assert!(
+                        y.iter().all(|&a| a == 0.0),
+                        "{ty}: zeros do not come back as zeros"
+                    );
+                }
+                _ => {
+                    let q = quantize(f, bytes, &v);
+                    let mut y = [0f32; 256];
+                    for blk in q.chunks_exact(bytes) {
+                        deq(blk, &mut y);
+                        assert!(
+                            y.iter().all(|a| a.is_finite()),
+                            "{ty} {name}: non-finite output"
+                        );
+                    }
+                }
+            }
+        }
+        let mut v = rows().swap_remove(0).1;
+        v[5] = f32::NAN;
+        v[300] = f32::INFINITY;
+        v[301] = f32::NEG_INFINITY;
+        let _ = quantize(f, bytes, &v);
+        let _ = quantize(f, bytes, &[f32::NAN; 256]);
+        let _ = quantize(f, bytes, &[f32::INFINITY; 256]);
+        let _ = quantize(f, bytes, &[f32::MAX; 256]);
     }
 
     /// Dev tool for the C oracle (not a check): with `LOCKSTEP_DUMP_DIR` set, writes every golden and

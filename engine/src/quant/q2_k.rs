@@ -360,3 +360,75 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod quantize_tests {
+    use super::super::kquant_ref::test_rows::{check_golden, check_round_trip};
+    use super::*;
+
+    #[test]
+    fn quantize_row_ref_matches_ggml_bytes() {
+        // sha256 of the bytes ggml produces for `test_rows::rows()`: the C oracle (dev-only, outside the
+        // repo) is ggml-quants.c of the pinned llama.cpp 0c1e570 compiled as libggml-base compiles it,
+        // `gcc-12 -O3 -DNDEBUG -std=gnu11 -fPIC -D_GNU_SOURCE -D_XOPEN_SOURCE=600 -DGGML_SCHED_MAX_COPIES=4
+        // -Iggml/include -Iggml/src -Iggml/src/ggml-cpu -c ggml-quants.c`, linked with a small driver that
+        // calls `quantize_q2_K(rows, dst, 1, n_per_row, NULL)` on the rows `dump_for_oracle` writes.
+        let expected = [
+            (
+                "constant",
+                "bfd7db2a2db3988eb3e953a802561981aa38db31bb9aafb8439979224d578e86",
+            ),
+            (
+                "huge_in_noise",
+                "3e35839afc8ff50ed09a6954d14137e66aa1696741ac11c404cad7b6d7a4ff21",
+            ),
+            (
+                "mixed_groups",
+                "559b510ab4c097c9c4b5ca7b087375cc3dc384229bef3ecf4764d83cf4f4b42b",
+            ),
+            (
+                "neg_constant",
+                "91c5372070cf868e849897e081ebb549190d5e44f1daed550779260e41679b38",
+            ),
+            (
+                "normal_0.02",
+                "7776d31152b93dbcf0e64cf95d770e7473acd24e13c1a93be57af6ce23b98615",
+            ),
+            (
+                "normal_1",
+                "4796376ce8e1dea00be3da72658a5e43c68a1e45957c34951090b0d1e6434587",
+            ),
+            (
+                "one_huge",
+                "482582b8c742a1d6be31c3a9ebd98e66b292676dc68edffbeedc7cd728b501be",
+            ),
+            (
+                "outliers",
+                "4e811900857af028dd3cb38edad3457c890210ad4c9cd8a16de3e3c79c37569b",
+            ),
+            (
+                "sparse",
+                "2b4cb8df7489b9bbf2944472f116ce21a653933c95b01f25d58e2b6140f3a32a",
+            ),
+            (
+                "tiny",
+                "5ee2b99638e9115d7bd105a452d4fd17cd96e681861542805d0963771087b5da",
+            ),
+            (
+                "uniform_pos",
+                "3b454c1841b03e2c6f1f12d43c70c12e4a287cca3b2d2700435dd4e7b9cdb5be",
+            ),
+            (
+                "zeros",
+                "e3c2af35d1dfc500e16f826a071cc311bf55003a3de77de7ea3376c6b6fa2857",
+            ),
+        ];
+        check_golden("q2_K", quantize_row_ref, BYTES, &expected);
+    }
+
+    #[test]
+    fn quantize_row_ref_round_trips() {
+        // ggml's own output has a worst relative RMS error of 0.317 on these rows (bytes are identical)
+        check_round_trip("q2_K", quantize_row_ref, BYTES, dequantize_block, 0.40);
+    }
+}

@@ -191,3 +191,75 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod quantize_tests {
+    use super::super::kquant_ref::test_rows::{check_golden, check_round_trip};
+    use super::*;
+
+    #[test]
+    fn quantize_row_ref_matches_ggml_bytes() {
+        // sha256 of the bytes ggml produces for `test_rows::rows()`: the C oracle (dev-only, outside the
+        // repo) is ggml-quants.c of the pinned llama.cpp 0c1e570 compiled as libggml-base compiles it,
+        // `gcc-12 -O3 -DNDEBUG -std=gnu11 -fPIC -D_GNU_SOURCE -D_XOPEN_SOURCE=600 -DGGML_SCHED_MAX_COPIES=4
+        // -Iggml/include -Iggml/src -Iggml/src/ggml-cpu -c ggml-quants.c`, linked with a small driver that
+        // calls `quantize_q5_K(rows, dst, 1, n_per_row, NULL)` on the rows `dump_for_oracle` writes.
+        let expected = [
+            (
+                "constant",
+                "bf1b7f18acccf871eac91d2eb01ba1b3cdfb7c55dc535e2409eba43a243b693a",
+            ),
+            (
+                "huge_in_noise",
+                "c05a604b16c95b40c07c3477658fa6cbbbf54e5d7571cf34630402b338a91809",
+            ),
+            (
+                "mixed_groups",
+                "f4ca3c5d969c4db4b14fb71a3a080a9e817a05084dbdd70f270a1f663a58197d",
+            ),
+            (
+                "neg_constant",
+                "aae5c07095b01e455377739f665e52d3341d72df8b2a1a130ddd2b658967a645",
+            ),
+            (
+                "normal_0.02",
+                "e0cb54fea0af6164ef586c40dc0940e9665d8c1967059edd3d87ed5cf5b802ba",
+            ),
+            (
+                "normal_1",
+                "472e0d5fcae30f12e47f4fe5e8ae3cde5a561f46cca3fe71db6dbfa1736ff645",
+            ),
+            (
+                "one_huge",
+                "df910ae54465c5d45090ca0ddd9a9fd8daf2f7963bdb73eace29c9173e79bc40",
+            ),
+            (
+                "outliers",
+                "e196808754cb60d9b21bb3c7ccfc94fe83e2240313b6a4a003f2addab2a346c0",
+            ),
+            (
+                "sparse",
+                "7ff28123511bc4a1b9033ecdc8ab02e3c1a11d088f56327daf77addac509433c",
+            ),
+            (
+                "tiny",
+                "59dff5a72f98396312337eab63de64290887b893b8123d2768986574104bb425",
+            ),
+            (
+                "uniform_pos",
+                "f6e91d173a0fcd6bda8ded917b679478245345e62399c7bb8e0f9ebedf235b53",
+            ),
+            (
+                "zeros",
+                "627f6149015f853f26db2f3dffba1b7c30b3b74b87c5cfb9f346c1616e3636d0",
+            ),
+        ];
+        check_golden("q5_K", quantize_row_ref, BYTES, &expected);
+    }
+
+    #[test]
+    fn quantize_row_ref_round_trips() {
+        // ggml's own output has a worst relative RMS error of 0.051 on these rows (bytes are identical)
+        check_round_trip("q5_K", quantize_row_ref, BYTES, dequantize_block, 0.07);
+    }
+}

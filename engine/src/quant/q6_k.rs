@@ -165,3 +165,75 @@ pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
         tail[16..18].copy_from_slice(&d_bits.to_le_bytes());
     }
 }
+
+#[cfg(test)]
+mod quantize_tests {
+    use super::super::kquant_ref::test_rows::{check_golden, check_round_trip};
+    use super::*;
+
+    #[test]
+    fn quantize_row_ref_matches_ggml_bytes() {
+        // sha256 of the bytes ggml produces for `test_rows::rows()`: the C oracle (dev-only, outside the
+        // repo) is ggml-quants.c of the pinned llama.cpp 0c1e570 compiled as libggml-base compiles it,
+        // `gcc-12 -O3 -DNDEBUG -std=gnu11 -fPIC -D_GNU_SOURCE -D_XOPEN_SOURCE=600 -DGGML_SCHED_MAX_COPIES=4
+        // -Iggml/include -Iggml/src -Iggml/src/ggml-cpu -c ggml-quants.c`, linked with a small driver that
+        // calls `quantize_q6_K(rows, dst, 1, n_per_row, NULL)` on the rows `dump_for_oracle` writes.
+        let expected = [
+            (
+                "constant",
+                "552651789009f6bc88afc1978786a5405217c9790e4018be1d6b674f20d83d2c",
+            ),
+            (
+                "huge_in_noise",
+                "d6238f5a10023cf4febe06a1940d61f7c015e5607d148795b18819eea0109671",
+            ),
+            (
+                "mixed_groups",
+                "cfe4485190190cb0bd5c1ccd1c1963c808fc7a04a44e91fb497f88728c44cac8",
+            ),
+            (
+                "neg_constant",
+                "c9f62c93211bb3f6bc9b116a2851621616025783c87b027e2e6794b363b4abea",
+            ),
+            (
+                "normal_0.02",
+                "136f5a866a1ebb00e541d42cc1745fc57d5b8a17dad4ace195b607714ced901f",
+            ),
+            (
+                "normal_1",
+                "3210ee6078c50dea3dbdef849ecbe8082e09d6123c3033873aa2c283b93ef2bc",
+            ),
+            (
+                "one_huge",
+                "ca90ff3523625474b287fc81d2c44f8dd14a4a5962af1a4532be58598666046d",
+            ),
+            (
+                "outliers",
+                "b59cf0ea04b31a4d864480052a2dcfb1c2f7993706ddeb180876f543983e16c3",
+            ),
+            (
+                "sparse",
+                "7497fc702cb94a16d5715ee5e6f3a24679c14af71280d5d69490c9103038d4a5",
+            ),
+            (
+                "tiny",
+                "d23127b549ee4716bad32a0b6d3a7001e591be76efc0a000b9dde290e725c9c4",
+            ),
+            (
+                "uniform_pos",
+                "fbf1c910ec47b1623ed40ffe1dbd954627450ac94c9c146f8b386a14401f7b2a",
+            ),
+            (
+                "zeros",
+                "de1da8f3791deb5ea5a11c9a67179b1e240aa14979524a3cc28add0e3612c0fe",
+            ),
+        ];
+        check_golden("q6_K", quantize_row_ref, BYTES, &expected);
+    }
+
+    #[test]
+    fn quantize_row_ref_round_trips() {
+        // ggml's own output has a worst relative RMS error of 0.037 on these rows (bytes are identical)
+        check_round_trip("q6_K", quantize_row_ref, BYTES, dequantize_block, 0.05);
+    }
+}
