@@ -426,6 +426,10 @@ mod quantize_tests {
                 "e52cb482e4287f0ce6acd56108946c56287c825abb013c4642cd0dde5d2c8810",
             ),
             (
+                "sweep_concat",
+                "157ece91ade9ae2cf0ee67b4a74ca54d75ce3e89f448e5850d8466992d2a2170",
+            ),
+            (
                 "tiny",
                 "3dd82e9347a9546a499d111be24d10d38fafd74c5a953159725c611f754e3a9b",
             ),

@@ -204,6 +204,10 @@ mod quantize_tests {
                 "db617ccd3237ed609d2f5fba4bcdb62f7a53b7f3123e068a17682d946fc70669",
             ),
             (
+                "sweep_concat",
+                "a8dcda63a9471a765a52be014f14f485c62ffabd7ad265001b5987876f7e0cb8",
+            ),
+            (
                 "tiny",
                 "d31d355bc7a06c1fa6e5f49da4a2cd5c2e11f9d3a5b6f29292ff0eaaf99ce0a8",
             ),

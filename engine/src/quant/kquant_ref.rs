@@ -420,8 +420,8 @@ pub(crate) mod test_rows {
         }
     }
 
-    /// The named test rows, each 512 elements (two super-blocks): realistic weight rows (normal, σ = 0.02,
-    /// a few outliers), wider scales, and edge cases.
+    /// The named golden rows: 512 elements (two super-blocks) each of realistic weight rows (normal,
+    /// σ = 0.02, a few outliers), wider scales and edge cases, then `sweep_concat` (102400 elements).
     pub(crate) fn rows() -> Vec<(&'static str, Vec<f32>)> {
         let n = 512;
         let mut out = Vec::new();
@@ -477,6 +477,12 @@ pub(crate) mod test_rows {
             (0..n)
                 .map(|i| if i % 7 == 0 { r.normal() } else { 0.0 })
                 .collect(),
+        ));
+        // 100 varied rows in one (400 super-blocks): the row that tells FMA-contracted arithmetic apart
+        // (ggml-quants.c built with -march=native gives different bytes here for every type but IQ4_XS)
+        out.push((
+            "sweep_concat",
+            sweep_rows(100).into_iter().flat_map(|(_, v)| v).collect(),
         ));
         out
     }

@@ -411,6 +411,10 @@ mod quantize_tests {
                 "2b4cb8df7489b9bbf2944472f116ce21a653933c95b01f25d58e2b6140f3a32a",
             ),
             (
+                "sweep_concat",
+                "0b0754d32e9bace149f3a19b9e2c7477fd00e1ac88fdb32f3ed177be824b4859",
+            ),
+            (
                 "tiny",
                 "5ee2b99638e9115d7bd105a452d4fd17cd96e681861542805d0963771087b5da",
             ),

@@ -251,6 +251,10 @@ mod quantize_tests {
                 "8fa645954519f2c8329e28e5b94d739f21747726d8f538b83dfc91a2a7c5fee7",
             ),
             (
+                "sweep_concat",
+                "24bcea7283aebe2343534452db67d8282ab49da3d28ce823a6885f804f4ec934",
+            ),
+            (
                 "tiny",
                 "d37fdd33354ee4f933cd8c5309f0c1d53674c01a35f0b375ecf6b79ad1c21fc2",
             ),

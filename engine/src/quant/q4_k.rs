@@ -268,6 +268,10 @@ mod quantize_tests {
                 "42671fd734e3a445dd4ca8f97263617ef784939e3231d47692ac40c3775bb928",
             ),
             (
+                "sweep_concat",
+                "f4bc4a857f2b1c5d418ba817c97305bea8194e8ba9c046c3eafc4131c27660bf",
+            ),
+            (
                 "tiny",
                 "533fb110b698b479ffa8f1eb7a236fedb5615ee93573b29739d6db71edac5628",
             ),

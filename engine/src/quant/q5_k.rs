@@ -242,6 +242,10 @@ mod quantize_tests {
                 "7ff28123511bc4a1b9033ecdc8ab02e3c1a11d088f56327daf77addac509433c",
             ),
             (
+                "sweep_concat",
+                "96d99b0483067c40b083e61e307bd85e6146132d54a1a619cbc65a85f51b2df7",
+            ),
+            (
                 "tiny",
                 "59dff5a72f98396312337eab63de64290887b893b8123d2768986574104bb425",
             ),

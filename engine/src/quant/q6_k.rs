@@ -216,6 +216,10 @@ mod quantize_tests {
                 "7497fc702cb94a16d5715ee5e6f3a24679c14af71280d5d69490c9103038d4a5",
             ),
             (
+                "sweep_concat",
+                "439bd054c9f6aea92d31a8cb79767ab8869669375b87a24924b4f69e996e5049",
+            ),
+            (
                 "tiny",
                 "d23127b549ee4716bad32a0b6d3a7001e591be76efc0a000b9dde290e725c9c4",
             ),
