@@ -522,8 +522,11 @@ pub(crate) mod test_rows {
             .collect()
     }
 
+    /// A row quantizer: `src` (whole super-blocks) → `dst` bytes.
+    pub(crate) type QuantizeFn = fn(&[f32], &mut [u8]);
+
     /// The quantizers under test: (oracle type name, bytes per 256, function).
-    pub(crate) fn quantizers() -> [(&'static str, usize, fn(&[f32], &mut [u8])); 6] {
+    pub(crate) fn quantizers() -> [(&'static str, usize, QuantizeFn); 6] {
         [
             (
                 "q2_K",
@@ -559,7 +562,7 @@ pub(crate) mod test_rows {
     }
 
     /// `f` applied to `src` (whole super-blocks).
-    pub(crate) fn quantize(f: fn(&[f32], &mut [u8]), bytes: usize, src: &[f32]) -> Vec<u8> {
+    pub(crate) fn quantize(f: QuantizeFn, bytes: usize, src: &[f32]) -> Vec<u8> {
         let mut dst = vec![0xAAu8; src.len() / 256 * bytes];
         f(src, &mut dst);
         dst
@@ -576,12 +579,7 @@ pub(crate) mod test_rows {
 
     /// Checks `f`'s output on every golden row against `expected` (row name, sha256 of the C oracle's
     /// output for that row), naming every mismatch.
-    pub(crate) fn check_golden(
-        ty: &str,
-        f: fn(&[f32], &mut [u8]),
-        bytes: usize,
-        expected: &[(&str, &str)],
-    ) {
+    pub(crate) fn check_golden(ty: &str, f: QuantizeFn, bytes: usize, expected: &[(&str, &str)]) {
         let rows = rows();
         assert_eq!(
             rows.len(),
@@ -605,7 +603,7 @@ pub(crate) mod test_rows {
 
     /// Relative RMS error `‖dequant(quant(x)) − x‖ / ‖x‖` of `f` followed by `deq` on `x`.
     pub(crate) fn round_trip_rel_rmse(
-        f: fn(&[f32], &mut [u8]),
+        f: QuantizeFn,
         bytes: usize,
         deq: fn(&[u8], &mut [f32; 256]),
         x: &[f32],
@@ -629,7 +627,7 @@ pub(crate) mod test_rows {
     /// finite.
     pub(crate) fn check_round_trip(
         ty: &str,
-        f: fn(&[f32], &mut [u8]),
+        f: QuantizeFn,
         bytes: usize,
         deq: fn(&[u8], &mut [f32; 256]),
         bound: f64,
