@@ -672,7 +672,8 @@ pub(crate) mod test_rows {
 
     /// Dev tool for the C oracle (not a check): with `LOCKSTEP_DUMP_DIR` set, writes every golden and
     /// sweep row to `$DIR/rows/<name>.f32` (little-endian f32) and our bytes to `$DIR/ours/<type>/<name>.bin`.
-    /// `LOCKSTEP_SWEEP` sets the number of sweep rows (default 200).
+    /// `LOCKSTEP_SWEEP` sets the number of sweep rows (default 200); `LOCKSTEP_EXTRA_ROWS` names a directory
+    /// of further `.f32` rows to include (real weights).
     #[test]
     fn dump_for_oracle() {
         let Some(dir) = std::env::var_os("LOCKSTEP_DUMP_DIR") else {
@@ -688,6 +689,21 @@ pub(crate) mod test_rows {
             .map(|(n, v)| (n.to_string(), v))
             .collect();
         all.extend(sweep_rows(n_sweep));
+        // any extra rows (e.g. real weights) from `$LOCKSTEP_EXTRA_ROWS/*.f32`, whole super-blocks only
+        if let Some(extra) = std::env::var_os("LOCKSTEP_EXTRA_ROWS") {
+            for e in std::fs::read_dir(extra).unwrap() {
+                let path = e.unwrap().path();
+                let b = std::fs::read(&path).unwrap();
+                let v: Vec<f32> = b
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                if !v.is_empty() && v.len() % 256 == 0 {
+                    let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+                    all.push((name, v));
+                }
+            }
+        }
         std::fs::create_dir_all(dir.join("rows")).unwrap();
         for (ty, _, _) in quantizers() {
             std::fs::create_dir_all(dir.join("ours").join(ty)).unwrap();
