@@ -15,6 +15,17 @@
 //! then differ from the real build's on random rows; that build is not what llama-quantize runs.) SSE
 //! arithmetic (`FLT_EVAL_METHOD == 0`), no reassociation without `-ffast-math`: Rust's f32 operations
 //! in the same order give the same bits.
+//!
+//! Checked on this machine's llama.cpp tools build (`oracles/llamacpp/build_tools.sh`): ggml-base's
+//! `flags.make` has `C_FLAGS = -O3 -DNDEBUG <warnings> -fopenmp -std=gnu11` (ggml-cpu's adds
+//! `-march=native`); its `ggml-quants.c.o` contains no FMA instruction and, linked into a small driver,
+//! gives exactly the bytes of these ports on the golden rows, hundreds of varied random rows and real
+//! `ffn_down` rows of the cached models. The golden tests pin those bytes as sha256.
+//!
+//! Where the mirrored C has an FMA-sensitive spot (what a contracted build would change), for the
+//! record: `nearest_int(a*b)` (the `+ 1.5·2^23` fuses with the product), the running sums
+//! (`sumlx += w*x*l`, `sum_xl += w*l*x`, …), `D = sum_w*sum_l2 - sum_l*sum_l` and the scale/min
+//! numerators, `scale*L + min - x`. All are plain here.
 
 use super::fp::{f16_to_f32, f32_to_f16_ref};
 

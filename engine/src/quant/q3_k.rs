@@ -215,6 +215,7 @@ mod quantize_tests {
         // `gcc-12 -O3 -DNDEBUG -std=gnu11 -fPIC -D_GNU_SOURCE -D_XOPEN_SOURCE=600 -DGGML_SCHED_MAX_COPIES=4
         // -Iggml/include -Iggml/src -Iggml/src/ggml-cpu -c ggml-quants.c`, linked with a small driver that
         // calls `quantize_q3_K(rows, dst, 1, n_per_row, NULL)` on the rows `dump_for_oracle` writes.
+        // The ggml-quants.c.o of the llama.cpp tools build (its libggml-base.a) gives the same bytes.
         let expected = [
             (
                 "constant",
