@@ -709,7 +709,7 @@ pub(crate) mod test_rows {
                     .chunks_exact(4)
                     .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                     .collect();
-                if !v.is_empty() && v.len() % 256 == 0 {
+                if !v.is_empty() && v.len().is_multiple_of(256) {
                     let name = path.file_stem().unwrap().to_string_lossy().into_owned();
                     all.push((name, v));
                 }
