@@ -20,7 +20,9 @@
 //! `flags.make` has `C_FLAGS = -O3 -DNDEBUG <warnings> -fopenmp -std=gnu11` (ggml-cpu's adds
 //! `-march=native`); its `ggml-quants.c.o` contains no FMA instruction and, linked into a small driver,
 //! gives exactly the bytes of these ports on the golden rows, hundreds of varied random rows and real
-//! `ffn_down` rows of the cached models. The golden tests pin those bytes as sha256.
+//! `ffn_down` rows of the cached models; and end to end, `llama-quantize --allow-requantize --pure` of
+//! smollm2-135m-q4_1 to each of the six types writes `ffn_down` tensors (576×1536) byte-identical to
+//! these ports applied to the same (dequantized) f32. The golden tests pin the bytes as sha256.
 //!
 //! Where the mirrored C has an FMA-sensitive spot (what a contracted build would change), for the
 //! record: `nearest_int(a*b)` (the `+ 1.5·2^23` fuses with the product), the running sums
