@@ -13,11 +13,15 @@
 //! |---|---|---|---|---|
 //! | F32, F16, BF16 | yes | yes | yes | itself |
 //! | Q4_0, Q5_0, Q8_0 | yes | yes | yes | Q8_0 |
-//! | IQ4_NL | yes | no | yes | Q8_0 |
+//! | IQ4_NL | yes | no (`iq4_nl::quantize_row_iq4_nl_impl` is the shared core) | yes | Q8_0 |
 //! | Q4_1 | yes | yes | yes | Q8_1 |
 //! | Q5_1 | yes | no | yes | Q8_1 |
-//! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS | yes | no | yes | Q8_K |
+//! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS | yes | `quantize_row_ref` per module (not yet in [`quantize_row`]) | yes | Q8_K |
 //! | Q8_1, Q8_K (activation types) | yes | yes | no | — |
+//!
+//! The K-quant and IQ4_XS reference quantizers (helpers in `kquant_ref`) reproduce `llama-quantize --pure`
+//! without an importance matrix byte for byte: libggml-base, which holds `ggml-quants.c`, is compiled
+//! without `-march=native` and so without FMA contraction (`kquant_ref` has the evidence).
 //!
 //! # What ggml mode reproduces, and what llama.cpp on this machine actually runs
 //!
@@ -135,6 +139,7 @@ mod float;
 mod fp;
 mod iq4_nl;
 mod iq4_xs;
+mod kquant_ref;
 mod prepared;
 mod q2_k;
 mod q3_k;
