@@ -849,3 +849,49 @@ fn the_rounding_probe_tells_a_bug_from_llamacpp_rounding() {
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(md.contains("## Rounding probe"), "{md}");
 }
+
+/// Where stderr is not a terminal (a CI log, `| tee`), `lockstep run` prints one line per model made ready
+/// and one per finished cell with its verdict, time, elapsed and estimated time left — not a hidden bar.
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn a_run_without_a_terminal_prints_a_line_per_cell() {
+    let reports = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .current_dir(root())
+        .args([
+            "run",
+            "--model",
+            MODEL,
+            "--prompt",
+            "one_token",
+            "--mode",
+            "ggml",
+            "--simd",
+            "off",
+            "--simd",
+            "avx2",
+            "--reports",
+            reports.path().to_str().unwrap(),
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with(&format!("model {MODEL} ready: "))),
+        "{stderr}"
+    );
+    for (i, simd) in [(1, "off"), (2, "avx2")] {
+        let head = format!("[{i}/2] {MODEL}/one_token/Q4_1/ggml/simd-{simd}/");
+        let line = lines
+            .iter()
+            .find(|l| l.starts_with(&head))
+            .unwrap_or_else(|| panic!("no line {head}… in\n{stderr}"));
+        assert!(line.contains(" PASS "), "{line}");
+        assert!(line.contains(" s, elapsed ") && line.ends_with(" left"), "{line}");
+    }
+}
