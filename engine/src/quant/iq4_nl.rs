@@ -5,7 +5,7 @@
 //! of `qs[j]`, element `j + 16` the high nibble). `vec_dot_type` Q8_0. The table `kvalues_iq4nl`
 //! (ggml-common.h) is shared with IQ4_XS.
 
-use super::fp::read_f16;
+use super::fp::{f32_to_f16_ref, read_f16};
 use super::q8::QK;
 use super::x86::{fma_lanes, hsum_float_8, sign_trick_mul};
 
@@ -99,6 +99,235 @@ pub(crate) fn dot_q8_0_tinyblas<const SIGN_EXACT: bool>(w: &[u8], xq: &[i8], xd:
         fma_lanes(d, &lanes::<SIGN_EXACT>(&values(&blk[2..]), qy), &mut acc);
     }
     hsum_float_8(&acc)
+}
+
+/// `GROUP_MAX_EPS` (ggml-quants.c): a block whose largest |x| is below this gets scale 0.
+const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// `best_index_int8` (ggml-quants.c): the index of the entry of the ascending table `val` nearest to `x`
+/// (a tie goes to the upper entry), by the same comparisons as the C (a NaN `x` gives the last index).
+#[inline]
+pub(crate) fn best_index_int8(val: &[i8], x: f32) -> usize {
+    let n = val.len();
+    if x <= f32::from(val[0]) {
+        return 0;
+    }
+    if x >= f32::from(val[n - 1]) {
+        return n - 1;
+    }
+    let (mut ml, mut mu) = (0usize, n - 1);
+    while mu - ml > 1 {
+        let mav = (ml + mu) / 2;
+        if x < f32::from(val[mav]) {
+            mu = mav;
+        } else {
+            ml = mav;
+        }
+    }
+    if x - f32::from(val[mu - 1]) < f32::from(val[mu]) - x {
+        mu - 1
+    } else {
+        mu
+    }
+}
+
+/// `nearest_int` (ggml-quants.c): round to nearest (ties to even) by adding `1.5 * 2^23` and reading the
+/// mantissa bits; valid for |x| ≤ 4194303.
+#[inline]
+pub(crate) fn nearest_int(fval: f32) -> i32 {
+    let val = fval + 12_582_912.0;
+    (val.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
+}
+
+/// `quantize_row_iq4_nl_impl` (ggml-quants.c), shared by IQ4_NL (`super_block_size == block_size == 32`)
+/// and IQ4_XS (256 and 32): quantizes one super-block `x` (`super_block_size` values) to 4-bit indices
+/// into `values` (`kvalues_iq4nl`).
+///
+/// Per block of `block_size`: weights `w = x²` (or `qw * sqrt(sigma2 + x²)` with `quant_weights`); a
+/// block whose max |x| is below `GROUP_MAX_EPS` gets scale 0; otherwise the scale `d = -max/values[0]`
+/// (`ntry > 0`), indices by [`best_index_int8`] of `x/d`, the least-squares scale `sumqx/sumq2`, then
+/// `2*ntry + 1` trial scales `(itry + values[0])/max` keeping the best `sumqx²/sumq2`. With one block the
+/// super-block scale `dh` is that scale and (when `ntry > 0`) the indices are redone with `1/d`; with
+/// several, `dh = -max_scale/32`, each block's 6-bit scale `nearest_int(scale/dh)` clamped to -32..31,
+/// stored +32 as low nibbles in `scales_l` and high 2 bits in `scales_h`, and the indices redone with
+/// `1/(dh*l)`. Finally `q4` packs element `j` of each 32 in the low nibble of byte `j`, `j + 16` in the high.
+///
+/// Arithmetic is f32 in the C's order, multiply and add rounded separately (libggml-base is built without
+/// FMA). Outputs: `dh` (f16 bits), `q4` (`super_block_size/2` bytes), `scales_h` (`(nb+7)/8` entries) and
+/// `scales_l` (`nb/2` bytes) only written when `nb = super_block_size/block_size > 1`; scratch: `scales`
+/// (`nb`), `weight` (`block_size`), `l` (`super_block_size`). Slices shorter than that panic (caller's
+/// contract, as the C's buffers).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn quantize_row_iq4_nl_impl(
+    super_block_size: usize,
+    block_size: usize,
+    x: &[f32],
+    dh: &mut u16,
+    q4: &mut [u8],
+    scales_h: &mut [u16],
+    scales_l: &mut [u8],
+    scales: &mut [f32],
+    weight: &mut [f32],
+    l: &mut [u8],
+    values: &[i8; 16],
+    quant_weights: Option<&[f32]>,
+    ntry: i32,
+) {
+    let mut sigma2 = 0f32;
+    for &v in &x[..super_block_size] {
+        sigma2 += v * v;
+    }
+    sigma2 *= 2.0 / super_block_size as f32;
+
+    q4[..super_block_size / 2].fill(0);
+    *dh = f32_to_f16_ref(0.0);
+
+    let v0 = f32::from(values[0]);
+    let nb = super_block_size / block_size;
+    let mut max_scale = 0f32;
+    let mut amax_scale = 0f32;
+    for ib in 0..nb {
+        let xb = &x[ib * block_size..(ib + 1) * block_size];
+        let lb = &mut l[ib * block_size..(ib + 1) * block_size];
+        match quant_weights {
+            Some(qw) => {
+                let qw = &qw[ib * block_size..(ib + 1) * block_size];
+                for j in 0..block_size {
+                    weight[j] = qw[j] * (sigma2 + xb[j] * xb[j]).sqrt();
+                }
+            }
+            None => {
+                for j in 0..block_size {
+                    weight[j] = xb[j] * xb[j];
+                }
+            }
+        }
+        let mut amax = 0f32;
+        let mut max = 0f32;
+        for &v in xb {
+            let ax = v.abs();
+            if ax > amax {
+                amax = ax;
+                max = v;
+            }
+        }
+        if amax < GROUP_MAX_EPS {
+            scales[ib] = 0.0;
+            continue;
+        }
+        let mut d = if ntry > 0 { -max / v0 } else { max / v0 };
+        let mut id = 1.0 / d;
+        let mut sumqx = 0f32;
+        let mut sumq2 = 0f32;
+        for j in 0..block_size {
+            let al = id * xb[j];
+            let li = best_index_int8(values, al);
+            lb[j] = li as u8;
+            let q = f32::from(values[li]);
+            let w = weight[j];
+            sumqx += w * q * xb[j];
+            sumq2 += w * q * q;
+        }
+        d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+        let mut best = d * sumqx;
+        for itry in -ntry..=ntry {
+            id = (itry + i32::from(values[0])) as f32 / max;
+            sumqx = 0.0;
+            sumq2 = 0.0;
+            for j in 0..block_size {
+                let al = id * xb[j];
+                let li = best_index_int8(values, al);
+                let q = f32::from(values[li]);
+                let w = weight[j];
+                sumqx += w * q * xb[j];
+                sumq2 += w * q * q;
+            }
+            if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scales[ib] = d;
+        let abs_d = d.abs();
+        if abs_d > amax_scale {
+            amax_scale = abs_d;
+            max_scale = d;
+        }
+    }
+
+    if nb > 1 {
+        scales_h[..nb.div_ceil(8)].fill(0);
+        let d = -max_scale / 32.0;
+        *dh = f32_to_f16_ref(d);
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        for ib in 0..nb {
+            let mut li = nearest_int(id * scales[ib]);
+            li = li.clamp(-32, 31);
+            let dl = d * li as f32;
+            let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
+            let xb = &x[ib * block_size..(ib + 1) * block_size];
+            let lb = &mut l[ib * block_size..(ib + 1) * block_size];
+            for j in 0..block_size {
+                lb[j] = best_index_int8(values, idl * xb[j]) as u8;
+            }
+            li += 32;
+            let l_l = (li & 0xf) as u8;
+            let l_h = (li >> 4) as u16;
+            if ib % 2 == 0 {
+                scales_l[ib / 2] = l_l;
+            } else {
+                scales_l[ib / 2] |= l_l << 4;
+            }
+            scales_h[ib / 8] |= l_h << (2 * (ib % 8));
+        }
+    } else {
+        *dh = f32_to_f16_ref(scales[0]);
+        if ntry > 0 {
+            let id = if scales[0] != 0.0 { 1.0 / scales[0] } else { 0.0 };
+            for j in 0..super_block_size {
+                l[j] = best_index_int8(values, id * x[j]) as u8;
+            }
+        }
+    }
+
+    for i in 0..super_block_size / 32 {
+        for j in 0..16 {
+            q4[16 * i + j] = l[32 * i + j] | (l[32 * i + 16 + j] << 4);
+        }
+    }
+}
+
+/// `quantize_iq4_nl` (ggml-quants.c) without an importance matrix, the function `ggml_quantize_chunk`
+/// runs for IQ4_NL: every 32-block through [`quantize_row_iq4_nl_impl`] with super-block = block = 32,
+/// `kvalues_iq4nl` and `ntry = 7`, written as `d: f16`, `qs: [u8; 16]`.
+///
+/// `src.len()` is a multiple of 32 and `dst` holds `src.len() / 32` blocks of [`BYTES`] (caller's
+/// contract; extra input or output is left alone).
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    let mut l = [0u8; QK];
+    let mut weight = [0f32; QK];
+    let mut scale = [0f32; 1];
+    let mut unused_h = [0u16; 1];
+    for (x, blk) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BYTES)) {
+        let mut dh = 0u16;
+        let (d, qs) = blk.split_at_mut(2);
+        quantize_row_iq4_nl_impl(
+            QK,
+            QK,
+            x,
+            &mut dh,
+            qs,
+            &mut unused_h,
+            &mut [],
+            &mut scale,
+            &mut weight,
+            &mut l,
+            &KVALUES,
+            None,
+            7,
+        );
+        d.copy_from_slice(&dh.to_le_bytes());
+    }
 }
 
 #[cfg(test)]
