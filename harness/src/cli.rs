@@ -33,8 +33,9 @@ pub enum Command {
     /// Download (a model) or make (a quantization variant), verify and cache registered files; prints their
     /// paths, one a line, in the order given.
     Fetch {
-        /// Model or variant ids from models.toml (`lockstep fetch --list` shows them). Missing variants of
-        /// one source are made by one call of their recipe (oracles/llamacpp/make_variants.sh).
+        /// Model or variant ids from models.toml (`lockstep fetch --list` shows them). Missing variants are
+        /// made in process by lockstep's quantizer (as `lockstep quantize`), or by the shell recipe named in
+        /// $LOCKSTEP_VARIANT_RECIPE (e.g. oracles/llamacpp/make_variants.sh, one call per source).
         ids: Vec<String>,
         /// Rehash the cached file even when its verified-hash sidecar matches.
         #[arg(long)]
@@ -702,7 +703,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 for v in &reg.variants {
                     let arch = reg.arch(&v.id).unwrap_or("?");
                     println!(
-                        "{:<28} {:<8} {:>12} B  {} of {} (made by {})",
+                        "{:<28} {:<8} {:>12} B  {} of {} (made by lockstep quantize; registered from {})",
                         v.id,
                         arch,
                         v.size,

@@ -106,6 +106,7 @@ const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// `best_index_int8` (ggml-quants.c): the index of the entry of the ascending table `val` nearest to `x`
 /// (a tie goes to the upper entry), by the same comparisons as the C (a NaN `x` gives the last index).
+#[cfg_attr(not(test), allow(dead_code))]
 #[inline]
 pub(crate) fn best_index_int8(val: &[i8], x: f32) -> usize {
     let n = val.len();
@@ -125,6 +126,29 @@ pub(crate) fn best_index_int8(val: &[i8], x: f32) -> usize {
         }
     }
     if x - f32::from(val[mu - 1]) < f32::from(val[mu]) - x {
+        mu - 1
+    } else {
+        mu
+    }
+}
+
+/// [`best_index_int8`] for a strictly ascending table of 16 values already widened to f32 (exact), without
+/// the binary search's branches: for `val[0] < x < val[15]` the search ends at the first `mu` with
+/// `x < val[mu]`, i.e. `mu = 1 + #{k in 1..15 : val[k] <= x}`; then the same tie rule. Same result for
+/// every `x`, NaN included (checked against [`best_index_int8`] in the tests).
+#[inline]
+fn best_index_16(val: &[f32; 16], x: f32) -> usize {
+    if x <= val[0] {
+        return 0;
+    }
+    if x >= val[15] || x.is_nan() {
+        return 15;
+    }
+    let mut mu = 1usize;
+    for &v in &val[1..15] {
+        mu += usize::from(v <= x);
+    }
+    if x - val[mu - 1] < val[mu] - x {
         mu - 1
     } else {
         mu
@@ -183,6 +207,8 @@ pub(crate) fn quantize_row_iq4_nl_impl(
     *dh = f32_to_f16_ref(0.0);
 
     let v0 = f32::from(values[0]);
+    let vf: [f32; 16] = values.map(f32::from);
+    debug_assert!(vf.windows(2).all(|w| w[0] < w[1]), "values must ascend");
     let nb = super_block_size / block_size;
     let mut max_scale = 0f32;
     let mut amax_scale = 0f32;
@@ -221,7 +247,7 @@ pub(crate) fn quantize_row_iq4_nl_impl(
         let mut sumq2 = 0f32;
         for j in 0..block_size {
             let al = id * xb[j];
-            let li = best_index_int8(values, al);
+            let li = best_index_16(&vf, al);
             lb[j] = li as u8;
             let q = f32::from(values[li]);
             let w = weight[j];
@@ -236,7 +262,7 @@ pub(crate) fn quantize_row_iq4_nl_impl(
             sumq2 = 0.0;
             for j in 0..block_size {
                 let al = id * xb[j];
-                let li = best_index_int8(values, al);
+                let li = best_index_16(&vf, al);
                 let q = f32::from(values[li]);
                 let w = weight[j];
                 sumqx += w * q * xb[j];
@@ -268,7 +294,7 @@ pub(crate) fn quantize_row_iq4_nl_impl(
             let xb = &x[ib * block_size..(ib + 1) * block_size];
             let lb = &mut l[ib * block_size..(ib + 1) * block_size];
             for j in 0..block_size {
-                lb[j] = best_index_int8(values, idl * xb[j]) as u8;
+                lb[j] = best_index_16(&vf, idl * xb[j]) as u8;
             }
             li += 32;
             let l_l = (li & 0xf) as u8;
@@ -285,7 +311,7 @@ pub(crate) fn quantize_row_iq4_nl_impl(
         if ntry > 0 {
             let id = if scales[0] != 0.0 { 1.0 / scales[0] } else { 0.0 };
             for j in 0..super_block_size {
-                l[j] = best_index_int8(values, id * x[j]) as u8;
+                l[j] = best_index_16(&vf, id * x[j]) as u8;
             }
         }
     }
@@ -333,6 +359,27 @@ pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn branchless_best_index_is_the_binary_search() {
+        let vf: [f32; 16] = KVALUES.map(f32::from);
+        let mut xs = vec![f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0];
+        for w in KVALUES.windows(2) {
+            let (a, b) = (f32::from(w[0]), f32::from(w[1]));
+            let mid = (a + b) / 2.0;
+            for x in [a, b, mid, mid.next_up(), mid.next_down(), a.next_up(), b.next_down()] {
+                xs.push(x);
+            }
+        }
+        let mut s = 7u32;
+        for _ in 0..20000 {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            xs.push((s >> 8) as f32 / 16_777_216.0 * 300.0 - 150.0);
+        }
+        for x in xs {
+            assert_eq!(best_index_16(&vf, x), best_index_int8(&KVALUES, x), "{x}");
+        }
+    }
 
     #[test]
     fn dequantizes_a_hand_made_block() {
