@@ -6,6 +6,7 @@
 //! (ggml-common.h) is shared with IQ4_XS.
 
 use super::fp::{f32_to_f16_ref, read_f16};
+use super::kquant_ref::nearest_int;
 use super::q8::QK;
 use super::x86::{fma_lanes, hsum_float_8, sign_trick_mul};
 
@@ -101,12 +102,9 @@ pub(crate) fn dot_q8_0_tinyblas<const SIGN_EXACT: bool>(w: &[u8], xq: &[i8], xd:
     hsum_float_8(&acc)
 }
 
-/// `GROUP_MAX_EPS` (ggml-quants.c): a block whose largest |x| is below this gets scale 0.
-const GROUP_MAX_EPS: f32 = 1e-15;
-
-/// `best_index_int8` (ggml-quants.c): the index of the entry of the ascending table `val` nearest to `x`
-/// (a tie goes to the upper entry), by the same comparisons as the C (a NaN `x` gives the last index).
-#[cfg_attr(not(test), allow(dead_code))]
+/// `best_index_int8` (ggml-quants.c): the index in the ascending table `val` of the value nearest to `x`
+/// (ties and NaN go up: `x − val[mu−1] < val[mu] − x ? mu−1 : mu` after a bisection; below `val[0]` → 0,
+/// above the last → `n − 1`).
 #[inline]
 pub(crate) fn best_index_int8(val: &[i8], x: f32) -> usize {
     let n = val.len();
@@ -155,32 +153,27 @@ fn best_index_16(val: &[f32; 16], x: f32) -> usize {
     }
 }
 
-/// `nearest_int` (ggml-quants.c): round to nearest (ties to even) by adding `1.5 * 2^23` and reading the
-/// mantissa bits; valid for |x| ≤ 4194303.
-#[inline]
-pub(crate) fn nearest_int(fval: f32) -> i32 {
-    let val = fval + 12_582_912.0;
-    (val.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
-}
-
-/// `quantize_row_iq4_nl_impl` (ggml-quants.c), shared by IQ4_NL (`super_block_size == block_size == 32`)
-/// and IQ4_XS (256 and 32): quantizes one super-block `x` (`super_block_size` values) to 4-bit indices
-/// into `values` (`kvalues_iq4nl`).
+/// `quantize_row_iq4_nl_impl` (ggml-quants.c), shared by IQ4_NL and IQ4_XS: one super-block of
+/// `super_block_size` elements `x` (a multiple of 32, at most 256) in sub-blocks of `block_size`, each
+/// value an index into the 16-entry `values` table (`KVALUES` for both types).
 ///
-/// Per block of `block_size`: weights `w = x²` (or `qw * sqrt(sigma2 + x²)` with `quant_weights`); a
-/// block whose max |x| is below `GROUP_MAX_EPS` gets scale 0; otherwise the scale `d = -max/values[0]`
-/// (`ntry > 0`), indices by [`best_index_int8`] of `x/d`, the least-squares scale `sumqx/sumq2`, then
-/// `2*ntry + 1` trial scales `(itry + values[0])/max` keeping the best `sumqx²/sumq2`. With one block the
-/// super-block scale `dh` is that scale and (when `ntry > 0`) the indices are redone with `1/d`; with
-/// several, `dh = -max_scale/32`, each block's 6-bit scale `nearest_int(scale/dh)` clamped to -32..31,
-/// stored +32 as low nibbles in `scales_l` and high 2 bits in `scales_h`, and the indices redone with
-/// `1/(dh*l)`. Finally `q4` packs element `j` of each 32 in the low nibble of byte `j`, `j + 16` in the high.
+/// Outputs: `dh` the f16 bits of the super-block scale; `q4` (`super_block_size/2` bytes) the indices,
+/// packed per 32 as IQ4_NL's `qs` (element `j < 16` low nibble of byte `j`, `j + 16` high nibble); and when
+/// there is more than one sub-block, the 6-bit sub-block scales `l + 32`, low nibbles in `scales_l`
+/// (`nb/2` bytes) and high 2 bits in `scales_h` (`(nb+7)/8` u16s, cleared first). With a single sub-block
+/// (IQ4_NL: `(32, 32)`) `dh` is the sub-block scale itself and `scales_h`/`scales_l` are not touched (pass
+/// empty slices).
 ///
-/// Arithmetic is f32 in the C's order, multiply and add rounded separately (libggml-base is built without
-/// FMA). Outputs: `dh` (f16 bits), `q4` (`super_block_size/2` bytes), `scales_h` (`(nb+7)/8` entries) and
-/// `scales_l` (`nb/2` bytes) only written when `nb = super_block_size/block_size > 1`; scratch: `scales`
-/// (`nb`), `weight` (`block_size`), `l` (`super_block_size`). Slices shorter than that panic (caller's
-/// contract, as the C's buffers).
+/// Weights: `quant_weights` (the importance matrix for these elements) times `sqrt(σ² + x²)` with
+/// `σ² = 2Σx²/super_block_size`, or `x²` without one. Each sub-block: `d = ∓max/values[0]` (minus when
+/// `ntry > 0`), indices by [`best_index_int8`], the weighted least-squares scale, then a search over
+/// `id = (itry + values[0])/max` for `itry = −ntry..=ntry`. `quantize_iq4_xs` and `quantize_iq4_nl` pass
+/// `ntry = 7`, `quantize_row_iq4_nl_ref` −1. Plain f32 arithmetic in C's order: libggml-base is compiled
+/// without FMA (see `kquant_ref`).
+///
+/// One deviation, unreachable from `llama-quantize`: with a single sub-block, `ntry ≤ 0` and an all-zero
+/// (`amax < GROUP_MAX_EPS`) input, C packs whatever its caller's `L` scratch held (the previous block's
+/// indices, or uninitialized stack); this writes index 0.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn quantize_row_iq4_nl_impl(
     super_block_size: usize,
@@ -190,15 +183,23 @@ pub(crate) fn quantize_row_iq4_nl_impl(
     q4: &mut [u8],
     scales_h: &mut [u16],
     scales_l: &mut [u8],
-    scales: &mut [f32],
-    weight: &mut [f32],
-    l: &mut [u8],
     values: &[i8; 16],
     quant_weights: Option<&[f32]>,
     ntry: i32,
 ) {
+    const MAX_SB: usize = 256;
+    let x = &x[..super_block_size];
+    let nb = super_block_size / block_size;
+    let mut l_all = [0u8; MAX_SB];
+    let mut scales = [0f32; MAX_SB];
+    let mut weight = [0f32; MAX_SB];
+    let l_all = &mut l_all[..super_block_size];
+    let v0 = f32::from(values[0]);
+    let vf: [f32; 16] = values.map(f32::from);
+    debug_assert!(vf.windows(2).all(|w| w[0] < w[1]), "values must ascend");
+
     let mut sigma2 = 0f32;
-    for &v in &x[..super_block_size] {
+    for &v in x {
         sigma2 += v * v;
     }
     sigma2 *= 2.0 / super_block_size as f32;
@@ -206,25 +207,22 @@ pub(crate) fn quantize_row_iq4_nl_impl(
     q4[..super_block_size / 2].fill(0);
     *dh = f32_to_f16_ref(0.0);
 
-    let v0 = f32::from(values[0]);
-    let vf: [f32; 16] = values.map(f32::from);
-    debug_assert!(vf.windows(2).all(|w| w[0] < w[1]), "values must ascend");
-    let nb = super_block_size / block_size;
     let mut max_scale = 0f32;
     let mut amax_scale = 0f32;
     for ib in 0..nb {
         let xb = &x[ib * block_size..(ib + 1) * block_size];
-        let lb = &mut l[ib * block_size..(ib + 1) * block_size];
+        let lb = &mut l_all[ib * block_size..(ib + 1) * block_size];
+        let weight = &mut weight[..block_size];
         match quant_weights {
             Some(qw) => {
                 let qw = &qw[ib * block_size..(ib + 1) * block_size];
-                for j in 0..block_size {
-                    weight[j] = qw[j] * (sigma2 + xb[j] * xb[j]).sqrt();
+                for ((w, &q), &v) in weight.iter_mut().zip(qw).zip(xb) {
+                    *w = q * (sigma2 + v * v).sqrt();
                 }
             }
             None => {
-                for j in 0..block_size {
-                    weight[j] = xb[j] * xb[j];
+                for (w, &v) in weight.iter_mut().zip(xb) {
+                    *w = v * v;
                 }
             }
         }
@@ -237,7 +235,7 @@ pub(crate) fn quantize_row_iq4_nl_impl(
                 max = v;
             }
         }
-        if amax < GROUP_MAX_EPS {
+        if amax < super::kquant_ref::GROUP_MAX_EPS {
             scales[ib] = 0.0;
             continue;
         }
@@ -245,13 +243,12 @@ pub(crate) fn quantize_row_iq4_nl_impl(
         let mut id = 1.0 / d;
         let mut sumqx = 0f32;
         let mut sumq2 = 0f32;
-        for j in 0..block_size {
-            let al = id * xb[j];
-            let li = best_index_16(&vf, al);
-            lb[j] = li as u8;
-            let q = f32::from(values[li]);
-            let w = weight[j];
-            sumqx += w * q * xb[j];
+        for ((o, &v), &w) in lb.iter_mut().zip(xb).zip(weight.iter()) {
+            let al = id * v;
+            let l = best_index_16(&vf, al);
+            *o = l as u8;
+            let q = f32::from(values[l]);
+            sumqx += w * q * v;
             sumq2 += w * q * q;
         }
         d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
@@ -260,12 +257,10 @@ pub(crate) fn quantize_row_iq4_nl_impl(
             id = (itry + i32::from(values[0])) as f32 / max;
             sumqx = 0.0;
             sumq2 = 0.0;
-            for j in 0..block_size {
-                let al = id * xb[j];
-                let li = best_index_16(&vf, al);
-                let q = f32::from(values[li]);
-                let w = weight[j];
-                sumqx += w * q * xb[j];
+            for (&v, &w) in xb.iter().zip(weight.iter()) {
+                let al = id * v;
+                let q = f32::from(values[best_index_16(&vf, al)]);
+                sumqx += w * q * v;
                 sumq2 += w * q * q;
             }
             if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
@@ -287,38 +282,40 @@ pub(crate) fn quantize_row_iq4_nl_impl(
         *dh = f32_to_f16_ref(d);
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         for ib in 0..nb {
-            let mut li = nearest_int(id * scales[ib]);
-            li = li.clamp(-32, 31);
-            let dl = d * li as f32;
+            let l = nearest_int(id * scales[ib]).clamp(-32, 31);
+            let dl = d * l as f32;
             let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
             let xb = &x[ib * block_size..(ib + 1) * block_size];
-            let lb = &mut l[ib * block_size..(ib + 1) * block_size];
-            for j in 0..block_size {
-                lb[j] = best_index_16(&vf, idl * xb[j]) as u8;
+            let lb = &mut l_all[ib * block_size..(ib + 1) * block_size];
+            for (o, &v) in lb.iter_mut().zip(xb) {
+                *o = best_index_16(&vf, idl * v) as u8;
             }
-            li += 32;
-            let l_l = (li & 0xf) as u8;
-            let l_h = (li >> 4) as u16;
+            let l = (l + 32) as u8;
+            let (l_l, l_h) = (l & 0xF, l >> 4);
             if ib % 2 == 0 {
                 scales_l[ib / 2] = l_l;
             } else {
                 scales_l[ib / 2] |= l_l << 4;
             }
-            scales_h[ib / 8] |= l_h << (2 * (ib % 8));
+            scales_h[ib / 8] |= u16::from(l_h) << (2 * (ib % 8));
         }
     } else {
         *dh = f32_to_f16_ref(scales[0]);
         if ntry > 0 {
-            let id = if scales[0] != 0.0 { 1.0 / scales[0] } else { 0.0 };
-            for j in 0..super_block_size {
-                l[j] = best_index_16(&vf, id * x[j]) as u8;
+            let id = if scales[0] != 0.0 {
+                1.0 / scales[0]
+            } else {
+                0.0
+            };
+            for (o, &v) in l_all.iter_mut().zip(x) {
+                *o = best_index_16(&vf, id * v) as u8;
             }
         }
     }
 
     for i in 0..super_block_size / 32 {
         for j in 0..16 {
-            q4[16 * i + j] = l[32 * i + j] | (l[32 * i + 16 + j] << 4);
+            q4[16 * i + j] = l_all[32 * i + j] | (l_all[32 * i + 16 + j] << 4);
         }
     }
 }
@@ -330,28 +327,10 @@ pub(crate) fn quantize_row_iq4_nl_impl(
 /// `src.len()` is a multiple of 32 and `dst` holds `src.len() / 32` blocks of [`BYTES`] (caller's
 /// contract; extra input or output is left alone).
 pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
-    let mut l = [0u8; QK];
-    let mut weight = [0f32; QK];
-    let mut scale = [0f32; 1];
-    let mut unused_h = [0u16; 1];
     for (x, blk) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BYTES)) {
         let mut dh = 0u16;
         let (d, qs) = blk.split_at_mut(2);
-        quantize_row_iq4_nl_impl(
-            QK,
-            QK,
-            x,
-            &mut dh,
-            qs,
-            &mut unused_h,
-            &mut [],
-            &mut scale,
-            &mut weight,
-            &mut l,
-            &KVALUES,
-            None,
-            7,
-        );
+        quantize_row_iq4_nl_impl(QK, QK, x, &mut dh, qs, &mut [], &mut [], &KVALUES, None, 7);
         d.copy_from_slice(&dh.to_le_bytes());
     }
 }
@@ -434,5 +413,132 @@ mod tests {
             a.to_bits(),
             "no -128 quant: the sign trick changes nothing"
         );
+    }
+}
+
+#[cfg(test)]
+mod quantize_tests {
+    use super::super::kquant_ref::test_rows::{quantize, rows, sha256_hex};
+    use super::*;
+
+    /// `quantize_iq4_nl(src, dst, 1, n, NULL)` (ggml-quants.c): [`quantize_row_iq4_nl_impl`] per block of
+    /// 32 with `ntry = 7` — what `llama-quantize` runs for IQ4_NL without an importance matrix.
+    fn quantize_iq4_nl(src: &[f32], dst: &mut [u8]) {
+        for (x, blk) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BYTES)) {
+            let mut dh = 0u16;
+            quantize_row_iq4_nl_impl(
+                QK,
+                QK,
+                x,
+                &mut dh,
+                &mut blk[2..],
+                &mut [],
+                &mut [],
+                &KVALUES,
+                None,
+                7,
+            );
+            blk[0..2].copy_from_slice(&dh.to_le_bytes());
+        }
+    }
+
+    #[test]
+    fn impl_with_one_block_matches_ggml_quantize_iq4_nl() {
+        // sha256 of the bytes ggml produces for `test_rows::rows()`: the C oracle (dev-only, outside the
+        // repo) is ggml-quants.c of the pinned llama.cpp 0c1e570 compiled as libggml-base compiles it,
+        // `gcc-12 -O3 -DNDEBUG -std=gnu11 -fPIC -D_GNU_SOURCE -D_XOPEN_SOURCE=600 -DGGML_SCHED_MAX_COPIES=4
+        // -Iggml/include -Iggml/src -Iggml/src/ggml-cpu -c ggml-quants.c`, linked with a small driver that
+        // calls `quantize_iq4_nl(rows, dst, 1, n_per_row, NULL)` on the rows `dump_for_oracle` writes.
+        // The ggml-quants.c.o of the llama.cpp tools build (its libggml-base.a) gives the same bytes.
+        let expected = [
+            (
+                "constant",
+                "799ae52a6d3559b087143efb745d3f490b2883fca0fa35188e8b36b833103b2f",
+            ),
+            (
+                "huge_in_noise",
+                "b498763a0c932ec688cff9c5b7c41eb3aa5ff073d2fde596e0c20d5c1eb7c8a2",
+            ),
+            (
+                "mixed_groups",
+                "83727c5a07a2cd23427dafcc4c67054cea6d52f263b2dbc405d525ea8addb084",
+            ),
+            (
+                "neg_constant",
+                "a9d2696638853548b9979e8f9120283f938cd97db5804846712034700b4398cd",
+            ),
+            (
+                "normal_0.02",
+                "00f015282aa65f54222ae72578ac47282d8f923b038a188ead2631e9ce73d967",
+            ),
+            (
+                "normal_1",
+                "94e3d59b4cdbb61a2e24c4bda074e82fec88c2a5318231c602b30c8f4d4f5285",
+            ),
+            (
+                "one_huge",
+                "4cd33013508b989e3e5a11d84f4a0300fef5d9aeba0caef2f64a6a714d92549e",
+            ),
+            (
+                "outliers",
+                "d28a46176bf63b15a7cc9390fba549af3eed1a254b0b1c1e12ea4a8f56b2d5ee",
+            ),
+            (
+                "sparse",
+                "e52cb482e4287f0ce6acd56108946c56287c825abb013c4642cd0dde5d2c8810",
+            ),
+            (
+                "sweep_concat",
+                "157ece91ade9ae2cf0ee67b4a74ca54d75ce3e89f448e5850d8466992d2a2170",
+            ),
+            (
+                "tiny",
+                "3dd82e9347a9546a499d111be24d10d38fafd74c5a953159725c611f754e3a9b",
+            ),
+            (
+                "uniform_pos",
+                "45a14c3fe35520aa8e0dbd0ea42dcfba6fa62a6957c44e5bd398f808a6d23f76",
+            ),
+            (
+                "zeros",
+                "cdafff315225e976e4a62792f060b3ebc36e8ce510b677aaf2e50f1df59697e6",
+            ),
+        ];
+        for (name, v) in rows() {
+            let want = expected.iter().find(|(n, _)| *n == name).unwrap().1;
+            let got = sha256_hex(&quantize(quantize_iq4_nl, BYTES * 8, &v));
+            assert_eq!(got, want, "IQ4_NL {name}");
+        }
+    }
+
+    #[test]
+    fn impl_with_one_block_round_trips() {
+        let v = &rows()[0].1;
+        let q = quantize(quantize_iq4_nl, BYTES * 8, v);
+        let (mut err, mut norm) = (0f64, 0f64);
+        for (blk, x) in q.chunks_exact(BYTES).zip(v.chunks_exact(QK)) {
+            let mut y = [0f32; QK];
+            dequantize_block(blk, &mut y);
+            for (&a, &b) in y.iter().zip(x) {
+                err += (f64::from(a) - f64::from(b)).powi(2);
+                norm += f64::from(b).powi(2);
+            }
+        }
+        let e = (err / norm).sqrt();
+        assert!(e < 0.15, "IQ4_NL relative RMS error {e}");
+    }
+
+    #[test]
+    fn best_index_int8_picks_the_nearest_value() {
+        for i in -1400..1400 {
+            let x = i as f32 * 0.1;
+            let got = best_index_int8(&KVALUES, x);
+            let best = KVALUES
+                .iter()
+                .map(|&v| (f32::from(v) - x).abs())
+                .fold(f32::INFINITY, f32::min);
+            assert_eq!((f32::from(KVALUES[got]) - x).abs(), best, "x = {x}");
+        }
+        assert_eq!(best_index_int8(&KVALUES, f32::NAN), 15);
     }
 }

@@ -92,6 +92,33 @@ pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
     acc
 }
 
+/// IQ4_XS without an importance matrix: `quantize_iq4_xs(src, dst, 1, n, NULL)` (ggml-quants.c; also
+/// `quantize_row_iq4_xs_ref`), i.e. per super-block [`iq4_nl::quantize_row_iq4_nl_impl`]`(256, 32, …,
+/// kvalues_iq4nl, NULL, ntry 7)`. `src`: `n·256` f32; `dst`: `n·136` bytes (`block_iq4_xs`). Plain f32
+/// arithmetic: libggml-base is compiled without FMA (see `kquant_ref`).
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    for (x, blk) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {
+        let mut dh = 0u16;
+        let mut sh = [0u16; 1];
+        let mut sl = [0u8; 4];
+        iq4_nl::quantize_row_iq4_nl_impl(
+            QK_K,
+            32,
+            x,
+            &mut dh,
+            &mut blk[8..BYTES],
+            &mut sh,
+            &mut sl,
+            &iq4_nl::KVALUES,
+            None,
+            7,
+        );
+        blk[0..2].copy_from_slice(&dh.to_le_bytes());
+        blk[2..4].copy_from_slice(&sh[0].to_le_bytes());
+        blk[4..8].copy_from_slice(&sl);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +151,82 @@ mod tests {
             let want = dl * f32::from(iq4_nl::KVALUES[(j + s) % 16]);
             assert_eq!(v, want, "element {i}");
         }
+    }
+}
+
+#[cfg(test)]
+mod quantize_tests {
+    use super::super::kquant_ref::test_rows::{check_golden, check_round_trip};
+    use super::*;
+
+    #[test]
+    fn quantize_row_ref_matches_ggml_bytes() {
+        // sha256 of the bytes ggml produces for `test_rows::rows()`: the C oracle (dev-only, outside the
+        // repo) is ggml-quants.c of the pinned llama.cpp 0c1e570 compiled as libggml-base compiles it,
+        // `gcc-12 -O3 -DNDEBUG -std=gnu11 -fPIC -D_GNU_SOURCE -D_XOPEN_SOURCE=600 -DGGML_SCHED_MAX_COPIES=4
+        // -Iggml/include -Iggml/src -Iggml/src/ggml-cpu -c ggml-quants.c`, linked with a small driver that
+        // calls `quantize_iq4_xs(rows, dst, 1, n_per_row, NULL)` on the rows `dump_for_oracle` writes.
+        // The ggml-quants.c.o of the llama.cpp tools build (its libggml-base.a) gives the same bytes.
+        let expected = [
+            (
+                "constant",
+                "fcfcb250ecd724572b3405188575b16dd9c488d0d741e032359fa1ab66106ba2",
+            ),
+            (
+                "huge_in_noise",
+                "02ab31e5801fb8b41670e972faa14f844cb6ee5403030b144fbb5f281e3963e9",
+            ),
+            (
+                "mixed_groups",
+                "b9ad3d32ed90d5d06f49b619cf82b72d15ce45d0bb2744ce47743418c9b1165a",
+            ),
+            (
+                "neg_constant",
+                "15b1f65cd2658fa2151993e7804ac3522379fb7990eade21f9ec1af7914cc3f7",
+            ),
+            (
+                "normal_0.02",
+                "6ffa19b2ece7c5f4266d8f07e55c98a7001acbc0e446f0d9197c7c6edd729dd8",
+            ),
+            (
+                "normal_1",
+                "9220d8b6571155cb8d98b39b6e91daca861b9941b6d99045dfbdf9dd10f47be2",
+            ),
+            (
+                "one_huge",
+                "3bfdb38883ff7c8673e5c68ec3a2583c7ecc1f369c916b51b94590a4b358fed1",
+            ),
+            (
+                "outliers",
+                "532faa834ad708a3abf72806de5ec0fb390d2281a9ef3a53a1db04d39f8e4332",
+            ),
+            (
+                "sparse",
+                "db617ccd3237ed609d2f5fba4bcdb62f7a53b7f3123e068a17682d946fc70669",
+            ),
+            (
+                "sweep_concat",
+                "a8dcda63a9471a765a52be014f14f485c62ffabd7ad265001b5987876f7e0cb8",
+            ),
+            (
+                "tiny",
+                "d31d355bc7a06c1fa6e5f49da4a2cd5c2e11f9d3a5b6f29292ff0eaaf99ce0a8",
+            ),
+            (
+                "uniform_pos",
+                "d7adc1f010e00dc12ca12cbe8f6678efc9642afaa534c01c6d078ced81994a65",
+            ),
+            (
+                "zeros",
+                "b2f53f1655f92b743085c9dc8a4dae40c832d9e294347ea5ee0d91053c8026fa",
+            ),
+        ];
+        check_golden("iq4_xs", quantize_row_ref, BYTES, &expected);
+    }
+
+    #[test]
+    fn quantize_row_ref_round_trips() {
+        // ggml's own output has a worst relative RMS error of 0.135 on these rows (bytes are identical)
+        check_round_trip("iq4_xs", quantize_row_ref, BYTES, dequantize_block, 0.17);
     }
 }

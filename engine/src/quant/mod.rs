@@ -16,8 +16,12 @@
 //! | IQ4_NL | yes | yes | yes | Q8_0 |
 //! | Q4_1 | yes | yes | yes | Q8_1 |
 //! | Q5_1 | yes | yes | yes | Q8_1 |
-//! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS | yes | no | yes | Q8_K |
+//! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS | yes | yes | yes | Q8_K |
 //! | Q8_1, Q8_K (activation types) | yes | yes | no | — |
+//!
+//! The K-quant and IQ4_XS reference quantizers (helpers in `kquant_ref`) reproduce `llama-quantize --pure`
+//! without an importance matrix byte for byte: libggml-base, which holds `ggml-quants.c`, is compiled
+//! without `-march=native` and so without FMA contraction (`kquant_ref` has the evidence).
 //!
 //! # What ggml mode reproduces, and what llama.cpp on this machine actually runs
 //!
@@ -135,6 +139,7 @@ mod float;
 mod fp;
 mod iq4_nl;
 mod iq4_xs;
+mod kquant_ref;
 mod prepared;
 mod q2_k;
 mod q3_k;
@@ -328,8 +333,8 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> crate::Resul
 }
 
 /// Quantize a row with ggml's reference quantizers — the ones that write model files:
-/// `quantize_row_{q4_0,q4_1,q5_0,q5_1,q8_0,q8_1,q8_K}_ref` and `quantize_iq4_nl` (ggml-quants.c, without an
-/// importance matrix), `ggml_fp32_to_fp16_row`, `ggml_fp32_to_bf16_row_ref`, and a plain copy for F32.
+/// `quantize_row_{q4_0,q4_1,q5_0,q5_1,q8_0,q8_1,q2_K,q3_K,q4_K,q5_K,q6_K,q8_K}_ref`, `quantize_iq4_nl` and
+/// `quantize_iq4_xs` (ggml-quants.c, without an importance matrix), `ggml_fp32_to_fp16_row`, `ggml_fp32_to_bf16_row_ref`, and a plain copy for F32.
 /// Output bytes are identical to libggml-base's (including NaN handling). For the activation quantizers
 /// ggml-cpu uses inside a matmul, see [`PreparedRow`].
 ///
@@ -352,13 +357,28 @@ pub fn quantize_row(ty: GgmlType, src: &[f32]) -> crate::Result<Vec<u8>> {
 /// quantizers work block by block, so any whole number of rows (or blocks) may be passed at once.
 ///
 /// Errors: [`Error::Invalid`] if `src.len()` is not a whole number of blocks or `dst` has the wrong size;
-/// [`Error::Unsupported`] naming the type for a type without a reference quantizer here (the K-quants and
-/// IQ4_XS are not ported yet; the IQ2/IQ3/IQ1/TQ/MXFP4 types and integer types have none).
+/// [`Error::Unsupported`] naming the type for a type without a reference quantizer here (the IQ2/IQ3/IQ1,
+/// TQ, MXFP4 and integer types).
 pub fn quantize_into(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> crate::Result<()> {
     use GgmlType::*;
     if !matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | Q8_K
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q8_1
+            | IQ4_NL
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | IQ4_XS
+            | Q8_K
     ) {
         return Err(Error::Unsupported(format!(
             "no reference quantizer for {ty}"
@@ -376,6 +396,12 @@ pub fn quantize_into(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> crate::Result
         Q8_0 => q8::quantize_ref_q8_0(src, dst),
         Q8_1 => q8::quantize_ref_q8_1(src, dst),
         IQ4_NL => iq4_nl::quantize_row_ref(src, dst),
+        Q2_K => q2_k::quantize_row_ref(src, dst),
+        Q3_K => q3_k::quantize_row_ref(src, dst),
+        Q4_K => q4_k::quantize_row_ref(src, dst),
+        Q5_K => q5_k::quantize_row_ref(src, dst),
+        Q6_K => q6_k::quantize_row_ref(src, dst),
+        IQ4_XS => iq4_xs::quantize_row_ref(src, dst),
         Q8_K => {
             let nb = src.len() / q8_k::QK_K;
             let (mut qs, mut d, mut bs) =

@@ -6,7 +6,8 @@
 //! uses 32 bytes of `qs`: element `128h + 32k + b` is bits `2k..2k+2` of `qs[32h + b]`. `vec_dot_type`
 //! Q8_K.
 
-use super::fp::read_f16;
+use super::fp::{f16_to_f32, f32_to_f16_ref, read_f16};
+use super::kquant_ref::{make_qkx2_quants, nearest_int, pack_2bit, Qkx2};
 use super::q8_k::QK_K;
 use super::x86::{fma, fma_lanes, hsum_float_8, scaled_lanes_16};
 
@@ -160,6 +161,85 @@ pub(crate) fn dot_q8_k_repacked(
     acc - accm
 }
 
+/// `quantize_row_q2_K_ref` (ggml-quants.c; what `quantize_q2_K` runs without an importance matrix, i.e.
+/// `llama-quantize --pure` with no imatrix). `src`: `n·256` f32; `dst`: `n·84` bytes (`block_q2_K`).
+///
+/// Per super-block: for each sub-block of 16, weights `|x|` and [`make_qkx2_quants`]`(nmax 3, rmin −0.5,
+/// rdelta 0.1, nstep 15, mad)` → scale `s_j`, min `m_j`; `d = f16(max s / 15)` with 4-bit scales
+/// `nearest_int(15/max_s · s_j)` (all 0 and `d = 0` if no scale is positive), likewise `dmin` and the mins
+/// in the high nibbles (only when some min is positive); then each quant is redone as
+/// `clamp(nearest_int((x + dm)/d), 0, 3)` from the *stored* f16 values (`d = d_f16·sc`, skipped when 0).
+/// Plain f32 arithmetic throughout: libggml-base is compiled without FMA (see `kquant_ref`).
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    const Q4SCALE: f32 = 15.0;
+    for (x, blk) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {
+        let mut l = [0u8; QK_K];
+        let mut laux = [0u8; 16];
+        let mut weights = [0f32; 16];
+        let mut mins = [0f32; 16];
+        let mut scales = [0f32; 16];
+        let p = Qkx2 {
+            nmax: 3,
+            rmin: -0.5,
+            rdelta: 0.1,
+            nstep: 15,
+            use_mad: true,
+        };
+        let mut max_scale = 0f32;
+        let mut max_min = 0f32;
+        for j in 0..16 {
+            let xb = &x[16 * j..16 * j + 16];
+            for (w, &v) in weights.iter_mut().zip(xb) {
+                *w = v.abs();
+            }
+            let (s, m) = make_qkx2_quants(p, xb, &weights, &mut l[16 * j..16 * j + 16], &mut laux);
+            scales[j] = s;
+            mins[j] = m;
+            if s > max_scale {
+                max_scale = s;
+            }
+            if m > max_min {
+                max_min = m;
+            }
+        }
+        let (sc, rest) = blk.split_at_mut(16);
+        let (d_bits, dmin_bits);
+        if max_scale > 0.0 {
+            let iscale = Q4SCALE / max_scale;
+            for (o, &s) in sc.iter_mut().zip(&scales) {
+                *o = nearest_int(iscale * s) as u8;
+            }
+            d_bits = f32_to_f16_ref(max_scale / Q4SCALE);
+        } else {
+            sc.fill(0);
+            d_bits = f32_to_f16_ref(0.0);
+        }
+        if max_min > 0.0 {
+            let iscale = Q4SCALE / max_min;
+            for (o, &m) in sc.iter_mut().zip(&mins) {
+                *o |= (nearest_int(iscale * m) << 4) as u8;
+            }
+            dmin_bits = f32_to_f16_ref(max_min / Q4SCALE);
+        } else {
+            dmin_bits = f32_to_f16_ref(0.0);
+        }
+        let (d16, dmin16) = (f16_to_f32(d_bits), f16_to_f32(dmin_bits));
+        for j in 0..16 {
+            let d = d16 * f32::from(sc[j] & 0xF);
+            if d == 0.0 {
+                continue;
+            }
+            let dm = dmin16 * f32::from(sc[j] >> 4);
+            for ii in 0..16 {
+                l[16 * j + ii] = nearest_int((x[16 * j + ii] + dm) / d).clamp(0, 3) as u8;
+            }
+        }
+        pack_2bit(&l, &mut rest[..64]);
+        rest[64..66].copy_from_slice(&d_bits.to_le_bytes());
+        rest[66..68].copy_from_slice(&dmin_bits.to_le_bytes());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,5 +358,82 @@ mod tests {
             let want = s as f32 * (i % 4) as f32 - 0.5 * (15 - s) as f32;
             assert_eq!(v, want, "element {i}");
         }
+    }
+}
+
+#[cfg(test)]
+mod quantize_tests {
+    use super::super::kquant_ref::test_rows::{check_golden, check_round_trip};
+    use super::*;
+
+    #[test]
+    fn quantize_row_ref_matches_ggml_bytes() {
+        // sha256 of the bytes ggml produces for `test_rows::rows()`: the C oracle (dev-only, outside the
+        // repo) is ggml-quants.c of the pinned llama.cpp 0c1e570 compiled as libggml-base compiles it,
+        // `gcc-12 -O3 -DNDEBUG -std=gnu11 -fPIC -D_GNU_SOURCE -D_XOPEN_SOURCE=600 -DGGML_SCHED_MAX_COPIES=4
+        // -Iggml/include -Iggml/src -Iggml/src/ggml-cpu -c ggml-quants.c`, linked with a small driver that
+        // calls `quantize_q2_K(rows, dst, 1, n_per_row, NULL)` on the rows `dump_for_oracle` writes.
+        // The ggml-quants.c.o of the llama.cpp tools build (its libggml-base.a) gives the same bytes.
+        let expected = [
+            (
+                "constant",
+                "bfd7db2a2db3988eb3e953a802561981aa38db31bb9aafb8439979224d578e86",
+            ),
+            (
+                "huge_in_noise",
+                "3e35839afc8ff50ed09a6954d14137e66aa1696741ac11c404cad7b6d7a4ff21",
+            ),
+            (
+                "mixed_groups",
+                "559b510ab4c097c9c4b5ca7b087375cc3dc384229bef3ecf4764d83cf4f4b42b",
+            ),
+            (
+                "neg_constant",
+                "91c5372070cf868e849897e081ebb549190d5e44f1daed550779260e41679b38",
+            ),
+            (
+                "normal_0.02",
+                "7776d31152b93dbcf0e64cf95d770e7473acd24e13c1a93be57af6ce23b98615",
+            ),
+            (
+                "normal_1",
+                "4796376ce8e1dea00be3da72658a5e43c68a1e45957c34951090b0d1e6434587",
+            ),
+            (
+                "one_huge",
+                "482582b8c742a1d6be31c3a9ebd98e66b292676dc68edffbeedc7cd728b501be",
+            ),
+            (
+                "outliers",
+                "4e811900857af028dd3cb38edad3457c890210ad4c9cd8a16de3e3c79c37569b",
+            ),
+            (
+                "sparse",
+                "2b4cb8df7489b9bbf2944472f116ce21a653933c95b01f25d58e2b6140f3a32a",
+            ),
+            (
+                "sweep_concat",
+                "0b0754d32e9bace149f3a19b9e2c7477fd00e1ac88fdb32f3ed177be824b4859",
+            ),
+            (
+                "tiny",
+                "5ee2b99638e9115d7bd105a452d4fd17cd96e681861542805d0963771087b5da",
+            ),
+            (
+                "uniform_pos",
+                "3b454c1841b03e2c6f1f12d43c70c12e4a287cca3b2d2700435dd4e7b9cdb5be",
+            ),
+            (
+                "zeros",
+                "e3c2af35d1dfc500e16f826a071cc311bf55003a3de77de7ea3376c6b6fa2857",
+            ),
+        ];
+        check_golden("q2_K", quantize_row_ref, BYTES, &expected);
+    }
+
+    #[test]
+    fn quantize_row_ref_round_trips() {
+        // ggml's own output has a worst relative RMS error of 0.317 on these rows (bytes are identical)
+        check_round_trip("q2_K", quantize_row_ref, BYTES, dequantize_block, 0.40);
     }
 }

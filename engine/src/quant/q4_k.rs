@@ -7,6 +7,7 @@
 //! Q8_K.
 
 use super::fp::read_f16;
+use super::kquant_ref::{q45_k_block, Qkx2};
 use super::q8_k::QK_K;
 use super::x86::{fma, fma_lanes, hsum_float_4, hsum_float_8};
 
@@ -188,4 +189,108 @@ pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) ->
         acc = fma(res, dy, acc);
     }
     acc
+}
+
+/// `quantize_row_q4_K_ref` (ggml-quants.c; what `quantize_q4_K` runs without an importance matrix).
+/// `src`: `n·256` f32; `dst`: `n·144` bytes (`block_q4_K`).
+///
+/// Per super-block ([`q45_k_block`]): weights `sqrt(Σx²/32) + |x|` per sub-block of 32,
+/// [`make_qkx2_quants`](super::kquant_ref::make_qkx2_quants)`(nmax 15, rmin −1, rdelta 0.1, nstep 20, squared error)`, 6-bit scales and mins against `d = f16(max_s/63)`,
+/// `dmin = f16(max_m/63)`, then every quant redone from the stored values as
+/// `clamp(nearest_int((x + dmin·m)/(d·sc)), 0, 15)`. Plain f32 arithmetic: libggml-base is compiled
+/// without FMA (see `kquant_ref`).
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    let p = Qkx2 {
+        nmax: 15,
+        rmin: -1.0,
+        rdelta: 0.1,
+        nstep: 20,
+        use_mad: false,
+    };
+    for (x, blk) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {
+        let l = q45_k_block(x, p, &mut blk[..16]);
+        let qs = &mut blk[16..16 + QK_K / 2];
+        for c in 0..4 {
+            for b in 0..32 {
+                qs[32 * c + b] = l[64 * c + b] | (l[64 * c + b + 32] << 4);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod quantize_tests {
+    use super::super::kquant_ref::test_rows::{check_golden, check_round_trip};
+    use super::*;
+
+    #[test]
+    fn quantize_row_ref_matches_ggml_bytes() {
+        // sha256 of the bytes ggml produces for `test_rows::rows()`: the C oracle (dev-only, outside the
+        // repo) is ggml-quants.c of the pinned llama.cpp 0c1e570 compiled as libggml-base compiles it,
+        // `gcc-12 -O3 -DNDEBUG -std=gnu11 -fPIC -D_GNU_SOURCE -D_XOPEN_SOURCE=600 -DGGML_SCHED_MAX_COPIES=4
+        // -Iggml/include -Iggml/src -Iggml/src/ggml-cpu -c ggml-quants.c`, linked with a small driver that
+        // calls `quantize_q4_K(rows, dst, 1, n_per_row, NULL)` on the rows `dump_for_oracle` writes.
+        // The ggml-quants.c.o of the llama.cpp tools build (its libggml-base.a) gives the same bytes.
+        let expected = [
+            (
+                "constant",
+                "a71049e735fa2935906f36eee6e8f8571dd3341c0b865e85c874e6e0109c606d",
+            ),
+            (
+                "huge_in_noise",
+                "3cbe841acabd84c19d754950c14187e081773cb4e6d1df55a97729bb0c743939",
+            ),
+            (
+                "mixed_groups",
+                "7e6208080b9f26ba58c75937f99d06b9e1d79af879b0b8385711996e73215376",
+            ),
+            (
+                "neg_constant",
+                "1e332d3993149777fcc780e0421608a675d34b554b24a6ca11eca911ba7b23a7",
+            ),
+            (
+                "normal_0.02",
+                "007ad49d9ad1c6e2c86696e7d29f99b0d3f34c886e8c45bf7443e48bbdea0e70",
+            ),
+            (
+                "normal_1",
+                "604e7476a388318a42ed02b11795cd4e3b403f4b456e8c1fb518a4cc2c885ea1",
+            ),
+            (
+                "one_huge",
+                "68c9821715140ffcca8fc7c3842b1f0ef1ea09b867430d9ee4e8104827b101a5",
+            ),
+            (
+                "outliers",
+                "81a2864cfd53a1202b7c63a6c0a14261729eb080fda143a839c7ccb202283d9f",
+            ),
+            (
+                "sparse",
+                "42671fd734e3a445dd4ca8f97263617ef784939e3231d47692ac40c3775bb928",
+            ),
+            (
+                "sweep_concat",
+                "f4bc4a857f2b1c5d418ba817c97305bea8194e8ba9c046c3eafc4131c27660bf",
+            ),
+            (
+                "tiny",
+                "533fb110b698b479ffa8f1eb7a236fedb5615ee93573b29739d6db71edac5628",
+            ),
+            (
+                "uniform_pos",
+                "d738d6971be8bd2f4545f0f55e5a81e2f33ce99232e077fc220458b4d1021a40",
+            ),
+            (
+                "zeros",
+                "2d5565fb483d8ea4525a7a9229677d1038ad34b6e22c8d5152e1d7f7b9817597",
+            ),
+        ];
+        check_golden("q4_K", quantize_row_ref, BYTES, &expected);
+    }
+
+    #[test]
+    fn quantize_row_ref_round_trips() {
+        // ggml's own output has a worst relative RMS error of 0.101 on these rows (bytes are identical)
+        check_round_trip("q4_K", quantize_row_ref, BYTES, dequantize_block, 0.13);
+    }
 }

@@ -7,6 +7,7 @@
 //! `qh[b]` (as 16), element `64j + 32 + b` the high nibble plus bit `2j + 1`. `vec_dot_type` Q8_K.
 
 use super::fp::read_f16;
+use super::kquant_ref::{q45_k_block, Qkx2};
 use super::q4_k::scales_mins;
 use super::q8_k::QK_K;
 use super::x86::{fma, fma_lanes, hsum_float_8};
@@ -121,6 +122,43 @@ pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) ->
     acc
 }
 
+/// `quantize_row_q5_K_ref` (ggml-quants.c; what `quantize_q5_K` runs without an importance matrix).
+/// `src`: `n·256` f32; `dst`: `n·176` bytes (`block_q5_K`).
+///
+/// Per super-block ([`q45_k_block`]): weights `sqrt(Σx²/32) + |x|` per sub-block of 32,
+/// [`make_qkx2_quants`](super::kquant_ref::make_qkx2_quants)`(nmax 31, rmin −0.5, rdelta 0.1, nstep 15, squared error)`, 6-bit scales and mins against `d = f16(max_s/63)`,
+/// `dmin = f16(max_m/63)`, then every quant redone from the stored values as
+/// `clamp(nearest_int((x + dmin·m)/(d·sc)), 0, 31)`. Plain f32 arithmetic: libggml-base is compiled
+/// without FMA (see `kquant_ref`).
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    let p = Qkx2 {
+        nmax: 31,
+        rmin: -0.5,
+        rdelta: 0.1,
+        nstep: 15,
+        use_mad: false,
+    };
+    for (x, blk) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {
+        let l = q45_k_block(x, p, &mut blk[..16]);
+        let (qh, qs) = blk[16..].split_at_mut(32);
+        qh.fill(0);
+        for c in 0..4 {
+            for b in 0..32 {
+                let (mut l1, mut l2) = (l[64 * c + b], l[64 * c + b + 32]);
+                if l1 > 15 {
+                    l1 -= 16;
+                    qh[b] |= 1 << (2 * c);
+                }
+                if l2 > 15 {
+                    l2 -= 16;
+                    qh[b] |= 2 << (2 * c);
+                }
+                qs[32 * c + b] = l1 | (l2 << 4);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,5 +189,82 @@ mod tests {
             let want = 0.5 * f32::from(sc[g]) * (i % 32) as f32 - 0.25 * f32::from(mn[g]);
             assert_eq!(v, want, "element {i}");
         }
+    }
+}
+
+#[cfg(test)]
+mod quantize_tests {
+    use super::super::kquant_ref::test_rows::{check_golden, check_round_trip};
+    use super::*;
+
+    #[test]
+    fn quantize_row_ref_matches_ggml_bytes() {
+        // sha256 of the bytes ggml produces for `test_rows::rows()`: the C oracle (dev-only, outside the
+        // repo) is ggml-quants.c of the pinned llama.cpp 0c1e570 compiled as libggml-base compiles it,
+        // `gcc-12 -O3 -DNDEBUG -std=gnu11 -fPIC -D_GNU_SOURCE -D_XOPEN_SOURCE=600 -DGGML_SCHED_MAX_COPIES=4
+        // -Iggml/include -Iggml/src -Iggml/src/ggml-cpu -c ggml-quants.c`, linked with a small driver that
+        // calls `quantize_q5_K(rows, dst, 1, n_per_row, NULL)` on the rows `dump_for_oracle` writes.
+        // The ggml-quants.c.o of the llama.cpp tools build (its libggml-base.a) gives the same bytes.
+        let expected = [
+            (
+                "constant",
+                "bf1b7f18acccf871eac91d2eb01ba1b3cdfb7c55dc535e2409eba43a243b693a",
+            ),
+            (
+                "huge_in_noise",
+                "c05a604b16c95b40c07c3477658fa6cbbbf54e5d7571cf34630402b338a91809",
+            ),
+            (
+                "mixed_groups",
+                "f4ca3c5d969c4db4b14fb71a3a080a9e817a05084dbdd70f270a1f663a58197d",
+            ),
+            (
+                "neg_constant",
+                "aae5c07095b01e455377739f665e52d3341d72df8b2a1a130ddd2b658967a645",
+            ),
+            (
+                "normal_0.02",
+                "e0cb54fea0af6164ef586c40dc0940e9665d8c1967059edd3d87ed5cf5b802ba",
+            ),
+            (
+                "normal_1",
+                "472e0d5fcae30f12e47f4fe5e8ae3cde5a561f46cca3fe71db6dbfa1736ff645",
+            ),
+            (
+                "one_huge",
+                "df910ae54465c5d45090ca0ddd9a9fd8daf2f7963bdb73eace29c9173e79bc40",
+            ),
+            (
+                "outliers",
+                "e196808754cb60d9b21bb3c7ccfc94fe83e2240313b6a4a003f2addab2a346c0",
+            ),
+            (
+                "sparse",
+                "7ff28123511bc4a1b9033ecdc8ab02e3c1a11d088f56327daf77addac509433c",
+            ),
+            (
+                "sweep_concat",
+                "96d99b0483067c40b083e61e307bd85e6146132d54a1a619cbc65a85f51b2df7",
+            ),
+            (
+                "tiny",
+                "59dff5a72f98396312337eab63de64290887b893b8123d2768986574104bb425",
+            ),
+            (
+                "uniform_pos",
+                "f6e91d173a0fcd6bda8ded917b679478245345e62399c7bb8e0f9ebedf235b53",
+            ),
+            (
+                "zeros",
+                "627f6149015f853f26db2f3dffba1b7c30b3b74b87c5cfb9f346c1616e3636d0",
+            ),
+        ];
+        check_golden("q5_K", quantize_row_ref, BYTES, &expected);
+    }
+
+    #[test]
+    fn quantize_row_ref_round_trips() {
+        // ggml's own output has a worst relative RMS error of 0.051 on these rows (bytes are identical)
+        check_round_trip("q5_K", quantize_row_ref, BYTES, dequantize_block, 0.07);
     }
 }

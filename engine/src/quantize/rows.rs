@@ -15,28 +15,17 @@ use crate::quant::{self, GgmlType};
 /// Elements per parallel task, at least (llama-quant.cpp `min_chunk_size`).
 const MIN_CHUNK: usize = 32 * 512;
 
-/// Whether `ty` can be produced here; the types whose reference quantizers are still being ported give a
-/// "not yet supported" error naming the type.
+/// Whether `ty` can be produced here: the fifteen types of lockstep's variants.
 ///
-/// Errors: [`Error::Unsupported`] naming `ty` (and, for the K-quants and IQ4_XS, the ggml function that is
-/// not ported yet).
+/// Errors: [`Error::Unsupported`] naming `ty` for any other type.
 pub fn check_quantizer(ty: GgmlType) -> Result<()> {
     use GgmlType::*;
     match ty {
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL => Ok(()),
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Err(Error::Unsupported(format!(
-            "quantizing to {ty} is not yet supported: its reference quantizer (ggml-quants.c \
-             quantize_row_{}_ref{}) is not ported yet",
-            ty.name().to_ascii_lowercase().replace("_k", "_K"),
-            if ty == IQ4_XS {
-                " / quantize_iq4_xs"
-            } else {
-                ""
-            }
-        ))),
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL | Q2_K | Q3_K | Q4_K | Q5_K
+        | Q6_K | IQ4_XS => Ok(()),
         _ => Err(Error::Unsupported(format!(
             "quantizing to {ty} is not supported (lockstep makes F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 \
-             IQ4_NL, and the K-quants and IQ4_XS once ported)"
+             Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS)"
         ))),
     }
 }
