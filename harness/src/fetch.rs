@@ -276,7 +276,12 @@ pub fn fetch_variants_in(
             let types: Vec<&str> = these.iter().map(|v| v.qtype.as_str()).collect();
             run_recipe(source, &types, cache_root, opts)?;
             for v in &these {
-                check_made(v, cache_root, opts, &format!("the recipe (`{}`)", v.recipe()))?;
+                check_made(
+                    v,
+                    cache_root,
+                    opts,
+                    &format!("the recipe (`{}`)", v.recipe()),
+                )?;
             }
         } else {
             make_in_process(source, &these, registry, cache_root, opts)?;

@@ -47,8 +47,13 @@ impl Made {
 /// rename error (each naming the file).
 pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> Result<Made> {
     let t0 = Instant::now();
-    let plan = q::plan(src, params)
-        .with_context(|| format!("cannot quantize {} to {}", src.path().display(), params.ftype))?;
+    let plan = q::plan(src, params).with_context(|| {
+        format!(
+            "cannot quantize {} to {}",
+            src.path().display(),
+            params.ftype
+        )
+    })?;
     let dir = match out.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),

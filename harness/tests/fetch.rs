@@ -765,7 +765,9 @@ fn a_variant_the_recipe_cannot_reproduce_or_make_is_an_error_naming_file_and_com
 /// embeddings), already in `cache` (no sidecar, so it is rehashed, never downloaded), and its variants of
 /// `types` with the bytes lockstep's quantizer makes (computed here through `lockstep::quantize`).
 fn in_process_registry(cache: &Path, types: &[&str]) -> Registry {
-    let bytes = lockstep_engine::fixtures::TinyLlama::default().build().unwrap();
+    let bytes = lockstep_engine::fixtures::TinyLlama::default()
+        .build()
+        .unwrap();
     let entry = ModelEntry {
         id: "tiny-q".into(),
         name: "Tiny synthetic".into(),
@@ -820,7 +822,9 @@ fn a_missing_variant_is_made_in_process_verified_and_then_taken_from_the_cache()
     for (v, p) in wanted.iter().zip(&paths) {
         assert_eq!(*p, variant_path(cache.path(), v));
         assert_eq!(sha256_hex(&fs::read(p).unwrap()), v.sha256, "{}", v.id);
-        assert!(p.with_file_name(format!("{}.sha256", v.file_name())).is_file());
+        assert!(p
+            .with_file_name(format!("{}.sha256", v.file_name()))
+            .is_file());
     }
     // cached now: not made again (the file keeps its inode and mtime)
     let before = fs::metadata(&paths[0]).unwrap().modified().unwrap();

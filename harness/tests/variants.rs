@@ -87,7 +87,11 @@ fn every_registered_variant_is_made_without_a_compiler_and_matches_its_sha256() 
             eprintln!("{:<26} ok       {secs:6.1} s  {}", v.id, v.sha256);
         } else {
             let stderr = String::from_utf8_lossy(&out.stderr);
-            let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+            let last = stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
             eprintln!("{:<26} FAILED   {secs:6.1} s  {last}", v.id);
             failures.push(format!(
                 "{} ({}): status {}, sha256 {:?}, want {}; {last}",

@@ -35,8 +35,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 pub use value::MetaValue;
-pub use writer::GgufWriter;
 pub(crate) use writer::encode_entry;
+pub use writer::GgufWriter;
 
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;

@@ -105,6 +105,7 @@ pub(crate) fn dot_q8_0_tinyblas<const SIGN_EXACT: bool>(w: &[u8], xq: &[i8], xd:
 /// `best_index_int8` (ggml-quants.c): the index in the ascending table `val` of the value nearest to `x`
 /// (ties and NaN go up: `x − val[mu−1] < val[mu] − x ? mu−1 : mu` after a bisection; below `val[0]` → 0,
 /// above the last → `n − 1`).
+#[cfg_attr(not(test), allow(dead_code))] // the reference for best_index_16 (tests)
 #[inline]
 pub(crate) fn best_index_int8(val: &[i8], x: f32) -> usize {
     let n = val.len();
@@ -342,11 +343,26 @@ mod tests {
     #[test]
     fn branchless_best_index_is_the_binary_search() {
         let vf: [f32; 16] = KVALUES.map(f32::from);
-        let mut xs = vec![f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0];
+        let mut xs = vec![
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+        ];
         for w in KVALUES.windows(2) {
             let (a, b) = (f32::from(w[0]), f32::from(w[1]));
             let mid = (a + b) / 2.0;
-            for x in [a, b, mid, mid.next_up(), mid.next_down(), a.next_up(), b.next_down()] {
+            for x in [
+                a,
+                b,
+                mid,
+                mid.next_up(),
+                mid.next_down(),
+                a.next_up(),
+                b.next_down(),
+            ] {
                 xs.push(x);
             }
         }

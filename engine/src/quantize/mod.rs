@@ -168,11 +168,15 @@ pub fn plan(src: &GgufFile, params: &QuantizeParams) -> Result<Plan> {
         if items.iter().any(|e| e.as_array().is_some()) {
             return Err(model_err(
                 src,
-                format!("metadata key '{key}' holds nested arrays, which llama.cpp's gguf cannot read"),
+                format!(
+                    "metadata key '{key}' holds nested arrays, which llama.cpp's gguf cannot read"
+                ),
             ));
         }
         let is_bool = matches!(value, MetaValue::Bool(_))
-            || items.first().is_some_and(|e| matches!(e, MetaValue::Bool(_)));
+            || items
+                .first()
+                .is_some_and(|e| matches!(e, MetaValue::Bool(_)));
         if is_bool {
             entries.push(encode_entry(key, value));
         } else {
@@ -268,7 +272,12 @@ pub fn plan(src: &GgufFile, params: &QuantizeParams) -> Result<Plan> {
 /// bytes in memory at a time). `out_name` names the output in errors. Call `plan` with the same `src`.
 ///
 /// Errors: [`Error::Io`] naming `out_name` for a write error; a conversion error naming the tensor.
-pub fn write<W: Write>(src: &GgufFile, plan: &Plan, out: W, out_name: &std::path::Path) -> Result<W> {
+pub fn write<W: Write>(
+    src: &GgufFile,
+    plan: &Plan,
+    out: W,
+    out_name: &std::path::Path,
+) -> Result<W> {
     let io = |source| Error::Io {
         path: PathBuf::from(out_name),
         source,

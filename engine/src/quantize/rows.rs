@@ -46,7 +46,9 @@ pub fn dequantize_rows(ty: GgmlType, src: &[u8], n_per_row: usize, dst: &mut [f3
             "{ty}: a row of {n_per_row} elements is not a whole number of blocks"
         ))
     })?;
-    if n_per_row == 0 || dst.len() % n_per_row != 0 || src.len() != dst.len() / n_per_row * row_bytes
+    if n_per_row == 0
+        || dst.len() % n_per_row != 0
+        || src.len() != dst.len() / n_per_row * row_bytes
     {
         return Err(Error::Invalid(format!(
             "{ty}: {} bytes do not hold {} elements in rows of {n_per_row}",
@@ -71,7 +73,9 @@ pub fn quantize_rows(ty: GgmlType, src: &[f32], n_per_row: usize, dst: &mut [u8]
             "{ty}: a row of {n_per_row} elements is not a whole number of blocks"
         ))
     })?;
-    if n_per_row == 0 || src.len() % n_per_row != 0 || dst.len() != src.len() / n_per_row * row_bytes
+    if n_per_row == 0
+        || src.len() % n_per_row != 0
+        || dst.len() != src.len() / n_per_row * row_bytes
     {
         return Err(Error::Invalid(format!(
             "{ty}: {} elements in rows of {n_per_row} do not fill {} bytes",
