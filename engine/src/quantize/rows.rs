@@ -47,7 +47,7 @@ pub fn dequantize_rows(ty: GgmlType, src: &[u8], n_per_row: usize, dst: &mut [f3
         ))
     })?;
     if n_per_row == 0
-        || dst.len() % n_per_row != 0
+        || !dst.len().is_multiple_of(n_per_row)
         || src.len() != dst.len() / n_per_row * row_bytes
     {
         return Err(Error::Invalid(format!(
@@ -74,7 +74,7 @@ pub fn quantize_rows(ty: GgmlType, src: &[f32], n_per_row: usize, dst: &mut [u8]
         ))
     })?;
     if n_per_row == 0
-        || src.len() % n_per_row != 0
+        || !src.len().is_multiple_of(n_per_row)
         || dst.len() != src.len() / n_per_row * row_bytes
     {
         return Err(Error::Invalid(format!(
