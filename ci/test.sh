@@ -20,10 +20,10 @@ for id in smollm2-135m-q4_1 gemma3-270m-q4_k_m qwen2.5-coder-0.5b-q4_k_m; do
 done
 
 echo "== make SmolLM2's quantization variants (the quant axis: [[variants]] of models.toml)"
-# Made, not downloaded: `lockstep fetch` runs oracles/llamacpp/make_variants.sh for the missing ones (one call:
-# llama-quantize of the pinned llama.cpp, built once by build_tools.sh into the cache — needs cmake and a C++
-# compiler; measured ~41 min on the shared 2-core machine, then cached — and ~2 min for the 14 files), then
-# checks every file's size and sha256 against models.toml. Cached afterwards: ~2 s to verify them.
+# Made, not downloaded: `lockstep fetch` makes the missing ones in process with lockstep's own quantizer
+# (byte-identical to llama-quantize --pure of the pinned llama.cpp; no cmake or C++ compiler needed;
+# LOCKSTEP_VARIANT_RECIPE=oracles/llamacpp/make_variants.sh runs llama-quantize itself instead), then checks
+# every file's size and sha256 against models.toml. Cached afterwards: ~2 s to verify them.
 variants="$(cargo run --quiet --release -p lockstep -- fetch --list | awk '/[(]made by /{print $1}')"
 # shellcheck disable=SC2086  # one id per word
 cargo run --quiet --release -p lockstep -- fetch $variants >/dev/null

@@ -8,6 +8,8 @@
 //! Module map:
 //! - [`gguf`] — GGUF v2/v3 reader over `memmap2`, bounds-checked.
 //! - [`quant`] — ggml tensor types, block layouts, dequantization and dot products in both numerics modes.
+//! - [`quantize`] — model quantization byte-identical to `llama-quantize --pure` (type choice, GGUF layout,
+//!   streaming writer).
 //! - [`tokenizer`] — tokenizers built from GGUF metadata (gpt2-style BPE on the `tokenizers` crate,
 //!   SentencePiece-style as llama.cpp's `llm_tokenizer_spm`).
 //! - [`backend`] — the matrix-multiply seam: kernel choice per [`simd::Simd`] and thread splitting.
@@ -31,6 +33,7 @@ pub mod kv_cache;
 pub mod models;
 pub mod ops;
 pub mod quant;
+pub mod quantize;
 pub mod sample;
 pub mod simd;
 pub mod tokenizer;

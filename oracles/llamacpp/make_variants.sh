@@ -2,6 +2,11 @@
 # Makes the quantization variants of one registered model with llama.cpp's own quantizer, into the cache
 # (never the repository), and records what it made.
 #
+# lockstep makes the same files itself, byte for byte and without cmake or a C++ compiler (`lockstep
+# quantize`; `lockstep fetch VARIANT` by default). This script is the reference that made models.toml's
+# [[variants]] and the opt-in cross-check: LOCKSTEP_VARIANT_RECIPE=oracles/llamacpp/make_variants.sh makes
+# `lockstep fetch` run it instead; oracles/llamacpp/gguf_first_diff.py compares two files.
+#
 #   oracles/llamacpp/make_variants.sh                          # SmolLM2, every type below
 #   oracles/llamacpp/make_variants.sh --model ID Q8_0 Q4_K     # some types of another model
 #
@@ -32,7 +37,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --model) model="$2"; shift 2 ;;
     --check) check=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     -*) echo "unknown option $1" >&2; exit 2 ;;
     *) types+=("$1"); shift ;;
   esac

@@ -35,6 +35,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 pub use value::MetaValue;
+pub(crate) use writer::encode_entry;
 pub use writer::GgufWriter;
 
 use crate::error::{Error, Result};
@@ -115,6 +116,7 @@ pub struct GgufFile {
     alignment: u64,
     data_offset: u64,
     metadata: Vec<(String, MetaValue)>,
+    metadata_spans: Vec<std::ops::Range<usize>>,
     meta_index: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
     tensor_index: HashMap<String, usize>,
@@ -176,6 +178,7 @@ impl GgufFile {
             alignment: p.alignment,
             data_offset: p.data_offset,
             metadata: p.metadata,
+            metadata_spans: p.metadata_spans,
             meta_index: p.meta_index,
             tensors: p.tensors,
             tensor_index: p.tensor_index,
@@ -213,6 +216,14 @@ impl GgufFile {
     /// Every metadata key/value pair, in file order. Keys are unique and non-empty.
     pub fn metadata(&self) -> &[(String, MetaValue)] {
         &self.metadata
+    }
+
+    /// The encoded bytes of metadata entry `index` (in [`GgufFile::metadata`] order) exactly as they lie
+    /// in the file: key (u64 length + bytes), value type id (u32), value. An empty array keeps its element
+    /// type here, which [`MetaValue`] does not record. `None` if `index` is out of range.
+    pub fn metadata_raw(&self, index: usize) -> Option<&[u8]> {
+        let span = self.metadata_spans.get(index)?;
+        self.backing.bytes().get(span.clone())
     }
 
     /// The value stored under `key`, if any.

@@ -43,6 +43,8 @@ pub(crate) struct Parsed {
     pub alignment: u64,
     pub data_offset: u64,
     pub metadata: Vec<(String, MetaValue)>,
+    /// Byte range of each metadata entry in the file (key, type id and value), in `metadata` order.
+    pub metadata_spans: Vec<std::ops::Range<usize>>,
     pub meta_index: HashMap<String, usize>,
     pub tensors: Vec<TensorInfo>,
     pub tensor_index: HashMap<String, usize>,
@@ -129,6 +131,7 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Parsed> {
     // `with_capacity` calls below cannot be driven by a hostile number.
     let mut metadata: Vec<(String, MetaValue)> = Vec::with_capacity(n_kv as usize);
     let mut value_offsets: Vec<usize> = Vec::with_capacity(n_kv as usize);
+    let mut metadata_spans: Vec<std::ops::Range<usize>> = Vec::with_capacity(n_kv as usize);
     let mut meta_index: HashMap<String, usize> = HashMap::with_capacity(n_kv as usize);
     for i in 0..n_kv {
         let key_off = c.pos;
@@ -149,6 +152,7 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Parsed> {
         meta_index.insert(key.clone(), metadata.len());
         metadata.push((key, value));
         value_offsets.push(value_off);
+        metadata_spans.push(key_off..c.pos);
     }
 
     // --- Alignment (gguf.cpp: must be a u32, nonzero, a power of two).
@@ -355,6 +359,7 @@ pub(crate) fn parse(buf: &[u8], path: &Path) -> Result<Parsed> {
         alignment,
         data_offset,
         metadata,
+        metadata_spans,
         meta_index,
         tensors,
         tensor_index,

@@ -163,7 +163,17 @@ fn check_homogeneous(key: &str, v: &MetaValue) {
     }
 }
 
-fn write_str(out: &mut Vec<u8>, s: &str) {
+/// One metadata entry as GGUF encodes it: key (u64 length + bytes), value type id (u32), value (an array
+/// as element type, u64 count, elements; an empty array gets element type u8).
+pub(crate) fn encode_entry(key: &str, value: &MetaValue) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_str(&mut out, key);
+    out.extend_from_slice(&value.type_id().to_le_bytes());
+    write_value(&mut out, value);
+    out
+}
+
+pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u64).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
 }

@@ -105,6 +105,7 @@ pub(crate) fn dot_q8_0_tinyblas<const SIGN_EXACT: bool>(w: &[u8], xq: &[i8], xd:
 /// `best_index_int8` (ggml-quants.c): the index in the ascending table `val` of the value nearest to `x`
 /// (ties and NaN go up: `x − val[mu−1] < val[mu] − x ? mu−1 : mu` after a bisection; below `val[0]` → 0,
 /// above the last → `n − 1`).
+#[cfg_attr(not(test), allow(dead_code))] // the reference for best_index_16 (tests)
 #[inline]
 pub(crate) fn best_index_int8(val: &[i8], x: f32) -> usize {
     let n = val.len();
@@ -124,6 +125,29 @@ pub(crate) fn best_index_int8(val: &[i8], x: f32) -> usize {
         }
     }
     if x - f32::from(val[mu - 1]) < f32::from(val[mu]) - x {
+        mu - 1
+    } else {
+        mu
+    }
+}
+
+/// [`best_index_int8`] for a strictly ascending table of 16 values already widened to f32 (exact), without
+/// the binary search's branches: for `val[0] < x < val[15]` the search ends at the first `mu` with
+/// `x < val[mu]`, i.e. `mu = 1 + #{k in 1..15 : val[k] <= x}`; then the same tie rule. Same result for
+/// every `x`, NaN included (checked against [`best_index_int8`] in the tests).
+#[inline]
+fn best_index_16(val: &[f32; 16], x: f32) -> usize {
+    if x <= val[0] {
+        return 0;
+    }
+    if x >= val[15] || x.is_nan() {
+        return 15;
+    }
+    let mut mu = 1usize;
+    for &v in &val[1..15] {
+        mu += usize::from(v <= x);
+    }
+    if x - val[mu - 1] < val[mu] - x {
         mu - 1
     } else {
         mu
@@ -172,6 +196,8 @@ pub(crate) fn quantize_row_iq4_nl_impl(
     let mut weight = [0f32; MAX_SB];
     let l_all = &mut l_all[..super_block_size];
     let v0 = f32::from(values[0]);
+    let vf: [f32; 16] = values.map(f32::from);
+    debug_assert!(vf.windows(2).all(|w| w[0] < w[1]), "values must ascend");
 
     let mut sigma2 = 0f32;
     for &v in x {
@@ -220,7 +246,7 @@ pub(crate) fn quantize_row_iq4_nl_impl(
         let mut sumq2 = 0f32;
         for ((o, &v), &w) in lb.iter_mut().zip(xb).zip(weight.iter()) {
             let al = id * v;
-            let l = best_index_int8(values, al);
+            let l = best_index_16(&vf, al);
             *o = l as u8;
             let q = f32::from(values[l]);
             sumqx += w * q * v;
@@ -234,7 +260,7 @@ pub(crate) fn quantize_row_iq4_nl_impl(
             sumq2 = 0.0;
             for (&v, &w) in xb.iter().zip(weight.iter()) {
                 let al = id * v;
-                let q = f32::from(values[best_index_int8(values, al)]);
+                let q = f32::from(values[best_index_16(&vf, al)]);
                 sumqx += w * q * v;
                 sumq2 += w * q * q;
             }
@@ -263,7 +289,7 @@ pub(crate) fn quantize_row_iq4_nl_impl(
             let xb = &x[ib * block_size..(ib + 1) * block_size];
             let lb = &mut l_all[ib * block_size..(ib + 1) * block_size];
             for (o, &v) in lb.iter_mut().zip(xb) {
-                *o = best_index_int8(values, idl * v) as u8;
+                *o = best_index_16(&vf, idl * v) as u8;
             }
             let l = (l + 32) as u8;
             let (l_l, l_h) = (l & 0xF, l >> 4);
@@ -283,7 +309,7 @@ pub(crate) fn quantize_row_iq4_nl_impl(
                 0.0
             };
             for (o, &v) in l_all.iter_mut().zip(x) {
-                *o = best_index_int8(values, id * v) as u8;
+                *o = best_index_16(&vf, id * v) as u8;
             }
         }
     }
@@ -295,9 +321,60 @@ pub(crate) fn quantize_row_iq4_nl_impl(
     }
 }
 
+/// `quantize_iq4_nl` (ggml-quants.c) without an importance matrix, the function `ggml_quantize_chunk`
+/// runs for IQ4_NL: every 32-block through [`quantize_row_iq4_nl_impl`] with super-block = block = 32,
+/// `kvalues_iq4nl` and `ntry = 7`, written as `d: f16`, `qs: [u8; 16]`.
+///
+/// `src.len()` is a multiple of 32 and `dst` holds `src.len() / 32` blocks of [`BYTES`] (caller's
+/// contract; extra input or output is left alone).
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    for (x, blk) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BYTES)) {
+        let mut dh = 0u16;
+        let (d, qs) = blk.split_at_mut(2);
+        quantize_row_iq4_nl_impl(QK, QK, x, &mut dh, qs, &mut [], &mut [], &KVALUES, None, 7);
+        d.copy_from_slice(&dh.to_le_bytes());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn branchless_best_index_is_the_binary_search() {
+        let vf: [f32; 16] = KVALUES.map(f32::from);
+        let mut xs = vec![
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+        ];
+        for w in KVALUES.windows(2) {
+            let (a, b) = (f32::from(w[0]), f32::from(w[1]));
+            let mid = (a + b) / 2.0;
+            for x in [
+                a,
+                b,
+                mid,
+                mid.next_up(),
+                mid.next_down(),
+                a.next_up(),
+                b.next_down(),
+            ] {
+                xs.push(x);
+            }
+        }
+        let mut s = 7u32;
+        for _ in 0..20000 {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            xs.push((s >> 8) as f32 / 16_777_216.0 * 300.0 - 150.0);
+        }
+        for x in xs {
+            assert_eq!(best_index_16(&vf, x), best_index_int8(&KVALUES, x), "{x}");
+        }
+    }
 
     #[test]
     fn dequantizes_a_hand_made_block() {

@@ -96,8 +96,6 @@ pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
 /// `quantize_row_iq4_xs_ref`), i.e. per super-block [`iq4_nl::quantize_row_iq4_nl_impl`]`(256, 32, …,
 /// kvalues_iq4nl, NULL, ntry 7)`. `src`: `n·256` f32; `dst`: `n·136` bytes (`block_iq4_xs`). Plain f32
 /// arithmetic: libggml-base is compiled without FMA (see `kquant_ref`).
-// Called by the GGUF writer (quantize-file branch) once it lands; until then only by the tests.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
     for (x, blk) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {
         let mut dh = 0u16;

@@ -13,10 +13,10 @@
 //! |---|---|---|---|---|
 //! | F32, F16, BF16 | yes | yes | yes | itself |
 //! | Q4_0, Q5_0, Q8_0 | yes | yes | yes | Q8_0 |
-//! | IQ4_NL | yes | no (`iq4_nl::quantize_row_iq4_nl_impl` is the shared core) | yes | Q8_0 |
+//! | IQ4_NL | yes | yes | yes | Q8_0 |
 //! | Q4_1 | yes | yes | yes | Q8_1 |
-//! | Q5_1 | yes | no | yes | Q8_1 |
-//! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS | yes | `quantize_row_ref` per module (not yet in [`quantize_row`]) | yes | Q8_K |
+//! | Q5_1 | yes | yes | yes | Q8_1 |
+//! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS | yes | yes | yes | Q8_K |
 //! | Q8_1, Q8_K (activation types) | yes | yes | no | — |
 //!
 //! The K-quant and IQ4_XS reference quantizers (helpers in `kquant_ref`) reproduce `llama-quantize --pure`
@@ -333,23 +333,14 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> crate::Resul
 }
 
 /// Quantize a row with ggml's reference quantizers — the ones that write model files:
-/// `quantize_row_{q4_0,q4_1,q5_0,q8_0,q8_1,q8_K}_ref` (ggml-quants.c), `ggml_fp32_to_fp16_row`,
-/// `ggml_fp32_to_bf16_row_ref`, and a plain copy for F32. Output bytes are identical to libggml-base's
-/// (including NaN handling). For the activation quantizers ggml-cpu uses inside a matmul, see
-/// [`PreparedRow`].
+/// `quantize_row_{q4_0,q4_1,q5_0,q5_1,q8_0,q8_1,q2_K,q3_K,q4_K,q5_K,q6_K,q8_K}_ref`, `quantize_iq4_nl` and
+/// `quantize_iq4_xs` (ggml-quants.c, without an importance matrix), `ggml_fp32_to_fp16_row`, `ggml_fp32_to_bf16_row_ref`, and a plain copy for F32.
+/// Output bytes are identical to libggml-base's (including NaN handling). For the activation quantizers
+/// ggml-cpu uses inside a matmul, see [`PreparedRow`].
 ///
 /// Errors: [`Error::Invalid`] if `src.len()` is not a whole number of blocks; [`Error::Unsupported`] for
-/// other types (the Q5_1, IQ4 and K-quant quantizers are not implemented).
+/// other types (see [`quantize_into`]).
 pub fn quantize_row(ty: GgmlType, src: &[f32]) -> crate::Result<Vec<u8>> {
-    use GgmlType::*;
-    if !matches!(
-        ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q8_1 | Q8_K
-    ) {
-        return Err(Error::Unsupported(format!(
-            "no reference quantizer for {ty}"
-        )));
-    }
     let n_bytes = ty.bytes_for(src.len() as u64).ok_or_else(|| {
         Error::Invalid(format!(
             "{ty}: {} elements is not a whole number of {}-element blocks",
@@ -358,24 +349,68 @@ pub fn quantize_row(ty: GgmlType, src: &[f32]) -> crate::Result<Vec<u8>> {
         ))
     })?;
     let mut dst = vec![0u8; n_bytes];
+    quantize_into(ty, src, &mut dst)?;
+    Ok(dst)
+}
+
+/// [`quantize_row`] into a caller's buffer: `dst` must be exactly `ty.bytes_for(src.len())` bytes. The
+/// quantizers work block by block, so any whole number of rows (or blocks) may be passed at once.
+///
+/// Errors: [`Error::Invalid`] if `src.len()` is not a whole number of blocks or `dst` has the wrong size;
+/// [`Error::Unsupported`] naming the type for a type without a reference quantizer here (the IQ2/IQ3/IQ1,
+/// TQ, MXFP4 and integer types).
+pub fn quantize_into(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> crate::Result<()> {
+    use GgmlType::*;
+    if !matches!(
+        ty,
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q8_1
+            | IQ4_NL
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | IQ4_XS
+            | Q8_K
+    ) {
+        return Err(Error::Unsupported(format!(
+            "no reference quantizer for {ty}"
+        )));
+    }
+    check_len(ty, dst.len(), src.len())?;
     match ty {
-        F32 => float::quantize_f32(src, &mut dst),
-        F16 => float::quantize_f16(src, &mut dst),
-        BF16 => float::quantize_bf16(src, &mut dst),
-        Q4_0 => q4_0::quantize_ref(src, &mut dst),
-        Q4_1 => q4_1::quantize_ref(src, &mut dst),
-        Q5_0 => q5_0::quantize_ref(src, &mut dst),
-        Q8_0 => q8::quantize_ref_q8_0(src, &mut dst),
-        Q8_1 => q8::quantize_ref_q8_1(src, &mut dst),
+        F32 => float::quantize_f32(src, dst),
+        F16 => float::quantize_f16(src, dst),
+        BF16 => float::quantize_bf16(src, dst),
+        Q4_0 => q4_0::quantize_row_ref(src, dst),
+        Q4_1 => q4_1::quantize_row_ref(src, dst),
+        Q5_0 => q5_0::quantize_row_ref(src, dst),
+        Q5_1 => q5_1::quantize_row_ref(src, dst),
+        Q8_0 => q8::quantize_ref_q8_0(src, dst),
+        Q8_1 => q8::quantize_ref_q8_1(src, dst),
+        IQ4_NL => iq4_nl::quantize_row_ref(src, dst),
+        Q2_K => q2_k::quantize_row_ref(src, dst),
+        Q3_K => q3_k::quantize_row_ref(src, dst),
+        Q4_K => q4_k::quantize_row_ref(src, dst),
+        Q5_K => q5_k::quantize_row_ref(src, dst),
+        Q6_K => q6_k::quantize_row_ref(src, dst),
+        IQ4_XS => iq4_xs::quantize_row_ref(src, dst),
         Q8_K => {
             let nb = src.len() / q8_k::QK_K;
             let (mut qs, mut d, mut bs) =
                 (vec![0i8; src.len()], vec![0f32; nb], vec![0i16; nb * 16]);
-            q8_k::quantize(src, &mut dst, &mut qs, &mut d, &mut bs);
+            q8_k::quantize(src, dst, &mut qs, &mut d, &mut bs);
         }
         _ => unreachable!("checked above"),
     }
-    Ok(dst)
+    Ok(())
 }
 
 /// Reference mode's dot product of a weight row already dequantized to f32 ([`dequantize_row`]) with a

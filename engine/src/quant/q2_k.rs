@@ -170,8 +170,6 @@ pub(crate) fn dot_q8_k_repacked(
 /// in the high nibbles (only when some min is positive); then each quant is redone as
 /// `clamp(nearest_int((x + dm)/d), 0, 3)` from the *stored* f16 values (`d = d_f16·sc`, skipped when 0).
 /// Plain f32 arithmetic throughout: libggml-base is compiled without FMA (see `kquant_ref`).
-// Called by the GGUF writer (quantize-file branch) once it lands; until then only by the tests.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
     const Q4SCALE: f32 = 15.0;
     for (x, blk) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {

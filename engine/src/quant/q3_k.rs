@@ -104,8 +104,6 @@ pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
 /// `scales[8..12]`), `d = f16(1/iscale)`; then each quant is redone as `clamp(nearest_int(x/d), −4, 3)` with
 /// `d = d_f16·(sc − 32)` (sub-blocks with `d == 0` keep their `make_q3_quants` quants). Plain f32
 /// arithmetic: libggml-base is compiled without FMA (see `kquant_ref`).
-// Called by the GGUF writer (quantize-file branch) once it lands; until then only by the tests.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
     for (x, blk) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(BYTES)) {
         let mut l = [0i8; QK_K];

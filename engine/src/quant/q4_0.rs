@@ -24,7 +24,7 @@ pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK]) {
 /// `quantize_row_q4_0_ref` (ggml-quants.c): `max` = the first element of largest |x|, `d = max / -8`,
 /// `id = d ? 1/d : 0`, `q = MIN(15, (int8_t)(x*id + 8.5f))` with separate multiply and add (libggml-base is
 /// built without FMA).
-pub(crate) fn quantize_ref(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
     for (x, blk) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BYTES)) {
         let mut amax = 0f32;
         let mut max = 0f32;

@@ -36,7 +36,7 @@ pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK]) {
 
 /// `quantize_row_q4_1_ref` (ggml-quants.c): `min`/`max` from `FLT_MAX`/`-FLT_MAX`, `d = (max - min)/15`,
 /// `id = d ? 1/d : 0`, `q = MIN(15, (int8_t)((x - min)*id + 0.5f))`.
-pub(crate) fn quantize_ref(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
     for (x, blk) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BYTES)) {
         let mut min = f32::MAX;
         let mut max = -f32::MAX;

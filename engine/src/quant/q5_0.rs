@@ -37,7 +37,7 @@ pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK]) {
 
 /// `quantize_row_q5_0_ref` (ggml-quants.c): like Q4_0 with `d = max / -16`,
 /// `q = MIN(31, (int8_t)(x*id + 16.5f))`, fifth bits gathered into `qh`.
-pub(crate) fn quantize_ref(src: &[f32], dst: &mut [u8]) {
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
     for (x, blk) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BYTES)) {
         let mut amax = 0f32;
         let mut max = 0f32;

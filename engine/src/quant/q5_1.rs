@@ -5,7 +5,7 @@
 //! `j + 16` in the high nibble). `vec_dot_type` Q8_1, as Q4_1: the min term needs the activation block's
 //! pre-scaled sum `s = d8 * sum(q8)`.
 
-use super::fp::read_f16;
+use super::fp::{c_f32_to_i32, f32_to_f16_ref, read_f16};
 use super::q8::QK;
 use super::x86::{fma, fma_lanes, hsum_float_8};
 
@@ -34,6 +34,43 @@ pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK]) {
     let m = read_f16(blk, 2);
     for (o, q) in out.iter_mut().zip(quants(blk)) {
         *o = f32::from(q) * d + m;
+    }
+}
+
+/// `quantize_row_q5_1_ref` (ggml-quants.c), which `quantize_q5_1` runs without an importance matrix:
+/// per 32-block `min`/`max` by `<`/`>` in element order (starting from `FLT_MAX`/`-FLT_MAX`),
+/// `d = (max - min) / 31`, `id = d ? 1/d : 0`, `q = (uint8_t)((x - min)*id + 0.5f)` — subtract, multiply,
+/// add as three roundings (libggml-base is compiled without `-march`, so gcc has no FMA to contract into),
+/// the cast as gcc does it (`cvttss2si`, low byte), no clamp — then the low nibbles into `qs` and the fifth
+/// bits into `qh`.
+///
+/// `src.len()` is a multiple of 32 and `dst` holds `src.len() / 32` blocks of [`BYTES`] (the caller's
+/// contract; extra input or output is left alone).
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    for (x, blk) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(BYTES)) {
+        let mut min = f32::MAX;
+        let mut max = -f32::MAX;
+        for &v in x {
+            if v < min {
+                min = v;
+            }
+            if v > max {
+                max = v;
+            }
+        }
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        blk[0..2].copy_from_slice(&f32_to_f16_ref(d).to_le_bytes());
+        blk[2..4].copy_from_slice(&f32_to_f16_ref(min).to_le_bytes());
+        let q = |v: f32| c_f32_to_i32((v - min) * id + 0.5) as u8;
+        let mut qh = 0u32;
+        for j in 0..QK / 2 {
+            let (x0, x1) = (q(x[j]), q(x[j + QK / 2]));
+            blk[8 + j] = (x0 & 0x0F) | ((x1 & 0x0F) << 4);
+            qh |= u32::from((x0 & 0x10) >> 4) << j;
+            qh |= u32::from((x1 & 0x10) >> 4) << (j + QK / 2);
+        }
+        blk[4..8].copy_from_slice(&qh.to_le_bytes());
     }
 }
 

@@ -130,8 +130,6 @@ pub(crate) fn dot_q8_k_tiled(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) ->
 /// `dmin = f16(max_m/63)`, then every quant redone from the stored values as
 /// `clamp(nearest_int((x + dmin·m)/(d·sc)), 0, 31)`. Plain f32 arithmetic: libggml-base is compiled
 /// without FMA (see `kquant_ref`).
-// Called by the GGUF writer (quantize-file branch) once it lands; until then only by the tests.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
     let p = Qkx2 {
         nmax: 31,

@@ -745,7 +745,7 @@ fn errors_name_the_problem() {
         Err(Error::Invalid(_))
     ));
     assert!(matches!(
-        quantize_row(GgmlType::Q4_K, &[0f32; 256]),
+        quantize_row(GgmlType::IQ2_XXS, &[0f32; 256]),
         Err(Error::Unsupported(_))
     ));
     let mut p = PreparedRow::new();
