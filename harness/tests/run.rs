@@ -892,6 +892,9 @@ fn a_run_without_a_terminal_prints_a_line_per_cell() {
             .find(|l| l.starts_with(&head))
             .unwrap_or_else(|| panic!("no line {head}… in\n{stderr}"));
         assert!(line.contains(" PASS "), "{line}");
-        assert!(line.contains(" s, elapsed ") && line.ends_with(" left"), "{line}");
+        assert!(
+            line.contains(" s, elapsed ") && line.ends_with(" left"),
+            "{line}"
+        );
     }
 }

@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// A directory of symlinks to the tools the scripts use before their toolchain check — every one but
@@ -15,8 +18,24 @@ fn root() -> PathBuf {
 fn path_without_toolchain() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let tools = [
-        "bash", "sed", "grep", "cut", "xargs", "sha256sum", "printf", "id", "dirname", "mkdir", "cat",
-        "head", "tail", "tr", "echo", "nproc", "rm", "ls",
+        "bash",
+        "sed",
+        "grep",
+        "cut",
+        "xargs",
+        "sha256sum",
+        "printf",
+        "id",
+        "dirname",
+        "mkdir",
+        "cat",
+        "head",
+        "tail",
+        "tr",
+        "echo",
+        "nproc",
+        "rm",
+        "ls",
     ];
     let path = std::env::var_os("PATH").unwrap_or_default();
     for t in tools {
