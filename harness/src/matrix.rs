@@ -13,7 +13,13 @@
 //! id = "smollm2-135m-q4_1"        # registry id (models.toml); also the golden directory name
 //! quant = "Q4_1"                  # the model file's weight type, for the report
 //! prompts = ["*"]                 # "*" = every prompt with a golden for this model and oracle
+//! oracles = ["llama.cpp-f32kv"]   # optional: the model is held to only these of the matrix's oracles
 //! ```
+//!
+//! A model's `oracles` (a non-empty subset of the matrix's `oracles`) restricts its cells to those oracles:
+//! models that have no golden of some oracle (SmolLM2's quantization variants have no transformers-f32
+//! goldens) say so instead of failing the expansion. Filtering by `--oracle` to an oracle a model does not
+//! list leaves that model out.
 //!
 //! Every combination model × prompt × mode × simd × oracle × engine is one cell. Each cell is held to the
 //! golden `golden/<model>/<oracle>/<prompt>.npz` ([`golden_path_for`]), which must be listed in
@@ -87,6 +93,18 @@ pub struct MatrixModel {
     pub quant: String,
     /// Prompt ids, or `["*"]` for every prompt with a golden.
     pub prompts: Vec<String>,
+    /// The matrix's oracles this model is held to (all of them when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oracles: Option<Vec<String>>,
+}
+
+impl MatrixModel {
+    /// Whether this model is held to `oracle` (its own `oracles`, when listed).
+    pub fn has_oracle(&self, oracle: &str) -> bool {
+        self.oracles
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|x| x == oracle))
+    }
 }
 
 /// `ci/matrix.toml`.
@@ -179,6 +197,18 @@ impl Matrix {
         check_axis(origin, "modes", &m.modes, Some(MODES))?;
         check_axis(origin, "simd", &m.simd, Some(SIMD))?;
         check_axis(origin, "oracles", &m.oracles, None)?;
+        for model in &m.models {
+            if let Some(own) = &model.oracles {
+                let what = format!("models.oracles of {:?}", model.id);
+                check_axis(origin, &what, own, None)?;
+                if let Some(o) = own.iter().find(|o| !m.oracles.contains(o)) {
+                    bail!(
+                        "{origin}: {what}: {o:?} is not one of the matrix's oracles ({})",
+                        m.oracles.join(", ")
+                    );
+                }
+            }
+        }
         check_axis(origin, "engines", &m.engines, Some(ENGINES))?;
         Ok(m)
     }
@@ -247,6 +277,11 @@ impl Matrix {
             .models
             .iter()
             .filter(|m| keep(&filters.model, &m.id))
+            .filter(|m| {
+                self.oracles
+                    .iter()
+                    .any(|o| keep(&filters.oracle, o) && m.has_oracle(o))
+            })
             .collect();
         let oracles: Vec<&String> = self
             .oracles
@@ -264,7 +299,7 @@ impl Matrix {
             let wildcard = m.prompts.iter().any(|p| p == ALL_PROMPTS);
             let mut per_oracle = Vec::new();
             let mut union = BTreeSet::new();
-            for o in &oracles {
+            for o in oracles.iter().filter(|o| m.has_oracle(o)) {
                 let prompts = if wildcard {
                     let found = Self::golden_prompts(manifest, &m.id, o);
                     if found.is_empty() {

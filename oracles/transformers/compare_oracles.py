@@ -1,0 +1,143 @@
+"""The cross-oracle floor: llama.cpp-f32kv goldens vs transformers-f32 goldens of the same model and prompt
+(same token ids), per stage kind. Reads only the committed goldens (numpy; no torch, no llama.cpp).
+
+    python oracles/transformers/compare_oracles.py [--golden golden] [--markdown]
+
+Per model and stage kind (the canonical id without `blk.N.`), over every array both goldens hold (prefill
+rows and decode steps, every prompt, every layer): NMSE per row, sum (tf - lc)^2 / sum lc^2 (reference =
+transformers, the f32 implementation on the exact dequantized weights), its median and max; the smallest row
+cosine. At the logits: KL(P_tf || P_lc) at every full row both hold (the last prompt position; decode rows
+where both store them), top-1 agreement at every prompt position (logits_topk_ids) and decode step.
+The distance is llama.cpp's own arithmetic (8-bit Q8_1/Q8_K rounding of every matmul input, f16 in places)
+against an f32 computation: the number a porter needs to tell a bug from a difference of references.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def kind_of(cid: str) -> str:
+    parts = cid.split(".")
+    return ".".join(parts[2:]) if parts[0] == "blk" else cid
+
+
+def row_nmse(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float64)
+    ref = ref.astype(np.float64)
+    den = np.sum(ref**2, axis=-1)
+    num = np.sum((a - ref) ** 2, axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den == 0, np.where(num == 0, 0.0, np.inf), num / den)
+
+
+def row_cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    na, nb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where((na == 0) & (nb == 0), 1.0, np.sum(a * b, axis=-1) / (na * nb))
+
+
+def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    def sm(z):
+        z = z.astype(np.float64)
+        z = z - z.max(axis=-1, keepdims=True)
+        p = np.exp(z)
+        return p / p.sum(axis=-1, keepdims=True)
+
+    p, q = sm(p_logits), sm(q_logits)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0).sum(axis=-1)
+
+
+def compare(golden: Path) -> dict:
+    manifest = json.loads((golden / "manifest.json").read_text())
+    tf = [g for g in manifest["goldens"] if g["oracle"]["name"] == "transformers"]
+    out: dict = {}
+    for g in tf:
+        model, pid = g["model_id"], g["prompt_id"]
+        lc_path = golden / model / "llama.cpp-f32kv" / f"{pid}.npz"
+        a = np.load(golden / g["path"])
+        b = np.load(lc_path)
+        if not (np.array_equal(a["tokens"], b["tokens"]) and np.array_equal(a["decode.tokens"], b["decode.tokens"])):
+            raise SystemExit(f"{g['path']}: not the token ids of {lc_path}")
+        m = out.setdefault(model, {"kinds": {}, "kl": [], "top1": [], "kl_last_by_prompt": {}})
+        for name in a.files:
+            if name in ("tokens", "decode.tokens", "logits_positions") or name.startswith("logits") or name == "decode.logits":
+                continue
+            if name not in b.files:
+                continue
+            k = kind_of(name.removeprefix("decode."))
+            d = m["kinds"].setdefault(k, {"nmse": [], "cos": []})
+            d["nmse"].extend(row_nmse(b[name], a[name]).tolist())
+            d["cos"].extend(row_cos(b[name], a[name]).tolist())
+        k_last = kl(a["logits"], b["logits"])
+        m["kl"].extend(k_last.tolist())
+        m["kl_last_by_prompt"][pid] = float(k_last[-1])
+        if "decode.logits" in a.files and "decode.logits" in b.files:
+            m["kl"].extend(kl(a["decode.logits"], b["decode.logits"]).tolist())
+        m["top1"].extend((a["logits_topk_ids"][:, 0] == b["logits_topk_ids"][:, 0]).tolist())
+        da = a["decode.logits"].argmax(1) if "decode.logits" in a.files else a["logits_decode_topk_ids"][:, 0]
+        db = b["decode.logits"].argmax(1) if "decode.logits" in b.files else b["logits_decode_topk_ids"][:, 0]
+        m["top1"].extend((da == db).tolist())
+    res = {}
+    for model, m in out.items():
+        res[model] = {
+            "kinds": {
+                k: {
+                    "nmse_median": float(np.median(v["nmse"])),
+                    "nmse_max": float(np.max(v["nmse"])),
+                    "min_cosine": float(np.min(v["cos"])),
+                    "rows": len(v["nmse"]),
+                }
+                for k, v in m["kinds"].items()
+            },
+            "kl_median": float(np.median(m["kl"])),
+            "kl_max": float(np.max(m["kl"])),
+            "kl_rows": len(m["kl"]),
+            "kl_last_by_prompt": m["kl_last_by_prompt"],
+            "top1_agreement": float(np.mean(m["top1"])),
+            "top1_positions": len(m["top1"]),
+        }
+    return res
+
+
+ORDER = ["embed", "attn_norm", "q", "k", "v", "q_norm", "k_norm", "q_rope", "k_rope", "attn_out", "attn_proj",
+         "attn_post_norm", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_out", "ffn_post_norm", "out",
+         "output_norm"]
+
+
+def markdown(res: dict) -> str:
+    lines = []
+    for model, r in res.items():
+        lines.append(f"**{model}** — KL(tf ‖ llama.cpp) at {r['kl_rows']} full rows: median {r['kl_median']:.2e}, "
+                     f"max {r['kl_max']:.2e}; top-1 agreement {r['top1_agreement']:.3f} over {r['top1_positions']} positions")
+        lines.append("")
+        lines.append("| stage kind | NMSE median | NMSE max | min cosine | rows |")
+        lines.append("|---|--:|--:|--:|--:|")
+        for k in sorted(r["kinds"], key=lambda k: ORDER.index(k) if k in ORDER else 99):
+            v = r["kinds"][k]
+            lines.append(f"| `{k}` | {v['nmse_median']:.2e} | {v['nmse_max']:.2e} | {v['min_cosine']:.6f} | {v['rows']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--golden", type=Path, default=ROOT / "golden")
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args()
+    res = compare(args.golden)
+    print(markdown(res) if args.markdown else json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
