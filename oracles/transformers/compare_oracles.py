@@ -2,6 +2,7 @@
 (same token ids), per stage kind. Reads only the committed goldens (numpy; no torch, no llama.cpp).
 
     python oracles/transformers/compare_oracles.py [--golden golden] [--markdown]
+    python oracles/transformers/compare_oracles.py --floors   # the f32-vs-f64 floor table (floors.md)
 
 Per model and stage kind (the canonical id without `blk.N.`), over every array both goldens hold (prefill
 rows and decode steps, every prompt, every layer): NMSE per row, sum (tf - lc)^2 / sum lc^2 (reference =
@@ -87,6 +88,20 @@ def compare(golden: Path) -> dict:
         da = a["decode.logits"].argmax(1) if "decode.logits" in a.files else a["logits_decode_topk_ids"][:, 0]
         db = b["decode.logits"].argmax(1) if "decode.logits" in b.files else b["logits_decode_topk_ids"][:, 0]
         m["top1"].extend((da == db).tolist())
+        # top-1 flips with transformers' margin (its logit of its top-1 minus its logit of llama.cpp's top-1:
+        # the margin a cell judged against the transformers golden sees), and top-5 overlap
+        ids_a = np.vstack([a["logits_topk_ids"], a["logits_decode_topk_ids"] if "logits_decode_topk_ids" in a.files
+                           else np.argsort(-a["decode.logits"], axis=1, kind="stable")[:, :64]])
+        val_a = np.vstack([a["logits_topk"], a["logits_decode_topk"] if "logits_decode_topk" in a.files
+                           else np.take_along_axis(a["decode.logits"], ids_a[len(a["logits_topk_ids"]):], axis=1)])
+        ids_b = np.vstack([b["logits_topk_ids"], b["logits_decode_topk_ids"] if "logits_decode_topk_ids" in b.files
+                           else np.argsort(-b["decode.logits"], axis=1, kind="stable")[:, :64]])
+        for r in range(len(ids_a)):
+            m.setdefault("top5", []).append(len(set(ids_a[r, :5]) & set(ids_b[r, :5])) / 5)
+            if ids_a[r, 0] != ids_b[r, 0]:
+                hit = np.nonzero(ids_a[r] == ids_b[r, 0])[0]
+                margin = float(val_a[r, 0] - val_a[r, hit[0]]) if len(hit) else float("inf")
+                m.setdefault("flips", []).append({"prompt": pid, "row": r, "tf_margin": margin})
     res = {}
     for model, m in out.items():
         res[model] = {
@@ -104,6 +119,8 @@ def compare(golden: Path) -> dict:
             "kl_rows": len(m["kl"]),
             "kl_last_by_prompt": m["kl_last_by_prompt"],
             "top1_agreement": float(np.mean(m["top1"])),
+            "top5_mean": float(np.mean(m["top5"])),
+            "flips": m.get("flips", []),
             "top1_positions": len(m["top1"]),
         }
     return res
@@ -114,11 +131,18 @@ ORDER = ["embed", "attn_norm", "q", "k", "v", "q_norm", "k_norm", "q_rope", "k_r
          "output_norm"]
 
 
+def flips(r: dict) -> str:
+    return ", ".join("%.3f" % f["tf_margin"] for f in r["flips"]) or "none"
+
+
 def markdown(res: dict) -> str:
     lines = []
     for model, r in res.items():
         lines.append(f"**{model}** — KL(tf ‖ llama.cpp) at {r['kl_rows']} full rows: median {r['kl_median']:.2e}, "
-                     f"max {r['kl_max']:.2e}; top-1 agreement {r['top1_agreement']:.3f} over {r['top1_positions']} positions")
+                     f"max {r['kl_max']:.2e}; top-1 agreement {r['top1_agreement']:.3f} over {r['top1_positions']} positions "
+                     f"(flips at transformers margins {flips(r)}); "
+                     f"top-5 overlap mean {r['top5_mean']:.3f}; KL at the last prompt position per prompt: "
+                     + ", ".join(f"{k} {v:.2e}" for k, v in sorted(r['kl_last_by_prompt'].items())))
         lines.append("")
         lines.append("| stage kind | NMSE median | NMSE max | min cosine | rows |")
         lines.append("|---|--:|--:|--:|--:|")
@@ -129,11 +153,42 @@ def markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def floors_markdown(golden: Path) -> str:
+    """The float32-vs-float64 floor recorded by make_goldens.py (`floor_f32_vs_f64`, one per model)."""
+    manifest = json.loads((golden / "manifest.json").read_text())
+    seen = {}
+    for g in manifest["goldens"]:
+        if g["oracle"]["name"] == "transformers" and "floor_f32_vs_f64" in g:
+            seen.setdefault(g["model_id"], g["floor_f32_vs_f64"])
+    models = list(seen)
+    kinds = []
+    for f in seen.values():
+        kinds += [k for k in f["nmse"] if k not in kinds]
+    kinds.sort(key=lambda k: ORDER.index(k) if k in ORDER else (98 if k == "logits" else 99))
+    head = "| stage kind | " + " | ".join(f"{m} median | max" for m in models) + " |"
+    lines = [head, "|---|" + "--:|--:|" * len(models)]
+    for k in kinds:
+        cells = []
+        for m in models:
+            v = seen[m]["nmse"].get(k)
+            cells += [f"{v['median']:.2e}", f"{v['max']:.2e}"] if v else ["—", "—"]
+        lines.append(f"| `{k}` | " + " | ".join(cells) + " |")
+    cells = []
+    for m in models:
+        cells += [f"{seen[m]['kl']['median']:.2e}", f"{seen[m]['kl']['max']:.2e}"]
+    lines.append("| KL(P64 ‖ P32), logits | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--golden", type=Path, default=ROOT / "golden")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--floors", action="store_true", help="print the f32-vs-f64 floor table instead")
     args = ap.parse_args()
+    if args.floors:
+        print(floors_markdown(args.golden))
+        return 0
     res = compare(args.golden)
     print(markdown(res) if args.markdown else json.dumps(res, indent=1))
     return 0

@@ -285,10 +285,16 @@ def attach(model, arch: str, rec_getter) -> list:
             p = path.replace("{N}", str(n)) if n is not None else path
             mod = model.get_submodule(p)
             if kind == "out":
-                def hook(m, args, out, c=c):
+                heads_first = c.endswith(("q_norm", "k_norm"))  # gemma3 norms Q/K as [B, H, T, D]
+
+                def hook(m, args, out, c=c, heads_first=heads_first):
                     o = out[0] if isinstance(out, tuple) else out
                     assert o.shape[0] == 1, (c, o.shape)
-                    rec_getter().put(c, o[0])
+                    o = o[0]
+                    if heads_first:
+                        assert o.dim() == 3, (c, o.shape)
+                        o = o.transpose(0, 1)  # [H, T, D] -> [T, H, D]
+                    rec_getter().put(c, o)
                 handles.append(mod.register_forward_hook(hook))
             else:
                 def pre(m, args, c=c):
