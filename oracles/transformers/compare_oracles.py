@@ -82,8 +82,15 @@ def compare(golden: Path) -> dict:
         k_last = kl(a["logits"], b["logits"])
         m["kl"].extend(k_last.tolist())
         m["kl_last_by_prompt"][pid] = float(k_last[-1])
+        rows = k_last.tolist()
         if "decode.logits" in a.files and "decode.logits" in b.files:
-            m["kl"].extend(kl(a["decode.logits"], b["decode.logits"]).tolist())
+            rows += kl(a["decode.logits"], b["decode.logits"]).tolist()
+            m["kl"].extend(rows[len(k_last):])
+        cos_out = [float(np.min(row_cos(b[n], a[n]))) for n in a.files if n in b.files
+                   and kind_of(n.removeprefix("decode.")) in ("out", "output_norm")]
+        pp = m.setdefault("per_prompt", {}).setdefault(pid, {})
+        pp["kl_mean_full_rows"] = float(np.mean(rows))
+        pp["min_cosine_out"] = min(cos_out) if cos_out else None
         m["top1"].extend((a["logits_topk_ids"][:, 0] == b["logits_topk_ids"][:, 0]).tolist())
         da = a["decode.logits"].argmax(1) if "decode.logits" in a.files else a["logits_decode_topk_ids"][:, 0]
         db = b["decode.logits"].argmax(1) if "decode.logits" in b.files else b["logits_decode_topk_ids"][:, 0]
@@ -96,12 +103,15 @@ def compare(golden: Path) -> dict:
                            else np.take_along_axis(a["decode.logits"], ids_a[len(a["logits_topk_ids"]):], axis=1)])
         ids_b = np.vstack([b["logits_topk_ids"], b["logits_decode_topk_ids"] if "logits_decode_topk_ids" in b.files
                            else np.argsort(-b["decode.logits"], axis=1, kind="stable")[:, :64]])
+        t5 = []
         for r in range(len(ids_a)):
-            m.setdefault("top5", []).append(len(set(ids_a[r, :5]) & set(ids_b[r, :5])) / 5)
+            t5.append(len(set(ids_a[r, :5]) & set(ids_b[r, :5])) / 5)
+            m.setdefault("top5", []).append(t5[-1])
             if ids_a[r, 0] != ids_b[r, 0]:
                 hit = np.nonzero(ids_a[r] == ids_b[r, 0])[0]
                 margin = float(val_a[r, 0] - val_a[r, hit[0]]) if len(hit) else float("inf")
                 m.setdefault("flips", []).append({"prompt": pid, "row": r, "tf_margin": margin})
+        pp["top5_mean"] = float(np.mean(t5))
     res = {}
     for model, m in out.items():
         res[model] = {
@@ -121,6 +131,7 @@ def compare(golden: Path) -> dict:
             "top1_agreement": float(np.mean(m["top1"])),
             "top5_mean": float(np.mean(m["top5"])),
             "flips": m.get("flips", []),
+            "per_prompt": m["per_prompt"],
             "top1_positions": len(m["top1"]),
         }
     return res
@@ -143,6 +154,11 @@ def markdown(res: dict) -> str:
                      f"(flips at transformers margins {flips(r)}); "
                      f"top-5 overlap mean {r['top5_mean']:.3f}; KL at the last prompt position per prompt: "
                      + ", ".join(f"{k} {v:.2e}" for k, v in sorted(r['kl_last_by_prompt'].items())))
+        lines.append("")
+        lines.append("| prompt | mean KL (full rows) | top-5 mean | min cosine blk.N.out / output_norm |")
+        lines.append("|---|--:|--:|--:|")
+        for pid, v in sorted(r["per_prompt"].items()):
+            lines.append(f"| `{pid}` | {v['kl_mean_full_rows']:.2e} | {v['top5_mean']:.3f} | {v['min_cosine_out']:.6f} |")
         lines.append("")
         lines.append("| stage kind | NMSE median | NMSE max | min cosine | rows |")
         lines.append("|---|--:|--:|--:|--:|")
