@@ -166,7 +166,7 @@ pub struct CellThresholds {
     /// Where the floor is measured (`ci/floors.json`, [`crate::floors`]) rather than bit equality: a stage's
     /// local error (bisect's injected pass) counts as above the floor beyond this many times the measured
     /// 99th percentile of its kind. `None`: no measured floors; the cutoffs above serve. A rule sets
-    /// `stage_floor_headroom = 0` to switch an earlier rule's floors off for its cells (`None` here).
+    /// `stage_floor_headroom = 0.0` to switch an earlier rule's floors off for its cells (`None` here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_floor_headroom: Option<f64>,
 }
