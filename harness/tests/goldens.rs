@@ -269,7 +269,8 @@ fn transformers_goldens_mirror_the_llama_cpp_f32kv_token_ids() {
                 assert!(g.arrays.contains_key(&format!("blk.{n}.out")), "{}: blk.{n}.out", g.path);
             }
         }
-        // every stage the llama.cpp oracle captures (its fully staged `prose`), in f32, in `one_token`
+        // every stage the llama.cpp oracle captures (its fully staged `prose`) in `one_token`, f32 but for
+        // ffn_gate / ffn_up (f16 by the storage criterion: golden budget; their product ffn_act is f32)
         let full = m.find(model, "transformers", "f32", "one_token").unwrap();
         let lc = m.find(model, "llama.cpp", "f32", "prose").unwrap();
         for s in lc.prefill_stages() {
@@ -277,7 +278,9 @@ fn transformers_goldens_mirror_the_llama_cpp_f32kv_token_ids() {
                 .arrays
                 .get(s)
                 .unwrap_or_else(|| panic!("{}: no stage {s}", full.path));
-            assert_eq!(spec.dtype, Dtype::F32, "{} {s}", full.path);
+            if !(s.ends_with(".ffn_gate") || s.ends_with(".ffn_up")) {
+                assert_eq!(spec.dtype, Dtype::F32, "{} {s}", full.path);
+            }
         }
     }
 }
