@@ -271,7 +271,16 @@ impl Matrix {
         check_filter("mode", &filters.mode, &set(&self.modes))?;
         check_filter("oracle", &filters.oracle, &set(&self.oracles))?;
         let simd_values = self.simd_values();
-        check_filter("simd", &filters.simd, &set(&simd_values))?;
+        // `--simd auto` names the setting `auto` resolves to on this CPU, as the matrix's own `auto` does
+        let simd_filter: Vec<String> = filters
+            .simd
+            .iter()
+            .map(|v| match v.as_str() {
+                "auto" => lockstep_engine::Simd::detect().name().to_string(),
+                other => other.to_string(),
+            })
+            .collect();
+        check_filter("simd", &simd_filter, &set(&simd_values))?;
 
         let models: Vec<&MatrixModel> = self
             .models
@@ -334,7 +343,7 @@ impl Matrix {
         for (m, order, per_oracle) in &resolved {
             for prompt in order.iter().filter(|p| keep(&filters.prompt, p)) {
                 for mode in self.modes.iter().filter(|v| keep(&filters.mode, v)) {
-                    for simd in simd_values.iter().filter(|v| keep(&filters.simd, v)) {
+                    for simd in simd_values.iter().filter(|v| keep(&simd_filter, v)) {
                         for (oracle, prompts) in per_oracle {
                             if !prompts.contains(prompt) {
                                 continue; // "*" resolved per oracle: this oracle has no such golden.
@@ -494,6 +503,49 @@ prompts = ["*"]
             .unwrap()
             .iter()
             .all(|c| c.simd == best));
+        // `--simd auto` is the setting `auto` resolves to
+        let f = Filters {
+            simd: vec!["auto".into()],
+            ..Filters::default()
+        };
+        let auto = m.expand(&small(), &f).unwrap();
+        assert!(!auto.is_empty() && auto.iter().all(|c| c.simd == best));
+    }
+
+    #[test]
+    fn a_model_held_to_some_oracles_only_gets_their_cells() {
+        let text = MATRIX.replace(
+            r#"oracles = ["llama.cpp-f32kv"]"#,
+            r#"oracles = ["llama.cpp-f32kv", "transformers-f32"]"#,
+        ) + "\n[[models]]\nid = \"other\"\nquant = \"Q4_1\"\nprompts = [\"*\"]\noracles = [\"llama.cpp-f32kv\"]\n";
+        let m = Matrix::parse(&text, "t").unwrap();
+        let man = manifest(&[
+            "m/llama.cpp-f32kv/prose.npz",
+            "m/transformers-f32/prose.npz",
+            "other/llama.cpp-f32kv/code.npz",
+        ]);
+        let cells = m.expand(&man, &Filters::default()).unwrap();
+        let ids: Vec<(&str, &str)> = cells
+            .iter()
+            .map(|c| (c.model.as_str(), c.oracle.as_str()))
+            .collect();
+        assert!(ids.contains(&("m", "transformers-f32")));
+        assert!(ids.contains(&("other", "llama.cpp-f32kv")));
+        assert!(!ids.contains(&("other", "transformers-f32")));
+        // filtered to transformers: the model without it drops out instead of failing the expansion
+        let f = Filters {
+            oracle: vec!["transformers-f32".into()],
+            ..Filters::default()
+        };
+        let cells = m.expand(&man, &f).unwrap();
+        assert!(cells.iter().all(|c| c.model == "m" && c.oracle == "transformers-f32"));
+        // a model's oracles must be the matrix's
+        let bad = text.replace(
+            "oracles = [\"llama.cpp-f32kv\"]\n",
+            "oracles = [\"nope\"]\n",
+        );
+        let err = format!("{:#}", Matrix::parse(&bad, "t").unwrap_err());
+        assert!(err.contains("\"nope\" is not one of the matrix's oracles"), "{err}");
     }
 
     #[test]
