@@ -339,7 +339,10 @@ def check_traps(model, arch: str, gguf_path: Path, golden: Path, src_entries: li
             raise SystemExit(f"gemma3 query_pre_attn_scalar {cfg.query_pre_attn_scalar} / head_dim {cfg.head_dim} != key_length {hd}")
         for layer in model.model.layers:
             assert abs(layer.self_attn.scaling - hd**-0.5) == 0.0, layer.self_attn.scaling
-        checks["gemma3_query_pre_attn_scalar"] = f"{cfg.query_pre_attn_scalar} == head_dim {hd}: Q scaled by 1/sqrt({hd}), as llama.cpp"
+        checks["gemma3_query_pre_attn_scalar"] = (
+            f"{cfg.query_pre_attn_scalar} == head_dim {hd}: Q scaled by 1/sqrt({hd}), as llama.cpp (tf_capture.load "
+            "sets it from head_dim if the loader's default differs; for 270m it does not)"
+        )
         # embedding scale sqrt(d), in float32 as transformers applies it
         es = float(model.model.embed_tokens.embed_scale.to(torch.float32))
         if es != float(np.float32(np.sqrt(cfg.hidden_size))):

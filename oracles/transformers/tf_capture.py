@@ -172,6 +172,16 @@ def load(gguf: Path, dtype=torch.float32):
     )
     model.eval()
     notes = []
+    cfg = model.config
+    if cfg.model_type == "gemma3_text":
+        # Gemma 3 scales Q by query_pre_attn_scalar**-0.5; llama.cpp by 1/sqrt(head_dim) (the file's key_length).
+        # The GGUF carries no query_pre_attn_scalar: the config default (256) is right for 270m only because its
+        # head_dim is 256. Take it from head_dim whatever the default (make_goldens.check_traps verifies).
+        if cfg.query_pre_attn_scalar != cfg.head_dim:
+            notes.append(f"query_pre_attn_scalar {cfg.query_pre_attn_scalar} -> head_dim {cfg.head_dim}")
+            cfg.query_pre_attn_scalar = cfg.head_dim
+            for layer in model.model.layers:
+                layer.self_attn.scaling = cfg.head_dim**-0.5
     if dtype == torch.float64:
         notes = to_float64(model)
     return model, notes
