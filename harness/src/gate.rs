@@ -165,7 +165,8 @@ pub struct CellThresholds {
     pub stage_exact: bool,
     /// Where the floor is measured (`ci/floors.json`, [`crate::floors`]) rather than bit equality: a stage's
     /// local error (bisect's injected pass) counts as above the floor beyond this many times the measured
-    /// 99th percentile of its kind. `None`: no measured floors; the cutoffs above serve.
+    /// 99th percentile of its kind. `None`: no measured floors; the cutoffs above serve. A rule sets
+    /// `stage_floor_headroom = 0.0` to switch an earlier rule's floors off for its cells (`None` here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_floor_headroom: Option<f64>,
 }
@@ -220,6 +221,7 @@ impl Thresholds {
             check("max_kl", r.max_kl, 0.0, f64::MAX)?;
             check("margin_tolerance", r.margin_tolerance, 0.0, f64::MAX)?;
             check("stage_max_nmse", r.stage_max_nmse, 0.0, f64::MAX)?;
+            check("stage_floor_headroom", r.stage_floor_headroom, 0.0, f64::MAX)?;
         }
         Ok(t)
     }
@@ -231,7 +233,7 @@ impl Thresholds {
         let mut errors = Vec::new();
         for m in &matrix.models {
             for mode in &matrix.modes {
-                for oracle in &matrix.oracles {
+                for oracle in matrix.oracles.iter().filter(|o| m.has_oracle(o)) {
                     let cell = Cell {
                         model: m.id.clone(),
                         prompt: "*".into(),
@@ -306,7 +308,8 @@ impl Thresholds {
                 .rev()
                 .find_map(|r| r.stage_exact)
                 .unwrap_or(false),
-            stage_floor_headroom: last(|r| r.stage_floor_headroom),
+            // 0 = "no measured floors" (a later rule cannot unset a field, so it sets 0)
+            stage_floor_headroom: last(|r| r.stage_floor_headroom).filter(|&h| h > 0.0),
         })
     }
 }

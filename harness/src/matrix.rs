@@ -13,7 +13,13 @@
 //! id = "smollm2-135m-q4_1"        # registry id (models.toml); also the golden directory name
 //! quant = "Q4_1"                  # the model file's weight type, for the report
 //! prompts = ["*"]                 # "*" = every prompt with a golden for this model and oracle
+//! oracles = ["llama.cpp-f32kv"]   # optional: the model is held to only these of the matrix's oracles
 //! ```
+//!
+//! A model's `oracles` (a non-empty subset of the matrix's `oracles`) restricts its cells to those oracles:
+//! models that have no golden of some oracle (SmolLM2's quantization variants have no transformers-f32
+//! goldens) say so instead of failing the expansion. Filtering by `--oracle` to an oracle a model does not
+//! list leaves that model out.
 //!
 //! Every combination model × prompt × mode × simd × oracle × engine is one cell. Each cell is held to the
 //! golden `golden/<model>/<oracle>/<prompt>.npz` ([`golden_path_for`]), which must be listed in
@@ -87,6 +93,18 @@ pub struct MatrixModel {
     pub quant: String,
     /// Prompt ids, or `["*"]` for every prompt with a golden.
     pub prompts: Vec<String>,
+    /// The matrix's oracles this model is held to (all of them when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oracles: Option<Vec<String>>,
+}
+
+impl MatrixModel {
+    /// Whether this model is held to `oracle` (its own `oracles`, when listed).
+    pub fn has_oracle(&self, oracle: &str) -> bool {
+        self.oracles
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|x| x == oracle))
+    }
 }
 
 /// `ci/matrix.toml`.
@@ -179,6 +197,18 @@ impl Matrix {
         check_axis(origin, "modes", &m.modes, Some(MODES))?;
         check_axis(origin, "simd", &m.simd, Some(SIMD))?;
         check_axis(origin, "oracles", &m.oracles, None)?;
+        for model in &m.models {
+            if let Some(own) = &model.oracles {
+                let what = format!("models.oracles of {:?}", model.id);
+                check_axis(origin, &what, own, None)?;
+                if let Some(o) = own.iter().find(|o| !m.oracles.contains(o)) {
+                    bail!(
+                        "{origin}: {what}: {o:?} is not one of the matrix's oracles ({})",
+                        m.oracles.join(", ")
+                    );
+                }
+            }
+        }
         check_axis(origin, "engines", &m.engines, Some(ENGINES))?;
         Ok(m)
     }
@@ -241,12 +271,26 @@ impl Matrix {
         check_filter("mode", &filters.mode, &set(&self.modes))?;
         check_filter("oracle", &filters.oracle, &set(&self.oracles))?;
         let simd_values = self.simd_values();
-        check_filter("simd", &filters.simd, &set(&simd_values))?;
+        // `--simd auto` names the setting `auto` resolves to on this CPU, as the matrix's own `auto` does
+        let simd_filter: Vec<String> = filters
+            .simd
+            .iter()
+            .map(|v| match v.as_str() {
+                "auto" => lockstep_engine::Simd::detect().name().to_string(),
+                other => other.to_string(),
+            })
+            .collect();
+        check_filter("simd", &simd_filter, &set(&simd_values))?;
 
         let models: Vec<&MatrixModel> = self
             .models
             .iter()
             .filter(|m| keep(&filters.model, &m.id))
+            .filter(|m| {
+                self.oracles
+                    .iter()
+                    .any(|o| keep(&filters.oracle, o) && m.has_oracle(o))
+            })
             .collect();
         let oracles: Vec<&String> = self
             .oracles
@@ -264,7 +308,7 @@ impl Matrix {
             let wildcard = m.prompts.iter().any(|p| p == ALL_PROMPTS);
             let mut per_oracle = Vec::new();
             let mut union = BTreeSet::new();
-            for o in &oracles {
+            for o in oracles.iter().filter(|o| m.has_oracle(o)) {
                 let prompts = if wildcard {
                     let found = Self::golden_prompts(manifest, &m.id, o);
                     if found.is_empty() {
@@ -299,7 +343,7 @@ impl Matrix {
         for (m, order, per_oracle) in &resolved {
             for prompt in order.iter().filter(|p| keep(&filters.prompt, p)) {
                 for mode in self.modes.iter().filter(|v| keep(&filters.mode, v)) {
-                    for simd in simd_values.iter().filter(|v| keep(&filters.simd, v)) {
+                    for simd in simd_values.iter().filter(|v| keep(&simd_filter, v)) {
                         for (oracle, prompts) in per_oracle {
                             if !prompts.contains(prompt) {
                                 continue; // "*" resolved per oracle: this oracle has no such golden.
@@ -459,6 +503,49 @@ prompts = ["*"]
             .unwrap()
             .iter()
             .all(|c| c.simd == best));
+        // `--simd auto` is the setting `auto` resolves to
+        let f = Filters {
+            simd: vec!["auto".into()],
+            ..Filters::default()
+        };
+        let auto = m.expand(&small(), &f).unwrap();
+        assert!(!auto.is_empty() && auto.iter().all(|c| c.simd == best));
+    }
+
+    #[test]
+    fn a_model_held_to_some_oracles_only_gets_their_cells() {
+        let text = MATRIX.replace(
+            r#"oracles = ["llama.cpp-f32kv"]"#,
+            r#"oracles = ["llama.cpp-f32kv", "transformers-f32"]"#,
+        ) + "\n[[models]]\nid = \"other\"\nquant = \"Q4_1\"\nprompts = [\"*\"]\noracles = [\"llama.cpp-f32kv\"]\n";
+        let m = Matrix::parse(&text, "t").unwrap();
+        let man = manifest(&[
+            "m/llama.cpp-f32kv/prose.npz",
+            "m/transformers-f32/prose.npz",
+            "other/llama.cpp-f32kv/code.npz",
+        ]);
+        let cells = m.expand(&man, &Filters::default()).unwrap();
+        let ids: Vec<(&str, &str)> = cells
+            .iter()
+            .map(|c| (c.model.as_str(), c.oracle.as_str()))
+            .collect();
+        assert!(ids.contains(&("m", "transformers-f32")));
+        assert!(ids.contains(&("other", "llama.cpp-f32kv")));
+        assert!(!ids.contains(&("other", "transformers-f32")));
+        // filtered to transformers: the model without it drops out instead of failing the expansion
+        let f = Filters {
+            oracle: vec!["transformers-f32".into()],
+            ..Filters::default()
+        };
+        let cells = m.expand(&man, &f).unwrap();
+        assert!(cells.iter().all(|c| c.model == "m" && c.oracle == "transformers-f32"));
+        // a model's oracles must be the matrix's
+        let bad = text.replace(
+            "oracles = [\"llama.cpp-f32kv\"]\n",
+            "oracles = [\"nope\"]\n",
+        );
+        let err = format!("{:#}", Matrix::parse(&bad, "t").unwrap_err());
+        assert!(err.contains("\"nope\" is not one of the matrix's oracles"), "{err}");
     }
 
     #[test]

@@ -543,18 +543,47 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     // off, avx2 and `auto` (this CPU's best: avx512 adds a third setting, avx2 none)
     let n_simd = matrix.simd_values().len();
     assert!(n_simd >= 2 && matrix.simd_values()[..2] == ["off", "avx2"]);
+    // the three downloaded models are held to llama.cpp and transformers, the variants to llama.cpp only
+    let n_oracles = |m: &str| if reg.variant(m).is_some() { 1 } else { 2 };
+    let want: usize = pairs.iter().map(|p| n_oracles(p.0)).sum::<usize>() * 2 * n_simd;
     assert_eq!(
         cells.len(),
-        pairs.len() * 2 * n_simd,
-        "2 modes × {n_simd} SIMD settings per model and prompt"
+        want,
+        "2 modes × {n_simd} SIMD settings × the model's oracles per model and prompt"
     );
+    for c in &cells {
+        assert!(
+            c.oracle == "llama.cpp-f32kv" || (c.oracle == "transformers-f32" && reg.variant(&c.model).is_none()),
+            "{}",
+            c.id()
+        );
+    }
     let th = Thresholds::load(&root.join("ci/thresholds.toml")).unwrap_or_else(|e| panic!("{e:#}"));
     // The values are tuned from measured data; what must hold whatever they are: every cell has
-    // thresholds, tokens must match everywhere, and ggml mode (which reproduces llama.cpp's
-    // quantization) is held at least as tightly as reference mode.
+    // thresholds, tokens must match everywhere, and against llama.cpp ggml mode (which reproduces llama.cpp's
+    // quantization) is held at least as tightly as reference mode; against transformers (f32 on the same
+    // dequantized weights) reference mode is held at least as tightly as ggml mode, and at least as tightly
+    // as against llama.cpp.
     for c in &cells {
         let t = th.for_cell(c).unwrap_or_else(|e| panic!("{e:#}"));
         assert!(t.tokens_must_match, "{}", c.id());
+        if c.oracle == "transformers-f32" {
+            if c.mode == "reference" {
+                let mut g = c.clone();
+                g.mode = "ggml".into();
+                let g = th.for_cell(&g).unwrap();
+                let mut l = c.clone();
+                l.oracle = "llama.cpp-f32kv".into();
+                let l = th.for_cell(&l).unwrap();
+                for o in [&g, &l] {
+                    assert!(t.max_mean_kl <= o.max_mean_kl, "{}", c.id());
+                    assert!(t.min_cosine_out >= o.min_cosine_out, "{}", c.id());
+                    assert!(t.margin_tolerance <= o.margin_tolerance, "{}", c.id());
+                }
+                assert!(!t.stage_exact && t.stage_floor_headroom.is_none(), "{}", c.id());
+            }
+            continue;
+        }
         if c.mode == "ggml" {
             let mut r = c.clone();
             r.mode = "reference".into();

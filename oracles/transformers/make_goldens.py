@@ -1,0 +1,625 @@
+"""Make the transformers-f32 goldens: transformers (PyTorch, float32, eager attention) on the same GGUF file as
+llama.cpp, dequantized by transformers' GGUF loader (the `gguf` package), fed the SAME token ids as the
+llama.cpp-f32kv goldens (their `tokens` and teacher-forced `decode.tokens`). Also runs the model in float64
+(transformers' forced-float32 spots patched, tf_capture.py) and records the float32-vs-float64 floor per stage
+kind. oracles/transformers/README.md documents everything.
+
+    python make_goldens.py --model-id smollm2-135m-q4_1 [--model PATH] [--out golden] [--no-f64]
+
+Writes golden/<model-id>/transformers-f32/<prompt>.npz for every prompt the model's llama.cpp-f32kv goldens
+have, this oracle's entries of the model in golden/manifest.json (others kept), the stage map
+stage_map.transformers.<arch>, and the floor (`floor_f32_vs_f64`) in every entry of the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tf_capture as C  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+ORACLE_NAME = "transformers"
+DIR_NAME = "transformers-f32"
+SOURCE_DIR = "llama.cpp-f32kv"  # the goldens whose token ids are fed
+TOPK = 64
+SCHEMA_VERSION = 1
+
+MODELS = {
+    "smollm2-135m-q4_1": {"sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "arch": "llama"},
+    "gemma3-270m-q4_k_m": {"sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "arch": "gemma3"},
+    "qwen2.5-coder-0.5b-q4_k_m": {"sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "arch": "qwen2"},
+}
+
+# --- storage policy (golden/ <= 140 MiB all told; it was 106.7 MiB before these) ----------------------------
+# transformers-f32 is compared with reference mode at the float32 summation-order floor (NMSE ~1e-13..1e-9 per
+# stage, floors.md), far below f16 storage error (~1e-8 NMSE), so an array meant for gating at the floor must be
+# f32 ("exact"). Every full logits row is f32 (KL ~1e-10 is only visible in f32). What the budget allows
+# (~33 MiB for three models; measured per model in README "Budget"):
+# - `one_token` (T = 1; Gemma 2): EVERY stage of every layer at the prompt positions, f32 except ffn_gate and
+#   ffn_up (f16 by the storage criterion: their product ffn_act is f32, and they are half of the bytes); the
+#   residual stream (embed, blk.N.out, output_norm) at each of the 8 decode steps, f32 -- decode runs through
+#   transformers' KV cache over 9..10 positions, so attention over several positions is covered at the floor;
+# - `prose`: the residual stream (embed, blk.N.out, output_norm) at every prompt position, f32 (the batched
+#   prefill at the floor); output_norm at each decode step, f32;
+# - the other prompts: blk.N.out and output_norm at every prompt position, output_norm at each decode step,
+#   stored f16 where llama.cpp's criterion allows (their storage error is in the manifest per array);
+# - logits: the f32 row at the last prompt position and the top-64 at every prompt position for every golden;
+#   decode: the top-64 per step (logits_decode_topk{,_ids}), no full rows (SmolLM2 0.19 MiB per row, Gemma 3
+#   1 MiB, Qwen2.5 0.55 MiB).
+# "f16_ok" takes ids out of "exact" (stored by the f16 criterion).
+RESIDUAL = ("embed", "blk.{N}.out", "output_norm")
+POLICY = {
+    "default": {"prefill": ("blk.{N}.out", "output_norm"), "decode": ("output_norm",), "exact": (), "f16_ok": ()},
+    "prose": {"prefill": RESIDUAL, "decode": ("output_norm",), "exact": RESIDUAL, "f16_ok": ()},
+    "one_token": {"prefill": ("*",), "decode": RESIDUAL, "exact": ("*",), "f16_ok": ("blk.{N}.ffn_gate", "blk.{N}.ffn_up")},
+}
+FULL_DECODE_LOGITS: set[tuple[str, str]] = set()  # (model, prompt) with full decode.logits rows; none fit the budget
+
+
+def exact_ids(pol: dict, n_layer: int, ids: list[str]) -> set[str]:
+    return set(expand(pol["exact"], n_layer, ids)) - set(expand(pol["f16_ok"], n_layer, ids))
+
+F16_MAX_ONE_MINUS_COS = 1e-6
+F16_MAX_REL_RMS = 1e-3
+
+CPU_FLAGS = (
+    "sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2",
+    "avx_vnni", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512_vnni",
+    "avx512_bf16", "avx512vbmi", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",
+)
+
+
+def host_info() -> dict:
+    """The host CPU (as the llama.cpp oracle records it: ggml mode takes its target from host_cpu_flags)."""
+    model, flags = None, set()
+    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and model is None:
+                model = value.strip()
+            elif key == "flags" and not flags:
+                flags = set(value.split())
+    if "pni" in flags:
+        flags.add("sse3")
+    return {
+        "host_cpu": model or platform.processor() or None,
+        "host_cpu_flags": [f for f in CPU_FLAGS if f in flags],
+        "host_cpu_flags_absent": [f for f in CPU_FLAGS if f not in flags],
+        "host_machine": platform.machine(),
+        "host_logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_parallel_info_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Byte-for-byte reproducible npz (fixed zip timestamps and order), as oracles/llamacpp/make_goldens.py."""
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+        for name, arr in arrays.items():
+            bio = io.BytesIO()
+            np.lib.format.write_array(bio, np.ascontiguousarray(arr), allow_pickle=False)
+            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, bio.getvalue(), compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+    os.replace(tmp, path)
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    na = np.linalg.norm(a, axis=-1)
+    nb = np.linalg.norm(b, axis=-1)
+    dot = np.sum(a * b, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((na == 0) & (nb == 0), 1.0, dot / (na * nb))
+
+
+def row_nmse(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """NMSE per row, sum (a - ref)^2 / sum ref^2 (llama.cpp test-backend-ops' definition; ref = reference)."""
+    a = a.astype(np.float64)
+    ref = ref.astype(np.float64)
+    num = np.sum((a - ref) ** 2, axis=-1)
+    den = np.sum(ref**2, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den == 0, np.where(num == 0, 0.0, np.inf), num / den)
+
+
+def store(x: np.ndarray, allow_f16: bool) -> tuple[np.ndarray, dict]:
+    """llama.cpp oracle's storage rule (oracles/llamacpp/make_goldens.py `store`)."""
+    x = np.asarray(x)
+    if x.dtype.kind == "i":
+        return x.astype(np.int32), {"dtype": "i32", "storage_max_abs_err": 0.0, "storage_max_rel_err": 0.0, "storage_min_cosine": 1.0}
+    x32 = x.astype(np.float32)
+    exact = {"dtype": "f32", "storage_max_abs_err": 0.0, "storage_max_rel_err": 0.0, "storage_min_cosine": 1.0}
+    if not allow_f16:
+        return x32, exact
+    with np.errstate(over="ignore"):
+        x16 = x32.astype(np.float16)
+    if not np.all(np.isfinite(x16)):
+        return x32, exact
+    back = x16.astype(np.float32)
+    d = back.astype(np.float64) - x32.astype(np.float64)
+    max_abs = float(np.max(np.abs(d))) if d.size else 0.0
+    rms = float(np.sqrt(np.mean(x32.astype(np.float64) ** 2))) if x32.size else 0.0
+    rows32 = x32.reshape(x32.shape[0], -1)
+    rowsd = d.reshape(d.shape[0], -1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel_rms = np.nan_to_num(np.linalg.norm(rowsd, axis=1) / np.linalg.norm(rows32.astype(np.float64), axis=1), nan=0.0)
+    min_cos = float(np.min(row_cosines(back.reshape(rows32.shape), rows32)))
+    if 1.0 - min_cos <= F16_MAX_ONE_MINUS_COS and float(np.max(rel_rms)) <= F16_MAX_REL_RMS:
+        return x16, {"dtype": "f16", "storage_max_abs_err": max_abs, "storage_max_rel_err": max_abs / rms if rms > 0 else 0.0,
+                     "storage_min_cosine": min_cos}
+    return x32, exact
+
+
+def expand(patterns, n_layer: int, all_ids: list[str]) -> list[str]:
+    if "*" in patterns:
+        return list(all_ids)
+    wanted = set()
+    for p in patterns:
+        if "{N}" in p:
+            wanted.update(p.replace("{N}", str(n)) for n in range(n_layer))
+        else:
+            wanted.add(p)
+    return [c for c in all_ids if c in wanted]
+
+
+def softmax64(z: np.ndarray) -> np.ndarray:
+    z = z.astype(np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    p, q = softmax64(p_logits), softmax64(q_logits)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(p > 0, p * (np.log(p) - np.log(q)), 0.0)
+    return t.sum(axis=-1)
+
+
+def kind_of(cid: str) -> str:
+    parts = cid.split(".")
+    return ".".join(parts[2:]) if parts[0] == "blk" else cid
+
+
+def dump_manifest(manifest: dict) -> str:
+    """The llama.cpp oracle's layout: one line per array spec and per stage-map row."""
+    compact: dict[str, str] = {}
+
+    def mark(obj) -> str:
+        key = f"@@compact{len(compact)}@@"
+        compact[key] = json.dumps(obj, ensure_ascii=False)
+        return key
+
+    doc = json.loads(json.dumps(manifest))
+    for per_arch in doc.get("stage_map", {}).values():
+        for sm in per_arch.values():
+            sm["stages"] = [mark(x) for x in sm.get("stages", [])]
+            if "observed_nodes" in sm:
+                sm["observed_nodes"] = [mark(x) for x in sm.get("observed_nodes", [])]
+    for g in doc.get("goldens", []):
+        g["arrays"] = {k: mark(v) for k, v in g.get("arrays", {}).items()}
+    text = json.dumps(doc, indent=1, ensure_ascii=False)
+    for key, value in compact.items():
+        text = text.replace(f'"{key}"', value, 1)
+    return text + "\n"
+
+
+def stage_map_json(arch: str) -> dict:
+    rows = []
+    for cid, path, kind in C.ARCH_STAGES[arch]:
+        op = {"out": "forward_hook", "in": "forward_pre_hook", "attn": "attention_function"}[kind]
+        rows.append({"oracle_name": path, "op": op, "canonical": cid})
+    return {
+        "about": (
+            "transformers module (path in the model, {N} = layer) -> canonical stage id. op: forward_hook = the "
+            "module's output, forward_pre_hook = its input, attention_function = the registered attention function "
+            "lockstep_eager (Q and K after RoPE; K: this step's rows only). Shapes [T, width], the batch dimension "
+            "dropped; per-head tensors flattened head-major. llama only: q, k, q_rope, k_rope are reordered from "
+            "transformers' RoPE-halves layout to the GGUF file's interleaved layout (llama.cpp's), so that every "
+            "array means what the llama.cpp golden's does. oracles/transformers/README.md."
+        ),
+        "stages": rows,
+        "not_exposed": [],
+    }
+
+
+def load_source_goldens(golden: Path, model_id: str) -> tuple[dict, list[dict]]:
+    manifest = json.loads((golden / "manifest.json").read_text())
+    src = [g for g in manifest["goldens"] if g["model_id"] == model_id and g["path"].split("/")[1] == SOURCE_DIR]
+    if not src:
+        raise SystemExit(f"no {SOURCE_DIR} goldens for {model_id} in {golden}/manifest.json: make them first")
+    return manifest, src
+
+
+# --- known traps: each fails loudly (README "Known traps") ------------------------------------------------
+
+
+def gguf_fields(path: Path) -> dict:
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path))
+    out = {}
+    for k, f in r.fields.items():
+        if k.startswith("tokenizer.ggml."):
+            continue
+        try:
+            v = f.contents()
+        except Exception:  # noqa: BLE001
+            continue
+        out[k] = v
+    return out, r
+
+
+def check_traps(model, arch: str, gguf_path: Path, golden: Path, src_entries: list[dict]) -> dict:
+    """Assert the loader got every known trap right; returns what was checked (recorded in the manifest)."""
+    cfg = model.config
+    fields, reader = gguf_fields(gguf_path)
+    a = fields["general.architecture"]
+    checks = {}
+    tensors = {t.name: t for t in reader.tensors}
+
+    # tied embeddings: no output.weight in the file <=> lm_head shares embed_tokens' storage
+    tied_file = "output.weight" not in tensors
+    tied_model = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    if tied_file != tied_model or bool(cfg.tie_word_embeddings) != tied_file:
+        raise SystemExit(f"tied embeddings: file {tied_file}, config {cfg.tie_word_embeddings}, model {tied_model}")
+    checks["tied_embeddings"] = f"{tied_file} (file has {'no ' if tied_file else ''}output.weight; lm_head shares embed_tokens: {tied_model})"
+
+    from gguf import dequantize
+
+    def deq(name):
+        t = tensors[name]
+        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(list(reversed([int(x) for x in t.shape])))
+
+    # llama's Q/K permutation: transformers un-permutes; our reorder must give back the file's rows exactly
+    wq = model.model.layers[0].self_attn.q_proj.weight.detach().numpy()
+    wk = model.model.layers[0].self_attn.k_proj.weight.detach().numpy()
+    fq, fk = deq("blk.0.attn_q.weight"), deq("blk.0.attn_k.weight")
+    if arch == "llama":
+        gq = C.llama_gguf_order(torch.from_numpy(wq.T.copy()), cfg.num_attention_heads).numpy().T
+        gk = C.llama_gguf_order(torch.from_numpy(wk.T.copy()), cfg.num_key_value_heads).numpy().T
+        if not (np.array_equal(gq, fq) and np.array_equal(gk, fk)):
+            raise SystemExit("llama Q/K permutation: transformers' q_proj/k_proj reordered to GGUF order differ from the file")
+        if np.array_equal(wq, fq):
+            raise SystemExit("llama Q/K permutation: transformers did not un-permute q_proj (equals the file's rows)")
+        checks["llama_qk_permutation"] = "q_proj/k_proj of layer 0 reordered to GGUF order equal attn_q/attn_k exactly; unreordered they differ"
+    else:
+        if not (np.array_equal(wq, fq) and np.array_equal(wk, fk)):
+            raise SystemExit(f"{arch}: q_proj/k_proj differ from the file's attn_q/attn_k (no permutation expected)")
+        checks["qk_layout"] = "q_proj/k_proj equal the file's attn_q/attn_k (NEOX RoPE, no permutation)"
+
+    if arch == "gemma3":
+        # norm weights: the file stores w + 1 (convert_hf_to_gguf), the loader subtracts 1, Gemma3RMSNorm adds 1
+        # back in float32: (w_file - 1) + 1 must be w_file again, bit for bit, for every norm weight
+        bad, total = 0, 0
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                continue
+            gname = hf_to_gguf_norm(name)
+            f = deq(gname).reshape(-1)
+            back = (1.0 + p.detach().to(torch.float32)).numpy().reshape(-1)
+            total += f.size
+            bad += int(np.sum(back != f))
+            if not np.allclose(back, f, rtol=0, atol=1e-6):
+                raise SystemExit(f"gemma norm weight {name}: 1 + loaded != file {gname} (max {np.max(np.abs(back - f))})")
+        if bad:
+            raise SystemExit(f"gemma norm weights: {bad} of {total} values of 1 + (w_file - 1) differ from w_file in float32")
+        checks["gemma_norm_plus_one"] = f"1 + (w_file - 1) == w_file bit for bit for all {total} norm weights (float32)"
+        # query_pre_attn_scalar: llama.cpp scales Q by 1/sqrt(head_dim) (gemma3 270m); transformers by
+        # query_pre_attn_scalar**-0.5
+        hd = int(fields[f"{a}.attention.key_length"])
+        if cfg.query_pre_attn_scalar != hd or cfg.head_dim != hd:
+            raise SystemExit(f"gemma3 query_pre_attn_scalar {cfg.query_pre_attn_scalar} / head_dim {cfg.head_dim} != key_length {hd}")
+        for layer in model.model.layers:
+            assert abs(layer.self_attn.scaling - hd**-0.5) == 0.0, layer.self_attn.scaling
+        checks["gemma3_query_pre_attn_scalar"] = (
+            f"{cfg.query_pre_attn_scalar} == head_dim {hd}: Q scaled by 1/sqrt({hd}), as llama.cpp (tf_capture.load "
+            "sets it from head_dim if the loader's default differs; for 270m it does not)"
+        )
+        # embedding scale sqrt(d), in float32 as transformers applies it
+        es = float(model.model.embed_tokens.embed_scale.to(torch.float32))
+        if es != float(np.float32(np.sqrt(cfg.hidden_size))):
+            raise SystemExit(f"gemma embed scale {es} != float32 sqrt({cfg.hidden_size})")
+        checks["gemma_embed_scale"] = f"embed_tokens output x {es} (float32 sqrt({cfg.hidden_size}))"
+        # sliding window and the two RoPE bases
+        sw = int(fields[f"{a}.attention.sliding_window"])
+        if cfg.sliding_window != sw:
+            raise SystemExit(f"gemma3 sliding_window {cfg.sliding_window} != file {sw}")
+        full = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
+        want_full = [i for i in range(cfg.num_hidden_layers) if i % 6 == 5]  # llama.cpp: swa pattern 6, last of each 6 global
+        if full != want_full:
+            raise SystemExit(f"gemma3 full-attention layers {full} != llama.cpp's {want_full}")
+        base = float(fields[f"{a}.rope.freq_base"])
+        rp = cfg.rope_parameters
+        if rp["full_attention"]["rope_theta"] != base or rp["sliding_attention"]["rope_theta"] != 10000.0:
+            raise SystemExit(f"gemma3 RoPE bases {rp} != full {base} / local 10000 (llama.cpp)")
+        if any(rp[t]["rope_type"] != "default" for t in rp) or f"{a}.rope.scaling.type" in fields:
+            raise SystemExit(f"gemma3 RoPE scaling: {rp}")
+        longest = max(g["n_prompt_tokens"] + g["n_decode_steps"] for g in src_entries)
+        checks["gemma3_sliding_window"] = (
+            f"window {sw} (file) for layers {[i for i in range(cfg.num_hidden_layers) if i not in full]}, global layers {full}; "
+            f"RoPE base {base} global, 10000 local, no scaling; the longest sequence here is {longest} <= {sw} positions, "
+            "so the window never masks anything in these goldens"
+        )
+        if cfg.final_logit_softcapping is not None or cfg.attn_logit_softcapping is not None:
+            raise SystemExit(f"gemma3 softcapping set: {cfg.final_logit_softcapping} / {cfg.attn_logit_softcapping}")
+    eps = float(fields[f"{a}.attention.layer_norm_rms_epsilon"])
+    if abs(cfg.rms_norm_eps - eps) > 0:
+        raise SystemExit(f"rms_norm_eps {cfg.rms_norm_eps} != file {eps}")
+    if arch != "gemma3":
+        base = float(fields[f"{a}.rope.freq_base"])
+        if cfg.rope_parameters["rope_theta"] != base or cfg.rope_parameters["rope_type"] != "default":
+            raise SystemExit(f"rope {cfg.rope_parameters} != file base {base}")
+    checks["rms_norm_eps_and_rope"] = "rms_norm_eps and rope theta equal the file's"
+    return checks
+
+
+def hf_to_gguf_norm(name: str) -> str:
+    # model.layers.3.input_layernorm.weight -> blk.3.attn_norm.weight (Gemma 3)
+    if name == "model.norm.weight":
+        return "output_norm.weight"
+    parts = name.split(".")
+    n = parts[2]
+    tail = ".".join(parts[3:])
+    table = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "post_attention_layernorm.weight": "post_attention_norm.weight",
+        "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+        "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+        "self_attn.q_norm.weight": "attn_q_norm.weight",
+        "self_attn.k_norm.weight": "attn_k_norm.weight",
+    }
+    return f"blk.{n}.{table[tail]}"
+
+
+def check_against_llamacpp(arch: str, res: C.RunResult, src_npz: dict, where: str) -> dict:
+    """Every stage the llama.cpp golden holds, compared (NMSE of the whole array): llama.cpp rounds matmul inputs
+    to 8 bits (NMSE ~1e-5 per stage, growing to ~1e-3 at the logits); a trap (wrong permutation, norm offset,
+    scale) gives ~1e-1..1."""
+    worst = {}
+    for k in src_npz.files:
+        if k in ("tokens", "logits_positions", "decode.tokens") or k.startswith("logits"):
+            continue
+        if k.startswith("decode."):
+            if k[7:] not in res.decode_stages or k == "decode.logits":
+                continue
+            ours = res.decode_stages[k[7:]]
+        elif k in res.stages:
+            ours = res.stages[k]
+        else:
+            continue
+        ref = src_npz[k].astype(np.float64)
+        # over the whole array: single rows of ffn_act are near zero, where llama.cpp's 8-bit rounding alone
+        # gives a row NMSE ~1
+        n = float(np.sum((ours.astype(np.float64) - ref) ** 2) / np.sum(ref**2))
+        kind = kind_of(k.removeprefix("decode."))
+        worst[kind] = max(worst.get(kind, 0.0), n)
+    for kind, n in worst.items():
+        if not n < 3e-2:
+            raise SystemExit(f"{where}: stage {kind} differs from llama.cpp by NMSE {n:.3g}: a loader trap? (README)")
+    return worst
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-id", required=True, choices=sorted(MODELS))
+    ap.add_argument("--model", type=Path, help="the GGUF (default: the lockstep cache)")
+    ap.add_argument("--out", type=Path, default=ROOT / "golden")
+    ap.add_argument("--no-f64", action="store_true", help="skip the float64 run (no floor recorded)")
+    args = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("LOCKSTEP_TORCH_THREADS", "2")))
+    mid = args.model_id
+    arch = MODELS[mid]["arch"]
+    cache = Path(os.environ.get("LOCKSTEP_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lockstep")
+    path = (args.model or cache / "models" / f"{mid}.gguf").resolve()
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such model file (cargo run --release -p lockstep -- fetch {mid})")
+    if sha256_file(path) != MODELS[mid]["sha256"]:
+        raise SystemExit(f"{path}: sha256 is not {MODELS[mid]['sha256']}")
+    manifest, src = load_source_goldens(args.out, mid)
+    src = sorted(src, key=lambda g: g["path"])
+
+    t0 = time.time()
+    model, _ = C.load(path, torch.float32)
+    cfg = model.config
+    n_layer = cfg.num_hidden_layers
+    all_ids = C.canonical_ids(arch, n_layer)
+    traps = check_traps(model, arch, path, args.out, src)
+    print(f"{mid}: loaded in {time.time() - t0:.0f}s; traps checked: {', '.join(traps)}", flush=True)
+
+    runs32: dict[str, C.RunResult] = {}
+    vs_llamacpp = {}
+    for g in src:
+        z = np.load(args.out / g["path"])
+        toks = [int(t) for t in z["tokens"]]
+        dec = [int(t) for t in z["decode.tokens"]] if "decode.tokens" in z.files else []
+        t1 = time.time()
+        r = C.run(model, arch, toks, dec)
+        missing = [c for c in all_ids if c != "logits" and c not in r.stages]
+        if missing:
+            raise SystemExit(f"{g['prompt_id']}: stages not captured: {missing[:5]}")
+        vs_llamacpp[g["prompt_id"]] = check_against_llamacpp(arch, r, z, f"{mid}/{g['prompt_id']}")
+        runs32[g["prompt_id"]] = r
+        print(f"  f32 {g['prompt_id']:10s} T={len(toks):3d} N={len(dec)} {time.time() - t1:5.1f}s", flush=True)
+    del model
+
+    floor = None
+    if not args.no_f64:
+        model64, notes64 = C.load(path, torch.float64)
+        per_kind: dict[str, list[float]] = {}
+        kl_rows = []
+        for g in src:
+            z = np.load(args.out / g["path"])
+            toks = [int(t) for t in z["tokens"]]
+            dec = [int(t) for t in z["decode.tokens"]] if "decode.tokens" in z.files else []
+            t1 = time.time()
+            r64 = C.run(model64, arch, toks, dec)
+            r32 = runs32[g["prompt_id"]]
+            for c in all_ids:
+                if c == "logits":
+                    continue
+                k = kind_of(c)
+                per_kind.setdefault(k, []).extend(row_nmse(r32.stages[c], r64.stages[c]).tolist())
+                if dec:
+                    per_kind[k].extend(row_nmse(r32.decode_stages[c], r64.decode_stages[c]).tolist())
+            la = np.vstack([r64.logits, r64.decode_logits])
+            lb = np.vstack([r32.logits, r32.decode_logits])
+            per_kind.setdefault("logits", []).extend(row_nmse(lb, la).tolist())
+            kl_rows.extend(kl(la, lb).tolist())
+            print(f"  f64 {g['prompt_id']:10s} {time.time() - t1:5.1f}s", flush=True)
+        del model64
+        floor = {
+            "about": (
+                "transformers float32 vs the same model in float64 (weights widened exactly; RMSNorm, RoPE, softmax "
+                "and Gemma's embedding scale patched to follow the dtype, tf_capture.py PATCH 1-4) on this model's "
+                "goldens' token ids: NMSE (reference = float64) per (layer, position) row of each stage kind, over every "
+                "prompt, prefill and decode positions; KL(P64 || P32) at every logits row"
+            ),
+            "f64_patches": notes64 + C.install_patches(),
+            "nmse": {
+                k: {"median": float(np.median(v)), "p99": float(np.percentile(v, 99)), "max": float(np.max(v)), "rows": len(v)}
+                for k, v in per_kind.items()
+            },
+            "kl": {"median": float(np.median(kl_rows)), "max": float(np.max(kl_rows)), "rows": len(kl_rows)},
+        }
+        print(json.dumps(floor["nmse"], indent=None)[:2000], floor["kl"], flush=True)
+
+    # --- write ---------------------------------------------------------------------------------------------
+    d = args.out / mid / DIR_NAME
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    host = C.versions() | host_info()
+    entries = []
+    for g in src:
+        pid = g["prompt_id"]
+        r = runs32[pid]
+        z = np.load(args.out / g["path"])
+        pol = POLICY.get(pid, POLICY["default"])
+        full_decode = (mid, pid) in FULL_DECODE_LOGITS
+        T = r.logits.shape[0]
+        toks = z["tokens"].astype(np.int32)
+        dec_toks = z["decode.tokens"].astype(np.int32)
+        positions = np.array([T - 1], np.int32)
+        order = np.argsort(-r.logits, axis=1, kind="stable")[:, :TOPK].astype(np.int32)
+        exact = exact_ids(pol, n_layer, all_ids)
+        raw = [("tokens", toks, False)]
+        raw += [(c, r.stages[c], c not in exact) for c in expand(pol["prefill"], n_layer, all_ids) if c != "logits"]
+        raw += [
+            ("logits", r.logits[positions], False),
+            ("logits_positions", positions, False),
+            ("logits_topk_ids", order, False),
+            ("logits_topk", np.take_along_axis(r.logits, order, axis=1), False),
+            ("decode.tokens", dec_toks, False),
+        ]
+        if full_decode:
+            raw.append(("decode.logits", r.decode_logits, False))
+        else:
+            do = np.argsort(-r.decode_logits, axis=1, kind="stable")[:, :TOPK].astype(np.int32)
+            raw += [("logits_decode_topk_ids", do, False), ("logits_decode_topk", np.take_along_axis(r.decode_logits, do, axis=1), False)]
+        raw += [("decode." + c, r.decode_stages[c], c not in exact) for c in expand(pol["decode"], n_layer, all_ids) if c != "logits"]
+        arrays, listed = {}, {}
+        for name, x, allow in raw:
+            a, info = store(x, allow)
+            arrays[name] = a
+            listed[name] = {"shape": list(a.shape), **info}
+        rel = Path(mid) / DIR_NAME / f"{pid}.npz"
+        write_npz(args.out / rel, arrays)
+        full = np.vstack([r.logits[-1:], r.decode_logits])
+        own_argmax = np.argmax(np.vstack([r.logits[-1:], r.decode_logits[:-1]]), axis=1) if len(dec_toks) else np.zeros(0)
+        entry = {
+            "path": rel.as_posix(),
+            "sha256": sha256_file(args.out / rel),
+            "bytes": (args.out / rel).stat().st_size,
+            **{k: g[k] for k in ("model_id", "model_sha256", "model_file", "model_general_name", "arch", "prompt_id",
+                                 "prompt_kind", "prompt", "add_special", "parse_special", "tokenizer") if k in g},
+            "oracle": {
+                "name": ORACLE_NAME,
+                **host,
+                "dtype": "float32",
+                "attn_implementation": f"{C.ATTN} (transformers' eager attention, registered through AttentionInterface)",
+                "loader": "AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., dtype=torch.float32); dequantized by gguf",
+            },
+            "kv_type": "f32",
+            "settings": {
+                "n_threads": torch.get_num_threads(),
+                "seed": None,
+                "cache": "transformers DynamicCache (float32)",
+                "prefill": "one forward call over the prompt",
+                "decode": "one forward call per token through the cache",
+                "sampling": "none: teacher-forced with the llama.cpp-f32kv golden's decode.tokens",
+            },
+            "n_prompt_tokens": T,
+            "n_decode_steps": int(len(dec_toks)),
+            "decode_source": f"teacher-forced with the {SOURCE_DIR} golden's decode.tokens ({g['path']}): the same token ids",
+            "continuation": g.get("continuation", ""),
+            "decode_own_argmax_agreement": float(np.mean(own_argmax == dec_toks)) if len(dec_toks) else 1.0,
+            "capture_changes_logits": 0.0,
+            "capture_note": "forward hooks only read tensors; the logits are lm_head's output itself",
+            "stages_prefill": list(pol["prefill"]),
+            "stages_decode": list(pol["decode"]),
+            "stages_exact_f32": list(pol["exact"]),
+            "stages_f16_allowed": list(pol["f16_ok"]),
+            "logits_storage": "logits: f32 row at the last prompt position; logits_topk f32; decode: "
+            + ("full decode.logits [N, V] f32" if full_decode else "logits_decode_topk{,_ids} [N, 64] (no full rows)"),
+            "model_hparams": {"n_layer": n_layer, "n_embd": cfg.hidden_size, "n_vocab": int(r.logits.shape[1])},
+            "loader_checks": traps,
+            "vs_llamacpp_f32kv_max_nmse": vs_llamacpp[pid],
+            "arrays": listed,
+        }
+        if "chat" in g:
+            entry["chat"] = g["chat"]
+        if floor is not None:
+            entry["floor_f32_vs_f64"] = floor
+        entries.append(entry)
+        print(f"{rel.as_posix():55s} {entry['bytes'] / 2**20:6.2f} MiB", flush=True)
+
+    import fcntl
+
+    lock = open(Path(os.environ.get("TMPDIR", "/tmp")) / "lockstep-transformers-manifest.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # several models may be made at once: read-modify-write under a lock
+    manifest = json.loads((args.out / "manifest.json").read_text())
+    manifest.setdefault("stage_map", {}).setdefault(ORACLE_NAME, {})[arch] = stage_map_json(arch)
+    keep = [g for g in manifest["goldens"] if not (g["oracle"]["name"] == ORACLE_NAME and g["model_id"] == mid)]
+    order_ids = {}
+    for g in manifest["goldens"]:
+        order_ids.setdefault(g["model_id"], len(order_ids))
+    goldens = sorted(keep + entries, key=lambda g: (order_ids.get(g["model_id"], len(order_ids)), g["path"]))
+    out = {"schema_version": SCHEMA_VERSION, "about": manifest["about"], "stage_map": manifest["stage_map"], "goldens": goldens}
+    tmp = args.out / "manifest.json.tmp"
+    tmp.write_text(dump_manifest(out))
+    os.replace(tmp, args.out / "manifest.json")
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    print(f"wrote {len(entries)} goldens, {sum(e['bytes'] for e in entries) / 2**20:.2f} MiB; {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

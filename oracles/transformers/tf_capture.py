@@ -1,0 +1,365 @@
+"""transformers (PyTorch) on a GGUF file: load, patch for a true float64 run, capture lockstep's canonical
+stages with forward hooks. Used by make_goldens.py, check_traps.py and compare_oracles.py; documented in
+oracles/transformers/README.md.
+
+Everything here is ``torch.no_grad``, CPU, eager attention (our own registered copy of transformers' eager
+attention, ``lockstep_eager``, which also records Q/K after RoPE).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from torch import nn
+from transformers import AttentionInterface, AutoModelForCausalLM
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+ATTN = "lockstep_eager"
+
+# --- the attention function ----------------------------------------------------------------------------
+# A copy of transformers' eager_attention_forward (models/{llama,qwen2,gemma3}/modeling_*.py, 5.23.0: identical
+# bodies up to gemma3's softcap), with two changes: the softmax runs in the query's dtype instead of a forced
+# float32 (identical for a float32 model; PATCH 3 of the float64 run), and Q and K after RoPE are handed to
+# the active recorder (the K of the current step only: during decode `key` also holds the cached positions).
+
+_RECORDER: "Recorder | None" = None
+
+
+def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    b, h, s, d = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, None, :, :].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
+
+
+def lockstep_eager(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
+    if _RECORDER is not None:
+        t = query.shape[2]
+        _RECORDER.rope(module.layer_idx, query, key[:, :, -t:, :])
+    if scaling is None:
+        scaling = module.head_dim**-0.5
+    k = _repeat_kv(key, module.num_key_value_groups)
+    v = _repeat_kv(value, module.num_key_value_groups)
+    w = torch.matmul(query, k.transpose(2, 3)) * scaling
+    if softcap is not None:
+        w = torch.tanh(w / softcap) * softcap
+    if attention_mask is not None:
+        w = w + attention_mask
+    # transformers: softmax(w, dim=-1, dtype=torch.float32).to(query.dtype) -- the same for float32
+    w = nn.functional.softmax(w, dim=-1, dtype=query.dtype)
+    out = torch.matmul(w, v).transpose(1, 2).contiguous()
+    return out, w
+
+
+AttentionInterface.register(ATTN, lockstep_eager)
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN, eager_mask)
+
+
+# --- float64 patches ------------------------------------------------------------------------------------
+# transformers computes a few things in float32 whatever the model's dtype. For the float64 run (the floor),
+# each is patched to follow the input's dtype; for a float32 model every patched function computes exactly
+# what the original does (same ops, same order), so the float32 goldens are transformers' own numbers.
+#   PATCH 1  RMSNorm: Llama/Qwen2 `hidden_states.to(torch.float32)`, Gemma3 `x.float()` / `self.weight.float()`.
+#   PATCH 2  RoPE: `position_ids.float() * inv_freq.to(dtype=torch.float)` and an inv_freq buffer computed
+#            in float32 at init (`torch.arange(..., dtype=torch.float)`): recomputed in float64 from the config.
+#   PATCH 3  eager softmax `dtype=torch.float32` (lockstep_eager above).
+#   PATCH 4  Gemma3's embedding scale: a float32 buffer holding sqrt(hidden_size) (converting the model
+#            to float64 widens the float32-rounded value): set to the float64 sqrt.
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _llama_rmsnorm_forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(_compute_dtype(hidden_states))
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return self.weight * hidden_states.to(input_dtype)
+
+
+def _gemma3_rmsnorm_forward(self, x):
+    c = _compute_dtype(x)
+    output = self._norm(x.to(c))
+    output = output * (1.0 + self.weight.to(c))
+    return output.type_as(x)
+
+
+def _rope64(inv_base: float, dim: int) -> torch.Tensor:
+    return 1.0 / (inv_base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+
+def _rotary_forward_single(self, x, position_ids):
+    c = _compute_dtype(x)
+    freqs = position_ids[..., None].to(c) * self.inv_freq.to(device=x.device, dtype=c)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos() * self.attention_scaling
+    sin = emb.sin() * self.attention_scaling
+    return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def _rotary_forward_gemma3(self, x, position_ids, layer_type):
+    inv_freq = getattr(self, f"{layer_type}_inv_freq")
+    attention_scaling = getattr(self, f"{layer_type}_attention_scaling")
+    c = _compute_dtype(x)
+    freqs = position_ids[..., None].to(c) * inv_freq.to(device=x.device, dtype=c)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos() * attention_scaling
+    sin = emb.sin() * attention_scaling
+    return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def install_patches() -> list[str]:
+    """Patch the classes (PATCH 1, 2); returns what was patched."""
+    from transformers.models.gemma3 import modeling_gemma3 as g3
+    from transformers.models.llama import modeling_llama as ll
+    from transformers.models.qwen2 import modeling_qwen2 as q2
+
+    ll.LlamaRMSNorm.forward = _llama_rmsnorm_forward
+    q2.Qwen2RMSNorm.forward = _llama_rmsnorm_forward
+    g3.Gemma3RMSNorm.forward = _gemma3_rmsnorm_forward
+    ll.LlamaRotaryEmbedding.forward = torch.no_grad()(_rotary_forward_single)
+    q2.Qwen2RotaryEmbedding.forward = torch.no_grad()(_rotary_forward_single)
+    g3.Gemma3RotaryEmbedding.forward = torch.no_grad()(_rotary_forward_gemma3)
+    return [
+        "LlamaRMSNorm/Qwen2RMSNorm.forward, Gemma3RMSNorm.forward: compute in float64 for float64 input (PATCH 1)",
+        "Llama/Qwen2/Gemma3RotaryEmbedding.forward: angles in float64 for float64 input (PATCH 2)",
+        "lockstep_eager: softmax in the query's dtype (PATCH 3)",
+    ]
+
+
+install_patches()
+
+
+def to_float64(model) -> list[str]:
+    """Convert a loaded float32 model to float64 (weights widen exactly) and redo in float64 what init
+    computed in float32: RoPE inverse frequencies (PATCH 2) and Gemma3's embedding scale (PATCH 4)."""
+    model.to(torch.float64)
+    cfg = model.config
+    done = []
+    rot = model.model.rotary_emb
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if hasattr(rot, "inv_freq"):
+        assert rot.rope_type == "default", rot.rope_type
+        rot.inv_freq = _rope64(cfg.rope_parameters["rope_theta"], dim)
+        done.append(f"inv_freq float64 (theta {cfg.rope_parameters['rope_theta']})")
+    else:
+        for lt in rot.layer_types:
+            params = cfg.rope_parameters[lt]
+            assert params["rope_type"] == "default", params
+            setattr(rot, f"{lt}_inv_freq", _rope64(params["rope_theta"], dim))
+            done.append(f"{lt}_inv_freq float64 (theta {params['rope_theta']})")
+    emb = model.model.embed_tokens
+    if hasattr(emb, "embed_scale"):
+        emb.embed_scale = torch.tensor(math.sqrt(cfg.hidden_size), dtype=torch.float64)
+        done.append(f"embed_scale = float64 sqrt({cfg.hidden_size})")
+    return done
+
+
+# --- loading --------------------------------------------------------------------------------------------
+
+
+def load(gguf: Path, dtype=torch.float32):
+    gguf = Path(gguf)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation=ATTN
+    )
+    model.eval()
+    notes = []
+    cfg = model.config
+    if cfg.model_type == "gemma3_text":
+        # Gemma 3 scales Q by query_pre_attn_scalar**-0.5; llama.cpp by 1/sqrt(head_dim) (the file's key_length).
+        # The GGUF carries no query_pre_attn_scalar: the config default (256) is right for 270m only because its
+        # head_dim is 256. Take it from head_dim whatever the default (make_goldens.check_traps verifies).
+        if cfg.query_pre_attn_scalar != cfg.head_dim:
+            notes.append(f"query_pre_attn_scalar {cfg.query_pre_attn_scalar} -> head_dim {cfg.head_dim}")
+            cfg.query_pre_attn_scalar = cfg.head_dim
+            for layer in model.model.layers:
+                layer.self_attn.scaling = cfg.head_dim**-0.5
+    if dtype == torch.float64:
+        notes = to_float64(model)
+    return model, notes
+
+
+# --- stage capture --------------------------------------------------------------------------------------
+
+
+def llama_gguf_order(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """transformers' Q/K layout (per head: the two RoPE halves [2, D/2]) -> the GGUF file's (llama.cpp's
+    convert_hf_to_gguf permutes llama Q/K rows to interleaved pairs [D/2, 2]); last dim = n_head * D."""
+    *lead, w = x.shape
+    d = w // n_head
+    return x.reshape(*lead, n_head, 2, d // 2).transpose(-1, -2).reshape(*lead, w)
+
+
+@dataclass
+class Recorder:
+    arch: str
+    n_q: int
+    n_kv: int
+    rows: dict = field(default_factory=dict)  # canonical id -> tensor [T, W]
+
+    def put(self, cid: str, x: torch.Tensor) -> None:
+        # x: [T, ...] (the batch dimension already dropped) -> [T, W]
+        x = x.detach()
+        x = x.reshape(x.shape[0], -1)
+        if self.arch == "llama" and cid.split(".")[-1] in ("q", "k", "q_rope", "k_rope"):
+            x = llama_gguf_order(x, self.n_q if cid.split(".")[-1].startswith("q") else self.n_kv)
+        assert cid not in self.rows, cid
+        self.rows[cid] = x.clone()
+
+    def rope(self, layer: int, q: torch.Tensor, k: torch.Tensor) -> None:
+        # [1, H, T, D] -> [T, H*D], head-major (ggml [D, H, T] flattened)
+        self.put(f"blk.{layer}.q_rope", q[0].transpose(0, 1))
+        self.put(f"blk.{layer}.k_rope", k[0].transpose(0, 1))
+
+
+# Where each canonical stage is read (module path relative to model.model.layers[N] unless absolute;
+# "out" = forward output, "in" = forward-pre-hook input). This is the manifest's stage_map.transformers.<arch>.
+COMMON_HEAD = [("embed", "model.embed_tokens", "out")]
+COMMON_TAIL = [
+    ("blk.{N}.out", "model.layers.{N}", "out"),
+    ("output_norm", "model.norm", "out"),
+    ("logits", "lm_head", "out"),
+]
+LLAMA_LAYER = [
+    ("blk.{N}.attn_norm", "model.layers.{N}.input_layernorm", "out"),
+    ("blk.{N}.q", "model.layers.{N}.self_attn.q_proj", "out"),
+    ("blk.{N}.k", "model.layers.{N}.self_attn.k_proj", "out"),
+    ("blk.{N}.v", "model.layers.{N}.self_attn.v_proj", "out"),
+    ("blk.{N}.q_rope", "model.layers.{N}.self_attn (lockstep_eager: query)", "attn"),
+    ("blk.{N}.k_rope", "model.layers.{N}.self_attn (lockstep_eager: key, this step's rows)", "attn"),
+    ("blk.{N}.attn_out", "model.layers.{N}.self_attn.o_proj", "in"),
+    ("blk.{N}.attn_proj", "model.layers.{N}.self_attn.o_proj", "out"),
+    ("blk.{N}.ffn_inp", "model.layers.{N}.post_attention_layernorm", "in"),
+    ("blk.{N}.ffn_norm", "model.layers.{N}.post_attention_layernorm", "out"),
+    ("blk.{N}.ffn_gate", "model.layers.{N}.mlp.gate_proj", "out"),
+    ("blk.{N}.ffn_up", "model.layers.{N}.mlp.up_proj", "out"),
+    ("blk.{N}.ffn_act", "model.layers.{N}.mlp.down_proj", "in"),
+    ("blk.{N}.ffn_out", "model.layers.{N}.mlp.down_proj", "out"),
+]
+GEMMA3_LAYER = [
+    ("blk.{N}.attn_norm", "model.layers.{N}.input_layernorm", "out"),
+    ("blk.{N}.q", "model.layers.{N}.self_attn.q_proj", "out"),
+    ("blk.{N}.k", "model.layers.{N}.self_attn.k_proj", "out"),
+    ("blk.{N}.v", "model.layers.{N}.self_attn.v_proj", "out"),
+    ("blk.{N}.q_norm", "model.layers.{N}.self_attn.q_norm", "out"),
+    ("blk.{N}.k_norm", "model.layers.{N}.self_attn.k_norm", "out"),
+    ("blk.{N}.q_rope", "model.layers.{N}.self_attn (lockstep_eager: query)", "attn"),
+    ("blk.{N}.k_rope", "model.layers.{N}.self_attn (lockstep_eager: key, this step's rows)", "attn"),
+    ("blk.{N}.attn_out", "model.layers.{N}.self_attn.o_proj", "in"),
+    ("blk.{N}.attn_proj", "model.layers.{N}.self_attn.o_proj", "out"),
+    ("blk.{N}.attn_post_norm", "model.layers.{N}.post_attention_layernorm", "out"),
+    ("blk.{N}.ffn_inp", "model.layers.{N}.pre_feedforward_layernorm", "in"),
+    ("blk.{N}.ffn_norm", "model.layers.{N}.pre_feedforward_layernorm", "out"),
+    ("blk.{N}.ffn_gate", "model.layers.{N}.mlp.gate_proj", "out"),
+    ("blk.{N}.ffn_up", "model.layers.{N}.mlp.up_proj", "out"),
+    ("blk.{N}.ffn_act", "model.layers.{N}.mlp.down_proj", "in"),
+    ("blk.{N}.ffn_out", "model.layers.{N}.mlp.down_proj", "out"),
+    ("blk.{N}.ffn_post_norm", "model.layers.{N}.post_feedforward_layernorm", "out"),
+]
+ARCH_STAGES = {
+    "llama": COMMON_HEAD + LLAMA_LAYER + COMMON_TAIL,
+    "qwen2": COMMON_HEAD + LLAMA_LAYER + COMMON_TAIL,
+    "gemma3": COMMON_HEAD + GEMMA3_LAYER + COMMON_TAIL,
+}
+
+
+def canonical_ids(arch: str, n_layer: int) -> list[str]:
+    out = []
+    head = [s for s in ARCH_STAGES[arch] if "{N}" not in s[0] and s[0] == "embed"]
+    layer = [s for s in ARCH_STAGES[arch] if "{N}" in s[0]]
+    tail = [s for s in ARCH_STAGES[arch] if "{N}" not in s[0] and s[0] != "embed"]
+    out += [s[0] for s in head]
+    for n in range(n_layer):
+        out += [s[0].replace("{N}", str(n)) for s in layer]
+    out += [s[0] for s in tail]
+    return out
+
+
+def attach(model, arch: str, rec_getter) -> list:
+    """Register the hooks of ARCH_STAGES; each hands its tensor to rec_getter() (the active Recorder)."""
+    handles = []
+    n_layer = model.config.num_hidden_layers
+    for cid, path, kind in ARCH_STAGES[arch]:
+        if kind == "attn":
+            continue
+        for n in range(n_layer) if "{N}" in cid else [None]:
+            c = cid.replace("{N}", str(n)) if n is not None else cid
+            p = path.replace("{N}", str(n)) if n is not None else path
+            mod = model.get_submodule(p)
+            if kind == "out":
+                heads_first = c.endswith(("q_norm", "k_norm"))  # gemma3 norms Q/K as [B, H, T, D]
+
+                def hook(m, args, out, c=c, heads_first=heads_first):
+                    o = out[0] if isinstance(out, tuple) else out
+                    assert o.shape[0] == 1, (c, o.shape)
+                    o = o[0]
+                    if heads_first:
+                        assert o.dim() == 3, (c, o.shape)
+                        o = o.transpose(0, 1)  # [H, T, D] -> [T, H, D]
+                    rec_getter().put(c, o)
+                handles.append(mod.register_forward_hook(hook))
+            else:
+                def pre(m, args, c=c):
+                    assert args[0].shape[0] == 1, (c, args[0].shape)
+                    rec_getter().put(c, args[0][0])
+                handles.append(mod.register_forward_pre_hook(pre))
+    return handles
+
+
+@dataclass
+class RunResult:
+    stages: dict  # canonical id -> np [T, W]
+    decode_stages: dict  # canonical id -> np [N, W]
+    logits: np.ndarray  # [T, V]
+    decode_logits: np.ndarray  # [N, V]
+
+
+def run(model, arch: str, tokens: list[int], decode_tokens: list[int]) -> RunResult:
+    """Prefill `tokens` in one forward call, then feed `decode_tokens` one at a time through transformers'
+    KV cache (DynamicCache), recording every stage of every call."""
+    global _RECORDER
+    cfg = model.config
+    n_q, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    recs: list[Recorder] = []
+    handles = attach(model, arch, lambda: _RECORDER)
+    try:
+        with torch.no_grad():
+            _RECORDER = Recorder(arch, n_q, n_kv)
+            recs.append(_RECORDER)
+            out = model(input_ids=torch.tensor([tokens]), use_cache=True)
+            cache = out.past_key_values
+            for t in decode_tokens:
+                _RECORDER = Recorder(arch, n_q, n_kv)
+                recs.append(_RECORDER)
+                out = model(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+    finally:
+        _RECORDER = None
+        for h in handles:
+            h.remove()
+    np_dtype = np.float64 if model.dtype == torch.float64 else np.float32
+    pre = {k: v.numpy().astype(np_dtype) for k, v in recs[0].rows.items()}
+    ids = list(pre)
+    dec = {k: np.concatenate([r.rows[k].numpy() for r in recs[1:]], axis=0).astype(np_dtype) for k in ids} if decode_tokens else {}
+    logits = pre.pop("logits")
+    dlog = dec.pop("logits") if decode_tokens else np.zeros((0, logits.shape[1]), np_dtype)
+    return RunResult(pre, dec, logits, dlog)
+
+
+def versions() -> dict:
+    import gguf
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "gguf": getattr(gguf, "__version__", None) or __import__("importlib.metadata").metadata.version("gguf"),
+        "numpy": np.__version__,
+    }
