@@ -221,7 +221,12 @@ impl Thresholds {
             check("max_kl", r.max_kl, 0.0, f64::MAX)?;
             check("margin_tolerance", r.margin_tolerance, 0.0, f64::MAX)?;
             check("stage_max_nmse", r.stage_max_nmse, 0.0, f64::MAX)?;
-            check("stage_floor_headroom", r.stage_floor_headroom, 0.0, f64::MAX)?;
+            check(
+                "stage_floor_headroom",
+                r.stage_floor_headroom,
+                0.0,
+                f64::MAX,
+            )?;
         }
         Ok(t)
     }

@@ -538,14 +538,19 @@ prompts = ["*"]
             ..Filters::default()
         };
         let cells = m.expand(&man, &f).unwrap();
-        assert!(cells.iter().all(|c| c.model == "m" && c.oracle == "transformers-f32"));
+        assert!(cells
+            .iter()
+            .all(|c| c.model == "m" && c.oracle == "transformers-f32"));
         // a model's oracles must be the matrix's
         let bad = text.replace(
             "oracles = [\"llama.cpp-f32kv\"]\n",
             "oracles = [\"nope\"]\n",
         );
         let err = format!("{:#}", Matrix::parse(&bad, "t").unwrap_err());
-        assert!(err.contains("\"nope\" is not one of the matrix's oracles"), "{err}");
+        assert!(
+            err.contains("\"nope\" is not one of the matrix's oracles"),
+            "{err}"
+        );
     }
 
     #[test]

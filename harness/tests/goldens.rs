@@ -227,7 +227,9 @@ fn transformers_goldens_mirror_the_llama_cpp_f32kv_token_ids() {
         for src in sources {
             let g = m
                 .find(model, "transformers", "f32", &src.prompt_id)
-                .unwrap_or_else(|| panic!("no transformers golden for {model} / {}", src.prompt_id));
+                .unwrap_or_else(|| {
+                    panic!("no transformers golden for {model} / {}", src.prompt_id)
+                });
             assert_eq!(
                 g.path,
                 format!("{model}/transformers-f32/{}.npz", src.prompt_id)
@@ -241,7 +243,12 @@ fn transformers_goldens_mirror_the_llama_cpp_f32kv_token_ids() {
                 g.path
             );
             let seq = |e: &GoldenEntry| GoldenFile::open(&dir, e).unwrap().read_sequence().unwrap();
-            assert_eq!(seq(g), seq(src), "{}: not the llama.cpp golden's token ids", g.path);
+            assert_eq!(
+                seq(g),
+                seq(src),
+                "{}: not the llama.cpp golden's token ids",
+                g.path
+            );
             for k in ["torch", "transformers", "gguf", "dtype", "host_cpu"] {
                 assert!(
                     g.oracle.extra.get(k).and_then(|v| v.as_str()).is_some(),
@@ -256,17 +263,29 @@ fn transformers_goldens_mirror_the_llama_cpp_f32kv_token_ids() {
             let floor = &g.extra["floor_f32_vs_f64"];
             for kind in ["out", "output_norm", "logits"] {
                 let max = floor["nmse"][kind]["max"].as_f64().unwrap();
-                assert!((0.0..1e-6).contains(&max), "{}: floor of {kind} {max}", g.path);
+                assert!(
+                    (0.0..1e-6).contains(&max),
+                    "{}: floor of {kind} {max}",
+                    g.path
+                );
             }
             let map = m
                 .stage_map("transformers", &g.arch)
                 .unwrap_or_else(|| panic!("no stage_map.transformers.{}", g.arch));
             for s in g.prefill_stages().chain(g.decode_stages()) {
-                assert!(map.oracle_node(s).is_some(), "{}: stage {s} not in the map", g.path);
+                assert!(
+                    map.oracle_node(s).is_some(),
+                    "{}: stage {s} not in the map",
+                    g.path
+                );
             }
             let n_layer = g.extra["model_hparams"]["n_layer"].as_u64().unwrap();
             for n in 0..n_layer {
-                assert!(g.arrays.contains_key(&format!("blk.{n}.out")), "{}: blk.{n}.out", g.path);
+                assert!(
+                    g.arrays.contains_key(&format!("blk.{n}.out")),
+                    "{}: blk.{n}.out",
+                    g.path
+                );
             }
         }
         // every stage the llama.cpp oracle captures (its fully staged `prose`) in `one_token`, f32 but for
