@@ -575,6 +575,21 @@ pub fn judge(
     })
 }
 
+/// Ggml mode's local pass on `case` (with its accumulated pass first where f16-stored layer outputs need
+/// ggml mode's own rows to be injected exactly).
+fn ggml_local(case: &Case, gf: &mut GoldenFile, engine: &mut dyn Engine) -> Result<(Pass, Known)> {
+    let g_acc = if case.injects_f16() {
+        case.accumulated(gf, engine, NumericsMode::Ggml)?
+    } else {
+        Pass {
+            out: EngineOutput::default(),
+            nf: None,
+            cmp: None,
+        }
+    };
+    case.local(gf, engine, NumericsMode::Ggml, &g_acc)
+}
+
 /// What ggml mode says about a reference-mode local pass.
 enum CrossCheck {
     /// A bug: the first row where ggml mode differs from the golden although its input was exact (a code
@@ -603,17 +618,15 @@ fn cross_check(
     cmp: &CellComparison,
     hits: &[Hit],
 ) -> Result<CrossCheck> {
-    // ggml mode's own accumulated rows are needed only to inject f16-stored layer outputs exactly
-    let g_acc = if case.injects_f16() {
-        case.accumulated(gf, engine, NumericsMode::Ggml)?
-    } else {
-        Pass {
-            out: EngineOutput::default(),
-            nf: None,
-            cmp: None,
-        }
-    };
-    let (g_local, g_known) = case.local(gf, engine, NumericsMode::Ggml, &g_acc)?;
+    // ggml mode gives the same bits under every SIMD setting (the report's "SIMD vs scalar" table checks
+    // it cell by cell), so its passes here run the fastest kernels the CPU has; the cell's own setting is
+    // restored whatever happens
+    let previous = engine.set_simd(lockstep_engine::Simd::detect());
+    let passes = ggml_local(case, gf, engine);
+    if let Some(simd) = previous {
+        engine.set_simd(simd);
+    }
+    let (g_local, g_known) = passes?;
     let g_cmp = g_local
         .cmp
         .as_ref()

@@ -55,6 +55,11 @@ pub struct EngineOutput {
     pub decode: BTreeMap<String, Array2<f32>>,
     /// The engine's stage ids in forward order (excluding `logits`).
     pub stage_order: Vec<String>,
+    /// Wall-clock seconds of the prefill's `forward` call, stage hooks included (the recorder's copies;
+    /// not the conversion of the recorded rows into arrays).
+    pub prefill_seconds: f64,
+    /// Wall-clock seconds of all decode steps' `forward` calls together, hooks included.
+    pub decode_seconds: f64,
 }
 
 impl EngineOutput {

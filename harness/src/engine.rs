@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use lockstep_engine::hooks::StageSink;
@@ -60,11 +61,19 @@ pub trait Engine {
     fn set_input_rounding(&mut self, _on: bool) -> bool {
         false
     }
+
+    /// From the next [`Engine::reset`] on, run `simd`'s kernels. Returns the setting it replaced, or
+    /// `None`, changing nothing, for an engine without a SIMD axis (an external engine). The bisector's
+    /// ggml-mode cross-check uses it: ggml mode gives the same bits under every setting
+    /// ([`lockstep_engine::Simd`]), so it runs the fastest one the CPU has.
+    fn set_simd(&mut self, _simd: Simd) -> Option<Simd> {
+        None
+    }
 }
 
 /// Our own engine, in process.
 pub struct LockstepEngine {
-    model: Model,
+    model: Arc<Model>,
     path: PathBuf,
     simd: Simd,
     input_rounding: bool,
@@ -75,13 +84,19 @@ impl LockstepEngine {
     /// Load a GGUF file.
     pub fn load(path: &Path) -> Result<LockstepEngine> {
         let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
-        Ok(LockstepEngine {
+        Ok(LockstepEngine::shared(Arc::new(model), path.to_path_buf()))
+    }
+
+    /// An engine over a model already loaded and shared with other engines (`lockstep run` loads each
+    /// model once for all its cells: the model is read-only, each engine keeps its own sessions).
+    pub fn shared(model: Arc<Model>, path: PathBuf) -> LockstepEngine {
+        LockstepEngine {
             model,
-            path: path.to_path_buf(),
+            path,
             simd: Simd::Off,
             input_rounding: false,
             session: None,
-        })
+        }
     }
 
     /// Use `simd`'s kernels in every session from the next [`Engine::reset`] on (default
@@ -93,13 +108,7 @@ impl LockstepEngine {
 
     /// Wrap an already loaded model (tests build synthetic ones in memory).
     pub fn from_model(model: Model, path: PathBuf) -> LockstepEngine {
-        LockstepEngine {
-            model,
-            path,
-            simd: Simd::Off,
-            input_rounding: false,
-            session: None,
-        }
+        LockstepEngine::shared(Arc::new(model), path)
     }
 
     /// The model.
@@ -151,6 +160,10 @@ impl Engine for LockstepEngine {
     fn set_input_rounding(&mut self, on: bool) -> bool {
         self.input_rounding = on;
         true
+    }
+
+    fn set_simd(&mut self, simd: Simd) -> Option<Simd> {
+        Some(std::mem::replace(&mut self.simd, simd))
     }
 
     fn replaces_stages(&self) -> bool {

@@ -3,20 +3,23 @@
 //! Per cell: verify the golden against the manifest (file present, sha256, array shapes), refuse it if
 //! its model sha256 is not the model about to run, tokenize the golden's prompt with the engine, run the
 //! golden's tokens as one prefill and then the golden's continuation one token per step through the KV
-//! cache (teacher forcing), record every stage, compare ([`crate::compare`]), time a second pass without
-//! hooks for tokens/s, and gate ([`crate::gate`]).
+//! cache (teacher forcing), record every stage, compare ([`crate::compare`]), and gate ([`crate::gate`]).
+//! The cell's tokens/s are that pass's own wall time, stage recording included (within the run-to-run
+//! noise on the scalar kernels, up to ~20% on the fastest SIMD ones); `lockstep bench` measures speed
+//! without hooks.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use lockstep_engine::hooks::{Recorder, StageSink};
 use lockstep_engine::ops::GgmlTarget;
-use lockstep_engine::{NumericsMode, Simd};
+use lockstep_engine::{Model, NumericsMode, Simd};
 
 use crate::bisect::Case;
-use crate::capture::{recorded_arrays, NullSink};
+use crate::capture::recorded_arrays;
 use crate::compare::EngineOutput;
 use crate::engine::{Engine, ExternalCommands, ExternalEngine, LockstepEngine};
 use crate::gate::{evaluate, Thresholds};
@@ -62,6 +65,9 @@ pub type EngineFactory<'a> = dyn FnMut(&Cell, &Path, &str) -> Result<Box<dyn Eng
 pub fn run(opts: &RunOptions) -> Result<(PathBuf, Report)> {
     let external = opts.external.clone();
     let force = opts.force_external;
+    // the model of the previous cell: the matrix runs a model's cells one after the other, and loading
+    // (the GGUF index, the tokenizer) is the same for each
+    let mut loaded: Option<(PathBuf, Arc<Model>)> = None;
     let mut factory = move |cell: &Cell, model: &Path, arch: &str| -> Result<Box<dyn Engine>> {
         if force || cell.engine == "external" {
             let cmds = external.clone().context(
@@ -70,7 +76,19 @@ pub fn run(opts: &RunOptions) -> Result<(PathBuf, Report)> {
             Ok(Box::new(ExternalEngine::new(cmds, model, arch)?))
         } else {
             let simd = Simd::parse(&cell.simd).with_context(|| format!("cell {}", cell.id()))?;
-            Ok(Box::new(LockstepEngine::load(model)?.with_simd(simd)))
+            let shared = match &loaded {
+                Some((p, m)) if p == model => m.clone(),
+                _ => {
+                    let m = Model::load(model)
+                        .with_context(|| format!("loading {}", model.display()))?;
+                    let m = Arc::new(m);
+                    loaded = Some((model.to_path_buf(), m.clone()));
+                    m
+                }
+            };
+            Ok(Box::new(
+                LockstepEngine::shared(shared, model.to_path_buf()).with_simd(simd),
+            ))
         }
     };
     run_with(opts, &mut factory)
@@ -417,7 +435,6 @@ pub fn run_cell(
     let target = ggml_target_for(entry, mode, opts.ggml_target)?;
     let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
     let (tokens, decode_tokens) = gf.read_sequence()?;
-    let n_ctx = tokens.len() + decode_tokens.len();
 
     let mut engine = factory(cell, model_path, &entry.arch)?;
     let stage_map = manifest.stage_map(&entry.oracle.name, &entry.arch);
@@ -443,25 +460,15 @@ pub fn run_cell(
     } else {
         crate::bisect::Judged::accumulated_only(&th, acc.cmp.as_ref())
     };
-    let output_sha256 = Some(acc.out.sha256());
-    let comparison = acc.cmp.context("the accumulated pass was compared")?;
-
-    // Timing pass without hooks.
-    engine.reset(mode, target, n_ctx)?;
-    let t0 = Instant::now();
-    engine.forward(&tokens, &mut NullSink)?;
-    let prefill_seconds = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    for &t in &decode_tokens {
-        engine.forward(&[t], &mut NullSink)?;
-    }
-    let decode_seconds = t1.elapsed().as_secs_f64();
+    // the accumulated pass's own time (`lockstep bench` times the engine without hooks)
     let speed = Speed {
         prefill_tokens: tokens.len(),
-        prefill_seconds,
+        prefill_seconds: acc.out.prefill_seconds,
         decode_tokens: decode_tokens.len(),
-        decode_seconds,
+        decode_seconds: acc.out.decode_seconds,
     };
+    let output_sha256 = Some(acc.out.sha256());
+    let comparison = acc.cmp.context("the accumulated pass was compared")?;
 
     let mut verdict = evaluate(cell, &comparison, &th);
     crate::bisect::gate_finding(&mut verdict, &judged.finding);
@@ -516,13 +523,18 @@ pub fn capture(
 ) -> Result<EngineOutput> {
     let empty = BTreeMap::new();
     let mut sink = InjectingSink::new(inject.map_or(&empty, |i| &i.prefill), 0);
+    let t0 = Instant::now();
     let prefill_logits = engine.forward(tokens, &mut sink)?;
+    let prefill_seconds = t0.elapsed().as_secs_f64();
     let mut prefill = recorded_arrays(sink.rec)?;
     prefill.insert("logits".into(), prefill_logits);
     let mut sink = InjectingSink::new(inject.map_or(&empty, |i| &i.decode), tokens.len());
     let mut decode_logits = Vec::new();
+    let mut decode_seconds = 0.0;
     for &t in decode_tokens {
+        let t0 = Instant::now();
         decode_logits.push(engine.forward(&[t], &mut sink)?);
+        decode_seconds += t0.elapsed().as_secs_f64();
     }
     let mut decode = recorded_arrays(sink.rec)?;
     if !decode_logits.is_empty() {
@@ -538,6 +550,8 @@ pub fn capture(
         prefill,
         decode,
         stage_order,
+        prefill_seconds,
+        decode_seconds,
     })
 }
 

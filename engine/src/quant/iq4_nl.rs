@@ -19,7 +19,7 @@ pub(crate) const KVALUES: [i8; 16] = [
 ];
 
 /// The 32 table values of one block's 16 index bytes `qs`, in element order (low nibbles first).
-#[inline]
+#[inline(always)]
 pub(crate) fn values(qs: &[u8]) -> [i32; QK] {
     let mut v = [0i32; QK];
     for j in 0..QK / 2 {
@@ -30,7 +30,7 @@ pub(crate) fn values(qs: &[u8]) -> [i32; QK] {
 }
 
 /// One block to f32 (`dequantize_row_iq4_nl`, ggml-quants.c: `y = d * kvalues_iq4nl[q]`).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK]) {
     let d = read_f16(blk, 0);
     for (o, v) in out.iter_mut().zip(values(&blk[2..BYTES])) {

@@ -26,7 +26,7 @@ fn scales(blk: &[u8]) -> [i32; 8] {
 
 /// One block to f32 (`dequantize_row_iq4_xs`, ggml-quants.c: `dl = d * (ls - 32)`,
 /// `y = dl * kvalues_iq4nl[q]`).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
     let d = read_f16(blk, 0);
     let ls = scales(blk);

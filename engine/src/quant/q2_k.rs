@@ -30,7 +30,7 @@ fn quants(blk: &[u8]) -> [u8; QK_K] {
 
 /// One block to f32 (`dequantize_row_q2_K`, ggml-quants.c: `dl = d * sc`, `ml = dmin * m`,
 /// `y = dl * q - ml`, multiply then subtract).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
     let d = read_f16(blk, D_AT);
     let min = read_f16(blk, D_AT + 2);

@@ -35,7 +35,7 @@ fn scales(blk: &[u8]) -> [i32; 16] {
 }
 
 /// The 256 signed 3-bit values `q - 4` (`-4..4`) of one block, in element order.
-#[inline]
+#[inline(always)]
 fn values(blk: &[u8]) -> [i8; QK_K] {
     let (hm, qs) = (&blk[0..32], &blk[32..96]);
     let mut v = [0i8; QK_K];
@@ -49,7 +49,7 @@ fn values(blk: &[u8]) -> [i8; QK_K] {
 }
 
 /// One block to f32 (`dequantize_row_q3_K`, ggml-quants.c: `dl = d * (sc - 32)`, `y = dl * (q - 4)`).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
     let d = read_f16(blk, D_AT);
     let sc = scales(blk);

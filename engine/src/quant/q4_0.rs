@@ -11,7 +11,7 @@ use super::x86::{fma, fma_lanes, hsum_float_8, sign_trick_mul};
 pub(crate) const BYTES: usize = 18;
 
 /// One block to f32 (`dequantize_row_q4_0`: `y = ((q & 0xF) - 8) * d`).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK]) {
     let d = read_f16(blk, 0);
     let qs = &blk[2..2 + QK / 2];

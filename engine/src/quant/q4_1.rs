@@ -23,7 +23,7 @@ pub(crate) fn min_offset() -> usize {
 }
 
 /// One block to f32 (`dequantize_row_q4_1`: `y = q * d + m`, multiply then add).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK]) {
     let d = read_f16(blk, 0);
     let m = read_f16(blk, min_offset());

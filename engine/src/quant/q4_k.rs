@@ -35,7 +35,7 @@ pub(super) fn scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
 }
 
 /// One block to f32 (`dequantize_row_q4_K`: `d1 = d * sc`, `m1 = dmin * m`, `y = d1 * q - m1`).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
     let d = read_f16(blk, 0);
     let min = read_f16(blk, 2);
@@ -107,7 +107,7 @@ pub(crate) fn dot_q8_k(w: &[u8], xq: &[i8], xd: &[f32], xbsums: &[i16]) -> f32 {
 
 /// Exact integer parts of one Q4_K super-block against Q8_K activations: per sub-block `g` of 32,
 /// `isum[g] = sc[g] · Σ q4·q8` and `imin[g] = m[g] · (bsums[2g] + bsums[2g+1])`.
-#[inline]
+#[inline(always)]
 fn block_ints(blk: &[u8], qy: &[i8], bsums: &[i16]) -> ([i32; 8], [i32; 8]) {
     let (sc, m) = scales_mins(&blk[4..16]);
     let qs = &blk[16..16 + QK_K / 2];

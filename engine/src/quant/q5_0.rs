@@ -12,7 +12,7 @@ use super::x86::{fma_lanes, hsum_float_8, sign_trick_mul};
 pub(crate) const BYTES: usize = 22;
 
 /// The 32 signed values `q - 16` of one block, in element order.
-#[inline]
+#[inline(always)]
 fn values(blk: &[u8]) -> [i32; QK] {
     let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
     let qs = &blk[6..6 + QK / 2];
@@ -27,7 +27,7 @@ fn values(blk: &[u8]) -> [i32; QK] {
 }
 
 /// One block to f32 (`dequantize_row_q5_0`: `y = (q - 16) * d`).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK]) {
     let d = read_f16(blk, 0);
     for (o, v) in out.iter_mut().zip(values(blk)) {

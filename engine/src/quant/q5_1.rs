@@ -28,7 +28,7 @@ fn quants(blk: &[u8]) -> [u8; QK] {
 }
 
 /// One block to f32 (`dequantize_row_q5_1`, ggml-quants.c: `y = q * d + m`, multiply then add).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK]) {
     let d = read_f16(blk, 0);
     let m = read_f16(blk, 2);

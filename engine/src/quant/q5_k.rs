@@ -32,7 +32,7 @@ fn quants(blk: &[u8]) -> [u8; QK_K] {
 
 /// One block to f32 (`dequantize_row_q5_K`, ggml-quants.c: `d1 = d * sc`, `m1 = dmin * m`,
 /// `y = d1 * q - m1`).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
     let d = read_f16(blk, 0);
     let min = read_f16(blk, 2);

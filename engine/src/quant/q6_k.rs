@@ -33,7 +33,7 @@ fn quants(blk: &[u8]) -> [u8; QK_K] {
 }
 
 /// One block to f32 (`dequantize_row_q6_K`: `y = d * sc * (q - 32)`, evaluated left to right).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
     let d = read_f16(blk, 208);
     let sc = &blk[192..208];

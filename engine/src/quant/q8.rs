@@ -27,7 +27,7 @@ pub(crate) const Q8_0_BYTES: usize = 34;
 pub(crate) const Q8_1_BYTES: usize = 36;
 
 /// One `block_q8_0` to f32 (`dequantize_row_q8_0`: `y = qs[j] * d`).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block_q8_0(blk: &[u8], out: &mut [f32; QK]) {
     let d = read_f16(blk, 0);
     for (o, &q) in out.iter_mut().zip(&blk[2..2 + QK]) {
@@ -36,7 +36,7 @@ pub(crate) fn dequantize_block_q8_0(blk: &[u8], out: &mut [f32; QK]) {
 }
 
 /// One `block_q8_1` to f32: `qs[j] * d` (the `s` field is redundant).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block_q8_1(blk: &[u8], out: &mut [f32; QK]) {
     let d = read_f16(blk, 0);
     for (o, &q) in out.iter_mut().zip(&blk[4..4 + QK]) {

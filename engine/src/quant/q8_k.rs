@@ -72,7 +72,7 @@ pub(crate) fn quantize(
 }
 
 /// One block to f32 (`dequantize_row_q8_K`: `y = d * qs[j]`).
-#[inline]
+#[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
     let d = read_f32(blk, 0);
     for (o, &q) in out.iter_mut().zip(&blk[4..4 + QK_K]) {
