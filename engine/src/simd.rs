@@ -70,6 +70,17 @@ impl Simd {
         self != Simd::Off && self.available()
     }
 
+    /// The setting whose kernels run in `mode` under `self`: reference mode has AVX2 kernels (explicit
+    /// vectors for the commonest weight types, the rest compiled with AVX2) but none of AVX-512's, so its
+    /// `avx512` runs exactly what `avx2` runs and is named `avx2`; ggml mode runs each setting's own. A run
+    /// matrix gives each (mode, kernels) one cell.
+    pub fn for_mode(self, mode: crate::NumericsMode) -> Simd {
+        match (mode, self) {
+            (crate::NumericsMode::Reference, Simd::Avx512) => Simd::Avx2,
+            (_, s) => s,
+        }
+    }
+
     /// The best setting this CPU runs (`auto`).
     pub fn detect() -> Simd {
         Simd::ALL

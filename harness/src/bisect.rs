@@ -42,7 +42,7 @@ use crate::gate::{
     first_divergent, first_inexact, seq_position, CellThresholds, Divergence, Failure, Thresholds,
     Verdict,
 };
-use crate::golden::{self, GoldenEntry, GoldenFile, StageMap};
+use crate::golden::{self, GoldenEntry, GoldenFile, Manifest, StageMap};
 use crate::matrix::Cell;
 use crate::npz::Dtype;
 use crate::run::{capture, ggml_target_for, Injection};
@@ -149,6 +149,70 @@ pub struct BisectReport {
     pub accumulated: Option<CellComparison>,
     /// The local (injected) pass's comparison (`None`: a NaN or ±Inf, named by the structural finding).
     pub local: Option<CellComparison>,
+    /// Set when the golden stores no layer output (`blk.N.out`) to inject, so nothing can be localized:
+    /// what it stores, and which goldens of the model do store layer outputs ([`unlocalized_note`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unlocalized: Option<String>,
+}
+
+impl BisectReport {
+    /// True when there is nothing to report: no divergence found and the gate passes (a golden that cannot
+    /// localize still says so in [`BisectReport::unlocalized`]). `lockstep bisect` exits 0 only then: a
+    /// failing gate is never "no divergence".
+    pub fn is_clean(&self) -> bool {
+        self.finding == Finding::None && self.gate.pass
+    }
+}
+
+/// Why `entry` cannot localize a divergence (it stores no layer output to inject), and where to look
+/// instead: the goldens of the same model and prompt that store `blk.N.out` (with the `--oracle` that
+/// selects each), or else the prompts whose golden of this oracle does.
+pub fn unlocalized_note(manifest: &Manifest, entry: &GoldenEntry) -> String {
+    let stores_layers = |g: &GoldenEntry| {
+        g.arrays
+            .keys()
+            .any(|k| crate::compare::layer_of(k).is_some() && k.ends_with(".out"))
+    };
+    let oracle_dir = |g: &GoldenEntry| g.path.split('/').nth(1).unwrap_or("?").to_string();
+    let stored: Vec<&str> = entry.prefill_stages().collect();
+    let what = if stored.is_empty() {
+        "the logits only".to_string()
+    } else {
+        format!("{} and the logits", stored.join(", "))
+    };
+    let mut note = format!(
+        "golden {} stores {what}: no layer output (blk.N.out) to inject, so no stage can be localized",
+        entry.path
+    );
+    let same_prompt: Vec<String> = manifest
+        .goldens_for_model(&entry.model_id)
+        .filter(|g| g.prompt_id == entry.prompt_id && g.path != entry.path && stores_layers(g))
+        .map(|g| format!("{} (--oracle {})", g.path, oracle_dir(g)))
+        .collect();
+    if !same_prompt.is_empty() {
+        let _ = write!(
+            note,
+            "; goldens of this model and prompt that store them: {}",
+            same_prompt.join(", ")
+        );
+    } else {
+        let prompts: Vec<&str> = manifest
+            .goldens_for_model(&entry.model_id)
+            .filter(|g| oracle_dir(g) == oracle_dir(entry) && stores_layers(g))
+            .map(|g| g.prompt_id.as_str())
+            .collect();
+        if prompts.is_empty() {
+            let _ = write!(note, "; no golden of {} stores them", entry.model_id);
+        } else {
+            let _ = write!(
+                note,
+                "; prompts whose {} golden stores them: {}",
+                oracle_dir(entry),
+                prompts.join(", ")
+            );
+        }
+    }
+    note
 }
 
 /// Where an engine's capture first holds a NaN or ±Inf.
@@ -273,6 +337,7 @@ pub fn bisect_with(
     let mut gate = gate;
     gate_finding(&mut gate, &judged.finding);
     let layers = layer_rows(acc.cmp.as_ref(), judged.local.as_ref());
+    let unlocalized = (!case.bisectable()).then(|| unlocalized_note(&manifest, &entry));
     Ok(BisectReport {
         cell,
         finding: judged.finding,
@@ -280,6 +345,7 @@ pub fn bisect_with(
         layers,
         accumulated: acc.cmp,
         local: judged.local,
+        unlocalized,
     })
 }
 
@@ -1066,6 +1132,23 @@ pub fn render_rounding(sites: &[RoundingEvidence]) -> String {
 /// text for the terminal.
 pub fn render(r: &BisectReport) -> String {
     let mut out = String::new();
+    if let Some(note) = &r.unlocalized {
+        let _ = writeln!(out, "cannot localize: {note}");
+        if r.finding == Finding::None && !r.gate.pass {
+            let failed: Vec<String> = r
+                .gate
+                .failures
+                .iter()
+                .map(|f| format!("{} = {} ({})", f.metric, f.value, f.detail))
+                .collect();
+            let _ = writeln!(
+                out,
+                "the gate fails on what the golden stores: {}",
+                failed.join("; ")
+            );
+            return out;
+        }
+    }
     let at_layer = match &r.finding {
         Finding::Structural { at, floor, ratio } => {
             let _ = writeln!(

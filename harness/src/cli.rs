@@ -879,7 +879,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 let text = crate::report::to_json_pretty(&r)?;
                 std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?;
             }
-            return Ok(if r.finding == crate::bisect::Finding::None {
+            return Ok(if r.is_clean() {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)

@@ -32,6 +32,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::golden::Manifest;
+use lockstep_engine::Simd;
 
 /// The numerics modes the engine has (`--mode`).
 pub const MODES: &[&str] = &["reference", "ggml"];
@@ -343,7 +344,22 @@ impl Matrix {
         for (m, order, per_oracle) in &resolved {
             for prompt in order.iter().filter(|p| keep(&filters.prompt, p)) {
                 for mode in self.modes.iter().filter(|v| keep(&filters.mode, v)) {
-                    for simd in simd_values.iter().filter(|v| keep(&simd_filter, v)) {
+                    // the settings whose kernels differ in this mode, each once (reference mode's
+                    // avx512 runs its avx2 kernels: `Simd::for_mode`)
+                    let mut mode_simd: Vec<String> = Vec::new();
+                    for v in simd_values.iter().filter(|v| keep(&simd_filter, v)) {
+                        let v = match (
+                            mode.parse::<lockstep_engine::NumericsMode>(),
+                            Simd::parse(v),
+                        ) {
+                            (Ok(m), Ok(s)) => s.for_mode(m).name().to_string(),
+                            _ => v.clone(), // refused with a clear error when the cell runs
+                        };
+                        if !mode_simd.contains(&v) {
+                            mode_simd.push(v);
+                        }
+                    }
+                    for simd in &mode_simd {
                         for (oracle, prompts) in per_oracle {
                             if !prompts.contains(prompt) {
                                 continue; // "*" resolved per oracle: this oracle has no such golden.
@@ -494,22 +510,66 @@ prompts = ["*"]
         let cells = m.expand(&small(), &f).unwrap();
         let simd: Vec<&str> = cells.iter().map(|c| c.simd.as_str()).collect();
         assert_eq!(simd, want);
+        // the kernels each mode runs under `best` (reference mode's avx512 is its avx2)
+        let runs = |c: &Cell| {
+            lockstep_engine::Simd::detect()
+                .for_mode(c.mode.parse().unwrap())
+                .name()
+                == c.simd
+        };
         let f = Filters {
             simd: vec![best.to_string()],
             ..Filters::default()
         };
-        assert!(m
-            .expand(&small(), &f)
-            .unwrap()
-            .iter()
-            .all(|c| c.simd == best));
+        assert!(m.expand(&small(), &f).unwrap().iter().all(runs));
         // `--simd auto` is the setting `auto` resolves to
         let f = Filters {
             simd: vec!["auto".into()],
             ..Filters::default()
         };
         let auto = m.expand(&small(), &f).unwrap();
-        assert!(!auto.is_empty() && auto.iter().all(|c| c.simd == best));
+        assert!(!auto.is_empty() && auto.iter().all(runs));
+    }
+
+    /// Reference mode has no AVX-512 kernels: on a CPU with AVX-512 its `avx512` setting runs the `avx2`
+    /// kernels, so it adds no cell beside `avx2` (named `avx2` alone), while ggml mode keeps all three.
+    #[test]
+    fn reference_mode_gets_one_cell_per_kernel_set() {
+        if !lockstep_engine::Simd::Avx512.available() {
+            return; // the setting cannot be listed on this CPU (the matrix refuses it)
+        }
+        let text = MATRIX.replace(r#"simd = ["off"]"#, r#"simd = ["off", "avx2", "avx512"]"#);
+        let m = Matrix::parse(&text, "test").unwrap();
+        let f = Filters {
+            prompt: vec!["chat".into()],
+            ..Filters::default()
+        };
+        let ids: Vec<String> = m
+            .expand(&small(), &f)
+            .unwrap()
+            .iter()
+            .map(|c| format!("{}/{}", c.mode, c.simd))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "reference/off",
+                "reference/avx2",
+                "ggml/off",
+                "ggml/avx2",
+                "ggml/avx512"
+            ]
+        );
+        // asked for by name, reference mode's avx512 gives its avx2 cell
+        let f = Filters {
+            simd: vec!["avx512".into()],
+            mode: vec!["reference".into()],
+            prompt: vec!["chat".into()],
+            ..Filters::default()
+        };
+        let cells = m.expand(&small(), &f).unwrap();
+        assert_eq!(cells.len(), 1);
+        assert_eq!(cells[0].simd, "avx2");
     }
 
     #[test]

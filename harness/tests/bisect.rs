@@ -89,3 +89,46 @@ fn a_one_element_change_is_named_by_layer_stage_and_phase() {
         }
     }
 }
+
+/// A golden that stores no layer output cannot localize anything, and bisect says so: what the golden
+/// stores, and the golden of the same prompt that has the layer outputs (the transformers one). A failing
+/// gate is never reported as "no divergence" and never exits 0 (`is_clean`).
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn a_golden_without_layer_outputs_says_it_cannot_localize() {
+    let r = bisect(&options_for(
+        "gemma3-270m-q4_k_m",
+        "chinese",
+        NumericsMode::Reference,
+    ))
+    .unwrap();
+    let text = lockstep::bisect::render(&r);
+    let note = r
+        .unlocalized
+        .as_deref()
+        .expect("the chinese golden stores no blk.N.out");
+    assert!(note.contains("stores output_norm and the logits"), "{note}");
+    assert!(
+        note.contains(
+            "gemma3-270m-q4_k_m/transformers-f32/chinese.npz (--oracle transformers-f32)"
+        ),
+        "{note}"
+    );
+    assert!(text.starts_with("cannot localize: "), "{text}");
+    assert!(r.layers.is_empty(), "{text}");
+    assert_eq!(r.is_clean(), r.gate.pass && r.finding == Finding::None);
+    if !r.gate.pass {
+        assert!(
+            text.contains("the gate fails on what the golden stores"),
+            "{text}"
+        );
+        assert!(!text.contains("no divergence"), "{text}");
+    }
+    // the golden it names localizes: every layer has a row
+    let mut opts = options_for("gemma3-270m-q4_k_m", "chinese", NumericsMode::Reference);
+    opts.oracle = "transformers-f32".into();
+    let t = bisect(&opts).unwrap();
+    let ttext = lockstep::bisect::render(&t);
+    assert!(t.unlocalized.is_none(), "{ttext}");
+    assert_eq!(t.layers.len(), 18, "{ttext}");
+}

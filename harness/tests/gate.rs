@@ -545,11 +545,13 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     assert!(n_simd >= 2 && matrix.simd_values()[..2] == ["off", "avx2"]);
     // the default matrix holds every model to llama.cpp; the transformers-f32 cells (the three downloaded
     // models) are in ci/matrix-transformers.toml until they fit the default run's budget
-    let want: usize = pairs.len() * 2 * n_simd;
+    // ggml mode: every setting; reference mode: off and avx2 (its avx512 runs the avx2 kernels,
+    // Simd::for_mode)
+    let want: usize = pairs.len() * (n_simd + 2);
     assert_eq!(
         cells.len(),
         want,
-        "2 modes × {n_simd} SIMD settings per model and prompt"
+        "ggml × {n_simd} SIMD settings + reference × 2 per model and prompt"
     );
     assert!(cells.iter().all(|c| c.oracle == "llama.cpp-f32kv"));
     let tf = Matrix::load(&root.join("ci/matrix-transformers.toml"))

@@ -62,19 +62,32 @@ pub(crate) fn quantize_bf16(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// `fma(w, x, acc)` (one rounding), computed as `w * x + acc` when `F16` says both factors are f16 values
+/// widened to f32 (F16 weights against the activation ggml rounds to f16): two 11-bit significands make a
+/// product of at most 22 bits, and f16's range (2^-24 .. 65504) squared stays inside f32's normal range, so
+/// f32's `w * x` is exact and the add is the one rounding — the fma's bits, without its emulation.
+#[inline(always)]
+fn fma_of<const F16: bool>(w: f32, x: f32, acc: f32) -> f32 {
+    if F16 {
+        w * x + acc
+    } else {
+        fma(w, x, acc)
+    }
+}
+
 /// The AVX-512 body shared by `ggml_vec_dot_f32` and `ggml_vec_dot_f16` (vec.cpp, `GGML_F32_VEC` /
 /// `GGML_F16_DOT_VEC`): over chunks of 64, four accumulators of 16 lanes, `sum[j] = fma(w, x, sum[j])`;
 /// then `GGML_F32x16_REDUCE`: `sum[0] += sum[2]`, `sum[1] += sum[3]`, `sum[0] += sum[1]`,
 /// `_mm512_reduce_add_ps`. Returns the reduced value and the number of elements consumed.
 #[inline]
-fn avx512_body(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> (f32, usize) {
+fn avx512_body<const F16: bool>(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> (f32, usize) {
     let np = n & !63;
     let mut sum = [[0f32; 16]; 4];
     for i in (0..np).step_by(64) {
         for (j, s) in sum.iter_mut().enumerate() {
             let base = i + 16 * j;
             for (l, a) in s.iter_mut().enumerate() {
-                *a = fma(w(base + l), x[base + l], *a);
+                *a = fma_of::<F16>(w(base + l), x[base + l], *a);
             }
         }
     }
@@ -112,7 +125,7 @@ pub(crate) fn f32_leftovers(mut sumf: f32, w: &[u8], x: &[f32], np: usize, vw: u
 /// f32 sum ([`f32_leftovers`] with 8-wide chunks).
 pub(crate) fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
-    let (sumf, np) = avx512_body(n, |i| read_f32(w, 4 * i), x);
+    let (sumf, np) = avx512_body::<false>(n, |i| read_f32(w, 4 * i), x);
     f32_leftovers(sumf, w, x, np, 8)
 }
 
@@ -121,7 +134,7 @@ pub(crate) fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
 /// f32. `x` is the activation already rounded to f16 and widened.
 pub(crate) fn dot_f16(w: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
-    let (reduced, np) = avx512_body(n, |i| f16_to_f32(read_u16(w, 2 * i)), x);
+    let (reduced, np) = avx512_body::<true>(n, |i| f16_to_f32(read_u16(w, 2 * i)), x);
     let mut sumf = f64::from(reduced);
     for (i, &xi) in x.iter().enumerate().skip(np) {
         sumf += f64::from(f16_to_f32(read_u16(w, 2 * i)) * xi);
@@ -194,17 +207,18 @@ pub(crate) fn dot_tinyblas(ty: super::GgmlType, w: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
     let mut c = [0f32; 16];
     match ty {
-        GgmlType::F32 | GgmlType::F16 => {
-            let wv = |i: usize| {
-                if ty == GgmlType::F32 {
-                    read_f32(w, 4 * i)
-                } else {
-                    f16_to_f32(read_u16(w, 2 * i))
-                }
-            };
+        GgmlType::F32 => {
             for base in (0..n - n % 16).step_by(16) {
                 for (l, a) in c.iter_mut().enumerate() {
-                    *a = fma(wv(base + l), x[base + l], *a);
+                    *a = fma(read_f32(w, 4 * (base + l)), x[base + l], *a);
+                }
+            }
+        }
+        GgmlType::F16 => {
+            for base in (0..n - n % 16).step_by(16) {
+                for (l, a) in c.iter_mut().enumerate() {
+                    let wl = f16_to_f32(read_u16(w, 2 * (base + l)));
+                    *a = fma_of::<true>(wl, x[base + l], *a);
                 }
             }
         }
@@ -264,14 +278,14 @@ pub(crate) fn f32x8_reduce_tail(a: &[f32; 8]) -> f32 {
 /// `sum[1] += sum[3]`, `sum[0] += sum[1]`, [`f32x8_reduce_tail`]. Returns the reduced value and the
 /// number of elements consumed.
 #[inline]
-fn avx2_body(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> (f32, usize) {
+fn avx2_body<const F16: bool>(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> (f32, usize) {
     let np = n & !31;
     let mut sum = [[0f32; 8]; 4];
     for i in (0..np).step_by(32) {
         for (j, s) in sum.iter_mut().enumerate() {
             let base = i + 8 * j;
             for (l, a) in s.iter_mut().enumerate() {
-                *a = fma(w(base + l), x[base + l], *a);
+                *a = fma_of::<F16>(w(base + l), x[base + l], *a);
             }
         }
     }
@@ -290,7 +304,7 @@ fn avx2_body(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> (f32, usize) {
 /// elements (`n % 32`) as GCC compiled `sumf += x[i]*y[i]` there ([`f32_leftovers`] with 4-wide chunks).
 pub(crate) fn dot_f32_avx2(w: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
-    let (sumf, np) = avx2_body(n, |i| read_f32(w, 4 * i), x);
+    let (sumf, np) = avx2_body::<false>(n, |i| read_f32(w, 4 * i), x);
     f32_leftovers(sumf, w, x, np, 4)
 }
 
@@ -299,7 +313,7 @@ pub(crate) fn dot_f32_avx2(w: &[u8], x: &[f32]) -> f32 {
 /// `x` is the activation already rounded to f16 and widened.
 pub(crate) fn dot_f16_avx2(w: &[u8], x: &[f32]) -> f32 {
     let n = x.len();
-    let (reduced, np) = avx2_body(n, |i| f16_to_f32(read_u16(w, 2 * i)), x);
+    let (reduced, np) = avx2_body::<true>(n, |i| f16_to_f32(read_u16(w, 2 * i)), x);
     let mut sumf = f64::from(reduced);
     for (i, &xi) in x.iter().enumerate().skip(np) {
         sumf += f64::from(f16_to_f32(read_u16(w, 2 * i)) * xi);
@@ -357,7 +371,11 @@ pub(crate) fn dot_tinyblas_avx2(ty: super::GgmlType, w: &[u8], x: &[f32]) -> f32
     let mut c = [0f32; 8];
     for base in (0..n - n % 8).step_by(8) {
         for (l, a) in c.iter_mut().enumerate() {
-            *a = fma(wv(base + l), x[base + l], *a);
+            *a = if ty == GgmlType::F16 {
+                fma_of::<true>(wv(base + l), x[base + l], *a)
+            } else {
+                fma(wv(base + l), x[base + l], *a)
+            };
         }
     }
     hsum_float_8(&c)

@@ -418,7 +418,7 @@ pub fn quantize_into(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> crate::Result
 /// `w.len()` equals `x.len()` (the caller's contract).
 pub fn dot_dequantized(w: &[f32], x: &PreparedRow) -> f32 {
     debug_assert_eq!(x.mode(), NumericsMode::Reference);
-    reference::dot_dequantized(w, &x.x)
+    reference::dot_dequantized(w, &x.x, x.simd)
 }
 
 /// Dot product of one weight row (raw block bytes straight from the mmap, unaligned) with a prepared row.
@@ -445,7 +445,7 @@ pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
     );
     match x.mode() {
         NumericsMode::Reference => {
-            let r = reference::dot(weight_ty, w_row, &x.x);
+            let r = reference::dot(weight_ty, w_row, &x.x, x.simd);
             debug_assert!(r.is_some(), "no dot kernel for {weight_ty}");
             r.unwrap_or(f32::NAN)
         }

@@ -41,6 +41,9 @@ pub struct PreparedRow {
     /// Ggml, Q8_0: some quant is -128 (only a NaN input produces one); the kernels then use the exact
     /// `_mm256_sign_epi8` product.
     pub(super) has_min_quant: bool,
+    /// Prepared for a session that runs SIMD kernels (`prepare_simd`'s `simd`): reference mode's dot
+    /// products then take their AVX2 build too (`reference::dot`), the portable one otherwise.
+    pub(super) simd: bool,
 }
 
 impl PreparedRow {
@@ -88,6 +91,7 @@ impl PreparedRow {
             }
         }
         self.mode = mode;
+        self.simd = simd;
         self.weight_ty = Some(weight_ty);
         self.act_ty = Some(act_ty);
         self.len = n;

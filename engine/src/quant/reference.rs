@@ -37,11 +37,16 @@ fn dot_blocks<const QK: usize>(
 /// `hsum_float_8`. Bit-identical to [`dot`] on the same row, since the dequantized values are the same: a
 /// batched matmul dequantizes each weight row once and calls this for every token (the row's blocks are
 /// not dequantized again per token).
+///
+/// `simd`: the session runs SIMD kernels ([`crate::Simd::Off`] does not): the AVX2 build where the CPU has
+/// it; otherwise the portable one. Same bits either way.
 #[inline]
-pub(crate) fn dot_dequantized(w: &[f32], x: &[f32]) -> f32 {
+pub(crate) fn dot_dequantized(w: &[f32], x: &[f32], simd: bool) -> f32 {
     debug_assert_eq!(w.len(), x.len());
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = simd;
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if simd && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked above); the function only widens the vectors the compiler
         // may use for the same scalar mul/add sequence, so the bits are those of the portable build.
         return unsafe { dot_dequantized_avx2(w, x) };
@@ -91,12 +96,15 @@ fn dot_elems(w: &[u8], size: usize, x: &[f32], conv: impl Fn(&[u8]) -> f32) -> f
 
 /// Reference dot product of one weight row of `ty` with f32 `x`. `None` for types without a kernel.
 ///
-/// Where the CPU has AVX2 the same code runs compiled with AVX2 enabled ([`dot_avx2`]): wider registers
-/// for the dequantization and the eight lanes, the same operations in the same order, so the same bits.
+/// With `simd` (the session runs SIMD kernels; [`crate::Simd::Off`] does not) and a CPU with AVX2, the
+/// same code runs compiled with AVX2 enabled, with explicit vectors for the commonest types ([`dot_avx2`]):
+/// the same operations in the same order, so the same bits. Without, the portable build.
 #[inline]
-pub(crate) fn dot(ty: GgmlType, w: &[u8], x: &[f32]) -> Option<f32> {
+pub(crate) fn dot(ty: GgmlType, w: &[u8], x: &[f32], simd: bool) -> Option<f32> {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = simd;
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if simd && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked above).
         return unsafe { dot_avx2(ty, w, x) };
     }
@@ -320,7 +328,7 @@ mod tests {
                 let w: Vec<f32> = (0..n).map(|_| rnd()).collect();
                 let x: Vec<f32> = (0..n).map(|_| rnd() * 4.0).collect();
                 let blocks = super::super::quantize_row(ty, &w).unwrap();
-                let a = dot(ty, &blocks, &x).unwrap();
+                let a = dot(ty, &blocks, &x, true).unwrap();
                 let b = dot_portable(ty, &blocks, &x).unwrap();
                 assert_eq!(a.to_bits(), b.to_bits(), "{ty}");
             }
@@ -361,7 +369,7 @@ mod tests {
                 let x: Vec<f32> = (0..nb * 32)
                     .map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0)
                     .collect();
-                let a = dot(ty, &w, &x).unwrap();
+                let a = dot(ty, &w, &x, true).unwrap();
                 let b = dot_portable(ty, &w, &x).unwrap();
                 assert_eq!(a.to_bits(), b.to_bits(), "{ty}");
             }
@@ -375,7 +383,7 @@ mod tests {
                 let x: Vec<f32> = (0..n)
                     .map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0)
                     .collect();
-                let a = dot(ty, &w, &x).unwrap();
+                let a = dot(ty, &w, &x, true).unwrap();
                 let b = dot_portable(ty, &w, &x).unwrap();
                 assert_eq!(a.to_bits(), b.to_bits(), "{ty} n={n}");
             }
