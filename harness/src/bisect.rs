@@ -168,11 +168,6 @@ impl BisectReport {
 /// instead: the goldens of the same model and prompt that store `blk.N.out` (with the `--oracle` that
 /// selects each), or else the prompts whose golden of this oracle does.
 pub fn unlocalized_note(manifest: &Manifest, entry: &GoldenEntry) -> String {
-    let stores_layers = |g: &GoldenEntry| {
-        g.arrays
-            .keys()
-            .any(|k| crate::compare::layer_of(k).is_some() && k.ends_with(".out"))
-    };
     let oracle_dir = |g: &GoldenEntry| g.path.split('/').nth(1).unwrap_or("?").to_string();
     let stored: Vec<&str> = entry.prefill_stages().collect();
     let what = if stored.is_empty() {
@@ -186,7 +181,9 @@ pub fn unlocalized_note(manifest: &Manifest, entry: &GoldenEntry) -> String {
     );
     let same_prompt: Vec<String> = manifest
         .goldens_for_model(&entry.model_id)
-        .filter(|g| g.prompt_id == entry.prompt_id && g.path != entry.path && stores_layers(g))
+        .filter(|g| {
+            g.prompt_id == entry.prompt_id && g.path != entry.path && g.stores_layer_outputs()
+        })
         .map(|g| format!("{} (--oracle {})", g.path, oracle_dir(g)))
         .collect();
     if !same_prompt.is_empty() {
@@ -198,7 +195,7 @@ pub fn unlocalized_note(manifest: &Manifest, entry: &GoldenEntry) -> String {
     } else {
         let prompts: Vec<&str> = manifest
             .goldens_for_model(&entry.model_id)
-            .filter(|g| oracle_dir(g) == oracle_dir(entry) && stores_layers(g))
+            .filter(|g| oracle_dir(g) == oracle_dir(entry) && g.stores_layer_outputs())
             .map(|g| g.prompt_id.as_str())
             .collect();
         if prompts.is_empty() {
@@ -431,10 +428,7 @@ impl<'m> Case<'m> {
 
     /// True when the golden stores a layer output (`blk.N.out`) to inject: only then is there a local pass.
     pub fn bisectable(&self) -> bool {
-        self.entry
-            .arrays
-            .keys()
-            .any(|k| crate::compare::layer_of(k).is_some() && k.ends_with(".out"))
+        self.entry.stores_layer_outputs()
     }
 
     /// True when some injected layer input (`embed`, `blk.N.out`) is stored in f16: its exact value then

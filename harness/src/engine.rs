@@ -83,8 +83,16 @@ pub struct LockstepEngine {
 impl LockstepEngine {
     /// Load a GGUF file.
     pub fn load(path: &Path) -> Result<LockstepEngine> {
+        Ok(LockstepEngine::shared(
+            LockstepEngine::load_model(path)?,
+            path.to_path_buf(),
+        ))
+    }
+
+    /// Load a GGUF file's model for [`LockstepEngine::shared`] engines. Errors name the file.
+    pub fn load_model(path: &Path) -> Result<Arc<Model>> {
         let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
-        Ok(LockstepEngine::shared(Arc::new(model), path.to_path_buf()))
+        Ok(Arc::new(model))
     }
 
     /// An engine over a model already loaded and shared with other engines (`lockstep run` loads each

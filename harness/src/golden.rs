@@ -348,6 +348,14 @@ impl GoldenEntry {
             .filter(|n| *n != "tokens" && !n.starts_with("logits") && !n.starts_with("decode."))
     }
 
+    /// True when the golden stores some layer output (`blk.N.out`): the input bisect injects into the
+    /// next layer, so only such a golden can localize a divergence.
+    pub fn stores_layer_outputs(&self) -> bool {
+        self.arrays
+            .keys()
+            .any(|k| crate::compare::layer_of(k).is_some() && k.ends_with(".out"))
+    }
+
     /// The canonical ids of the decode stages this golden holds (`decode.<id>` without the
     /// prefix, other than `tokens` and `logits`).
     pub fn decode_stages(&self) -> impl Iterator<Item = &str> {

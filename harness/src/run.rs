@@ -79,9 +79,7 @@ pub fn run(opts: &RunOptions) -> Result<(PathBuf, Report)> {
             let shared = match &loaded {
                 Some((p, m)) if p == model => m.clone(),
                 _ => {
-                    let m = Model::load(model)
-                        .with_context(|| format!("loading {}", model.display()))?;
-                    let m = Arc::new(m);
+                    let m = LockstepEngine::load_model(model)?;
                     loaded = Some((model.to_path_buf(), m.clone()));
                     m
                 }
