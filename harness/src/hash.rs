@@ -13,6 +13,11 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     sha256_file_with(path, |_| {})
 }
 
+/// sha256 of bytes in memory, lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
 /// [`sha256_file`], calling `progress(n)` after each chunk of `n` bytes is hashed (for a progress bar).
 pub fn sha256_file_with(path: &Path, mut progress: impl FnMut(u64)) -> Result<String> {
     let mut f = File::open(path).with_context(|| format!("{} cannot be opened", path.display()))?;

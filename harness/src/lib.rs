@@ -11,6 +11,7 @@
 //! - [`compare`] — an engine's output against a golden, stage by stage and position by position.
 //! - [`matrix`] — the run matrix (`ci/matrix.toml`) and its expansion into cells.
 //! - [`gate`] — thresholds (`ci/thresholds.toml`), verdicts and failure lines.
+//! - [`output`] — result files: targets checked before measuring, atomic writes, bounded file names.
 //! - [`report`] — run reports: `report.json`, `report.md`, `results.csv`.
 //! - [`engine`] — the engine seam: our engine in process, or any external command writing the dump format.
 //! - [`probe`] — the rounding probe: a failing reference cell rerun with llama.cpp's input rounding.
@@ -35,6 +36,7 @@ pub mod hash;
 pub mod matrix;
 pub mod metrics;
 pub mod npz;
+pub mod output;
 pub mod probe;
 pub mod process;
 pub mod progress;
