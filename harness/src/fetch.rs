@@ -482,6 +482,15 @@ fn variant_cached_ok(v: &VariantEntry, cache_root: &Path, opts: &FetchOptions) -
 
 /// Checks that `path` is an existing file starting with the GGUF magic.
 fn local_model(path: &Path) -> Result<PathBuf> {
+    // a directory opens and then reads as EISDIR; a FIFO would block: name what it is instead
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => bail!("{} is a directory, not a GGUF model file", path.display()),
+        Ok(m) if !m.is_file() => bail!(
+            "{} is not a regular file (a device, FIFO or socket), not a GGUF model file",
+            path.display()
+        ),
+        _ => {}
+    }
     let mut file = File::open(path).with_context(|| {
         format!(
             "cannot open model file {} (an argument containing '/' or '.gguf' is taken as a local path; \

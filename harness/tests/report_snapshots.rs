@@ -528,3 +528,42 @@ fn every_cell_gets_an_error_vs_depth_svg_linked_from_report_md() {
         }
     }
 }
+
+/// Names from a hostile matrix (a `|`, a newline, markup, 300 characters) neither break report.md's tables
+/// nor lose the report: every table row keeps its column count, no raw `<script>` reaches report.md or a
+/// plot, and the plot file names stay one bounded component (issue 29, items 5 and 9).
+#[test]
+fn hostile_names_neither_break_the_tables_nor_lose_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = report();
+    r.cells[0].cell.model = "evil|model\nnext <script>alert(1)</script>".into();
+    r.cells[1].cell.quant = format!("Q4_{}|`x`", "K".repeat(300));
+    let out = write_report(dir.path(), &r).unwrap();
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(!md.contains("<script>"), "raw markup in report.md");
+    // every row of a table has the separator row's column count (escaped pipes do not count)
+    let cols = |line: &str| line.replace("\\|", "").matches('|').count();
+    let mut expected = None;
+    for line in md.lines() {
+        if !line.starts_with('|') {
+            expected = None;
+            continue;
+        }
+        match expected {
+            None => expected = Some(cols(line)),
+            Some(n) => assert_eq!(cols(line), n, "a broken table row: {line}"),
+        }
+    }
+    for (i, c) in r.cells.iter().enumerate() {
+        let name = lockstep::report::plot_file_name(i, c);
+        let file = Path::new(&name).file_name().unwrap().to_str().unwrap();
+        assert!(file.len() <= 140, "{file}");
+        assert!(
+            file.chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch)),
+            "{file}"
+        );
+        let svg = std::fs::read_to_string(out.join(&name)).unwrap();
+        assert!(!svg.contains("<script>"), "raw markup in {name}");
+    }
+}

@@ -21,8 +21,75 @@ pub(crate) fn short(hash: &str) -> &str {
     hash.get(..12).unwrap_or(hash)
 }
 
-pub(crate) fn md_escape(s: &str) -> String {
-    s.replace('|', "\\|")
+/// User data (a model id or path, a quant or prompt name, an engine's error message) made safe inside a
+/// Markdown table cell, a list item or a code span: `|` is escaped (GFM tables split on it even inside code
+/// spans), line breaks and other control characters become spaces (a newline ends a table row), and `&`,
+/// `<`, `>` become HTML entities (no raw HTML such as `<script>` reaches a renderer). Backticks are kept:
+/// lockstep's own details quote stage kinds in code spans, and a stray one cannot split a table.
+pub fn md_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '|' => out.push_str("\\|"),
+            '\n' | '\r' => out.push(' '),
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `r` with every string that comes from outside lockstep (the matrix's names, paths, engine commands and
+/// error messages, stage names of an external engine's dump) passed through [`md_escape`], so that no
+/// input can break report.md's tables or inject markup. Numbers and lockstep's own labels are unchanged.
+fn escaped(r: &Report) -> Report {
+    let mut r = r.clone();
+    let e = |s: &mut String| *s = md_escape(s);
+    e(&mut r.run_id);
+    r.thresholds_file.iter_mut().for_each(e);
+    if let Some(i) = &mut r.inputs {
+        e(&mut i.engine);
+        i.engine_cmd.iter_mut().for_each(e);
+        i.engine_tokenize_cmd.iter_mut().for_each(e);
+        e(&mut i.golden_dir);
+        for f in [&mut i.golden_manifest, &mut i.matrix, &mut i.thresholds] {
+            e(&mut f.path);
+        }
+    }
+    if let Some(inc) = &mut r.incomplete {
+        e(&mut inc.failed_cell);
+        e(&mut inc.error);
+    }
+    for c in &mut r.cells {
+        let cell = &mut c.cell;
+        for f in [
+            &mut cell.model,
+            &mut cell.prompt,
+            &mut cell.quant,
+            &mut cell.mode,
+            &mut cell.simd,
+            &mut cell.oracle,
+            &mut cell.engine,
+        ] {
+            e(f);
+        }
+        e(&mut c.golden_path);
+        c.error.iter_mut().for_each(e);
+        for f in &mut c.verdict.failures {
+            e(&mut f.detail);
+        }
+        for nc in &mut c.comparison.not_compared {
+            e(&mut nc.stage);
+            e(&mut nc.reason);
+        }
+        for s in &mut c.comparison.stages {
+            e(&mut s.stage);
+        }
+    }
+    r
 }
 
 /// The layer sets of a grouped stage pattern, compacted: `0..29`, `0..3,5,7..9`.
@@ -83,6 +150,7 @@ pub(crate) fn top1_counts(cmp: &CellComparison, margin_tolerance: f64) -> (usize
 /// failure lines, first divergent stages, the 10 worst stages, error vs depth per cell, near ties, stages
 /// not compared, and the model and golden hashes.
 pub fn render_markdown(r: &Report) -> String {
+    let r = &escaped(r);
     let mut md = String::new();
     let env = &r.environment;
     let n_fail = r.cells.iter().filter(|c| !c.verdict.pass).count();
@@ -553,7 +621,7 @@ pub fn render_markdown(r: &Report) -> String {
         let _ = writeln!(
             md,
             "- **{}** — {total} stage×phase in {} of {} cells: {}",
-            md_escape(reason),
+            reason,
             cells.len(),
             r.cells.len(),
             items.join(", ")

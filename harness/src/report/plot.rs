@@ -21,22 +21,15 @@ use crate::compare::Phase;
 /// Where exact stages are drawn (the bottom of the y axis).
 const EXACT_Y: f64 = 1e-12;
 
-/// The file name of cell `index`'s plot inside the report directory: `plots/<index>-<cell id with `/`
-/// replaced>.svg`, e.g. `plots/03-smollm2-135m-q4_1_prose_Q4_1_ggml_simd-off_llama.cpp-f32kv_lockstep.svg`.
+/// The file name of cell `index`'s plot inside the report directory: `plots/<index>-<cell id>.svg`, the
+/// id made one safe, bounded file-name component ([`crate::output::file_stem`]: characters other than
+/// ASCII letters, digits, `.`, `-`, `_` become `_`; an id over 120 bytes is cut and a hash appended), e.g.
+/// `plots/03-smollm2-135m-q4_1_prose_Q4_1_ggml_simd-off_llama.cpp-f32kv_lockstep.svg`.
 pub fn plot_file_name(index: usize, cell: &CellReport) -> String {
-    let id: String = cell
-        .cell
-        .id()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("plots/{index:02}-{id}.svg")
+    format!(
+        "plots/{index:02}-{}.svg",
+        crate::output::file_stem(&cell.cell.id())
+    )
 }
 
 /// Per stage kind (and phase): NMSE (max over positions) by layer.
