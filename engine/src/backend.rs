@@ -254,6 +254,11 @@ impl Backend for CpuBackend {
                 for i in 0..n_rows {
                     let row = w.row(r0 + i);
                     if ok && quant::dequantize_row(w.ty, row, &mut deq).is_ok() {
+                        if w.ty == GgmlType::Q4_1
+                            && crate::faults::is(crate::faults::Fault::ReferenceUnpack)
+                        {
+                            deq.chunks_exact_mut(32).for_each(|b| b.rotate_left(16));
+                        }
                         for (t, p) in prepared.iter().enumerate() {
                             token_out(t)[i] = quant::dot_dequantized(&deq, p);
                         }

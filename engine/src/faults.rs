@@ -49,6 +49,11 @@ pub enum Fault {
     QkvBiasMissing,
     /// The embedding's √d_model scale not applied (Gemma).
     EmbedScaleMissing,
+    /// A Q4_1 unpack error in code only reference mode runs: the weight rows its matmuls dequantize take
+    /// each block's two 16-element halves in the wrong order. ggml mode's kernels and the embedding's row
+    /// lookup are right, so ggml mode still matches llama.cpp bit for bit: the case where bisect's ggml
+    /// cross-check alone would call the gap llama.cpp's rounding (issue 29, item 8).
+    ReferenceUnpack,
 }
 
 #[cfg(feature = "faults")]

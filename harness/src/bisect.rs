@@ -97,8 +97,91 @@ pub enum Finding {
         /// The accumulated pass's first divergent stage.
         at: Divergence,
     },
+    /// The engine tokenized the prompt differently from the oracle (a tokenizer bug such as a dropped BOS,
+    /// or another tokenizer): every later comparison reads other tokens, so this is the verdict and no
+    /// stage is bisected.
+    Tokens {
+        /// Index of the first differing token (the shorter length when one sequence is a prefix).
+        position: usize,
+        /// The golden's token there (`None`: its sequence ended).
+        golden: Option<TokenAt>,
+        /// The engine's token there (`None`: its sequence ended).
+        engine: Option<TokenAt>,
+        /// Tokens in the golden's sequence.
+        golden_len: usize,
+        /// Tokens in the engine's sequence.
+        engine_len: usize,
+    },
     /// Neither pass diverges.
     None,
+}
+
+/// A token of a [`Finding::Tokens`]: its id and its vocabulary text, when the engine can say.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenAt {
+    /// Token id.
+    pub id: u32,
+    /// Vocabulary text ([`Engine::token_piece`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub piece: Option<String>,
+}
+
+impl std::fmt::Display for TokenAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.piece {
+            Some(p) => write!(f, "{} {p:?}", self.id),
+            None => write!(f, "{}", self.id),
+        }
+    }
+}
+
+/// The first difference between the golden's prompt tokens and the engine's tokenization of the same
+/// text, as a [`Finding::Tokens`] (pieces from `engine`'s vocabulary); `None` when they are equal.
+pub fn tokens_finding(golden: &[u32], mine: &[u32], engine: &dyn Engine) -> Option<Finding> {
+    if golden == mine {
+        return None;
+    }
+    let position = golden
+        .iter()
+        .zip(mine)
+        .position(|(a, b)| a != b)
+        .unwrap_or(golden.len().min(mine.len()));
+    let at = |v: &[u32]| {
+        v.get(position).map(|&id| TokenAt {
+            id,
+            piece: engine.token_piece(id),
+        })
+    };
+    Some(Finding::Tokens {
+        position,
+        golden: at(golden),
+        engine: at(mine),
+        golden_len: golden.len(),
+        engine_len: mine.len(),
+    })
+}
+
+impl Finding {
+    /// The tokenization difference in words: `position 0: golden 1 "<s>" vs engine 15 "Hello" (golden 12
+    /// tokens, engine 11)`; `None` for other findings.
+    pub fn tokens_text(&self) -> Option<String> {
+        let Finding::Tokens {
+            position,
+            golden,
+            engine,
+            golden_len,
+            engine_len,
+        } = self
+        else {
+            return None;
+        };
+        let show = |t: &Option<TokenAt>| t.as_ref().map_or("(end)".to_string(), |t| t.to_string());
+        Some(format!(
+            "position {position}: golden {} vs engine {} (golden {golden_len} tokens, engine {engine_len})",
+            show(golden),
+            show(engine)
+        ))
+    }
 }
 
 /// Why a row above the floor is llama.cpp's activation rounding rather than a bug.
@@ -117,6 +200,11 @@ pub struct RoundingEvidence {
     pub input_q8_nmse: Option<f64>,
     /// The same for the median row of that input kind (all layers the golden stores, same phase).
     pub median_q8_nmse: Option<f64>,
+    /// The row's local NMSE when reference mode reruns its local pass with llama.cpp's input rounding
+    /// ([`Engine::set_input_rounding`]) and nothing else changed: reference mode's own code, confirming
+    /// that rounding explains the row (`None`: the engine cannot round its inputs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounded_nmse: Option<f64>,
 }
 
 /// One layer of the table: accumulated vs local error.
@@ -156,11 +244,16 @@ pub struct BisectReport {
 }
 
 impl BisectReport {
-    /// True when there is nothing to report: no divergence found and the gate passes (a golden that cannot
-    /// localize still says so in [`BisectReport::unlocalized`]). `lockstep bisect` exits 0 only then: a
-    /// failing gate is never "no divergence".
+    /// True when bisect found no bug, and `lockstep bisect` exits 0: no structural finding, no tokenization
+    /// difference, and — where the golden stores no layer output, so nothing could be localized
+    /// ([`BisectReport::unlocalized`]) — a passing gate. Oracle-side rounding and accumulated drift are gaps
+    /// the measured floors explain (numerical sensitivity, with the numbers in the report), not bugs: an
+    /// unbroken engine in reference mode has such rows, and its exit status must tell it from a broken one.
     pub fn is_clean(&self) -> bool {
-        self.finding == Finding::None && self.gate.pass
+        match self.finding {
+            Finding::Structural { .. } | Finding::Tokens { .. } => false,
+            _ => self.unlocalized.is_none() || self.gate.pass,
+        }
     }
 }
 
@@ -303,7 +396,8 @@ pub fn bisect_with(
         prompt: opts.prompt.clone(),
         quant: "-".into(),
         mode: opts.mode.to_string(),
-        simd: "off".into(),
+        // what ran: reference mode's avx512 is its avx2 build (`Simd::for_mode`)
+        simd: opts.simd.for_mode(opts.mode).name().into(),
         oracle: opts.oracle.clone(),
         engine: "lockstep".into(),
     };
@@ -424,6 +518,25 @@ impl<'m> Case<'m> {
             stage_map,
             forced_target,
         })
+    }
+
+    /// Set when `--ggml-target` names a build other than the one the golden records (its host CPU): ggml
+    /// mode then mirrors other kernels, and bit equality with this golden is not to be expected. Says so,
+    /// for every verdict that rests on bit equality.
+    pub fn target_note(&self) -> Option<String> {
+        let forced = self.forced_target?;
+        let golden = self.entry.oracle.ggml_target().ok()?;
+        (forced != golden).then(|| {
+            format!(
+                "--ggml-target {forced} differs from the golden's host build ({golden}): ggml mode mirrors \
+                 other kernels than llama.cpp ran, so it is not expected to reproduce this golden bit for bit"
+            )
+        })
+    }
+
+    /// The engine's tokenization against the golden's tokens ([`tokens_finding`]).
+    pub fn tokens_finding(&self, engine: &dyn Engine) -> Option<Finding> {
+        tokens_finding(&self.tokens, &self.own, engine)
     }
 
     /// True when the golden stores a layer output (`blk.N.out`) to inject: only then is there a local pass.
@@ -568,10 +681,18 @@ impl Judged {
     }
 
     /// The verdict of an engine that cannot be bisected (its stages are observed, not replaced): the
-    /// accumulated pass's first divergent stage, as drift.
-    pub fn accumulated_only(th: &CellThresholds, accumulated: Option<&CellComparison>) -> Judged {
+    /// first differing token if it tokenized otherwise, else the accumulated pass's first divergent stage,
+    /// as drift.
+    pub fn accumulated_only(
+        case: &Case,
+        engine: &dyn Engine,
+        th: &CellThresholds,
+        accumulated: Option<&CellComparison>,
+    ) -> Judged {
         Judged {
-            finding: drift(th, accumulated),
+            finding: case
+                .tokens_finding(engine)
+                .unwrap_or_else(|| drift(th, accumulated)),
             local: None,
         }
     }
@@ -589,6 +710,13 @@ pub fn judge(
     floors: Option<&FloorSet>,
     acc: &Pass,
 ) -> Result<Judged> {
+    // other tokens make every later comparison moot: the first differing token is the verdict
+    if let Some(finding) = case.tokens_finding(engine) {
+        return Ok(Judged {
+            finding,
+            local: None,
+        });
+    }
     // a bit-exact accumulated pass needs no local one: with the same inputs it computes the same values
     if th.stage_exact && acc.cmp.as_ref().is_some_and(|c| first_inexact(c).is_none()) {
         return Ok(Judged {
@@ -619,7 +747,9 @@ pub fn judge(
             CrossCheck::Structural(f) => f,
             // a NaN or ±Inf after every compared stage stayed within its floor is the finding itself
             _ if local.nf.is_some() => non_finite(local.nf.as_ref().expect("checked")),
-            CrossCheck::Rounding(sites) if !sites.is_empty() => Finding::OracleRounding { sites },
+            CrossCheck::Rounding(sites) if !sites.is_empty() => {
+                confirm_rounding(case, gf, engine, th, floors, acc, sites)?
+            }
             _ => drift(th, acc.cmp.as_ref()),
         }
     } else {
@@ -629,6 +759,12 @@ pub fn judge(
             (None, None) => drift(th, acc.cmp.as_ref()),
         }
     };
+    let mut finding = finding;
+    if let (Finding::Structural { floor, .. }, Some(note)) = (&mut finding, case.target_note()) {
+        if floor.contains("bit equality") || floor.contains("bit for bit") {
+            *floor = format!("{floor} — but {note}");
+        }
+    }
     Ok(Judged {
         finding,
         local: local.cmp,
@@ -650,13 +786,96 @@ fn ggml_local(case: &Case, gf: &mut GoldenFile, engine: &mut dyn Engine) -> Resu
     case.local(gf, engine, NumericsMode::Ggml, &g_acc)
 }
 
+/// Reference mode's own check of the rows the cross-check put down to llama.cpp's rounding: its local
+/// pass rerun with llama.cpp's input rounding ([`Engine::set_input_rounding`], the rounding probe's
+/// switch) and nothing else changed. Each such row must then fall within its floor.
+///
+/// The cross-check runs ggml mode's fastest kernels, which share no dot product or dequantization code
+/// with reference mode's at the cell's SIMD setting; the rerun runs reference mode's own code. A bug there
+/// (a scalar-only unpack error) leaves its row above the floor with the rounding added, while ggml mode
+/// matched the golden: the two kernels disagree, and that is a structural finding, named at the rerun's
+/// first such row. An engine that cannot round its inputs keeps the verdict, unconfirmed
+/// (`rounded_nmse` is `None`).
+///
+/// Errors: as the local pass.
+fn confirm_rounding(
+    case: &Case,
+    gf: &mut GoldenFile,
+    engine: &mut dyn Engine,
+    th: &CellThresholds,
+    floors: Option<&FloorSet>,
+    acc: &Pass,
+    sites: Vec<(RoundingEvidence, usize)>,
+) -> Result<Finding> {
+    if !engine.set_input_rounding(true) {
+        return Ok(Finding::OracleRounding {
+            sites: sites.into_iter().map(|(e, _)| e).collect(),
+        });
+    }
+    let rerun = case.local(gf, engine, NumericsMode::Reference, acc);
+    engine.set_input_rounding(false);
+    let (r_local, r_known) = rerun?;
+    let r_cmp = r_local
+        .cmp
+        .as_ref()
+        .expect("the local pass is always compared");
+    let r_hits = hits(&r_known, th, floors, r_cmp)?;
+    let mut confirmed = Vec::with_capacity(sites.len());
+    for (mut ev, row) in sites {
+        let (stage, phase) = (ev.at.stage.clone(), ev.at.phase);
+        let rounded = r_cmp
+            .stages
+            .iter()
+            .find(|s| s.stage == stage && s.phase == phase);
+        let still = r_hits
+            .iter()
+            .find(|h| h.stage == stage && h.phase == phase && h.row == row);
+        match (rounded, still) {
+            (Some(s), None) => {
+                ev.rounded_nmse = s.nmse_by_position.get(row).copied();
+                confirmed.push(ev);
+            }
+            (Some(s), Some(h)) => {
+                return Ok(Finding::Structural {
+                    at: divergence(r_cmp, s, row),
+                    floor: format!(
+                        "{} — with llama.cpp's input rounding added, reference mode still misses this row, \
+                         where ggml mode's {} kernels equal the golden bit for bit: not llama.cpp's rounding \
+                         but reference-mode code those kernels do not share (its local NMSE without the \
+                         rounding: {})",
+                        h.floor,
+                        lockstep_engine::Simd::detect().name(),
+                        fmt_e3(ev.at.nmse)
+                    ),
+                    ratio: h.ratio,
+                });
+            }
+            // the rerun went non-finite before this stage: nothing confirms the row
+            (None, _) => {
+                return Ok(Finding::Structural {
+                    at: ev.at.clone(),
+                    floor: format!(
+                        "a finite value: reference mode with llama.cpp's input rounding {}",
+                        r_local
+                            .non_finite()
+                            .unwrap_or_else(|| "did not compute this stage".into())
+                    ),
+                    ratio: ev.ratio,
+                });
+            }
+        }
+    }
+    Ok(Finding::OracleRounding { sites: confirmed })
+}
+
 /// What ggml mode says about a reference-mode local pass.
 enum CrossCheck {
     /// A bug: the first row where ggml mode differs from the golden although its input was exact (a code
     /// path both modes share), or where reference mode is above its floor and ggml mode gives no reason.
     Structural(Finding),
-    /// Every reference-mode row above the floor is one where ggml mode equals the golden bit for bit.
-    Rounding(Vec<RoundingEvidence>),
+    /// Every reference-mode row above the floor is one where ggml mode equals the golden bit for bit (the
+    /// evidence, and the row's index in its stage).
+    Rounding(Vec<(RoundingEvidence, usize)>),
 }
 
 /// Run ggml mode's local pass on the same golden and read reference mode's hits against it, in forward
@@ -718,7 +937,7 @@ fn cross_check(
                     }));
                 }
                 match hit {
-                    Some(h) if g_known_row && g_exact => sites.push(evidence(gf, cmp, h)?),
+                    Some(h) if g_known_row && g_exact => sites.push((evidence(gf, cmp, h)?, h.row)),
                     Some(h) => return Ok(CrossCheck::Structural(h.finding(cmp))),
                     None => {}
                 }
@@ -999,6 +1218,7 @@ fn evidence(gf: &mut GoldenFile, cmp: &CellComparison, h: &Hit) -> Result<Roundi
         input_crest: None,
         input_q8_nmse: None,
         median_q8_nmse: None,
+        rounded_nmse: None,
     };
     let Some(input) = matmul_input(&h.stage) else {
         return Ok(ev);
@@ -1089,12 +1309,13 @@ fn layer_rows(
 /// The evidence table of an oracle-side-rounding verdict (at most 12 rows).
 pub fn render_rounding(sites: &[RoundingEvidence]) -> String {
     let mut out = format!(
-        "{:>24}  {:>7}  {:>5}  {:>10}  {:>8}  {:>18}  {:>6}  {:>14}  {:>14}",
+        "{:>24}  {:>7}  {:>5}  {:>10}  {:>8}  {:>13}  {:>18}  {:>6}  {:>14}  {:>14}",
         "stage",
         "phase",
         "pos",
         "local NMSE",
         "÷ floor",
+        "rounded NMSE",
         "matmul input",
         "crest",
         "input Q8 NMSE",
@@ -1104,12 +1325,13 @@ pub fn render_rounding(sites: &[RoundingEvidence]) -> String {
     for s in sites.iter().take(12) {
         let _ = write!(
             out,
-            "\n{:>24}  {:>7}  {:>5}  {:>10}  {:>8}  {:>18}  {:>6}  {:>14}  {:>14}",
+            "\n{:>24}  {:>7}  {:>5}  {:>10}  {:>8}  {:>13}  {:>18}  {:>6}  {:>14}  {:>14}",
             s.at.stage,
             s.at.phase.to_string(),
             s.at.position,
             fmt_e3(s.at.nmse),
             opt(s.ratio, |r| format!("{r:.1}")),
+            opt(s.rounded_nmse, fmt_e3),
             s.input.as_deref().unwrap_or("-"),
             opt(s.input_crest, |c| format!("{c:.1}")),
             opt(s.input_q8_nmse, fmt_e3),
@@ -1162,7 +1384,8 @@ pub fn render(r: &BisectReport) -> String {
             let _ = writeln!(
                 out,
                 "oracle-side rounding: {} row(s) above the measured floor, each where ggml mode (llama.cpp's \
-                 8-bit rounding of matmul inputs, reproduced) equals the golden bit for bit:",
+                 8-bit rounding of matmul inputs, reproduced) equals the golden bit for bit and where reference \
+                 mode with that rounding added falls within the floor (rounded NMSE):",
                 sites.len()
             );
             let _ = writeln!(out, "{}", render_rounding(sites));
@@ -1182,6 +1405,15 @@ pub fn render(r: &BisectReport) -> String {
                 fmt_e3(at.nmse)
             );
             crate::compare::layer_of(&at.stage)
+        }
+        Finding::Tokens { .. } => {
+            let _ = writeln!(
+                out,
+                "tokenization differs: {}; every later comparison reads other tokens, so no stage is \
+                 bisected (fix the tokenizer first)",
+                r.finding.tokens_text().unwrap_or_default()
+            );
+            None
         }
         Finding::None => {
             let _ = writeln!(out, "no divergence: neither pass leaves the floor");

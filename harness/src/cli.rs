@@ -85,6 +85,11 @@ pub enum Command {
     BenchSample(BenchSampleArgs),
     /// Find the first stage where the engine computes something else than the golden, with each layer's
     /// reference input injected, and say whether it is a bug of one stage or accumulated drift.
+    ///
+    /// Exit status: 0 when no bug is found — no divergence, or a gap the floors explain (oracle-side
+    /// rounding, accumulated drift: numerical sensitivity, not a bug); 1 for a bug — a structural finding, a
+    /// tokenization that differs from the golden's, or a failing gate on a golden that stores no layer
+    /// output and so cannot localize it; 2 for an error (bad input, missing file).
     Bisect(BisectArgs),
     /// Measure the stage floors of the modes that are not bit-exact (bisect's local pass of the unbroken
     /// engine on every golden of the matrix) and write them (ci/floors.json).

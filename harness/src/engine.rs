@@ -39,6 +39,12 @@ pub trait Engine {
     /// Tokenize text as `llama_tokenize(text, add_special, parse_special)` would.
     fn tokenize(&mut self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>>;
 
+    /// The vocabulary text of token `id` (`llama_vocab::token_get_text`), for naming a tokenization
+    /// difference; `None` when the engine cannot say (an external engine) or `id` is out of range.
+    fn token_piece(&self, _id: u32) -> Option<String> {
+        None
+    }
+
     /// Canonical stage ids with row widths, in forward order (without `logits`).
     fn stages(&self) -> Vec<(String, usize)>;
 
@@ -144,6 +150,10 @@ impl Engine for LockstepEngine {
             .model
             .tokenizer()
             .encode(text, add_special, parse_special)?)
+    }
+
+    fn token_piece(&self, id: u32) -> Option<String> {
+        self.model.tokenizer().token_text(id).map(str::to_string)
     }
 
     fn stages(&self) -> Vec<(String, usize)> {

@@ -456,7 +456,7 @@ pub fn run_cell(
             &acc,
         )?
     } else {
-        crate::bisect::Judged::accumulated_only(&th, acc.cmp.as_ref())
+        crate::bisect::Judged::accumulated_only(&case, engine.as_ref(), &th, acc.cmp.as_ref())
     };
     // the accumulated pass's own time (`lockstep bench` times the engine without hooks)
     let speed = Speed {

@@ -116,7 +116,8 @@ fn a_golden_without_layer_outputs_says_it_cannot_localize() {
     );
     assert!(text.starts_with("cannot localize: "), "{text}");
     assert!(r.layers.is_empty(), "{text}");
-    assert_eq!(r.is_clean(), r.gate.pass && r.finding == Finding::None);
+    // nothing localized: the exit status is the gate's
+    assert_eq!(r.is_clean(), r.gate.pass);
     if !r.gate.pass {
         assert!(
             text.contains("the gate fails on what the golden stores"),
@@ -131,4 +132,109 @@ fn a_golden_without_layer_outputs_says_it_cannot_localize() {
     let ttext = lockstep::bisect::render(&t);
     assert!(t.unlocalized.is_none(), "{ttext}");
     assert_eq!(t.layers.len(), 18, "{ttext}");
+}
+
+/// An engine whose tokenizer drops the BOS (the first token of the oracle's sequence).
+struct DroppingBos(LockstepEngine);
+
+impl lockstep::engine::Engine for DroppingBos {
+    fn info(&self) -> lockstep::engine::EngineInfo {
+        self.0.info()
+    }
+    fn tokenize(&mut self, text: &str, a: bool, p: bool) -> anyhow::Result<Vec<u32>> {
+        let mut t = self.0.tokenize(text, a, p)?;
+        t.remove(0);
+        Ok(t)
+    }
+    fn token_piece(&self, id: u32) -> Option<String> {
+        self.0.token_piece(id)
+    }
+    fn stages(&self) -> Vec<(String, usize)> {
+        self.0.stages()
+    }
+    fn reset(
+        &mut self,
+        mode: NumericsMode,
+        target: lockstep_engine::ops::GgmlTarget,
+        n_ctx: usize,
+    ) -> anyhow::Result<()> {
+        self.0.reset(mode, target, n_ctx)
+    }
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        sink: &mut dyn lockstep_engine::hooks::StageSink,
+    ) -> anyhow::Result<ndarray::Array2<f32>> {
+        self.0.forward(tokens, sink)
+    }
+    fn replaces_stages(&self) -> bool {
+        true
+    }
+}
+
+/// A tokenizer bug (the BOS dropped) is the verdict itself: the first differing token by position, ids
+/// and pieces, never "none" or a drift marker, and bisect does not exit 0 (issue 29, item 8). The report
+/// records the SIMD setting that ran.
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn a_dropped_bos_is_named_as_the_first_differing_token() {
+    let id = "gemma3-270m-q4_k_m";
+    let model = lockstep::fetch::resolve_model(id).unwrap();
+    let simd = lockstep_engine::Simd::detect();
+    let mut engine = DroppingBos(LockstepEngine::load(&model).unwrap().with_simd(simd));
+    let r = bisect_with(
+        &options_for(id, "prose", NumericsMode::Ggml),
+        &model,
+        &mut engine,
+    )
+    .unwrap();
+    let text = lockstep::bisect::render(&r);
+    match &r.finding {
+        Finding::Tokens {
+            position,
+            golden,
+            engine,
+            golden_len,
+            engine_len,
+        } => {
+            assert_eq!(*position, 0, "{text}");
+            assert_eq!(*golden_len, engine_len + 1, "{text}");
+            let (g, e) = (golden.as_ref().unwrap(), engine.as_ref().unwrap());
+            assert_eq!(g.id, 2, "Gemma's BOS: {text}");
+            assert_eq!(g.piece.as_deref(), Some("<bos>"), "{text}");
+            assert_ne!(e.id, g.id, "{text}");
+            assert!(e.piece.is_some(), "{text}");
+        }
+        other => panic!("{other:?}\n{text}"),
+    }
+    assert!(
+        text.contains("tokenization differs: position 0: golden 2 \"<bos>\" vs engine"),
+        "{text}"
+    );
+    assert!(!r.is_clean(), "{text}");
+    assert_eq!(r.cell.simd, simd.for_mode(NumericsMode::Ggml).name());
+}
+
+/// `--ggml-target` forced to another build than the golden's host: a structural verdict must not claim
+/// that ggml mode "reproduces llama.cpp bit for bit" without saying that the target differs from the
+/// golden's (issue 29, item 9).
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn a_forced_ggml_target_other_than_the_goldens_is_said() {
+    let mut opts = options_for(MODEL, "prose", NumericsMode::Ggml);
+    // SmolLM2's goldens were made on an AVX-512 host
+    opts.ggml_target = Some(lockstep_engine::ops::GgmlTarget::Avx2);
+    let r = bisect(&opts).unwrap();
+    let text = lockstep::bisect::render(&r);
+    match &r.finding {
+        Finding::Structural { floor, .. } => assert!(
+            floor.contains("--ggml-target avx2 differs from the golden's host build (avx512)"),
+            "{text}"
+        ),
+        other => panic!("AVX2 kernels on an AVX-512 golden: {other:?}\n{text}"),
+    }
+    // the golden's own target: no such note
+    opts.ggml_target = Some(lockstep_engine::ops::GgmlTarget::Avx512);
+    let r = bisect(&opts).unwrap();
+    assert_eq!(r.finding, Finding::None, "{}", lockstep::bisect::render(&r));
 }

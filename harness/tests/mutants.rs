@@ -182,6 +182,8 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
         Fault::QkvBiasMissing => site(Some(0), &[K::Q], Phase::Prefill),
         Fault::EmbedScaleMissing if !s.has_embed_scale => return None,
         Fault::EmbedScaleMissing => site(None, &[K::Embed], Phase::Prefill),
+        // reference mode only: its own test below, not the two-mode suite
+        Fault::ReferenceUnpack => return None,
     });
     site.map(|x| as_stored(x, s))
 }
@@ -353,4 +355,34 @@ fn gemma3_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
 #[ignore = "real model: run by ci/test.sh"]
 fn qwen2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
     suite("qwen2", &[subject("qwen2.5-coder-0.5b-q4_k_m", "prose")]);
+}
+
+/// A bug in code only reference mode runs (its matmuls' Q4_1 dequantization) while ggml mode stays bit
+/// exact: bisect's ggml cross-check alone called such rows "oracle-side rounding" (issue 29, item 8).
+/// Reference mode's rerun with llama.cpp's input rounding keeps them above the floor, so the verdict is
+/// structural, at the first Q4_1 matmul, and the gate fails; ggml mode, which does not run that code, is
+/// clean.
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn a_reference_only_unpack_bug_is_structural_not_oracle_rounding() {
+    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let s = subject("smollm2-135m-q4_1", "prose");
+    let want = as_stored(
+        s.first_min_quant.clone().expect("SmolLM2 has Q4_1 matmuls"),
+        &s,
+    );
+    let r = bisect_once(&s, NumericsMode::Reference, Some(Fault::ReferenceUnpack));
+    let text = render(&r);
+    let got = named(&r).unwrap_or_else(|| panic!("not structural:\n{text}"));
+    assert!(
+        got.0 == want.layer && want.kinds.contains(&got.1) && got.2 == want.phase,
+        "named {got:?}, expected {want:?}:\n{text}"
+    );
+    assert!(
+        text.contains("with llama.cpp's input rounding added"),
+        "{text}"
+    );
+    assert!(!r.gate.pass && !r.is_clean(), "{text}");
+    let g = bisect_once(&s, NumericsMode::Ggml, Some(Fault::ReferenceUnpack));
+    assert_eq!(g.finding, Finding::None, "{}", render(&g));
 }

@@ -324,7 +324,8 @@ pub fn render_markdown(r: &Report) -> String {
          the golden's own input injected, beyond its floor: a bug, and the cell fails), **oracle-side \
          rounding** (rows beyond the measured floor only where ggml mode, which rounds matmul inputs to 8 bits \
          as llama.cpp does, equals the golden bit for bit), **drift** (every local error within the floor; \
-         the accumulated pass first leaves the stage cutoffs here), or none. \"÷ floor\" is the local NMSE \
+         the accumulated pass first leaves the stage cutoffs here), **tokens** (the engine tokenized the prompt \
+         otherwise: the first differing token, with ids and pieces), or none. \"÷ floor\" is the local NMSE \
          over the measured floor (ci/floors.json).\n"
     );
     let _ = writeln!(
@@ -356,6 +357,11 @@ pub fn render_markdown(r: &Report) -> String {
                 None => format!("| {} | oracle-side rounding | | | | | | |", c.cell.id()),
             },
             (Some(Finding::AccumulatedDrift { at }), _) => row("drift", at, None),
+            (Some(f @ Finding::Tokens { position, .. }), _) => format!(
+                "| {} | tokens: {} | tokens | prefill | {position} | | | |",
+                c.cell.id(),
+                md_escape(&f.tokens_text().unwrap_or_default())
+            ),
             (Some(Finding::None), _) => format!("| {} | none | | | | | | |", c.cell.id()),
             // reports of older versions: the accumulated marker
             (None, Some(d)) => row("marker", d, None),
