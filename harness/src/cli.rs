@@ -358,8 +358,8 @@ pub struct QualityArgs {
 
 /// The types `lockstep quality --variants-dir` scores when `--types` is not given (those present).
 pub const QUALITY_DEFAULT_TYPES: &[&str] = &[
-    "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0", "IQ4_NL", "IQ4_XS",
-    "Q3_K", "Q2_K",
+    "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0", "IQ4_NL",
+    "IQ4_XS", "Q3_K", "Q2_K",
 ];
 
 /// The variants `lockstep quality --check-llama-perplexity` cross-checks when `--check-types` is not given

@@ -186,7 +186,10 @@ fn unknown_types_are_refused_before_scoring() {
         "Q8_0,BOGUS",
     ]);
     assert_eq!(code, 2, "{e}");
-    assert!(e.contains("--check-types BOGUS") && e.contains("Q8_0"), "{e}");
+    assert!(
+        e.contains("--check-types BOGUS") && e.contains("Q8_0"),
+        "{e}"
+    );
     nothing_scored(&st, &e);
     // --check-types without the binary, --types without the directory: usage errors
     let (code, _, e) = run(&["--check-types", "Q8_0"]);
@@ -278,8 +281,14 @@ fn an_unwritable_report_target_is_refused_before_measuring() {
 fn an_overflowing_ctx_is_a_clear_error() {
     let st = setup();
     for (ctx, says) in [
-        ("18446744073709551615", "larger than the model's context of 256"),
-        ("9223372036854775808", "larger than the model's context of 256"),
+        (
+            "18446744073709551615",
+            "larger than the model's context of 256",
+        ),
+        (
+            "9223372036854775808",
+            "larger than the model's context of 256",
+        ),
         ("257", "larger than the model's context of 256"),
         ("3", "too small"),
         ("0", "too small"),
@@ -300,7 +309,10 @@ fn an_overflowing_ctx_is_a_clear_error() {
             ],
         );
         assert_eq!(code, 2, "--ctx {ctx}: {e}");
-        assert!(e.contains(&format!("--ctx {ctx}")) && e.contains(says), "{e}");
+        assert!(
+            e.contains(&format!("--ctx {ctx}")) && e.contains(says),
+            "{e}"
+        );
         nothing_scored(&st, &e);
     }
 }
@@ -423,7 +435,8 @@ fn hostile_names_stay_inside_the_markdown_table() {
     // the base path is one code span on one line
     let base_line = md.lines().find(|l| l.starts_with("Base ")).unwrap();
     assert!(
-        base_line.starts_with("Base `") && base_line.contains("<script>alert(1)/m|x-F32.gguf` (sha256"),
+        base_line.starts_with("Base `")
+            && base_line.contains("<script>alert(1)/m|x-F32.gguf` (sha256"),
         "{base_line}"
     );
     let csv = std::fs::read_to_string(run.join("quality.csv")).unwrap();
@@ -521,10 +534,19 @@ fn an_interrupt_kills_llama_perplexity_and_removes_its_directory() {
         std::fs::read_dir(st.cache.join("quality"))
             .unwrap()
             .map(|e| e.unwrap().path())
-            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(".llama-kld-"))
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(".llama-kld-")
+            })
             .collect()
     };
-    assert_eq!(scratch().len(), 1, "no scratch directory while llama-perplexity runs");
+    assert_eq!(
+        scratch().len(),
+        1,
+        "no scratch directory while llama-perplexity runs"
+    );
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let t0 = Instant::now();
@@ -532,7 +554,10 @@ fn an_interrupt_kills_llama_perplexity_and_removes_its_directory() {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        assert!(t0.elapsed() < Duration::from_secs(30), "lockstep did not exit");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "lockstep did not exit"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     std::thread::sleep(Duration::from_millis(300));

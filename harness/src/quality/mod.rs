@@ -915,8 +915,9 @@ pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityR
     let mut llama_base = None;
     if let Some(bin) = &opts.llama_perplexity {
         // removed when dropped, on an error return, and by the interrupt handler
-        let dir = crate::process::ScratchGuard::new_in(&opts.cache_root.join("quality"), ".llama-kld-")
-            .context("creating a directory for llama-perplexity's base log-probs")?;
+        let dir =
+            crate::process::ScratchGuard::new_in(&opts.cache_root.join("quality"), ".llama-kld-")
+                .context("creating a directory for llama-perplexity's base log-probs")?;
         let lr = llama::LlamaRun {
             bin: bin.clone(),
             corpus: corpus.path.clone(),

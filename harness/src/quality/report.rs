@@ -498,7 +498,10 @@ mod tests {
         assert_eq!(pipes(&format!("| {t} |")), 2, "{t}");
         assert_eq!(md_text("Q8_0"), "Q8_0");
         let c = md_code("x ``y` z\nw");
-        assert!(c.starts_with("```") && c.ends_with("```") && !c.contains('\n'), "{c}");
+        assert!(
+            c.starts_with("```") && c.ends_with("```") && !c.contains('\n'),
+            "{c}"
+        );
         assert_eq!(md_code("`a"), "`` `a ``");
         assert_eq!(md_code("plain"), "`plain`");
         assert_eq!(csv_cell("Q8_0"), "Q8_0");
