@@ -1116,6 +1116,26 @@ mod tests {
     }
 
     #[test]
+    fn corpus_bytes_parse_or_say_why_not() {
+        let p = Path::new("/x/text.txt");
+        let c = Corpus::parse(b"hello world\n", p).unwrap();
+        assert_eq!(c.text, "hello world");
+        assert_eq!(c.bytes, 12);
+        assert_eq!(c.id, "text.txt");
+        let e = Corpus::parse(b"ab\xffcd", p).unwrap_err().to_string();
+        assert!(e.contains("/x/text.txt") && e.contains("offset 2"), "{e}");
+        for empty in [&b""[..], b"\n", b"  \n\t"] {
+            let e = Corpus::parse(empty, p).unwrap_err().to_string();
+            assert!(e.contains("/x/text.txt") && e.contains("empty"), "{e}");
+        }
+        assert!(check_ctx(usize::MAX, 256)
+            .unwrap_err()
+            .to_string()
+            .contains("larger than the model's context of 256"));
+        assert!(check_ctx(3, 256).is_err() && check_ctx(256, 256).is_ok());
+    }
+
+    #[test]
     fn labels_from_file_names() {
         assert_eq!(
             variant_label(Path::new("/x/smollm2-135m-q4_1-Q8_0.gguf")),
