@@ -314,13 +314,11 @@ pub struct QualityArgs {
     /// A directory of variants named `*-<TYPE>.gguf` (as oracles/llamacpp/make_variants.sh writes them).
     #[arg(long)]
     pub variants_dir: Option<PathBuf>,
-    /// With --variants-dir: the types to score, comma-separated.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "F16,BF16,Q8_0,Q6_K,Q5_K,Q5_1,Q5_0,Q4_K,Q4_1,Q4_0,IQ4_NL,IQ4_XS,Q3_K,Q2_K"
-    )]
-    pub types: Vec<String>,
+    /// With --variants-dir: the types to score, comma-separated; each must have its `*-<TYPE>.gguf` in the
+    /// directory (an unknown type is an error listing the ones there, before anything is scored). Default:
+    /// those of F16,BF16,Q8_0,Q6_K,Q5_K,Q5_1,Q5_0,Q4_K,Q4_1,Q4_0,IQ4_NL,IQ4_XS,Q3_K,Q2_K the directory holds.
+    #[arg(long, value_delimiter = ',', requires = "variants_dir")]
+    pub types: Option<Vec<String>>,
     /// The text: a registered corpus id (models.toml `[[corpora]]`) or a local UTF-8 file.
     #[arg(long, default_value = "alice29")]
     pub corpus: String,
@@ -351,13 +349,27 @@ pub struct QualityArgs {
     /// Cross-check with this llama-perplexity binary (`--kl-divergence` on the same text and chunks).
     #[arg(long)]
     pub check_llama_perplexity: Option<PathBuf>,
-    /// With --check-llama-perplexity: the variant types to check, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "Q8_0,Q4_0")]
-    pub check_types: Vec<String>,
+    /// With --check-llama-perplexity: the variant types to check, comma-separated; each must be a
+    /// variant of the run (checked before anything is scored). Default: those of Q8_0,Q4_0 in the run.
+    #[arg(long, value_delimiter = ',', requires = "check_llama_perplexity")]
+    pub check_types: Option<Vec<String>>,
+    /// Seconds one llama-perplexity run may take before its process group is killed (default 6 h).
+    #[arg(long, default_value_t = 21600.0, value_parser = positive_seconds)]
+    pub engine_timeout: f64,
     /// Where reports go (default reports/ of the repository).
     #[arg(long)]
     pub reports_dir: Option<PathBuf>,
 }
+
+/// The types `lockstep quality --variants-dir` scores when `--types` is not given (those present).
+pub const QUALITY_DEFAULT_TYPES: &[&str] = &[
+    "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0", "IQ4_NL",
+    "IQ4_XS", "Q3_K", "Q2_K",
+];
+
+/// The variants `lockstep quality --check-llama-perplexity` cross-checks when `--check-types` is not given
+/// (those in the run).
+pub const QUALITY_DEFAULT_CHECK_TYPES: &[&str] = &["Q8_0", "Q4_0"];
 
 /// Arguments of `lockstep floors`.
 #[derive(Debug, Args)]
@@ -1051,7 +1063,10 @@ pub fn resolve_threads(requested: Option<usize>) -> Result<usize> {
     }
 }
 
-/// `lockstep quality`: resolve the files, run [`crate::quality::run`], print the table's path.
+/// `lockstep quality`: resolve the files, run [`crate::quality::run`], print the table and the report's
+/// path. Every type name and option is checked before anything is scored (an unknown `--types` or
+/// `--check-types` entry is an error naming it and listing the known ones); a run in which every variant
+/// failed is an error (exit 2) after its report, with each variant's error, is written.
 fn quality(a: QualityArgs, threads: usize) -> Result<()> {
     let root = repo_root();
     let base = match (&a.base, &a.variants_dir) {
@@ -1061,17 +1076,78 @@ fn quality(a: QualityArgs, threads: usize) -> Result<()> {
     };
     let mut variants = a.variant.clone();
     if let Some(d) = &a.variants_dir {
-        // a type without a file is reported as that variant's error, not the run's
-        for t in &a.types {
-            match crate::quality::files_for_types(d, std::slice::from_ref(t)) {
-                Ok(mut f) => variants.push(f.remove(0)),
-                Err(e) => eprintln!("quality: skipping {t}: {e:#}"),
+        let known = crate::quality::types_in_dir(d)?;
+        match &a.types {
+            Some(types) => {
+                let mut seen: Vec<&str> = Vec::new();
+                for t in types {
+                    if seen.iter().any(|s| s.eq_ignore_ascii_case(t)) {
+                        bail!("--types {t}: given twice");
+                    }
+                    seen.push(t);
+                    if !known.iter().any(|k| k.eq_ignore_ascii_case(t)) {
+                        bail!(
+                            "--types {t}: unknown type, no file *-{t}.gguf in {}; the types there: {}",
+                            d.display(),
+                            if known.is_empty() {
+                                "none".to_string()
+                            } else {
+                                known.join(", ")
+                            }
+                        );
+                    }
+                }
+                variants.extend(crate::quality::files_for_types(d, types)?);
+            }
+            None => {
+                let present: Vec<String> = QUALITY_DEFAULT_TYPES
+                    .iter()
+                    .filter(|t| known.iter().any(|k| k.eq_ignore_ascii_case(t)))
+                    .map(|t| t.to_string())
+                    .collect();
+                let absent: Vec<&str> = QUALITY_DEFAULT_TYPES
+                    .iter()
+                    .copied()
+                    .filter(|t| !present.iter().any(|p| p == t))
+                    .collect();
+                if !absent.is_empty() {
+                    eprintln!(
+                        "quality: {} holds no file for the default types {} (give --types to choose)",
+                        d.display(),
+                        absent.join(", ")
+                    );
+                }
+                variants.extend(crate::quality::files_for_types(d, &present)?);
             }
         }
     }
     if variants.is_empty() {
         bail!("no variants: give --variant FILE (repeatable) or --variants-dir DIR --types ...");
     }
+    let check_types = match (&a.check_llama_perplexity, a.check_types) {
+        (None, _) => Vec::new(),
+        (Some(_), Some(t)) => t,
+        (Some(_), None) => {
+            let labels: Vec<String> = variants
+                .iter()
+                .map(|v| crate::quality::variant_label(v))
+                .collect();
+            let t: Vec<String> = QUALITY_DEFAULT_CHECK_TYPES
+                .iter()
+                .filter(|t| labels.iter().any(|l| l.eq_ignore_ascii_case(t)))
+                .map(|t| t.to_string())
+                .collect();
+            if t.is_empty() {
+                bail!(
+                    "--check-llama-perplexity: none of the default types {} is a variant of this run; give \
+                     --check-types (the run's variants: {})",
+                    QUALITY_DEFAULT_CHECK_TYPES.join(","),
+                    labels.join(", ")
+                );
+            }
+            t
+        }
+    };
     let opts = crate::quality::QualityOptions {
         base,
         variants,
@@ -1090,11 +1166,22 @@ fn quality(a: QualityArgs, threads: usize) -> Result<()> {
         reports_root: a.reports_dir.unwrap_or_else(|| root.join("reports")),
         golden_manifest: root.join("golden").join(crate::golden::MANIFEST_FILE),
         llama_perplexity: a.check_llama_perplexity,
-        check_types: a.check_types,
+        check_types,
+        llama_timeout: std::time::Duration::from_secs_f64(a.engine_timeout),
     };
     let (report, dir) = crate::quality::run(&opts, &mut |m| eprintln!("quality: {m}"))?;
     print!("{}", crate::quality::report::render_markdown(&report));
     println!("\nreport: {}", dir.display());
+    let rows: Vec<&crate::quality::VariantResult> =
+        report.models.iter().flat_map(|m| &m.variants).collect();
+    if rows.iter().all(|v| v.stats.is_none()) {
+        bail!(
+            "every variant failed ({} of {}); their errors are in the report {}",
+            rows.len(),
+            rows.len(),
+            dir.display()
+        );
+    }
     Ok(())
 }
 

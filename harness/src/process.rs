@@ -370,3 +370,20 @@ mod tests {
         assert!(!p.exists() && !lock(&SCRATCH).contains(&p));
     }
 }
+
+impl ScratchGuard {
+    /// A new temporary directory named `<prefix>XXXXXX` inside `dir` (which must exist), registered for
+    /// removal on interrupt like [`ScratchGuard::new`]: for scratch files too large for `$TMPDIR`, or
+    /// that must be renamed into `dir` (same file system). Added for `lockstep quality` (its base-logits
+    /// cache and llama-perplexity's base log-probs, each up to a few GB).
+    ///
+    /// Errors: the directory cannot be created (named).
+    pub fn new_in(dir: &Path, prefix: &str) -> Result<ScratchGuard> {
+        let d = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in(dir)
+            .with_context(|| format!("creating a scratch directory in {}", dir.display()))?;
+        lock(&SCRATCH).push(d.path().to_path_buf());
+        Ok(ScratchGuard { dir: d })
+    }
+}

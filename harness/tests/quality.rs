@@ -132,7 +132,8 @@ fn quality_end_to_end_on_synthetic_variants() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("base: cached"), "{stderr}");
 
-    // a damaged cache file is a clear error naming it (the run does not go on with bad numbers)
+    // a damaged cache file (cut in half) is said to be damaged, naming it, discarded and computed again:
+    // the run does not go on with bad numbers
     let base_file = std::fs::read_dir(cache.join("quality"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -141,11 +142,57 @@ fn quality_end_to_end_on_synthetic_variants() {
     let bytes = std::fs::read(&base_file).unwrap();
     std::fs::write(&base_file, &bytes[..bytes.len() / 2]).unwrap();
     let (code, _, stderr) = quality(&cache, &args);
-    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(code, 0, "{stderr}");
     assert!(
-        stderr.contains(&base_file.display().to_string()) && stderr.contains("truncated"),
+        stderr.contains(&base_file.display().to_string())
+            && stderr.contains("truncated")
+            && stderr.contains("computing the base again")
+            && stderr.contains("base: computing"),
         "{stderr}"
     );
+    assert_eq!(std::fs::read(&base_file).unwrap(), bytes);
+
+    // a change that leaves every value in range (each row's ln Σ exp raised by 1) is caught by the
+    // cache's sha256; without it SAME (the base itself) would score a large KLD and the run exit 0
+    let mut bad = bytes.clone();
+    let hlen = u32::from_le_bytes(bad[8..12].try_into().unwrap()) as usize;
+    let mut at = 12 + hlen + 4 * 64 * 4;
+    for _ in 0..4 * 31 {
+        let n = u32::from_le_bytes(bad[at..at + 4].try_into().unwrap()) as usize;
+        let lse = f64::from_le_bytes(bad[at + 4..at + 12].try_into().unwrap());
+        bad[at + 4..at + 12].copy_from_slice(&(lse + 1.0).to_le_bytes());
+        at += 4 + 8 + 8 + 4 + n * 2 + n * 4;
+    }
+    std::fs::write(&base_file, &bad).unwrap();
+    let before: Vec<PathBuf> = std::fs::read_dir(&reports)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let (code, _, stderr) = quality(&cache, &args);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("do not match their sha256") && stderr.contains("base: computing"),
+        "{stderr}"
+    );
+    let new: Vec<PathBuf> = std::fs::read_dir(&reports)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert_eq!(new.len(), 1, "{new:?}");
+    let newest = &new[0];
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(newest.join("quality.json")).unwrap())
+            .unwrap();
+    let same = j["models"][0]["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["label"] == "SAME")
+        .unwrap()["stats"]["kld"]["value"]
+        .as_f64()
+        .unwrap();
+    assert!(same.abs() < 1e-6, "SAME scored a KLD of {same}");
 }
 
 #[test]
@@ -235,8 +282,11 @@ fn quality_bad_input_is_a_clear_error() {
         "--reports-dir",
         r,
     ]);
-    assert_eq!(code, 0, "{e}");
+    // its only variant failed: the run is an error (exit 2), after the report with the error is written
+    assert_eq!(code, 2, "{e}");
     assert!(e.contains("TRUNC: error"), "{e}");
+    assert!(e.contains("every variant failed (1 of 1)"), "{e}");
+    assert_eq!(std::fs::read_dir(&reports).unwrap().count(), 1);
     // nothing half-written is left in the reports directory
     for entry in std::fs::read_dir(&reports).unwrap() {
         let name = entry.unwrap().file_name();

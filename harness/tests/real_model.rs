@@ -163,6 +163,7 @@ fn smollm2_quality_on_alice29_against_itself() {
         golden_manifest: dir.path().join("none"),
         llama_perplexity: None,
         check_types: vec![],
+        llama_timeout: std::time::Duration::from_secs(3600),
     };
     let (r, out) = lockstep::quality::run(&opts, &mut |_| {}).unwrap();
     assert!(out.join("quality.md").is_file());

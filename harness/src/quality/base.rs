@@ -15,36 +15,64 @@
 //! **File.** `<cache>/quality/base-<key>.bin`, `<key>` = the first 16 hex digits of sha256 over the format
 //! version, the corpus sha256, the base file's sha256, `n_ctx`, `n_chunks`, the numerics mode, the window,
 //! `max_kept` and the number of full-row chunks ([`BaseKey::digest`]). Layout, little-endian, format
-//! [`FORMAT_VERSION`] 2:
+//! [`FORMAT_VERSION`] 3:
 //!
-//! 1. magic `LSQBASE2` (`LSQBASE` + the version digit), a u32 length and that many bytes of JSON: the
+//! 1. magic `LSQBASE3` (`LSQBASE` + the version digit), a u32 length and that many bytes of JSON: the
 //!    [`BaseKey`];
 //! 2. `n_chunks · n_ctx` u32: the chunks' tokens (before the BOS substitution);
 //! 3. per scored token (`n_chunks · (n_ctx − 1 − n_ctx/2)`, chunk by chunk): u32 `n_kept`, f64 `lse`, f64
 //!    tail mass, f32 logit of the next token, then `n_kept` ids (u16 when `n_vocab ≤ 65 536`, else u32) and
 //!    `n_kept` f32 logits, logit descending (lower id first on ties);
-//! 4. the full raw logit rows (f32 × `n_vocab`) of the first `full_kl_chunks` chunks' scored tokens.
+//! 4. the full raw logit rows (f32 × `n_vocab`) of the first `full_kl_chunks` chunks' scored tokens;
+//! 5. 32 bytes: the sha256 of every byte before them (magic, header and body).
 //!
-//! Written atomically (temporary file + rename). [`BaseLogits::load`] streams the file and checks every
-//! field (sizes, ids inside the vocabulary, no id twice in a row, finite values, logits descending and
-//! inside the window, the tail a probability, nothing after the end): a truncated or hostile file is an
-//! error naming the file and what is wrong, never a panic; a file written for another key is ignored and
-//! recomputed.
+//! Written atomically (inside a scratch directory next to it, removed on every exit path including an
+//! interrupt, then renamed into place). [`BaseLogits::load`] streams the file, hashes it as it goes and
+//! checks every field (sizes, ids inside the vocabulary, no id twice in a row, finite values, logits
+//! descending and inside the window, the tail a probability, nothing after the end) and finally the
+//! sha256: a truncated, hostile or silently corrupted file (a flipped bit in a value that is still in
+//! range) is a [`DamagedCache`] error naming the file and what is wrong, never a panic and never wrong
+//! figures. `lockstep quality` treats a damaged cache as a cache: it says so on stderr, discards it and
+//! computes the base again. A file written for another key is ignored and recomputed the same way.
 
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// The cache file format this code writes and reads (the digit after `LSQBASE` in the magic).
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 const MAGIC_PREFIX: &[u8; 7] = b"LSQBASE";
 
 /// Largest JSON header accepted when reading (a hostile length is refused before allocating).
 const MAX_HEADER: usize = 1 << 20;
+
+/// Largest vocabulary a cache header may declare (the largest real vocabularies hold ~260 000 tokens).
+pub const MAX_VOCAB: usize = 1 << 24;
+
+/// Bytes of the sha256 trailer.
+const CHECKSUM_BYTES: u64 = 32;
+
+/// A base-logits cache file that cannot be used: truncated, out of range, or not matching its sha256.
+///
+/// `lockstep quality` recomputes the base when it meets one (a cache holds nothing that cannot be
+/// computed again); other I/O errors (no permission, a read error of the disk) are not this type and stop
+/// the run.
+#[derive(Debug, thiserror::Error)]
+#[error("the base-logits cache {} is not usable: {what} (at byte {at} of {len})", path.display())]
+pub struct DamagedCache {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong.
+    pub what: String,
+    /// Byte offset where it was found.
+    pub at: u64,
+    /// Bytes of the file.
+    pub len: u64,
+}
 
 /// What the cached base logits were computed from; the cache key.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -266,20 +294,22 @@ impl BaseLogits {
             .join(format!("base-{}.bin", key.digest()))
     }
 
-    /// Writes the cache file atomically (streamed through a temporary file in the same directory, then
-    /// renamed).
+    /// Writes the cache file atomically: streamed into a scratch directory next to `path` (removed on
+    /// every exit path, an interrupt included), with the sha256 trailer, then renamed into place.
     ///
     /// Errors: the directory cannot be created or written (named).
     pub fn save(&self, path: &Path) -> Result<()> {
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let tmp = tempfile::Builder::new()
-            .prefix(".base-partial-")
-            .tempfile_in(dir)
-            .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+        let scratch = crate::process::ScratchGuard::new_in(dir, ".base-partial-")
+            .with_context(|| format!("cannot create a temporary directory in {}", dir.display()))?;
+        let tmp = scratch.path().join("base.bin");
         let wide = self.header.id_bytes() == 4;
-        let write = |tmp: &tempfile::NamedTempFile| -> std::io::Result<()> {
-            let mut w = BufWriter::with_capacity(1 << 20, tmp.as_file());
+        let write = |file: &std::fs::File| -> std::io::Result<()> {
+            let mut w = HashWriter {
+                w: BufWriter::with_capacity(1 << 20, file),
+                h: Sha256::new(),
+            };
             w.write_all(MAGIC_PREFIX)?;
             w.write_all(FORMAT_VERSION.to_string().as_bytes())?;
             let h = serde_json::to_vec(&self.header).map_err(std::io::Error::other)?;
@@ -307,13 +337,17 @@ impl BaseLogits {
             for x in &self.full {
                 w.write_all(&x.to_le_bytes())?;
             }
-            w.flush()?;
-            drop(w);
-            tmp.as_file().sync_all()
+            let digest = w.h.finalize();
+            let mut inner = w.w;
+            inner.write_all(&digest)?;
+            inner.flush()?;
+            drop(inner);
+            file.sync_all()
         };
-        write(&tmp).with_context(|| format!("cannot write {}", path.display()))?;
-        tmp.persist(path)
-            .map_err(|e| e.error)
+        std::fs::File::create(&tmp)
+            .and_then(|f| write(&f))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::rename(&tmp, path)
             .with_context(|| format!("cannot move the base logits to {}", path.display()))?;
         Ok(())
     }
@@ -321,112 +355,199 @@ impl BaseLogits {
     /// Reads a cache file and checks it was computed for `key` (`Ok(None)` when it was not, or does not
     /// exist).
     ///
-    /// Errors, each naming the file and saying to delete it: not a lockstep base file; another format
-    /// version; truncated (with the byte offset); any field out of range (a count of kept tokens of 0 or
-    /// above `max_kept`/`n_vocab`, an id outside the vocabulary or twice in one row, a non-finite value,
-    /// logits not descending or outside the window, a tail mass outside [0, 1], a token outside the
-    /// vocabulary); bytes after the end.
+    /// Errors: a [`DamagedCache`] (downcast the `anyhow::Error`) naming the file and what is wrong: not a
+    /// lockstep base file; another format version; truncated (with the byte offset); any field out of
+    /// range (a count of kept tokens of 0 or above `max_kept`/`n_vocab`, an id outside the vocabulary or
+    /// twice in one row, a non-finite value, logits not descending or outside the window, a tail mass
+    /// outside [0, 1], a token outside the vocabulary); bytes after the end; a sha256 that does not match
+    /// the contents. Any other I/O error (named) is a plain error.
     pub fn load(path: &Path, key: &BaseKey) -> Result<Option<BaseLogits>> {
         let f = match std::fs::File::open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e).with_context(|| format!("cannot open {}", path.display())),
         };
-        let len = f
+        let meta = f
             .metadata()
-            .with_context(|| format!("cannot read {}", path.display()))?
-            .len();
-        let mut r = Reader {
-            r: BufReader::with_capacity(1 << 20, f),
-            at: 0,
-            len,
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if !meta.is_file() {
+            return Err(DamagedCache {
+                path: path.to_path_buf(),
+                what: "it is not a regular file".into(),
+                at: 0,
+                len: 0,
+            }
+            .into());
+        }
+        read_cache(
+            BufReader::with_capacity(1 << 20, f),
+            meta.len(),
             path,
-        };
-        let magic = r.bytes(8, "the magic")?;
-        if &magic[..7] != MAGIC_PREFIX {
-            return Err(r.bad("it does not start with LSQBASE: not a lockstep base-logits file"));
-        }
-        if magic[7] != b'0' + FORMAT_VERSION as u8 {
-            return Err(r.bad(&format!(
-                "format version {:?}, this lockstep reads version {FORMAT_VERSION}",
-                char::from(magic[7])
-            )));
-        }
-        let n = r.u32("the header length")? as usize;
-        if n > MAX_HEADER {
-            return Err(r.bad(&format!("a header length of {n} bytes")));
-        }
-        let header: BaseKey = serde_json::from_slice(&r.bytes(n, "the header")?)
-            .map_err(|e| r.bad(&format!("the JSON header does not parse ({e})")))?;
-        if !header.same_contents(key) {
-            return Ok(None);
-        }
-        let h = &header;
-        let per = super::scored_per_chunk(h.n_ctx);
-        let n_tok = h.n_chunks.checked_mul(h.n_ctx);
-        let n_rows = h.n_chunks.checked_mul(per);
-        let n_full = h
-            .full_kl_chunks
-            .checked_mul(per)
-            .and_then(|x| x.checked_mul(h.n_vocab));
-        let (Some(n_tok), Some(n_rows), Some(n_full)) = (n_tok, n_rows, n_full) else {
-            return Err(r.bad("the header's sizes overflow"));
-        };
-        // the least the rest can hold: tokens, one kept token per row, the full rows
-        let least = (n_tok as u64 * 4)
-            .saturating_add(n_rows as u64 * (ROW_HEAD + h.id_bytes() + 4) as u64)
-            .saturating_add(n_full as u64 * 4);
-        if len.saturating_sub(r.at) < least {
-            return Err(r.bad(&format!(
-                "it is truncated: {} bytes after the header, at least {least} needed",
-                len.saturating_sub(r.at)
-            )));
-        }
-        let mut tokens = Vec::with_capacity(n_tok);
-        for i in 0..n_tok {
-            let t = r.u32("the tokens")?;
-            if t as usize >= h.n_vocab {
-                return Err(r.bad(&format!(
-                    "token {i} is {t}, outside the vocabulary of {}",
-                    h.n_vocab
-                )));
-            }
-            tokens.push(t);
-        }
-        let cap = h.max_kept.min(h.n_vocab);
-        let mut seen = vec![u32::MAX; h.n_vocab];
-        let mut rows = Vec::with_capacity(n_rows);
-        for i in 0..n_rows {
-            let row = read_row(&mut r, h, cap, i, &mut seen)?;
-            rows.push(row);
-        }
-        let mut full = Vec::with_capacity(n_full);
-        for _ in 0..n_full {
-            let x = r.f32("the full rows")?;
-            if !x.is_finite() {
-                return Err(r.bad("a non-finite logit in the full rows"));
-            }
-            full.push(x);
-        }
-        if r.at != len {
-            return Err(r.bad(&format!("{} bytes after the end of the data", len - r.at)));
-        }
-        Ok(Some(BaseLogits {
-            header,
-            tokens,
-            rows,
-            full,
-        }))
+            Some(key),
+        )
     }
 }
 
-/// Reads and checks scored row `i` (`seen`: a per-id stamp of the last row that used the id).
-fn read_row(
-    r: &mut Reader<'_>,
+/// Parses a whole base-logits cache file from its bytes (`path` only names it in errors), checking every
+/// field and the sha256 trailer as [`BaseLogits::load`] does, for any key: the header's own sizes are
+/// checked instead (`n_ctx ≥ 4`, `1 ≤ n_vocab ≤` [`MAX_VOCAB`], `max_kept ≥ 1`, a finite window ≥ 0,
+/// `full_kl_chunks ≤ n_chunks`). Pure: no I/O. For fuzzing and tests.
+///
+/// Errors: a [`DamagedCache`], as [`BaseLogits::load`].
+pub fn parse_base_logits(bytes: &[u8], path: &Path) -> Result<BaseLogits> {
+    read_cache(bytes, bytes.len() as u64, path, None)?
+        .ok_or_else(|| anyhow!("internal: a key-less read gave no result"))
+}
+
+/// A writer that hashes what it writes (the cache's sha256 trailer).
+struct HashWriter<W: Write> {
+    w: W,
+    h: Sha256,
+}
+
+impl<W: Write> Write for HashWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.w.write(buf)?;
+        self.h.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.w.flush()
+    }
+}
+
+/// Reads a cache of `len` bytes from `src`; with `key`, `Ok(None)` when it was computed for another key.
+fn read_cache<R: Read>(
+    src: R,
+    len: u64,
+    path: &Path,
+    key: Option<&BaseKey>,
+) -> Result<Option<BaseLogits>> {
+    let mut r = Reader {
+        r: src,
+        at: 0,
+        len,
+        path,
+        h: Sha256::new(),
+    };
+    let magic = r.bytes(8, "the magic")?;
+    if &magic[..7] != MAGIC_PREFIX {
+        return Err(r.bad("it does not start with LSQBASE: not a lockstep base-logits file"));
+    }
+    if magic[7] != b'0' + FORMAT_VERSION as u8 {
+        return Err(r.bad(&format!(
+            "format version {:?}, this lockstep reads version {FORMAT_VERSION}",
+            char::from(magic[7])
+        )));
+    }
+    let n = r.u32("the header length")? as usize;
+    if n > MAX_HEADER {
+        return Err(r.bad(&format!("a header length of {n} bytes")));
+    }
+    let header: BaseKey = serde_json::from_slice(&r.bytes(n, "the header")?)
+        .map_err(|e| r.bad(&format!("the JSON header does not parse ({e})")))?;
+    if key.is_some_and(|k| !header.same_contents(k)) {
+        return Ok(None);
+    }
+    let h = &header;
+    let sane = h.n_ctx >= 4
+        && (1..=MAX_VOCAB).contains(&h.n_vocab)
+        && h.max_kept >= 1
+        && h.window.is_finite()
+        && h.window >= 0.0
+        && h.full_kl_chunks <= h.n_chunks;
+    if !sane {
+        return Err(r.bad(&format!(
+            "the header's settings are out of range (n_ctx {} ≥ 4, n_vocab {} in 1 ..= {MAX_VOCAB}, \
+             max_kept {} ≥ 1, window {} finite ≥ 0, full_kl_chunks {} ≤ n_chunks {})",
+            h.n_ctx, h.n_vocab, h.max_kept, h.window, h.full_kl_chunks, h.n_chunks
+        )));
+    }
+    let per = super::scored_per_chunk(h.n_ctx);
+    let n_tok = h.n_chunks.checked_mul(h.n_ctx);
+    let n_rows = h.n_chunks.checked_mul(per);
+    let n_full = h
+        .full_kl_chunks
+        .checked_mul(per)
+        .and_then(|x| x.checked_mul(h.n_vocab));
+    let (Some(n_tok), Some(n_rows), Some(n_full)) = (n_tok, n_rows, n_full) else {
+        return Err(r.bad("the header's sizes overflow"));
+    };
+    // the least the rest can hold: tokens, one kept token per row, the full rows, the checksum
+    let least = (n_tok as u64)
+        .saturating_mul(4)
+        .saturating_add((n_rows as u64).saturating_mul((ROW_HEAD + h.id_bytes() + 4) as u64))
+        .saturating_add((n_full as u64).saturating_mul(4))
+        .saturating_add(CHECKSUM_BYTES);
+    if len.saturating_sub(r.at) < least {
+        return Err(r.bad(&format!(
+            "it is truncated: {} bytes after the header, at least {least} needed",
+            len.saturating_sub(r.at)
+        )));
+    }
+    let mut tokens = Vec::with_capacity(n_tok);
+    for i in 0..n_tok {
+        let t = r.u32("the tokens")?;
+        if t as usize >= h.n_vocab {
+            return Err(r.bad(&format!(
+                "token {i} is {t}, outside the vocabulary of {}",
+                h.n_vocab
+            )));
+        }
+        tokens.push(t);
+    }
+    let cap = h.max_kept.min(h.n_vocab);
+    let mut seen = Vec::new();
+    let mut rows = Vec::with_capacity(n_rows);
+    for i in 0..n_rows {
+        let row = read_row(&mut r, h, cap, i, &mut seen)?;
+        rows.push(row);
+    }
+    let mut full = Vec::with_capacity(n_full);
+    for _ in 0..n_full {
+        let x = r.f32("the full rows")?;
+        if !x.is_finite() {
+            return Err(r.bad("a non-finite logit in the full rows"));
+        }
+        full.push(x);
+    }
+    let data_end = len.saturating_sub(CHECKSUM_BYTES);
+    if r.at > data_end {
+        return Err(r.bad("it is truncated: the sha256 trailer is missing or cut short"));
+    }
+    if r.at < data_end {
+        return Err(r.bad(&format!(
+            "{} bytes after the end of the data",
+            data_end.saturating_sub(r.at)
+        )));
+    }
+    let digest = std::mem::take(&mut r.h).finalize();
+    let stored = r.bytes(CHECKSUM_BYTES as usize, "the sha256 trailer")?;
+    if stored[..] != digest[..] {
+        return Err(r.bad(&format!(
+            "its contents do not match their sha256 (stored {}, computed {}): the file was changed or \
+             damaged after it was written",
+            hex::encode(&stored),
+            hex::encode(digest)
+        )));
+    }
+    Ok(Some(BaseLogits {
+        header,
+        tokens,
+        rows,
+        full,
+    }))
+}
+
+/// Reads and checks scored row `i` (`seen`: a per-id stamp of the last row that used the id, grown to
+/// the largest id met).
+fn read_row<R: Read>(
+    r: &mut Reader<'_, R>,
     h: &BaseKey,
     cap: usize,
     i: usize,
-    seen: &mut [u32],
+    seen: &mut Vec<u32>,
 ) -> Result<BaseRow> {
     let what = format!("row {i}");
     let n = r.u32(&what)? as usize;
@@ -456,6 +577,9 @@ fn read_row(
                 "row {i} keeps id {id}, outside the vocabulary of {}",
                 h.n_vocab
             )));
+        }
+        if seen.len() <= id as usize {
+            seen.resize(id as usize + 1, u32::MAX);
         }
         if seen[id as usize] == i as u32 {
             return Err(r.bad(&format!("row {i} keeps id {id} twice")));
@@ -489,28 +613,32 @@ fn read_row(
     })
 }
 
-/// A counted reader whose errors name the file.
-struct Reader<'a> {
-    r: BufReader<std::fs::File>,
+/// A counted, hashing reader whose errors name the file.
+struct Reader<'a, R: Read> {
+    r: R,
     at: u64,
     len: u64,
     path: &'a Path,
+    /// sha256 of every byte read so far (until the trailer is read).
+    h: Sha256,
 }
 
-impl Reader<'_> {
+impl<R: Read> Reader<'_, R> {
     fn bad(&self, what: &str) -> anyhow::Error {
-        anyhow!(
-            "the base-logits cache {} is not usable: {what} (at byte {} of {}); delete it to recompute",
-            self.path.display(),
-            self.at,
-            self.len
-        )
+        DamagedCache {
+            path: self.path.to_path_buf(),
+            what: what.to_string(),
+            at: self.at,
+            len: self.len,
+        }
+        .into()
     }
 
     fn fill(&mut self, buf: &mut [u8], what: &str) -> Result<()> {
         match self.r.read_exact(buf) {
             Ok(()) => {
                 self.at += buf.len() as u64;
+                self.h.update(&*buf);
                 Ok(())
             }
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
@@ -522,7 +650,7 @@ impl Reader<'_> {
 
     fn bytes(&mut self, n: usize, what: &str) -> Result<Vec<u8>> {
         if (n as u64) > self.len.saturating_sub(self.at) {
-            bail!(self.bad(&format!("it is truncated in {what}")));
+            return Err(self.bad(&format!("it is truncated in {what}")));
         }
         let mut b = vec![0; n];
         self.fill(&mut b, what)?;
@@ -670,7 +798,7 @@ mod tests {
         for cut in 0..good.len() {
             let e = load(&good[..cut]);
             assert!(
-                e.contains(&name) && e.contains("delete it"),
+                e.contains(&name) && e.contains("not usable"),
                 "cut {cut}: {e}"
             );
         }
@@ -712,5 +840,102 @@ mod tests {
         assert!(patch(12 + hlen, &9u32.to_le_bytes()).contains("token 0 is 9"));
         // the header: not JSON
         assert!(patch(12, b"!").contains("does not parse"));
+    }
+
+    /// A value changed inside its valid range (a row's ln Σ exp, a full-row logit, a token of the text) is
+    /// caught by the sha256 trailer: without it the run would score against wrong base figures.
+    #[test]
+    fn in_range_corruption_is_caught_by_the_checksum() {
+        let key = key(5);
+        let b = sample(&key);
+        let dir = tempfile::tempdir().unwrap();
+        let p = BaseLogits::cache_path(dir.path(), &key);
+        b.save(&p).unwrap();
+        let good = std::fs::read(&p).unwrap();
+        assert_eq!(BaseLogits::load(&p, &key).unwrap().unwrap(), b);
+        let hlen = u32::from_le_bytes(good[8..12].try_into().unwrap()) as usize;
+        let row0 = 12 + hlen + 8 * 4;
+        let full0 = good.len() - 32 - b.full.len() * 4;
+        let cases: Vec<(usize, Vec<u8>)> = vec![
+            // ln Σ exp of row 0: still finite and ≥ 0
+            (row0 + 4, (b.rows[0].lse + 1.0).to_le_bytes().to_vec()),
+            // the first full-row logit: still finite
+            (full0, (b.full[0] + 0.5).to_le_bytes().to_vec()),
+            // a token of the text: still inside the vocabulary
+            (12 + hlen, ((b.tokens[0] + 1) % 5).to_le_bytes().to_vec()),
+            // the trailer itself
+            (good.len() - 1, vec![good[good.len() - 1] ^ 1]),
+        ];
+        for (at, bytes) in cases {
+            let mut x = good.clone();
+            x[at..at + bytes.len()].copy_from_slice(&bytes);
+            assert_ne!(x, good);
+            std::fs::write(&p, &x).unwrap();
+            let e = BaseLogits::load(&p, &key).unwrap_err();
+            let d = e.downcast_ref::<DamagedCache>().expect("a DamagedCache");
+            assert_eq!(d.path, p);
+            let m = e.to_string();
+            assert!(
+                m.contains("do not match their sha256") && m.contains(&p.display().to_string()),
+                "byte {at}: {m}"
+            );
+            let e = parse_base_logits(&x, &p).unwrap_err().to_string();
+            assert!(e.contains("sha256"), "byte {at}: {e}");
+        }
+    }
+
+    /// The pure parser: the same file parses; every prefix and hostile headers are errors, not panics or
+    /// huge allocations.
+    #[test]
+    fn the_pure_parser_refuses_hostile_headers() {
+        let key = key(5);
+        let b = sample(&key);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("b.bin");
+        b.save(&p).unwrap();
+        let good = std::fs::read(&p).unwrap();
+        assert_eq!(parse_base_logits(&good, &p).unwrap(), b);
+        for cut in 0..good.len() {
+            assert!(parse_base_logits(&good[..cut], &p).is_err());
+        }
+        let with_header = |k: &BaseKey| {
+            let h = serde_json::to_vec(k).unwrap();
+            let mut x = b"LSQBASE3".to_vec();
+            x.extend_from_slice(&(h.len() as u32).to_le_bytes());
+            x.extend_from_slice(&h);
+            x.extend_from_slice(&[0; 64]);
+            parse_base_logits(&x, &p).unwrap_err().to_string()
+        };
+        for bad in [
+            BaseKey {
+                n_ctx: 0,
+                ..key.clone()
+            },
+            BaseKey {
+                n_vocab: usize::MAX,
+                ..key.clone()
+            },
+            BaseKey {
+                max_kept: 0,
+                ..key.clone()
+            },
+            BaseKey {
+                window: -1.0,
+                ..key.clone()
+            },
+            BaseKey {
+                full_kl_chunks: 9,
+                ..key.clone()
+            },
+        ] {
+            assert!(with_header(&bad).contains("out of range"), "{bad:?}");
+        }
+        let huge = BaseKey {
+            n_chunks: usize::MAX / 2,
+            full_kl_chunks: 0,
+            ..key.clone()
+        };
+        let e = with_header(&huge);
+        assert!(e.contains("overflow") || e.contains("truncated"), "{e}");
     }
 }

@@ -11,8 +11,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use super::stats::Unc;
@@ -100,14 +101,21 @@ pub struct Invocation {
     pub seconds: f64,
 }
 
-fn run(bin: &Path, args: &[String]) -> Result<(String, Invocation)> {
+/// Runs `bin args` through [`crate::process::run_bounded`]: its own process group (killed with any
+/// helpers on timeout and on Ctrl-C / SIGTERM), stdout and stderr in files under `scratch` named from
+/// `what` (bounded and sanitised by [`crate::output::file_stem`]: a variant label may be any text).
+fn run(
+    bin: &Path,
+    args: &[String],
+    timeout: Duration,
+    scratch: &Path,
+    what: &str,
+) -> Result<(String, Invocation)> {
     let shown = format!("{} {}", bin.display(), args.join(" "));
     let t0 = std::time::Instant::now();
-    let out = Command::new(bin)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {shown}"))?;
+    let mut cmd = Command::new(bin);
+    cmd.args(args);
+    let out = crate::process::run_bounded(cmd, timeout, scratch, &crate::output::file_stem(what))?;
     let text = format!(
         "{}\n{}",
         String::from_utf8_lossy(&out.stdout),
@@ -143,6 +151,10 @@ pub struct LlamaRun {
     pub n_chunks: usize,
     /// `-t`.
     pub threads: usize,
+    /// Time one run may take before its process group is killed.
+    pub timeout: Duration,
+    /// Where each run's stdout and stderr are captured (a scratch directory the caller removes).
+    pub scratch: PathBuf,
 }
 
 impl LlamaRun {
@@ -179,15 +191,23 @@ impl LlamaRun {
 
     /// Saves the base's log-probs to `logits` (llama-perplexity without `--kl-divergence`).
     ///
-    /// Errors: the program fails (its last lines quoted).
+    /// Errors: the program cannot start, fails (its last lines quoted), or outlives the timeout.
     pub fn save_base(&self, base: &Path, logits: &Path) -> Result<Invocation> {
-        run(&self.bin, &self.common(base, logits)).map(|(_, i)| i)
+        run(
+            &self.bin,
+            &self.common(base, logits),
+            self.timeout,
+            &self.scratch,
+            "llama-perplexity-base",
+        )
+        .map(|(_, i)| i)
     }
 
     /// Runs `--kl-divergence` for one variant against the saved base and parses the statistics; returns
     /// them with the whole printout and the invocation.
     ///
-    /// Errors: the program fails, or prints no `Mean    KLD` line (fewer than 100 tokens scored).
+    /// Errors: the program cannot start, fails, outlives the timeout, or prints no `Mean    KLD` line
+    /// (fewer than 100 tokens scored).
     pub fn kl_divergence(
         &self,
         variant: &Path,
@@ -195,7 +215,14 @@ impl LlamaRun {
     ) -> Result<(LlamaFigures, String, Invocation)> {
         let mut args = self.common(variant, logits);
         args.push("--kl-divergence".into());
-        let (out, inv) = run(&self.bin, &args)?;
+        let label = super::variant_label(variant);
+        let (out, inv) = run(
+            &self.bin,
+            &args,
+            self.timeout,
+            &self.scratch,
+            &format!("llama-perplexity-kld-{label}"),
+        )?;
         let f = parse(&out);
         if f.kld.is_none() {
             bail!(
@@ -220,6 +247,8 @@ mod tests {
             n_ctx: 512,
             n_chunks: 81,
             threads: 2,
+            timeout: Duration::from_secs(60),
+            scratch: "/tmp".into(),
         };
         let a = r.common(Path::new("m.gguf"), Path::new("b.kld")).join(" ");
         assert!(a.contains(&LlamaRun::flags_shown(512, 81)), "{a}");

@@ -43,7 +43,7 @@ use lockstep_engine::{Model, NumericsMode, Simd};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use self::base::{softmax_norm, BaseKey, BaseLogits, BaseRow};
+use self::base::{softmax_norm, BaseKey, BaseLogits, BaseRow, DamagedCache};
 use self::report::QualityReport;
 use self::stats::{KldAccumulator, QualityStats, TokenScore};
 
@@ -101,22 +101,70 @@ pub struct Corpus {
     pub text: String,
 }
 
+/// Largest corpus file read, in bytes (256 MiB; the registered texts are 0.15 to 11 MB, and tokenizing
+/// and scoring more would take days): a bigger file, or an endless one (`/dev/zero`), is refused before it
+/// is read.
+pub const MAX_CORPUS_BYTES: u64 = 256 << 20;
+
 impl Corpus {
-    /// Reads a local text file: it must be UTF-8 and non-empty.
+    /// Reads a local text file: a regular file of at most [`MAX_CORPUS_BYTES`], UTF-8 and non-empty
+    /// ([`Corpus::parse`]).
     ///
-    /// Errors name the file: unreadable, not UTF-8 (with the byte offset), empty.
+    /// Errors name the file: missing or unreadable, not a regular file (a directory, a device such as
+    /// `/dev/zero`, a FIFO — checked before opening, so a FIFO cannot block), larger than the limit, and
+    /// [`Corpus::parse`]'s.
     pub fn from_file(path: &Path) -> Result<Corpus> {
-        let bytes = std::fs::read(path)
+        let meta = std::fs::metadata(path)
             .with_context(|| format!("cannot read the corpus {}", path.display()))?;
-        let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-        let n = bytes.len() as u64;
-        let mut text = String::from_utf8(bytes).map_err(|e| {
+        if !meta.is_file() {
+            bail!(
+                "the corpus {} is not a regular file (a directory, a device or a FIFO); give a UTF-8 text \
+                 file",
+                path.display()
+            );
+        }
+        let too_big = |n: u64| {
             anyhow::anyhow!(
-                "the corpus {} is not UTF-8 text (invalid byte at offset {}); give a UTF-8 text file",
-                path.display(),
-                e.utf8_error().valid_up_to()
+                "the corpus {} is {n} bytes, more than the {MAX_CORPUS_BYTES} bytes lockstep quality reads; \
+                 give a shorter text",
+                path.display()
             )
-        })?;
+        };
+        if meta.len() > MAX_CORPUS_BYTES {
+            return Err(too_big(meta.len()));
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        std::fs::File::open(path)
+            .and_then(|f| {
+                std::io::Read::read_to_end(
+                    &mut std::io::Read::take(f, MAX_CORPUS_BYTES + 1),
+                    &mut bytes,
+                )
+            })
+            .with_context(|| format!("cannot read the corpus {}", path.display()))?;
+        // the file may have grown since its size was read
+        if bytes.len() as u64 > MAX_CORPUS_BYTES {
+            return Err(too_big(bytes.len() as u64));
+        }
+        Corpus::parse(&bytes, path)
+    }
+
+    /// The corpus from a file's bytes (`path` names it, in errors and in the record): its sha256, the text
+    /// with one trailing `\n` dropped. Pure: no I/O. For fuzzing and tests.
+    ///
+    /// Errors name the file: not UTF-8 (with the byte offset), empty or only whitespace.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Corpus> {
+        let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes));
+        let n = bytes.len() as u64;
+        let mut text = std::str::from_utf8(bytes)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "the corpus {} is not UTF-8 text (invalid byte at offset {}); give a UTF-8 text file",
+                    path.display(),
+                    e.valid_up_to()
+                )
+            })?
+            .to_string();
         if text.ends_with('\n') {
             text.pop();
         }
@@ -214,30 +262,48 @@ pub fn scored_per_chunk(n_ctx: usize) -> usize {
     n_ctx - 1 - n_ctx / 2
 }
 
+/// Checks `--ctx`: at least 4 tokens (two halves, one scored position) and at most the model's context
+/// `n_ctx_train` (GGUF `context_length`; the engine refuses longer sequences).
+///
+/// Errors: either bound, naming `--ctx` and the limit.
+pub fn check_ctx(n_ctx: usize, n_ctx_train: usize) -> Result<()> {
+    if n_ctx < 4 {
+        bail!("--ctx {n_ctx} is too small (at least 4)");
+    }
+    if n_ctx > n_ctx_train {
+        bail!(
+            "--ctx {n_ctx} is larger than the model's context of {n_ctx_train} tokens (context_length); give \
+             at most {n_ctx_train}"
+        );
+    }
+    Ok(())
+}
+
 /// Tokenizes the corpus as llama-perplexity does and cuts it into chunks of `n_ctx` tokens, at most
 /// `max_chunks` (0 = all). Returns the chunks' tokens `[n_chunks · n_ctx]`, original tokens (the BOS
 /// substitution is [`chunk_input`]'s) and the corpus's total token count.
 ///
-/// Errors: `n_ctx < 4`; fewer than `2·n_ctx` tokens (llama.cpp's own limit); a tokenizer failure.
+/// Errors: [`check_ctx`]'s; fewer than `2·n_ctx` tokens (llama.cpp's own limit); a tokenizer failure.
 pub fn chunk_tokens(
     model: &Model,
     text: &str,
     n_ctx: usize,
     max_chunks: usize,
 ) -> Result<(Vec<u32>, usize)> {
-    if n_ctx < 4 {
-        bail!("--ctx {n_ctx} is too small (at least 4)");
-    }
+    check_ctx(n_ctx, model.info().n_ctx_train)?;
     let tokens = model
         .tokenizer()
         .encode(text, true, false)
         .context("tokenizing the corpus")?;
-    if tokens.len() < 2 * n_ctx {
+    // n_ctx ≤ the model's context: 2·n_ctx cannot overflow, but check rather than trust that
+    let need = n_ctx
+        .checked_mul(2)
+        .with_context(|| format!("--ctx {n_ctx} is too large"))?;
+    if tokens.len() < need {
         bail!(
-            "the corpus tokenizes to only {} tokens; scoring with a context of {n_ctx} needs at least {} \
+            "the corpus tokenizes to only {} tokens; scoring with a context of {n_ctx} needs at least {need} \
              (llama-perplexity's limit): use a longer text or a smaller --ctx",
             tokens.len(),
-            2 * n_ctx
         );
     }
     let max = tokens.len() / n_ctx;
@@ -618,8 +684,89 @@ pub struct QualityOptions {
     pub golden_manifest: PathBuf,
     /// Run this llama-perplexity for the cross-check.
     pub llama_perplexity: Option<PathBuf>,
-    /// Labels of the variants to cross-check.
+    /// Labels of the variants to cross-check (each must be a variant of the run).
     pub check_types: Vec<String>,
+    /// Time one llama-perplexity run may take before its process group is killed.
+    pub llama_timeout: std::time::Duration,
+}
+
+/// Checks every option that can be checked without loading a model, before anything is measured: the
+/// window and cap, `--ctx ≥ 4`, the report and cache directories (created if missing, writable: a bad
+/// `--reports-dir` fails in milliseconds, not after the scoring), the base and every variant a regular
+/// file, the llama-perplexity binary an executable file, every `--check-types` label a variant of the
+/// run.
+///
+/// Errors: the first bad option, named with what is wrong.
+pub fn validate(opts: &QualityOptions) -> Result<()> {
+    let w = opts.params.window;
+    if !(w.is_finite() && w >= 0.0) {
+        bail!("--window {w}: give a finite number of nats ≥ 0");
+    }
+    if opts.params.max_kept == 0 {
+        bail!("--max-kept 0: at least the top token is kept");
+    }
+    if opts.params.n_ctx < 4 {
+        bail!("--ctx {} is too small (at least 4)", opts.params.n_ctx);
+    }
+    crate::output::check_dir_target(&opts.reports_root, "--reports-dir")?;
+    crate::output::check_dir_target(
+        &opts.cache_root.join("quality"),
+        "the base-logits cache directory",
+    )?;
+    if !opts.base.is_file() {
+        bail!(
+            "the base model {} does not exist or is not a regular file",
+            opts.base.display()
+        );
+    }
+    if opts.variants.is_empty() {
+        bail!("no variants to score");
+    }
+    for v in &opts.variants {
+        if !v.is_file() {
+            bail!(
+                "the variant {} does not exist or is not a regular file",
+                v.display()
+            );
+        }
+    }
+    if let Some(bin) = &opts.llama_perplexity {
+        let exec = std::fs::metadata(bin).is_ok_and(|m| {
+            m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+        });
+        if !exec {
+            bail!(
+                "--check-llama-perplexity {}: not an executable file",
+                bin.display()
+            );
+        }
+        let labels: Vec<String> = opts.variants.iter().map(|v| variant_label(v)).collect();
+        for t in &opts.check_types {
+            if !labels.iter().any(|l| l.eq_ignore_ascii_case(t)) {
+                bail!(
+                    "--check-types {t}: no variant of this run is labelled {t}; the run's variants: {}",
+                    labels.join(", ")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The type labels of the `*.gguf` files in `dir` ([`variant_label`]), sorted, each once: the types
+/// `--types` may name.
+///
+/// Errors: an unreadable directory (named).
+pub fn types_in_dir(dir: &Path) -> Result<Vec<String>> {
+    let mut t: Vec<String> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list the variants directory {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .map(|p| variant_label(&p))
+        .collect();
+    t.sort();
+    t.dedup();
+    Ok(t)
 }
 
 /// Resolves `DIR` + type labels to files: the one `*-<TYPE>.gguf` in `dir` for each type (case-insensitive).
@@ -657,20 +804,18 @@ pub fn files_for_types(dir: &Path, types: &[String]) -> Result<Vec<PathBuf>> {
 /// Runs the whole command: corpus, base (cached), every variant (an error stays in its row), the optional
 /// llama-perplexity cross-check; writes the report atomically and returns it with its directory.
 ///
-/// Errors: the corpus, the base (missing file, engine failure, non-finite logits), the cache or the report
-/// directory. A variant's failure is not an error of the run.
+/// Every option is checked first ([`validate`]), then the corpus is read and `--ctx` checked against the
+/// base's context, all before anything is measured. A base-logits cache found damaged ([`DamagedCache`]:
+/// truncated, out of range, not matching its sha256) is reported through `log`, discarded and computed
+/// again. The llama-perplexity runs are bounded by `llama_timeout`, each in its own process group (killed
+/// with its helpers on Ctrl-C / SIGTERM), their files in a scratch directory removed on every exit path.
+///
+/// Errors: [`validate`]'s, the corpus, the base (missing file, engine failure, non-finite logits), the
+/// cache or the report directory. A variant's failure is not an error of the run (its row holds it; the
+/// caller decides what a run where every variant failed means — `lockstep quality` exits 2).
 pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityReport, PathBuf)> {
-    let w = opts.params.window;
-    if !(w.is_finite() && w >= 0.0) {
-        bail!("--window {w}: give a finite number of nats ≥ 0");
-    }
-    if opts.params.max_kept == 0 {
-        bail!("--max-kept 0: at least the top token is kept");
-    }
+    validate(opts)?;
     let corpus = Corpus::resolve(&opts.corpus)?;
-    if !opts.base.is_file() {
-        bail!("the base model {} does not exist", opts.base.display());
-    }
     let base_sha256 = crate::hash::sha256_file(&opts.base)
         .with_context(|| format!("hashing {}", opts.base.display()))?;
     // the chunk count must be known for the cache key: tokenize with the base's tokenizer
@@ -707,7 +852,17 @@ pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityR
     };
     let cache = BaseLogits::cache_path(&opts.cache_root, &key);
     let t0 = Instant::now();
-    let (base, base_seconds) = match BaseLogits::load(&cache, &key)? {
+    let cached = match BaseLogits::load(&cache, &key) {
+        Ok(c) => c,
+        Err(e) if e.downcast_ref::<DamagedCache>().is_some() => {
+            log(&format!(
+                "base: {e:#}; discarding it and computing the base again"
+            ));
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    let (base, base_seconds) = match cached {
         Some(b) => {
             log(&format!("base: cached {}", cache.display()));
             (b, 0.0)
@@ -759,17 +914,19 @@ pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityR
     let mut cross_check = Vec::new();
     let mut llama_base = None;
     if let Some(bin) = &opts.llama_perplexity {
+        // removed when dropped, on an error return, and by the interrupt handler
+        let dir =
+            crate::process::ScratchGuard::new_in(&opts.cache_root.join("quality"), ".llama-kld-")
+                .context("creating a directory for llama-perplexity's base log-probs")?;
         let lr = llama::LlamaRun {
             bin: bin.clone(),
             corpus: corpus.path.clone(),
             n_ctx: params.n_ctx,
             n_chunks: params.n_chunks,
             threads: opts.threads,
+            timeout: opts.llama_timeout,
+            scratch: dir.path().to_path_buf(),
         };
-        let dir = tempfile::Builder::new()
-            .prefix(".llama-kld-")
-            .tempdir_in(opts.cache_root.join("quality"))
-            .context("creating a directory for llama-perplexity's base log-probs")?;
         let logits = dir.path().join("base.kld");
         log("llama-perplexity: saving the base log-probs");
         let saved = lr.save_base(&opts.base, &logits);
@@ -781,8 +938,9 @@ pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityR
             Err(e) => log(&format!("llama-perplexity: base failed: {e:#}")),
         }
         for t in &opts.check_types {
+            // validate() checked every label against the variants
             let Some(v) = variants.iter().find(|v| v.label.eq_ignore_ascii_case(t)) else {
-                bail!("--check-types {t}: no such variant in this run");
+                continue;
             };
             log(&format!("llama-perplexity: --kl-divergence {}", v.label));
             let res = match &saved {
@@ -955,6 +1113,26 @@ mod tests {
         let (_, lse, imax) = softmax_norm(&p2);
         assert_eq!(b2.top() as usize, imax);
         assert_eq!(b2.lse, lse);
+    }
+
+    #[test]
+    fn corpus_bytes_parse_or_say_why_not() {
+        let p = Path::new("/x/text.txt");
+        let c = Corpus::parse(b"hello world\n", p).unwrap();
+        assert_eq!(c.text, "hello world");
+        assert_eq!(c.bytes, 12);
+        assert_eq!(c.id, "text.txt");
+        let e = Corpus::parse(b"ab\xffcd", p).unwrap_err().to_string();
+        assert!(e.contains("/x/text.txt") && e.contains("offset 2"), "{e}");
+        for empty in [&b""[..], b"\n", b"  \n\t"] {
+            let e = Corpus::parse(empty, p).unwrap_err().to_string();
+            assert!(e.contains("/x/text.txt") && e.contains("empty"), "{e}");
+        }
+        assert!(check_ctx(usize::MAX, 256)
+            .unwrap_err()
+            .to_string()
+            .contains("larger than the model's context of 256"));
+        assert!(check_ctx(3, 256).is_err() && check_ctx(256, 256).is_ok());
     }
 
     #[test]

