@@ -199,6 +199,24 @@ pub struct BenchResult {
     pub median_ts: f64,
 }
 
+impl BenchResult {
+    /// Set `samples_ts`, `avg_ns`, `stddev_ns`, `avg_ts`, `stddev_ts` and `median_ts` from `samples_ns`
+    /// and the row's test (tokens/s = `n_prompt + n_gen` tokens ÷ the sample's seconds; sample standard
+    /// deviations): what `bench` writes and [`validate_bench`] expects.
+    pub fn fill_stats(&mut self) {
+        let test = Test::of(self);
+        self.samples_ts = self
+            .samples_ns
+            .iter()
+            .map(|&n| tokens_per_second(test, n))
+            .collect();
+        let nsf: Vec<f64> = self.samples_ns.iter().map(|&n| n as f64).collect();
+        (self.avg_ns, self.stddev_ns) = mean_sd(&nsf);
+        (self.avg_ts, self.stddev_ts) = mean_sd(&self.samples_ts);
+        self.median_ts = median(&self.samples_ts);
+    }
+}
+
 /// `numerator / denominator` of median tokens/s for one model and test.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Comparison {
@@ -833,11 +851,6 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
                 }
             }
             for (k, s) in samplers.iter().enumerate() {
-                let samples_ts: Vec<f64> =
-                    ns[k].iter().map(|&n| tokens_per_second(test, n)).collect();
-                let nsf: Vec<f64> = ns[k].iter().map(|&n| n as f64).collect();
-                let (avg_ns, stddev_ns) = mean_sd(&nsf);
-                let (avg_ts, stddev_ts) = mean_sd(&samples_ts);
                 let is_llama = s.settings.engine == "llama.cpp";
                 let rec = llama_rec.as_ref().filter(|_| is_llama);
                 let field = |k: &str, default: &str| {
@@ -846,7 +859,7 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
                         |v| v.as_str().map_or_else(|| v.to_string(), str::to_string),
                     )
                 };
-                results.push(BenchResult {
+                let mut row = BenchResult {
                     engine: s.settings.engine.clone(),
                     mode: s.settings.mode.clone().unwrap_or_default(),
                     simd: s.settings.simd.clone().unwrap_or_default(),
@@ -862,14 +875,16 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
                     type_k: field("type_k", "f32"),
                     type_v: field("type_v", "f32"),
                     flash_attn: field("flash_attn", "0"),
-                    median_ts: median(&samples_ts),
                     samples_ns: ns[k].clone(),
-                    samples_ts,
-                    avg_ns,
-                    stddev_ns,
-                    avg_ts,
-                    stddev_ts,
-                });
+                    samples_ts: Vec::new(),
+                    avg_ns: 0.0,
+                    stddev_ns: 0.0,
+                    avg_ts: 0.0,
+                    stddev_ts: 0.0,
+                    median_ts: 0.0,
+                };
+                row.fill_stats();
+                results.push(row);
             }
             if test.n_gen > 0 {
                 for r in &results[results.len() - samplers.len()..] {
@@ -1085,7 +1100,7 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
     }
     let positive = |field: &str, x: f64| -> Result<()> {
         if !(x.is_finite() && x > 0.0) {
-            bail!("{field}: {x} is not a finite number above 0");
+            bail!("{field}: {x:?} is not a finite number above 0");
         }
         Ok(())
     };
@@ -1129,7 +1144,7 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
             let want = tokens_per_second(test, ns);
             if !agrees(ts, want) {
                 bail!(
-                    "{at}.samples_ts[{j}]: {ts} tokens/s, but samples_ns[{j}] = {ns} ns of {} tokens is {want}",
+                    "{at}.samples_ts[{j}]: {ts:?} tokens/s, but samples_ns[{j}] = {ns} ns of {} tokens is {want:?}",
                     test.n_tokens()
                 );
             }
@@ -1145,7 +1160,7 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
             ("stddev_ns", x.stddev_ns, stddev_ns),
         ] {
             if !agrees(recorded, computed) {
-                bail!("{at}.{name}: recorded {recorded}, its samples give {computed}");
+                bail!("{at}.{name}: recorded {recorded:?}, its samples give {computed:?}");
             }
         }
     }
@@ -1182,7 +1197,7 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
             ("ci_high", c.ci_high, e.ci_high),
         ] {
             if !agrees(recorded, computed) {
-                bail!("{at}.{name}: recorded {recorded}, the samples give {computed}");
+                bail!("{at}.{name}: recorded {recorded:?}, the samples give {computed:?}");
             }
         }
     }
@@ -1216,7 +1231,7 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
         let want = x.median_ts * b.bytes_per_token as f64 / r.read_bandwidth;
         if !(b.fraction.is_finite() && agrees(b.fraction, want)) {
             bail!(
-                "{at}.fraction: recorded {}, median_ts × bytes_per_token ÷ read_bandwidth gives {want}",
+                "{at}.fraction: recorded {:?}, median_ts × bytes_per_token ÷ read_bandwidth gives {want:?}",
                 b.fraction
             );
         }
@@ -1443,14 +1458,14 @@ impl SpeedLimits {
         let m = self.max_slowdown;
         if !(m.is_finite() && (0.0..1.0).contains(&m)) {
             bail!(
-                "max_slowdown: {m} is not in [0, 1) (a fraction of the baseline's speed; 1 or more would \
+                "max_slowdown: {m:?} is not in [0, 1) (a fraction of the baseline's speed; 1 or more would \
                  pass any slowdown)"
             );
         }
         let r = self.min_ratio_to_llama_cpp;
         if !(r.is_finite() && r > 0.0 && r <= 1000.0) {
             bail!(
-                "min_ratio_to_llama_cpp: {r} is not in (0, 1000] (lockstep/llama.cpp tokens/s; 0 would \
+                "min_ratio_to_llama_cpp: {r:?} is not in (0, 1000] (lockstep/llama.cpp tokens/s; 0 would \
                  pass any speed)"
             );
         }
@@ -1853,7 +1868,7 @@ mod tests {
         // a median that the samples do not give
         let mut r = ok.clone();
         r.results[0].median_ts = 1e6;
-        assert!(invalid(&r).contains("median_ts: recorded 1000000"));
+        assert!(invalid(&r).contains("median_ts: recorded 1000000.0"));
         // fewer samples than repetitions; an unknown engine; a row twice; no lockstep row
         let mut r = ok.clone();
         r.results[0].samples_ns.pop();

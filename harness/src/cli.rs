@@ -783,6 +783,20 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             baseline,
             speed_limits,
         } => {
+            // clap's `requires = "speed"` is not enforced beside the positional report: refuse here
+            if speed.is_none() {
+                for (flag, given) in [
+                    ("--baseline", baseline.is_some()),
+                    ("--speed-limits", speed_limits.is_some()),
+                ] {
+                    if given {
+                        bail!(
+                            "{flag} applies only to `lockstep gate --speed BENCH.json`; a report.json is \
+                             gated with --thresholds"
+                        );
+                    }
+                }
+            }
             if let Some(b) = speed {
                 let limits = speed_limits.unwrap_or_else(|| repo_root().join("ci/speed.toml"));
                 return gate_speed(&b, baseline.as_deref(), &limits);
