@@ -740,8 +740,19 @@ pub fn check_options(opts: &BenchOptions) -> Result<()> {
     if opts.tests.is_empty() {
         bail!("no tests: give -p and/or -n sizes above 0");
     }
-    for t in &opts.tests {
+    for (i, t) in opts.tests.iter().enumerate() {
         t.check()?;
+        if opts.tests[..i].contains(t) {
+            bail!(
+                "test {} is asked for twice (a size repeated in -p, -n or -d)",
+                t.name()
+            );
+        }
+    }
+    for (i, (id, _)) in opts.models.iter().enumerate() {
+        if opts.models[..i].iter().any(|(other, _)| other == id) {
+            bail!("--model {id} is given twice");
+        }
     }
     if let Some(f) = opts
         .llama_bench_args
@@ -755,7 +766,7 @@ pub fn check_options(opts: &BenchOptions) -> Result<()> {
         );
     }
     if opts.sample_timeout.is_zero() {
-        bail!("--sample-timeout must be above 0 seconds");
+        bail!("--engine-timeout must be above 0 seconds");
     }
     let mut bins = vec![("this lockstep", &opts.lockstep_bin)];
     if let Some((b, _)) = &opts.baseline {

@@ -274,10 +274,10 @@ pub struct BenchArgs {
     /// Where bench-<run id>/ goes.
     #[arg(long)]
     pub reports: Option<PathBuf>,
-    /// The longest one sample (one llama-bench or bench-sample process) may take, in seconds; it is then
-    /// killed with its process group and the bench fails.
-    #[arg(long, default_value_t = 1800.0)]
-    pub sample_timeout: f64,
+    /// Seconds one sample (one llama-bench or bench-sample process) may take before its process group
+    /// is killed and the bench fails.
+    #[arg(long, default_value_t = 1800.0, value_parser = positive_seconds)]
+    pub engine_timeout: f64,
 }
 
 /// Arguments of `lockstep bench-sample`.
@@ -807,15 +807,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Bench(a) => {
             let root = repo_root();
             let reports_root = a.reports.unwrap_or_else(|| root.join("reports"));
-            let sample_timeout = std::time::Duration::try_from_secs_f64(a.sample_timeout)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .with_context(|| {
-                    format!(
-                        "--sample-timeout {}: not a positive number of seconds",
-                        a.sample_timeout
-                    )
-                })?;
+            let sample_timeout = std::time::Duration::from_secs_f64(a.engine_timeout);
             let llama_bench = if a.no_llama {
                 None
             } else {

@@ -503,9 +503,14 @@ fn bench_refuses_bad_outputs_and_options_before_measuring() {
             "-p is set by lockstep bench itself",
         ),
         (
-            vec!["--sample-timeout", "0"],
+            vec!["-p", "16,16"],
             dir.path().join("r"),
-            "--sample-timeout",
+            "test pp16 is asked for twice",
+        ),
+        (
+            vec!["--engine-timeout", "0"],
+            dir.path().join("r"),
+            "--engine-timeout",
         ),
     ] {
         let t0 = Instant::now();
@@ -652,4 +657,41 @@ fn an_interrupted_bench_leaves_no_child_behind() {
         survivors.is_empty(),
         "processes {survivors:?} outlived the interrupted bench"
     );
+}
+
+#[test]
+fn a_hung_sample_is_killed_with_its_helpers_at_the_engine_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, script) = fake_setup(dir.path());
+    let t0 = Instant::now();
+    let out = bench_cmd(
+        &model,
+        &script,
+        &dir.path().join("r"),
+        &["--engine-timeout", "2"],
+    )
+    .env("FAKE_LLAMA", "hang")
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("did not finish within 2.0 s") && stderr.contains("llama.cpp on"),
+        "{stderr}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(200));
+    let text = std::fs::read_to_string(dir.path().join("pids")).unwrap();
+    let pids: Vec<i32> = text
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let survivors: Vec<i32> = pids.into_iter().filter(|&p| alive(p)).collect();
+    for &p in &survivors {
+        // SAFETY: cleaning up what this test started before failing it.
+        unsafe {
+            libc::kill(p, libc::SIGKILL);
+        }
+    }
+    assert!(survivors.is_empty(), "{survivors:?} outlived the timeout");
 }
