@@ -789,8 +789,8 @@ pub fn check_options(opts: &BenchOptions) -> Result<()> {
 /// Every sample is a child process in its own process group ([`crate::process::run_bounded`]): killed
 /// with its helpers after `sample_timeout`, and by the interrupt handler on Ctrl-C / SIGTERM.
 ///
-/// Errors: bad options ([`check_options`], before anything is measured); a model that does not load; any
-/// sample that fails or that is not one (a 0 ns sample, llama-bench's record of another test), naming
+/// Errors: bad options ([`check_options`]), a model that does not load or a test longer than its context
+/// (all before anything is measured); any sample that fails or that is not one (a 0 ns sample, llama-bench's record of another test), naming
 /// engine, model and test — a bench with a missing sample is not written.
 pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
     check_options(opts)?;
@@ -825,19 +825,33 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
             &setup,
         ));
     }
+    // every model loads and holds every test's context before anything is measured
+    let mut facts = Vec::new();
+    for (id, path) in &opts.models {
+        let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+        for t in &opts.tests {
+            let n_ctx = t.n_ctx().context("the test's context size overflows")?;
+            model
+                .check_context(n_ctx)
+                .with_context(|| format!("--model {id}: test {}", t.name()))?;
+        }
+        let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements).sum();
+        facts.push((
+            n_params,
+            decode_bytes_per_token(&model),
+            model.gguf().file_size(),
+            model_type(&model, n_params),
+        ));
+    }
     let bw = measure_read_bandwidth(5);
     let read_bandwidth = median(&bw);
 
     let mut results = Vec::new();
     let mut bandwidth = Vec::new();
-    for (id, path) in &opts.models {
-        let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
-        let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements).sum();
-        let bytes_per_token = decode_bytes_per_token(&model);
-        let model_size = model.gguf().file_size();
+    for ((id, path), (n_params, bytes_per_token, model_size, ours_type)) in
+        opts.models.iter().zip(facts)
+    {
         let filename = path.display().to_string();
-        let ours_type = model_type(&model, n_params);
-        drop(model);
         for &test in &opts.tests {
             let mut ns: Vec<Vec<u64>> = vec![Vec::new(); samplers.len()];
             let mut llama_rec = None;

@@ -578,15 +578,11 @@ fn gate_speed(
     let limits = crate::bench::SpeedLimits::load(limits)?;
     let r = crate::bench::read_bench(bench)?;
     let base = baseline.map(crate::bench::read_bench).transpose()?;
-    let checks = crate::bench::gate_speed(&r, base.as_ref(), &limits).with_context(|| {
-        format!(
-            "gating {}{}",
-            bench.display(),
-            baseline.map_or_else(String::new, |b| format!(
-                " against the baseline {}",
-                b.display()
-            ))
-        )
+    let checks = crate::bench::gate_speed(&r, base.as_ref(), &limits).map_err(|e| {
+        let against = baseline.map_or_else(String::new, |b| {
+            format!(" against the baseline {}", b.display())
+        });
+        anyhow::anyhow!("{}{against}: {e:#}", bench.display())
     })?;
     if checks.is_empty() {
         bail!(

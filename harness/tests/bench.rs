@@ -503,6 +503,11 @@ fn bench_refuses_bad_outputs_and_options_before_measuring() {
             "-p is set by lockstep bench itself",
         ),
         (
+            vec!["-d", "100000"],
+            dir.path().join("r"),
+            "longer than the model's context",
+        ),
+        (
             vec!["-p", "16,16"],
             dir.path().join("r"),
             "test pp16 is asked for twice",
