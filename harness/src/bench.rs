@@ -734,8 +734,11 @@ fn file_type_name(ft: u32) -> String {
 ///
 /// Errors name the option and what is wrong.
 pub fn check_options(opts: &BenchOptions) -> Result<()> {
-    if opts.repetitions == 0 {
-        bail!("--repetitions must be at least 1");
+    if opts.repetitions == 0 || opts.repetitions > MAX_REPETITIONS {
+        bail!(
+            "--repetitions {}: give 1 to {MAX_REPETITIONS}",
+            opts.repetitions
+        );
     }
     if opts.tests.is_empty() {
         bail!("no tests: give -p and/or -n sizes above 0");
@@ -968,12 +971,22 @@ fn tokens_per_second(test: Test, ns: u64) -> f64 {
 /// ratio of median tokens/s and its [`bootstrap_ratio`] interval (2000 resamples) — what `bench.json`
 /// records and what the speed gate recomputes from the samples.
 pub fn comparisons(results: &[BenchResult]) -> Vec<Comparison> {
+    // the other engines' rows by model and test, in order (one pass: a hostile file of many rows
+    // costs linear time)
+    let mut others: std::collections::HashMap<(&str, Test), Vec<&BenchResult>> =
+        std::collections::HashMap::new();
+    for y in results.iter().filter(|y| y.engine != "lockstep") {
+        others
+            .entry((y.model.as_str(), Test::of(y)))
+            .or_default()
+            .push(y);
+    }
     let mut out = Vec::new();
     for x in results.iter().filter(|x| x.engine == "lockstep") {
         let test = Test::of(x);
-        for y in results
-            .iter()
-            .filter(|y| y.engine != "lockstep" && y.model == x.model && Test::of(y) == test)
+        for y in others
+            .get(&(x.model.as_str(), test))
+            .map_or(&[][..], Vec::as_slice)
         {
             let (ratio, ci_low, ci_high) = bootstrap_ratio(&x.samples_ts, &y.samples_ts, 2000);
             out.push(Comparison {
@@ -1004,6 +1017,10 @@ pub fn write_bench(reports_root: &Path, r: &BenchReport) -> Result<PathBuf> {
         &files,
     )
 }
+
+/// The most repetitions a bench runs or a `bench.json` may hold (llama-bench's default is 5; the bootstrap
+/// of every comparison resamples them 2000 times).
+pub const MAX_REPETITIONS: usize = 1000;
 
 /// The largest `bench.json` read (a bench of many models, tests and repetitions is a few MB).
 pub const MAX_BENCH_JSON_BYTES: u64 = 64 << 20;
@@ -1120,8 +1137,11 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
             r.schema_version
         );
     }
-    if r.repetitions == 0 {
-        bail!("repetitions: 0; a bench has at least one repetition");
+    if r.repetitions == 0 || r.repetitions > MAX_REPETITIONS {
+        bail!(
+            "repetitions: {}; a bench has 1 to {MAX_REPETITIONS}",
+            r.repetitions
+        );
     }
     let positive = |field: &str, x: f64| -> Result<()> {
         if !(x.is_finite() && x > 0.0) {
@@ -1208,12 +1228,15 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
             c.denominator.clone(),
         )
     };
+    let by_key: std::collections::HashMap<_, &Comparison> =
+        expected.iter().map(|e| (key(e), e)).collect();
+    let recorded: std::collections::HashSet<_> = r.comparisons.iter().map(key).collect();
     for (i, c) in r.comparisons.iter().enumerate() {
         let at = format!(
             "comparisons[{i}] ({} {} {} / {})",
             c.model, c.test, c.numerator, c.denominator
         );
-        let Some(e) = expected.iter().find(|e| key(e) == key(c)) else {
+        let Some(e) = by_key.get(&key(c)) else {
             bail!("{at}: the results hold no such pair of rows");
         };
         for (name, recorded, computed) in [
@@ -1227,7 +1250,7 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
         }
     }
     for e in &expected {
-        if !r.comparisons.iter().any(|c| key(c) == key(e)) {
+        if !recorded.contains(&key(e)) {
             bail!(
                 "comparisons: no {} {} {} / {}, which the results hold",
                 e.model,
@@ -1244,13 +1267,16 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
             expected.len()
         );
     }
+    let names: Vec<String> = r.results.iter().map(|x| Test::of(x).name()).collect();
+    let rows: std::collections::HashMap<(&str, &str, &str), &BenchResult> = r
+        .results
+        .iter()
+        .zip(&names)
+        .map(|(x, n)| ((x.engine.as_str(), x.model.as_str(), n.as_str()), x))
+        .collect();
     for (i, b) in r.bandwidth.iter().enumerate() {
         let at = format!("bandwidth[{i}] ({} {} {})", b.engine, b.model, b.test);
-        let Some(x) = r
-            .results
-            .iter()
-            .find(|x| x.engine == b.engine && x.model == b.model && Test::of(x).name() == b.test)
-        else {
+        let Some(x) = rows.get(&(b.engine.as_str(), b.model.as_str(), b.test.as_str())) else {
             bail!("{at}: no result of this engine, model and test");
         };
         let want = x.median_ts * b.bytes_per_token as f64 / r.read_bandwidth;
@@ -1566,16 +1592,14 @@ pub fn gate_speed(
         });
     }
     if let Some(base) = baseline_file {
-        let find = |r: &BenchReport, engine: &str, model: &str, test: Test| -> Option<Vec<f64>> {
-            r.results
-                .iter()
-                .find(|x| x.engine == engine && x.model == model && Test::of(x) == test)
-                .map(|x| x.samples_ts.clone())
+        let (cur, old) = (row_index(bench), row_index(base));
+        let find = |i: &RowIndex<'_>, engine: &str, model: &str, test: Test| {
+            i.get(&(engine, model, test)).map(|x| x.samples_ts.clone())
         };
         // every test the baseline holds must be checked again: a current bench that lost one would
         // silently drop its check
         for y in base.results.iter().filter(|y| y.engine == "lockstep") {
-            if find(bench, "lockstep", &y.model, Test::of(y)).is_none() {
+            if find(&cur, "lockstep", &y.model, Test::of(y)).is_none() {
                 bail!(
                     "the current bench has no lockstep row for {} {}, which the baseline bench has (every \
                      test of the baseline is checked)",
@@ -1587,15 +1611,15 @@ pub fn gate_speed(
         for x in bench.results.iter().filter(|x| x.engine == "lockstep") {
             let test = Test::of(x);
             let name = test.name();
-            let get = |r: &BenchReport, e: &str, which: &str| {
-                find(r, e, &x.model, test).with_context(|| {
+            let get = |i: &RowIndex<'_>, e: &str, which: &str| {
+                find(i, e, &x.model, test).with_context(|| {
                     format!("the {which} bench has no {e} row for {} {name}", x.model)
                 })
             };
-            let (a, la) = (x.samples_ts.clone(), get(bench, "llama.cpp", "current")?);
+            let (a, la) = (x.samples_ts.clone(), get(&cur, "llama.cpp", "current")?);
             let (b, lb) = (
-                get(base, "lockstep", "baseline")?,
-                get(base, "llama.cpp", "baseline")?,
+                get(&old, "lockstep", "baseline")?,
+                get(&old, "llama.cpp", "baseline")?,
             );
             let ratio = double_ratio(&a, &la, &b, &lb, 2000);
             let limit = 1.0 - limits.max_slowdown;
@@ -1609,6 +1633,16 @@ pub fn gate_speed(
         }
     }
     Ok(checks)
+}
+
+/// A report's rows by engine, model and test.
+type RowIndex<'a> = std::collections::HashMap<(&'a str, &'a str, Test), &'a BenchResult>;
+
+fn row_index(r: &BenchReport) -> RowIndex<'_> {
+    r.results
+        .iter()
+        .map(|x| ((x.engine.as_str(), x.model.as_str(), Test::of(x)), x))
+        .collect()
 }
 
 /// `(m(a)/m(la)) / (m(b)/m(lb))` (m = median) with a 95% percentile-bootstrap interval over the four
@@ -1908,6 +1942,9 @@ mod tests {
         let mut r = ok.clone();
         r.read_bandwidth = f64::INFINITY;
         assert!(invalid(&r).contains("read_bandwidth: inf"));
+        let mut r = ok.clone();
+        r.repetitions = MAX_REPETITIONS + 1;
+        assert!(invalid(&r).contains("repetitions: 1001; a bench has 1 to 1000"));
     }
 
     #[test]
