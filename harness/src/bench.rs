@@ -40,7 +40,7 @@ pub const BENCH_SCHEMA_VERSION: u32 = 1;
 
 /// One llama-bench test: `n_prompt` tokens as one batch, or `n_gen` decoded one by one, after `n_depth`
 /// tokens already in the context.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Test {
     /// Prompt tokens processed as one batch (0 for a generation test).
     pub n_prompt: usize,
@@ -65,9 +65,49 @@ impl Test {
         }
     }
 
-    /// Tokens the timed part processes.
+    /// Tokens the timed part processes (saturating: [`Test::n_ctx`] is the checked sum).
     pub fn n_tokens(&self) -> usize {
-        self.n_prompt + self.n_gen
+        self.n_prompt.saturating_add(self.n_gen)
+    }
+
+    /// Context positions the test needs, `n_depth + n_prompt + n_gen`; `None` when the sum overflows.
+    pub fn n_ctx(&self) -> Option<usize> {
+        self.n_depth
+            .checked_add(self.n_prompt)?
+            .checked_add(self.n_gen)
+    }
+
+    /// Check that the test is one llama-bench can run: exactly one of `n_prompt` and `n_gen` above 0,
+    /// and a context size that fits a `usize`.
+    ///
+    /// Errors name the test and the overflowing sum (e.g. `-d 18446744073709551615 -p 512`).
+    pub fn check(&self) -> Result<()> {
+        if (self.n_prompt > 0) == (self.n_gen > 0) {
+            bail!(
+                "a test has n_prompt {} and n_gen {}: exactly one of them must be above 0",
+                self.n_prompt,
+                self.n_gen
+            );
+        }
+        if self.n_ctx().is_none() {
+            bail!(
+                "test {}: n_depth {} + n_prompt {} + n_gen {} overflows a {}-bit count of positions",
+                self.name(),
+                self.n_depth,
+                self.n_prompt,
+                self.n_gen,
+                usize::BITS
+            );
+        }
+        Ok(())
+    }
+
+    fn of(x: &BenchResult) -> Test {
+        Test {
+            n_prompt: x.n_prompt,
+            n_gen: x.n_gen,
+            n_depth: x.n_depth,
+        }
     }
 }
 
@@ -157,6 +197,24 @@ pub struct BenchResult {
     pub stddev_ts: f64,
     /// Median of `samples_ts` (what the ratios compare).
     pub median_ts: f64,
+}
+
+impl BenchResult {
+    /// Set `samples_ts`, `avg_ns`, `stddev_ns`, `avg_ts`, `stddev_ts` and `median_ts` from `samples_ns`
+    /// and the row's test (tokens/s = `n_prompt + n_gen` tokens ÷ the sample's seconds; sample standard
+    /// deviations): what `bench` writes and [`validate_bench`] expects.
+    pub fn fill_stats(&mut self) {
+        let test = Test::of(self);
+        self.samples_ts = self
+            .samples_ns
+            .iter()
+            .map(|&n| tokens_per_second(test, n))
+            .collect();
+        let nsf: Vec<f64> = self.samples_ns.iter().map(|&n| n as f64).collect();
+        (self.avg_ns, self.stddev_ns) = mean_sd(&nsf);
+        (self.avg_ts, self.stddev_ts) = mean_sd(&self.samples_ts);
+        self.median_ts = median(&self.samples_ts);
+    }
 }
 
 /// `numerator / denominator` of median tokens/s for one model and test.
@@ -330,10 +388,12 @@ fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
 /// One timed sample of our engine on an already loaded model (what `lockstep bench-sample` prints):
 /// warm-up, the session reset, `n_depth` tokens prefilled untimed, then the timed part. Nanoseconds.
 ///
-/// Errors: whatever the engine reports (a test longer than the model's context, say).
+/// Errors: a test that is not one ([`Test::check`]: both or neither of `n_prompt`/`n_gen`, an
+/// overflowing context size); whatever the engine reports (a test longer than the model's context, say).
 pub fn sample(model: &Model, test: Test, mode: NumericsMode, simd: Simd) -> Result<u64> {
     let n_vocab = model.info().n_vocab;
-    let n_ctx = test.n_depth + test.n_tokens();
+    test.check()?;
+    let n_ctx = test.n_ctx().context("the test's context size overflows")?;
     model.check_context(n_ctx)?;
     let session = |n: usize| {
         let mut s = model.session(n, mode);
@@ -398,6 +458,8 @@ pub struct BenchOptions {
     pub reports_root: PathBuf,
     /// Print progress to stderr.
     pub progress: bool,
+    /// The longest one sample's process may run; it is killed with its process group after that.
+    pub sample_timeout: std::time::Duration,
 }
 
 /// Runs one sample of one engine: nanoseconds, and llama-bench's record when it is llama.cpp.
@@ -408,14 +470,59 @@ struct Sampler {
     run: SampleFn,
 }
 
+/// Where a bench's children keep their output, and how long one sample may take.
+#[derive(Clone)]
+struct ChildSetup {
+    scratch: PathBuf,
+    timeout: std::time::Duration,
+}
+
+/// Run one sample's child process through [`crate::process::run_bounded`] (its own process group,
+/// killed on timeout and on an interrupt); a non-zero exit is an error carrying its stderr.
+fn run_child(cmd: Command, setup: &ChildSetup, what: &str, shown: &Path) -> Result<Vec<u8>> {
+    let out = crate::process::run_bounded(cmd, setup.timeout, &setup.scratch, what)?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}): {}",
+            shown.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out.stdout)
+}
+
+/// Parse what `lockstep bench-sample` printed: one positive count of nanoseconds.
+///
+/// Errors (naming `bin`): anything but a decimal integer, or 0 (a sample of no time would be infinite
+/// tokens/s).
+pub fn parse_sample_ns(stdout: &[u8], bin: &str) -> Result<u64> {
+    let text = String::from_utf8_lossy(stdout);
+    let ns: u64 = text.trim().parse().with_context(|| {
+        format!(
+            "{bin} bench-sample printed {:?}, not nanoseconds",
+            text.trim().chars().take(200).collect::<String>()
+        )
+    })?;
+    if ns == 0 {
+        bail!(
+            "{bin} bench-sample printed a sample of 0 ns (no time cannot be turned into tokens/s)"
+        );
+    }
+    Ok(ns)
+}
+
 fn lockstep_sampler(
     engine: &str,
     bin: &Path,
     mode: NumericsMode,
     simd: Simd,
     threads: usize,
+    setup: &ChildSetup,
 ) -> Sampler {
     let b = bin.to_path_buf();
+    let setup = setup.clone();
+    let what = format!("{engine}-bench-sample");
     Sampler {
         settings: EngineSettings {
             engine: engine.into(),
@@ -424,41 +531,129 @@ fn lockstep_sampler(
             binary: bin.display().to_string(),
         },
         run: Box::new(move |model: &Path, t: Test| {
-            let out = Command::new(&b)
-                .arg("--threads")
+            let mut cmd = Command::new(&b);
+            cmd.arg("--threads")
                 .arg(threads.to_string())
                 .arg("bench-sample")
                 .arg("--model")
                 .arg(model)
                 .args(["--mode", mode.name(), "--simd", simd.name()])
                 .args(["-p", &t.n_prompt.to_string(), "-n", &t.n_gen.to_string()])
-                .args(["-d", &t.n_depth.to_string()])
-                .output()
-                .with_context(|| format!("cannot run {}", b.display()))?;
-            if !out.status.success() {
-                bail!(
-                    "{} bench-sample failed ({}): {}",
-                    b.display(),
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
-            let text = String::from_utf8_lossy(&out.stdout);
-            let ns: u64 = text.trim().parse().with_context(|| {
-                format!(
-                    "{} bench-sample printed {:?}, not nanoseconds",
-                    b.display(),
-                    text.trim()
-                )
-            })?;
-            Ok((ns, None))
+                .args(["-d", &t.n_depth.to_string()]);
+            let stdout = run_child(cmd, &setup, &what, &b)?;
+            Ok((parse_sample_ns(&stdout, &b.display().to_string())?, None))
         }),
     }
 }
 
-fn llama_sampler(bin: &Path, threads: usize, extra: &[String]) -> Sampler {
+/// Flags of llama-bench that `lockstep bench` sets itself (model, test sizes, repetitions, threads,
+/// output format); `--llama-bench-args` may not give them.
+pub const LLAMA_BENCH_OWN_FLAGS: &[&str] = &[
+    "-m",
+    "--model",
+    "-p",
+    "--n-prompt",
+    "-n",
+    "--n-gen",
+    "-pg",
+    "-d",
+    "--n-depth",
+    "-r",
+    "--repetitions",
+    "-t",
+    "--threads",
+    "-o",
+    "--output",
+    "-oe",
+    "--output-err",
+];
+
+/// Parse llama-bench's `-o json` output of one `-r 1` run of `test`: exactly one record, for that
+/// test (`n_prompt`, `n_gen` and, when present, `n_depth` equal to the test's; an absent `n_depth` —
+/// llama-bench before depths — only for depth 0), with exactly one positive sample in `samples_ns`.
+/// Returns the nanoseconds and the record. `bin` names the program in errors.
+///
+/// Errors name the program, the record and the field: not JSON, no or several records (a list given in
+/// `--llama-bench-args`), a record of another test (pp4096 where pp16 was asked), a sample of 0 ns.
+pub fn parse_llama_bench_output(
+    stdout: &[u8],
+    test: Test,
+    bin: &str,
+) -> Result<(u64, serde_json::Value)> {
+    let v: serde_json::Value =
+        serde_json::from_slice(stdout).with_context(|| format!("{bin} printed no JSON"))?;
+    let records = v
+        .as_array()
+        .with_context(|| format!("{bin} printed JSON that is not an array of test records"))?;
+    if records.len() != 1 {
+        bail!(
+            "{bin} printed {} test records; one ({}) was asked for (no lists in --llama-bench-args)",
+            records.len(),
+            test.name()
+        );
+    }
+    let rec = &records[0];
+    let field = |k: &str| rec.get(k).and_then(serde_json::Value::as_u64);
+    let (Some(p), Some(g)) = (field("n_prompt"), field("n_gen")) else {
+        bail!(
+            "{bin}'s record has no n_prompt or n_gen count (asked for {})",
+            test.name()
+        );
+    };
+    let d = match rec.get("n_depth") {
+        None => 0,
+        Some(x) => x
+            .as_u64()
+            .with_context(|| format!("{bin}'s record: n_depth {x} is not a count"))?,
+    };
+    let got = (p, g, d);
+    let want = (test.n_prompt as u64, test.n_gen as u64, test.n_depth as u64);
+    if got != want {
+        let name = match (usize::try_from(p), usize::try_from(g), usize::try_from(d)) {
+            (Ok(n_prompt), Ok(n_gen), Ok(n_depth)) => Test {
+                n_prompt,
+                n_gen,
+                n_depth,
+            }
+            .name(),
+            _ => format!("n_prompt {p}, n_gen {g}, n_depth {d}"),
+        };
+        bail!(
+            "{bin}'s record is of test {name} (n_prompt {p}, n_gen {g}, n_depth {d}), but {} was asked for",
+            test.name()
+        );
+    }
+    let samples = rec
+        .get("samples_ns")
+        .and_then(serde_json::Value::as_array)
+        .with_context(|| format!("{bin}'s record ({}) has no samples_ns", test.name()))?;
+    if samples.len() != 1 {
+        bail!(
+            "{bin}'s record ({}) has {} samples_ns; it was run with -r 1",
+            test.name(),
+            samples.len()
+        );
+    }
+    let ns = samples[0].as_u64().with_context(|| {
+        format!(
+            "{bin}'s record ({}): samples_ns[0] {} is not a count of nanoseconds",
+            test.name(),
+            samples[0]
+        )
+    })?;
+    if ns == 0 {
+        bail!(
+            "{bin}'s record ({}): samples_ns[0] is 0 ns (no time cannot be turned into tokens/s)",
+            test.name()
+        );
+    }
+    Ok((ns, rec.clone()))
+}
+
+fn llama_sampler(bin: &Path, threads: usize, extra: &[String], setup: &ChildSetup) -> Sampler {
     let b = bin.to_path_buf();
     let extra = extra.to_vec();
+    let setup = setup.clone();
     Sampler {
         settings: EngineSettings {
             engine: "llama.cpp".into(),
@@ -469,8 +664,8 @@ fn llama_sampler(bin: &Path, threads: usize, extra: &[String]) -> Sampler {
                 .to_string(),
         },
         run: Box::new(move |model: &Path, t: Test| {
-            let out = Command::new(&b)
-                .arg("-m")
+            let mut cmd = Command::new(&b);
+            cmd.arg("-m")
                 .arg(model)
                 .args(["-p", &t.n_prompt.to_string(), "-n", &t.n_gen.to_string()])
                 .args([
@@ -482,29 +677,9 @@ fn llama_sampler(bin: &Path, threads: usize, extra: &[String]) -> Sampler {
                     &threads.to_string(),
                 ])
                 .args(["-o", "json"])
-                .args(&extra)
-                .output()
-                .with_context(|| format!("cannot run {}", b.display()))?;
-            if !out.status.success() {
-                bail!(
-                    "{} failed ({}): {}",
-                    b.display(),
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-                .with_context(|| format!("{} printed no JSON", b.display()))?;
-            let rec = v
-                .as_array()
-                .and_then(|a| a.first())
-                .cloned()
-                .with_context(|| format!("{} printed no test record", b.display()))?;
-            let ns = rec["samples_ns"]
-                .as_array()
-                .and_then(|a| a.first())
-                .and_then(serde_json::Value::as_u64)
-                .with_context(|| format!("{}'s record has no samples_ns", b.display()))?;
+                .args(&extra);
+            let stdout = run_child(cmd, &setup, "llama-bench", &b)?;
+            let (ns, rec) = parse_llama_bench_output(&stdout, t, &b.display().to_string())?;
             Ok((ns, Some(rec)))
         }),
     }
@@ -552,24 +727,88 @@ fn file_type_name(ft: u32) -> String {
     n.to_string()
 }
 
-/// Run the bench: every model × test × repetition, engines interleaved; write `bench.json`, `bench.md`
-/// and `bench.csv` under `reports_root/bench-<run id>/` (atomically). Returns the directory and report.
+/// Check a bench's options before anything is measured: repetitions and tests (each by
+/// [`Test::check`]), `--llama-bench-args` free of the flags the bench sets itself
+/// ([`LLAMA_BENCH_OWN_FLAGS`]), the binaries present, and `reports_root` a writable directory
+/// ([`crate::output::check_dir_target`]).
 ///
-/// Errors: a model that does not load; any sample that fails (naming engine, model and test) — a bench
-/// with a missing sample is not written.
-pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
-    if opts.repetitions == 0 {
-        bail!("--repetitions must be at least 1");
+/// Errors name the option and what is wrong.
+pub fn check_options(opts: &BenchOptions) -> Result<()> {
+    if opts.repetitions == 0 || opts.repetitions > MAX_REPETITIONS {
+        bail!(
+            "--repetitions {}: give 1 to {MAX_REPETITIONS}",
+            opts.repetitions
+        );
     }
     if opts.tests.is_empty() {
         bail!("no tests: give -p and/or -n sizes above 0");
     }
+    for (i, t) in opts.tests.iter().enumerate() {
+        t.check()?;
+        if opts.tests[..i].contains(t) {
+            bail!(
+                "test {} is asked for twice (a size repeated in -p, -n or -d)",
+                t.name()
+            );
+        }
+    }
+    for (i, (id, _)) in opts.models.iter().enumerate() {
+        if opts.models[..i].iter().any(|(other, _)| other == id) {
+            bail!("--model {id} is given twice");
+        }
+    }
+    if let Some(f) = opts
+        .llama_bench_args
+        .iter()
+        .find(|a| LLAMA_BENCH_OWN_FLAGS.contains(&a.as_str()))
+    {
+        bail!(
+            "--llama-bench-args {:?}: {f} is set by lockstep bench itself (model, -p/-n/-d, -r 1, -t, -o json); \
+             give sizes with lockstep's own -p/-n/-d/-r/--threads",
+            opts.llama_bench_args.join(" ")
+        );
+    }
+    if opts.sample_timeout.is_zero() {
+        bail!("--engine-timeout must be above 0 seconds");
+    }
+    let mut bins = vec![("this lockstep", &opts.lockstep_bin)];
+    if let Some((b, _)) = &opts.baseline {
+        bins.push(("--baseline-bin", b));
+    }
+    if let Some(b) = &opts.llama_bench {
+        bins.push(("--llama-bench", b));
+    }
+    for (what, b) in bins {
+        if !b.is_file() {
+            bail!("{what} {}: no such file", b.display());
+        }
+    }
+    crate::output::check_dir_target(&opts.reports_root, "--reports")
+}
+
+/// Run the bench: every model × test × repetition, engines interleaved; write `bench.json`, `bench.md`
+/// and `bench.csv` under `reports_root/bench-<run id>/` (atomically). Returns the directory and report.
+///
+/// Every sample is a child process in its own process group ([`crate::process::run_bounded`]): killed
+/// with its helpers after `sample_timeout`, and by the interrupt handler on Ctrl-C / SIGTERM.
+///
+/// Errors: bad options ([`check_options`]), a model that does not load or a test longer than its context
+/// (all before anything is measured); any sample that fails or that is not one (a 0 ns sample, llama-bench's record of another test), naming
+/// engine, model and test — a bench with a missing sample is not written.
+pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
+    check_options(opts)?;
+    let scratch = crate::process::ScratchGuard::new("lockstep-bench-")?;
+    let setup = ChildSetup {
+        scratch: scratch.path().to_path_buf(),
+        timeout: opts.sample_timeout,
+    };
     let mut samplers = vec![lockstep_sampler(
         "lockstep",
         &opts.lockstep_bin,
         opts.mode,
         opts.simd,
         opts.threads,
+        &setup,
     )];
     if let Some((bin, simd)) = &opts.baseline {
         samplers.push(lockstep_sampler(
@@ -578,25 +817,44 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
             opts.mode,
             *simd,
             opts.threads,
+            &setup,
         ));
     }
     if let Some(bin) = &opts.llama_bench {
-        samplers.push(llama_sampler(bin, opts.threads, &opts.llama_bench_args));
+        samplers.push(llama_sampler(
+            bin,
+            opts.threads,
+            &opts.llama_bench_args,
+            &setup,
+        ));
+    }
+    // every model loads and holds every test's context before anything is measured
+    let mut facts = Vec::new();
+    for (id, path) in &opts.models {
+        let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+        for t in &opts.tests {
+            let n_ctx = t.n_ctx().context("the test's context size overflows")?;
+            model
+                .check_context(n_ctx)
+                .with_context(|| format!("--model {id}: test {}", t.name()))?;
+        }
+        let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements).sum();
+        facts.push((
+            n_params,
+            decode_bytes_per_token(&model),
+            model.gguf().file_size(),
+            model_type(&model, n_params),
+        ));
     }
     let bw = measure_read_bandwidth(5);
     let read_bandwidth = median(&bw);
 
     let mut results = Vec::new();
-    let mut comparisons = Vec::new();
     let mut bandwidth = Vec::new();
-    for (id, path) in &opts.models {
-        let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
-        let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements).sum();
-        let bytes_per_token = decode_bytes_per_token(&model);
-        let model_size = model.gguf().file_size();
+    for ((id, path), (n_params, bytes_per_token, model_size, ours_type)) in
+        opts.models.iter().zip(facts)
+    {
         let filename = path.display().to_string();
-        let ours_type = model_type(&model, n_params);
-        drop(model);
         for &test in &opts.tests {
             let mut ns: Vec<Vec<u64>> = vec![Vec::new(); samplers.len()];
             let mut llama_rec = None;
@@ -621,13 +879,6 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
                 }
             }
             for (k, s) in samplers.iter().enumerate() {
-                let samples_ts: Vec<f64> = ns[k]
-                    .iter()
-                    .map(|&n| test.n_tokens() as f64 / (n as f64 * 1e-9))
-                    .collect();
-                let nsf: Vec<f64> = ns[k].iter().map(|&n| n as f64).collect();
-                let (avg_ns, stddev_ns) = mean_sd(&nsf);
-                let (avg_ts, stddev_ts) = mean_sd(&samples_ts);
                 let is_llama = s.settings.engine == "llama.cpp";
                 let rec = llama_rec.as_ref().filter(|_| is_llama);
                 let field = |k: &str, default: &str| {
@@ -636,7 +887,7 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
                         |v| v.as_str().map_or_else(|| v.to_string(), str::to_string),
                     )
                 };
-                results.push(BenchResult {
+                let mut row = BenchResult {
                     engine: s.settings.engine.clone(),
                     mode: s.settings.mode.clone().unwrap_or_default(),
                     simd: s.settings.simd.clone().unwrap_or_default(),
@@ -652,31 +903,19 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
                     type_k: field("type_k", "f32"),
                     type_v: field("type_v", "f32"),
                     flash_attn: field("flash_attn", "0"),
-                    median_ts: median(&samples_ts),
                     samples_ns: ns[k].clone(),
-                    samples_ts,
-                    avg_ns,
-                    stddev_ns,
-                    avg_ts,
-                    stddev_ts,
-                });
-            }
-            let base = results.len() - samplers.len();
-            let ours = &results[base];
-            for other in &results[base + 1..] {
-                let (ratio, lo, hi) = bootstrap_ratio(&ours.samples_ts, &other.samples_ts, 2000);
-                comparisons.push(Comparison {
-                    model: id.clone(),
-                    test: test.name(),
-                    numerator: ours.engine.clone(),
-                    denominator: other.engine.clone(),
-                    ratio,
-                    ci_low: lo,
-                    ci_high: hi,
-                });
+                    samples_ts: Vec::new(),
+                    avg_ns: 0.0,
+                    stddev_ns: 0.0,
+                    avg_ts: 0.0,
+                    stddev_ts: 0.0,
+                    median_ts: 0.0,
+                };
+                row.fill_stats();
+                results.push(row);
             }
             if test.n_gen > 0 {
-                for r in &results[base..] {
+                for r in &results[results.len() - samplers.len()..] {
                     bandwidth.push(BandwidthUse {
                         engine: r.engine.clone(),
                         model: id.clone(),
@@ -690,8 +929,20 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
     }
     let llama_cpp_build = opts.llama_bench.as_ref().and_then(|b| {
         let info = b.parent()?.parent()?.join("build-info.json");
-        serde_json::from_str(&std::fs::read_to_string(info).ok()?).ok()
+        if !info.exists() {
+            return None;
+        }
+        let read = read_capped(&info, MAX_BUILD_INFO_BYTES, "llama.cpp build record")
+            .and_then(|t| crate::report::from_json(&t));
+        match read {
+            Ok(v) => Some(v),
+            Err(e) => {
+                eprintln!("lockstep: warning: not recorded: {e:#}");
+                None
+            }
+        }
     });
+    let comparisons = comparisons(&results);
     let report = BenchReport {
         schema_version: BENCH_SCHEMA_VERSION,
         run_id: crate::report::new_run_id(),
@@ -705,59 +956,378 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
         comparisons,
         bandwidth,
     };
+    validate_bench(&report).context("the bench just measured is not a valid bench.json")?;
     let dir = write_bench(&opts.reports_root, &report)?;
     Ok((dir, report))
 }
 
-/// Write `bench.json`, `bench.md`, `bench.csv` into `reports_root/bench-<run id>/`, atomically.
+/// Tokens/s of one sample of `ns` nanoseconds of `test` (`n_tokens / (ns · 1e-9)`).
+fn tokens_per_second(test: Test, ns: u64) -> f64 {
+    test.n_tokens() as f64 / (ns as f64 * 1e-9)
+}
+
+/// lockstep against every other engine, per model and test: for each `lockstep` row of `results` (in
+/// order), one [`Comparison`] with each other engine's row of the same model and test (in order), the
+/// ratio of median tokens/s and its [`bootstrap_ratio`] interval (2000 resamples) — what `bench.json`
+/// records and what the speed gate recomputes from the samples.
+pub fn comparisons(results: &[BenchResult]) -> Vec<Comparison> {
+    // the other engines' rows by model and test, in order (one pass: a hostile file of many rows
+    // costs linear time)
+    let mut others: std::collections::HashMap<(&str, Test), Vec<&BenchResult>> =
+        std::collections::HashMap::new();
+    for y in results.iter().filter(|y| y.engine != "lockstep") {
+        others
+            .entry((y.model.as_str(), Test::of(y)))
+            .or_default()
+            .push(y);
+    }
+    let mut out = Vec::new();
+    for x in results.iter().filter(|x| x.engine == "lockstep") {
+        let test = Test::of(x);
+        for y in others
+            .get(&(x.model.as_str(), test))
+            .map_or(&[][..], Vec::as_slice)
+        {
+            let (ratio, ci_low, ci_high) = bootstrap_ratio(&x.samples_ts, &y.samples_ts, 2000);
+            out.push(Comparison {
+                model: x.model.clone(),
+                test: test.name(),
+                numerator: x.engine.clone(),
+                denominator: y.engine.clone(),
+                ratio,
+                ci_low,
+                ci_high,
+            });
+        }
+    }
+    out
+}
+
+/// Write `bench.json`, `bench.md`, `bench.csv` into `reports_root/bench-<run id>/`, atomically (the run
+/// id bounded and sanitised by [`crate::output::file_stem`]).
 pub fn write_bench(reports_root: &Path, r: &BenchReport) -> Result<PathBuf> {
     let files = vec![
         ("bench.json".to_string(), crate::report::to_json_pretty(r)?),
         ("bench.md".to_string(), render_bench_markdown(r)),
         ("bench.csv".to_string(), render_bench_csv(r)),
     ];
-    crate::report::write_files_atomically(reports_root, &format!("bench-{}", r.run_id), &files)
+    crate::report::write_files_atomically(
+        reports_root,
+        &format!("bench-{}", crate::output::file_stem(&r.run_id)),
+        &files,
+    )
 }
 
-/// Read a `bench.json` (or the one inside a bench directory).
+/// The most repetitions a bench runs or a `bench.json` may hold (llama-bench's default is 5; the bootstrap
+/// of every comparison resamples them 2000 times).
+pub const MAX_REPETITIONS: usize = 1000;
+
+/// The largest `bench.json` read (a bench of many models, tests and repetitions is a few MB).
+pub const MAX_BENCH_JSON_BYTES: u64 = 64 << 20;
+
+/// The largest speed limits file read (`ci/speed.toml` is a few hundred bytes).
+pub const MAX_SPEED_LIMITS_BYTES: u64 = 64 << 10;
+
+/// The largest llama.cpp `build-info.json` read.
+pub const MAX_BUILD_INFO_BYTES: u64 = 1 << 20;
+
+/// Read a text file of at most `cap` bytes. `what` names it in errors.
 ///
-/// Errors: missing or unreadable file, not JSON of this layout, another schema version — naming the file.
+/// Errors (naming `what` and the path): missing or unreadable; not a regular file (a directory, device,
+/// FIFO or socket, which no size cap can bound: `/dev/zero` never ends); larger than `cap`; not UTF-8.
+fn read_capped(path: &Path, cap: u64, what: &str) -> Result<String> {
+    use std::io::Read;
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("cannot read the {what} {}", path.display()))?;
+    if !meta.is_file() {
+        bail!(
+            "the {what} {}: is not a regular file (a directory, device, FIFO or socket); lockstep reads \
+             only regular files",
+            path.display()
+        );
+    }
+    let too_big = |n: u64| {
+        anyhow::anyhow!(
+            "the {what} {}: {n} bytes, more than the {cap} bytes such a file may have",
+            path.display()
+        )
+    };
+    if meta.len() > cap {
+        return Err(too_big(meta.len()));
+    }
+    let f = std::fs::File::open(path)
+        .with_context(|| format!("cannot read the {what} {}", path.display()))?;
+    // the file was checked by path; check what was opened too (it may have been replaced since)
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        bail!("the {what} {}: is not a regular file", path.display());
+    }
+    let mut buf = Vec::new();
+    f.take(cap + 1)
+        .read_to_end(&mut buf)
+        .with_context(|| format!("cannot read the {what} {}", path.display()))?;
+    if buf.len() as u64 > cap {
+        return Err(too_big(buf.len() as u64));
+    }
+    String::from_utf8(buf).map_err(|e| {
+        anyhow::anyhow!(
+            "the {what} {}: not UTF-8 text (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+/// Read a `bench.json` (or the one inside a bench directory): at most [`MAX_BENCH_JSON_BYTES`] of a
+/// regular file, parsed and validated by [`parse_bench_json`].
+///
+/// Errors: missing, unreadable, not a regular file, too large, or anything [`parse_bench_json`] refuses —
+/// naming the file.
 pub fn read_bench(path: &Path) -> Result<BenchReport> {
     let p = if path.is_dir() {
         path.join("bench.json")
     } else {
         path.to_path_buf()
     };
-    let text =
-        std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
-    let r: BenchReport = crate::report::from_json(&text)
-        .with_context(|| format!("{} is not a lockstep bench.json", p.display()))?;
-    if r.schema_version != BENCH_SCHEMA_VERSION {
-        bail!(
-            "{}: bench schema version {} (this lockstep reads {BENCH_SCHEMA_VERSION})",
-            p.display(),
-            r.schema_version
-        );
-    }
+    let text = read_capped(&p, MAX_BENCH_JSON_BYTES, "bench.json")?;
+    parse_bench_json(&text, &p)
+}
+
+/// Parse and validate the text of a `bench.json`; `path` only names the file in errors (no I/O).
+///
+/// Errors, each naming `path`: not JSON of this layout (unknown layout, missing field, wrong type); or
+/// anything [`validate_bench`] refuses, with the field (e.g. `results[2].samples_ts[0]`).
+pub fn parse_bench_json(text: &str, path: &Path) -> Result<BenchReport> {
+    let r: BenchReport = crate::report::from_json(text)
+        .with_context(|| format!("{} is not a lockstep bench.json", path.display()))?;
+    validate_bench(&r).map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
     Ok(r)
 }
 
+/// Whether two recomputed floats agree (equal, or within 1e-9 relative: the same arithmetic on the
+/// same samples gives the same bits, this only forgives a formatting round trip).
+/// Never for a non-finite value.
+fn agrees(recorded: f64, computed: f64) -> bool {
+    recorded.is_finite()
+        && computed.is_finite()
+        && (recorded == computed
+            || (recorded - computed).abs() <= 1e-9 * recorded.abs().max(computed.abs()))
+}
+
+/// The engines a bench runs.
+const ENGINES: &[&str] = &["lockstep", "baseline", "llama.cpp"];
+
+/// Check a bench report's numbers against themselves, so that nothing recorded can make the speed gate
+/// pass what the samples do not show:
+/// - `schema_version` is [`BENCH_SCHEMA_VERSION`]; `repetitions` ≥ 1; `read_bandwidth` and each of its
+///   samples finite and above 0;
+/// - `results` is not empty; each row's engine is `lockstep`, `baseline` or `llama.cpp`, its test valid
+///   ([`Test::check`]), its `samples_ns` and `samples_ts` `repetitions` long, every sample above 0 (and
+///   finite), `samples_ts` the tokens/s of `samples_ns`, and `median_ts`, `avg_ts`, `stddev_ts`,
+///   `avg_ns`, `stddev_ns` those of the samples; no engine × model × test twice; every model × test has
+///   a `lockstep` row;
+/// - `comparisons` are exactly [`comparisons`] of the results (ratios and intervals recomputed);
+/// - each `bandwidth` entry names a result and its `fraction` is that result's
+///   `median_ts × bytes_per_token ÷ read_bandwidth`.
+///
+/// Errors name the field and what is wrong (the caller adds the file).
+pub fn validate_bench(r: &BenchReport) -> Result<()> {
+    if r.schema_version != BENCH_SCHEMA_VERSION {
+        bail!(
+            "schema_version: {} (this lockstep reads {BENCH_SCHEMA_VERSION})",
+            r.schema_version
+        );
+    }
+    if r.repetitions == 0 || r.repetitions > MAX_REPETITIONS {
+        bail!(
+            "repetitions: {}; a bench has 1 to {MAX_REPETITIONS}",
+            r.repetitions
+        );
+    }
+    let positive = |field: &str, x: f64| -> Result<()> {
+        if !(x.is_finite() && x > 0.0) {
+            bail!("{field}: {x:?} is not a finite number above 0");
+        }
+        Ok(())
+    };
+    positive("read_bandwidth", r.read_bandwidth)?;
+    if r.read_bandwidth_samples.is_empty() {
+        bail!("read_bandwidth_samples: empty");
+    }
+    for (i, &x) in r.read_bandwidth_samples.iter().enumerate() {
+        positive(&format!("read_bandwidth_samples[{i}]"), x)?;
+    }
+    if r.results.is_empty() {
+        bail!("results: empty; a bench without results has nothing to gate");
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, x) in r.results.iter().enumerate() {
+        let test = Test::of(x);
+        let at = format!("results[{i}] ({} {} {})", x.engine, x.model, test.name());
+        if !ENGINES.contains(&x.engine.as_str()) {
+            bail!("{at}.engine: {:?} is none of {ENGINES:?}", x.engine);
+        }
+        test.check().with_context(|| at.clone())?;
+        if !seen.insert((x.engine.as_str(), x.model.as_str(), test)) {
+            bail!("{at}: a second row of this engine, model and test");
+        }
+        for (name, n) in [
+            ("samples_ns", x.samples_ns.len()),
+            ("samples_ts", x.samples_ts.len()),
+        ] {
+            if n != r.repetitions {
+                bail!(
+                    "{at}.{name}: {n} samples, but repetitions is {}",
+                    r.repetitions
+                );
+            }
+        }
+        for (j, (&ns, &ts)) in x.samples_ns.iter().zip(&x.samples_ts).enumerate() {
+            if ns == 0 {
+                bail!("{at}.samples_ns[{j}]: 0 ns (no time cannot be turned into tokens/s)");
+            }
+            positive(&format!("{at}.samples_ts[{j}]"), ts)?;
+            let want = tokens_per_second(test, ns);
+            if !agrees(ts, want) {
+                bail!(
+                    "{at}.samples_ts[{j}]: {ts:?} tokens/s, but samples_ns[{j}] = {ns} ns of {} tokens is {want:?}",
+                    test.n_tokens()
+                );
+            }
+        }
+        let nsf: Vec<f64> = x.samples_ns.iter().map(|&n| n as f64).collect();
+        let (avg_ns, stddev_ns) = mean_sd(&nsf);
+        let (avg_ts, stddev_ts) = mean_sd(&x.samples_ts);
+        for (name, recorded, computed) in [
+            ("median_ts", x.median_ts, median(&x.samples_ts)),
+            ("avg_ts", x.avg_ts, avg_ts),
+            ("stddev_ts", x.stddev_ts, stddev_ts),
+            ("avg_ns", x.avg_ns, avg_ns),
+            ("stddev_ns", x.stddev_ns, stddev_ns),
+        ] {
+            if !agrees(recorded, computed) {
+                bail!("{at}.{name}: recorded {recorded:?}, its samples give {computed:?}");
+            }
+        }
+    }
+    for (i, x) in r.results.iter().enumerate() {
+        if !seen.contains(&("lockstep", x.model.as_str(), Test::of(x))) {
+            bail!(
+                "results[{i}] ({} {} {}): no lockstep row of this model and test",
+                x.engine,
+                x.model,
+                Test::of(x).name()
+            );
+        }
+    }
+    let expected = comparisons(&r.results);
+    let key = |c: &Comparison| {
+        (
+            c.model.clone(),
+            c.test.clone(),
+            c.numerator.clone(),
+            c.denominator.clone(),
+        )
+    };
+    let by_key: std::collections::HashMap<_, &Comparison> =
+        expected.iter().map(|e| (key(e), e)).collect();
+    let recorded: std::collections::HashSet<_> = r.comparisons.iter().map(key).collect();
+    for (i, c) in r.comparisons.iter().enumerate() {
+        let at = format!(
+            "comparisons[{i}] ({} {} {} / {})",
+            c.model, c.test, c.numerator, c.denominator
+        );
+        let Some(e) = by_key.get(&key(c)) else {
+            bail!("{at}: the results hold no such pair of rows");
+        };
+        for (name, recorded, computed) in [
+            ("ratio", c.ratio, e.ratio),
+            ("ci_low", c.ci_low, e.ci_low),
+            ("ci_high", c.ci_high, e.ci_high),
+        ] {
+            if !agrees(recorded, computed) {
+                bail!("{at}.{name}: recorded {recorded:?}, the samples give {computed:?}");
+            }
+        }
+    }
+    for e in &expected {
+        if !recorded.contains(&key(e)) {
+            bail!(
+                "comparisons: no {} {} {} / {}, which the results hold",
+                e.model,
+                e.test,
+                e.numerator,
+                e.denominator
+            );
+        }
+    }
+    if r.comparisons.len() != expected.len() {
+        bail!(
+            "comparisons: {} entries, the results give {}",
+            r.comparisons.len(),
+            expected.len()
+        );
+    }
+    let names: Vec<String> = r.results.iter().map(|x| Test::of(x).name()).collect();
+    let rows: std::collections::HashMap<(&str, &str, &str), &BenchResult> = r
+        .results
+        .iter()
+        .zip(&names)
+        .map(|(x, n)| ((x.engine.as_str(), x.model.as_str(), n.as_str()), x))
+        .collect();
+    for (i, b) in r.bandwidth.iter().enumerate() {
+        let at = format!("bandwidth[{i}] ({} {} {})", b.engine, b.model, b.test);
+        let Some(x) = rows.get(&(b.engine.as_str(), b.model.as_str(), b.test.as_str())) else {
+            bail!("{at}: no result of this engine, model and test");
+        };
+        let want = x.median_ts * b.bytes_per_token as f64 / r.read_bandwidth;
+        if !(b.fraction.is_finite() && agrees(b.fraction, want)) {
+            bail!(
+                "{at}.fraction: recorded {:?}, median_ts × bytes_per_token ÷ read_bandwidth gives {want:?}",
+                b.fraction
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Text from a bench (a model path, llama-bench's `model_type`, a binary) made safe for one Markdown table
+/// cell or line: backslash, `|` and `` ` `` backslash-escaped, `<`, `>` and `&` as HTML entities, line breaks
+/// as spaces — so no value can end a cell, a row or the table, or inject HTML.
+pub fn md_cell(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' | '|' | '`' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '\n' | '\r' | '\u{2028}' | '\u{2029}' => out.push(' '),
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// `bench.md`: the settings, one table of every result in llama-bench's columns, the ratios with their
-/// intervals, and decode's bandwidth use.
+/// intervals, and decode's bandwidth use. Every value taken from the report is escaped by [`md_cell`].
 pub fn render_bench_markdown(r: &BenchReport) -> String {
     use std::fmt::Write as _;
     let mut md = String::new();
     let e = &r.environment;
-    let _ = writeln!(md, "# lockstep bench {}\n", r.run_id);
+    let _ = writeln!(md, "# lockstep bench {}\n", md_cell(&r.run_id));
     let _ = writeln!(
         md,
         "CPU {} ({}) · {} threads · lockstep {} at {} · {} repetitions per engine and test, engines interleaved · \
          read bandwidth {:.1} GB/s (median of {})\n",
-        e.cpu_model,
-        e.cpu_flags.join(" "),
+        md_cell(&e.cpu_model),
+        md_cell(&e.cpu_flags.join(" ")),
         e.threads,
-        e.lockstep_version,
-        e.git_commit.chars().take(12).collect::<String>(),
+        md_cell(&e.lockstep_version),
+        md_cell(&e.git_commit.chars().take(12).collect::<String>()),
         r.repetitions,
         r.read_bandwidth / 1e9,
         r.read_bandwidth_samples.len()
@@ -765,11 +1335,11 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
     for s in &r.engines {
         let _ = writeln!(
             md,
-            "- **{}**: `{}`{}",
-            s.engine,
-            s.binary,
+            "- **{}**: {}{}",
+            md_cell(&s.engine),
+            md_cell(&s.binary),
             match (&s.mode, &s.simd) {
-                (Some(m), Some(x)) => format!(", mode {m}, simd {x}"),
+                (Some(m), Some(x)) => format!(", mode {}, simd {}", md_cell(m), md_cell(x)),
                 _ => String::new(),
             }
         );
@@ -778,17 +1348,19 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
         let _ = writeln!(
             md,
             "- llama.cpp build: llama-cpp-python {} (vendored llama.cpp {}), {}, {}",
-            b["llama_cpp_python"].as_str().unwrap_or("?"),
-            b["vendored_llama_cpp_commit"].as_str().unwrap_or("?"),
-            b["compiler"].as_str().unwrap_or("?"),
-            b["cmake_flags"]
-                .as_array()
-                .map(|a| a
-                    .iter()
-                    .filter_map(|v| v.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" "))
-                .unwrap_or_default()
+            md_cell(b["llama_cpp_python"].as_str().unwrap_or("?")),
+            md_cell(b["vendored_llama_cpp_commit"].as_str().unwrap_or("?")),
+            md_cell(b["compiler"].as_str().unwrap_or("?")),
+            md_cell(
+                &b["cmake_flags"]
+                    .as_array()
+                    .map(|a| a
+                        .iter()
+                        .filter_map(|v| v.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" "))
+                    .unwrap_or_default()
+            )
         );
     }
     let _ = writeln!(md, "\n## Results\n");
@@ -804,19 +1376,24 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
             n_depth: x.n_depth,
         };
         let engine = if x.mode.is_empty() {
-            x.engine.clone()
+            md_cell(&x.engine)
         } else {
-            format!("{} ({}, simd {})", x.engine, x.mode, x.simd)
+            format!(
+                "{} ({}, simd {})",
+                md_cell(&x.engine),
+                md_cell(&x.mode),
+                md_cell(&x.simd)
+            )
         };
         let _ = writeln!(
             md,
             "| {engine} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} ± {:.2} |",
-            x.model_type,
-            x.model,
+            md_cell(&x.model_type),
+            md_cell(&x.model),
             test.name(),
             x.n_threads,
-            x.type_k,
-            x.flash_attn,
+            md_cell(&x.type_k),
+            md_cell(&x.flash_attn),
             x.median_ts,
             x.avg_ts,
             x.stddev_ts
@@ -829,7 +1406,13 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
         let _ = writeln!(
             md,
             "| {} | {} | {} / {} = {:.3} | [{:.3}, {:.3}] |",
-            c.model, c.test, c.numerator, c.denominator, c.ratio, c.ci_low, c.ci_high
+            md_cell(&c.model),
+            md_cell(&c.test),
+            md_cell(&c.numerator),
+            md_cell(&c.denominator),
+            c.ratio,
+            c.ci_low,
+            c.ci_high
         );
     }
     if !r.bandwidth.is_empty() {
@@ -848,9 +1431,9 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {:.1} | {:.0} | {:.1}% |",
-                b.engine,
-                b.model,
-                b.test,
+                md_cell(&b.engine),
+                md_cell(&b.model),
+                md_cell(&b.test),
                 b.bytes_per_token as f64 / 1e6,
                 r.read_bandwidth / b.bytes_per_token as f64,
                 100.0 * b.fraction
@@ -866,7 +1449,7 @@ pub fn render_bench_csv(r: &BenchReport) -> String {
         "engine,mode,simd,model,model_filename,model_type,model_size,model_n_params,n_threads,n_prompt,n_gen,n_depth,type_k,type_v,flash_attn,avg_ns,stddev_ns,avg_ts,stddev_ts,median_ts\n",
     );
     let q = |s: &str| {
-        if s.contains([',', '"', '\n']) {
+        if s.contains([',', '"', '\n', '\r']) {
             format!("\"{}\"", s.replace('"', "\"\""))
         } else {
             s.to_string()
@@ -912,20 +1495,46 @@ pub struct SpeedLimits {
 }
 
 impl SpeedLimits {
-    /// Read `ci/speed.toml`. Errors name the file.
+    /// Read `ci/speed.toml`: at most [`MAX_SPEED_LIMITS_BYTES`] of a regular file, parsed and checked by
+    /// [`parse_speed_limits`]. Errors name the file.
     pub fn load(path: &Path) -> Result<SpeedLimits> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let l: SpeedLimits = toml::from_str(&text)
-            .with_context(|| format!("{} is not a speed limits file", path.display()))?;
-        if !(l.max_slowdown >= 0.0 && l.max_slowdown < 1.0 && l.min_ratio_to_llama_cpp >= 0.0) {
+        let text = read_capped(path, MAX_SPEED_LIMITS_BYTES, "speed limits file")?;
+        parse_speed_limits(&text, path)
+    }
+
+    /// Check that every limit is finite and in range: `max_slowdown` in [0, 1) (the baseline limit
+    /// `1 − max_slowdown` stays above 0, so a check can fail), `min_ratio_to_llama_cpp` in (0, 1000]
+    /// (0 would pass any speed). Errors name the field and its value.
+    pub fn validate(&self) -> Result<()> {
+        let m = self.max_slowdown;
+        if !(m.is_finite() && (0.0..1.0).contains(&m)) {
             bail!(
-                "{}: max_slowdown must be in [0, 1) and min_ratio_to_llama_cpp ≥ 0",
-                path.display()
+                "max_slowdown: {m:?} is not in [0, 1) (a fraction of the baseline's speed; 1 or more would \
+                 pass any slowdown)"
             );
         }
-        Ok(l)
+        let r = self.min_ratio_to_llama_cpp;
+        if !(r.is_finite() && r > 0.0 && r <= 1000.0) {
+            bail!(
+                "min_ratio_to_llama_cpp: {r:?} is not in (0, 1000] (lockstep/llama.cpp tokens/s; 0 would \
+                 pass any speed)"
+            );
+        }
+        Ok(())
     }
+}
+
+/// Parse and check the text of a speed limits file (`ci/speed.toml`); `path` only names the file in
+/// errors (no I/O).
+///
+/// Errors, each naming `path`: not TOML; an unknown key, a missing key, a value that is not a number;
+/// a limit out of range or not finite (`nan`, `inf`) ([`SpeedLimits::validate`]).
+pub fn parse_speed_limits(text: &str, path: &Path) -> Result<SpeedLimits> {
+    let l: SpeedLimits = toml::from_str(text)
+        .with_context(|| format!("{} is not a speed limits file", path.display()))?;
+    l.validate()
+        .map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))?;
+    Ok(l)
 }
 
 /// One line of the speed gate.
@@ -943,22 +1552,32 @@ pub struct SpeedCheck {
     pub pass: bool,
 }
 
-/// The speed gate. Checks, per model and test:
-/// - every comparison in `bench` (against llama.cpp: `min_ratio_to_llama_cpp`; against an interleaved
-///   baseline: `1 − max_slowdown`);
+/// The speed gate. Checks, per model and test, every ratio recomputed from the samples (the recorded
+/// `comparisons` are never trusted; [`validate_bench`] refuses a file whose recorded ones differ):
+/// - lockstep against every other engine of `bench` ([`comparisons`]; against llama.cpp:
+///   `min_ratio_to_llama_cpp`; against an interleaved baseline: `1 − max_slowdown`);
 /// - with `baseline_file`: the ratio of `lockstep / llama.cpp` in `bench` to the same ratio in the
 ///   baseline file (each run normalised by its own llama.cpp, so the two runs may come from different
 ///   moments of a noisy machine), bootstrapped over all four sample sets, against `1 − max_slowdown`.
 ///
 /// A check fails when the upper end of the 95% interval is below its limit: a slowdown the repetitions'
-/// spread cannot explain. Errors: a baseline file without the same model, test and llama.cpp rows.
+/// spread cannot explain.
+///
+/// Errors: either report invalid ([`validate_bench`]: empty results, non-finite, zero or negative samples,
+/// ...), the limits out of range ([`SpeedLimits::validate`]); with a baseline file, a model and test of
+/// either file missing from the other (no check is dropped), or without llama.cpp rows.
 pub fn gate_speed(
     bench: &BenchReport,
     baseline_file: Option<&BenchReport>,
     limits: &SpeedLimits,
 ) -> Result<Vec<SpeedCheck>> {
+    validate_bench(bench).context("the current bench")?;
+    if let Some(b) = baseline_file {
+        validate_bench(b).context("the baseline bench")?;
+    }
+    limits.validate()?;
     let mut checks = Vec::new();
-    for c in &bench.comparisons {
+    for c in comparisons(&bench.results) {
         let limit = if c.denominator == "llama.cpp" {
             limits.min_ratio_to_llama_cpp
         } else {
@@ -973,43 +1592,39 @@ pub fn gate_speed(
         });
     }
     if let Some(base) = baseline_file {
-        let find = |r: &BenchReport, engine: &str, model: &str, test: &str| -> Option<Vec<f64>> {
-            r.results
-                .iter()
-                .find(|x| {
-                    x.engine == engine
-                        && x.model == model
-                        && Test {
-                            n_prompt: x.n_prompt,
-                            n_gen: x.n_gen,
-                            n_depth: x.n_depth,
-                        }
-                        .name()
-                            == test
-                })
-                .map(|x| x.samples_ts.clone())
+        let (cur, old) = (row_index(bench), row_index(base));
+        let find = |i: &RowIndex<'_>, engine: &str, model: &str, test: Test| {
+            i.get(&(engine, model, test)).map(|x| x.samples_ts.clone())
         };
-        for x in bench.results.iter().filter(|x| x.engine == "lockstep") {
-            let test = Test {
-                n_prompt: x.n_prompt,
-                n_gen: x.n_gen,
-                n_depth: x.n_depth,
+        // every test the baseline holds must be checked again: a current bench that lost one would
+        // silently drop its check
+        for y in base.results.iter().filter(|y| y.engine == "lockstep") {
+            if find(&cur, "lockstep", &y.model, Test::of(y)).is_none() {
+                bail!(
+                    "the current bench has no lockstep row for {} {}, which the baseline bench has (every \
+                     test of the baseline is checked)",
+                    y.model,
+                    Test::of(y).name()
+                );
             }
-            .name();
-            let get = |r: &BenchReport, e: &str, which: &str| {
-                find(r, e, &x.model, &test).with_context(|| {
-                    format!("the {which} bench has no {e} row for {} {test}", x.model)
+        }
+        for x in bench.results.iter().filter(|x| x.engine == "lockstep") {
+            let test = Test::of(x);
+            let name = test.name();
+            let get = |i: &RowIndex<'_>, e: &str, which: &str| {
+                find(i, e, &x.model, test).with_context(|| {
+                    format!("the {which} bench has no {e} row for {} {name}", x.model)
                 })
             };
-            let (a, la) = (x.samples_ts.clone(), get(bench, "llama.cpp", "current")?);
+            let (a, la) = (x.samples_ts.clone(), get(&cur, "llama.cpp", "current")?);
             let (b, lb) = (
-                get(base, "lockstep", "baseline")?,
-                get(base, "llama.cpp", "baseline")?,
+                get(&old, "lockstep", "baseline")?,
+                get(&old, "llama.cpp", "baseline")?,
             );
             let ratio = double_ratio(&a, &la, &b, &lb, 2000);
             let limit = 1.0 - limits.max_slowdown;
             checks.push(SpeedCheck {
-                what: format!("{} {test}", x.model),
+                what: format!("{} {name}", x.model),
                 against: "(lockstep / llama.cpp) ÷ baseline file's".into(),
                 ratio,
                 limit,
@@ -1018,6 +1633,16 @@ pub fn gate_speed(
         }
     }
     Ok(checks)
+}
+
+/// A report's rows by engine, model and test.
+type RowIndex<'a> = std::collections::HashMap<(&'a str, &'a str, Test), &'a BenchResult>;
+
+fn row_index(r: &BenchReport) -> RowIndex<'_> {
+    r.results
+        .iter()
+        .map(|x| ((x.engine.as_str(), x.model.as_str(), Test::of(x)), x))
+        .collect()
 }
 
 /// `(m(a)/m(la)) / (m(b)/m(lb))` (m = median) with a 95% percentile-bootstrap interval over the four
@@ -1084,7 +1709,25 @@ mod tests {
         assert!(lo <= 1.0 && hi >= 1.0 && r == 1.0, "{r} [{lo}, {hi}]");
     }
 
-    fn result(engine: &str, ts: &[f64]) -> BenchResult {
+    const TG8: Test = Test {
+        n_prompt: 0,
+        n_gen: 8,
+        n_depth: 0,
+    };
+
+    /// A consistent result row of `test` whose samples are about `ts` tokens/s.
+    fn result_of(engine: &str, test: Test, ts: &[f64]) -> BenchResult {
+        let samples_ns: Vec<u64> = ts
+            .iter()
+            .map(|t| (test.n_tokens() as f64 * 1e9 / t) as u64)
+            .collect();
+        let samples_ts: Vec<f64> = samples_ns
+            .iter()
+            .map(|&n| tokens_per_second(test, n))
+            .collect();
+        let nsf: Vec<f64> = samples_ns.iter().map(|&n| n as f64).collect();
+        let (avg_ns, stddev_ns) = mean_sd(&nsf);
+        let (avg_ts, stddev_ts) = mean_sd(&samples_ts);
         BenchResult {
             engine: engine.into(),
             mode: String::new(),
@@ -1095,45 +1738,55 @@ mod tests {
             model_size: 1,
             model_n_params: 1,
             n_threads: 2,
-            n_prompt: 0,
-            n_gen: 8,
-            n_depth: 0,
+            n_prompt: test.n_prompt,
+            n_gen: test.n_gen,
+            n_depth: test.n_depth,
             type_k: "f32".into(),
             type_v: "f32".into(),
             flash_attn: "0".into(),
-            samples_ns: ts.iter().map(|t| (8e9 / t) as u64).collect(),
-            samples_ts: ts.to_vec(),
-            avg_ns: 0.0,
-            stddev_ns: 0.0,
-            avg_ts: 0.0,
-            stddev_ts: 0.0,
-            median_ts: median(ts),
+            median_ts: median(&samples_ts),
+            samples_ns,
+            samples_ts,
+            avg_ns,
+            stddev_ns,
+            avg_ts,
+            stddev_ts,
         }
     }
 
-    fn report(ours: &[f64], llama: &[f64]) -> BenchReport {
-        let (ratio, ci_low, ci_high) = bootstrap_ratio(ours, llama, 2000);
+    fn result(engine: &str, ts: &[f64]) -> BenchResult {
+        result_of(engine, TG8, ts)
+    }
+
+    /// A consistent report of `results` (comparisons recomputed).
+    fn report_of(results: Vec<BenchResult>) -> BenchReport {
         BenchReport {
             schema_version: BENCH_SCHEMA_VERSION,
             run_id: "x".into(),
             environment: Environment::detect(1, Path::new("/nonexistent")),
-            repetitions: ours.len(),
+            repetitions: results[0].samples_ns.len(),
             engines: Vec::new(),
             llama_cpp_build: None,
             read_bandwidth: 1e10,
             read_bandwidth_samples: vec![1e10],
-            results: vec![result("lockstep", ours), result("llama.cpp", llama)],
-            comparisons: vec![Comparison {
-                model: "m".into(),
-                test: "tg8".into(),
-                numerator: "lockstep".into(),
-                denominator: "llama.cpp".into(),
-                ratio,
-                ci_low,
-                ci_high,
-            }],
+            comparisons: comparisons(&results),
+            results,
             bandwidth: Vec::new(),
         }
+    }
+
+    fn report(ours: &[f64], llama: &[f64]) -> BenchReport {
+        report_of(vec![result("lockstep", ours), result("llama.cpp", llama)])
+    }
+
+    const LIMITS: SpeedLimits = SpeedLimits {
+        max_slowdown: 0.1,
+        min_ratio_to_llama_cpp: 0.5,
+    };
+
+    /// The error of `r`'s validation, with its causes.
+    fn invalid(r: &BenchReport) -> String {
+        format!("{:#}", validate_bench(r).unwrap_err())
     }
 
     #[test]
@@ -1171,9 +1824,381 @@ mod tests {
         // a baseline without the rows is an error, not a pass
         let mut empty = base.clone();
         empty.results.clear();
-        let e = gate_speed(&again, Some(&empty), &limits)
+        let e = format!(
+            "{:#}",
+            gate_speed(&again, Some(&empty), &limits).unwrap_err()
+        );
+        assert!(
+            e.contains("the baseline bench") && e.contains("results: empty"),
+            "{e}"
+        );
+        let no_llama = report_of(vec![base.results[0].clone()]);
+        let e = gate_speed(&again, Some(&no_llama), &limits)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("baseline bench has no lockstep row"), "{e}");
+        assert!(e.contains("baseline bench has no llama.cpp row"), "{e}");
+    }
+
+    #[test]
+    fn recorded_comparisons_that_the_samples_do_not_give_are_refused() {
+        let ok = report(&[100.0, 98.0, 102.0], &[120.0, 118.0, 121.0]);
+        validate_bench(&ok).unwrap();
+        // an upper end of 1e308, or "inf"
+        for high in [1e308, f64::INFINITY] {
+            let mut r = ok.clone();
+            r.comparisons[0].ci_high = high;
+            let e = invalid(&r);
+            assert!(
+                e.contains("comparisons[0] (m tg8 lockstep / llama.cpp).ci_high: recorded"),
+                "{e}"
+            );
+            assert!(gate_speed(&r, None, &LIMITS).is_err());
+        }
+        // ratio 0.1 with interval [0.1, 5]
+        let mut r = ok.clone();
+        (
+            r.comparisons[0].ratio,
+            r.comparisons[0].ci_low,
+            r.comparisons[0].ci_high,
+        ) = (0.1, 0.1, 5.0);
+        assert!(
+            invalid(&r).contains(".ratio: recorded 0.1"),
+            "{}",
+            invalid(&r)
+        );
+        // the samples show lockstep 100× slower than llama.cpp, the comparison says 1
+        let slow = report(&[1.0, 1.1, 0.9], &[100.0, 101.0, 99.0]);
+        let mut r = slow.clone();
+        r.comparisons = ok.comparisons.clone();
+        (
+            r.comparisons[0].ratio,
+            r.comparisons[0].ci_low,
+            r.comparisons[0].ci_high,
+        ) = (1.0, 0.9, 1.1);
+        assert!(invalid(&r).contains("the samples give"), "{}", invalid(&r));
+        // the gate recomputes: even a report never validated cannot pass on its recorded comparisons
+        let checks = gate_speed(&slow, None, &LIMITS).unwrap();
+        assert!(!checks[0].pass && checks[0].ratio.2 < 0.02, "{checks:?}");
+        // a comparison dropped, or one more
+        let mut r = ok.clone();
+        r.comparisons.clear();
+        assert!(
+            invalid(&r).contains("comparisons: no m tg8 lockstep / llama.cpp"),
+            "{}",
+            invalid(&r)
+        );
+        let mut r = ok.clone();
+        r.comparisons.push(r.comparisons[0].clone());
+        assert!(invalid(&r).contains("2 entries, the results give 1"));
+    }
+
+    #[test]
+    fn empty_zero_negative_and_non_finite_samples_are_refused() {
+        let ok = report(&[100.0, 98.0, 102.0], &[120.0, 118.0, 121.0]);
+        // results: [] with the comparisons kept
+        let mut r = ok.clone();
+        r.results.clear();
+        assert!(invalid(&r).contains("results: empty"));
+        assert!(gate_speed(&r, None, &LIMITS).is_err());
+        for bad in [0.0, -5.0, f64::INFINITY, f64::NAN] {
+            let mut r = ok.clone();
+            r.results[1].samples_ts[2] = bad;
+            let e = invalid(&r);
+            assert!(
+                e.contains("results[1] (llama.cpp m tg8).samples_ts[2]")
+                    && e.contains("not a finite number above 0"),
+                "{e}"
+            );
+            // as the baseline file too: an error, never a ratio of inf or 1 that passes
+            let e = format!("{:#}", gate_speed(&ok, Some(&r), &LIMITS).unwrap_err());
+            assert!(e.contains("the baseline bench"), "{e}");
+        }
+        let mut r = ok.clone();
+        r.results[0].samples_ns[0] = 0;
+        assert!(
+            invalid(&r).contains("samples_ns[0]: 0 ns"),
+            "{}",
+            invalid(&r)
+        );
+        // tokens/s that the nanoseconds do not give
+        let mut r = ok.clone();
+        r.results[0].samples_ts[0] *= 100.0;
+        assert!(invalid(&r).contains("but samples_ns[0]"), "{}", invalid(&r));
+        // a median that the samples do not give
+        let mut r = ok.clone();
+        r.results[0].median_ts = 1e6;
+        assert!(invalid(&r).contains("median_ts: recorded 1000000.0"));
+        // fewer samples than repetitions; an unknown engine; a row twice; no lockstep row
+        let mut r = ok.clone();
+        r.results[0].samples_ns.pop();
+        assert!(invalid(&r).contains("samples_ns: 2 samples, but repetitions is 3"));
+        let mut r = ok.clone();
+        r.results[1].engine = "vllm".into();
+        assert!(invalid(&r).contains("engine: \"vllm\" is none of"));
+        let r = report_of(vec![ok.results[0].clone(), ok.results[0].clone()]);
+        assert!(invalid(&r).contains("a second row"));
+        let r = report_of(vec![ok.results[1].clone()]);
+        assert!(invalid(&r).contains("no lockstep row"));
+        let mut r = ok.clone();
+        r.read_bandwidth = f64::INFINITY;
+        assert!(invalid(&r).contains("read_bandwidth: inf"));
+        let mut r = ok.clone();
+        r.repetitions = MAX_REPETITIONS + 1;
+        assert!(invalid(&r).contains("repetitions: 1001; a bench has 1 to 1000"));
+    }
+
+    #[test]
+    fn every_test_of_the_baseline_file_is_checked() {
+        let pp16 = Test {
+            n_prompt: 16,
+            n_gen: 0,
+            n_depth: 0,
+        };
+        let (ours, llama) = ([100.0, 98.0, 102.0], [120.0, 118.0, 121.0]);
+        let both = report_of(vec![
+            result("lockstep", &ours),
+            result("llama.cpp", &llama),
+            result_of("lockstep", pp16, &ours),
+            result_of("llama.cpp", pp16, &llama),
+        ]);
+        assert_eq!(gate_speed(&both, Some(&both), &LIMITS).unwrap().len(), 4);
+        let one = report(&ours, &llama);
+        let e = gate_speed(&one, Some(&both), &LIMITS)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the current bench has no lockstep row for m pp16"),
+            "{e}"
+        );
+        let e = gate_speed(&both, Some(&one), &LIMITS)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the baseline bench has no lockstep row for m pp16"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bench_json_round_trips_through_the_parser() {
+        let r = report(&[100.0, 98.0, 102.0], &[120.0, 118.0, 121.0]);
+        let text = crate::report::to_json_pretty(&r).unwrap();
+        let p = Path::new("b/bench.json");
+        assert_eq!(parse_bench_json(&text, p).unwrap(), r);
+        let e = parse_bench_json(&text.replace("\"ci_high\": ", "\"ci_high\": 1e300 + "), p);
+        assert!(format!("{:#}", e.unwrap_err()).contains("b/bench.json"));
+        // "inf" as a string is read as infinity, and refused
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["comparisons"][0]["ci_high"] = "inf".into();
+        let e = format!("{:#}", parse_bench_json(&v.to_string(), p).unwrap_err());
+        assert!(
+            e.starts_with("b/bench.json: comparisons[0]") && e.contains("ci_high: recorded inf"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn speed_limits_are_finite_in_range_and_known() {
+        let p = Path::new("ci/speed.toml");
+        let l = parse_speed_limits(include_str!("../../ci/speed.toml"), p).unwrap();
+        assert!(l.max_slowdown > 0.0 && l.min_ratio_to_llama_cpp > 0.0);
+        for (text, needle) in [
+            (
+                "max_slowdown = nan\nmin_ratio_to_llama_cpp = 0.5",
+                "max_slowdown: NaN",
+            ),
+            (
+                "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = inf",
+                "min_ratio_to_llama_cpp: inf",
+            ),
+            (
+                "max_slowdown = -0.1\nmin_ratio_to_llama_cpp = 0.5",
+                "max_slowdown: -0.1",
+            ),
+            (
+                "max_slowdown = 1.0\nmin_ratio_to_llama_cpp = 0.5",
+                "max_slowdown: 1",
+            ),
+            (
+                "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.0",
+                "min_ratio_to_llama_cpp: 0",
+            ),
+            (
+                "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = -inf",
+                "min_ratio_to_llama_cpp: -inf",
+            ),
+            (
+                "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdwn = 0.5",
+                "unknown field",
+            ),
+            ("max_slowdown = 0.1", "missing field"),
+            (
+                "max_slowdown = \"0.1\"\nmin_ratio_to_llama_cpp = 0.5",
+                "speed limits",
+            ),
+        ] {
+            let e = format!("{:#}", parse_speed_limits(text, p).unwrap_err());
+            assert!(
+                e.contains("ci/speed.toml") && e.contains(needle),
+                "{text}: {e}"
+            );
+        }
+        // the gate itself refuses limits built without the parser
+        let r = report(&[100.0, 98.0, 102.0], &[120.0, 118.0, 121.0]);
+        let bad = SpeedLimits {
+            max_slowdown: 0.1,
+            min_ratio_to_llama_cpp: f64::NAN,
+        };
+        assert!(gate_speed(&r, None, &bad).is_err());
+    }
+
+    #[test]
+    fn llama_bench_records_of_no_time_or_another_test_are_refused() {
+        let pp16 = Test {
+            n_prompt: 16,
+            n_gen: 0,
+            n_depth: 0,
+        };
+        let rec = |p: u64, ns: &str| {
+            format!(r#"[{{"n_prompt": {p}, "n_gen": 0, "n_depth": 0, "samples_ns": [{ns}]}}]"#)
+        };
+        let (ns, v) = parse_llama_bench_output(rec(16, "1234").as_bytes(), pp16, "lb").unwrap();
+        assert_eq!((ns, v["n_prompt"].as_u64()), (1234, Some(16)));
+        for (out, needle) in [
+            (rec(16, "0"), "samples_ns[0] is 0 ns"),
+            (
+                rec(4096, "1234"),
+                "record is of test pp4096 (n_prompt 4096, n_gen 0, n_depth 0), but pp16",
+            ),
+            (rec(16, "-3"), "is not a count of nanoseconds"),
+            (rec(16, "1, 2"), "has 2 samples_ns"),
+            (
+                format!("[{0}, {0}]", &rec(16, "1")[1..rec(16, "1").len() - 1]),
+                "printed 2 test records",
+            ),
+            ("[]".into(), "printed 0 test records"),
+            ("not json".into(), "printed no JSON"),
+            (r#"[{"n_gen": 0}]"#.into(), "no n_prompt or n_gen"),
+        ] {
+            let e = format!(
+                "{:#}",
+                parse_llama_bench_output(out.as_bytes(), pp16, "lb").unwrap_err()
+            );
+            assert!(e.contains("lb") && e.contains(needle), "{out}: {e}");
+        }
+        // a record without n_depth is one of depth 0 only
+        let no_depth = r#"[{"n_prompt": 16, "n_gen": 0, "samples_ns": [5]}]"#;
+        assert!(parse_llama_bench_output(no_depth.as_bytes(), pp16, "lb").is_ok());
+        let deep = Test {
+            n_depth: 64,
+            ..pp16
+        };
+        assert!(parse_llama_bench_output(no_depth.as_bytes(), deep, "lb").is_err());
+        assert!(parse_sample_ns(b"0\n", "ls")
+            .unwrap_err()
+            .to_string()
+            .contains("0 ns"));
+        assert!(parse_sample_ns(b"12x", "ls").is_err());
+        assert_eq!(parse_sample_ns(b"12\n", "ls").unwrap(), 12);
+    }
+
+    #[test]
+    fn overflowing_tests_are_refused() {
+        let t = Test {
+            n_prompt: 512,
+            n_gen: 0,
+            n_depth: usize::MAX,
+        };
+        assert_eq!(t.n_ctx(), None);
+        let e = t.check().unwrap_err().to_string();
+        assert!(
+            e.contains("overflows") && e.contains(&usize::MAX.to_string()),
+            "{e}"
+        );
+        assert!(Test { n_gen: 1, ..t }.check().is_err());
+        assert!(tests_for(&[512], &[], &[0])[0].check().is_ok());
+    }
+
+    #[test]
+    fn hostile_text_cannot_break_bench_md_tables() {
+        let mut r = report(&[100.0, 98.0, 102.0], &[120.0, 118.0, 121.0]);
+        let hostile = "models/a|b\n| x | y |\n<script>alert(1)</script>`.gguf";
+        for x in &mut r.results {
+            x.model = hostile.into();
+            x.model_type = "llama 1M Q4_1|<b>".into();
+        }
+        r.comparisons = comparisons(&r.results);
+        r.bandwidth.push(BandwidthUse {
+            engine: "lockstep".into(),
+            model: hostile.into(),
+            test: "tg8".into(),
+            bytes_per_token: 1000,
+            fraction: r.results[0].median_ts * 1000.0 / r.read_bandwidth,
+        });
+        validate_bench(&r).unwrap();
+        let md = render_bench_markdown(&r);
+        assert!(!md.contains("<script>") && !md.contains("<b>"), "{md}");
+        assert!(
+            md.contains("&lt;script&gt;") && md.contains("a\\|b"),
+            "{md}"
+        );
+        // every table row has as many cell separators as its header
+        let unescaped = |l: &str| {
+            let mut n = 0;
+            let mut chars = l.chars();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => {
+                        chars.next();
+                    }
+                    '|' => n += 1,
+                    _ => {}
+                }
+            }
+            n
+        };
+        let mut header = 0;
+        let mut rows = 0;
+        for l in md.lines() {
+            if !l.starts_with('|') {
+                header = 0;
+                continue;
+            }
+            if header == 0 {
+                header = unescaped(l);
+            }
+            assert_eq!(unescaped(l), header, "{l}");
+            rows += 1;
+        }
+        // results: header, rule, 2 rows; ratios: 3; bandwidth: 3
+        assert_eq!(rows, 10, "{md}");
+        let csv = render_bench_csv(&r);
+        assert_eq!(
+            csv.lines().count(),
+            1 + 2 * 3,
+            "3 lines per quoted model with 2 newlines"
+        );
+    }
+
+    #[test]
+    fn files_that_cannot_be_bounded_or_are_too_big_are_not_read() {
+        let e = read_bench(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(
+            e.contains("/dev/zero") && e.contains("not a regular file"),
+            "{e}"
+        );
+        let e = SpeedLimits::load(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("speed.toml");
+        std::fs::write(&big, vec![b'#'; MAX_SPEED_LIMITS_BYTES as usize + 1]).unwrap();
+        let e = SpeedLimits::load(&big).unwrap_err().to_string();
+        assert!(e.contains("more than the 65536 bytes"), "{e}");
+        let e = read_bench(&dir.path().join("missing.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing.json"), "{e}");
     }
 }

@@ -64,7 +64,7 @@ pub enum Command {
         #[arg(required_unless_present = "speed", conflicts_with = "speed")]
         report: Option<PathBuf>,
         /// Re-evaluate with this thresholds file (default: the verdicts recorded in the report).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "speed")]
         thresholds: Option<PathBuf>,
         /// Gate this bench.json (`lockstep bench`) on speed instead: every ratio's 95% interval against
         /// ci/speed.toml.
@@ -266,8 +266,9 @@ pub struct BenchArgs {
     /// Run without llama.cpp.
     #[arg(long, conflicts_with = "llama_bench")]
     pub no_llama: bool,
-    /// Extra arguments for llama-bench (e.g. "-fa 0"), split on spaces.
-    #[arg(long, default_value = "")]
+    /// Extra arguments for llama-bench (e.g. "-fa 0"), split on spaces; not the flags the bench sets
+    /// itself (-m, -p, -n, -d, -r, -t, -o).
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub llama_bench_args: String,
     /// A baseline lockstep binary to interleave with ours (e.g. the previous commit's build).
     #[arg(long)]
@@ -278,6 +279,10 @@ pub struct BenchArgs {
     /// Where bench-<run id>/ goes.
     #[arg(long)]
     pub reports: Option<PathBuf>,
+    /// Seconds one sample (one llama-bench or bench-sample process) may take before its process group
+    /// is killed and the bench fails.
+    #[arg(long, default_value_t = 1800.0, value_parser = positive_seconds)]
+    pub engine_timeout: f64,
 }
 
 /// Arguments of `lockstep bench-sample`.
@@ -587,10 +592,15 @@ fn gate_speed(
     baseline: Option<&std::path::Path>,
     limits: &std::path::Path,
 ) -> Result<ExitCode> {
+    let limits = crate::bench::SpeedLimits::load(limits)?;
     let r = crate::bench::read_bench(bench)?;
     let base = baseline.map(crate::bench::read_bench).transpose()?;
-    let limits = crate::bench::SpeedLimits::load(limits)?;
-    let checks = crate::bench::gate_speed(&r, base.as_ref(), &limits)?;
+    let checks = crate::bench::gate_speed(&r, base.as_ref(), &limits).map_err(|e| {
+        let against = baseline.map_or_else(String::new, |b| {
+            format!(" against the baseline {}", b.display())
+        });
+        anyhow::anyhow!("{}{against}: {e:#}", bench.display())
+    })?;
     if checks.is_empty() {
         bail!(
             "{} holds no comparison to gate (bench with llama.cpp or --baseline-bin, or give --baseline)",
@@ -786,6 +796,20 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             baseline,
             speed_limits,
         } => {
+            // clap's `requires = "speed"` is not enforced beside the positional report: refuse here
+            if speed.is_none() {
+                for (flag, given) in [
+                    ("--baseline", baseline.is_some()),
+                    ("--speed-limits", speed_limits.is_some()),
+                ] {
+                    if given {
+                        bail!(
+                            "{flag} applies only to `lockstep gate --speed BENCH.json`; a report.json is \
+                             gated with --thresholds"
+                        );
+                    }
+                }
+            }
             if let Some(b) = speed {
                 let limits = speed_limits.unwrap_or_else(|| repo_root().join("ci/speed.toml"));
                 return gate_speed(&b, baseline.as_deref(), &limits);
@@ -795,10 +819,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Bench(a) => {
             let root = repo_root();
-            let mut models = Vec::new();
-            for m in &a.model {
-                models.push((m.clone(), fetch::resolve_model(m)?));
-            }
+            let reports_root = a.reports.unwrap_or_else(|| root.join("reports"));
+            let sample_timeout = std::time::Duration::from_secs_f64(a.engine_timeout);
             let llama_bench = if a.no_llama {
                 None
             } else {
@@ -812,8 +834,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     )?),
                 }
             };
-            let opts = crate::bench::BenchOptions {
-                models,
+            let mut opts = crate::bench::BenchOptions {
+                models: Vec::new(),
                 tests: crate::bench::tests_for(&a.n_prompt, &a.n_gen, &a.n_depth),
                 repetitions: a.repetitions,
                 threads,
@@ -827,9 +849,15 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     .split_whitespace()
                     .map(str::to_string)
                     .collect(),
-                reports_root: a.reports.unwrap_or_else(|| root.join("reports")),
+                reports_root,
                 progress: true,
+                sample_timeout,
             };
+            // every option checked before a model is fetched or a sample measured
+            crate::bench::check_options(&opts)?;
+            for m in &a.model {
+                opts.models.push((m.clone(), fetch::resolve_model(m)?));
+            }
             let (dir, r) = crate::bench::bench(&opts)?;
             print!("{}", crate::bench::render_bench_markdown(&r));
             println!("\nwrote {}", dir.display());
