@@ -1290,44 +1290,22 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
     Ok(())
 }
 
-/// Text from a bench (a model path, llama-bench's `model_type`, a binary) made safe for one Markdown table
-/// cell or line: backslash, `|` and `` ` `` backslash-escaped, `<`, `>` and `&` as HTML entities, line breaks
-/// as spaces — so no value can end a cell, a row or the table, or inject HTML.
-pub fn md_cell(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '\\' | '|' | '`' => {
-                out.push('\\');
-                out.push(c);
-            }
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '\n' | '\r' | '\u{2028}' | '\u{2029}' => out.push(' '),
-            c if c.is_control() => out.push(' '),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 /// `bench.md`: the settings, one table of every result in llama-bench's columns, the ratios with their
-/// intervals, and decode's bandwidth use. Every value taken from the report is escaped by [`md_cell`].
+/// intervals, and decode's bandwidth use. Every value taken from the report is escaped by [`crate::format::md_text`].
 pub fn render_bench_markdown(r: &BenchReport) -> String {
     use std::fmt::Write as _;
     let mut md = String::new();
     let e = &r.environment;
-    let _ = writeln!(md, "# lockstep bench {}\n", md_cell(&r.run_id));
+    let _ = writeln!(md, "# lockstep bench {}\n", crate::format::md_text(&r.run_id));
     let _ = writeln!(
         md,
         "CPU {} ({}) · {} threads · lockstep {} at {} · {} repetitions per engine and test, engines interleaved · \
          read bandwidth {:.1} GB/s (median of {})\n",
-        md_cell(&e.cpu_model),
-        md_cell(&e.cpu_flags.join(" ")),
+        crate::format::md_text(&e.cpu_model),
+        crate::format::md_text(&e.cpu_flags.join(" ")),
         e.threads,
-        md_cell(&e.lockstep_version),
-        md_cell(&e.git_commit.chars().take(12).collect::<String>()),
+        crate::format::md_text(&e.lockstep_version),
+        crate::format::md_text(&e.git_commit.chars().take(12).collect::<String>()),
         r.repetitions,
         r.read_bandwidth / 1e9,
         r.read_bandwidth_samples.len()
@@ -1336,10 +1314,10 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
         let _ = writeln!(
             md,
             "- **{}**: {}{}",
-            md_cell(&s.engine),
-            md_cell(&s.binary),
+            crate::format::md_text(&s.engine),
+            crate::format::md_text(&s.binary),
             match (&s.mode, &s.simd) {
-                (Some(m), Some(x)) => format!(", mode {}, simd {}", md_cell(m), md_cell(x)),
+                (Some(m), Some(x)) => format!(", mode {}, simd {}", crate::format::md_text(m), crate::format::md_text(x)),
                 _ => String::new(),
             }
         );
@@ -1348,10 +1326,10 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
         let _ = writeln!(
             md,
             "- llama.cpp build: llama-cpp-python {} (vendored llama.cpp {}), {}, {}",
-            md_cell(b["llama_cpp_python"].as_str().unwrap_or("?")),
-            md_cell(b["vendored_llama_cpp_commit"].as_str().unwrap_or("?")),
-            md_cell(b["compiler"].as_str().unwrap_or("?")),
-            md_cell(
+            crate::format::md_text(b["llama_cpp_python"].as_str().unwrap_or("?")),
+            crate::format::md_text(b["vendored_llama_cpp_commit"].as_str().unwrap_or("?")),
+            crate::format::md_text(b["compiler"].as_str().unwrap_or("?")),
+            crate::format::md_text(
                 &b["cmake_flags"]
                     .as_array()
                     .map(|a| a
@@ -1376,24 +1354,24 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
             n_depth: x.n_depth,
         };
         let engine = if x.mode.is_empty() {
-            md_cell(&x.engine)
+            crate::format::md_text(&x.engine)
         } else {
             format!(
                 "{} ({}, simd {})",
-                md_cell(&x.engine),
-                md_cell(&x.mode),
-                md_cell(&x.simd)
+                crate::format::md_text(&x.engine),
+                crate::format::md_text(&x.mode),
+                crate::format::md_text(&x.simd)
             )
         };
         let _ = writeln!(
             md,
             "| {engine} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} ± {:.2} |",
-            md_cell(&x.model_type),
-            md_cell(&x.model),
+            crate::format::md_text(&x.model_type),
+            crate::format::md_text(&x.model),
             test.name(),
             x.n_threads,
-            md_cell(&x.type_k),
-            md_cell(&x.flash_attn),
+            crate::format::md_text(&x.type_k),
+            crate::format::md_text(&x.flash_attn),
             x.median_ts,
             x.avg_ts,
             x.stddev_ts
@@ -1406,10 +1384,10 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
         let _ = writeln!(
             md,
             "| {} | {} | {} / {} = {:.3} | [{:.3}, {:.3}] |",
-            md_cell(&c.model),
-            md_cell(&c.test),
-            md_cell(&c.numerator),
-            md_cell(&c.denominator),
+            crate::format::md_text(&c.model),
+            crate::format::md_text(&c.test),
+            crate::format::md_text(&c.numerator),
+            crate::format::md_text(&c.denominator),
             c.ratio,
             c.ci_low,
             c.ci_high
@@ -1431,9 +1409,9 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {:.1} | {:.0} | {:.1}% |",
-                md_cell(&b.engine),
-                md_cell(&b.model),
-                md_cell(&b.test),
+                crate::format::md_text(&b.engine),
+                crate::format::md_text(&b.model),
+                crate::format::md_text(&b.test),
                 b.bytes_per_token as f64 / 1e6,
                 r.read_bandwidth / b.bytes_per_token as f64,
                 100.0 * b.fraction
@@ -1448,13 +1426,7 @@ pub fn render_bench_csv(r: &BenchReport) -> String {
     let mut out = String::from(
         "engine,mode,simd,model,model_filename,model_type,model_size,model_n_params,n_threads,n_prompt,n_gen,n_depth,type_k,type_v,flash_attn,avg_ns,stddev_ns,avg_ts,stddev_ts,median_ts\n",
     );
-    let q = |s: &str| {
-        if s.contains([',', '"', '\n', '\r']) {
-            format!("\"{}\"", s.replace('"', "\"\""))
-        } else {
-            s.to_string()
-        }
-    };
+    let q = crate::format::csv_cell;
     for x in &r.results {
         out.push_str(&format!(
             "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",

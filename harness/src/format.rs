@@ -98,3 +98,94 @@ pub(crate) fn civil(unix: u64) -> (i64, u32, u32, u32, u32, u32) {
         (secs % 60) as u32,
     )
 }
+
+/// Text from outside lockstep (a model id or path, a quant or prompt name, a label, an engine's error
+/// message) made safe for one Markdown table cell or a line (GFM): backslash, `|` and `` ` `` are
+/// backslash-escaped, `<`, `>` and `&` become HTML entities, and line breaks and other control characters
+/// become spaces — so no value can end a cell, a row or the table, or inject HTML such as `<script>`.
+/// report.md, bench.md and the quality report all escape through it.
+pub fn md_text(s: &str) -> String {
+    escape_md(s, true)
+}
+
+/// [`md_text`] keeping backticks: for lockstep's own messages that quote stage kinds in code spans and may
+/// carry outside text (a stray backtick cannot split a table: GFM honours `\|` inside code spans too).
+pub fn md_text_keep_code(s: &str) -> String {
+    escape_md(s, false)
+}
+
+fn escape_md(s: &str, backticks: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' | '|' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '`' if backticks => out.push_str("\\`"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '\u{2028}' | '\u{2029}' => out.push(' '),
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Text from outside lockstep as one Markdown code span (backticks included): control characters become
+/// spaces, `|` is escaped (GFM splits table cells on it even inside code spans), and the fence is one
+/// backtick longer than the longest run inside (CommonMark), so nothing in `s` ends the span early.
+pub fn md_code(s: &str) -> String {
+    let clean: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .replace('|', "\\|");
+    let (mut run, mut longest) = (0usize, 0usize);
+    for c in clean.chars() {
+        run = if c == '`' { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    let fence = "`".repeat(longest + 1);
+    let pad = if clean.starts_with('`') || clean.ends_with('`') {
+        " "
+    } else {
+        ""
+    };
+    format!("{fence}{pad}{clean}{pad}{fence}")
+}
+
+/// One CSV field (RFC 4180), on one line: control characters (line breaks included) become spaces, so
+/// every record is one line for line-based tools; quoted, with `"` doubled, when it holds a `,` or a `"`.
+/// The one CSV quoting of results.csv, bench.csv and the quality CSV.
+pub fn csv_cell(s: &str) -> String {
+    let clean: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if clean.contains([',', '"']) {
+        format!("\"{}\"", clean.replace('"', "\"\""))
+    } else {
+        clean
+    }
+}
+
+#[cfg(test)]
+mod escape_tests {
+    use super::*;
+
+    #[test]
+    fn outside_text_cannot_break_a_table_or_inject_html() {
+        assert_eq!(
+            md_text("a|b\\|c\n<script>&`x`"),
+            "a\\|b\\\\\\|c &lt;script&gt;&amp;\\`x\\`"
+        );
+        assert_eq!(md_text_keep_code("`blk`|x"), "`blk`\\|x");
+        assert_eq!(md_code("a`b|c"), "``a`b\\|c``");
+        assert_eq!(md_code("`x"), "`` `x ``");
+        assert_eq!(csv_cell("a,\"b\"\nc"), "\"a,\"\"b\"\" c\"");
+        assert_eq!(csv_cell("plain"), "plain");
+    }
+}

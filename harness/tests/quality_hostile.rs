@@ -431,12 +431,12 @@ fn hostile_names_stay_inside_the_markdown_table() {
     for l in &table {
         assert_eq!(pipes(l), n, "{l}");
     }
-    assert!(table[2].contains(r"Q8\|\<b\>x y"), "{}", table[2]);
+    assert!(table[2].contains(r"Q8\|&lt;b&gt;x y"), "{}", table[2]);
     // the base path is one code span on one line
     let base_line = md.lines().find(|l| l.starts_with("Base ")).unwrap();
     assert!(
         base_line.starts_with("Base `")
-            && base_line.contains("<script>alert(1)/m|x-F32.gguf` (sha256"),
+            && base_line.contains("<script>alert(1)/m\\|x-F32.gguf` (sha256"),
         "{base_line}"
     );
     let csv = std::fs::read_to_string(run.join("quality.csv")).unwrap();

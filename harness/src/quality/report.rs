@@ -78,61 +78,7 @@ pub struct QualityReport {
     pub llama_base: Option<Invocation>,
 }
 
-/// Text from outside lockstep (a path, a file-name label, a model's `general.name`, an error message) made
-/// safe for one Markdown table cell or a line of a paragraph: control characters (newlines included)
-/// become spaces, and backslash, `|`, `<`, `>`, `&`, backtick, `[`, `]` and `*` are backslash-escaped
-/// (CommonMark: any ASCII punctuation may be), so a `|` cannot split a cell, a newline cannot end a row,
-/// and `<script>` is text, not HTML.
-pub fn md_text(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        if c.is_control() {
-            o.push(' ');
-        } else {
-            if matches!(c, '\\' | '|' | '<' | '>' | '&' | '`' | '[' | ']' | '*') {
-                o.push('\\');
-            }
-            o.push(c);
-        }
-    }
-    o
-}
-
-/// Text from outside lockstep as one Markdown code span (backticks included): control characters become
-/// spaces and the fence is one backtick longer than the longest run inside (CommonMark), so no character
-/// of `s` can end the span early or start HTML.
-pub fn md_code(s: &str) -> String {
-    let clean: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let (mut run, mut longest) = (0usize, 0usize);
-    for c in clean.chars() {
-        run = if c == '`' { run + 1 } else { 0 };
-        longest = longest.max(run);
-    }
-    let fence = "`".repeat(longest + 1);
-    let pad = if clean.starts_with('`') || clean.ends_with('`') {
-        " "
-    } else {
-        ""
-    };
-    format!("{fence}{pad}{clean}{pad}{fence}")
-}
-
-/// One CSV cell (RFC 4180): control characters become spaces; quoted, with `"` doubled, when it holds a
-/// `,` or a `"`.
-pub fn csv_cell(s: &str) -> String {
-    let clean: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if clean.contains([',', '"']) {
-        format!("\"{}\"", clean.replace('"', "\"\""))
-    } else {
-        clean
-    }
-}
+use crate::format::{csv_cell, md_code, md_text};
 
 fn pm(u: &Unc, digits: usize) -> String {
     format!("{:.d$} ± {:.d$}", u.value, u.unc, d = digits)
@@ -494,7 +440,7 @@ mod tests {
         let bad = "a|b\nc\r<script>alert(1)</script>`x`\\|&amp;[l](u)*";
         let t = md_text(bad);
         assert!(!t.contains('\n') && !t.contains('\r'), "{t}");
-        assert!(!t.contains("<script>") && t.contains("\\<script\\>"), "{t}");
+        assert!(!t.contains("<script>") && t.contains("&lt;script&gt;"), "{t}");
         assert_eq!(pipes(&format!("| {t} |")), 2, "{t}");
         assert_eq!(md_text("Q8_0"), "Q8_0");
         let c = md_code("x ``y` z\nw");

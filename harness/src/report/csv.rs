@@ -35,13 +35,7 @@ impl Num {
 pub const CSV_HEADER: &str =
     "cell_id,model,prompt,quant,mode,simd,oracle,engine,phase,stage,layer,metric,value";
 
-pub(crate) fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
-}
+pub(crate) use crate::format::csv_cell as csv_field;
 
 /// Render `results.csv`: one row per cell × stage × phase × metric, plus logits rows (`stage` =
 /// `logits`), cell-level gate aggregates (`stage` = `cell`), tokens (`stage` = `tokens`), speed

@@ -21,33 +21,12 @@ pub(crate) fn short(hash: &str) -> &str {
     hash.get(..12).unwrap_or(hash)
 }
 
-/// User data (a model id or path, a quant or prompt name, an engine's error message) made safe inside a
-/// Markdown table cell, a list item or a code span: `|` is escaped (GFM tables split on it even inside code
-/// spans), line breaks and other control characters become spaces (a newline ends a table row), and `&`,
-/// `<`, `>` become HTML entities (no raw HTML such as `<script>` reaches a renderer). Backticks are kept:
-/// lockstep's own details quote stage kinds in code spans, and a stray one cannot split a table.
-pub fn md_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '|' => out.push_str("\\|"),
-            '\n' | '\r' => out.push(' '),
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            c if c.is_control() => out.push(' '),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 /// `r` with every string that comes from outside lockstep (the matrix's names, paths, engine commands and
-/// error messages, stage names of an external engine's dump) passed through [`md_escape`], so that no
+/// error messages, stage names of an external engine's dump) passed through [`crate::format::md_text`], so that no
 /// input can break report.md's tables or inject markup. Numbers and lockstep's own labels are unchanged.
 fn escaped(r: &Report) -> Report {
     let mut r = r.clone();
-    let e = |s: &mut String| *s = md_escape(s);
+    let e = |s: &mut String| *s = crate::format::md_text(s);
     e(&mut r.run_id);
     r.thresholds_file.iter_mut().for_each(e);
     if let Some(i) = &mut r.inputs {
@@ -79,7 +58,7 @@ fn escaped(r: &Report) -> Report {
         e(&mut c.golden_path);
         c.error.iter_mut().for_each(e);
         for f in &mut c.verdict.failures {
-            e(&mut f.detail);
+            f.detail = crate::format::md_text_keep_code(&f.detail);
         }
         for nc in &mut c.comparison.not_compared {
             e(&mut nc.stage);
@@ -360,7 +339,7 @@ pub fn render_markdown(r: &Report) -> String {
             (Some(f @ Finding::Tokens { position, .. }), _) => format!(
                 "| {} | tokens: {} | tokens | prefill | {position} | | | |",
                 c.cell.id(),
-                md_escape(&f.tokens_text().unwrap_or_default())
+                crate::format::md_text(&f.tokens_text().unwrap_or_default())
             ),
             (Some(Finding::None), _) => format!("| {} | none | | | | | | |", c.cell.id()),
             // reports of older versions: the accumulated marker
