@@ -543,7 +543,8 @@ impl Defaults {
         }
     }
 
-    /// The checkout root; the first call prints `lockstep: checkout <root> (<source>)` on stderr.
+    /// The checkout root; the first call prints `lockstep: default paths from the checkout <root>
+    /// (<source>)` on stderr.
     ///
     /// Errors: as [`find_checkout_root`]; the working directory cannot be read.
     pub fn root(&self) -> Result<&Path> {
