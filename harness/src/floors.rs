@@ -134,7 +134,12 @@ fn locate(text: &str) -> Option<String> {
             name("oracle"),
             name("mode")
         );
-        for (k, kv) in s.get("kinds").and_then(Value::as_object).into_iter().flatten() {
+        for (k, kv) in s
+            .get("kinds")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
             for (field, fv) in kv.as_object().into_iter().flatten() {
                 let r = match field.as_str() {
                     "rows" => usize::deserialize(fv).map(drop),
@@ -656,31 +661,132 @@ mod tests {
         // (mutation, what the error must say)
         type Mutation = Box<dyn Fn(&mut serde_json::Value)>;
         let cases: Vec<(Mutation, Vec<&str>)> = vec![
-            (Box::new(|v| kind(v)["nmse_p99"] = 1e308.into()), vec![set, "kind `out`", "nmse_p99 = 1e308"]),
-            (Box::new(|v| kind(v)["nmse_p99"] = 1.0.into()), vec![set, "nmse_p99 = 1.0 is outside [0, 1)"]),
-            (Box::new(|v| kind(v)["nmse_median"] = (-1e-5).into()), vec![set, "nmse_median = -1e-5"]),
-            (Box::new(|v| kind(v)["nmse_max"] = 1e-6.into()), vec![set, "kind `out`", "nmse_p99 0.0001 ≤ nmse_max 1e-6"]),
-            (Box::new(|v| kind(v)["nmse_median"] = 5e-4.into()), vec![set, "nmse_median 0.0005 ≤ nmse_p99"]),
-            (Box::new(|v| kind(v)["rows"] = 0.into()), vec![set, "kind `out`", "rows = 0"]),
-            (Box::new(|v| kind(v)["rows"] = (-3).into()), vec![set, "kind `out`, field `rows`", "-3"]),
-            (Box::new(|v| kind(v)["rows"] = 2.5.into()), vec![set, "kind `out`, field `rows`", "2.5"]),
-            (Box::new(|v| kind(v)["nmse_p99"] = "nan".into()), vec![set, "kind `out`, field `nmse_p99`", "invalid type"]),
-            (Box::new(|v| kind(v)["extra"] = 1.into()), vec![set, "kind `out`", "unknown field `extra`"]),
-            (Box::new(|v| v["sets"][0]["kinds"]["qq"] = v["sets"][0]["kinds"]["out"].clone()), vec![set, "kind `qq` is not a stage kind"]),
-            (Box::new(|v| v["sets"][0]["kinds"]["logits"] = v["sets"][0]["kinds"]["out"].clone()), vec![set, "kind `logits`"]),
-            (Box::new(|v| kind(v)["exact_at"] = serde_json::json!(["blk.0.attn_norm"])), vec![set, "exact_at \"blk.0.attn_norm\" is not a stage id of kind `out`"]),
-            (Box::new(|v| kind(v)["exact_at"] = serde_json::json!(["blk.01.out"])), vec![set, "blk.01.out"]),
-            (Box::new(|v| kind(v)["exact_at"] = serde_json::json!(["blk.1.out", "blk.1.out"])), vec![set, "lists blk.1.out twice"]),
-            (Box::new(|v| v["sets"][0]["mode"] = "refrence".into()), vec!["ci/floors.json: set 1", "`mode` \"refrence\" is not a numerics mode"]),
-            (Box::new(|v| v["sets"][0]["model"] = "".into()), vec!["ci/floors.json: set 1", "`model` \"\""]),
-            (Box::new(|v| v["sets"][0]["goldens"] = serde_json::json!({})), vec![set, "`goldens` is empty"]),
-            (Box::new(|v| v["sets"][0]["goldens"] = serde_json::json!({"x/llama.cpp-f32kv/prose.npz": "ab".repeat(32)})), vec![set, "golden \"x/llama.cpp-f32kv/prose.npz\" is not a golden of this set"]),
-            (Box::new(|v| v["sets"][0]["goldens"] = serde_json::json!({"m/llama.cpp-f32kv/../p.npz": "ab".repeat(32)})), vec![set, "is not a golden of this set"]),
-            (Box::new(|v| v["sets"][0]["goldens"] = serde_json::json!({"m/llama.cpp-f32kv/prose.npz": "AB".repeat(32)})), vec![set, "sha256"]),
-            (Box::new(|v| { let s = v["sets"][0].clone(); v["sets"].as_array_mut().unwrap().push(s); }), vec!["ci/floors.json: set 2 (m/llama.cpp-f32kv/reference)", "a second set"]),
-            (Box::new(|v| v["sets"] = serde_json::json!([])), vec!["ci/floors.json", "`sets` is empty"]),
-            (Box::new(|v| v["schema_version"] = 2.into()), vec!["ci/floors.json", "schema_version 2"]),
-            (Box::new(|v| v["unknown"] = 2.into()), vec!["ci/floors.json", "unknown field `unknown`"]),
+            (
+                Box::new(|v| kind(v)["nmse_p99"] = 1e308.into()),
+                vec![set, "kind `out`", "nmse_p99 = 1e308"],
+            ),
+            (
+                Box::new(|v| kind(v)["nmse_p99"] = 1.0.into()),
+                vec![set, "nmse_p99 = 1.0 is outside [0, 1)"],
+            ),
+            (
+                Box::new(|v| kind(v)["nmse_median"] = (-1e-5).into()),
+                vec![set, "nmse_median = -1e-5"],
+            ),
+            (
+                Box::new(|v| kind(v)["nmse_max"] = 1e-6.into()),
+                vec![set, "kind `out`", "nmse_p99 0.0001 ≤ nmse_max 1e-6"],
+            ),
+            (
+                Box::new(|v| kind(v)["nmse_median"] = 5e-4.into()),
+                vec![set, "nmse_median 0.0005 ≤ nmse_p99"],
+            ),
+            (
+                Box::new(|v| kind(v)["rows"] = 0.into()),
+                vec![set, "kind `out`", "rows = 0"],
+            ),
+            (
+                Box::new(|v| kind(v)["rows"] = (-3).into()),
+                vec![set, "kind `out`, field `rows`", "-3"],
+            ),
+            (
+                Box::new(|v| kind(v)["rows"] = 2.5.into()),
+                vec![set, "kind `out`, field `rows`", "2.5"],
+            ),
+            (
+                Box::new(|v| kind(v)["nmse_p99"] = "nan".into()),
+                vec![set, "kind `out`, field `nmse_p99`", "invalid type"],
+            ),
+            (
+                Box::new(|v| kind(v)["extra"] = 1.into()),
+                vec![set, "kind `out`", "unknown field `extra`"],
+            ),
+            (
+                Box::new(|v| v["sets"][0]["kinds"]["qq"] = v["sets"][0]["kinds"]["out"].clone()),
+                vec![set, "kind `qq` is not a stage kind"],
+            ),
+            (
+                Box::new(|v| {
+                    v["sets"][0]["kinds"]["logits"] = v["sets"][0]["kinds"]["out"].clone()
+                }),
+                vec![set, "kind `logits`"],
+            ),
+            (
+                Box::new(|v| kind(v)["exact_at"] = serde_json::json!(["blk.0.attn_norm"])),
+                vec![
+                    set,
+                    "exact_at \"blk.0.attn_norm\" is not a stage id of kind `out`",
+                ],
+            ),
+            (
+                Box::new(|v| kind(v)["exact_at"] = serde_json::json!(["blk.01.out"])),
+                vec![set, "blk.01.out"],
+            ),
+            (
+                Box::new(|v| kind(v)["exact_at"] = serde_json::json!(["blk.1.out", "blk.1.out"])),
+                vec![set, "lists blk.1.out twice"],
+            ),
+            (
+                Box::new(|v| v["sets"][0]["mode"] = "refrence".into()),
+                vec![
+                    "ci/floors.json: set 1",
+                    "`mode` \"refrence\" is not a numerics mode",
+                ],
+            ),
+            (
+                Box::new(|v| v["sets"][0]["model"] = "".into()),
+                vec!["ci/floors.json: set 1", "`model` \"\""],
+            ),
+            (
+                Box::new(|v| v["sets"][0]["goldens"] = serde_json::json!({})),
+                vec![set, "`goldens` is empty"],
+            ),
+            (
+                Box::new(|v| {
+                    v["sets"][0]["goldens"] =
+                        serde_json::json!({"x/llama.cpp-f32kv/prose.npz": "ab".repeat(32)})
+                }),
+                vec![
+                    set,
+                    "golden \"x/llama.cpp-f32kv/prose.npz\" is not a golden of this set",
+                ],
+            ),
+            (
+                Box::new(|v| {
+                    v["sets"][0]["goldens"] =
+                        serde_json::json!({"m/llama.cpp-f32kv/../p.npz": "ab".repeat(32)})
+                }),
+                vec![set, "is not a golden of this set"],
+            ),
+            (
+                Box::new(|v| {
+                    v["sets"][0]["goldens"] =
+                        serde_json::json!({"m/llama.cpp-f32kv/prose.npz": "AB".repeat(32)})
+                }),
+                vec![set, "sha256"],
+            ),
+            (
+                Box::new(|v| {
+                    let s = v["sets"][0].clone();
+                    v["sets"].as_array_mut().unwrap().push(s);
+                }),
+                vec![
+                    "ci/floors.json: set 2 (m/llama.cpp-f32kv/reference)",
+                    "a second set",
+                ],
+            ),
+            (
+                Box::new(|v| v["sets"] = serde_json::json!([])),
+                vec!["ci/floors.json", "`sets` is empty"],
+            ),
+            (
+                Box::new(|v| v["schema_version"] = 2.into()),
+                vec!["ci/floors.json", "schema_version 2"],
+            ),
+            (
+                Box::new(|v| v["unknown"] = 2.into()),
+                vec!["ci/floors.json", "unknown field `unknown`"],
+            ),
         ];
         for (mutate, needles) in cases {
             let mut v = valid();
@@ -702,8 +808,14 @@ mod tests {
             &text[..kinds_at],
             &text[kinds_at..]
         );
-        let e = format!("{:#}", Floors::parse(&dup, Path::new("ci/floors.json")).unwrap_err());
-        assert!(e.contains("ci/floors.json") && e.contains("duplicate key `out`"), "{e}");
+        let e = format!(
+            "{:#}",
+            Floors::parse(&dup, Path::new("ci/floors.json")).unwrap_err()
+        );
+        assert!(
+            e.contains("ci/floors.json") && e.contains("duplicate key `out`"),
+            "{e}"
+        );
         let goldens_at = text.find("\"goldens\":{").unwrap() + "\"goldens\":{".len();
         let dup = format!(
             "{}\"m/llama.cpp-f32kv/prose.npz\":\"{}\",{}",
@@ -711,8 +823,14 @@ mod tests {
             "cd".repeat(32),
             &text[goldens_at..]
         );
-        let e = format!("{:#}", Floors::parse(&dup, Path::new("ci/floors.json")).unwrap_err());
-        assert!(e.contains("duplicate key `m/llama.cpp-f32kv/prose.npz`"), "{e}");
+        let e = format!(
+            "{:#}",
+            Floors::parse(&dup, Path::new("ci/floors.json")).unwrap_err()
+        );
+        assert!(
+            e.contains("duplicate key `m/llama.cpp-f32kv/prose.npz`"),
+            "{e}"
+        );
     }
 
     #[test]

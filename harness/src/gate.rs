@@ -193,8 +193,16 @@ pub struct ThresholdRange {
 impl ThresholdRange {
     /// True for a finite value within the range.
     pub fn contains(&self, x: f64) -> bool {
-        let above = if self.lo.1 { x > self.lo.0 } else { x >= self.lo.0 };
-        let below = if self.hi.1 { x < self.hi.0 } else { x <= self.hi.0 };
+        let above = if self.lo.1 {
+            x > self.lo.0
+        } else {
+            x >= self.lo.0
+        };
+        let below = if self.hi.1 {
+            x < self.hi.0
+        } else {
+            x <= self.hi.0
+        };
         x.is_finite() && above && below
     }
 }
@@ -240,14 +248,56 @@ const fn range(
 /// - `margin_tolerance`: [0, 10] logit units (a probability ratio of e^10 ≈ 22000 is no tie);
 /// - `stage_max_nmse`: [0, 1) (a zero output has NMSE 1).
 pub const THRESHOLD_RANGES: [ThresholdRange; 8] = [
-    range("min_top1_agreement", |r| r.min_top1_agreement, (0.0, true), (1.0, false), ""),
-    range("min_top5_mean", |r| r.min_top5_mean, (0.0, true), (1.0, false), ""),
-    range("min_cosine_out", |r| r.min_cosine_out, (0.0, true), (1.0, false), ""),
-    range("stage_min_cosine", |r| r.stage_min_cosine, (0.0, true), (1.0, false), ""),
-    range("max_mean_kl", |r| r.max_mean_kl, (0.0, false), (10.0, false), " nats"),
+    range(
+        "min_top1_agreement",
+        |r| r.min_top1_agreement,
+        (0.0, true),
+        (1.0, false),
+        "",
+    ),
+    range(
+        "min_top5_mean",
+        |r| r.min_top5_mean,
+        (0.0, true),
+        (1.0, false),
+        "",
+    ),
+    range(
+        "min_cosine_out",
+        |r| r.min_cosine_out,
+        (0.0, true),
+        (1.0, false),
+        "",
+    ),
+    range(
+        "stage_min_cosine",
+        |r| r.stage_min_cosine,
+        (0.0, true),
+        (1.0, false),
+        "",
+    ),
+    range(
+        "max_mean_kl",
+        |r| r.max_mean_kl,
+        (0.0, false),
+        (10.0, false),
+        " nats",
+    ),
     range("max_kl", |r| r.max_kl, (0.0, false), (10.0, false), " nats"),
-    range("margin_tolerance", |r| r.margin_tolerance, (0.0, false), (10.0, false), " logit units"),
-    range("stage_max_nmse", |r| r.stage_max_nmse, (0.0, false), (1.0, true), " (a zero output has NMSE 1)"),
+    range(
+        "margin_tolerance",
+        |r| r.margin_tolerance,
+        (0.0, false),
+        (10.0, false),
+        " logit units",
+    ),
+    range(
+        "stage_max_nmse",
+        |r| r.stage_max_nmse,
+        (0.0, false),
+        (1.0, true),
+        " (a zero output has NMSE 1)",
+    ),
 ];
 
 impl Thresholds {
@@ -980,17 +1030,32 @@ mod tests {
             ("stage_floor_headroom = -inf", "stage_floor_headroom = -inf"),
             ("stage_floor_headroom = -4.0", "stage_floor_headroom = -4.0"),
             ("stage_floor_headroom = 0.5", "stage_floor_headroom = 0.5"),
-            ("stage_floor_headroom = 1e308", "stage_floor_headroom = 1e308"),
-            ("stage_floor_headroom = 101.0", "stage_floor_headroom = 101.0"),
+            (
+                "stage_floor_headroom = 1e308",
+                "stage_floor_headroom = 1e308",
+            ),
+            (
+                "stage_floor_headroom = 101.0",
+                "stage_floor_headroom = 101.0",
+            ),
             ("max_mean_kl = nan", "max_mean_kl = NaN"),
             ("max_mean_kl = inf", "max_mean_kl = inf"),
-            ("max_mean_kl = 1e308", "max_mean_kl = 1e308 is outside [0, 10] nats"),
+            (
+                "max_mean_kl = 1e308",
+                "max_mean_kl = 1e308 is outside [0, 10] nats",
+            ),
             ("max_kl = -1e-3", "max_kl = -0.001"),
             ("margin_tolerance = 1e308", "margin_tolerance = 1e308"),
             ("margin_tolerance = nan", "margin_tolerance = NaN"),
-            ("stage_max_nmse = 1.0", "stage_max_nmse = 1.0 is outside [0, 1)"),
+            (
+                "stage_max_nmse = 1.0",
+                "stage_max_nmse = 1.0 is outside [0, 1)",
+            ),
             ("stage_max_nmse = inf", "stage_max_nmse = inf"),
-            ("min_cosine_out = -1.0", "min_cosine_out = -1.0 is outside (0, 1]"),
+            (
+                "min_cosine_out = -1.0",
+                "min_cosine_out = -1.0 is outside (0, 1]",
+            ),
             ("min_cosine_out = nan", "min_cosine_out = NaN"),
             ("stage_min_cosine = 0.0", "stage_min_cosine = 0.0"),
             ("min_top1_agreement = 0.0", "min_top1_agreement = 0.0"),
@@ -1018,7 +1083,10 @@ mod tests {
             ("stage_floor_headrom = 4.0", "stage_floor_headrom"),
             ("[rule.sub]\nx = 1", "sub"),
             ("oracle = \" llama.cpp-f32kv\"", "surrounding whitespace"),
-            ("max_mean_kl = 1e-3\nmax_mean_kl = 2e-3", "ci/thresholds.toml"),
+            (
+                "max_mean_kl = 1e-3\nmax_mean_kl = 2e-3",
+                "ci/thresholds.toml",
+            ),
         ] {
             let e = refused(extra);
             assert!(e.contains(needle), "{extra}: {e}");
@@ -1031,7 +1099,11 @@ mod tests {
             )
             .unwrap_err()
         );
-        assert!(e.contains("t.toml: rule 2") && e.contains("`mode` \"refrence\" is not a numerics mode"), "{e}");
+        assert!(
+            e.contains("t.toml: rule 2")
+                && e.contains("`mode` \"refrence\" is not a numerics mode"),
+            "{e}"
+        );
         let e = format!(
             "{:#}",
             Thresholds::parse(&format!("{}\nbogus = 1\n", with("")), "t.toml").unwrap_err()

@@ -56,7 +56,11 @@ fn outside_a_checkout_a_needed_default_is_an_error_not_the_build_checkout() {
         );
     }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-    assert_eq!(sha(&committed), before, "the build checkout's floors were rewritten");
+    assert_eq!(
+        sha(&committed),
+        before,
+        "the build checkout's floors were rewritten"
+    );
 
     // the same commands with the root named: the defaults resolve, said on one line, and the command gets
     // as far as the unknown model
@@ -76,7 +80,10 @@ fn outside_a_checkout_a_needed_default_is_an_error_not_the_build_checkout() {
             .collect();
         assert_eq!(said.len(), 1, "{stderr}");
         assert!(said[0].contains(root.to_str().unwrap()), "{stderr}");
-        assert!(stderr.contains("no-such-model") && stderr.contains("matches nothing"), "{stderr}");
+        assert!(
+            stderr.contains("no-such-model") && stderr.contains("matches nothing"),
+            "{stderr}"
+        );
     }
     // a named root that is no checkout
     let (code, stderr) = lockstep_in(
@@ -85,7 +92,10 @@ fn outside_a_checkout_a_needed_default_is_an_error_not_the_build_checkout() {
         &["floors", "--model", "x"],
     );
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("$LOCKSTEP_ROOT") && stderr.contains("not a lockstep checkout"), "{stderr}");
+    assert!(
+        stderr.contains("$LOCKSTEP_ROOT") && stderr.contains("not a lockstep checkout"),
+        "{stderr}"
+    );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
@@ -98,14 +108,24 @@ fn the_root_is_the_nearest_checkout_at_or_above_the_working_directory() {
     std::fs::create_dir_all(co.join("a/b")).unwrap();
     std::fs::write(co.join("models.toml"), "").unwrap();
     let (r, from) = find_checkout_root(None, None, &co.join("a/b")).unwrap();
-    assert_eq!((r, from), (co.clone(), "found at or above the working directory"));
+    assert_eq!(
+        (r, from),
+        (co.clone(), "found at or above the working directory")
+    );
     assert!(find_checkout_root(None, None, dir.path()).is_err());
     // the flag wins over the variable, which wins over the working directory
-    let (r, _) = find_checkout_root(Some(Path::new("co")), Some(dir.path().as_os_str()), dir.path())
-        .unwrap();
+    let (r, _) = find_checkout_root(
+        Some(Path::new("co")),
+        Some(dir.path().as_os_str()),
+        dir.path(),
+    )
+    .unwrap();
     assert_eq!(r, co);
     let e = find_checkout_root(None, Some(dir.path().as_os_str()), &co).unwrap_err();
-    assert!(format!("{e:#}").contains("not a lockstep checkout"), "{e:#}");
+    assert!(
+        format!("{e:#}").contains("not a lockstep checkout"),
+        "{e:#}"
+    );
     let e = find_checkout_root(None, Some("".as_ref()), &co).unwrap_err();
     assert!(format!("{e:#}").contains("empty"), "{e:#}");
     // ci/ must be a directory, models.toml a file
@@ -129,10 +149,19 @@ fn hostile_targets(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
 
 fn assert_untouched(fifo: &Path, link: &Path, real: &Path) {
     use std::os::unix::fs::FileTypeExt;
-    assert!(std::fs::symlink_metadata(fifo).unwrap().file_type().is_fifo());
-    assert!(std::fs::symlink_metadata(link).unwrap().file_type().is_symlink());
+    assert!(std::fs::symlink_metadata(fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert!(std::fs::symlink_metadata(link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
     assert_eq!(std::fs::read_to_string(real).unwrap(), "keep");
-    assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+    assert!(std::fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
 }
 
 #[test]
@@ -147,13 +176,30 @@ fn result_targets_that_are_not_regular_files_are_refused_before_any_work() {
         let o = out.to_str().unwrap();
         // `--model no-such-model`: without the check first, the error would be about the model
         for (args, flag) in [
-            (vec!["floors", "--model", "no-such-model", "--out", o], "--out"),
             (
-                vec!["bisect", "--model", "no-such-model", "--prompt", "p", "--json", o],
+                vec!["floors", "--model", "no-such-model", "--out", o],
+                "--out",
+            ),
+            (
+                vec![
+                    "bisect",
+                    "--model",
+                    "no-such-model",
+                    "--prompt",
+                    "p",
+                    "--json",
+                    o,
+                ],
                 "--json",
             ),
-            (vec!["dump", "--model", m, "--tokens", "1,2", "--out", o], "--out"),
-            (vec!["quantize", "--model", m, "--type", "Q8_0", "--out", o], "--out"),
+            (
+                vec!["dump", "--model", m, "--tokens", "1,2", "--out", o],
+                "--out",
+            ),
+            (
+                vec!["quantize", "--model", m, "--type", "Q8_0", "--out", o],
+                "--out",
+            ),
         ] {
             let (code, stderr) = lockstep_in(&cwd, &[], &args);
             assert_eq!(code, 2, "{args:?}\n{stderr}");
@@ -173,7 +219,15 @@ fn result_targets_that_are_not_regular_files_are_refused_before_any_work() {
     let (code, stderr) = lockstep_in(
         &cwd,
         &[],
-        &["dump", "--model", m, "--tokens", "1,2", "--out", out.to_str().unwrap()],
+        &[
+            "dump",
+            "--model",
+            m,
+            "--tokens",
+            "1,2",
+            "--out",
+            out.to_str().unwrap(),
+        ],
     );
     assert_eq!(code, 0, "{stderr}");
     assert!(lockstep::dump::read(&out).is_ok());
@@ -191,7 +245,11 @@ fn stored_rows(manifest: &lockstep::golden::Manifest, golden: &str) -> BTreeMap<
     if !g.stores_layer_outputs() {
         return rows;
     }
-    for (name, spec) in g.arrays.iter().filter(|(n, _)| !n.contains("logits") && *n != "tokens") {
+    for (name, spec) in g
+        .arrays
+        .iter()
+        .filter(|(n, _)| !n.contains("logits") && *n != "tokens")
+    {
         let stage = name.strip_prefix("decode.").unwrap_or(name);
         *rows.entry(kind_of(stage).to_string()).or_insert(0) += spec.shape[0];
     }
@@ -249,5 +307,8 @@ fn floors_run_from_anywhere_with_the_root_named_and_measure_each_golden_once() {
     // and it is what ci/floors.json holds for that model
     let committed = Floors::load(&root.join("ci/floors.json")).unwrap();
     let c = committed.sets.iter().find(|c| c.model == model).unwrap();
-    assert_eq!(c, s, "ci/floors.json is stale for {model}: rerun `lockstep floors`");
+    assert_eq!(
+        c, s,
+        "ci/floors.json is stale for {model}: rerun `lockstep floors`"
+    );
 }
