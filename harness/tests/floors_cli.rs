@@ -65,7 +65,8 @@ fn outside_a_checkout_a_needed_default_is_an_error_not_the_build_checkout() {
     // the same commands with the root named: the defaults resolve, said on one line, and the command gets
     // as far as the unknown model
     let root = checkout();
-    let named: [(&[(&str, &Path)], Vec<&str>); 2] = [
+    type Env<'a> = &'a [(&'a str, &'a Path)];
+    let named: [(Env, Vec<&str>); 2] = [
         (&[("LOCKSTEP_ROOT", &root)], vec![]),
         (&[], vec!["--root", root.to_str().unwrap()]),
     ];
