@@ -273,10 +273,12 @@ impl Floors {
                 }
                 for (name, x) in [("nmse_median", v.nmse_median), ("nmse_p99", v.nmse_p99)] {
                     if !(x.is_finite() && (0.0..1.0).contains(&x)) {
-                        bail!(
-                            "{at}: {name} = {x:?} is outside [0, 1) (an NMSE floor of 1 or more passes any \
-                             output, even all zeros)"
-                        );
+                        let why = if x >= 1.0 {
+                            " (an NMSE floor of 1 or more passes any output, even all zeros)"
+                        } else {
+                            ""
+                        };
+                        bail!("{at}: {name} = {x:?} is outside [0, 1){why}");
                     }
                 }
                 if !v.nmse_max.is_finite() {
