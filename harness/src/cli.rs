@@ -1,7 +1,7 @@
 //! Command-line interface of the `lockstep` binary. Each subcommand is a thin wrapper over a library module.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -23,6 +23,11 @@ pub struct Cli {
     /// record the number used). Results do not depend on it.
     #[arg(long, global = true)]
     pub threads: Option<usize>,
+    /// The lockstep checkout whose files give the default paths (golden/, ci/*.toml, ci/floors.json,
+    /// reports/). Default: $LOCKSTEP_ROOT, else the nearest directory at or above the working directory
+    /// that holds models.toml and ci/. Never the directory the binary was built in.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub root: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -492,29 +497,109 @@ fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
     }
 }
 
-/// The repository root: the current directory if it holds `golden/manifest.json`, else the checkout
-/// this binary was built from.
-fn repo_root() -> PathBuf {
-    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    if cwd
-        .join("golden")
-        .join(crate::golden::MANIFEST_FILE)
-        .is_file()
-    {
-        return cwd;
+/// The environment variable naming the checkout root ([`find_checkout_root`]).
+pub const ROOT_ENV: &str = "LOCKSTEP_ROOT";
+
+/// True when `dir` is the root of a lockstep checkout: it holds `models.toml` and a `ci/` directory.
+pub fn is_checkout_root(dir: &Path) -> bool {
+    dir.join("models.toml").is_file() && dir.join("ci").is_dir()
+}
+
+/// The checkout whose files give the default paths: `flag` (`--root`), else `env` (the value of
+/// [`ROOT_ENV`]), else the nearest of `cwd` and its ancestors that [`is_checkout_root`]. A relative
+/// `flag` or `env` is taken relative to `cwd`. Never the directory the binary was built in: a binary run
+/// from elsewhere must not read, or overwrite, the files of the checkout it was compiled in. Returns the
+/// root and where it came from (for the one line that says so).
+///
+/// Errors: `flag` or `env` is empty or not a checkout root (naming it); no checkout root at or above
+/// `cwd` — with what to do instead.
+pub fn find_checkout_root(
+    flag: Option<&Path>,
+    env: Option<&std::ffi::OsStr>,
+    cwd: &Path,
+) -> Result<(PathBuf, &'static str)> {
+    let given = |p: &Path, what: &str, from: &'static str| -> Result<(PathBuf, &'static str)> {
+        if p.as_os_str().is_empty() {
+            bail!("{what} is empty; give the directory of a lockstep checkout");
+        }
+        let abs = cwd.join(p);
+        if !is_checkout_root(&abs) {
+            bail!(
+                "{what} {}: not a lockstep checkout (its root holds models.toml and ci/)",
+                p.display()
+            );
+        }
+        Ok((abs, from))
+    };
+    if let Some(p) = flag {
+        return given(p, "--root", "--root");
     }
-    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    if built.join("golden").is_dir() {
-        built
-    } else {
-        cwd
+    if let Some(v) = env {
+        return given(Path::new(v), &format!("${ROOT_ENV}"), "$LOCKSTEP_ROOT");
+    }
+    match cwd.ancestors().find(|d| is_checkout_root(d)) {
+        Some(d) => Ok((d.to_path_buf(), "found at or above the working directory")),
+        None => bail!(
+            "no lockstep checkout at or above the working directory {} (a checkout's root holds \
+             models.toml and ci/): run lockstep inside a checkout, give --root DIR or set ${ROOT_ENV}, or \
+             give the path itself",
+            cwd.display()
+        ),
     }
 }
 
-fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
+/// The default paths of one command line, from the checkout root ([`find_checkout_root`]), which is
+/// looked up only when a default is needed and then named on stderr once.
+#[derive(Debug, Default)]
+pub struct Defaults {
+    flag: Option<PathBuf>,
+    root: std::cell::OnceCell<PathBuf>,
+}
+
+impl Defaults {
+    /// Defaults for a command line with this `--root`.
+    pub fn new(flag: Option<PathBuf>) -> Defaults {
+        Defaults {
+            flag,
+            root: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The checkout root; the first call prints `lockstep: default paths from the checkout <root>
+    /// (<source>)` on stderr.
+    ///
+    /// Errors: as [`find_checkout_root`]; the working directory cannot be read.
+    pub fn root(&self) -> Result<&Path> {
+        if let Some(r) = self.root.get() {
+            return Ok(r);
+        }
+        let cwd = std::env::current_dir().context("cannot read the working directory")?;
+        let env = std::env::var_os(ROOT_ENV);
+        let (root, from) = find_checkout_root(self.flag.as_deref(), env.as_deref(), &cwd)?;
+        eprintln!(
+            "lockstep: default paths from the checkout {} ({from})",
+            root.display()
+        );
+        Ok(self.root.get_or_init(|| root))
+    }
+
+    /// `given`, or `<root>/<rel>` when it is `None`; `what` names the option in errors.
+    ///
+    /// Errors: `given` is `None` and no checkout root is found.
+    pub fn path(&self, given: Option<PathBuf>, rel: &str, what: &str) -> Result<PathBuf> {
+        match given {
+            Some(p) => Ok(p),
+            None => Ok(self
+                .root()
+                .with_context(|| format!("{what} not given: its default is <checkout>/{rel}"))?
+                .join(rel)),
+        }
+    }
+}
+
+fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCode> {
     // the first Ctrl-C stops the run and saves the finished cells; a second one quits at once
     crate::process::set_graceful(true);
-    let root = repo_root();
     let external = match (a.engine_cmd, a.engine_tokenize_cmd) {
         (Some(forward), Some(tokenize)) => Some(crate::engine::ExternalCommands {
             forward,
@@ -524,12 +609,10 @@ fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
         _ => None,
     };
     let opts = crate::run::RunOptions {
-        golden_dir: a.golden_dir.unwrap_or_else(|| root.join("golden")),
-        matrix: a.matrix.unwrap_or_else(|| root.join("ci/matrix.toml")),
-        thresholds: a
-            .thresholds
-            .unwrap_or_else(|| root.join("ci/thresholds.toml")),
-        reports_root: a.reports.unwrap_or_else(|| root.join("reports")),
+        golden_dir: defaults.path(a.golden_dir, "golden", "--golden-dir")?,
+        matrix: defaults.path(a.matrix, "ci/matrix.toml", "--matrix")?,
+        thresholds: defaults.path(a.thresholds, "ci/thresholds.toml", "--thresholds")?,
+        reports_root: defaults.path(a.reports, "reports", "--reports")?,
         filters: crate::matrix::Filters {
             model: a.model,
             prompt: a.prompt,
@@ -547,7 +630,7 @@ fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
         progress: true,
         threads,
         ggml_target: a.ggml_target,
-        floors: a.floors.unwrap_or_else(|| root.join("ci/floors.json")),
+        floors: defaults.path(a.floors, "ci/floors.json", "--floors")?,
     };
     let (dir, report) = crate::run::run(&opts)?;
     let md = dir.join("report.md");
@@ -571,9 +654,9 @@ fn run_matrix(a: RunArgs, threads: usize) -> Result<ExitCode> {
 }
 
 /// The llama-bench `oracles/llamacpp/build_tools.sh` cached for this CPU, if it ran here.
-fn cached_llama_bench() -> Option<PathBuf> {
+fn cached_llama_bench(root: &Path) -> Option<PathBuf> {
     let out = std::process::Command::new("bash")
-        .arg(repo_root().join("oracles/llamacpp/build_tools.sh"))
+        .arg(root.join("oracles/llamacpp/build_tools.sh"))
         .env("LOCKSTEP_TOOLS_CACHED_ONLY", "1")
         .stderr(std::process::Stdio::null())
         .output()
@@ -715,6 +798,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         .use_current_thread()
         .build_global();
     let threads = rayon::current_num_threads();
+    let defaults = Defaults::new(cli.root);
     match cli.command {
         Command::Fetch {
             ids,
@@ -787,8 +871,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Generate(a) => generate(a)?,
-        Command::Quality(a) => quality(a, threads)?,
-        Command::Run(a) => return run_matrix(a, threads),
+        Command::Quality(a) => quality(a, threads, &defaults)?,
+        Command::Run(a) => return run_matrix(a, threads, &defaults),
         Command::Gate {
             report,
             thresholds,
@@ -811,22 +895,23 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 }
             }
             if let Some(b) = speed {
-                let limits = speed_limits.unwrap_or_else(|| repo_root().join("ci/speed.toml"));
+                let limits = defaults.path(speed_limits, "ci/speed.toml", "--speed-limits")?;
                 return gate_speed(&b, baseline.as_deref(), &limits);
             }
             let report = report.context("give a report.json, or --speed BENCH.json")?;
             return gate(&report, thresholds.as_deref());
         }
         Command::Bench(a) => {
-            let root = repo_root();
-            let reports_root = a.reports.unwrap_or_else(|| root.join("reports"));
             let sample_timeout = std::time::Duration::from_secs_f64(a.engine_timeout);
             let llama_bench = if a.no_llama {
                 None
             } else {
                 match a.llama_bench {
                     Some(p) => Some(p),
-                    None => Some(cached_llama_bench().context(
+                    None => Some(cached_llama_bench(defaults.root().context(
+                        "no --llama-bench given (nor --no-llama): the cached one is found through the \
+                         checkout's oracles/llamacpp/build_tools.sh",
+                    )?).context(
                         "no llama-bench given and none cached for this CPU: run \
                          oracles/llamacpp/build_tools.sh (compiles llama.cpp once, 10-25 min; needs cmake and \
                          a C++ compiler: `apt-get install -y cmake g++`, which it runs itself as root), give \
@@ -849,7 +934,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     .split_whitespace()
                     .map(str::to_string)
                     .collect(),
-                reports_root,
+                reports_root: defaults.path(a.reports, "reports", "--reports")?,
                 progress: true,
                 sample_timeout,
             };
@@ -872,28 +957,32 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             println!("{}", crate::bench::sample(&model, test, a.mode, a.simd)?);
         }
         Command::Floors(a) => {
-            let root = repo_root();
-            let out = a.out.unwrap_or_else(|| root.join("ci/floors.json"));
+            let out = defaults.path(a.out, "ci/floors.json", "--out")?;
+            // before any measuring: a target that cannot be written fails now, not after minutes
+            crate::output::check_file_target(&out, "--out")?;
             let opts = crate::floors::MeasureOptions {
-                golden_dir: a.golden_dir.unwrap_or_else(|| root.join("golden")),
-                matrix: a.matrix.unwrap_or_else(|| root.join("ci/matrix.toml")),
-                thresholds: a
-                    .thresholds
-                    .unwrap_or_else(|| root.join("ci/thresholds.toml")),
+                golden_dir: defaults.path(a.golden_dir, "golden", "--golden-dir")?,
+                matrix: defaults.path(a.matrix, "ci/matrix.toml", "--matrix")?,
+                thresholds: defaults.path(a.thresholds, "ci/thresholds.toml", "--thresholds")?,
                 filters: crate::matrix::Filters {
                     model: a.model.clone(),
                     ..Default::default()
                 },
             };
-            let mut floors = crate::floors::measure(&opts, &mut |g| eprintln!("measuring {g}"))?;
-            if !a.model.is_empty() && out.exists() {
-                // keep the sets of the models not measured now
+            // the sets of the models not measured now are kept: read them before measuring, so that a
+            // broken file fails now
+            let kept = if !a.model.is_empty() && out.exists() {
                 let old = crate::floors::Floors::load(&out)?;
-                let mut sets: Vec<_> = old
-                    .sets
+                old.sets
                     .into_iter()
                     .filter(|s| !a.model.contains(&s.model))
-                    .collect();
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let mut floors = crate::floors::measure(&opts, &mut |g| eprintln!("measuring {g}"))?;
+            if !a.model.is_empty() {
+                let mut sets = kept;
                 sets.append(&mut floors.sets);
                 sets.sort_by(|x, y| {
                     (&x.model, &x.oracle, &x.mode).cmp(&(&y.model, &y.oracle, &y.mode))
@@ -904,25 +993,25 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             println!("{}", out.display());
         }
         Command::Bisect(a) => {
-            let root = repo_root();
+            if let Some(p) = &a.json {
+                crate::output::check_file_target(p, "--json")?;
+            }
             let opts = crate::bisect::BisectOptions {
-                golden_dir: a.golden_dir.unwrap_or_else(|| root.join("golden")),
-                thresholds: a
-                    .thresholds
-                    .unwrap_or_else(|| root.join("ci/thresholds.toml")),
+                golden_dir: defaults.path(a.golden_dir, "golden", "--golden-dir")?,
+                thresholds: defaults.path(a.thresholds, "ci/thresholds.toml", "--thresholds")?,
                 model: a.model,
                 prompt: a.prompt,
                 mode: a.mode,
                 oracle: a.oracle,
                 ggml_target: a.ggml_target,
-                floors: a.floors.unwrap_or_else(|| root.join("ci/floors.json")),
+                floors: defaults.path(a.floors, "ci/floors.json", "--floors")?,
                 simd: a.simd,
             };
             let r = crate::bisect::bisect(&opts)?;
             print!("{}", crate::bisect::render(&r));
             if let Some(p) = &a.json {
                 let text = crate::report::to_json_pretty(&r)?;
-                std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?;
+                crate::output::write_atomic(p, text.as_bytes())?;
             }
             return Ok(if r.is_clean() {
                 ExitCode::SUCCESS
@@ -931,6 +1020,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             });
         }
         Command::Dump(a) => {
+            crate::output::check_file_target(&a.out, "--out")?;
             let model = load_model(&a.model.model)?;
             let tokens = match (&a.prompt, &a.tokens) {
                 (Some(p), _) if p.is_empty() => {
@@ -954,6 +1044,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             );
         }
         Command::Quantize(a) => {
+            crate::output::check_file_target(&a.out, "--out")?;
             let path = fetch::resolve_model(&a.model.model)?;
             let mut params = crate::quantize::variant_params(&a.qtype)?;
             if a.direct {
@@ -1095,8 +1186,7 @@ pub fn resolve_threads(requested: Option<usize>) -> Result<usize> {
 /// path. Every type name and option is checked before anything is scored (an unknown `--types` or
 /// `--check-types` entry is an error naming it and listing the known ones); a run in which every variant
 /// failed is an error (exit 2) after its report, with each variant's error, is written.
-fn quality(a: QualityArgs, threads: usize) -> Result<()> {
-    let root = repo_root();
+fn quality(a: QualityArgs, threads: usize, defaults: &Defaults) -> Result<()> {
     let base = match (&a.base, &a.variants_dir) {
         (Some(b), _) => b.clone(),
         (None, Some(d)) => crate::quality::files_for_types(d, &["F32".to_string()])?.remove(0),
@@ -1191,8 +1281,12 @@ fn quality(a: QualityArgs, threads: usize) -> Result<()> {
         },
         threads,
         cache_root: fetch::cache_dir()?,
-        reports_root: a.reports_dir.unwrap_or_else(|| root.join("reports")),
-        golden_manifest: root.join("golden").join(crate::golden::MANIFEST_FILE),
+        reports_root: defaults.path(a.reports_dir, "reports", "--reports-dir")?,
+        // recorded in the report (its sha256, "unknown" where there is none): no reason to refuse a run
+        golden_manifest: defaults.root().map_or_else(
+            |_| PathBuf::new(),
+            |r| r.join("golden").join(crate::golden::MANIFEST_FILE),
+        ),
         llama_perplexity: a.check_llama_perplexity,
         check_types,
         llama_timeout: std::time::Duration::from_secs_f64(a.engine_timeout),

@@ -74,8 +74,11 @@ pub fn run(
 
 /// Write a dump atomically: a temporary file in the same directory, renamed into place when complete.
 ///
-/// Errors: the directory is missing or unwritable, the disk is full (the temporary file is removed).
+/// Errors: `path` is a symlink, a device, a FIFO or a directory ([`crate::output::check_file_target`]:
+/// never replaced), the directory is missing or unwritable, the disk is full (the temporary file is
+/// removed).
 pub fn write(path: &Path, dump: &Dump) -> Result<()> {
+    crate::output::check_file_target(path, "dump output")?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -98,6 +101,15 @@ pub fn write(path: &Path, dump: &Dump) -> Result<()> {
         }
         npz.finish().with_context(ctx)?;
     }
+    tmp.as_file()
+        .sync_all()
+        .with_context(|| format!("writing {}", path.display()))?;
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )?;
+    // again just before the rename: the target may have changed while the model ran
+    crate::output::check_file_target(path, "dump output")?;
     tmp.persist(path)
         .with_context(|| format!("cannot move the dump into place at {}", path.display()))?;
     Ok(())

@@ -58,9 +58,40 @@ pub struct FloorSet {
     pub mode: String,
     /// The goldens of the model in this mode (manifest path → sha256): measured where they store layer
     /// outputs to inject; the others have no local pass, so nothing is held to the floors there.
+    #[serde(deserialize_with = "unique_keys")]
     pub goldens: BTreeMap<String, String>,
     /// Per stage kind (`attn_norm`, `q`, ..., `embed`, `output_norm`).
+    #[serde(deserialize_with = "unique_keys")]
     pub kinds: BTreeMap<String, KindFloor>,
+}
+
+/// A JSON object as a map, refusing a key given twice (serde_json keeps the last one silently).
+fn unique_keys<'de, D, V>(d: D) -> std::result::Result<BTreeMap<String, V>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    V: Deserialize<'de>,
+{
+    struct Unique<V>(std::marker::PhantomData<V>);
+    impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Unique<V> {
+        type Value = BTreeMap<String, V>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut m: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some((k, v)) = m.next_entry::<String, V>()? {
+                if out.contains_key(&k) {
+                    return Err(serde::de::Error::custom(format!("duplicate key `{k}`")));
+                }
+                out.insert(k, v);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Unique(std::marker::PhantomData))
 }
 
 /// The measured local error of one stage kind.
@@ -87,37 +118,194 @@ pub fn kind_of(stage: &str) -> &str {
     }
 }
 
+/// Where in a floors file that does not deserialize the fault is, when it is in a set: `set N
+/// (model/oracle/mode)[, kind `k`][, field `f`]: <serde's message>`, for an error message that names the
+/// set and field rather than only a line and column. `None` when the text is not JSON or the fault is
+/// elsewhere.
+fn locate(text: &str) -> Option<String> {
+    use serde_json::Value;
+    let v: Value = serde_json::from_str(text).ok()?;
+    for (i, s) in v.get("sets")?.as_array()?.iter().enumerate() {
+        let name = |f: &str| s.get(f).and_then(Value::as_str).unwrap_or("?").to_string();
+        let at = format!(
+            "set {} ({}/{}/{})",
+            i + 1,
+            name("model"),
+            name("oracle"),
+            name("mode")
+        );
+        for (k, kv) in s
+            .get("kinds")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            for (field, fv) in kv.as_object().into_iter().flatten() {
+                let r = match field.as_str() {
+                    "rows" => usize::deserialize(fv).map(drop),
+                    "nmse_median" | "nmse_p99" | "nmse_max" => f64::deserialize(fv).map(drop),
+                    "exact_at" => Vec::<String>::deserialize(fv).map(drop),
+                    _ => continue,
+                };
+                if let Err(e) = r {
+                    return Some(format!("{at}, kind `{k}`, field `{field}`: {e}"));
+                }
+            }
+            if let Err(e) = KindFloor::deserialize(kv) {
+                return Some(format!("{at}, kind `{k}`: {e}"));
+            }
+        }
+        if let Err(e) = FloorSet::deserialize(s) {
+            return Some(format!("{at}: {e}"));
+        }
+    }
+    None
+}
+
 impl Floors {
-    /// Read `path`.
+    /// Read and check `path` ([`Floors::parse`]).
     ///
-    /// Errors: missing file, bad JSON, another schema version — naming the file.
+    /// Errors: missing or unreadable file, and every error of [`Floors::parse`] — naming the file.
     pub fn load(path: &Path) -> Result<Floors> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the floors file {}", path.display()))?;
-        let f: Floors = serde_json::from_str(&text)
-            .with_context(|| format!("parsing the floors file {}", path.display()))?;
+        Floors::parse(&text, path)
+    }
+
+    /// Parse and check the text of a floors file; `origin` names it in errors. Pure: no I/O.
+    ///
+    /// Errors (each naming `origin`, and the set, kind and field where there is one): bad JSON, an
+    /// unknown or duplicated key at any level, another schema version, and every fault [`Floors::check`]
+    /// finds.
+    pub fn parse(text: &str, origin: &Path) -> Result<Floors> {
+        let f: Floors = serde_json::from_str(text).map_err(|e| match locate(text) {
+            Some(at) => anyhow::anyhow!("{}: {at} ({e})", origin.display()),
+            None => anyhow::Error::new(e)
+                .context(format!("parsing the floors file {}", origin.display())),
+        })?;
         if f.schema_version != FLOORS_SCHEMA_VERSION {
             bail!(
                 "{}: schema_version {} (this lockstep reads {FLOORS_SCHEMA_VERSION}); rerun `lockstep floors`",
-                path.display(),
+                origin.display(),
                 f.schema_version
             );
         }
-        for s in &f.sets {
+        f.check(origin)?;
+        Ok(f)
+    }
+
+    /// Check every field of the floors, so that no value can switch a floor off:
+    ///
+    /// - at least one set; no two sets for the same (model, oracle, mode); model and oracle non-empty
+    ///   and free of `/` and whitespace, mode a numerics mode (`reference`, `ggml`);
+    /// - at least one golden per set, each `<model>/<oracle>/<prompt>.npz` of that set with no `..`, and
+    ///   its sha256 64 lowercase hex digits;
+    /// - each kind a per-stage kind of the engine ([`lockstep_engine::StageKind`], not `logits`);
+    ///   `rows` ≥ 1; `nmse_median` and `nmse_p99` finite in [0, 1) (a floor of NMSE 1 would pass an
+    ///   all-zero output); `nmse_max` finite; `nmse_median` ≤ `nmse_p99` ≤ `nmse_max`;
+    /// - each `exact_at` entry a canonical stage id of that kind, listed once.
+    ///
+    /// Errors name `origin`, the set (index and model/oracle/mode), the kind and the field.
+    pub fn check(&self, origin: &Path) -> Result<()> {
+        let file = origin.display();
+        if self.sets.is_empty() {
+            bail!("{file}: `sets` is empty; rerun `lockstep floors`");
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, s) in self.sets.iter().enumerate() {
+            let at = format!(
+                "{file}: set {} ({}/{}/{})",
+                i + 1,
+                s.model,
+                s.oracle,
+                s.mode
+            );
+            for (name, v) in [("model", &s.model), ("oracle", &s.oracle)] {
+                if v.is_empty()
+                    || v.contains('/')
+                    || v.chars().any(char::is_whitespace)
+                    || v == "."
+                    || v == ".."
+                {
+                    bail!("{at}: `{name}` {v:?} is not an id (empty, or holds `/` or whitespace)");
+                }
+            }
+            if s.mode.parse::<lockstep_engine::NumericsMode>().is_err() {
+                bail!(
+                    "{at}: `mode` {:?} is not a numerics mode (reference, ggml)",
+                    s.mode
+                );
+            }
+            if !seen.insert((&s.model, &s.oracle, &s.mode)) {
+                bail!(
+                    "{at}: a second set for {}/{}/{}; each (model, oracle, mode) is measured once",
+                    s.model,
+                    s.oracle,
+                    s.mode
+                );
+            }
+            if s.goldens.is_empty() {
+                bail!("{at}: `goldens` is empty: the floors were measured on nothing");
+            }
+            let prefix = format!("{}/{}/", s.model, s.oracle);
+            for (g, sha) in &s.goldens {
+                let prompt = g
+                    .strip_prefix(&prefix)
+                    .and_then(|r| r.strip_suffix(".npz"))
+                    .unwrap_or("");
+                if prompt.is_empty() || prompt.contains('/') || prompt.starts_with('.') {
+                    bail!("{at}: golden {g:?} is not a golden of this set ({prefix}<prompt>.npz)");
+                }
+                if sha.len() != 64 || !sha.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                    bail!("{at}: golden {g}: sha256 {sha:?} is not 64 lowercase hex digits");
+                }
+            }
             for (k, v) in &s.kinds {
-                if !(v.nmse_p99.is_finite() && v.nmse_p99 >= 0.0) {
+                let kind = lockstep_engine::StageKind::ALL
+                    .into_iter()
+                    .find(|sk| sk.suffix() == k && *sk != lockstep_engine::StageKind::Logits);
+                let Some(kind) = kind else {
+                    bail!("{at}: kind `{k}` is not a stage kind of the engine");
+                };
+                let at = format!("{at}, kind `{k}`");
+                if v.rows == 0 {
+                    bail!("{at}: rows = 0: no row was measured, so there is no floor");
+                }
+                for (name, x) in [("nmse_median", v.nmse_median), ("nmse_p99", v.nmse_p99)] {
+                    if !(x.is_finite() && (0.0..1.0).contains(&x)) {
+                        let why = if x >= 1.0 {
+                            " (an NMSE floor of 1 or more passes any output, even all zeros)"
+                        } else {
+                            ""
+                        };
+                        bail!("{at}: {name} = {x:?} is outside [0, 1){why}");
+                    }
+                }
+                if !v.nmse_max.is_finite() {
+                    bail!("{at}: nmse_max = {:?} is not finite", v.nmse_max);
+                }
+                if !(v.nmse_median <= v.nmse_p99 && v.nmse_p99 <= v.nmse_max) {
                     bail!(
-                        "{}: {}/{}/{} kind `{k}` has nmse_p99 {}",
-                        path.display(),
-                        s.model,
-                        s.oracle,
-                        s.mode,
-                        v.nmse_p99
+                        "{at}: nmse_median {:?} ≤ nmse_p99 {:?} ≤ nmse_max {:?} does not hold",
+                        v.nmse_median,
+                        v.nmse_p99,
+                        v.nmse_max
                     );
+                }
+                let mut listed = std::collections::BTreeSet::new();
+                for id in &v.exact_at {
+                    let ok = lockstep_engine::Stage::parse(id)
+                        .is_some_and(|st| st.kind == kind && st.to_string() == *id);
+                    if !ok {
+                        bail!("{at}: exact_at {id:?} is not a stage id of kind `{k}`");
+                    }
+                    if !listed.insert(id) {
+                        bail!("{at}: exact_at lists {id} twice");
+                    }
                 }
             }
         }
-        Ok(f)
+        Ok(())
     }
 
     /// The set measured for (model, oracle, mode) on a golden with this manifest path and sha256.
@@ -251,26 +439,15 @@ impl FloorBuilder {
     }
 }
 
-/// Write `floors` to `path` atomically (a temporary file beside it, then a rename).
+/// Write `floors` to `path` atomically ([`crate::output::write_atomic`]: a temporary file beside it, then
+/// a rename), after [`Floors::check`] — a file `lockstep floors` writes always loads.
 ///
-/// Errors: the directory is not writable.
+/// Errors: the floors fail their check; `path` is a symlink, a device or a directory; the directory is
+/// not writable; the disk is full. An existing file is left as it was on every error.
 pub fn write(path: &Path, floors: &Floors) -> Result<()> {
+    floors.check(path)?;
     let text = serde_json::to_string_pretty(floors)? + "\n";
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("cannot create a file in {}", dir.display()))?;
-    std::io::Write::write_all(&mut tmp, text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))?;
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o644),
-    )?;
-    tmp.persist(path)
-        .with_context(|| format!("cannot move the floors into place at {}", path.display()))?;
-    Ok(())
+    crate::output::write_atomic(path, text.as_bytes())
 }
 
 /// What `lockstep floors` measures.
@@ -284,6 +461,20 @@ pub struct MeasureOptions {
     pub thresholds: std::path::PathBuf,
     /// Narrowing of the matrix (by model, mode, oracle; prompts are always all of the model's goldens).
     pub filters: crate::matrix::Filters,
+}
+
+/// The golden paths of `cells` (one model, oracle and mode), each once, in cell order: cells that differ
+/// only in their SIMD setting or engine share one golden, and measuring it once per cell would count its
+/// rows once per cell.
+pub fn goldens_of(cells: &[crate::matrix::Cell]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for c in cells {
+        let g = crate::matrix::golden_path_for(c);
+        if !out.contains(&g) {
+            out.push(g);
+        }
+    }
+    out
 }
 
 /// Measure the floors of every (model, oracle, mode) of the matrix whose thresholds set
@@ -324,8 +515,7 @@ pub fn measure(opts: &MeasureOptions, progress: &mut dyn FnMut(&str)) -> Result<
             mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
         let mut builder = FloorBuilder::default();
         let mut goldens = BTreeMap::new();
-        for c in &cells {
-            let gpath = crate::matrix::golden_path_for(c);
+        for gpath in goldens_of(&cells) {
             progress(&gpath);
             let entry = manifest.entry(&opts.golden_dir, &gpath)?.clone();
             crate::golden::verify_golden(&opts.golden_dir, &entry)?;
@@ -433,6 +623,258 @@ mod tests {
                 .exact_at
                 .is_empty()
         );
+    }
+
+    /// A valid floors file: one set, one golden, kinds `attn_norm` and `out`.
+    fn valid() -> serde_json::Value {
+        serde_json::json!({
+            "schema_version": 1,
+            "made_by": "test",
+            "sets": [{
+                "model": "m",
+                "oracle": "llama.cpp-f32kv",
+                "mode": "reference",
+                "goldens": {"m/llama.cpp-f32kv/prose.npz": "ab".repeat(32)},
+                "kinds": {
+                    "attn_norm": {"rows": 20, "nmse_median": 1e-8, "nmse_p99": 2e-7, "nmse_max": 3e-7,
+                                  "exact_at": ["blk.0.attn_norm"]},
+                    "out": {"rows": 20, "nmse_median": 1e-5, "nmse_p99": 1e-4, "nmse_max": 2e-4,
+                            "exact_at": []}
+                }
+            }]
+        })
+    }
+
+    /// The error of parsing `v` as `floors.json`.
+    fn refused(v: &serde_json::Value) -> String {
+        let e = Floors::parse(&v.to_string(), Path::new("ci/floors.json"))
+            .expect_err(&format!("accepted {v}"));
+        format!("{e:#}")
+    }
+
+    #[test]
+    fn every_number_and_key_of_a_floors_file_is_checked() {
+        let f = Floors::parse(&valid().to_string(), Path::new("f.json")).unwrap();
+        assert_eq!(f.sets[0].kinds["out"].rows, 20);
+        let set = "ci/floors.json: set 1 (m/llama.cpp-f32kv/reference)";
+        fn kind(v: &mut serde_json::Value) -> &mut serde_json::Value {
+            &mut v["sets"][0]["kinds"]["out"]
+        }
+        // (mutation, what the error must say)
+        type Mutation = Box<dyn Fn(&mut serde_json::Value)>;
+        let cases: Vec<(Mutation, Vec<&str>)> = vec![
+            (
+                Box::new(|v| kind(v)["nmse_p99"] = 1e308.into()),
+                vec![set, "kind `out`", "nmse_p99 = 1e308"],
+            ),
+            (
+                Box::new(|v| kind(v)["nmse_p99"] = 1.0.into()),
+                vec![set, "nmse_p99 = 1.0 is outside [0, 1)"],
+            ),
+            (
+                Box::new(|v| kind(v)["nmse_median"] = (-1e-5).into()),
+                vec![set, "nmse_median = -1e-5"],
+            ),
+            (
+                Box::new(|v| kind(v)["nmse_max"] = 1e-6.into()),
+                vec![set, "kind `out`", "nmse_p99 0.0001 ≤ nmse_max 1e-6"],
+            ),
+            (
+                Box::new(|v| kind(v)["nmse_median"] = 5e-4.into()),
+                vec![set, "nmse_median 0.0005 ≤ nmse_p99"],
+            ),
+            (
+                Box::new(|v| kind(v)["rows"] = 0.into()),
+                vec![set, "kind `out`", "rows = 0"],
+            ),
+            (
+                Box::new(|v| kind(v)["rows"] = (-3).into()),
+                vec![set, "kind `out`, field `rows`", "-3"],
+            ),
+            (
+                Box::new(|v| kind(v)["rows"] = 2.5.into()),
+                vec![set, "kind `out`, field `rows`", "2.5"],
+            ),
+            (
+                Box::new(|v| kind(v)["nmse_p99"] = "nan".into()),
+                vec![set, "kind `out`, field `nmse_p99`", "invalid type"],
+            ),
+            (
+                Box::new(|v| kind(v)["extra"] = 1.into()),
+                vec![set, "kind `out`", "unknown field `extra`"],
+            ),
+            (
+                Box::new(|v| v["sets"][0]["kinds"]["qq"] = v["sets"][0]["kinds"]["out"].clone()),
+                vec![set, "kind `qq` is not a stage kind"],
+            ),
+            (
+                Box::new(|v| {
+                    v["sets"][0]["kinds"]["logits"] = v["sets"][0]["kinds"]["out"].clone()
+                }),
+                vec![set, "kind `logits`"],
+            ),
+            (
+                Box::new(|v| kind(v)["exact_at"] = serde_json::json!(["blk.0.attn_norm"])),
+                vec![
+                    set,
+                    "exact_at \"blk.0.attn_norm\" is not a stage id of kind `out`",
+                ],
+            ),
+            (
+                Box::new(|v| kind(v)["exact_at"] = serde_json::json!(["blk.01.out"])),
+                vec![set, "blk.01.out"],
+            ),
+            (
+                Box::new(|v| kind(v)["exact_at"] = serde_json::json!(["blk.1.out", "blk.1.out"])),
+                vec![set, "lists blk.1.out twice"],
+            ),
+            (
+                Box::new(|v| v["sets"][0]["mode"] = "refrence".into()),
+                vec![
+                    "ci/floors.json: set 1",
+                    "`mode` \"refrence\" is not a numerics mode",
+                ],
+            ),
+            (
+                Box::new(|v| v["sets"][0]["model"] = "".into()),
+                vec!["ci/floors.json: set 1", "`model` \"\""],
+            ),
+            (
+                Box::new(|v| v["sets"][0]["goldens"] = serde_json::json!({})),
+                vec![set, "`goldens` is empty"],
+            ),
+            (
+                Box::new(|v| {
+                    v["sets"][0]["goldens"] =
+                        serde_json::json!({"x/llama.cpp-f32kv/prose.npz": "ab".repeat(32)})
+                }),
+                vec![
+                    set,
+                    "golden \"x/llama.cpp-f32kv/prose.npz\" is not a golden of this set",
+                ],
+            ),
+            (
+                Box::new(|v| {
+                    v["sets"][0]["goldens"] =
+                        serde_json::json!({"m/llama.cpp-f32kv/../p.npz": "ab".repeat(32)})
+                }),
+                vec![set, "is not a golden of this set"],
+            ),
+            (
+                Box::new(|v| {
+                    v["sets"][0]["goldens"] =
+                        serde_json::json!({"m/llama.cpp-f32kv/prose.npz": "AB".repeat(32)})
+                }),
+                vec![set, "sha256"],
+            ),
+            (
+                Box::new(|v| {
+                    let s = v["sets"][0].clone();
+                    v["sets"].as_array_mut().unwrap().push(s);
+                }),
+                vec![
+                    "ci/floors.json: set 2 (m/llama.cpp-f32kv/reference)",
+                    "a second set",
+                ],
+            ),
+            (
+                Box::new(|v| v["sets"] = serde_json::json!([])),
+                vec!["ci/floors.json", "`sets` is empty"],
+            ),
+            (
+                Box::new(|v| v["schema_version"] = 2.into()),
+                vec!["ci/floors.json", "schema_version 2"],
+            ),
+            (
+                Box::new(|v| v["unknown"] = 2.into()),
+                vec!["ci/floors.json", "unknown field `unknown`"],
+            ),
+        ];
+        for (mutate, needles) in cases {
+            let mut v = valid();
+            mutate(&mut v);
+            let e = refused(&v);
+            for n in needles {
+                assert!(e.contains(n), "{v}\n→ {e}\n(no {n:?})");
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_not_overwritten() {
+        let text = valid().to_string();
+        // the same kind twice: serde_json would keep the second silently
+        let kinds_at = text.find("\"kinds\":{").unwrap() + "\"kinds\":{".len();
+        let dup = format!(
+            "{}\"out\":{{\"rows\":1,\"nmse_median\":0.9,\"nmse_p99\":0.9,\"nmse_max\":0.9,\"exact_at\":[]}},{}",
+            &text[..kinds_at],
+            &text[kinds_at..]
+        );
+        let e = format!(
+            "{:#}",
+            Floors::parse(&dup, Path::new("ci/floors.json")).unwrap_err()
+        );
+        assert!(
+            e.contains("ci/floors.json") && e.contains("duplicate key `out`"),
+            "{e}"
+        );
+        let goldens_at = text.find("\"goldens\":{").unwrap() + "\"goldens\":{".len();
+        let dup = format!(
+            "{}\"m/llama.cpp-f32kv/prose.npz\":\"{}\",{}",
+            &text[..goldens_at],
+            "cd".repeat(32),
+            &text[goldens_at..]
+        );
+        let e = format!(
+            "{:#}",
+            Floors::parse(&dup, Path::new("ci/floors.json")).unwrap_err()
+        );
+        assert!(
+            e.contains("duplicate key `m/llama.cpp-f32kv/prose.npz`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn write_refuses_what_load_would_refuse_and_leaves_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("floors.json");
+        std::fs::write(&p, "old").unwrap();
+        let mut f = Floors::parse(&valid().to_string(), &p).unwrap();
+        f.sets[0].kinds.get_mut("out").unwrap().nmse_p99 = f64::NAN;
+        let e = write(&p, &f).unwrap_err();
+        assert!(format!("{e:#}").contains("nmse_p99 = NaN"), "{e:#}");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "old");
+        f.sets[0].kinds.get_mut("out").unwrap().nmse_p99 = 1e-4;
+        write(&p, &f).unwrap();
+        assert_eq!(Floors::load(&p).unwrap(), f);
+    }
+
+    #[test]
+    fn a_golden_is_measured_once_whatever_the_simd_settings() {
+        let cell = |prompt: &str, simd: &str| crate::matrix::Cell {
+            model: "m".into(),
+            prompt: prompt.into(),
+            quant: "Q4_1".into(),
+            mode: "reference".into(),
+            simd: simd.into(),
+            oracle: "o".into(),
+            engine: "lockstep".into(),
+        };
+        let cells = [
+            cell("a", "off"),
+            cell("a", "avx2"),
+            cell("a", "avx512"),
+            cell("b", "off"),
+            cell("b", "avx2"),
+        ];
+        assert_eq!(goldens_of(&cells), ["m/o/a.npz", "m/o/b.npz"]);
+    }
+
+    #[test]
+    fn the_committed_floors_file_passes_its_checks() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/floors.json");
+        Floors::load(&p).unwrap_or_else(|e| panic!("{e:#}"));
     }
 
     #[test]

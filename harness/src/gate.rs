@@ -171,6 +171,135 @@ pub struct CellThresholds {
     pub stage_floor_headroom: Option<f64>,
 }
 
+/// The largest `stage_floor_headroom`: the measured 99th percentiles reach NMSE ~1e-2 (ci/floors.json), so
+/// a larger multiple puts the floor near NMSE 1, where any output, even all zeros, is "within the floor".
+pub const MAX_FLOOR_HEADROOM: f64 = 100.0;
+
+/// The allowed range of one numeric field of a [`Rule`].
+#[derive(Clone, Copy, Debug)]
+pub struct ThresholdRange {
+    /// The field's name in the file.
+    pub name: &'static str,
+    /// The field of a rule.
+    pub get: fn(&Rule) -> Option<f64>,
+    /// Lower bound, and whether it is excluded.
+    pub lo: (f64, bool),
+    /// Upper bound, and whether it is excluded.
+    pub hi: (f64, bool),
+    /// Unit or reason, printed after the range.
+    pub note: &'static str,
+}
+
+impl ThresholdRange {
+    /// True for a finite value within the range.
+    pub fn contains(&self, x: f64) -> bool {
+        let above = if self.lo.1 {
+            x > self.lo.0
+        } else {
+            x >= self.lo.0
+        };
+        let below = if self.hi.1 {
+            x < self.hi.0
+        } else {
+            x <= self.hi.0
+        };
+        x.is_finite() && above && below
+    }
+}
+
+impl std::fmt::Display for ThresholdRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(
+            f,
+            "{}{}, {}{}{}",
+            if self.lo.1 { "(" } else { "[" },
+            self.lo.0,
+            self.hi.0,
+            if self.hi.1 { ")" } else { "]" },
+            self.note
+        )
+    }
+}
+
+const fn range(
+    name: &'static str,
+    get: fn(&Rule) -> Option<f64>,
+    lo: (f64, bool),
+    hi: (f64, bool),
+    note: &'static str,
+) -> ThresholdRange {
+    ThresholdRange {
+        name,
+        get,
+        lo,
+        hi,
+        note,
+    }
+}
+
+/// The range of every numeric threshold but `stage_floor_headroom` ([`MAX_FLOOR_HEADROOM`]): a value
+/// outside it is refused, because it makes its check vacuous (passes everything) or meaningless. NaN
+/// and ±Inf are outside every range.
+///
+/// - fractions `min_top1_agreement`, `min_top5_mean`: (0, 1] (0 passes everything);
+/// - cosines `min_cosine_out`, `stage_min_cosine`: (0, 1] (at 0 or below, unrelated output passes);
+/// - KL `max_mean_kl`, `max_kl`: [0, 10] nats (a one-hot reference against a uniform distribution over a
+///   49k vocabulary is KL ~10.8: a limit near that passes an engine that knows nothing);
+/// - `margin_tolerance`: [0, 10] logit units (a probability ratio of e^10 ≈ 22000 is no tie);
+/// - `stage_max_nmse`: [0, 1) (a zero output has NMSE 1).
+pub const THRESHOLD_RANGES: [ThresholdRange; 8] = [
+    range(
+        "min_top1_agreement",
+        |r| r.min_top1_agreement,
+        (0.0, true),
+        (1.0, false),
+        "",
+    ),
+    range(
+        "min_top5_mean",
+        |r| r.min_top5_mean,
+        (0.0, true),
+        (1.0, false),
+        "",
+    ),
+    range(
+        "min_cosine_out",
+        |r| r.min_cosine_out,
+        (0.0, true),
+        (1.0, false),
+        "",
+    ),
+    range(
+        "stage_min_cosine",
+        |r| r.stage_min_cosine,
+        (0.0, true),
+        (1.0, false),
+        "",
+    ),
+    range(
+        "max_mean_kl",
+        |r| r.max_mean_kl,
+        (0.0, false),
+        (10.0, false),
+        " nats",
+    ),
+    range("max_kl", |r| r.max_kl, (0.0, false), (10.0, false), " nats"),
+    range(
+        "margin_tolerance",
+        |r| r.margin_tolerance,
+        (0.0, false),
+        (10.0, false),
+        " logit units",
+    ),
+    range(
+        "stage_max_nmse",
+        |r| r.stage_max_nmse,
+        (0.0, false),
+        (1.0, true),
+        " (a zero output has NMSE 1)",
+    ),
+];
+
 impl Thresholds {
     /// Read and parse a thresholds file.
     pub fn load(path: &Path) -> Result<Thresholds> {
@@ -179,8 +308,13 @@ impl Thresholds {
         Thresholds::parse(&text, &path.display().to_string())
     }
 
-    /// Parse thresholds TOML; `origin` names the source in errors. Checks value ranges (fractions and
-    /// cosines in [0, 1] resp. [-1, 1], KL and margins ≥ 0) and that selectors are not empty.
+    /// Parse and check thresholds TOML; `origin` names the source in errors. Pure: no I/O.
+    ///
+    /// Errors, naming `origin` and the rule (index and selectors) and field: bad TOML, an unknown or
+    /// duplicated key, no `[[rule]]`, an empty selector or one with surrounding whitespace, a `mode`
+    /// selector that is neither `*` nor a numerics mode, and a number outside its range
+    /// ([`THRESHOLD_RANGES`]; NaN and ±Inf are outside every range). `stage_floor_headroom` is 0 (no
+    /// measured floors) or in [1, 100].
     pub fn parse(text: &str, origin: &str) -> Result<Thresholds> {
         let mut t: Thresholds = toml::from_str(text)
             .with_context(|| format!("{origin} is not a valid thresholds file"))?;
@@ -204,29 +338,33 @@ impl Thresholds {
                 if s.trim().is_empty() {
                     bail!("{at}: selector `{name}` is empty; use \"*\" for any");
                 }
-            }
-            let check = |name: &str, v: Option<f64>, lo: f64, hi: f64| -> Result<()> {
-                match v {
-                    Some(x) if !(lo..=hi).contains(&x) => {
-                        bail!("{at}: {name} = {x} is outside [{lo}, {hi}]")
-                    }
-                    _ => Ok(()),
+                if s.trim() != s {
+                    bail!("{at}: selector `{name}` {s:?} has surrounding whitespace and matches no cell");
                 }
-            };
-            check("min_top1_agreement", r.min_top1_agreement, 0.0, 1.0)?;
-            check("min_top5_mean", r.min_top5_mean, 0.0, 1.0)?;
-            check("min_cosine_out", r.min_cosine_out, -1.0, 1.0)?;
-            check("stage_min_cosine", r.stage_min_cosine, -1.0, 1.0)?;
-            check("max_mean_kl", r.max_mean_kl, 0.0, f64::MAX)?;
-            check("max_kl", r.max_kl, 0.0, f64::MAX)?;
-            check("margin_tolerance", r.margin_tolerance, 0.0, f64::MAX)?;
-            check("stage_max_nmse", r.stage_max_nmse, 0.0, f64::MAX)?;
-            check(
-                "stage_floor_headroom",
-                r.stage_floor_headroom,
-                0.0,
-                f64::MAX,
-            )?;
+            }
+            if r.mode != ANY && r.mode.parse::<lockstep_engine::NumericsMode>().is_err() {
+                bail!(
+                    "{at}: selector `mode` {:?} is not a numerics mode (reference, ggml) or \"*\"; \
+                     the rule would match no cell",
+                    r.mode
+                );
+            }
+            for range in &THRESHOLD_RANGES {
+                if let Some(x) = (range.get)(r) {
+                    if !range.contains(x) {
+                        bail!("{at}: {} = {x:?} is outside {range}", range.name);
+                    }
+                }
+            }
+            if let Some(h) = r.stage_floor_headroom {
+                if !(h == 0.0 || (1.0..=MAX_FLOOR_HEADROOM).contains(&h)) {
+                    bail!(
+                        "{at}: stage_floor_headroom = {h:?} is neither 0 (no measured floors) nor in \
+                         [1, {MAX_FLOOR_HEADROOM}] (below 1 the unbroken engine's own rows exceed its floor; \
+                         above {MAX_FLOOR_HEADROOM} the floor hides errors of structural size)"
+                    );
+                }
+            }
         }
         Ok(t)
     }
@@ -862,4 +1000,120 @@ pub fn failure_line(cell: &Cell, verdict: &Verdict) -> Option<String> {
         None => "first divergent stage: none".to_string(),
     };
     Some(format!("FAIL {}: {failures}; {divergent}", cell.id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A complete rule for every cell, then `extra` as a second rule for reference mode.
+    fn with(extra: &str) -> String {
+        format!(
+            "[[rule]]\ntokens_must_match = true\nmin_top1_agreement = 1.0\nmax_mean_kl = 1e-3\n\
+             min_top5_mean = 0.9\nmin_cosine_out = 0.9999\nstage_min_cosine = 0.999\n\
+             margin_tolerance = 0.01\n\n[[rule]]\nmode = \"reference\"\n{extra}\n"
+        )
+    }
+
+    fn refused(extra: &str) -> String {
+        let e = Thresholds::parse(&with(extra), "ci/thresholds.toml")
+            .expect_err(&format!("accepted {extra:?}"));
+        format!("{e:#}")
+    }
+
+    #[test]
+    fn every_threshold_is_finite_and_in_its_range() {
+        let at = "ci/thresholds.toml: rule 2 (model \"*\", mode \"reference\", oracle \"*\")";
+        for (extra, needle) in [
+            ("stage_floor_headroom = nan", "stage_floor_headroom = NaN"),
+            ("stage_floor_headroom = inf", "stage_floor_headroom = inf"),
+            ("stage_floor_headroom = -inf", "stage_floor_headroom = -inf"),
+            ("stage_floor_headroom = -4.0", "stage_floor_headroom = -4.0"),
+            ("stage_floor_headroom = 0.5", "stage_floor_headroom = 0.5"),
+            (
+                "stage_floor_headroom = 1e308",
+                "stage_floor_headroom = 1e308",
+            ),
+            (
+                "stage_floor_headroom = 101.0",
+                "stage_floor_headroom = 101.0",
+            ),
+            ("max_mean_kl = nan", "max_mean_kl = NaN"),
+            ("max_mean_kl = inf", "max_mean_kl = inf"),
+            (
+                "max_mean_kl = 1e308",
+                "max_mean_kl = 1e308 is outside [0, 10] nats",
+            ),
+            ("max_kl = -1e-3", "max_kl = -0.001"),
+            ("margin_tolerance = 1e308", "margin_tolerance = 1e308"),
+            ("margin_tolerance = nan", "margin_tolerance = NaN"),
+            (
+                "stage_max_nmse = 1.0",
+                "stage_max_nmse = 1.0 is outside [0, 1)",
+            ),
+            ("stage_max_nmse = inf", "stage_max_nmse = inf"),
+            (
+                "min_cosine_out = -1.0",
+                "min_cosine_out = -1.0 is outside (0, 1]",
+            ),
+            ("min_cosine_out = nan", "min_cosine_out = NaN"),
+            ("stage_min_cosine = 0.0", "stage_min_cosine = 0.0"),
+            ("min_top1_agreement = 0.0", "min_top1_agreement = 0.0"),
+            ("min_top5_mean = 1.5", "min_top5_mean = 1.5"),
+            ("min_top5_mean = nan", "min_top5_mean = NaN"),
+        ] {
+            let e = refused(extra);
+            assert!(e.contains(at) && e.contains(needle), "{extra}: {e}");
+        }
+        // 0 is the documented "no measured floors" of a later rule; 1 and 100 are the range's ends
+        for ok in [
+            "stage_floor_headroom = 0.0",
+            "stage_floor_headroom = 1.0",
+            "stage_floor_headroom = 100.0",
+            "stage_max_nmse = 0.0",
+            "max_mean_kl = 0.0",
+        ] {
+            Thresholds::parse(&with(ok), "t.toml").unwrap_or_else(|e| panic!("{ok}: {e:#}"));
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_selectors_are_refused() {
+        for (extra, needle) in [
+            ("stage_floor_headrom = 4.0", "stage_floor_headrom"),
+            ("[rule.sub]\nx = 1", "sub"),
+            ("oracle = \" llama.cpp-f32kv\"", "surrounding whitespace"),
+            (
+                "max_mean_kl = 1e-3\nmax_mean_kl = 2e-3",
+                "ci/thresholds.toml",
+            ),
+        ] {
+            let e = refused(extra);
+            assert!(e.contains(needle), "{extra}: {e}");
+        }
+        let e = format!(
+            "{:#}",
+            Thresholds::parse(
+                &with("").replace("mode = \"reference\"", "mode = \"refrence\""),
+                "t.toml"
+            )
+            .unwrap_err()
+        );
+        assert!(
+            e.contains("t.toml: rule 2")
+                && e.contains("`mode` \"refrence\" is not a numerics mode"),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            Thresholds::parse(&format!("{}\nbogus = 1\n", with("")), "t.toml").unwrap_err()
+        );
+        assert!(e.contains("t.toml") && e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn the_committed_thresholds_pass_their_checks() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/thresholds.toml");
+        Thresholds::load(&p).unwrap_or_else(|e| panic!("{e:#}"));
+    }
 }

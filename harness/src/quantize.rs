@@ -44,8 +44,10 @@ impl Made {
 ///
 /// Errors: the engine's plan errors (an unsupported type, a tensor that cannot be converted, …, naming
 /// the source file); a temporary file that cannot be created in `out`'s directory, a write, fsync or
-/// rename error (each naming the file).
+/// rename error (each naming the file); `out` is a symlink, a device, a FIFO or a directory
+/// ([`crate::output::check_file_target`]: checked before any work, so `/dev/null` stays a device).
 pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> Result<Made> {
+    crate::output::check_file_target(out, "quantize output")?;
     let t0 = Instant::now();
     let plan = q::plan(src, params).with_context(|| {
         format!(
@@ -78,6 +80,11 @@ pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> R
     drop(w);
     file.sync_all()
         .with_context(|| format!("cannot write {}", out.display()))?;
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )?;
+    crate::output::check_file_target(out, "quantize output")?;
     tmp.persist(out)
         .map_err(|e| e.error)
         .with_context(|| format!("cannot rename the finished file to {}", out.display()))?;

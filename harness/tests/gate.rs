@@ -492,7 +492,7 @@ fn rules_errors_name_the_cell_and_field() {
 
     let bad = |text: &str| format!("{:#}", Thresholds::parse(text, "t.toml").unwrap_err());
     assert!(
-        bad("[[rule]]\nmin_top5_mean = 1.5\n").contains("min_top5_mean = 1.5 is outside [0, 1]")
+        bad("[[rule]]\nmin_top5_mean = 1.5\n").contains("min_top5_mean = 1.5 is outside (0, 1]")
     );
     assert!(bad("[[rule]]\nmax_mean_kl = -1.0\n").contains("max_mean_kl"));
     assert!(
