@@ -3,7 +3,9 @@
     python3 harness/fuzz/make_seeds.py
 
 seeds/golden_read/tiny.npz matches the manifest entry built into fuzz_targets/golden_read.rs; the
-npz_read and dump_read seeds are a dump of 2 tokens and the same golden.
+npz_read and dump_read seeds are a dump of 2 tokens and the same golden; seeds/quality_base_logits/tiny.bin
+is a quality base-logits cache (format 3, harness/src/quality/base.rs) of one 4-token chunk over a
+vocabulary of 8, read back by that module's tests.
 """
 import struct
 import zipfile
@@ -62,3 +64,26 @@ write(HERE / "seeds/golden_read/tiny.npz", golden)
 write(HERE / "seeds/npz_read/golden.npz", golden)
 write(HERE / "seeds/npz_read/dump.npz", dump)
 write(HERE / "seeds/dump_read/dump.npz", dump)
+
+
+def base_logits():
+    """A valid quality base-logits cache: LSQBASE3, the JSON key, tokens, one scored row, one full row,
+    and the sha256 of everything before it."""
+    import hashlib
+    import json
+    header = {
+        "corpus_sha256": "0" * 64, "base_sha256": "0" * 64, "base_path": "tiny-F32.gguf",
+        "n_ctx": 4, "n_chunks": 1, "mode": "ggml", "window": 16.0, "max_kept": 2, "n_vocab": 8,
+        "corpus_tokens": 4, "full_kl_chunks": 1,
+    }
+    h = json.dumps(header, separators=(",", ":")).encode()
+    body = b"LSQBASE3" + struct.pack("<I", len(h)) + h
+    body += struct.pack("<4I", 1, 5, 7, 2)  # the chunk's tokens
+    # one scored row (n_ctx - 1 - n_ctx/2): n_kept, ln sum exp, tail mass, next token's logit, ids, logits
+    body += struct.pack("<Iddf", 2, 0.5, 0.125, 1.5) + struct.pack("<2H", 7, 2) + f32([3.0, 2.0])
+    body += f32(logits)  # the full row of the first chunk's scored token
+    return body + hashlib.sha256(body).digest()
+
+
+(HERE / "seeds/quality_base_logits").mkdir(parents=True, exist_ok=True)
+(HERE / "seeds/quality_base_logits/tiny.bin").write_bytes(base_logits())
