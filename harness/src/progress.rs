@@ -73,7 +73,7 @@ impl Progress {
 
     /// Item `name` starts (the bar shows its name; lines print nothing until it ends).
     pub fn start(&self, name: &str) {
-        self.bar.set_message(name.to_string());
+        self.bar.set_message(printable(name));
     }
 
     /// Item `name` ended with `outcome` (e.g. `PASS`, `FAIL`) after `took`.
@@ -111,14 +111,23 @@ impl Progress {
             elapsed.mul_f64(left as f64 / self.done as f64)
         };
         format!(
-            "[{}/{}] {name} {outcome} {:.1} s, elapsed {}, ~{} left",
+            "[{}/{}] {} {outcome} {:.1} s, elapsed {}, ~{} left",
             self.done,
             self.total,
+            printable(name),
             took.as_secs_f64(),
             clock(elapsed),
             clock(eta)
         )
     }
+}
+
+/// `name` (a cell id made of the matrix's names) with control characters as spaces: one line per item,
+/// and no escape sequence from a matrix file reaches the terminal.
+fn printable(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// `m:ss` (or `h:mm:ss` from an hour on).
@@ -134,6 +143,11 @@ pub fn clock(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_print_on_one_line_without_escapes() {
+        assert_eq!(super::printable("a\nb\u{1b}[31mc"), "a b [31mc");
+    }
 
     #[test]
     fn clock_formats_minutes_and_hours() {
