@@ -440,7 +440,10 @@ mod tests {
         let bad = "a|b\nc\r<script>alert(1)</script>`x`\\|&amp;[l](u)*";
         let t = md_text(bad);
         assert!(!t.contains('\n') && !t.contains('\r'), "{t}");
-        assert!(!t.contains("<script>") && t.contains("&lt;script&gt;"), "{t}");
+        assert!(
+            !t.contains("<script>") && t.contains("&lt;script&gt;"),
+            "{t}"
+        );
         assert_eq!(pipes(&format!("| {t} |")), 2, "{t}");
         assert_eq!(md_text("Q8_0"), "Q8_0");
         let c = md_code("x ``y` z\nw");

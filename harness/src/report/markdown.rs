@@ -302,7 +302,8 @@ pub fn render_markdown(r: &Report) -> String {
         "What `lockstep bisect` concludes for each cell: **structural** (a stage differs from the golden with \
          the golden's own input injected, beyond its floor: a bug, and the cell fails), **oracle-side \
          rounding** (rows beyond the measured floor only where ggml mode, which rounds matmul inputs to 8 bits \
-         as llama.cpp does, equals the golden bit for bit), **drift** (every local error within the floor; \
+         as llama.cpp does, equals the golden bit for bit and reference mode rerun with that rounding falls within \
+         the floor), **drift** (every local error within the floor; \
          the accumulated pass first leaves the stage cutoffs here), **tokens** (the engine tokenized the prompt \
          otherwise: the first differing token, with ids and pieces), or none. \"÷ floor\" is the local NMSE \
          over the measured floor (ci/floors.json).\n"
