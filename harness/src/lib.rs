@@ -18,6 +18,14 @@
 //! - [`progress`] — progress on stderr: a bar on a terminal, a line per finished cell elsewhere.
 //! - [`run`] — `lockstep run`: every cell of the matrix against its golden, compared, gated, reported.
 //! - [`bench`] — `lockstep bench` beside llama-bench, and the speed gate.
+//! - [`bisect`] — the local (injected) pass and the verdict: structural, oracle-side rounding, drift, tokens.
+//! - [`capture`] — stage sinks that record or replace what the engine computes.
+//! - [`floors`] — `lockstep floors`: the measured reference floors (`ci/floors.json`), validated on load.
+//! - [`quality`] — `lockstep quality`: KL divergence and perplexity of quant variants, llama-perplexity's way.
+//! - [`npz`] — the bounded `.npz` reader behind goldens and dumps.
+//! - [`hash`] — sha256 of files and bytes.
+//! - [`process`] — child processes in their own group: bounded output, timeouts, killed on interrupt.
+//! - [`format`] — number formats, and the Markdown and CSV escaping of every outside string.
 //! - [`cli`] — command-line parsing and the subcommands.
 
 pub mod bench;
