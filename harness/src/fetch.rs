@@ -108,16 +108,6 @@ impl Default for FetchOptions {
     }
 }
 
-/// The llama-quantize recipe of the checkout this binary was built from:
-/// `<repo>/oracles/llamacpp/make_variants.sh`, when that file exists (a binary copied elsewhere has none). Not
-/// used unless asked for: set [`FetchOptions::recipe`] (or `$LOCKSTEP_VARIANT_RECIPE`) to it to cross-check.
-pub fn default_recipe() -> Option<Vec<String>> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("oracles/llamacpp/make_variants.sh");
-    script.is_file().then(|| vec![script.display().to_string()])
-}
-
 /// The default pip command: `python3 -m pip`.
 pub fn default_pip() -> Vec<String> {
     ["python3", "-m", "pip"].map(String::from).to_vec()
