@@ -192,24 +192,8 @@ pub fn clean_stale_partials(reports_root: &Path) -> Vec<PathBuf> {
     removed
 }
 
-/// Check, before a run starts, that reports can be written under `reports_root`: create it, and create
-/// and remove a temporary directory in it. Errors name the directory.
+/// Check, before a run starts, that reports can be written under `reports_root`: created if missing, a
+/// real directory, writable ([`crate::output::check_dir_target`]). Errors name the directory.
 pub fn check_reports_dir(reports_root: &Path) -> Result<()> {
-    std::fs::create_dir_all(reports_root).with_context(|| {
-        format!(
-            "cannot create the reports directory {}",
-            reports_root.display()
-        )
-    })?;
-    tempfile::Builder::new()
-        .prefix(".lockstep-write-check-")
-        .tempdir_in(reports_root)
-        .with_context(|| {
-            format!(
-                "the reports directory {} is not writable; a run's results would be lost",
-                reports_root.display()
-            )
-        })?
-        .close()
-        .with_context(|| format!("cleaning up a write check in {}", reports_root.display()))
+    crate::output::check_dir_target(reports_root, "the reports directory")
 }
