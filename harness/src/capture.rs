@@ -1,9 +1,12 @@
-//! Capture: an engine's stages as arrays, in forward order, checked for non-finite values.
+//! Capture: an engine's stages as arrays, in forward order, checked for non-finite values; and the
+//! injection of a golden's layer inputs through the engine's replace hook.
 //!
 //! What every path that runs an engine needs between the engine seam ([`crate::engine`]) and the
 //! comparison: turning a [`Recorder`]'s stages into `[rows, width]` arrays by canonical id, the forward
 //! order of canonical stages, and the check that an engine's logits are finite — naming the first stage
-//! that went non-finite when they are not.
+//! that went non-finite when they are not. For bisect's local pass ([`crate::judge`]): what to inject for
+//! each layer's input ([`injection`]), the sink that injects it ([`InjectingSink`]), and which injected
+//! rows are the oracle's exact values ([`Known`], [`input_known`]).
 
 use std::collections::BTreeMap;
 
@@ -11,6 +14,10 @@ use anyhow::{bail, Result};
 use lockstep_engine::hooks::{Recorder, StageSink};
 use lockstep_engine::{Stage, StageKind};
 use ndarray::Array2;
+
+use crate::compare::{CellComparison, EngineOutput, Phase};
+use crate::golden::{GoldenEntry, GoldenFile};
+use crate::npz::Dtype;
 
 /// A sink that ignores everything (the timing pass).
 pub struct NullSink;
@@ -95,4 +102,159 @@ pub fn check_finite_logits(
         i / cols,
         i % cols
     )
+}
+
+/// Golden rows to inject while capturing, by canonical stage id: the prefill's `[T, D]` arrays and the
+/// decode steps' `[N, D]` arrays (see [`crate::judge::capture`]).
+#[derive(Clone, Debug, Default)]
+pub struct Injection {
+    /// Prefill stages, row `t` = position `t`.
+    pub prefill: BTreeMap<String, ndarray::Array2<f32>>,
+    /// Decode stages, row `i` = decode step `i`.
+    pub decode: BTreeMap<String, ndarray::Array2<f32>>,
+}
+
+/// A sink that records every stage, then overwrites the stages it holds golden rows for (row `p - row0`
+/// for sequence position `p`) — the engine's replace hook, used to hand each layer the reference input.
+pub struct InjectingSink<'a> {
+    /// What was recorded (the engine's own values, before any replacement).
+    pub rec: Recorder,
+    inject: &'a BTreeMap<String, ndarray::Array2<f32>>,
+    row0: usize,
+}
+
+impl<'a> InjectingSink<'a> {
+    /// Inject `inject` (by canonical id); golden row 0 is sequence position `row0`.
+    pub fn new(inject: &'a BTreeMap<String, ndarray::Array2<f32>>, row0: usize) -> Self {
+        InjectingSink {
+            rec: Recorder::new(),
+            inject,
+            row0,
+        }
+    }
+}
+
+impl StageSink for InjectingSink<'_> {
+    fn wants(&self, _stage: lockstep_engine::Stage) -> bool {
+        true
+    }
+
+    fn on_stage(
+        &mut self,
+        stage: lockstep_engine::Stage,
+        positions: std::ops::Range<usize>,
+        width: usize,
+        data: &mut [f32],
+    ) {
+        self.rec.on_stage(stage, positions.clone(), width, data);
+        let Some(g) = self.inject.get(&stage.to_string()) else {
+            return;
+        };
+        if g.ncols() != width {
+            return; // a shape the comparison reports; never inject a mismatched row
+        }
+        for (i, p) in positions.enumerate() {
+            if let Some(row) = p.checked_sub(self.row0).filter(|&r| r < g.nrows()) {
+                data[i * width..(i + 1) * width]
+                    .iter_mut()
+                    .zip(g.row(row))
+                    .for_each(|(d, &v)| *d = v);
+            }
+        }
+    }
+}
+
+/// Per (phase, input stage id): for each row, whether the injected value is the oracle's exact f32 value.
+pub type Known = BTreeMap<(Phase, String), Vec<bool>>;
+
+/// Whether the injected input of `stage`'s layer at `row` is the oracle's exact value (`embed`: always).
+pub fn input_known(known: &Known, phase: Phase, stage: &str, row: usize) -> bool {
+    let input = match crate::compare::layer_of(stage) {
+        Some(l) => input_of(l),
+        // the final norm reads the last layer's output; the embedding reads nothing injected
+        None if stage == "embed" => return true,
+        None => match known
+            .keys()
+            .filter(|(p, _)| *p == phase)
+            .map(|(_, id)| id)
+            .max_by_key(|id| crate::compare::layer_of(id).map_or(0, |l| l + 1))
+        {
+            Some(id) => id.clone(),
+            None => return false,
+        },
+    };
+    known
+        .get(&(phase, input))
+        .is_some_and(|k| k.get(row) == Some(&true))
+}
+
+/// What to inject for each layer's input (`embed`, `blk.N.out`; prefill and decode), and per row whether
+/// it is the oracle's exact f32 value. A stage the golden stores in f32 is injected as stored (exact). One
+/// stored in f16 lost bits: where the engine's own accumulated row rounds to the stored one, the engine's
+/// row is injected instead — the oracle's value, or one it cannot be told from — and counts as exact;
+/// elsewhere the stored f16 row is injected and the layer is held to the cutoffs, not to bit equality.
+///
+/// `own` is the engine's accumulated pass and `accumulated` its comparison (which rows agree at storage
+/// precision). Errors: a golden array that cannot be read.
+pub fn injection(
+    gf: &mut GoldenFile,
+    entry: &GoldenEntry,
+    own: &EngineOutput,
+    accumulated: Option<&CellComparison>,
+) -> Result<(Injection, Known)> {
+    let mut inj = Injection::default();
+    let mut known = Known::new();
+    let names: Vec<String> = entry.arrays.keys().cloned().collect();
+    for name in names {
+        let Some((id, phase)) = injected_input(&name) else {
+            continue;
+        };
+        let mut rows = gf.read_f32(&name)?;
+        let mut exact = vec![true; rows.nrows()];
+        if entry.arrays[&name].dtype != Dtype::F32 {
+            let engine_rows = match phase {
+                Phase::Prefill => own.prefill.get(&id),
+                Phase::Decode => own.decode.get(&id),
+            };
+            let agree = accumulated
+                .into_iter()
+                .flat_map(|a| a.stages.iter())
+                .find(|s| s.stage == id && s.phase == phase)
+                .map(|s| s.exact_at_storage_by_position.clone())
+                .unwrap_or_default();
+            for (r, e) in exact.iter_mut().enumerate() {
+                match engine_rows {
+                    Some(mine) if agree.get(r) == Some(&true) && mine.dim() == rows.dim() => {
+                        rows.row_mut(r).assign(&mine.row(r));
+                    }
+                    _ => *e = false,
+                }
+            }
+        }
+        known.insert((phase, id.clone()), exact);
+        match phase {
+            Phase::Prefill => inj.prefill.insert(id, rows),
+            Phase::Decode => inj.decode.insert(id, rows),
+        };
+    }
+    Ok((inj, known))
+}
+
+/// The golden array `name` as a layer input bisect injects (`embed`, `blk.N.out`, and their `decode.`
+/// rows): its stage id and phase; `None` for every other array.
+pub fn injected_input(name: &str) -> Option<(String, Phase)> {
+    let (id, phase) = match name.strip_prefix("decode.") {
+        Some(id) => (id, Phase::Decode),
+        None => (name, Phase::Prefill),
+    };
+    let input = id == "embed" || crate::gate::is_out_stage(id) && id != "output_norm";
+    input.then(|| (id.to_string(), phase))
+}
+
+/// The stage whose output feeds layer `layer` (its injected input): `blk.{layer-1}.out`, or `embed`.
+fn input_of(layer: usize) -> String {
+    match layer {
+        0 => "embed".into(),
+        l => format!("blk.{}.out", l - 1),
+    }
 }

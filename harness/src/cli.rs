@@ -720,7 +720,7 @@ fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Resul
             }
             c.verdict = crate::gate::evaluate(&c.cell, &c.comparison, &ct);
             if let Some(f) = &c.finding {
-                crate::bisect::gate_finding(&mut c.verdict, f);
+                crate::judge::gate_finding(&mut c.verdict, f);
             }
         }
         crate::report::gate_simd_identity(&mut r.cells);
@@ -960,7 +960,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let out = defaults.path(a.out, "ci/floors.json", "--out")?;
             // before any measuring: a target that cannot be written fails now, not after minutes
             crate::output::check_file_target(&out, "--out")?;
-            let opts = crate::floors::MeasureOptions {
+            let opts = crate::measure::MeasureOptions {
                 golden_dir: defaults.path(a.golden_dir, "golden", "--golden-dir")?,
                 matrix: defaults.path(a.matrix, "ci/matrix.toml", "--matrix")?,
                 thresholds: defaults.path(a.thresholds, "ci/thresholds.toml", "--thresholds")?,
@@ -980,7 +980,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 Vec::new()
             };
-            let mut floors = crate::floors::measure(&opts, &mut |g| eprintln!("measuring {g}"))?;
+            let mut floors = crate::measure::measure(&opts, &mut |g| eprintln!("measuring {g}"))?;
             if !a.model.is_empty() {
                 let mut sets = kept;
                 sets.append(&mut floors.sets);

@@ -351,9 +351,10 @@ impl GoldenEntry {
     /// True when the golden stores some layer output (`blk.N.out`): the input bisect injects into the
     /// next layer, so only such a golden can localize a divergence.
     pub fn stores_layer_outputs(&self) -> bool {
-        self.arrays
-            .keys()
-            .any(|k| crate::compare::layer_of(k).is_some() && k.ends_with(".out"))
+        self.arrays.keys().any(|k| {
+            lockstep_engine::Stage::parse(k)
+                .is_some_and(|s| s.layer.is_some() && s.kind == lockstep_engine::StageKind::Out)
+        })
     }
 
     /// The canonical ids of the decode stages this golden holds (`decode.<id>` without the

@@ -18,9 +18,12 @@
 //! - [`progress`] — progress on stderr: a bar on a terminal, a line per finished cell elsewhere.
 //! - [`run`] — `lockstep run`: every cell of the matrix against its golden, compared, gated, reported.
 //! - [`bench`] — `lockstep bench` beside llama-bench, and the speed gate.
-//! - [`bisect`] — the local (injected) pass and the verdict: structural, oracle-side rounding, drift, tokens.
-//! - [`capture`] — stage sinks that record or replace what the engine computes.
-//! - [`floors`] — `lockstep floors`: the measured reference floors (`ci/floors.json`), validated on load.
+//! - [`judge`] — the judging core: the case and its passes (accumulated, local), the verdict (structural,
+//!   oracle-side rounding, drift, tokens) and how it holds a gate; shared by `run`, `bisect`, `probe`, `measure`.
+//! - [`bisect`] — `lockstep bisect`: the verdict with its per-layer table of accumulated vs local error.
+//! - [`capture`] — stage sinks that record or replace what the engine computes; what bisect injects.
+//! - [`floors`] — the measured reference floors (`ci/floors.json`): the file, validated on load, and per stage.
+//! - [`measure`] — `lockstep floors`: measuring those floors with the local pass of the unbroken engine.
 //! - [`quality`] — `lockstep quality`: KL divergence and perplexity of quant variants, llama-perplexity's way.
 //! - [`npz`] — the bounded `.npz` reader behind goldens and dumps.
 //! - [`hash`] — sha256 of files and bytes.
@@ -41,7 +44,9 @@ pub mod format;
 pub mod gate;
 pub mod golden;
 pub mod hash;
+pub mod judge;
 pub mod matrix;
+pub mod measure;
 pub mod metrics;
 pub mod npz;
 pub mod output;

@@ -13,10 +13,10 @@ use anyhow::Result;
 use lockstep_engine::NumericsMode;
 use serde::{Deserialize, Serialize};
 
-use crate::bisect::Case;
 use crate::engine::Engine;
 use crate::gate::{cell_metrics, evaluate, CellThresholds, Verdict};
 use crate::golden::GoldenFile;
+use crate::judge::Case;
 use crate::matrix::Cell;
 
 /// The rerun of a failing reference cell with llama.cpp's input rounding.

@@ -14,16 +14,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use lockstep_engine::hooks::{Recorder, StageSink};
 use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Simd};
 
-use crate::bisect::Case;
-use crate::capture::recorded_arrays;
-use crate::compare::EngineOutput;
 use crate::engine::{Engine, ExternalCommands, ExternalEngine, LockstepEngine};
 use crate::gate::{evaluate, Thresholds};
 use crate::golden::{self, GoldenFile, Manifest};
+pub use crate::judge::ggml_target_for;
+use crate::judge::Case;
 use crate::matrix::{golden_path_for, Cell, Filters, Matrix};
 use crate::report::{self, CellReport, Environment, Report, Speed, REPORT_SCHEMA_VERSION};
 
@@ -371,23 +369,6 @@ fn golden_entry<'m>(
     manifest.entry(&opts.golden_dir, gpath)
 }
 
-/// The ggml-cpu build a cell mirrors: `forced` when given, else in ggml mode the one the golden's host
-/// CPU selects ([`golden::OracleInfo::ggml_target`]); reference mode ignores it.
-pub fn ggml_target_for(
-    entry: &golden::GoldenEntry,
-    mode: NumericsMode,
-    forced: Option<GgmlTarget>,
-) -> Result<GgmlTarget> {
-    Ok(match (forced, mode) {
-        (Some(t), _) => t,
-        (None, NumericsMode::Ggml) => entry
-            .oracle
-            .ggml_target()
-            .with_context(|| format!("golden {}", entry.path))?,
-        (None, NumericsMode::Reference) => GgmlTarget::default(),
-    })
-}
-
 /// The run's inputs with their sha256, and the engine it runs (provenance for the report).
 fn run_inputs(opts: &RunOptions) -> Result<report::RunInputs> {
     let file = |p: &Path| -> Result<report::FileRef> {
@@ -445,8 +426,8 @@ pub fn run_cell(
     // the first-divergent verdict, as `lockstep bisect` gives it (an engine whose stages can be replaced;
     // otherwise the accumulated pass's marker)
     let judged = if engine.replaces_stages() {
-        let floors = crate::bisect::floor_set(&opts.floors, &th, cell, entry)?;
-        crate::bisect::judge(
+        let floors = crate::judge::floor_set(&opts.floors, &th, cell, entry)?;
+        crate::judge::judge(
             &case,
             &mut gf,
             engine.as_mut(),
@@ -456,7 +437,7 @@ pub fn run_cell(
             &acc,
         )?
     } else {
-        crate::bisect::Judged::accumulated_only(&case, engine.as_ref(), &th, acc.cmp.as_ref())
+        crate::judge::Judged::accumulated_only(&case, engine.as_ref(), &th, acc.cmp.as_ref())
     };
     // the accumulated pass's own time (`lockstep bench` times the engine without hooks)
     let speed = Speed {
@@ -469,7 +450,7 @@ pub fn run_cell(
     let comparison = acc.cmp.context("the accumulated pass was compared")?;
 
     let mut verdict = evaluate(cell, &comparison, &th);
-    crate::bisect::gate_finding(&mut verdict, &judged.finding);
+    crate::judge::gate_finding(&mut verdict, &judged.finding);
     // a failing reference cell: how much of its gap is llama.cpp's input rounding (informative)
     let rounding_probe = if crate::probe::wanted(mode, &verdict) {
         crate::probe::run(&case, &mut gf, engine.as_mut(), cell, &th)?
@@ -492,113 +473,4 @@ pub fn run_cell(
         output_sha256,
         rounding_probe,
     })
-}
-
-/// Golden rows to inject while capturing, by canonical stage id: the prefill's `[T, D]` arrays and the
-/// decode steps' `[N, D]` arrays (see [`capture`]).
-#[derive(Clone, Debug, Default)]
-pub struct Injection {
-    /// Prefill stages, row `t` = position `t`.
-    pub prefill: BTreeMap<String, ndarray::Array2<f32>>,
-    /// Decode stages, row `i` = decode step `i`.
-    pub decode: BTreeMap<String, ndarray::Array2<f32>>,
-}
-
-/// The capture step of the pipeline: run `tokens` as one prefill and then `decode_tokens` one per step
-/// (teacher forcing) through an engine already [`Engine::reset`], recording every stage and the logits.
-///
-/// With `inject`, every stage the injection holds is replaced by the golden's rows *after* the engine's
-/// own value is recorded ([`InjectingSink`]), so each later layer computes from the reference input and
-/// its recorded stages measure that layer's local error alone (what `lockstep bisect` compares).
-///
-/// Errors: whatever the engine reports.
-pub fn capture(
-    engine: &mut dyn Engine,
-    own_tokens: Vec<u32>,
-    tokens: &[u32],
-    decode_tokens: &[u32],
-    inject: Option<&Injection>,
-) -> Result<EngineOutput> {
-    let empty = BTreeMap::new();
-    let mut sink = InjectingSink::new(inject.map_or(&empty, |i| &i.prefill), 0);
-    let t0 = Instant::now();
-    let prefill_logits = engine.forward(tokens, &mut sink)?;
-    let prefill_seconds = t0.elapsed().as_secs_f64();
-    let mut prefill = recorded_arrays(sink.rec)?;
-    prefill.insert("logits".into(), prefill_logits);
-    let mut sink = InjectingSink::new(inject.map_or(&empty, |i| &i.decode), tokens.len());
-    let mut decode_logits = Vec::new();
-    let mut decode_seconds = 0.0;
-    for &t in decode_tokens {
-        let t0 = Instant::now();
-        decode_logits.push(engine.forward(&[t], &mut sink)?);
-        decode_seconds += t0.elapsed().as_secs_f64();
-    }
-    let mut decode = recorded_arrays(sink.rec)?;
-    if !decode_logits.is_empty() {
-        let views: Vec<_> = decode_logits.iter().map(|a| a.view()).collect();
-        decode.insert(
-            "logits".into(),
-            ndarray::concatenate(ndarray::Axis(0), &views)?,
-        );
-    }
-    let stage_order: Vec<String> = engine.stages().into_iter().map(|(s, _)| s).collect();
-    Ok(EngineOutput {
-        own_tokens,
-        prefill,
-        decode,
-        stage_order,
-        prefill_seconds,
-        decode_seconds,
-    })
-}
-
-/// A sink that records every stage, then overwrites the stages it holds golden rows for (row `p - row0`
-/// for sequence position `p`) — the engine's replace hook, used to hand each layer the reference input.
-pub struct InjectingSink<'a> {
-    /// What was recorded (the engine's own values, before any replacement).
-    pub rec: Recorder,
-    inject: &'a BTreeMap<String, ndarray::Array2<f32>>,
-    row0: usize,
-}
-
-impl<'a> InjectingSink<'a> {
-    /// Inject `inject` (by canonical id); golden row 0 is sequence position `row0`.
-    pub fn new(inject: &'a BTreeMap<String, ndarray::Array2<f32>>, row0: usize) -> Self {
-        InjectingSink {
-            rec: Recorder::new(),
-            inject,
-            row0,
-        }
-    }
-}
-
-impl StageSink for InjectingSink<'_> {
-    fn wants(&self, _stage: lockstep_engine::Stage) -> bool {
-        true
-    }
-
-    fn on_stage(
-        &mut self,
-        stage: lockstep_engine::Stage,
-        positions: std::ops::Range<usize>,
-        width: usize,
-        data: &mut [f32],
-    ) {
-        self.rec.on_stage(stage, positions.clone(), width, data);
-        let Some(g) = self.inject.get(&stage.to_string()) else {
-            return;
-        };
-        if g.ncols() != width {
-            return; // a shape the comparison reports; never inject a mismatched row
-        }
-        for (i, p) in positions.enumerate() {
-            if let Some(row) = p.checked_sub(self.row0).filter(|&r| r < g.nrows()) {
-                data[i * width..(i + 1) * width]
-                    .iter_mut()
-                    .zip(g.row(row))
-                    .for_each(|(d, &v)| *d = v);
-            }
-        }
-    }
 }

@@ -5,9 +5,10 @@
 mod common;
 
 use common::{root, Corrupting};
-use lockstep::bisect::{bisect, bisect_with, BisectOptions, Finding};
+use lockstep::bisect::{bisect, bisect_with, BisectOptions};
 use lockstep::compare::Phase;
 use lockstep::engine::LockstepEngine;
+use lockstep::judge::Finding;
 use lockstep_engine::{NumericsMode, Stage};
 
 const MODEL: &str = "smollm2-135m-q4_1";

@@ -11,9 +11,10 @@
 mod common;
 
 use common::root;
-use lockstep::bisect::{bisect_with, render, BisectOptions, BisectReport, Finding};
+use lockstep::bisect::{bisect_with, render, BisectOptions, BisectReport};
 use lockstep::compare::Phase;
 use lockstep::engine::LockstepEngine;
+use lockstep::judge::Finding;
 use lockstep_engine::faults::{self, Fault};
 use lockstep_engine::gguf::GgufFile;
 use lockstep_engine::quant::GgmlType;

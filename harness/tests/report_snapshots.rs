@@ -202,7 +202,7 @@ fn report() -> Report {
         let mut verdict = evaluate(&c, &comparison, &cell_th);
         // bisect's verdict: the broken cell's bug is named with the golden's input injected
         let finding = if bad {
-            lockstep::bisect::Finding::Structural {
+            lockstep::judge::Finding::Structural {
                 at: lockstep::gate::Divergence {
                     stage: "blk.0.ffn_act".into(),
                     phase: lockstep::compare::Phase::Prefill,
@@ -215,9 +215,9 @@ fn report() -> Report {
                 ratio: Some(204.9),
             }
         } else {
-            lockstep::bisect::Finding::None
+            lockstep::judge::Finding::None
         };
-        lockstep::bisect::gate_finding(&mut verdict, &finding);
+        lockstep::judge::gate_finding(&mut verdict, &finding);
         let ggml_target = (c.mode == "ggml").then(|| "avx512".to_string());
         CellReport {
             golden_path: golden_path_for(&c),

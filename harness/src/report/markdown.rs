@@ -3,10 +3,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use crate::bisect::Finding;
 use crate::compare::{CellComparison, Phase, StageComparison};
 use crate::format::{fmt_cos, fmt_e3, fmt_utc};
 use crate::gate::{cell_metrics, is_out_stage};
+use crate::judge::Finding;
 
 use super::{CellReport, Report};
 
@@ -358,7 +358,7 @@ pub fn render_markdown(r: &Report) -> String {
                 "Oracle-side rounding in `{}`: the matmul input llama.cpp rounded to 8 bits, its crest factor \
                  (max|x|/rms) and the NMSE that rounding causes, against the median row of its kind:\n\n```text\n{}\n```\n",
                 c.cell.id(),
-                crate::bisect::render_rounding(sites)
+                crate::judge::render_rounding(sites)
             );
         }
     }

@@ -182,7 +182,7 @@ pub struct CellReport {
     /// Where the engine first computes something else and what kind of difference it is — `lockstep
     /// bisect`'s verdict ([`crate::bisect::judge`]); absent in reports of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finding: Option<crate::bisect::Finding>,
+    pub finding: Option<crate::judge::Finding>,
     /// Per layer, the largest local NMSE of any of its stages over the prefill positions (bisect's pass with
     /// the golden's own input injected; 0 where every stage is exact at storage precision), for the
     /// error-vs-depth plot. Empty when no local pass ran (an exact accumulated pass, an external engine).

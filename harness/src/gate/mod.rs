@@ -1,0 +1,14 @@
+//! Gates: the thresholds of `ci/thresholds.toml` ([`thresholds`]), the verdict of one cell and the one-line
+//! reasons `lockstep gate` prints for failing cells ([`verdict`]).
+
+pub mod thresholds;
+pub mod verdict;
+
+pub use thresholds::{
+    CellThresholds, Rule, ThresholdRange, Thresholds, ANY, MAX_FLOOR_HEADROOM, THRESHOLD_RANGES,
+};
+pub use verdict::{
+    cell_metrics, engine_error_verdict, evaluate, failure_line, first_divergent, first_inexact,
+    fmt_metric, is_out_stage, lowest_index, seq_position, CellMetrics, Divergence, Failure,
+    OutCosine, PhasePosition, Verdict,
+};

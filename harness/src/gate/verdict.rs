@@ -1,0 +1,556 @@
+//! The verdict of one cell: its comparison with the golden held to its thresholds ([`evaluate`]), the
+//! first divergent stage, the metrics behind them, and the one-line reasons `lockstep gate` prints.
+
+use serde::{Deserialize, Serialize};
+
+use crate::compare::{CellComparison, Phase};
+use crate::format::{fmt_fixed, fmt_sci};
+use crate::matrix::Cell;
+use crate::metrics::LogitPosition;
+
+use super::thresholds::CellThresholds;
+
+/// The verdict on one cell.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// True when no threshold failed.
+    pub pass: bool,
+    /// Every threshold that failed.
+    pub failures: Vec<Failure>,
+    /// The first stage in forward order whose cosine falls below `stage_min_cosine` (informative; not a
+    /// failure by itself).
+    pub first_divergent: Option<Divergence>,
+    /// The near-tie tolerance (logit units) this verdict counted top-1 disagreements with: the cell's
+    /// `margin_tolerance` (reports of older versions lack it and read as 0.01, the value they all used).
+    #[serde(default = "default_margin_tolerance")]
+    pub margin_tolerance: f64,
+}
+
+fn default_margin_tolerance() -> f64 {
+    0.01
+}
+
+/// One threshold that failed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Failure {
+    /// Metric name: `tokens_match`, `top1_agreement`, `mean_kl`, `max_kl`, `top5_mean` or
+    /// `min_cosine_out`.
+    pub metric: String,
+    /// Measured value (NaN when the metric could not be measured at all).
+    pub value: f64,
+    /// The threshold it failed (a minimum or a maximum, by metric).
+    pub threshold: f64,
+    /// Where and why, e.g. `prefill position 13, ref top 909 vs engine 198 (margin 0.53)`.
+    pub detail: String,
+}
+
+/// Where a stage first falls below the divergence cosine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Divergence {
+    /// Canonical stage id.
+    pub stage: String,
+    /// Prefill or decode.
+    pub phase: Phase,
+    /// Sequence position: prompt position in the prefill; T + step for decode step `step` (T = prompt
+    /// tokens), as for logits.
+    pub position: usize,
+    /// Cosine at that position.
+    pub cosine: f64,
+    /// NMSE at that position (may be +∞ when the reference row is zero).
+    pub nmse: f64,
+}
+
+/// A logits position with its phase.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PhasePosition {
+    /// Prefill or decode.
+    pub phase: Phase,
+    /// The position's metrics.
+    pub pos: LogitPosition,
+}
+
+/// Where a `blk.N.out` / `output_norm` cosine is lowest.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutCosine {
+    /// Stage id.
+    pub stage: String,
+    /// Prefill or decode.
+    pub phase: Phase,
+    /// Sequence position (see [`Divergence::position`]).
+    pub position: usize,
+    /// The cosine there.
+    pub cosine: f64,
+    /// The NMSE there.
+    pub nmse: f64,
+}
+
+/// The cell-level aggregates the gate checks (and the report's summary row shows).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CellMetrics {
+    /// Engine tokens == golden tokens.
+    pub tokens_match: bool,
+    /// Logits positions compared, prefill and decode.
+    pub positions: usize,
+    /// Positions whose top-1 tokens agree exactly.
+    pub top1_agree: usize,
+    /// Disagreements with margin below the tolerance.
+    pub near_ties: Vec<PhasePosition>,
+    /// Disagreements at or above the tolerance.
+    pub mismatches: Vec<PhasePosition>,
+    /// Mean KL (nats) over positions with full reference rows; `None` when there are none.
+    pub mean_kl: Option<f64>,
+    /// Positions with a KL value.
+    pub kl_positions: usize,
+    /// The largest KL and where.
+    pub max_kl: Option<(f64, Phase, usize)>,
+    /// Mean top-5 overlap over all positions; `None` without positions.
+    pub top5_mean: Option<f64>,
+    /// The lowest top-5 overlap and where.
+    pub worst_top5: Option<(f64, Phase, usize)>,
+    /// The lowest cosine of `blk.N.out` / `output_norm`.
+    pub min_cosine_out: Option<OutCosine>,
+}
+
+impl CellMetrics {
+    /// (top-1 agreements + near ties) / positions; NaN without positions.
+    pub fn top1_agreement(&self) -> f64 {
+        if self.positions == 0 {
+            f64::NAN
+        } else {
+            (self.top1_agree + self.near_ties.len()) as f64 / self.positions as f64
+        }
+    }
+}
+
+/// Whether a stage id is a layer output (`blk.N.out`) or the final norm — the stages `min_cosine_out`
+/// covers.
+pub fn is_out_stage(stage: &str) -> bool {
+    stage == "output_norm"
+        || stage
+            .strip_prefix("blk.")
+            .and_then(|s| s.strip_suffix(".out"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Sequence position of row `row` of a stage in `phase` (decode rows start at the prompt length).
+pub fn seq_position(cmp: &CellComparison, phase: Phase, row: usize) -> usize {
+    match phase {
+        Phase::Prefill => row,
+        Phase::Decode => cmp.golden_tokens.len() + row,
+    }
+}
+
+/// Aggregate a comparison into the numbers the gate checks; near ties are disagreements with margin
+/// below `margin_tolerance` (logit units).
+pub fn cell_metrics(cmp: &CellComparison, margin_tolerance: f64) -> CellMetrics {
+    let mut m = CellMetrics {
+        tokens_match: cmp.tokens_match(),
+        positions: 0,
+        top1_agree: 0,
+        near_ties: Vec::new(),
+        mismatches: Vec::new(),
+        mean_kl: None,
+        kl_positions: 0,
+        max_kl: None,
+        top5_mean: None,
+        worst_top5: None,
+        min_cosine_out: None,
+    };
+    let (mut kl_sum, mut top5_sum) = (0.0, 0.0);
+    for lc in &cmp.logits {
+        for p in &lc.positions {
+            m.positions += 1;
+            if p.ref_top == p.eng_top {
+                m.top1_agree += 1;
+            } else if p.margin < margin_tolerance {
+                m.near_ties.push(PhasePosition {
+                    phase: lc.phase,
+                    pos: p.clone(),
+                });
+            } else {
+                m.mismatches.push(PhasePosition {
+                    phase: lc.phase,
+                    pos: p.clone(),
+                });
+            }
+            if let Some(kl) = p.kl {
+                kl_sum += kl;
+                m.kl_positions += 1;
+                if m.max_kl.is_none_or(|(k, _, _)| kl > k) {
+                    m.max_kl = Some((kl, lc.phase, p.position));
+                }
+            }
+            top5_sum += p.top5;
+            if m.worst_top5.is_none_or(|(t, _, _)| p.top5 < t) {
+                m.worst_top5 = Some((p.top5, lc.phase, p.position));
+            }
+        }
+    }
+    if m.kl_positions > 0 {
+        m.mean_kl = Some(kl_sum / m.kl_positions as f64);
+    }
+    if m.positions > 0 {
+        m.top5_mean = Some(top5_sum / m.positions as f64);
+    }
+    for s in cmp.stages.iter().filter(|s| is_out_stage(&s.stage)) {
+        let (row, cosine) =
+            lowest(&s.cosine_by_position).unwrap_or((s.worst_position, s.cosine.min));
+        if m.min_cosine_out.as_ref().is_none_or(|o| cosine < o.cosine) {
+            m.min_cosine_out = Some(OutCosine {
+                stage: s.stage.clone(),
+                phase: s.phase,
+                position: seq_position(cmp, s.phase, row),
+                cosine,
+                nmse: s.nmse_by_position.get(row).copied().unwrap_or(s.nmse.max),
+            });
+        }
+    }
+    m
+}
+
+/// Index of the first smallest value (NaN never wins); `None` for an empty slice.
+pub fn lowest_index(v: &[f64]) -> Option<usize> {
+    lowest(v).map(|(i, _)| i)
+}
+
+/// (index, value) of the first smallest value.
+fn lowest(v: &[f64]) -> Option<(usize, f64)> {
+    let mut best: Option<(usize, f64)> = None;
+    for (i, &x) in v.iter().enumerate() {
+        if best.is_none_or(|(_, b)| x < b) {
+            best = Some((i, x));
+        }
+    }
+    best
+}
+
+fn describe_disagreement(p: &PhasePosition) -> String {
+    format!(
+        "{} position {}, ref top {} vs engine {} (margin {})",
+        p.phase,
+        p.pos.position,
+        p.pos.ref_top,
+        p.pos.eng_top,
+        fmt_fixed(p.pos.margin, 4)
+    )
+}
+
+/// The verdict on a cell whose engine could not run the model (`error`, e.g. a weight type without
+/// kernels): a failure with the metric `engine_error` (value NaN: nothing was measured) and the error as
+/// its detail. Whatever the thresholds, such a cell never passes.
+pub fn engine_error_verdict(error: &str, th: &CellThresholds) -> Verdict {
+    Verdict {
+        pass: false,
+        failures: vec![Failure {
+            metric: "engine_error".into(),
+            value: f64::NAN,
+            threshold: f64::NAN,
+            detail: format!("the engine cannot run this model: {error}"),
+        }],
+        first_divergent: None,
+        margin_tolerance: th.margin_tolerance,
+    }
+}
+
+/// Hold one cell's comparison to its thresholds.
+///
+/// `_cell` names the cell; its thresholds were already chosen by [`Thresholds::for_cell`]. Every metric
+/// that cannot be measured at all (no logits positions, no full reference row for KL, no `blk.N.out`)
+/// is a failure with value NaN, never a silent pass.
+pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verdict {
+    let m = cell_metrics(cmp, th.margin_tolerance);
+    let mut failures = Vec::new();
+    let mut fail = |metric: &str, value: f64, threshold: f64, detail: String| {
+        failures.push(Failure {
+            metric: metric.to_string(),
+            value,
+            threshold,
+            detail,
+        });
+    };
+
+    if th.tokens_must_match && !m.tokens_match {
+        let (g, e) = (&cmp.golden_tokens, &cmp.engine_tokens);
+        let at = g
+            .iter()
+            .zip(e)
+            .position(|(a, b)| a != b)
+            .unwrap_or(g.len().min(e.len()));
+        let show = |v: &[u32]| v.get(at).map_or("(end)".to_string(), |t| t.to_string());
+        fail(
+            "tokens_match",
+            0.0,
+            1.0,
+            format!(
+                "golden has {} tokens, engine {}; first difference at index {at}: golden {} vs engine {}",
+                g.len(),
+                e.len(),
+                show(g),
+                show(e)
+            ),
+        );
+    }
+
+    let agreement = m.top1_agreement();
+    if m.positions == 0 {
+        fail(
+            "top1_agreement",
+            f64::NAN,
+            th.min_top1_agreement,
+            "no logits positions were compared".into(),
+        );
+    } else if agreement < th.min_top1_agreement {
+        let mut detail: Vec<String> = m
+            .mismatches
+            .iter()
+            .take(3)
+            .map(describe_disagreement)
+            .collect();
+        if m.mismatches.len() > 3 {
+            detail.push(format!("and {} more", m.mismatches.len() - 3));
+        }
+        let ties = match m.near_ties.len() {
+            0 => String::new(),
+            n => format!("; {n} near tie(s) counted as agreeing"),
+        };
+        fail(
+            "top1_agreement",
+            agreement,
+            th.min_top1_agreement,
+            format!(
+                "{}/{} positions agree{ties}; mismatches: {}",
+                m.top1_agree + m.near_ties.len(),
+                m.positions,
+                detail.join("; ")
+            ),
+        );
+    }
+
+    match m.mean_kl {
+        None => fail(
+            "mean_kl",
+            f64::NAN,
+            th.max_mean_kl,
+            "no position has a full reference logits row to compute KL".into(),
+        ),
+        Some(kl) if kl > th.max_mean_kl || kl.is_nan() => {
+            let (mx, ph, pos) = m.max_kl.unwrap_or((kl, Phase::Prefill, 0));
+            fail(
+                "mean_kl",
+                kl,
+                th.max_mean_kl,
+                format!(
+                    "over {} positions; largest {} at {ph} position {pos}",
+                    m.kl_positions,
+                    fmt_sci(mx, 3)
+                ),
+            );
+        }
+        Some(_) => {}
+    }
+    if let (Some(limit), Some((mx, ph, pos))) = (th.max_kl, m.max_kl) {
+        if mx > limit {
+            fail("max_kl", mx, limit, format!("{ph} position {pos}"));
+        }
+    }
+
+    match (m.top5_mean, m.worst_top5) {
+        (Some(t5), Some((w, ph, pos))) if t5 < th.min_top5_mean => fail(
+            "top5_mean",
+            t5,
+            th.min_top5_mean,
+            format!("lowest {} at {ph} position {pos}", fmt_fixed(w, 4)),
+        ),
+        (None, _) => fail(
+            "top5_mean",
+            f64::NAN,
+            th.min_top5_mean,
+            "no logits positions were compared".into(),
+        ),
+        _ => {}
+    }
+
+    match &m.min_cosine_out {
+        None => fail(
+            "min_cosine_out",
+            f64::NAN,
+            th.min_cosine_out,
+            "no blk.N.out or output_norm stage was compared".into(),
+        ),
+        Some(o) if o.cosine < th.min_cosine_out => fail(
+            "min_cosine_out",
+            o.cosine,
+            th.min_cosine_out,
+            format!(
+                "{} {} position {} (NMSE {})",
+                o.stage,
+                o.phase,
+                o.position,
+                fmt_sci(o.nmse, 3)
+            ),
+        ),
+        Some(_) => {}
+    }
+
+    let first = if th.stage_exact {
+        let inexact = first_inexact(cmp);
+        let unmeasured = cmp
+            .stages
+            .iter()
+            .find(|s| s.exact_at_storage_by_position.len() != s.cosine_by_position.len());
+        let omitted = cmp.not_compared.iter().find(|n| {
+            n.reason == crate::compare::ENGINE_DID_NOT_EMIT
+                || n.reason == crate::compare::ENGINE_HAS_NO_SUCH_STAGE
+        });
+        if cmp.stages.is_empty() {
+            fail("stage_exact", f64::NAN, 1.0, "no stage was compared".into());
+        } else if let Some(n) = omitted {
+            fail(
+                "stage_exact",
+                f64::NAN,
+                1.0,
+                format!(
+                    "the golden holds {} ({}) but the engine did not emit it",
+                    n.stage, n.phase
+                ),
+            );
+        } else if let Some(s) = unmeasured {
+            fail(
+                "stage_exact",
+                f64::NAN,
+                1.0,
+                format!(
+                    "{} {}: the comparison holds no storage-precision equality to check",
+                    s.stage, s.phase
+                ),
+            );
+        } else if let Some(d) = &inexact {
+            let n = cmp
+                .stages
+                .iter()
+                .filter(|s| s.exact_at_storage_by_position.iter().any(|e| !e))
+                .count();
+            fail(
+                "stage_exact",
+                0.0,
+                1.0,
+                format!(
+                    "{n} stage(s) differ from the golden at its storage precision; first {} {} position {} \
+                     (cosine {}, NMSE {})",
+                    d.stage,
+                    d.phase,
+                    d.position,
+                    fmt_fixed(d.cosine, 8),
+                    fmt_sci(d.nmse, 3)
+                ),
+            );
+        }
+        inexact
+    } else {
+        first_divergent(cmp, th.stage_min_cosine, th.stage_max_nmse)
+    };
+    Verdict {
+        pass: failures.is_empty(),
+        failures,
+        first_divergent: first,
+        margin_tolerance: th.margin_tolerance,
+    }
+}
+
+/// The first stage in forward order (prefill stages in the order of `cmp.stages`, which is forward order;
+/// then decode) that diverges at some position — cosine below `min_cosine`, or NMSE above `max_nmse`
+/// when given — with the first such position.
+pub fn first_divergent(
+    cmp: &CellComparison,
+    min_cosine: f64,
+    max_nmse: Option<f64>,
+) -> Option<Divergence> {
+    let bad = |c: f64, n: f64| c < min_cosine || max_nmse.is_some_and(|m| n > m);
+    for phase in [Phase::Prefill, Phase::Decode] {
+        for s in cmp.stages.iter().filter(|s| s.phase == phase) {
+            let row = s
+                .cosine_by_position
+                .iter()
+                .zip(s.nmse_by_position.iter().chain(std::iter::repeat(&0.0)))
+                .position(|(&c, &n)| bad(c, n));
+            let Some(row) = row else { continue };
+            return Some(Divergence {
+                stage: s.stage.clone(),
+                phase,
+                position: seq_position(cmp, phase, row),
+                cosine: s.cosine_by_position[row],
+                nmse: s.nmse_by_position.get(row).copied().unwrap_or(s.nmse.max),
+            });
+        }
+    }
+    None
+}
+
+/// The first stage in forward order (prefill, then decode) with a position where the engine's row,
+/// rounded to the golden's storage type, differs from the golden: the divergence marker of a mode whose
+/// floor is bit equality ([`CellThresholds::stage_exact`]).
+pub fn first_inexact(cmp: &CellComparison) -> Option<Divergence> {
+    for phase in [Phase::Prefill, Phase::Decode] {
+        for s in cmp.stages.iter().filter(|s| s.phase == phase) {
+            let Some(row) = s.exact_at_storage_by_position.iter().position(|e| !e) else {
+                continue;
+            };
+            return Some(Divergence {
+                stage: s.stage.clone(),
+                phase,
+                position: seq_position(cmp, phase, row),
+                cosine: s.cosine_by_position.get(row).copied().unwrap_or(f64::NAN),
+                nmse: s.nmse_by_position.get(row).copied().unwrap_or(f64::NAN),
+            });
+        }
+    }
+    None
+}
+
+/// Format a metric's value (or threshold) the way failure lines and reports show it: KL in scientific
+/// notation, everything else fixed with trailing zeros trimmed.
+pub fn fmt_metric(metric: &str, v: f64) -> String {
+    match metric {
+        "mean_kl" | "max_kl" => fmt_sci(v, 3),
+        "tokens_match" | "stage_exact" => fmt_fixed(v, 0),
+        _ => fmt_fixed(v, 8),
+    }
+}
+
+/// The one-line reason of a failing cell, `None` when it passed:
+/// `FAIL <cell id>: <metric> = <value> (threshold <threshold>) — <detail>[; <next failure>...];
+/// first divergent stage: <stage> (<phase> position p, cosine c)`.
+pub fn failure_line(cell: &Cell, verdict: &Verdict) -> Option<String> {
+    if verdict.pass {
+        return None;
+    }
+    let failures: Vec<String> = verdict
+        .failures
+        .iter()
+        .map(|f| {
+            format!(
+                "{} = {} (threshold {}) — {}",
+                f.metric,
+                fmt_metric(&f.metric, f.value),
+                fmt_metric(&f.metric, f.threshold),
+                f.detail
+            )
+        })
+        .collect();
+    let failures = if failures.is_empty() {
+        "failed".to_string()
+    } else {
+        failures.join("; ")
+    };
+    let divergent = match &verdict.first_divergent {
+        Some(d) => format!(
+            "first divergent stage: {} ({} position {}, cosine {})",
+            d.stage,
+            d.phase,
+            d.position,
+            fmt_fixed(d.cosine, 8)
+        ),
+        None => "first divergent stage: none".to_string(),
+    };
+    Some(format!("FAIL {}: {failures}; {divergent}", cell.id()))
+}
