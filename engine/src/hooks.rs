@@ -168,6 +168,48 @@ impl Stage {
             Some(Stage::global(kind))
         }
     }
+
+    /// The stage whose output is this stage's block input: `blk.{L-1}.out` for a stage of block `L > 0`,
+    /// `embed` for block 0, `None` for the global stages (`embed` reads the token ids; `output_norm` and
+    /// `logits` read the last block's output, which the stage alone does not name).
+    ///
+    /// This is llama.cpp's `inpL` of `llm_build_llama` and its siblings (llama-model.cpp): `inp_embd` for
+    /// the first layer, the previous layer's `l_out-N` after it — the value bisect injects so that a block
+    /// computes from the reference's input.
+    pub fn layer_input(self) -> Option<Stage> {
+        match self.layer? {
+            0 => Some(Stage::global(StageKind::Embed)),
+            l => Some(Stage::block(l - 1, StageKind::Out)),
+        }
+    }
+
+    /// The activation the last matmul upstream of this stage (within its block) reads: the value llama.cpp
+    /// rounds to the weight type's `vec_dot_type` (Q8_0 / Q8_1 / Q8_K, or F16) before the product whose
+    /// error this stage carries (ggml-cpu's `ggml_compute_forward_mul_mat` → `from_float`).
+    ///
+    /// Following `llm_build_llama`'s graph: `Qcur`/`Kcur`/`Vcur` = `mul_mat(wq|wk|wv, attn_norm)`, and the
+    /// stages computed from them up to `kqv_out` carry that rounding (`attn_norm`); `mul_mat(wo, kqv_out)`
+    /// and what follows it up to `ffn_norm` carry `kqv_out`'s (`attn_out`); `ffn_gate`/`ffn_up` =
+    /// `mul_mat(w, ffn_norm)` and the activation carry `ffn_norm`'s; `ffn_down` = `mul_mat(w, ffn_swiglu)`
+    /// and what follows it up to `l_out` carry `ffn_act`'s. `None` for `attn_norm` (it follows no matmul of
+    /// its block) and the global stages.
+    pub fn matmul_input(self) -> Option<Stage> {
+        use StageKind::*;
+        let l = self.layer?;
+        let input = match self.kind {
+            Q | K | V | QNorm | KNorm | QRope | KRope | AttnOut => AttnNorm,
+            AttnProj | AttnPostNorm | FfnInp | FfnNorm => AttnOut,
+            FfnGate | FfnUp | FfnAct => FfnNorm,
+            FfnOut | FfnPostNorm | Out => FfnAct,
+            Embed | AttnNorm | OutputNorm | Logits => return None,
+        };
+        Some(Stage::block(l, input))
+    }
+
+    /// True for a block's output (`blk.N.out`, llama.cpp `l_out-N`): the input of the next block.
+    pub fn is_layer_output(self) -> bool {
+        self.layer.is_some() && self.kind == StageKind::Out
+    }
 }
 
 impl fmt::Display for Stage {
@@ -278,6 +320,24 @@ mod tests {
         assert_eq!(Stage::parse("blk.x.out"), None);
         assert_eq!(Stage::parse("blk.1.logits"), None);
         assert_eq!(Stage::parse("attn_norm"), None);
+    }
+
+    #[test]
+    fn inputs_follow_the_block() {
+        let p = |id: &str| Stage::parse(id).unwrap();
+        let input = |id: &str| p(id).matmul_input().map(|s| s.to_string());
+        assert_eq!(input("blk.2.ffn_act").as_deref(), Some("blk.2.ffn_norm"));
+        assert_eq!(input("blk.0.q_rope").as_deref(), Some("blk.0.attn_norm"));
+        assert_eq!(input("blk.4.ffn_inp").as_deref(), Some("blk.4.attn_out"));
+        assert_eq!(input("blk.7.out").as_deref(), Some("blk.7.ffn_act"));
+        assert_eq!(input("blk.7.attn_norm"), None);
+        assert_eq!(input("output_norm"), None);
+        assert_eq!(p("blk.0.q").layer_input(), Some(p("embed")));
+        assert_eq!(p("blk.5.ffn_out").layer_input(), Some(p("blk.4.out")));
+        assert_eq!(p("output_norm").layer_input(), None);
+        assert!(p("blk.3.out").is_layer_output());
+        assert!(!p("blk.3.ffn_out").is_layer_output());
+        assert!(!p("output_norm").is_layer_output());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use lockstep_engine::ops::GgmlTarget;
-use lockstep_engine::NumericsMode;
+use lockstep_engine::{NumericsMode, Stage};
 use serde::{Deserialize, Serialize};
 
 use crate::compare::{CellComparison, Phase};
@@ -239,7 +239,7 @@ fn layer_rows(
     for s in accumulated.iter().flat_map(|a| a.stages.iter()) {
         if let (Some(l), Phase::Prefill) = (s.layer, s.phase) {
             let r = rows.entry(l).or_insert_with(|| new(l));
-            if s.stage.ends_with(".out") {
+            if s.id().is_some_and(Stage::is_layer_output) {
                 r.accumulated_out_nmse = Some(s.max_nmse());
             }
         }

@@ -104,14 +104,14 @@ pub fn check_finite_logits(
     )
 }
 
-/// Golden rows to inject while capturing, by canonical stage id: the prefill's `[T, D]` arrays and the
+/// Golden rows to inject while capturing, by stage: the prefill's `[T, D]` arrays and the
 /// decode steps' `[N, D]` arrays (see [`crate::judge::capture`]).
 #[derive(Clone, Debug, Default)]
 pub struct Injection {
     /// Prefill stages, row `t` = position `t`.
-    pub prefill: BTreeMap<String, ndarray::Array2<f32>>,
+    pub prefill: BTreeMap<Stage, ndarray::Array2<f32>>,
     /// Decode stages, row `i` = decode step `i`.
-    pub decode: BTreeMap<String, ndarray::Array2<f32>>,
+    pub decode: BTreeMap<Stage, ndarray::Array2<f32>>,
 }
 
 /// A sink that records every stage, then overwrites the stages it holds golden rows for (row `p - row0`
@@ -119,13 +119,13 @@ pub struct Injection {
 pub struct InjectingSink<'a> {
     /// What was recorded (the engine's own values, before any replacement).
     pub rec: Recorder,
-    inject: &'a BTreeMap<String, ndarray::Array2<f32>>,
+    inject: &'a BTreeMap<Stage, ndarray::Array2<f32>>,
     row0: usize,
 }
 
 impl<'a> InjectingSink<'a> {
-    /// Inject `inject` (by canonical id); golden row 0 is sequence position `row0`.
-    pub fn new(inject: &'a BTreeMap<String, ndarray::Array2<f32>>, row0: usize) -> Self {
+    /// Inject `inject` (by stage); golden row 0 is sequence position `row0`.
+    pub fn new(inject: &'a BTreeMap<Stage, ndarray::Array2<f32>>, row0: usize) -> Self {
         InjectingSink {
             rec: Recorder::new(),
             inject,
@@ -147,7 +147,7 @@ impl StageSink for InjectingSink<'_> {
         data: &mut [f32],
     ) {
         self.rec.on_stage(stage, positions.clone(), width, data);
-        let Some(g) = self.inject.get(&stage.to_string()) else {
+        let Some(g) = self.inject.get(&stage) else {
             return;
         };
         if g.ncols() != width {
@@ -164,22 +164,25 @@ impl StageSink for InjectingSink<'_> {
     }
 }
 
-/// Per (phase, input stage id): for each row, whether the injected value is the oracle's exact f32 value.
-pub type Known = BTreeMap<(Phase, String), Vec<bool>>;
+/// Per (phase, injected input stage): for each row, whether the injected value is the oracle's exact f32
+/// value.
+pub type Known = BTreeMap<(Phase, Stage), Vec<bool>>;
 
-/// Whether the injected input of `stage`'s layer at `row` is the oracle's exact value (`embed`: always).
-pub fn input_known(known: &Known, phase: Phase, stage: &str, row: usize) -> bool {
-    let input = match crate::compare::layer_of(stage) {
-        Some(l) => input_of(l),
+/// Whether the injected input of `stage`'s layer at `row` is the oracle's exact value (`embed`: always):
+/// its block input ([`Stage::layer_input`]), or for `output_norm` and `logits` the last layer output
+/// injected in `phase`.
+pub fn input_known(known: &Known, phase: Phase, stage: Stage, row: usize) -> bool {
+    let input = match stage.layer_input() {
+        Some(input) => input,
         // the final norm reads the last layer's output; the embedding reads nothing injected
-        None if stage == "embed" => return true,
+        None if stage.kind == StageKind::Embed => return true,
         None => match known
             .keys()
             .filter(|(p, _)| *p == phase)
-            .map(|(_, id)| id)
-            .max_by_key(|id| crate::compare::layer_of(id).map_or(0, |l| l + 1))
+            .map(|(_, s)| *s)
+            .max_by_key(|s| s.layer.map_or(0, |l| l + 1))
         {
-            Some(id) => id.clone(),
+            Some(s) => s,
             None => return false,
         },
     };
@@ -206,12 +209,13 @@ pub fn injection(
     let mut known = Known::new();
     let names: Vec<String> = entry.arrays.keys().cloned().collect();
     for name in names {
-        let Some((id, phase)) = injected_input(&name) else {
+        let Some((stage, phase)) = injected_input(&name) else {
             continue;
         };
         let mut rows = gf.read_f32(&name)?;
         let mut exact = vec![true; rows.nrows()];
         if entry.arrays[&name].dtype != Dtype::F32 {
+            let id = stage.to_string();
             let engine_rows = match phase {
                 Phase::Prefill => own.prefill.get(&id),
                 Phase::Decode => own.decode.get(&id),
@@ -231,30 +235,23 @@ pub fn injection(
                 }
             }
         }
-        known.insert((phase, id.clone()), exact);
+        known.insert((phase, stage), exact);
         match phase {
-            Phase::Prefill => inj.prefill.insert(id, rows),
-            Phase::Decode => inj.decode.insert(id, rows),
+            Phase::Prefill => inj.prefill.insert(stage, rows),
+            Phase::Decode => inj.decode.insert(stage, rows),
         };
     }
     Ok((inj, known))
 }
 
 /// The golden array `name` as a layer input bisect injects (`embed`, `blk.N.out`, and their `decode.`
-/// rows): its stage id and phase; `None` for every other array.
-pub fn injected_input(name: &str) -> Option<(String, Phase)> {
-    let (id, phase) = match name.strip_prefix("decode.") {
-        Some(id) => (id, Phase::Decode),
-        None => (name, Phase::Prefill),
+/// rows): its stage ([`crate::golden::array_stage`]) and phase; `None` for every other array.
+pub fn injected_input(name: &str) -> Option<(Stage, Phase)> {
+    let (stage, decode) = crate::golden::array_stage(name)?;
+    let phase = if decode {
+        Phase::Decode
+    } else {
+        Phase::Prefill
     };
-    let input = id == "embed" || crate::gate::is_out_stage(id) && id != "output_norm";
-    input.then(|| (id.to_string(), phase))
-}
-
-/// The stage whose output feeds layer `layer` (its injected input): `blk.{layer-1}.out`, or `embed`.
-fn input_of(layer: usize) -> String {
-    match layer {
-        0 => "embed".into(),
-        l => format!("blk.{}.out", l - 1),
-    }
+    (stage.kind == StageKind::Embed || stage.is_layer_output()).then_some((stage, phase))
 }

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
+use lockstep_engine::Stage;
 use ndarray::Array2;
 use serde::{Deserialize, Serialize};
 
@@ -122,6 +123,12 @@ pub struct StageComparison {
 }
 
 impl StageComparison {
+    /// The stage compared, typed ([`Stage::parse`] of [`StageComparison::stage`], the canonical id the
+    /// report stores); `None` only for a name that is not a canonical id.
+    pub fn id(&self) -> Option<Stage> {
+        Stage::parse(&self.stage)
+    }
+
     /// The largest NMSE over the positions (NaN if any is NaN; 0 without positions).
     pub fn max_nmse(&self) -> f64 {
         self.nmse_by_position
@@ -288,9 +295,10 @@ pub fn compare_stage_stored(
     })
 }
 
-/// The block index of a canonical id (`blk.N.…`).
+/// The block index of a canonical id (`blk.N.…`; [`Stage::parse`]); `None` for a global stage and for a
+/// name that is not a canonical id.
 pub fn layer_of(stage: &str) -> Option<usize> {
-    stage.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+    Stage::parse(stage)?.layer
 }
 
 /// Summarise per-position logit metrics of one phase.

@@ -111,11 +111,11 @@ pub struct KindFloor {
 }
 
 /// The kind part of a canonical stage id (`attn_norm` of `blk.3.attn_norm`; a global id is its own kind).
+///
+/// Read through the engine's parser ([`lockstep_engine::Stage::parse`]); a name that is not a canonical id
+/// is its own kind (and so has no measured floor).
 pub fn kind_of(stage: &str) -> &str {
-    match stage.strip_prefix("blk.") {
-        Some(rest) => rest.split_once('.').map_or(rest, |(_, k)| k),
-        None => stage,
-    }
+    lockstep_engine::Stage::parse(stage).map_or(stage, |s| s.kind.suffix())
 }
 
 /// Where in a floors file that does not deserialize the fault is, when it is in a set: `set N

@@ -351,10 +351,9 @@ impl GoldenEntry {
     /// True when the golden stores some layer output (`blk.N.out`): the input bisect injects into the
     /// next layer, so only such a golden can localize a divergence.
     pub fn stores_layer_outputs(&self) -> bool {
-        self.arrays.keys().any(|k| {
-            lockstep_engine::Stage::parse(k)
-                .is_some_and(|s| s.layer.is_some() && s.kind == lockstep_engine::StageKind::Out)
-        })
+        self.arrays
+            .keys()
+            .any(|k| array_stage(k).is_some_and(|(s, decode)| !decode && s.is_layer_output()))
     }
 
     /// The canonical ids of the decode stages this golden holds (`decode.<id>` without the
@@ -407,6 +406,18 @@ pub fn check_model(golden_dir: &Path, entry: &GoldenEntry, model_sha256: &str) -
 }
 
 pub use crate::hash::sha256_file;
+
+/// The stage a golden (or dump) array holds, parsed once from its name: the canonical id
+/// ([`lockstep_engine::Stage::parse`]) and whether the array holds the decode steps' rows (`decode.<id>`)
+/// rather than the prompt's. `None` for `tokens`, `logits_*` arrays and any name that is not a canonical
+/// stage id. The names on disk stay the canonical ids llama.cpp's nodes map to (`attn_norm-3` →
+/// `blk.3.attn_norm`, through the manifest's stage map).
+pub fn array_stage(name: &str) -> Option<(lockstep_engine::Stage, bool)> {
+    match name.strip_prefix("decode.") {
+        Some(id) => lockstep_engine::Stage::parse(id).map(|s| (s, true)),
+        None => lockstep_engine::Stage::parse(name).map(|s| (s, false)),
+    }
+}
 
 /// Hold a golden to its manifest entry before anything is compared with it: the file exists, its
 /// sha256 matches, its arrays are exactly those listed, each with the listed shape and dtype, and its

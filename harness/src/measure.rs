@@ -100,7 +100,10 @@ pub fn measure(opts: &MeasureOptions, progress: &mut dyn FnMut(&str)) -> Result<
             if acc.cmp.is_none() || !local.is_finite() {
                 bail!("{gpath}: the unbroken engine produced a NaN or ±Inf in {mode} mode; no floor can be measured");
             }
-            builder.add(cmp, &|s, row| input_known(&known, s.phase, &s.stage, row));
+            builder.add(cmp, &|s, row| {
+                s.id()
+                    .is_some_and(|id| input_known(&known, s.phase, id, row))
+            });
         }
         sets.push(builder.finish(&model, &oracle, &mode, goldens));
     }

@@ -1,6 +1,7 @@
 //! The verdict of one cell: its comparison with the golden held to its thresholds ([`evaluate`]), the
 //! first divergent stage, the metrics behind them, and the one-line reasons `lockstep gate` prints.
 
+use lockstep_engine::{Stage, StageKind};
 use serde::{Deserialize, Serialize};
 
 use crate::compare::{CellComparison, Phase};
@@ -125,11 +126,7 @@ impl CellMetrics {
 /// Whether a stage id is a layer output (`blk.N.out`) or the final norm — the stages `min_cosine_out`
 /// covers.
 pub fn is_out_stage(stage: &str) -> bool {
-    stage == "output_norm"
-        || stage
-            .strip_prefix("blk.")
-            .and_then(|s| s.strip_suffix(".out"))
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    Stage::parse(stage).is_some_and(|s| s.is_layer_output() || s.kind == StageKind::OutputNorm)
 }
 
 /// Sequence position of row `row` of a stage in `phase` (decode rows start at the prompt length).

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use lockstep_engine::ops::GgmlTarget;
-use lockstep_engine::{NumericsMode, Stage};
+use lockstep_engine::{NumericsMode, Stage, StageKind};
 
 use crate::capture::{
     first_non_finite_stage, forward_rank, injected_input, injection, recorded_arrays,
@@ -225,7 +225,7 @@ impl<'m> Case<'m> {
         decode: bool,
     ) -> Result<(Pass, Known)> {
         let (injection, known) = injection(gf, &self.entry, &acc.out, acc.cmp.as_ref())?;
-        if injection.prefill.keys().all(|k| k == "embed") {
+        if injection.prefill.keys().all(|k| k.kind == StageKind::Embed) {
             bail!(
                 "{}: the golden stores no blk.N.out stage to inject; bisect needs a golden with the layer outputs",
                 gf.path().display()

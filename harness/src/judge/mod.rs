@@ -256,7 +256,9 @@ fn hits(
             };
             for row in 0..s.cosine_by_position.len() {
                 let nmse = s.nmse_by_position.get(row).copied().unwrap_or(f64::NAN);
-                let hit = if exact_floor && input_known(known, phase, &s.stage, row) {
+                let hit = if exact_floor
+                    && s.id().is_some_and(|id| input_known(known, phase, id, row))
+                {
                     (!s.exact_at_storage_by_position.get(row).copied().unwrap_or(false)).then(|| {
                         (
                             None,

@@ -4,15 +4,15 @@
 //! confirms it ([`confirm_rounding`]).
 
 use anyhow::Result;
-use lockstep_engine::NumericsMode;
+use lockstep_engine::{NumericsMode, Stage};
 
 use crate::capture::{input_known, Known};
 use crate::compare::{CellComparison, EngineOutput, Phase};
 use crate::engine::Engine;
-use crate::floors::{kind_of, FloorSet};
+use crate::floors::FloorSet;
 use crate::format::fmt_e3;
 use crate::gate::CellThresholds;
-use crate::golden::GoldenFile;
+use crate::golden::{array_stage, GoldenFile};
 
 use super::case::{Case, Pass};
 use super::finding::{Finding, RoundingEvidence};
@@ -164,7 +164,9 @@ pub(super) fn cross_check(
     for phase in [Phase::Prefill, Phase::Decode] {
         for g in g_cmp.stages.iter().filter(|s| s.phase == phase) {
             for row in 0..g.exact_at_storage_by_position.len() {
-                let g_known_row = input_known(&g_known, phase, &g.stage, row);
+                let g_known_row = g
+                    .id()
+                    .is_some_and(|id| input_known(&g_known, phase, id, row));
                 let g_exact = g.exact_at_storage_by_position[row];
                 let hit = hits
                     .iter()
@@ -204,20 +206,6 @@ pub(super) fn cross_check(
         return Ok(CrossCheck::Structural(h.finding(cmp)));
     }
     Ok(CrossCheck::Rounding(sites))
-}
-
-/// The stage whose value a stage kind's matmuls read: the activation llama.cpp rounds to 8 bits (Q8_1,
-/// Q8_K) before the product whose error the stage carries.
-fn matmul_input(stage: &str) -> Option<String> {
-    let l = crate::compare::layer_of(stage)?;
-    let input = match kind_of(stage) {
-        "q" | "k" | "v" | "q_norm" | "k_norm" | "q_rope" | "k_rope" | "attn_out" => "attn_norm",
-        "attn_proj" | "attn_post_norm" | "ffn_inp" | "ffn_norm" => "attn_out",
-        "ffn_gate" | "ffn_up" | "ffn_act" => "ffn_norm",
-        "ffn_out" | "ffn_post_norm" | "out" => "ffn_act",
-        _ => return None,
-    };
-    Some(format!("blk.{l}.{input}"))
 }
 
 /// NMSE of rounding `x` to 8 bits per 32-element block with scale `amax / 127` (Q8_1's and, per 32,
@@ -261,7 +249,8 @@ fn evidence(gf: &mut GoldenFile, cmp: &CellComparison, h: &Hit) -> Result<Roundi
         median_q8_nmse: None,
         rounded_nmse: None,
     };
-    let Some(input) = matmul_input(&h.stage) else {
+    // the activation llama.cpp rounded before the product whose error the stage carries
+    let Some(input) = s.id().and_then(Stage::matmul_input) else {
         return Ok(ev);
     };
     let prefix = if h.phase == Phase::Decode {
@@ -280,15 +269,14 @@ fn evidence(gf: &mut GoldenFile, cmp: &CellComparison, h: &Hit) -> Result<Roundi
         ev.input_crest = Some(c);
     }
     // the same kind in every layer the golden stores, this phase
-    let kind = kind_of(&input).to_string();
     let names: Vec<String> = gf
         .entry()
         .arrays
         .keys()
         .filter(|k| {
-            k.strip_prefix(prefix)
-                .is_some_and(|id| crate::compare::layer_of(id).is_some() && kind_of(id) == kind)
-                && (h.phase == Phase::Decode || !k.starts_with("decode."))
+            array_stage(k).is_some_and(|(id, decode)| {
+                id.layer.is_some() && id.kind == input.kind && decode == (h.phase == Phase::Decode)
+            })
         })
         .cloned()
         .collect();
@@ -300,7 +288,7 @@ fn evidence(gf: &mut GoldenFile, cmp: &CellComparison, h: &Hit) -> Result<Roundi
     }
     all.sort_by(f64::total_cmp);
     ev.median_q8_nmse = all.get(all.len() / 2).copied();
-    ev.input = Some(input);
+    ev.input = Some(input.to_string());
     Ok(ev)
 }
 
@@ -322,20 +310,5 @@ mod tests {
             q8_rounding(&(0..32).map(|i| 0.01 + 0.001 * i as f32).collect::<Vec<_>>());
         assert!(c_out > 5.0, "crest {c_out}");
         assert!(n_out > 10.0 * n_flat, "{n_out} vs {n_flat}");
-    }
-
-    #[test]
-    fn matmul_inputs_follow_the_block() {
-        assert_eq!(
-            matmul_input("blk.2.ffn_act").as_deref(),
-            Some("blk.2.ffn_norm")
-        );
-        assert_eq!(
-            matmul_input("blk.0.q_rope").as_deref(),
-            Some("blk.0.attn_norm")
-        );
-        assert_eq!(matmul_input("blk.7.out").as_deref(), Some("blk.7.ffn_act"));
-        assert_eq!(matmul_input("blk.7.attn_norm"), None);
-        assert_eq!(matmul_input("output_norm"), None);
     }
 }
