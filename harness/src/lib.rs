@@ -26,21 +26,33 @@
 //! - [`hash`] — sha256 of files and bytes.
 //! - [`process`] — child processes in their own group: bounded output, timeouts, killed on interrupt.
 //! - [`format`] — number formats, and the Markdown and CSV escaping of every outside string.
-//! - [`cli`] — command-line parsing and the subcommands.
+//! - [`session`] — our engine in process: a `--model` loaded, a session opened with the run's numerics.
+//! - [`generate`] — `lockstep generate`: text sampled from a prompt, streamed, with its speeds.
+//! - [`inspect`] — `lockstep inspect`: a GGUF file described (types, parameters, bits per weight).
+//! - [`prompt`] — prompt text from a `--prompt-file`, bounded.
+//! - [`checkout`] — the checkout that gives the default paths (`--root`, `$LOCKSTEP_ROOT`, the working
+//!   directory's).
+//! - [`floors_update`] — `lockstep floors`: measure, keep the other models' sets, write.
+//! - [`regate`] — `lockstep gate REPORT`: an existing report.json gated again.
+//! - [`cli`] — command-line parsing and dispatch to the modules above.
 
 pub mod bench;
 pub mod bisect;
 pub mod capture;
+pub mod checkout;
 pub mod cli;
 pub mod compare;
 pub mod dump;
 pub mod engine;
 pub mod fetch;
 pub mod floors;
+pub mod floors_update;
 pub mod format;
 pub mod gate;
+pub mod generate;
 pub mod golden;
 pub mod hash;
+pub mod inspect;
 pub mod matrix;
 pub mod metrics;
 pub mod npz;
@@ -48,8 +60,11 @@ pub mod output;
 pub mod probe;
 pub mod process;
 pub mod progress;
+pub mod prompt;
 pub mod quality;
 pub mod quantize;
+pub mod regate;
 pub mod registry;
 pub mod report;
 pub mod run;
+pub mod session;

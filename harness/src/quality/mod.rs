@@ -32,13 +32,15 @@
 pub mod base;
 pub mod llama;
 pub mod report;
+pub mod select;
 pub mod stats;
+
+pub use self::select::{files_for_types, types_in_dir, variant_label};
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Simd};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -336,9 +338,7 @@ pub fn chunk_input(model: &Model, tokens: &[u32], i: usize, n_ctx: usize) -> Vec
 pub fn run_chunk(model: &Model, tokens: &[u32], i: usize, params: &Params) -> Result<Vec<f32>> {
     let n_ctx = params.n_ctx;
     let input = chunk_input(model, tokens, i, n_ctx);
-    let mut s = model.session(n_ctx, params.mode);
-    s.set_ggml_target(GgmlTarget::host());
-    s.set_simd(params.simd);
+    let mut s = crate::session::Numerics::host(params.mode, params.simd).session(model, n_ctx);
     let logits = model.forward(&mut s, &input, None)?;
     let v = model.info().n_vocab;
     let first = n_ctx / 2;
@@ -458,16 +458,6 @@ pub struct VariantResult {
     pub error: Option<String>,
     /// Wall time of this variant's chunks.
     pub seconds: f64,
-}
-
-/// Label of a variant file: the text after the last `-` of the file stem (`smollm2-135m-q4_1-Q8_0.gguf` →
-/// `Q8_0`), or the whole stem.
-pub fn variant_label(path: &Path) -> String {
-    let stem = path
-        .file_stem()
-        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
-    stem.rsplit_once('-')
-        .map_or(stem.clone(), |(_, t)| t.to_string())
 }
 
 /// Size and llama.cpp-style bits per weight of a GGUF file (None where unreadable).
@@ -751,54 +741,6 @@ pub fn validate(opts: &QualityOptions) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The type labels of the `*.gguf` files in `dir` ([`variant_label`]), sorted, each once: the types
-/// `--types` may name.
-///
-/// Errors: an unreadable directory (named).
-pub fn types_in_dir(dir: &Path) -> Result<Vec<String>> {
-    let mut t: Vec<String> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot list the variants directory {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
-        .map(|p| variant_label(&p))
-        .collect();
-    t.sort();
-    t.dedup();
-    Ok(t)
-}
-
-/// Resolves `DIR` + type labels to files: the one `*-<TYPE>.gguf` in `dir` for each type (case-insensitive).
-///
-/// Errors: an unreadable directory; a type with no file, or with several (all named).
-pub fn files_for_types(dir: &Path, types: &[String]) -> Result<Vec<PathBuf>> {
-    let names: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot list the variants directory {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
-        .collect();
-    types
-        .iter()
-        .map(|t| {
-            let hits: Vec<&PathBuf> = names
-                .iter()
-                .filter(|p| variant_label(p).eq_ignore_ascii_case(t))
-                .collect();
-            match hits.as_slice() {
-                [one] => Ok((*one).clone()),
-                [] => bail!("no file *-{t}.gguf in {}", dir.display()),
-                many => bail!(
-                    "several files for type {t} in {}: {}",
-                    dir.display(),
-                    many.iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            }
-        })
-        .collect()
 }
 
 /// Runs the whole command: corpus, base (cached), every variant (an error stays in its row), the optional
@@ -1133,14 +1075,5 @@ mod tests {
             .to_string()
             .contains("larger than the model's context of 256"));
         assert!(check_ctx(3, 256).is_err() && check_ctx(256, 256).is_ok());
-    }
-
-    #[test]
-    fn labels_from_file_names() {
-        assert_eq!(
-            variant_label(Path::new("/x/smollm2-135m-q4_1-Q8_0.gguf")),
-            "Q8_0"
-        );
-        assert_eq!(variant_label(Path::new("model.gguf")), "model");
     }
 }
