@@ -964,3 +964,80 @@ fn generate(a: GenerateArgs) -> Result<()> {
     eprintln!("{}", stats.summary(&opts.numerics));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn flattened_groups_parse_their_flags() {
+        let cli = Cli::try_parse_from([
+            "lockstep",
+            "generate",
+            "--model",
+            "m.gguf",
+            "--prompt",
+            "hi",
+            "--ggml-target",
+            "avx2",
+            "--simd",
+            "off",
+        ])
+        .unwrap();
+        let Command::Generate(a) = cli.command else {
+            panic!("not generate")
+        };
+        let n = a.kernels.numerics(a.mode);
+        assert_eq!(n.mode, NumericsMode::Ggml);
+        assert_eq!(n.ggml_target, GgmlTarget::Avx2);
+        assert_eq!(n.simd, Simd::Off);
+        let cli = Cli::try_parse_from([
+            "lockstep",
+            "run",
+            "--golden-dir",
+            "g",
+            "--matrix",
+            "m.toml",
+            "--floors",
+            "f.json",
+        ])
+        .unwrap();
+        let Command::Run(a) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(a.files.golden_dir, Some(PathBuf::from("g")));
+        assert_eq!(a.files.matrix, Some(PathBuf::from("m.toml")));
+        assert_eq!(a.floors.floors, Some(PathBuf::from("f.json")));
+        // dump keeps its own default mode; the ggml target defaults to this machine's build
+        let cli = Cli::try_parse_from([
+            "lockstep", "dump", "--model", "m", "--tokens", "1,2", "--out", "o.npz",
+        ])
+        .unwrap();
+        let Command::Dump(a) = cli.command else {
+            panic!("not dump")
+        };
+        let n = a.kernels.numerics(a.mode);
+        assert_eq!(n.mode, NumericsMode::Reference);
+        assert_eq!(n.ggml_target, GgmlTarget::host());
+        assert!(
+            Cli::try_parse_from(["lockstep", "bench-sample", "--model", "m", "--simd", "x"])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn threads_are_all_cores_or_at_most_them() {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        assert_eq!(resolve_threads(None).unwrap(), cores);
+        assert_eq!(resolve_threads(Some(0)).unwrap(), cores);
+        assert_eq!(resolve_threads(Some(1)).unwrap(), 1);
+        let e = resolve_threads(Some(cores + 1)).unwrap_err();
+        assert!(e.to_string().contains("more than this machine's"), "{e}");
+    }
+}
