@@ -1,6 +1,5 @@
 //! Command-line interface of the `lockstep` binary. Each subcommand is a thin wrapper over a library module.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -8,11 +7,13 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use lockstep_engine::ops::GgmlTarget;
-use lockstep_engine::sample::{Sampler, SamplerConfig};
-use lockstep_engine::tokenizer::TextStream;
-use lockstep_engine::Simd;
-use lockstep_engine::{Model, NumericsMode};
+use lockstep_engine::sample::SamplerConfig;
+use lockstep_engine::{NumericsMode, Simd};
 
+pub use crate::checkout::{find_checkout_root, is_checkout_root, Defaults, ROOT_ENV};
+pub use crate::prompt::{read_prompt_file, MAX_PROMPT_FILE_BYTES};
+pub use crate::session::load_model;
+use crate::session::Numerics;
 use crate::{dump, fetch, registry};
 
 /// lockstep: hold an LLM inference engine to reference goldens, stage by stage.
@@ -140,6 +141,56 @@ pub struct ModelArg {
     pub model: String,
 }
 
+/// `--simd`: the kernels of our engine.
+#[derive(Debug, Args)]
+pub struct SimdArg {
+    /// Kernel instruction set of our engine: `off` (portable scalar), `avx2`, `avx512`, or `auto` (the best
+    /// this CPU runs). Ggml mode gives the same bits with every setting.
+    #[arg(long, default_value = "auto", value_parser = parse_simd)]
+    pub simd: Simd,
+}
+
+/// `--ggml-target` and `--simd` of a command that runs our engine on a prompt (`generate`, `dump`).
+#[derive(Debug, Args)]
+pub struct KernelArgs {
+    /// The llama.cpp build ggml mode mirrors: `avx2` or `avx512` (default: this machine's).
+    #[arg(long)]
+    pub ggml_target: Option<GgmlTarget>,
+    #[command(flatten)]
+    pub simd: SimdArg,
+}
+
+impl KernelArgs {
+    /// The session settings with numerics mode `mode` (the ggml target defaults to this machine's).
+    pub fn numerics(&self, mode: NumericsMode) -> Numerics {
+        Numerics {
+            mode,
+            ggml_target: self.ggml_target.unwrap_or_else(GgmlTarget::host),
+            simd: self.simd.simd,
+        }
+    }
+}
+
+/// `--golden-dir` and `--matrix`: the goldens and the matrix a command runs over (default `golden/` and
+/// `ci/matrix.toml` of the checkout).
+#[derive(Debug, Args)]
+pub struct MatrixFiles {
+    /// The golden directory.
+    #[arg(long)]
+    pub golden_dir: Option<PathBuf>,
+    /// The matrix file.
+    #[arg(long)]
+    pub matrix: Option<PathBuf>,
+}
+
+/// `--floors`: the measured floors a command judges with.
+#[derive(Debug, Args)]
+pub struct FloorsArg {
+    /// The measured floors of modes that are not bit-exact (default ci/floors.json; `lockstep floors`).
+    #[arg(long)]
+    pub floors: Option<PathBuf>,
+}
+
 /// Arguments of `lockstep quantize`.
 #[derive(Debug, Args)]
 pub struct QuantizeArgs {
@@ -184,13 +235,8 @@ pub struct GenerateArgs {
     /// Numerics mode: `reference` or `ggml`.
     #[arg(long, default_value = "ggml")]
     pub mode: NumericsMode,
-    /// The llama.cpp build ggml mode mirrors: `avx2` or `avx512` (default: this machine's).
-    #[arg(long)]
-    pub ggml_target: Option<GgmlTarget>,
-    /// Kernel instruction set: `off` (portable scalar), `avx2`, or `auto` (the best this CPU runs).
-    /// Ggml mode gives the same bits with every setting.
-    #[arg(long, default_value = "auto", value_parser = parse_simd)]
-    pub simd: Simd,
+    #[command(flatten)]
+    pub kernels: KernelArgs,
     /// Recognise control-token text in the prompt.
     #[arg(long)]
     pub parse_special: bool,
@@ -210,13 +256,8 @@ pub struct DumpArgs {
     /// Numerics mode: `reference` or `ggml`.
     #[arg(long, default_value = "reference")]
     pub mode: NumericsMode,
-    /// The llama.cpp build ggml mode mirrors: `avx2` or `avx512` (default: this machine's).
-    #[arg(long)]
-    pub ggml_target: Option<GgmlTarget>,
-    /// Kernel instruction set: `off` (portable scalar), `avx2`, or `auto` (the best this CPU runs).
-    /// Ggml mode gives the same bits with every setting.
-    #[arg(long, default_value = "auto", value_parser = parse_simd)]
-    pub simd: Simd,
+    #[command(flatten)]
+    pub kernels: KernelArgs,
     /// Recognise control-token text in the prompt.
     #[arg(long)]
     pub parse_special: bool,
@@ -261,9 +302,8 @@ pub struct BenchArgs {
     /// Our engine's numerics mode.
     #[arg(long, default_value = "ggml")]
     pub mode: NumericsMode,
-    /// Our engine's SIMD setting (`off`, `avx2`, `avx512`, `auto`).
-    #[arg(long, default_value = "auto", value_parser = parse_simd)]
-    pub simd: Simd,
+    #[command(flatten)]
+    pub simd: SimdArg,
     /// llama-bench to interleave with (default: the one oracles/llamacpp/build_tools.sh cached for this
     /// CPU, if any).
     #[arg(long)]
@@ -307,9 +347,8 @@ pub struct BenchSampleArgs {
     /// Numerics mode.
     #[arg(long, default_value = "ggml")]
     pub mode: NumericsMode,
-    /// SIMD setting.
-    #[arg(long, default_value = "auto", value_parser = parse_simd)]
-    pub simd: Simd,
+    #[command(flatten)]
+    pub simd: SimdArg,
 }
 
 /// Arguments of `lockstep quality`.
@@ -342,9 +381,8 @@ pub struct QualityArgs {
     /// dot products as ggml does), so the figures measure what llama-perplexity measures.
     #[arg(long, default_value = "ggml")]
     pub mode: NumericsMode,
-    /// SIMD setting.
-    #[arg(long, default_value = "auto", value_parser = parse_simd)]
-    pub simd: Simd,
+    #[command(flatten)]
+    pub simd: SimdArg,
     /// Chunks (from the first) whose full base rows are kept to measure the gap of the cached KLD to the
     /// full-row KL (50 MB each for a 49k vocabulary).
     #[arg(long, default_value_t = 1)]
@@ -371,28 +409,14 @@ pub struct QualityArgs {
     pub reports_dir: Option<PathBuf>,
 }
 
-/// The types `lockstep quality --variants-dir` scores when `--types` is not given (those present).
-pub const QUALITY_DEFAULT_TYPES: &[&str] = &[
-    "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0", "IQ4_NL",
-    "IQ4_XS", "Q3_K", "Q2_K",
-];
-
-/// The variants `lockstep quality --check-llama-perplexity` cross-checks when `--check-types` is not given
-/// (those in the run).
-pub const QUALITY_DEFAULT_CHECK_TYPES: &[&str] = &["Q8_0", "Q4_0"];
-
 /// Arguments of `lockstep floors`.
 #[derive(Debug, Args)]
 pub struct FloorsArgs {
     /// Only these models (repeatable); the other models' floors are kept from the existing file.
     #[arg(long)]
     pub model: Vec<String>,
-    /// The golden directory.
-    #[arg(long)]
-    pub golden_dir: Option<PathBuf>,
-    /// The matrix file.
-    #[arg(long)]
-    pub matrix: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: MatrixFiles,
     /// The thresholds file (cells whose thresholds set `stage_floor_headroom` are measured).
     #[arg(long)]
     pub thresholds: Option<PathBuf>,
@@ -425,23 +449,20 @@ pub struct BisectArgs {
     /// The thresholds file.
     #[arg(long)]
     pub thresholds: Option<PathBuf>,
-    /// The measured floors of modes that are not bit-exact (default ci/floors.json; `lockstep floors`).
-    #[arg(long)]
-    pub floors: Option<PathBuf>,
+    #[command(flatten)]
+    pub floors: FloorsArg,
     /// Also write the full result (both passes' comparisons) as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// SIMD setting of our engine: `off`, `avx2`, `avx512` or `auto` (ggml mode gives the same bits with each).
-    #[arg(long, default_value = "auto", value_parser = parse_simd)]
-    pub simd: Simd,
+    #[command(flatten)]
+    pub simd: SimdArg,
 }
 
 /// Arguments of `lockstep run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The measured floors of modes that are not bit-exact (default ci/floors.json; `lockstep floors`).
-    #[arg(long)]
-    pub floors: Option<PathBuf>,
+    #[command(flatten)]
+    pub floors: FloorsArg,
     /// Only these models (repeatable).
     #[arg(long)]
     pub model: Vec<String>,
@@ -461,12 +482,8 @@ pub struct RunArgs {
     /// Mirror this ggml-cpu build (`avx2`, `avx512`) in ggml mode instead of the one each golden records.
     #[arg(long)]
     pub ggml_target: Option<GgmlTarget>,
-    /// The golden directory.
-    #[arg(long)]
-    pub golden_dir: Option<PathBuf>,
-    /// The matrix file.
-    #[arg(long)]
-    pub matrix: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: MatrixFiles,
     /// The thresholds file.
     #[arg(long)]
     pub thresholds: Option<PathBuf>,
@@ -497,106 +514,6 @@ fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
     }
 }
 
-/// The environment variable naming the checkout root ([`find_checkout_root`]).
-pub const ROOT_ENV: &str = "LOCKSTEP_ROOT";
-
-/// True when `dir` is the root of a lockstep checkout: it holds `models.toml` and a `ci/` directory.
-pub fn is_checkout_root(dir: &Path) -> bool {
-    dir.join("models.toml").is_file() && dir.join("ci").is_dir()
-}
-
-/// The checkout whose files give the default paths: `flag` (`--root`), else `env` (the value of
-/// [`ROOT_ENV`]), else the nearest of `cwd` and its ancestors that [`is_checkout_root`]. A relative
-/// `flag` or `env` is taken relative to `cwd`. Never the directory the binary was built in: a binary run
-/// from elsewhere must not read, or overwrite, the files of the checkout it was compiled in. Returns the
-/// root and where it came from (for the one line that says so).
-///
-/// Errors: `flag` or `env` is empty or not a checkout root (naming it); no checkout root at or above
-/// `cwd` — with what to do instead.
-pub fn find_checkout_root(
-    flag: Option<&Path>,
-    env: Option<&std::ffi::OsStr>,
-    cwd: &Path,
-) -> Result<(PathBuf, &'static str)> {
-    let given = |p: &Path, what: &str, from: &'static str| -> Result<(PathBuf, &'static str)> {
-        if p.as_os_str().is_empty() {
-            bail!("{what} is empty; give the directory of a lockstep checkout");
-        }
-        let abs = cwd.join(p);
-        if !is_checkout_root(&abs) {
-            bail!(
-                "{what} {}: not a lockstep checkout (its root holds models.toml and ci/)",
-                p.display()
-            );
-        }
-        Ok((abs, from))
-    };
-    if let Some(p) = flag {
-        return given(p, "--root", "--root");
-    }
-    if let Some(v) = env {
-        return given(Path::new(v), &format!("${ROOT_ENV}"), "$LOCKSTEP_ROOT");
-    }
-    match cwd.ancestors().find(|d| is_checkout_root(d)) {
-        Some(d) => Ok((d.to_path_buf(), "found at or above the working directory")),
-        None => bail!(
-            "no lockstep checkout at or above the working directory {} (a checkout's root holds \
-             models.toml and ci/): run lockstep inside a checkout, give --root DIR or set ${ROOT_ENV}, or \
-             give the path itself",
-            cwd.display()
-        ),
-    }
-}
-
-/// The default paths of one command line, from the checkout root ([`find_checkout_root`]), which is
-/// looked up only when a default is needed and then named on stderr once.
-#[derive(Debug, Default)]
-pub struct Defaults {
-    flag: Option<PathBuf>,
-    root: std::cell::OnceCell<PathBuf>,
-}
-
-impl Defaults {
-    /// Defaults for a command line with this `--root`.
-    pub fn new(flag: Option<PathBuf>) -> Defaults {
-        Defaults {
-            flag,
-            root: std::cell::OnceCell::new(),
-        }
-    }
-
-    /// The checkout root; the first call prints `lockstep: default paths from the checkout <root>
-    /// (<source>)` on stderr.
-    ///
-    /// Errors: as [`find_checkout_root`]; the working directory cannot be read.
-    pub fn root(&self) -> Result<&Path> {
-        if let Some(r) = self.root.get() {
-            return Ok(r);
-        }
-        let cwd = std::env::current_dir().context("cannot read the working directory")?;
-        let env = std::env::var_os(ROOT_ENV);
-        let (root, from) = find_checkout_root(self.flag.as_deref(), env.as_deref(), &cwd)?;
-        eprintln!(
-            "lockstep: default paths from the checkout {} ({from})",
-            root.display()
-        );
-        Ok(self.root.get_or_init(|| root))
-    }
-
-    /// `given`, or `<root>/<rel>` when it is `None`; `what` names the option in errors.
-    ///
-    /// Errors: `given` is `None` and no checkout root is found.
-    pub fn path(&self, given: Option<PathBuf>, rel: &str, what: &str) -> Result<PathBuf> {
-        match given {
-            Some(p) => Ok(p),
-            None => Ok(self
-                .root()
-                .with_context(|| format!("{what} not given: its default is <checkout>/{rel}"))?
-                .join(rel)),
-        }
-    }
-}
-
 fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCode> {
     // the first Ctrl-C stops the run and saves the finished cells; a second one quits at once
     crate::process::set_graceful(true);
@@ -609,8 +526,8 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
         _ => None,
     };
     let opts = crate::run::RunOptions {
-        golden_dir: defaults.path(a.golden_dir, "golden", "--golden-dir")?,
-        matrix: defaults.path(a.matrix, "ci/matrix.toml", "--matrix")?,
+        golden_dir: defaults.path(a.files.golden_dir, "golden", "--golden-dir")?,
+        matrix: defaults.path(a.files.matrix, "ci/matrix.toml", "--matrix")?,
         thresholds: defaults.path(a.thresholds, "ci/thresholds.toml", "--thresholds")?,
         reports_root: defaults.path(a.reports, "reports", "--reports")?,
         filters: crate::matrix::Filters {
@@ -630,7 +547,7 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
         progress: true,
         threads,
         ggml_target: a.ggml_target,
-        floors: defaults.path(a.floors, "ci/floors.json", "--floors")?,
+        floors: defaults.path(a.floors.floors, "ci/floors.json", "--floors")?,
     };
     let (dir, report) = crate::run::run(&opts)?;
     let md = dir.join("report.md");
@@ -653,101 +570,31 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
     })
 }
 
-/// The llama-bench `oracles/llamacpp/build_tools.sh` cached for this CPU, if it ran here.
-fn cached_llama_bench(root: &Path) -> Option<PathBuf> {
-    let out = std::process::Command::new("bash")
-        .arg(root.join("oracles/llamacpp/build_tools.sh"))
-        .env("LOCKSTEP_TOOLS_CACHED_ONLY", "1")
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    let dir = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()?
-        .trim()
-        .to_string();
-    let p = PathBuf::from(dir).join("llama-bench");
-    (out.status.success() && p.is_file()).then_some(p)
-}
-
-fn gate_speed(
-    bench: &std::path::Path,
-    baseline: Option<&std::path::Path>,
-    limits: &std::path::Path,
-) -> Result<ExitCode> {
-    let limits = crate::bench::SpeedLimits::load(limits)?;
-    let r = crate::bench::read_bench(bench)?;
-    let base = baseline.map(crate::bench::read_bench).transpose()?;
-    let checks = crate::bench::gate_speed(&r, base.as_ref(), &limits).map_err(|e| {
-        let against = baseline.map_or_else(String::new, |b| {
-            format!(" against the baseline {}", b.display())
-        });
-        anyhow::anyhow!("{}{against}: {e:#}", bench.display())
-    })?;
-    if checks.is_empty() {
-        bail!(
-            "{} holds no comparison to gate (bench with llama.cpp or --baseline-bin, or give --baseline)",
-            bench.display()
-        );
-    }
-    let mut n_fail = 0;
+fn gate_speed(bench: &Path, baseline: Option<&Path>, limits: &Path) -> Result<ExitCode> {
+    let checks = crate::bench::gate_speed_files(bench, baseline, limits)?;
+    let n_fail = checks.iter().filter(|c| !c.pass).count();
     for c in &checks {
-        let (ratio, lo, hi) = c.ratio;
-        let verdict = if c.pass { "PASS" } else { "FAIL" };
-        n_fail += usize::from(!c.pass);
-        println!(
-            "{verdict} {}: {} = {ratio:.3} [95% {lo:.3}, {hi:.3}], limit {:.3} (fails when the interval's upper end is below it)",
-            c.what, c.against, c.limit
-        );
+        println!("{}", c.line());
     }
     println!("{} checks, {} failed", checks.len(), n_fail);
-    Ok(if n_fail == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(exit_code(n_fail == 0))
 }
 
-fn gate(report: &std::path::Path, thresholds: Option<&std::path::Path>) -> Result<ExitCode> {
-    let mut r = crate::report::read_report(report)?;
-    if let Some(t) = thresholds {
-        let th = crate::gate::Thresholds::load(t)?;
-        for c in &mut r.cells {
-            let ct = th.for_cell(&c.cell)?;
-            if let Some(e) = &c.error {
-                c.verdict = crate::gate::engine_error_verdict(e, &ct);
-                continue;
-            }
-            c.verdict = crate::gate::evaluate(&c.cell, &c.comparison, &ct);
-            if let Some(f) = &c.finding {
-                crate::judge::gate_finding(&mut c.verdict, f);
-            }
-        }
-        crate::report::gate_simd_identity(&mut r.cells);
-    }
-    let lines = crate::report::failure_lines(&r);
-    for l in &lines {
+fn gate(report: &Path, thresholds: Option<&Path>) -> Result<ExitCode> {
+    let outcome = crate::regate::gate_file(report, thresholds)?;
+    for l in &outcome.lines {
         println!("{l}");
     }
-    if let Some(inc) = &r.incomplete {
-        println!(
-            "INCOMPLETE: the run stopped at cell {} ({} cells not run): {}",
-            inc.failed_cell, inc.cells_not_run, inc.error
-        );
-    }
-    let n_fail =
-        r.cells.iter().filter(|c| !c.verdict.pass).count() + usize::from(r.incomplete.is_some());
-    println!(
-        "{} cells, {} passed, {} failed",
-        r.cells.len(),
-        r.cells.len() - n_fail,
-        n_fail
-    );
-    Ok(if n_fail == 0 {
+    Ok(exit_code(outcome.n_fail == 0))
+}
+
+/// Exit status 0 on a pass, 1 on a failure (an error is 2, from [`main`]).
+fn exit_code(pass: bool) -> ExitCode {
+    if pass {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
-    })
+    }
 }
 
 /// Entry point for the binary: parse arguments, run, print errors with their causes.
@@ -808,67 +655,25 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let reg = registry::Registry::builtin()?;
             if list {
-                for m in &reg.models {
-                    println!("{:<28} {:<8} {:>12} B  {}", m.id, m.arch, m.size, m.name);
-                }
-                for v in &reg.variants {
-                    let arch = reg.arch(&v.id).unwrap_or("?");
-                    println!(
-                        "{:<28} {:<8} {:>12} B  {} of {} (made by lockstep quantize; registered from {})",
-                        v.id,
-                        arch,
-                        v.size,
-                        v.qtype,
-                        v.source,
-                        v.recipe()
-                    );
-                }
-                for c in &reg.corpora {
-                    println!("{:<28} {:<8} {:>12} B  {}", c.id, "corpus", c.size, c.name);
+                for line in fetch::list_lines(&reg) {
+                    println!("{line}");
                 }
                 return Ok(ExitCode::SUCCESS);
             }
+            let opts = fetch::FetchOptions {
+                verify,
+                ..fetch::FetchOptions::default()
+            };
             if let Some(c) = corpus {
-                let opts = fetch::FetchOptions {
-                    verify,
-                    ..fetch::FetchOptions::default()
-                };
                 println!("{}", fetch::fetch_corpus(reg.corpus(&c)?, &opts)?.display());
                 return Ok(ExitCode::SUCCESS);
             }
             if ids.is_empty() {
                 bail!("give a model id, or --list to see them")
             }
-            let opts = fetch::FetchOptions {
-                verify,
-                ..fetch::FetchOptions::default()
-            };
-            let mut variants = Vec::new();
-            for id in &ids {
-                if let Some(v) = reg.variant(id) {
-                    variants.push(v);
-                } else if reg.get(id).is_none() {
-                    bail!(
-                        "unknown model id {id:?}; `lockstep fetch --list` shows the registered ones"
-                    );
-                }
-            }
-            // the variants first, in one recipe call per source (it fetches their source models itself)
-            let cache = fetch::cache_dir()?;
-            let made = fetch::fetch_variants(&variants, &cache, &opts)?;
-            for id in &ids {
-                let path = match reg.get(id) {
-                    Some(entry) => fetch::fetch(entry, &opts)?,
-                    None => {
-                        let i = variants
-                            .iter()
-                            .position(|v| &v.id == id)
-                            .context("a variant")?;
-                        made[i].clone()
-                    }
-                };
-                println!("{}", path.display());
-            }
+            fetch::fetch_ids(&reg, &ids, None, &opts, &mut |p| {
+                println!("{}", p.display())
+            })?;
         }
         Command::Generate(a) => generate(a)?,
         Command::Quality(a) => quality(a, threads, &defaults)?,
@@ -908,7 +713,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 match a.llama_bench {
                     Some(p) => Some(p),
-                    None => Some(cached_llama_bench(defaults.root().context(
+                    None => Some(crate::bench::cached_llama_bench(defaults.root().context(
                         "no --llama-bench given (nor --no-llama): the cached one is found through the \
                          checkout's oracles/llamacpp/build_tools.sh",
                     )?).context(
@@ -925,7 +730,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 repetitions: a.repetitions,
                 threads,
                 mode: a.mode,
-                simd: a.simd,
+                simd: a.simd.simd,
                 lockstep_bin: std::env::current_exe().context("cannot find this binary")?,
                 baseline: a.baseline_bin.map(|b| (b, a.baseline_simd)),
                 llama_bench,
@@ -954,42 +759,25 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 n_gen: a.n_gen,
                 n_depth: a.n_depth,
             };
-            println!("{}", crate::bench::sample(&model, test, a.mode, a.simd)?);
+            println!(
+                "{}",
+                crate::bench::sample(&model, test, a.mode, a.simd.simd)?
+            );
         }
         Command::Floors(a) => {
             let out = defaults.path(a.out, "ci/floors.json", "--out")?;
             // before any measuring: a target that cannot be written fails now, not after minutes
             crate::output::check_file_target(&out, "--out")?;
             let opts = crate::measure::MeasureOptions {
-                golden_dir: defaults.path(a.golden_dir, "golden", "--golden-dir")?,
-                matrix: defaults.path(a.matrix, "ci/matrix.toml", "--matrix")?,
+                golden_dir: defaults.path(a.files.golden_dir, "golden", "--golden-dir")?,
+                matrix: defaults.path(a.files.matrix, "ci/matrix.toml", "--matrix")?,
                 thresholds: defaults.path(a.thresholds, "ci/thresholds.toml", "--thresholds")?,
                 filters: crate::matrix::Filters {
                     model: a.model.clone(),
                     ..Default::default()
                 },
             };
-            // the sets of the models not measured now are kept: read them before measuring, so that a
-            // broken file fails now
-            let kept = if !a.model.is_empty() && out.exists() {
-                let old = crate::floors::Floors::load(&out)?;
-                old.sets
-                    .into_iter()
-                    .filter(|s| !a.model.contains(&s.model))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let mut floors = crate::measure::measure(&opts, &mut |g| eprintln!("measuring {g}"))?;
-            if !a.model.is_empty() {
-                let mut sets = kept;
-                sets.append(&mut floors.sets);
-                sets.sort_by(|x, y| {
-                    (&x.model, &x.oracle, &x.mode).cmp(&(&y.model, &y.oracle, &y.mode))
-                });
-                floors.sets = sets;
-            }
-            crate::floors::write(&out, &floors)?;
+            crate::measure::update(&opts, &out, &mut |g| eprintln!("measuring {g}"))?;
             println!("{}", out.display());
         }
         Command::Bisect(a) => {
@@ -1004,8 +792,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 mode: a.mode,
                 oracle: a.oracle,
                 ggml_target: a.ggml_target,
-                floors: defaults.path(a.floors, "ci/floors.json", "--floors")?,
-                simd: a.simd,
+                floors: defaults.path(a.floors.floors, "ci/floors.json", "--floors")?,
+                simd: a.simd.simd,
             };
             let r = crate::bisect::bisect(&opts)?;
             print!("{}", crate::bisect::render(&r));
@@ -1031,8 +819,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 (None, None) => bail!("give --prompt or --tokens"),
             };
             let t0 = Instant::now();
-            let target = a.ggml_target.unwrap_or_else(GgmlTarget::host);
-            let d = dump::run(&model, &tokens, a.mode, target, a.simd)?;
+            let n = a.kernels.numerics(a.mode);
+            let d = dump::run(&model, &tokens, n.mode, n.ggml_target, n.simd)?;
             dump::write(&a.out, &d)?;
             eprintln!(
                 "wrote {} ({} tokens, {} stages, mode {}) in {:.2}s",
@@ -1064,7 +852,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Inspect { model, json } => {
             let path = fetch::resolve_model(&model.model)?;
-            println!("{}", inspect(&path, json)?);
+            println!("{}", crate::inspect::inspect(&path, json)?);
         }
         Command::Tokenize {
             model,
@@ -1086,89 +874,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `lockstep inspect`: `general.name`, `general.architecture`, file size, parameters (elements of every
-/// tensor), bits per weight as llama.cpp prints it ([`lockstep_engine::gguf::GgufFile::bits_per_weight`])
-/// and the tensor count, elements and bytes per ggml type — as text, or as one JSON object.
-///
-/// Errors: the file is not a valid GGUF (naming the file and the fault).
-pub fn inspect(path: &std::path::Path, json: bool) -> Result<String> {
-    let g = lockstep_engine::gguf::GgufFile::open(path)
-        .with_context(|| format!("reading {}", path.display()))?;
-    let name = g.get_str("general.name").unwrap_or("");
-    let arch = g.get_str("general.architecture").unwrap_or("");
-    let counts = g.type_counts();
-    let params: u64 = counts.iter().map(|c| c.elements).sum();
-    let bpw = g.bits_per_weight();
-    if json {
-        let types: Vec<serde_json::Value> = counts
-            .iter()
-            .map(|c| {
-                serde_json::json!({
-                    "type": c.ggml_type.name(),
-                    "tensors": c.tensors,
-                    "elements": c.elements,
-                    "bytes": c.bytes,
-                })
-            })
-            .collect();
-        let v = serde_json::json!({
-            "path": path.display().to_string(),
-            "name": name,
-            "architecture": arch,
-            "file_size": g.file_size(),
-            "n_params": params,
-            "bits_per_weight": bpw,
-            "types": types,
-        });
-        return Ok(serde_json::to_string_pretty(&v)?);
-    }
-    let mut out = format!(
-        "{}\n  name {name:?}, architecture {arch:?}\n  {} bytes, {params} parameters, {} bits per weight\n",
-        path.display(),
-        g.file_size(),
-        bpw.map_or("-".into(), |b| format!("{b:.4}")),
-    );
-    for c in &counts {
-        out += &format!(
-            "  {:<8} {:>4} tensors {:>12} elements {:>12} bytes\n",
-            c.ggml_type.name(),
-            c.tensors,
-            c.elements,
-            c.bytes
-        );
-    }
-    Ok(out.trim_end().to_string())
-}
-
-/// Largest `--prompt-file` read (1 MiB: ~250k tokens, far beyond every registered model's context).
-pub const MAX_PROMPT_FILE_BYTES: u64 = 1 << 20;
-
-/// Read a `--prompt-file`: UTF-8, at most [`MAX_PROMPT_FILE_BYTES`] (checked before reading).
-///
-/// Errors: missing or unreadable file, too large, not UTF-8 — each naming the file.
-pub fn read_prompt_file(path: &std::path::Path) -> Result<String> {
-    use std::io::Read as _;
-    let f = std::fs::File::open(path)
-        .with_context(|| format!("cannot open the prompt file {}", path.display()))?;
-    let len = f
-        .metadata()
-        .with_context(|| format!("cannot read the prompt file {}", path.display()))?
-        .len();
-    let mut bytes = Vec::new();
-    f.take(MAX_PROMPT_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("cannot read the prompt file {}", path.display()))?;
-    if len > MAX_PROMPT_FILE_BYTES || bytes.len() as u64 > MAX_PROMPT_FILE_BYTES {
-        bail!(
-            "the prompt file {} is larger than {MAX_PROMPT_FILE_BYTES} bytes; a prompt that long exceeds \
-             every model's context",
-            path.display()
-        );
-    }
-    String::from_utf8(bytes)
-        .map_err(|e| anyhow::anyhow!("the prompt file {} is not UTF-8: {e}", path.display()))
-}
-
 /// The engine's thread count for `--threads`: `None` or `0` = every core; more than the machine's cores is
 /// an error (oversubscription only slows the engine down and would be recorded as if it had been used).
 pub fn resolve_threads(requested: Option<usize>) -> Result<usize> {
@@ -1187,85 +892,18 @@ pub fn resolve_threads(requested: Option<usize>) -> Result<usize> {
 /// `--check-types` entry is an error naming it and listing the known ones); a run in which every variant
 /// failed is an error (exit 2) after its report, with each variant's error, is written.
 fn quality(a: QualityArgs, threads: usize, defaults: &Defaults) -> Result<()> {
-    let base = match (&a.base, &a.variants_dir) {
-        (Some(b), _) => b.clone(),
-        (None, Some(d)) => crate::quality::files_for_types(d, &["F32".to_string()])?.remove(0),
-        (None, None) => bail!("give --base F32.gguf, or --variants-dir DIR holding a *-F32.gguf"),
-    };
-    let mut variants = a.variant.clone();
-    if let Some(d) = &a.variants_dir {
-        let known = crate::quality::types_in_dir(d)?;
-        match &a.types {
-            Some(types) => {
-                let mut seen: Vec<&str> = Vec::new();
-                for t in types {
-                    if seen.iter().any(|s| s.eq_ignore_ascii_case(t)) {
-                        bail!("--types {t}: given twice");
-                    }
-                    seen.push(t);
-                    if !known.iter().any(|k| k.eq_ignore_ascii_case(t)) {
-                        bail!(
-                            "--types {t}: unknown type, no file *-{t}.gguf in {}; the types there: {}",
-                            d.display(),
-                            if known.is_empty() {
-                                "none".to_string()
-                            } else {
-                                known.join(", ")
-                            }
-                        );
-                    }
-                }
-                variants.extend(crate::quality::files_for_types(d, types)?);
-            }
-            None => {
-                let present: Vec<String> = QUALITY_DEFAULT_TYPES
-                    .iter()
-                    .filter(|t| known.iter().any(|k| k.eq_ignore_ascii_case(t)))
-                    .map(|t| t.to_string())
-                    .collect();
-                let absent: Vec<&str> = QUALITY_DEFAULT_TYPES
-                    .iter()
-                    .copied()
-                    .filter(|t| !present.iter().any(|p| p == t))
-                    .collect();
-                if !absent.is_empty() {
-                    eprintln!(
-                        "quality: {} holds no file for the default types {} (give --types to choose)",
-                        d.display(),
-                        absent.join(", ")
-                    );
-                }
-                variants.extend(crate::quality::files_for_types(d, &present)?);
-            }
-        }
-    }
-    if variants.is_empty() {
-        bail!("no variants: give --variant FILE (repeatable) or --variants-dir DIR --types ...");
-    }
-    let check_types = match (&a.check_llama_perplexity, a.check_types) {
-        (None, _) => Vec::new(),
-        (Some(_), Some(t)) => t,
-        (Some(_), None) => {
-            let labels: Vec<String> = variants
-                .iter()
-                .map(|v| crate::quality::variant_label(v))
-                .collect();
-            let t: Vec<String> = QUALITY_DEFAULT_CHECK_TYPES
-                .iter()
-                .filter(|t| labels.iter().any(|l| l.eq_ignore_ascii_case(t)))
-                .map(|t| t.to_string())
-                .collect();
-            if t.is_empty() {
-                bail!(
-                    "--check-llama-perplexity: none of the default types {} is a variant of this run; give \
-                     --check-types (the run's variants: {})",
-                    QUALITY_DEFAULT_CHECK_TYPES.join(","),
-                    labels.join(", ")
-                );
-            }
-            t
-        }
-    };
+    let (base, variants) = crate::quality::select::select_files(
+        a.base.as_deref(),
+        &a.variant,
+        a.variants_dir.as_deref(),
+        a.types.as_deref(),
+        &mut |m| eprintln!("quality: {m}"),
+    )?;
+    let check_types = crate::quality::select::check_types(
+        a.check_llama_perplexity.is_some(),
+        a.check_types,
+        &variants,
+    )?;
     let opts = crate::quality::QualityOptions {
         base,
         variants,
@@ -1274,7 +912,7 @@ fn quality(a: QualityArgs, threads: usize, defaults: &Defaults) -> Result<()> {
             n_ctx: a.n_ctx,
             n_chunks: a.chunks,
             mode: a.mode,
-            simd: a.simd,
+            simd: a.simd.simd,
             full_kl_chunks: a.full_kl_chunks,
             window: a.window,
             max_kept: a.max_kept,
@@ -1307,107 +945,99 @@ fn quality(a: QualityArgs, threads: usize, defaults: &Defaults) -> Result<()> {
     Ok(())
 }
 
-/// Resolve `--model` (registry id or path) and load it.
-pub fn load_model(spec: &str) -> Result<Model> {
-    let path = fetch::resolve_model(spec)?;
-    Model::load(&path).with_context(|| format!("loading model {}", path.display()))
-}
-
+/// `lockstep generate`: the model loaded, [`crate::generate::generate`] streamed to stdout, its speeds
+/// on stderr.
 fn generate(a: GenerateArgs) -> Result<()> {
     let model = load_model(&a.model.model)?;
-    let tok = model.tokenizer();
-    let prompt = tok.encode(&a.prompt, true, a.parse_special)?;
-    if prompt.is_empty() {
-        bail!("the prompt tokenizes to nothing");
-    }
-    model.check_context(prompt.len())?;
-    let n_ctx = prompt
-        .len()
-        .saturating_add(a.n)
-        .min(model.info().n_ctx_train);
-    let mut session = model.session(n_ctx, a.mode);
-    session.set_ggml_target(a.ggml_target.unwrap_or_else(GgmlTarget::host));
-    session.set_simd(a.simd);
-    let mut sampler = Sampler::new(SamplerConfig {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        seed: a.seed,
-    });
-    let mut out = std::io::stdout().lock();
-    write!(out, "{}", a.prompt)?;
-    out.flush()?;
-
-    let t0 = Instant::now();
-    // the last position's logits only, as llama.cpp's generation asks for them
-    let last = model.forward_last(&mut session, &prompt, None)?;
-    if last.iter().any(|v| !v.is_finite()) {
-        return Err(non_finite_generation(&model, &prompt, a.mode, &session));
-    }
-    let mut next = sampler.sample(last);
-    let mut sequence = prompt.clone();
-    let prefill = t0.elapsed();
-    let mut stream = TextStream::default();
-    let t1 = Instant::now();
-    let mut generated = 0;
-    while generated < a.n && !tok.is_eog(next) {
-        write!(out, "{}", stream.push(tok, next))?;
-        out.flush()?;
-        generated += 1;
-        if generated == a.n || session.n_past() >= n_ctx {
-            break;
-        }
-        sequence.push(next);
-        let logits = model.forward_last(&mut session, &[next], None)?;
-        if logits.iter().any(|v| !v.is_finite()) {
-            return Err(non_finite_generation(&model, &sequence, a.mode, &session));
-        }
-        next = sampler.sample(logits);
-    }
-    writeln!(out, "{}", stream.finish())?;
-    let decode = t1.elapsed();
-    eprintln!(
-        "prefill: {} tokens in {:.3}s ({:.1} tok/s); decode: {} tokens in {:.3}s ({:.1} tok/s); mode {}, backend {}",
-        prompt.len(),
-        prefill.as_secs_f64(),
-        prompt.len() as f64 / prefill.as_secs_f64(),
-        generated,
-        decode.as_secs_f64(),
-        generated as f64 / decode.as_secs_f64().max(1e-9),
-        a.mode,
-        session.backend_name()
-    );
+    let opts = crate::generate::GenerateOptions {
+        n_predict: a.n,
+        sampler: SamplerConfig {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            seed: a.seed,
+        },
+        numerics: a.kernels.numerics(a.mode),
+        parse_special: a.parse_special,
+    };
+    let stats = crate::generate::generate(&model, &a.prompt, &opts, &mut std::io::stdout().lock())?;
+    eprintln!("{}", stats.summary(&opts.numerics));
     Ok(())
 }
 
-/// The error for non-finite logits during `generate`: the sequence so far is run again as one batch with
-/// every stage recorded, to name the first stage that went non-finite.
-fn non_finite_generation(
-    model: &Model,
-    sequence: &[u32],
-    mode: NumericsMode,
-    session: &lockstep_engine::Session,
-) -> anyhow::Error {
-    let at = sequence.len() - 1;
-    let diagnose = || -> Result<()> {
-        let mut s = model.session(sequence.len(), mode);
-        s.set_ggml_target(session.ggml_target());
-        s.set_simd(session.simd());
-        let mut rec = lockstep_engine::hooks::Recorder::new();
-        model.forward(&mut s, sequence, Some(&mut rec))?;
-        let mut stages = crate::capture::recorded_arrays(rec)?;
-        let logits = stages
-            .remove("logits")
-            .context("the engine emitted no logits stage")?;
-        crate::capture::check_finite_logits(&logits, &stages)
-    };
-    match diagnose() {
-        Err(e) => e.context(format!(
-            "generation stopped: non-finite logits at position {at}"
-        )),
-        Ok(()) => anyhow::anyhow!(
-            "generation stopped: non-finite logits at position {at} (not reproduced when the sequence is run \
-             as one batch)"
-        ),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn flattened_groups_parse_their_flags() {
+        let cli = Cli::try_parse_from([
+            "lockstep",
+            "generate",
+            "--model",
+            "m.gguf",
+            "--prompt",
+            "hi",
+            "--ggml-target",
+            "avx2",
+            "--simd",
+            "off",
+        ])
+        .unwrap();
+        let Command::Generate(a) = cli.command else {
+            panic!("not generate")
+        };
+        let n = a.kernels.numerics(a.mode);
+        assert_eq!(n.mode, NumericsMode::Ggml);
+        assert_eq!(n.ggml_target, GgmlTarget::Avx2);
+        assert_eq!(n.simd, Simd::Off);
+        let cli = Cli::try_parse_from([
+            "lockstep",
+            "run",
+            "--golden-dir",
+            "g",
+            "--matrix",
+            "m.toml",
+            "--floors",
+            "f.json",
+        ])
+        .unwrap();
+        let Command::Run(a) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(a.files.golden_dir, Some(PathBuf::from("g")));
+        assert_eq!(a.files.matrix, Some(PathBuf::from("m.toml")));
+        assert_eq!(a.floors.floors, Some(PathBuf::from("f.json")));
+        // dump keeps its own default mode; the ggml target defaults to this machine's build
+        let cli = Cli::try_parse_from([
+            "lockstep", "dump", "--model", "m", "--tokens", "1,2", "--out", "o.npz",
+        ])
+        .unwrap();
+        let Command::Dump(a) = cli.command else {
+            panic!("not dump")
+        };
+        let n = a.kernels.numerics(a.mode);
+        assert_eq!(n.mode, NumericsMode::Reference);
+        assert_eq!(n.ggml_target, GgmlTarget::host());
+        assert!(
+            Cli::try_parse_from(["lockstep", "bench-sample", "--model", "m", "--simd", "x"])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn threads_are_all_cores_or_at_most_them() {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        assert_eq!(resolve_threads(None).unwrap(), cores);
+        assert_eq!(resolve_threads(Some(0)).unwrap(), cores);
+        assert_eq!(resolve_threads(Some(1)).unwrap(), 1);
+        let e = resolve_threads(Some(cores + 1)).unwrap_err();
+        assert!(e.to_string().contains("more than this machine's"), "{e}");
     }
 }

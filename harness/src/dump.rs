@@ -54,9 +54,12 @@ pub fn run(
         bail!("no tokens to dump: the prompt is empty");
     }
     model.check_context(tokens.len())?;
-    let mut session = model.session(tokens.len(), mode);
-    session.set_ggml_target(target);
-    session.set_simd(simd);
+    let numerics = crate::session::Numerics {
+        mode,
+        ggml_target: target,
+        simd,
+    };
+    let mut session = numerics.session(model, tokens.len());
     let mut rec = Recorder::new();
     model.forward(&mut session, tokens, Some(&mut rec))?;
     // The logits are a recorded stage like any other; the dump keeps them apart.

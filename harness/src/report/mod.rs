@@ -180,7 +180,7 @@ pub struct CellReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thresholds: Option<crate::gate::CellThresholds>,
     /// Where the engine first computes something else and what kind of difference it is — `lockstep
-    /// bisect`'s verdict ([`crate::bisect::judge`]); absent in reports of older versions.
+    /// bisect`'s verdict ([`crate::judge::judge`]); absent in reports of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finding: Option<crate::judge::Finding>,
     /// Per layer, the largest local NMSE of any of its stages over the prefill positions (bisect's pass with

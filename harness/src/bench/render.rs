@@ -1,0 +1,176 @@
+//! `bench.md` and `bench.csv`: the tables of a bench report, every outside string escaped.
+
+use super::{BenchReport, Test};
+
+/// `bench.md`: the settings, one table of every result in llama-bench's columns, the ratios with their
+/// intervals, and decode's bandwidth use. Every value taken from the report is escaped by [`crate::format::md_text`].
+pub fn render_bench_markdown(r: &BenchReport) -> String {
+    use std::fmt::Write as _;
+    let mut md = String::new();
+    let e = &r.environment;
+    let _ = writeln!(
+        md,
+        "# lockstep bench {}\n",
+        crate::format::md_text(&r.run_id)
+    );
+    let _ = writeln!(
+        md,
+        "CPU {} ({}) · {} threads · lockstep {} at {} · {} repetitions per engine and test, engines interleaved · \
+         read bandwidth {:.1} GB/s (median of {})\n",
+        crate::format::md_text(&e.cpu_model),
+        crate::format::md_text(&e.cpu_flags.join(" ")),
+        e.threads,
+        crate::format::md_text(&e.lockstep_version),
+        crate::format::md_text(&e.git_commit.chars().take(12).collect::<String>()),
+        r.repetitions,
+        r.read_bandwidth / 1e9,
+        r.read_bandwidth_samples.len()
+    );
+    for s in &r.engines {
+        let _ = writeln!(
+            md,
+            "- **{}**: {}{}",
+            crate::format::md_text(&s.engine),
+            crate::format::md_text(&s.binary),
+            match (&s.mode, &s.simd) {
+                (Some(m), Some(x)) => format!(
+                    ", mode {}, simd {}",
+                    crate::format::md_text(m),
+                    crate::format::md_text(x)
+                ),
+                _ => String::new(),
+            }
+        );
+    }
+    if let Some(b) = &r.llama_cpp_build {
+        let _ = writeln!(
+            md,
+            "- llama.cpp build: llama-cpp-python {} (vendored llama.cpp {}), {}, {}",
+            crate::format::md_text(b["llama_cpp_python"].as_str().unwrap_or("?")),
+            crate::format::md_text(b["vendored_llama_cpp_commit"].as_str().unwrap_or("?")),
+            crate::format::md_text(b["compiler"].as_str().unwrap_or("?")),
+            crate::format::md_text(
+                &b["cmake_flags"]
+                    .as_array()
+                    .map(|a| a
+                        .iter()
+                        .filter_map(|v| v.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" "))
+                    .unwrap_or_default()
+            )
+        );
+    }
+    let _ = writeln!(md, "\n## Results\n");
+    let _ = writeln!(
+        md,
+        "| engine | model_type | model | test | n_threads | type_k | flash_attn | median t/s | avg_ts ± stddev_ts |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|--:|---|---|--:|--:|");
+    for x in &r.results {
+        let test = Test {
+            n_prompt: x.n_prompt,
+            n_gen: x.n_gen,
+            n_depth: x.n_depth,
+        };
+        let engine = if x.mode.is_empty() {
+            crate::format::md_text(&x.engine)
+        } else {
+            format!(
+                "{} ({}, simd {})",
+                crate::format::md_text(&x.engine),
+                crate::format::md_text(&x.mode),
+                crate::format::md_text(&x.simd)
+            )
+        };
+        let _ = writeln!(
+            md,
+            "| {engine} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} ± {:.2} |",
+            crate::format::md_text(&x.model_type),
+            crate::format::md_text(&x.model),
+            test.name(),
+            x.n_threads,
+            crate::format::md_text(&x.type_k),
+            crate::format::md_text(&x.flash_attn),
+            x.median_ts,
+            x.avg_ts,
+            x.stddev_ts
+        );
+    }
+    let _ = writeln!(md, "\n## Ratios (median t/s, 95% bootstrap interval)\n");
+    let _ = writeln!(md, "| model | test | ratio | 95% interval |");
+    let _ = writeln!(md, "|---|---|--:|---|");
+    for c in &r.comparisons {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} / {} = {:.3} | [{:.3}, {:.3}] |",
+            crate::format::md_text(&c.model),
+            crate::format::md_text(&c.test),
+            crate::format::md_text(&c.numerator),
+            crate::format::md_text(&c.denominator),
+            c.ratio,
+            c.ci_low,
+            c.ci_high
+        );
+    }
+    if !r.bandwidth.is_empty() {
+        let _ = writeln!(md, "\n## Decode and the read bandwidth\n");
+        let _ = writeln!(
+            md,
+            "Bytes per token: the weights one decode step reads (the tied or separate output matrix in full, one \
+             embedding row not counted; KV cache not counted). Bound = bandwidth ÷ bytes per token.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| engine | model | test | MB per token | bound t/s | fraction of bandwidth |"
+        );
+        let _ = writeln!(md, "|---|---|---|--:|--:|--:|");
+        for b in &r.bandwidth {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.1} | {:.0} | {:.1}% |",
+                crate::format::md_text(&b.engine),
+                crate::format::md_text(&b.model),
+                crate::format::md_text(&b.test),
+                b.bytes_per_token as f64 / 1e6,
+                r.read_bandwidth / b.bytes_per_token as f64,
+                100.0 * b.fraction
+            );
+        }
+    }
+    md
+}
+
+/// `bench.csv`: one row per result, llama-bench's CSV fields plus ours.
+pub fn render_bench_csv(r: &BenchReport) -> String {
+    let mut out = String::from(
+        "engine,mode,simd,model,model_filename,model_type,model_size,model_n_params,n_threads,n_prompt,n_gen,n_depth,type_k,type_v,flash_attn,avg_ns,stddev_ns,avg_ts,stddev_ts,median_ts\n",
+    );
+    let q = crate::format::csv_cell;
+    for x in &r.results {
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            q(&x.engine),
+            q(&x.mode),
+            q(&x.simd),
+            q(&x.model),
+            q(&x.model_filename),
+            q(&x.model_type),
+            x.model_size,
+            x.model_n_params,
+            x.n_threads,
+            x.n_prompt,
+            x.n_gen,
+            x.n_depth,
+            q(&x.type_k),
+            q(&x.type_v),
+            q(&x.flash_attn),
+            x.avg_ns,
+            x.stddev_ns,
+            x.avg_ts,
+            x.stddev_ts,
+            x.median_ts
+        ));
+    }
+    out
+}

@@ -1,0 +1,282 @@
+//! The bench run: every option checked, the models loaded, the engines' samples interleaved repetition
+//! by repetition, the report assembled and written.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use lockstep_engine::{Model, NumericsMode, Simd};
+
+use super::child::{lockstep_sampler, ChildSetup};
+use super::file::{
+    read_capped, validate_bench, write_bench, MAX_BUILD_INFO_BYTES, MAX_REPETITIONS,
+};
+use super::llama::{llama_sampler, model_type, LLAMA_BENCH_OWN_FLAGS};
+use super::sample::{decode_bytes_per_token, measure_read_bandwidth};
+use super::stats::{comparisons, median};
+use super::{BandwidthUse, BenchReport, BenchResult, Test, BENCH_SCHEMA_VERSION};
+use crate::report::Environment;
+
+/// What `bench` needs to run.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Models: (id or path as given, resolved path).
+    pub models: Vec<(String, PathBuf)>,
+    /// Tests, in order.
+    pub tests: Vec<Test>,
+    /// Repetitions per engine and test (≥ 1).
+    pub repetitions: usize,
+    /// Threads for every engine.
+    pub threads: usize,
+    /// Our engine's numerics mode.
+    pub mode: NumericsMode,
+    /// Our engine's SIMD setting.
+    pub simd: Simd,
+    /// This lockstep binary (runs `bench-sample`).
+    pub lockstep_bin: PathBuf,
+    /// A baseline lockstep binary and its SIMD setting, interleaved with ours.
+    pub baseline: Option<(PathBuf, Simd)>,
+    /// llama-bench, interleaved with ours.
+    pub llama_bench: Option<PathBuf>,
+    /// Extra llama-bench arguments (e.g. `-fa 0`), recorded.
+    pub llama_bench_args: Vec<String>,
+    /// Where `bench-<run id>/` goes.
+    pub reports_root: PathBuf,
+    /// Print progress to stderr.
+    pub progress: bool,
+    /// The longest one sample's process may run; it is killed with its process group after that.
+    pub sample_timeout: std::time::Duration,
+}
+
+/// Check a bench's options before anything is measured: repetitions and tests (each by
+/// [`Test::check`]), `--llama-bench-args` free of the flags the bench sets itself
+/// ([`LLAMA_BENCH_OWN_FLAGS`]), the binaries present, and `reports_root` a writable directory
+/// ([`crate::output::check_dir_target`]).
+///
+/// Errors name the option and what is wrong.
+pub fn check_options(opts: &BenchOptions) -> Result<()> {
+    if opts.repetitions == 0 || opts.repetitions > MAX_REPETITIONS {
+        bail!(
+            "--repetitions {}: give 1 to {MAX_REPETITIONS}",
+            opts.repetitions
+        );
+    }
+    if opts.tests.is_empty() {
+        bail!("no tests: give -p and/or -n sizes above 0");
+    }
+    for (i, t) in opts.tests.iter().enumerate() {
+        t.check()?;
+        if opts.tests[..i].contains(t) {
+            bail!(
+                "test {} is asked for twice (a size repeated in -p, -n or -d)",
+                t.name()
+            );
+        }
+    }
+    for (i, (id, _)) in opts.models.iter().enumerate() {
+        if opts.models[..i].iter().any(|(other, _)| other == id) {
+            bail!("--model {id} is given twice");
+        }
+    }
+    if let Some(f) = opts
+        .llama_bench_args
+        .iter()
+        .find(|a| LLAMA_BENCH_OWN_FLAGS.contains(&a.as_str()))
+    {
+        bail!(
+            "--llama-bench-args {:?}: {f} is set by lockstep bench itself (model, -p/-n/-d, -r 1, -t, -o json); \
+             give sizes with lockstep's own -p/-n/-d/-r/--threads",
+            opts.llama_bench_args.join(" ")
+        );
+    }
+    if opts.sample_timeout.is_zero() {
+        bail!("--engine-timeout must be above 0 seconds");
+    }
+    let mut bins = vec![("this lockstep", &opts.lockstep_bin)];
+    if let Some((b, _)) = &opts.baseline {
+        bins.push(("--baseline-bin", b));
+    }
+    if let Some(b) = &opts.llama_bench {
+        bins.push(("--llama-bench", b));
+    }
+    for (what, b) in bins {
+        if !b.is_file() {
+            bail!("{what} {}: no such file", b.display());
+        }
+    }
+    crate::output::check_dir_target(&opts.reports_root, "--reports")
+}
+
+/// Run the bench: every model × test × repetition, engines interleaved; write `bench.json`, `bench.md`
+/// and `bench.csv` under `reports_root/bench-<run id>/` (atomically). Returns the directory and report.
+///
+/// Every sample is a child process in its own process group ([`crate::process::run_bounded`]): killed
+/// with its helpers after `sample_timeout`, and by the interrupt handler on Ctrl-C / SIGTERM.
+///
+/// Errors: bad options ([`check_options`]), a model that does not load or a test longer than its context
+/// (all before anything is measured); any sample that fails or that is not one (a 0 ns sample, llama-bench's record of another test), naming
+/// engine, model and test — a bench with a missing sample is not written.
+pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
+    check_options(opts)?;
+    let scratch = crate::process::ScratchGuard::new("lockstep-bench-")?;
+    let setup = ChildSetup {
+        scratch: scratch.path().to_path_buf(),
+        timeout: opts.sample_timeout,
+    };
+    let mut samplers = vec![lockstep_sampler(
+        "lockstep",
+        &opts.lockstep_bin,
+        opts.mode,
+        opts.simd,
+        opts.threads,
+        &setup,
+    )];
+    if let Some((bin, simd)) = &opts.baseline {
+        samplers.push(lockstep_sampler(
+            "baseline",
+            bin,
+            opts.mode,
+            *simd,
+            opts.threads,
+            &setup,
+        ));
+    }
+    if let Some(bin) = &opts.llama_bench {
+        samplers.push(llama_sampler(
+            bin,
+            opts.threads,
+            &opts.llama_bench_args,
+            &setup,
+        ));
+    }
+    // every model loads and holds every test's context before anything is measured
+    let mut facts = Vec::new();
+    for (id, path) in &opts.models {
+        let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+        for t in &opts.tests {
+            let n_ctx = t.n_ctx().context("the test's context size overflows")?;
+            model
+                .check_context(n_ctx)
+                .with_context(|| format!("--model {id}: test {}", t.name()))?;
+        }
+        let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements).sum();
+        facts.push((
+            n_params,
+            decode_bytes_per_token(&model),
+            model.gguf().file_size(),
+            model_type(&model, n_params),
+        ));
+    }
+    let bw = measure_read_bandwidth(5);
+    let read_bandwidth = median(&bw);
+
+    let mut results = Vec::new();
+    let mut bandwidth = Vec::new();
+    for ((id, path), (n_params, bytes_per_token, model_size, ours_type)) in
+        opts.models.iter().zip(facts)
+    {
+        let filename = path.display().to_string();
+        for &test in &opts.tests {
+            let mut ns: Vec<Vec<u64>> = vec![Vec::new(); samplers.len()];
+            let mut llama_rec = None;
+            for rep in 0..opts.repetitions {
+                for (k, s) in samplers.iter().enumerate() {
+                    if opts.progress {
+                        eprintln!(
+                            "[bench] {id} {} rep {}/{} {}",
+                            test.name(),
+                            rep + 1,
+                            opts.repetitions,
+                            s.settings.engine
+                        );
+                    }
+                    let (v, rec) = (s.run)(path, test).with_context(|| {
+                        format!("{} on {id}, {}", s.settings.engine, test.name())
+                    })?;
+                    ns[k].push(v);
+                    if rec.is_some() {
+                        llama_rec = rec;
+                    }
+                }
+            }
+            for (k, s) in samplers.iter().enumerate() {
+                let is_llama = s.settings.engine == "llama.cpp";
+                let rec = llama_rec.as_ref().filter(|_| is_llama);
+                let field = |k: &str, default: &str| {
+                    rec.and_then(|r| r.get(k)).map_or_else(
+                        || default.to_string(),
+                        |v| v.as_str().map_or_else(|| v.to_string(), str::to_string),
+                    )
+                };
+                let mut row = BenchResult {
+                    engine: s.settings.engine.clone(),
+                    mode: s.settings.mode.clone().unwrap_or_default(),
+                    simd: s.settings.simd.clone().unwrap_or_default(),
+                    model: id.clone(),
+                    model_filename: filename.clone(),
+                    model_type: field("model_type", &ours_type),
+                    model_size,
+                    model_n_params: n_params,
+                    n_threads: opts.threads,
+                    n_prompt: test.n_prompt,
+                    n_gen: test.n_gen,
+                    n_depth: test.n_depth,
+                    type_k: field("type_k", "f32"),
+                    type_v: field("type_v", "f32"),
+                    flash_attn: field("flash_attn", "0"),
+                    samples_ns: ns[k].clone(),
+                    samples_ts: Vec::new(),
+                    avg_ns: 0.0,
+                    stddev_ns: 0.0,
+                    avg_ts: 0.0,
+                    stddev_ts: 0.0,
+                    median_ts: 0.0,
+                };
+                row.fill_stats();
+                results.push(row);
+            }
+            if test.n_gen > 0 {
+                for r in &results[results.len() - samplers.len()..] {
+                    bandwidth.push(BandwidthUse {
+                        engine: r.engine.clone(),
+                        model: id.clone(),
+                        test: test.name(),
+                        bytes_per_token,
+                        fraction: r.median_ts * bytes_per_token as f64 / read_bandwidth,
+                    });
+                }
+            }
+        }
+    }
+    let llama_cpp_build = opts.llama_bench.as_ref().and_then(|b| {
+        let info = b.parent()?.parent()?.join("build-info.json");
+        if !info.exists() {
+            return None;
+        }
+        let read = read_capped(&info, MAX_BUILD_INFO_BYTES, "llama.cpp build record")
+            .and_then(|t| crate::report::from_json(&t));
+        match read {
+            Ok(v) => Some(v),
+            Err(e) => {
+                eprintln!("lockstep: warning: not recorded: {e:#}");
+                None
+            }
+        }
+    });
+    let comparisons = comparisons(&results);
+    let report = BenchReport {
+        schema_version: BENCH_SCHEMA_VERSION,
+        run_id: crate::report::new_run_id(),
+        environment: Environment::detect(opts.threads, Path::new("/nonexistent")),
+        repetitions: opts.repetitions,
+        engines: samplers.iter().map(|s| s.settings.clone()).collect(),
+        llama_cpp_build,
+        read_bandwidth,
+        read_bandwidth_samples: bw,
+        results,
+        comparisons,
+        bandwidth,
+    };
+    validate_bench(&report).context("the bench just measured is not a valid bench.json")?;
+    let dir = write_bench(&opts.reports_root, &report)?;
+    Ok((dir, report))
+}

@@ -1,0 +1,523 @@
+//! Unit tests of the bench modules.
+
+use std::path::Path;
+
+use super::*;
+
+#[test]
+fn test_names_follow_llama_bench() {
+    let t = tests_for(&[512], &[128], &[0, 512]);
+    let names: Vec<String> = t.iter().map(Test::name).collect();
+    assert_eq!(names, ["pp512", "tg128", "pp512 @ d512", "tg128 @ d512"]);
+    assert!(tests_for(&[0], &[0], &[0]).is_empty());
+}
+
+#[test]
+fn median_and_bootstrap() {
+    assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+    assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    assert!(median(&[]).is_nan());
+    // identical samples: ratio 1, a degenerate interval
+    let a = [10.0; 5];
+    assert_eq!(bootstrap_ratio(&a, &a, 500), (1.0, 1.0, 1.0));
+    // a clear 2× with noise: the interval holds the ratio and excludes 1
+    let x = [20.0, 21.0, 19.5, 20.4, 19.8];
+    let y = [10.0, 10.3, 9.9, 10.1, 9.7];
+    let (r, lo, hi) = bootstrap_ratio(&x, &y, 2000);
+    assert!(
+        lo <= r && r <= hi && lo > 1.8 && hi < 2.2,
+        "{r} [{lo}, {hi}]"
+    );
+    let (r, lo, hi) = double_ratio(&x, &y, &x, &y, 2000);
+    assert!(lo <= 1.0 && hi >= 1.0 && r == 1.0, "{r} [{lo}, {hi}]");
+}
+
+const TG8: Test = Test {
+    n_prompt: 0,
+    n_gen: 8,
+    n_depth: 0,
+};
+
+/// A consistent result row of `test` whose samples are about `ts` tokens/s.
+fn result_of(engine: &str, test: Test, ts: &[f64]) -> BenchResult {
+    let samples_ns: Vec<u64> = ts
+        .iter()
+        .map(|t| (test.n_tokens() as f64 * 1e9 / t) as u64)
+        .collect();
+    let samples_ts: Vec<f64> = samples_ns
+        .iter()
+        .map(|&n| tokens_per_second(test, n))
+        .collect();
+    let nsf: Vec<f64> = samples_ns.iter().map(|&n| n as f64).collect();
+    let (avg_ns, stddev_ns) = mean_sd(&nsf);
+    let (avg_ts, stddev_ts) = mean_sd(&samples_ts);
+    BenchResult {
+        engine: engine.into(),
+        mode: String::new(),
+        simd: String::new(),
+        model: "m".into(),
+        model_filename: "m.gguf".into(),
+        model_type: "llama 1M Q4_1".into(),
+        model_size: 1,
+        model_n_params: 1,
+        n_threads: 2,
+        n_prompt: test.n_prompt,
+        n_gen: test.n_gen,
+        n_depth: test.n_depth,
+        type_k: "f32".into(),
+        type_v: "f32".into(),
+        flash_attn: "0".into(),
+        median_ts: median(&samples_ts),
+        samples_ns,
+        samples_ts,
+        avg_ns,
+        stddev_ns,
+        avg_ts,
+        stddev_ts,
+    }
+}
+
+fn result(engine: &str, ts: &[f64]) -> BenchResult {
+    result_of(engine, TG8, ts)
+}
+
+/// A consistent report of `results` (comparisons recomputed).
+fn report_of(results: Vec<BenchResult>) -> BenchReport {
+    BenchReport {
+        schema_version: BENCH_SCHEMA_VERSION,
+        run_id: "x".into(),
+        environment: Environment::detect(1, Path::new("/nonexistent")),
+        repetitions: results[0].samples_ns.len(),
+        engines: Vec::new(),
+        llama_cpp_build: None,
+        read_bandwidth: 1e10,
+        read_bandwidth_samples: vec![1e10],
+        comparisons: comparisons(&results),
+        results,
+        bandwidth: Vec::new(),
+    }
+}
+
+fn report(ours: &[f64], llama: &[f64]) -> BenchReport {
+    report_of(vec![result("lockstep", ours), result("llama.cpp", llama)])
+}
+
+const LIMITS: SpeedLimits = SpeedLimits {
+    max_slowdown: 0.1,
+    min_ratio_to_llama_cpp: 0.5,
+};
+
+/// The error of `r`'s validation, with its causes.
+fn invalid(r: &BenchReport) -> String {
+    format!("{:#}", validate_bench(r).unwrap_err())
+}
+
+#[test]
+fn the_gate_fails_a_slowdown_beyond_the_spread_and_passes_noise() {
+    let limits = SpeedLimits {
+        max_slowdown: 0.1,
+        min_ratio_to_llama_cpp: 0.5,
+    };
+    let base = report(
+        &[100.0, 98.0, 102.0, 99.0, 101.0],
+        &[120.0, 118.0, 121.0, 119.0, 122.0],
+    );
+    // the same speed measured again, other noise: passes against llama.cpp and against the baseline
+    let again = report(
+        &[99.0, 101.5, 97.0, 100.0, 103.0],
+        &[121.0, 119.0, 118.5, 120.0, 122.5],
+    );
+    let checks = gate_speed(&again, Some(&base), &limits).unwrap();
+    assert_eq!(checks.len(), 2);
+    assert!(checks.iter().all(|c| c.pass), "{checks:?}");
+    // 30% slower while llama.cpp is unchanged: the baseline check fails
+    let slow = report(
+        &[70.0, 69.0, 71.0, 70.5, 68.5],
+        &[120.0, 119.0, 121.0, 118.0, 122.0],
+    );
+    let checks = gate_speed(&slow, Some(&base), &limits).unwrap();
+    assert!(checks[0].pass, "0.58 of llama.cpp is above 0.5");
+    assert!(!checks[1].pass, "{checks:?}");
+    // below llama.cpp's floor
+    let slower = report(
+        &[40.0, 41.0, 39.0, 40.5, 39.5],
+        &[120.0, 119.0, 121.0, 118.0, 122.0],
+    );
+    assert!(!gate_speed(&slower, None, &limits).unwrap()[0].pass);
+    // a baseline without the rows is an error, not a pass
+    let mut empty = base.clone();
+    empty.results.clear();
+    let e = format!(
+        "{:#}",
+        gate_speed(&again, Some(&empty), &limits).unwrap_err()
+    );
+    assert!(
+        e.contains("the baseline bench") && e.contains("results: empty"),
+        "{e}"
+    );
+    let no_llama = report_of(vec![base.results[0].clone()]);
+    let e = gate_speed(&again, Some(&no_llama), &limits)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("baseline bench has no llama.cpp row"), "{e}");
+}
+
+#[test]
+fn recorded_comparisons_that_the_samples_do_not_give_are_refused() {
+    let ok = report(&[100.0, 98.0, 102.0], &[120.0, 118.0, 121.0]);
+    validate_bench(&ok).unwrap();
+    // an upper end of 1e308, or "inf"
+    for high in [1e308, f64::INFINITY] {
+        let mut r = ok.clone();
+        r.comparisons[0].ci_high = high;
+        let e = invalid(&r);
+        assert!(
+            e.contains("comparisons[0] (m tg8 lockstep / llama.cpp).ci_high: recorded"),
+            "{e}"
+        );
+        assert!(gate_speed(&r, None, &LIMITS).is_err());
+    }
+    // ratio 0.1 with interval [0.1, 5]
+    let mut r = ok.clone();
+    (
+        r.comparisons[0].ratio,
+        r.comparisons[0].ci_low,
+        r.comparisons[0].ci_high,
+    ) = (0.1, 0.1, 5.0);
+    assert!(
+        invalid(&r).contains(".ratio: recorded 0.1"),
+        "{}",
+        invalid(&r)
+    );
+    // the samples show lockstep 100× slower than llama.cpp, the comparison says 1
+    let slow = report(&[1.0, 1.1, 0.9], &[100.0, 101.0, 99.0]);
+    let mut r = slow.clone();
+    r.comparisons = ok.comparisons.clone();
+    (
+        r.comparisons[0].ratio,
+        r.comparisons[0].ci_low,
+        r.comparisons[0].ci_high,
+    ) = (1.0, 0.9, 1.1);
+    assert!(invalid(&r).contains("the samples give"), "{}", invalid(&r));
+    // the gate recomputes: even a report never validated cannot pass on its recorded comparisons
+    let checks = gate_speed(&slow, None, &LIMITS).unwrap();
+    assert!(!checks[0].pass && checks[0].ratio.2 < 0.02, "{checks:?}");
+    // a comparison dropped, or one more
+    let mut r = ok.clone();
+    r.comparisons.clear();
+    assert!(
+        invalid(&r).contains("comparisons: no m tg8 lockstep / llama.cpp"),
+        "{}",
+        invalid(&r)
+    );
+    let mut r = ok.clone();
+    r.comparisons.push(r.comparisons[0].clone());
+    assert!(invalid(&r).contains("2 entries, the results give 1"));
+}
+
+#[test]
+fn empty_zero_negative_and_non_finite_samples_are_refused() {
+    let ok = report(&[100.0, 98.0, 102.0], &[120.0, 118.0, 121.0]);
+    // results: [] with the comparisons kept
+    let mut r = ok.clone();
+    r.results.clear();
+    assert!(invalid(&r).contains("results: empty"));
+    assert!(gate_speed(&r, None, &LIMITS).is_err());
+    for bad in [0.0, -5.0, f64::INFINITY, f64::NAN] {
+        let mut r = ok.clone();
+        r.results[1].samples_ts[2] = bad;
+        let e = invalid(&r);
+        assert!(
+            e.contains("results[1] (llama.cpp m tg8).samples_ts[2]")
+                && e.contains("not a finite number above 0"),
+            "{e}"
+        );
+        // as the baseline file too: an error, never a ratio of inf or 1 that passes
+        let e = format!("{:#}", gate_speed(&ok, Some(&r), &LIMITS).unwrap_err());
+        assert!(e.contains("the baseline bench"), "{e}");
+    }
+    let mut r = ok.clone();
+    r.results[0].samples_ns[0] = 0;
+    assert!(
+        invalid(&r).contains("samples_ns[0]: 0 ns"),
+        "{}",
+        invalid(&r)
+    );
+    // tokens/s that the nanoseconds do not give
+    let mut r = ok.clone();
+    r.results[0].samples_ts[0] *= 100.0;
+    assert!(invalid(&r).contains("but samples_ns[0]"), "{}", invalid(&r));
+    // a median that the samples do not give
+    let mut r = ok.clone();
+    r.results[0].median_ts = 1e6;
+    assert!(invalid(&r).contains("median_ts: recorded 1000000.0"));
+    // fewer samples than repetitions; an unknown engine; a row twice; no lockstep row
+    let mut r = ok.clone();
+    r.results[0].samples_ns.pop();
+    assert!(invalid(&r).contains("samples_ns: 2 samples, but repetitions is 3"));
+    let mut r = ok.clone();
+    r.results[1].engine = "vllm".into();
+    assert!(invalid(&r).contains("engine: \"vllm\" is none of"));
+    let r = report_of(vec![ok.results[0].clone(), ok.results[0].clone()]);
+    assert!(invalid(&r).contains("a second row"));
+    let r = report_of(vec![ok.results[1].clone()]);
+    assert!(invalid(&r).contains("no lockstep row"));
+    let mut r = ok.clone();
+    r.read_bandwidth = f64::INFINITY;
+    assert!(invalid(&r).contains("read_bandwidth: inf"));
+    let mut r = ok.clone();
+    r.repetitions = MAX_REPETITIONS + 1;
+    assert!(invalid(&r).contains("repetitions: 1001; a bench has 1 to 1000"));
+}
+
+#[test]
+fn every_test_of_the_baseline_file_is_checked() {
+    let pp16 = Test {
+        n_prompt: 16,
+        n_gen: 0,
+        n_depth: 0,
+    };
+    let (ours, llama) = ([100.0, 98.0, 102.0], [120.0, 118.0, 121.0]);
+    let both = report_of(vec![
+        result("lockstep", &ours),
+        result("llama.cpp", &llama),
+        result_of("lockstep", pp16, &ours),
+        result_of("llama.cpp", pp16, &llama),
+    ]);
+    assert_eq!(gate_speed(&both, Some(&both), &LIMITS).unwrap().len(), 4);
+    let one = report(&ours, &llama);
+    let e = gate_speed(&one, Some(&both), &LIMITS)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the current bench has no lockstep row for m pp16"),
+        "{e}"
+    );
+    let e = gate_speed(&both, Some(&one), &LIMITS)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the baseline bench has no lockstep row for m pp16"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bench_json_round_trips_through_the_parser() {
+    let r = report(&[100.0, 98.0, 102.0], &[120.0, 118.0, 121.0]);
+    let text = crate::report::to_json_pretty(&r).unwrap();
+    let p = Path::new("b/bench.json");
+    assert_eq!(parse_bench_json(&text, p).unwrap(), r);
+    let e = parse_bench_json(&text.replace("\"ci_high\": ", "\"ci_high\": 1e300 + "), p);
+    assert!(format!("{:#}", e.unwrap_err()).contains("b/bench.json"));
+    // "inf" as a string is read as infinity, and refused
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["comparisons"][0]["ci_high"] = "inf".into();
+    let e = format!("{:#}", parse_bench_json(&v.to_string(), p).unwrap_err());
+    assert!(
+        e.starts_with("b/bench.json: comparisons[0]") && e.contains("ci_high: recorded inf"),
+        "{e}"
+    );
+}
+
+#[test]
+fn speed_limits_are_finite_in_range_and_known() {
+    let p = Path::new("ci/speed.toml");
+    let l = parse_speed_limits(include_str!("../../../ci/speed.toml"), p).unwrap();
+    assert!(l.max_slowdown > 0.0 && l.min_ratio_to_llama_cpp > 0.0);
+    for (text, needle) in [
+        (
+            "max_slowdown = nan\nmin_ratio_to_llama_cpp = 0.5",
+            "max_slowdown: NaN",
+        ),
+        (
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = inf",
+            "min_ratio_to_llama_cpp: inf",
+        ),
+        (
+            "max_slowdown = -0.1\nmin_ratio_to_llama_cpp = 0.5",
+            "max_slowdown: -0.1",
+        ),
+        (
+            "max_slowdown = 1.0\nmin_ratio_to_llama_cpp = 0.5",
+            "max_slowdown: 1",
+        ),
+        (
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.0",
+            "min_ratio_to_llama_cpp: 0",
+        ),
+        (
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = -inf",
+            "min_ratio_to_llama_cpp: -inf",
+        ),
+        (
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdwn = 0.5",
+            "unknown field",
+        ),
+        ("max_slowdown = 0.1", "missing field"),
+        (
+            "max_slowdown = \"0.1\"\nmin_ratio_to_llama_cpp = 0.5",
+            "speed limits",
+        ),
+    ] {
+        let e = format!("{:#}", parse_speed_limits(text, p).unwrap_err());
+        assert!(
+            e.contains("ci/speed.toml") && e.contains(needle),
+            "{text}: {e}"
+        );
+    }
+    // the gate itself refuses limits built without the parser
+    let r = report(&[100.0, 98.0, 102.0], &[120.0, 118.0, 121.0]);
+    let bad = SpeedLimits {
+        max_slowdown: 0.1,
+        min_ratio_to_llama_cpp: f64::NAN,
+    };
+    assert!(gate_speed(&r, None, &bad).is_err());
+}
+
+#[test]
+fn llama_bench_records_of_no_time_or_another_test_are_refused() {
+    let pp16 = Test {
+        n_prompt: 16,
+        n_gen: 0,
+        n_depth: 0,
+    };
+    let rec = |p: u64, ns: &str| {
+        format!(r#"[{{"n_prompt": {p}, "n_gen": 0, "n_depth": 0, "samples_ns": [{ns}]}}]"#)
+    };
+    let (ns, v) = parse_llama_bench_output(rec(16, "1234").as_bytes(), pp16, "lb").unwrap();
+    assert_eq!((ns, v["n_prompt"].as_u64()), (1234, Some(16)));
+    for (out, needle) in [
+        (rec(16, "0"), "samples_ns[0] is 0 ns"),
+        (
+            rec(4096, "1234"),
+            "record is of test pp4096 (n_prompt 4096, n_gen 0, n_depth 0), but pp16",
+        ),
+        (rec(16, "-3"), "is not a count of nanoseconds"),
+        (rec(16, "1, 2"), "has 2 samples_ns"),
+        (
+            format!("[{0}, {0}]", &rec(16, "1")[1..rec(16, "1").len() - 1]),
+            "printed 2 test records",
+        ),
+        ("[]".into(), "printed 0 test records"),
+        ("not json".into(), "printed no JSON"),
+        (r#"[{"n_gen": 0}]"#.into(), "no n_prompt or n_gen"),
+    ] {
+        let e = format!(
+            "{:#}",
+            parse_llama_bench_output(out.as_bytes(), pp16, "lb").unwrap_err()
+        );
+        assert!(e.contains("lb") && e.contains(needle), "{out}: {e}");
+    }
+    // a record without n_depth is one of depth 0 only
+    let no_depth = r#"[{"n_prompt": 16, "n_gen": 0, "samples_ns": [5]}]"#;
+    assert!(parse_llama_bench_output(no_depth.as_bytes(), pp16, "lb").is_ok());
+    let deep = Test {
+        n_depth: 64,
+        ..pp16
+    };
+    assert!(parse_llama_bench_output(no_depth.as_bytes(), deep, "lb").is_err());
+    assert!(parse_sample_ns(b"0\n", "ls")
+        .unwrap_err()
+        .to_string()
+        .contains("0 ns"));
+    assert!(parse_sample_ns(b"12x", "ls").is_err());
+    assert_eq!(parse_sample_ns(b"12\n", "ls").unwrap(), 12);
+}
+
+#[test]
+fn overflowing_tests_are_refused() {
+    let t = Test {
+        n_prompt: 512,
+        n_gen: 0,
+        n_depth: usize::MAX,
+    };
+    assert_eq!(t.n_ctx(), None);
+    let e = t.check().unwrap_err().to_string();
+    assert!(
+        e.contains("overflows") && e.contains(&usize::MAX.to_string()),
+        "{e}"
+    );
+    assert!(Test { n_gen: 1, ..t }.check().is_err());
+    assert!(tests_for(&[512], &[], &[0])[0].check().is_ok());
+}
+
+#[test]
+fn hostile_text_cannot_break_bench_md_tables() {
+    let mut r = report(&[100.0, 98.0, 102.0], &[120.0, 118.0, 121.0]);
+    let hostile = "models/a|b\n| x | y |\n<script>alert(1)</script>`.gguf";
+    for x in &mut r.results {
+        x.model = hostile.into();
+        x.model_type = "llama 1M Q4_1|<b>".into();
+    }
+    r.comparisons = comparisons(&r.results);
+    r.bandwidth.push(BandwidthUse {
+        engine: "lockstep".into(),
+        model: hostile.into(),
+        test: "tg8".into(),
+        bytes_per_token: 1000,
+        fraction: r.results[0].median_ts * 1000.0 / r.read_bandwidth,
+    });
+    validate_bench(&r).unwrap();
+    let md = render_bench_markdown(&r);
+    assert!(!md.contains("<script>") && !md.contains("<b>"), "{md}");
+    assert!(
+        md.contains("&lt;script&gt;") && md.contains("a\\|b"),
+        "{md}"
+    );
+    // every table row has as many cell separators as its header
+    let unescaped = |l: &str| {
+        let mut n = 0;
+        let mut chars = l.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '|' => n += 1,
+                _ => {}
+            }
+        }
+        n
+    };
+    let mut header = 0;
+    let mut rows = 0;
+    for l in md.lines() {
+        if !l.starts_with('|') {
+            header = 0;
+            continue;
+        }
+        if header == 0 {
+            header = unescaped(l);
+        }
+        assert_eq!(unescaped(l), header, "{l}");
+        rows += 1;
+    }
+    // results: header, rule, 2 rows; ratios: 3; bandwidth: 3
+    assert_eq!(rows, 10, "{md}");
+    let csv = render_bench_csv(&r);
+    // one line per record: a model path's line breaks become spaces (format::csv_cell)
+    assert_eq!(csv.lines().count(), 1 + 2, "{csv}");
+}
+
+#[test]
+fn files_that_cannot_be_bounded_or_are_too_big_are_not_read() {
+    let e = read_bench(Path::new("/dev/zero")).unwrap_err().to_string();
+    assert!(
+        e.contains("/dev/zero") && e.contains("not a regular file"),
+        "{e}"
+    );
+    let e = SpeedLimits::load(Path::new("/dev/zero"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a regular file"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("speed.toml");
+    std::fs::write(&big, vec![b'#'; MAX_SPEED_LIMITS_BYTES as usize + 1]).unwrap();
+    let e = SpeedLimits::load(&big).unwrap_err().to_string();
+    assert!(e.contains("more than the 65536 bytes"), "{e}");
+    let e = read_bench(&dir.path().join("missing.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("missing.json"), "{e}");
+}

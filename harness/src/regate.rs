@@ -1,0 +1,134 @@
+//! `lockstep gate REPORT`: an existing report.json gated again — with the verdicts it records, or
+//! re-evaluated against another thresholds file — as one line per failing cell and a count.
+
+use std::path::Path;
+
+use anyhow::Result;
+
+use crate::report::Report;
+
+/// What gating a report found: the lines to print (one per failing cell, the run's incompleteness, the
+/// count last) and the number of failures (a run that stopped early counts as one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GateOutcome {
+    /// The lines, in print order: [`crate::report::failure_lines`], then `INCOMPLETE: ...` when the run
+    /// stopped early, then `<n> cells, <p> passed, <f> failed`.
+    pub lines: Vec<String>,
+    /// Failing cells, plus one when the run stopped early; 0 = the report passes.
+    pub n_fail: usize,
+}
+
+/// Every cell of `report` evaluated again against `thresholds` ([`crate::gate::evaluate`]; a cell that
+/// recorded an engine error gets [`crate::gate::engine_error_verdict`]; a bisect finding is applied with
+/// [`crate::judge::gate_finding`]), then the SIMD-identity check of twin cells.
+///
+/// Errors: a cell the thresholds file has no thresholds for.
+pub fn regate(report: &mut Report, thresholds: &crate::gate::Thresholds) -> Result<()> {
+    for c in &mut report.cells {
+        let ct = thresholds.for_cell(&c.cell)?;
+        if let Some(e) = &c.error {
+            c.verdict = crate::gate::engine_error_verdict(e, &ct);
+            continue;
+        }
+        c.verdict = crate::gate::evaluate(&c.cell, &c.comparison, &ct);
+        if let Some(f) = &c.finding {
+            crate::judge::gate_finding(&mut c.verdict, f);
+        }
+    }
+    crate::report::gate_simd_identity(&mut report.cells);
+    Ok(())
+}
+
+/// The outcome of `report`'s recorded verdicts (see [`GateOutcome`]).
+pub fn outcome(report: &Report) -> GateOutcome {
+    let mut lines = crate::report::failure_lines(report);
+    if let Some(inc) = &report.incomplete {
+        lines.push(format!(
+            "INCOMPLETE: the run stopped at cell {} ({} cells not run): {}",
+            inc.failed_cell, inc.cells_not_run, inc.error
+        ));
+    }
+    let n_fail = report.cells.iter().filter(|c| !c.verdict.pass).count()
+        + usize::from(report.incomplete.is_some());
+    lines.push(format!(
+        "{} cells, {} passed, {} failed",
+        report.cells.len(),
+        report.cells.len().saturating_sub(n_fail),
+        n_fail
+    ));
+    GateOutcome { lines, n_fail }
+}
+
+/// Read the report.json at `path` ([`crate::report::read_report`]), [`regate`] it when a `thresholds`
+/// file is given, and return its [`outcome`].
+///
+/// Errors: an unreadable or invalid report or thresholds file; a cell without thresholds.
+pub fn gate_file(path: &Path, thresholds: Option<&Path>) -> Result<GateOutcome> {
+    let mut r = crate::report::read_report(path)?;
+    if let Some(t) = thresholds {
+        regate(&mut r, &crate::gate::Thresholds::load(t)?)?;
+    }
+    Ok(outcome(&r))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Environment, Incomplete, REPORT_SCHEMA_VERSION};
+
+    fn empty_report() -> Report {
+        Report {
+            schema_version: REPORT_SCHEMA_VERSION,
+            run_id: "20260101-000000-abcd".into(),
+            created_unix: 0,
+            environment: Environment::detect(1, Path::new("/nonexistent/manifest.json")),
+            metric_definitions: crate::report::metric_definitions(),
+            thresholds_file: None,
+            inputs: None,
+            incomplete: None,
+            cells: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_complete_report_without_failures_passes() {
+        let o = outcome(&empty_report());
+        assert_eq!(o.n_fail, 0);
+        assert_eq!(o.lines, ["0 cells, 0 passed, 0 failed"]);
+    }
+
+    #[test]
+    fn an_incomplete_report_never_passes() {
+        let mut r = empty_report();
+        r.incomplete = Some(Incomplete {
+            failed_cell: "m/p/ggml".into(),
+            error: "boom".into(),
+            cells_not_run: 3,
+        });
+        let o = outcome(&r);
+        assert_eq!(o.n_fail, 1);
+        assert_eq!(
+            o.lines,
+            [
+                "INCOMPLETE: the run stopped at cell m/p/ggml (3 cells not run): boom",
+                "0 cells, 0 passed, 1 failed",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_report_file_is_read_and_gated() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("report.json");
+        let e = gate_file(&p, None).unwrap_err();
+        assert!(format!("{e:#}").contains("report.json"), "{e:#}");
+        let mut r = empty_report();
+        r.incomplete = Some(Incomplete {
+            failed_cell: "c".into(),
+            error: "e".into(),
+            cells_not_run: 0,
+        });
+        std::fs::write(&p, crate::report::to_json_pretty(&r).unwrap()).unwrap();
+        assert_eq!(gate_file(&p, None).unwrap(), outcome(&r));
+    }
+}
