@@ -563,11 +563,7 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
     for l in &lines {
         println!("{l}");
     }
-    Ok(if n_fail == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(exit_code(n_fail == 0))
 }
 
 fn gate_speed(bench: &Path, baseline: Option<&Path>, limits: &Path) -> Result<ExitCode> {
@@ -801,11 +797,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 let text = crate::report::to_json_pretty(&r)?;
                 crate::output::write_atomic(p, text.as_bytes())?;
             }
-            return Ok(if r.is_clean() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            });
+            return Ok(exit_code(r.is_clean()));
         }
         Command::Dump(a) => {
             crate::output::check_file_target(&a.out, "--out")?;
