@@ -35,72 +35,13 @@
 //!
 //! ARM and other ISAs are not mirrored.
 
+use crate::numerics::GgmlTarget;
 use crate::quant::x86::{fma, hsum_float_8, reduce_add_16, Emulated, Fma};
 
 /// Lanes of an `__m512` of f32 (the widest block any target uses; rows are padded to it).
 pub(crate) const LANES: usize = 16;
 
-/// The ggml-cpu build ggml mode reproduces: the SIMD branches llama.cpp compiled for its host's CPU
-/// (`GGML_NATIVE`). Selected from the CPU flags a golden records ([`GgmlTarget::from_cpu_flags`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum GgmlTarget {
-    /// `__AVX2__ && __FMA__` without AVX-512 F/DQ: 8-lane `__m256` branches.
-    Avx2,
-    /// `__AVX512F__ && __AVX512DQ__`: 16-lane `__m512` branches (the host of the first SmolLM2 goldens).
-    #[default]
-    Avx512,
-}
-
 impl GgmlTarget {
-    /// Every target, narrowest first.
-    pub const ALL: [GgmlTarget; 2] = [GgmlTarget::Avx2, GgmlTarget::Avx512];
-
-    /// `avx2` or `avx512`.
-    pub fn name(self) -> &'static str {
-        match self {
-            GgmlTarget::Avx2 => "avx2",
-            GgmlTarget::Avx512 => "avx512",
-        }
-    }
-
-    /// The target ggml-cpu compiles for a CPU with these `/proc/cpuinfo`-style flags (`avx512f`,
-    /// `avx512dq`, `avx2`, `fma`, ...), as `GGML_NATIVE` does. `None` when the CPU has neither (ggml would
-    /// run kernels lockstep does not mirror).
-    pub fn from_cpu_flags<S: AsRef<str>>(flags: &[S]) -> Option<GgmlTarget> {
-        let has = |f: &str| flags.iter().any(|x| x.as_ref() == f);
-        if has("avx512f") && has("avx512dq") {
-            Some(GgmlTarget::Avx512)
-        } else if has("avx2") && has("fma") {
-            Some(GgmlTarget::Avx2)
-        } else {
-            None
-        }
-    }
-
-    /// The target llama.cpp built with `GGML_NATIVE` would use on the machine running this code
-    /// (`is_x86_feature_detected!`); [`GgmlTarget::Avx512`] off x86 or on x86 without AVX2+FMA, where
-    /// no target describes llama.cpp and the choice only keeps ggml mode deterministic.
-    pub fn host() -> GgmlTarget {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
-                return GgmlTarget::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                return GgmlTarget::Avx2;
-            }
-        }
-        GgmlTarget::Avx512
-    }
-
-    /// f32 lanes of this target's vectors.
-    pub fn lanes(self) -> usize {
-        match self {
-            GgmlTarget::Avx2 => 8,
-            GgmlTarget::Avx512 => 16,
-        }
-    }
-
     /// Horizontal sum of one vector of [`GgmlTarget::lanes`] values (`hsum_float_8` /
     /// `_mm512_reduce_add_ps`).
     #[inline]
@@ -150,22 +91,6 @@ impl GgmlTarget {
             GgmlTarget::Avx2 => expf_avx2_f::<F>(x),
             GgmlTarget::Avx512 => expf_avx512_f::<F>(x),
         }
-    }
-}
-
-impl std::str::FromStr for GgmlTarget {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        GgmlTarget::ALL
-            .into_iter()
-            .find(|t| t.name() == s)
-            .ok_or_else(|| format!("unknown ggml target {s:?} (expected avx2 or avx512)"))
-    }
-}
-
-impl std::fmt::Display for GgmlTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
     }
 }
 
@@ -1129,7 +1054,7 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn zmm_expf_and_reduce_give_the_lane_replicas_bits() {
-        if !crate::quant::avx512_available() {
+        if !crate::numerics::avx512_available() {
             eprintln!("skipping: no AVX-512 on this CPU");
             return;
         }

@@ -29,14 +29,15 @@
 
 pub mod ggml_cpu;
 
-pub use ggml_cpu::GgmlTarget;
+/// Transitional re-export for harness code that names `lockstep_engine::ops::GgmlTarget`; the type lives in
+/// [`crate::numerics`].
+pub use crate::numerics::GgmlTarget;
 
 use rayon::prelude::*;
 
 use crate::kv_cache::KvCache;
+use crate::numerics::{Numerics, NumericsMode, Simd};
 use crate::quant::x86::{Emulated, Fma, Hardware, HardwareAvx512};
-use crate::quant::NumericsMode;
-use crate::simd::Simd;
 
 /// RMSNorm in place on every row of `x` (`[n_rows, width]`), then multiply by `weight` (`[width]`).
 ///
@@ -128,19 +129,19 @@ pub fn rope_norm(
     cache: &[f32],
     mode: NumericsMode,
 ) {
-    rope_norm_simd(x, head_dim, rope_dim, cache, mode, Simd::Off)
+    rope_norm_simd(x, head_dim, rope_dim, cache, Numerics::new(mode))
 }
 
-/// [`rope_norm`], in ggml mode with the hardware fma where `simd` runs the AVX2 kernels (same bits).
+/// [`rope_norm`] in `num.mode`, in ggml mode with the hardware fma where `num.simd` runs the AVX2 kernels
+/// (same bits; `num.target` is not read: RoPE is the same on both targets).
 pub fn rope_norm_simd(
     x: &mut [f32],
     head_dim: usize,
     rope_dim: usize,
     cache: &[f32],
-    mode: NumericsMode,
-    simd: Simd,
+    num: Numerics,
 ) {
-    rope_heads(false, x, (head_dim, rope_dim), cache, mode, simd)
+    rope_heads(false, x, (head_dim, rope_dim), cache, num.mode, num.simd)
 }
 
 /// The head loop of [`rope_norm_simd`] (`neox = false`) and [`rope_neox_simd`]: reference mode's four
@@ -197,19 +198,19 @@ pub fn rope_neox(
     cache: &[f32],
     mode: NumericsMode,
 ) {
-    rope_neox_simd(x, head_dim, rope_dim, cache, mode, Simd::Off)
+    rope_neox_simd(x, head_dim, rope_dim, cache, Numerics::new(mode))
 }
 
-/// [`rope_neox`], in ggml mode with the hardware fma where `simd` runs the AVX2 kernels (same bits).
+/// [`rope_neox`] in `num.mode`, in ggml mode with the hardware fma where `num.simd` runs the AVX2 kernels
+/// (same bits; `num.target` is not read: RoPE is the same on both targets).
 pub fn rope_neox_simd(
     x: &mut [f32],
     head_dim: usize,
     rope_dim: usize,
     cache: &[f32],
-    mode: NumericsMode,
-    simd: Simd,
+    num: Numerics,
 ) {
-    rope_heads(true, x, (head_dim, rope_dim), cache, mode, simd)
+    rope_heads(true, x, (head_dim, rope_dim), cache, num.mode, num.simd)
 }
 
 /// `x *= s` element-wise (`ggml_scale`: `ggml_vec_scale_f32`, one rounded product per element whatever
@@ -286,16 +287,10 @@ pub fn softmax_scaled(x: &mut [f32], scale: f32) {
 /// `ggml_vec_swiglu_f32`. Reference mode: libm `exp` everywhere. Ggml mode: [`ggml_cpu::swiglu_row`]
 /// (`ggml_v_silu` on 16-lane blocks, `ggml_silu_f32` for the last `width % 16`).
 ///
-/// With `simd` = [`Simd::Avx2`] or [`Simd::Avx512`] the ggml-mode rows run compiled with AVX2 and FMA (the
+/// `num.target` is the ggml-cpu build mirrored; with `num.simd` = [`Simd::Avx2`] or [`Simd::Avx512`] the ggml-mode rows run compiled with AVX2 and FMA (the
 /// same bits).
-pub fn swiglu(
-    gate: &mut [f32],
-    up: &[f32],
-    width: usize,
-    mode: NumericsMode,
-    target: GgmlTarget,
-    simd: Simd,
-) {
+pub fn swiglu(gate: &mut [f32], up: &[f32], width: usize, num: Numerics) {
+    let Numerics { mode, target, simd } = num;
     for_row_chunks2(gate, up, width, |gate, up| match mode {
         NumericsMode::Reference => {
             for (g, &u) in gate.iter_mut().zip(up) {
@@ -447,8 +442,8 @@ fn kv_head(h: usize, group: usize, n_kv_head: usize) -> usize {
 /// soft_max_ext(kq, mask, kq_scale, 0)`, `kqv = mul_mat(v, kq)` with the transposed V view. Reference mode:
 /// [`dot_f32`], [`softmax_scaled`], sequential f32 accumulation of `p · v`. Ggml mode: every score one
 /// [`ggml_cpu::vec_dot_f32`], the row softmax [`ggml_cpu::soft_max_row`] over `target`'s lanes, the KQV
-/// sums in `kqv` order ([`ggml_kqv_order`] of the batch); `target` and `kqv` are ignored in reference
-/// mode.
+/// sums in `kqv` order ([`ggml_kqv_order`] of the batch); `num.target`, `num.simd` and `kqv` are ignored
+/// in reference mode (`num.simd` changes no bit in ggml mode).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
@@ -458,23 +453,12 @@ pub fn attention(
     shape: &AttnShape,
     scores: &mut [f32],
     out: &mut [f32],
-    mode: NumericsMode,
-    (target, kqv): (GgmlTarget, KqvOrder),
-    simd: Simd,
+    num: Numerics,
+    kqv: KqvOrder,
 ) {
-    match mode {
+    match num.mode {
         NumericsMode::Reference => attention_reference(q, cache, layer, pos, shape, scores, out),
-        NumericsMode::Ggml => attention_ggml(
-            q,
-            cache,
-            layer,
-            pos,
-            shape,
-            scores,
-            out,
-            (target, kqv),
-            simd,
-        ),
+        NumericsMode::Ggml => attention_ggml(q, cache, layer, pos, shape, scores, out, num, kqv),
     }
 }
 
@@ -492,12 +476,11 @@ pub fn attention_batch(
     shape: &AttnShape,
     scores: &mut [f32],
     out: &mut [f32],
-    mode: NumericsMode,
-    to: (GgmlTarget, KqvOrder),
-    simd: Simd,
+    num: Numerics,
+    kqv: KqvOrder,
 ) {
     let qw = shape.n_head * shape.head_dim;
-    match mode {
+    match num.mode {
         NumericsMode::Reference => {
             for t in 0..n {
                 let (qt, ot) = (&q[t * qw..][..qw], &mut out[t * qw..][..qw]);
@@ -505,7 +488,7 @@ pub fn attention_batch(
             }
         }
         NumericsMode::Ggml => {
-            attention_ggml_batch(q, cache, layer, n, pos_of, shape, scores, out, to, simd)
+            attention_ggml_batch(q, cache, layer, n, pos_of, shape, scores, out, num, kqv)
         }
     }
 }
@@ -559,7 +542,8 @@ fn attention_reference(
 }
 
 /// Ggml-mode [`attention`] with an explicit [`KqvOrder`] (the fixture tests check both orders against
-/// llama.cpp's prefill and decode graphs).
+/// llama.cpp's prefill and decode graphs); `num.mode` is not read (always ggml), `num.target` picks the
+/// mirrored build, `num.simd` the kernels (same bits).
 ///
 /// Per query head, as llama.cpp computes one row of its `[n_kv, n_tokens, n_head]` tensors:
 /// 1. `kq[i] = ggml_vec_dot_f32(head_dim, k[i], q)` for `i ≤ pos` (`mul_mat(k, q)`, vec_dot path);
@@ -577,8 +561,8 @@ pub fn attention_ggml(
     shape: &AttnShape,
     scores: &mut [f32],
     out: &mut [f32],
-    (target, order): (GgmlTarget, KqvOrder),
-    simd: Simd,
+    num: Numerics,
+    order: KqvOrder,
 ) {
     let hd = shape.head_dim;
     let n_pad = attention_scratch_len(pos + 1);
@@ -593,8 +577,8 @@ pub fn attention_ggml(
             sh,
             oh,
             (h0, run),
-            (target, order),
-            simd,
+            (num.target, order),
+            num.simd,
         )
     };
     // Runs of heads in parallel once the context makes them worth a task each; every head is computed
@@ -641,8 +625,8 @@ pub fn attention_ggml_batch(
     shape: &AttnShape,
     scores: &mut [f32],
     out: &mut [f32],
-    to: (GgmlTarget, KqvOrder),
-    simd: Simd,
+    num: Numerics,
+    order: KqvOrder,
 ) {
     let hd = shape.head_dim;
     let qw = shape.n_head * hd;
@@ -654,7 +638,7 @@ pub fn attention_ggml_batch(
     if n == 1 || work < PARALLEL_ATTENTION_WORK || rayon::current_num_threads() == 1 {
         for t in 0..n {
             let (qt, ot) = (&q[t * qw..][..qw], &mut out[t * qw..][..qw]);
-            attention_ggml(qt, cache, layer, pos_of(t), shape, scores, ot, to, simd);
+            attention_ggml(qt, cache, layer, pos_of(t), shape, scores, ot, num, order);
         }
         return;
     }
@@ -677,8 +661,8 @@ pub fn attention_ggml_batch(
                     s,
                     oh,
                     (r * run, run),
-                    to,
-                    simd,
+                    (num.target, order),
+                    num.simd,
                 )
             })
         });
@@ -1072,6 +1056,12 @@ fn kqv_all_d<F: Fma>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::numerics::GgmlTarget;
+
+    /// Ggml mode mirroring `target` with the kernels of `simd`.
+    fn ggml(target: GgmlTarget, simd: Simd) -> Numerics {
+        Numerics::ggml(target).with_simd(simd)
+    }
 
     const MODES: [NumericsMode; 2] = [NumericsMode::Reference, NumericsMode::Ggml];
 
@@ -1125,11 +1115,17 @@ mod tests {
         for pos in [0, 1, 17, 500, 30_000] {
             let mut c = vec![0.0; rd];
             rope_cache(pos, 10_000.0, rd, &mut c);
-            type Rope = fn(&mut [f32], usize, usize, &[f32], NumericsMode, Simd);
+            type Rope = fn(&mut [f32], usize, usize, &[f32], Numerics);
             for rope in [rope_norm_simd as Rope, rope_neox_simd] {
                 let (mut a, mut b) = (x.clone(), x.clone());
-                rope(&mut a, hd, rd, &c, NumericsMode::Ggml, Simd::Off);
-                rope(&mut b, hd, rd, &c, NumericsMode::Ggml, Simd::Avx2);
+                rope(&mut a, hd, rd, &c, Numerics::new(NumericsMode::Ggml));
+                rope(
+                    &mut b,
+                    hd,
+                    rd,
+                    &c,
+                    Numerics::new(NumericsMode::Ggml).with_simd(Simd::Avx2),
+                );
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "pos {pos}");
                 if pos > 0 {
@@ -1145,8 +1141,26 @@ mod tests {
         let up: Vec<f32> = (0..70).map(|i| (i as f32 * 0.23).cos()).collect();
         for t in GgmlTarget::ALL {
             let (mut a, mut b) = (gate.clone(), gate.clone());
-            swiglu(&mut a, &up, 35, NumericsMode::Reference, t, Simd::Off);
-            swiglu(&mut b, &up, 35, NumericsMode::Ggml, t, Simd::Off);
+            swiglu(
+                &mut a,
+                &up,
+                35,
+                Numerics {
+                    mode: NumericsMode::Reference,
+                    target: t,
+                    simd: Simd::Off,
+                },
+            );
+            swiglu(
+                &mut b,
+                &up,
+                35,
+                Numerics {
+                    mode: NumericsMode::Ggml,
+                    target: t,
+                    simd: Simd::Off,
+                },
+            );
             if Simd::Avx2.available() {
                 // the SIMD rows give the scalar replica's bits, with large, tiny and infinite inputs too
                 let mut wide: Vec<f32> =
@@ -1156,13 +1170,31 @@ mod tests {
                 wide[19] = 1e-40;
                 let up: Vec<f32> = (0..4000).map(|i| (i as f32 * 0.11).cos()).collect();
                 let mut c = wide.clone();
-                swiglu(&mut c, &up, 1000, NumericsMode::Ggml, t, Simd::Off);
+                swiglu(
+                    &mut c,
+                    &up,
+                    1000,
+                    Numerics {
+                        mode: NumericsMode::Ggml,
+                        target: t,
+                        simd: Simd::Off,
+                    },
+                );
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 // rows of 1000 leave a tail of 8 past the sixteen-lane vectors (AVX-512's own loop)
                 for simd in [Simd::Avx2, Simd::Avx512] {
                     if simd.available() {
                         let mut d = wide.clone();
-                        swiglu(&mut d, &up, 1000, NumericsMode::Ggml, t, simd);
+                        swiglu(
+                            &mut d,
+                            &up,
+                            1000,
+                            Numerics {
+                                mode: NumericsMode::Ggml,
+                                target: t,
+                                simd: simd,
+                            },
+                        );
                         assert_eq!(bits(&c), bits(&d), "{t} {simd:?}");
                     }
                 }
@@ -1206,12 +1238,23 @@ mod tests {
                 .into_iter()
                 .filter(|s| s.available())
             {
-                let to = (GgmlTarget::Avx512, KqvOrder::TinyBlas);
+                let to = KqvOrder::TinyBlas;
                 let mut scores = vec![0.0; attention_scratch_len(p0 + n)];
                 let mut batch = vec![0.0; n * qw];
                 pool.install(|| {
                     let (sc, b) = (&mut scores, &mut batch);
-                    attention_ggml_batch(&q, &cache, 0, n, |t| p0 + t, &shape, sc, b, to, simd)
+                    attention_ggml_batch(
+                        &q,
+                        &cache,
+                        0,
+                        n,
+                        |t| p0 + t,
+                        &shape,
+                        sc,
+                        b,
+                        ggml(GgmlTarget::Avx512, simd),
+                        to,
+                    )
                 });
                 for t in 0..n {
                     let mut one = vec![0.0; qw];
@@ -1224,8 +1267,8 @@ mod tests {
                         &shape,
                         &mut scores,
                         &mut one,
+                        ggml(GgmlTarget::Avx512, simd),
                         to,
-                        simd,
                     );
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
@@ -1272,9 +1315,9 @@ mod tests {
                         for order in [KqvOrder::VecDot, KqvOrder::TinyBlas] {
                             let run = |simd: Simd, scores: &mut Vec<f32>| {
                                 let mut out = vec![0.0; n_head * hd];
-                                let to = (target, order);
+                                let num = ggml(target, simd);
                                 attention_ggml(
-                                    &q, &cache, 0, pos, &shape, scores, &mut out, to, simd,
+                                    &q, &cache, 0, pos, &shape, scores, &mut out, num, order,
                                 );
                                 out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
                             };
@@ -1378,9 +1421,12 @@ mod tests {
                 &AttnShape::causal(2, 1, 2),
                 &mut scores,
                 &mut out,
-                mode,
-                (GgmlTarget::Avx2, KqvOrder::VecDot),
-                Simd::Off,
+                Numerics {
+                    mode: mode,
+                    target: GgmlTarget::Avx2,
+                    simd: Simd::Off,
+                },
+                KqvOrder::VecDot,
             );
             assert_eq!(out, vec![5.0, 6.0, 5.0, 6.0]);
         }
@@ -1414,9 +1460,12 @@ mod tests {
                     &shape,
                     &mut scores,
                     &mut out,
-                    mode,
-                    (GgmlTarget::Avx512, KqvOrder::VecDot),
-                    Simd::Off,
+                    Numerics {
+                        mode: mode,
+                        target: GgmlTarget::Avx512,
+                        simd: Simd::Off,
+                    },
+                    KqvOrder::VecDot,
                 );
                 let w = 1.0 / (n - first) as f32;
                 for (p, &o) in out.iter().enumerate() {
@@ -1479,8 +1528,8 @@ mod tests {
                 &AttnShape::causal(1, 1, hd),
                 &mut scores,
                 &mut a,
-                (GgmlTarget::Avx512, KqvOrder::TinyBlas),
-                Simd::Off,
+                ggml(GgmlTarget::Avx512, Simd::Off),
+                KqvOrder::TinyBlas,
             );
             attention_ggml(
                 &q,
@@ -1490,8 +1539,8 @@ mod tests {
                 &AttnShape::causal(1, 1, hd),
                 &mut scores,
                 &mut b,
-                (GgmlTarget::Avx512, KqvOrder::VecDot),
-                Simd::Off,
+                ggml(GgmlTarget::Avx512, Simd::Off),
+                KqvOrder::VecDot,
             );
             if pos < 16 {
                 assert_eq!(a, b, "pos {pos}");
@@ -1507,9 +1556,12 @@ mod tests {
                 &AttnShape::causal(1, 1, hd),
                 &mut scores,
                 &mut r,
-                NumericsMode::Reference,
-                (GgmlTarget::Avx512, KqvOrder::TinyBlas),
-                Simd::Off,
+                Numerics {
+                    mode: NumericsMode::Reference,
+                    target: GgmlTarget::Avx512,
+                    simd: Simd::Off,
+                },
+                KqvOrder::TinyBlas,
             );
             for (x, y) in a.iter().zip(&r) {
                 assert!(

@@ -9,7 +9,7 @@
 //! nibbles are unpacked once); each of the `N` results is computed with exactly the single-row steps.
 //!
 //! Every function here is `unsafe`: the caller must have checked [`available`] (the
-//! [`crate::simd::Simd`] selection does), and the slices must hold whole blocks of matching length (the
+//! [`crate::numerics::Simd`] selection does), and the slices must hold whole blocks of matching length (the
 //! same contract as the scalar kernels, `debug_assert`ed there).
 
 use std::arch::x86_64::*;
@@ -18,13 +18,6 @@ use super::fp::read_f16;
 use super::q8::{Q8_0_BYTES, QK};
 use super::q8_k::QK_K;
 use super::{q4_0, q4_1, q4_k, q5_0, q5_1, q6_k, GgmlPath};
-
-/// True if this CPU runs the kernels of this module (AVX2, FMA and F16C, detected at run time).
-pub fn available() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-}
 
 /// `hsum_float_8` (arch/x86/quants.c): high + low 128 bits, `movehl`, `movehdup` + `add_ss`.
 #[target_feature(enable = "avx2,fma")]
@@ -685,8 +678,9 @@ mod tests {
     //! Each SIMD kernel against its scalar replica, in the style of llama.cpp's test-backend-ops: many
     //! shapes, random block bytes (any f16 scale bit pattern: NaN, infinities, subnormals) and
     //! activations quantized by ggml mode's own `from_float`, NaN inputs included.
-    use super::super::{simd_kernel, vec_dot_path, GgmlPath, GgmlType, NumericsMode, PreparedRow};
-    use crate::simd::Simd;
+    use super::super::{simd_kernel, vec_dot_path, GgmlPath, GgmlType, PreparedRow};
+    use crate::numerics::NumericsMode;
+    use crate::numerics::{GgmlTarget, Numerics, Simd};
 
     struct Rng(u64);
     impl Rng {
@@ -751,7 +745,7 @@ mod tests {
 
     #[test]
     fn avx2_quantizer_writes_the_scalar_bytes() {
-        if !super::available() {
+        if !crate::numerics::avx2_available() {
             eprintln!("skipping: no AVX2+FMA+F16C on this CPU");
             return;
         }
@@ -812,7 +806,7 @@ mod tests {
 
     #[test]
     fn simd_kernels_give_the_scalar_kernels_bits() {
-        if !super::available() {
+        if !crate::numerics::avx2_available() {
             eprintln!("skipping: this CPU has no AVX2+FMA+F16C (the scalar path is the only one)");
             return;
         }
@@ -826,7 +820,8 @@ mod tests {
                 GgmlType::Q5_0,
                 GgmlType::Q5_1,
             ] {
-                let k = simd_kernel(simd, ty, NumericsMode::Ggml).expect("a SIMD kernel");
+                let k = simd_kernel(Numerics::ggml(GgmlTarget::default()).with_simd(simd), ty)
+                    .expect("a SIMD kernel");
                 let vd = GgmlPath::VecDot;
                 for nb in (1..=24).chain([36, 48, 64, 96, 192]) {
                     let n = nb * 32;
@@ -913,7 +908,7 @@ mod tests {
 
     #[test]
     fn k_quant_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
-        if !super::available() {
+        if !crate::numerics::avx2_available() {
             eprintln!("skipping: this CPU has no AVX2+FMA+F16C (the scalar path is the only one)");
             return;
         }
@@ -928,7 +923,8 @@ mod tests {
             ),
             (GgmlType::Q6_K, [VecDot, Tiled, VecDot, Tiled], Simd::Avx2),
         ] {
-            let k = simd_kernel(simd, ty, NumericsMode::Ggml).expect("a SIMD kernel");
+            let k = simd_kernel(Numerics::ggml(GgmlTarget::default()).with_simd(simd), ty)
+                .expect("a SIMD kernel");
             for nb in [1, 2, 3, 4, 7, 19] {
                 for _ in 0..6 {
                     let w = k_quant_row(ty, nb, &mut rng);
@@ -1003,7 +999,7 @@ mod tests {
 
     #[test]
     fn float_and_repacked_4_bit_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
-        if !super::available() {
+        if !crate::numerics::avx2_available() {
             eprintln!("skipping: this CPU has no AVX2+FMA+F16C (the scalar path is the only one)");
             return;
         }
@@ -1019,7 +1015,8 @@ mod tests {
                 GgmlType::BF16,
             ];
             for ty in types {
-                let k = simd_kernel(simd, ty, NumericsMode::Ggml).expect("a SIMD kernel");
+                let k = simd_kernel(Numerics::ggml(GgmlTarget::default()).with_simd(simd), ty)
+                    .expect("a SIMD kernel");
                 let nibbles = matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4_NL);
                 for n in [32, 64, 96, 160, 576, 1536, 40, 200, 1000] {
                     if nibbles && n % 32 != 0 {
@@ -1069,7 +1066,7 @@ mod tests {
 
     #[test]
     fn repacked_4_bit_kernels_give_the_scalar_bits_one_or_eight_tokens_at_a_time() {
-        if !super::available() {
+        if !crate::numerics::avx2_available() {
             eprintln!("skipping: this CPU has no AVX2+FMA+F16C (the scalar path is the only one)");
             return;
         }
@@ -1078,7 +1075,8 @@ mod tests {
         let mut cases = 0;
         for simd in simd_settings() {
             for ty in [GgmlType::Q4_0, GgmlType::IQ4_NL] {
-                let k = simd_kernel(simd, ty, NumericsMode::Ggml).expect("a SIMD kernel");
+                let k = simd_kernel(Numerics::ggml(GgmlTarget::default()).with_simd(simd), ty)
+                    .expect("a SIMD kernel");
                 for nb in [1, 2, 18, 48] {
                     let n = nb * 32;
                     let w: Vec<Vec<u8>> = (0..11).map(|_| weight_row(ty, nb, &mut rng)).collect();
@@ -1130,11 +1128,11 @@ mod tests {
     #[test]
     fn no_simd_kernel_outside_ggml_mode() {
         assert_eq!(
-            simd_kernel(Simd::Off, GgmlType::Q4_1, NumericsMode::Ggml),
+            simd_kernel(Numerics::ggml(GgmlTarget::default()), GgmlType::Q4_1),
             None
         );
         assert_eq!(
-            simd_kernel(Simd::Avx2, GgmlType::Q4_1, NumericsMode::Reference),
+            simd_kernel(Numerics::reference().with_simd(Simd::Avx2), GgmlType::Q4_1),
             None
         );
     }

@@ -6,7 +6,7 @@
 //! load. One module per format (`q4_0`, `q4_1`, `q5_0`, `q5_1`, `q8` = Q8_0 + Q8_1, `iq4_nl`, `q8_k`,
 //! `q2_k`, `q3_k`, `q4_k`, `q5_k`, `q6_k`, `iq4_xs`, `float` = F32/F16/BF16); `fp` holds ggml's f16/bf16 conversions, `x86` the scalar replicas of the SIMD
 //! reduction steps, `reference` the reference-mode dot products, `prepared` the [`PreparedRow`]; `avx2`
-//! and `avx512` the SIMD kernels of ggml mode ([`crate::simd::Simd`]), each bit-identical to the scalar
+//! and `avx512` the SIMD kernels of ggml mode ([`crate::numerics::Simd`]), each bit-identical to the scalar
 //! replicas.
 //!
 //! | type | dequantize | quantize (`_ref`) | dot (both modes) | `vec_dot_type` |
@@ -158,79 +158,11 @@ pub(crate) mod x86;
 
 pub use prepared::PreparedRow;
 
-/// True if this CPU runs the AVX2 + FMA kernels ([`crate::simd::Simd::Avx2`]).
-pub fn avx2_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        avx2::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-/// True if this CPU runs the AVX-512 VNNI tiles ([`crate::simd::Simd::Avx512`]; they need the AVX2
-/// kernels' features too).
-pub fn avx512_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        avx512::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
 pub use types::GgmlType;
 
-use crate::ops::GgmlTarget;
+use crate::numerics::{GgmlTarget, Numerics, NumericsMode, Simd};
 
 use crate::Error;
-
-/// How a matrix-vector product is computed.
-///
-/// - [`NumericsMode::Reference`]: dequantize each weight block to f32 and multiply-accumulate in f32
-///   against the f32 activation. Tracks an f32 framework (transformers) on the dequantized weights.
-/// - [`NumericsMode::Ggml`]: do what ggml's CPU backend does: quantize the activation row to the weight
-///   type's `vec_dot_type` (ggml-cpu.c `type_traits_cpu`), then integer dot products per block with ggml's
-///   scale order. Tracks llama.cpp.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum NumericsMode {
-    /// Dequantize to f32, f32 accumulation.
-    #[default]
-    Reference,
-    /// Quantized activations and integer block dot products, as ggml-cpu.
-    Ggml,
-}
-
-impl NumericsMode {
-    /// The lower-case name used on the command line and in reports: `reference` or `ggml`.
-    pub fn name(self) -> &'static str {
-        match self {
-            NumericsMode::Reference => "reference",
-            NumericsMode::Ggml => "ggml",
-        }
-    }
-}
-
-impl std::str::FromStr for NumericsMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "reference" => Ok(NumericsMode::Reference),
-            "ggml" => Ok(NumericsMode::Ggml),
-            other => Err(format!(
-                "unknown numerics mode {other:?} (expected `reference` or `ggml`)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for NumericsMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// True if `ty` has dequantization and dot-product kernels (weights of this type can be used in a matmul).
 pub fn supports(ty: GgmlType) -> bool {
@@ -665,15 +597,11 @@ pub(crate) enum SimdKernel {
     Q5_0Avx512,
 }
 
-/// The SIMD kernel for weights of `ty` in `mode` under `simd`, or `None` where only the scalar kernel
-/// exists (then the caller uses [`vec_dot_path`]). Checks at run time that the CPU has the instructions,
-/// so a `Simd` value built by hand cannot reach an unsupported kernel.
-pub(crate) fn simd_kernel(
-    simd: crate::simd::Simd,
-    ty: GgmlType,
-    mode: NumericsMode,
-) -> Option<SimdKernel> {
-    use crate::simd::Simd;
+/// The SIMD kernel for weights of `ty` in `num.mode` under `num.simd`, or `None` where only the scalar
+/// kernel exists (then the caller uses [`vec_dot_path`]; `num.target` is not read). Checks at run time
+/// that the CPU has the instructions, so a `Simd` value built by hand cannot reach an unsupported kernel.
+pub(crate) fn simd_kernel(num: Numerics, ty: GgmlType) -> Option<SimdKernel> {
+    let Numerics { mode, simd, .. } = num;
     if !simd.avx2_kernels() || mode != NumericsMode::Ggml {
         return None;
     }
