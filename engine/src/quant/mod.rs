@@ -153,6 +153,7 @@ mod q6_k;
 mod q8;
 mod q8_k;
 mod reference;
+mod table;
 mod types;
 pub(crate) mod x86;
 
@@ -164,24 +165,31 @@ use crate::numerics::{GgmlTarget, Numerics, NumericsMode, Simd};
 
 use crate::Error;
 
-/// True if `ty` has dequantization and dot-product kernels (weights of this type can be used in a matmul).
+/// True if `ty` has dequantization and dot-product kernels (weights of this type can be used in a matmul):
+/// its row of the type table (`table.rs`) has [dot kernels](table::Dots).
 pub fn supports(ty: GgmlType) -> bool {
-    vec_dot_type(ty).is_some()
+    dots(ty).is_some()
 }
 
 /// The type ggml-cpu converts the activation to before a dot product with weights of `ty`
 /// (`type_traits_cpu[ty].vec_dot_type`, ggml-cpu.c), or `None` if this module has no dot kernel for `ty`.
 pub fn vec_dot_type(ty: GgmlType) -> Option<GgmlType> {
-    use GgmlType::*;
-    match ty {
-        F32 => Some(F32),
-        F16 => Some(F16),
-        BF16 => Some(BF16),
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL => Some(Q8_0),
-        Q4_1 | Q5_1 => Some(Q8_1),
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Some(Q8_K),
-        _ => None,
-    }
+    Some(dots(ty)?.vec_dot_type)
+}
+
+/// The dot kernels of weight type `ty` (its row of the type table), `None` for a type without them.
+fn dots(ty: GgmlType) -> Option<&'static table::Dots> {
+    table::traits(ty)?.dot.as_ref()
+}
+
+/// The dot kernels of weight type `weight_ty`, for the kernels' callers, whose weights were checked at
+/// load ([`supports`]; `models::weights` refuses a tensor of another type, naming it).
+///
+/// # Panics
+/// If `weight_ty` has no dot kernels: a caller's bug (a row prepared for a type without kernels cannot
+/// exist: [`PreparedRow::prepare`] refuses it).
+fn dots_of(weight_ty: GgmlType) -> &'static table::Dots {
+    dots(weight_ty).unwrap_or_else(|| panic!("no dot kernel for {weight_ty}"))
 }
 
 /// Check that `n_bytes` holds exactly `n_elements` of `ty`.
@@ -205,62 +213,10 @@ fn check_len(ty: GgmlType, n_bytes: usize, n_elements: usize) -> crate::Result<(
 /// Errors: [`Error::Invalid`] if `src.len() != ty.bytes_for(dst.len())`; [`Error::Unsupported`] for types
 /// without a kernel.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> crate::Result<()> {
-    use GgmlType::*;
-    if !matches!(
-        ty,
-        F32 | F16
-            | BF16
-            | Q4_0
-            | Q4_1
-            | Q5_0
-            | Q5_1
-            | Q8_0
-            | Q8_1
-            | IQ4_NL
-            | Q2_K
-            | Q3_K
-            | Q4_K
-            | Q5_K
-            | Q6_K
-            | IQ4_XS
-            | Q8_K
-    ) {
-        return Err(Error::Unsupported(format!(
-            "no dequantization kernel for {ty}"
-        )));
-    }
+    let t = table::traits(ty)
+        .ok_or_else(|| Error::Unsupported(format!("no dequantization kernel for {ty}")))?;
     check_len(ty, src.len(), dst.len())?;
-    fn blocks<const QK: usize>(
-        src: &[u8],
-        dst: &mut [f32],
-        bytes: usize,
-        f: fn(&[u8], &mut [f32; QK]),
-    ) {
-        for (blk, out) in src.chunks_exact(bytes).zip(dst.chunks_exact_mut(QK)) {
-            let out: &mut [f32; QK] = out.try_into().expect("chunks_exact gives QK elements");
-            f(blk, out);
-        }
-    }
-    match ty {
-        F32 => float::dequantize_f32(src, dst),
-        F16 => float::dequantize_f16(src, dst),
-        BF16 => float::dequantize_bf16(src, dst),
-        Q4_0 => blocks(src, dst, q4_0::BYTES, q4_0::dequantize_block),
-        Q4_1 => blocks(src, dst, q4_1::BYTES, q4_1::dequantize_block),
-        Q5_0 => blocks(src, dst, q5_0::BYTES, q5_0::dequantize_block),
-        Q5_1 => blocks(src, dst, q5_1::BYTES, q5_1::dequantize_block),
-        Q8_0 => blocks(src, dst, q8::Q8_0_BYTES, q8::dequantize_block_q8_0),
-        Q8_1 => blocks(src, dst, q8::Q8_1_BYTES, q8::dequantize_block_q8_1),
-        IQ4_NL => blocks(src, dst, iq4_nl::BYTES, iq4_nl::dequantize_block),
-        Q2_K => blocks(src, dst, q2_k::BYTES, q2_k::dequantize_block),
-        Q3_K => blocks(src, dst, q3_k::BYTES, q3_k::dequantize_block),
-        Q4_K => blocks(src, dst, q4_k::BYTES, q4_k::dequantize_block),
-        Q5_K => blocks(src, dst, q5_k::BYTES, q5_k::dequantize_block),
-        Q6_K => blocks(src, dst, q6_k::BYTES, q6_k::dequantize_block),
-        IQ4_XS => blocks(src, dst, iq4_xs::BYTES, iq4_xs::dequantize_block),
-        Q8_K => blocks(src, dst, q8_k::BYTES, q8_k::dequantize_block),
-        _ => unreachable!("checked above"),
-    }
+    (t.dequantize)(src, dst);
     Ok(())
 }
 
@@ -292,56 +248,10 @@ pub fn quantize_row(ty: GgmlType, src: &[f32]) -> crate::Result<Vec<u8>> {
 /// [`Error::Unsupported`] naming the type for a type without a reference quantizer here (the IQ2/IQ3/IQ1,
 /// TQ, MXFP4 and integer types).
 pub fn quantize_into(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> crate::Result<()> {
-    use GgmlType::*;
-    if !matches!(
-        ty,
-        F32 | F16
-            | BF16
-            | Q4_0
-            | Q4_1
-            | Q5_0
-            | Q5_1
-            | Q8_0
-            | Q8_1
-            | IQ4_NL
-            | Q2_K
-            | Q3_K
-            | Q4_K
-            | Q5_K
-            | Q6_K
-            | IQ4_XS
-            | Q8_K
-    ) {
-        return Err(Error::Unsupported(format!(
-            "no reference quantizer for {ty}"
-        )));
-    }
+    let t = table::traits(ty)
+        .ok_or_else(|| Error::Unsupported(format!("no reference quantizer for {ty}")))?;
     check_len(ty, dst.len(), src.len())?;
-    match ty {
-        F32 => float::quantize_f32(src, dst),
-        F16 => float::quantize_f16(src, dst),
-        BF16 => float::quantize_bf16(src, dst),
-        Q4_0 => q4_0::quantize_row_ref(src, dst),
-        Q4_1 => q4_1::quantize_row_ref(src, dst),
-        Q5_0 => q5_0::quantize_row_ref(src, dst),
-        Q5_1 => q5_1::quantize_row_ref(src, dst),
-        Q8_0 => q8::quantize_ref_q8_0(src, dst),
-        Q8_1 => q8::quantize_ref_q8_1(src, dst),
-        IQ4_NL => iq4_nl::quantize_row_ref(src, dst),
-        Q2_K => q2_k::quantize_row_ref(src, dst),
-        Q3_K => q3_k::quantize_row_ref(src, dst),
-        Q4_K => q4_k::quantize_row_ref(src, dst),
-        Q5_K => q5_k::quantize_row_ref(src, dst),
-        Q6_K => q6_k::quantize_row_ref(src, dst),
-        IQ4_XS => iq4_xs::quantize_row_ref(src, dst),
-        Q8_K => {
-            let nb = src.len() / q8_k::QK_K;
-            let (mut qs, mut d, mut bs) =
-                (vec![0i8; src.len()], vec![0f32; nb], vec![0i16; nb * 16]);
-            q8_k::quantize(src, dst, &mut qs, &mut d, &mut bs);
-        }
-        _ => unreachable!("checked above"),
-    }
+    (t.quantize)(src, dst);
     Ok(())
 }
 
@@ -365,8 +275,10 @@ pub fn dot_dequantized(w: &[f32], x: &PreparedRow) -> f32 {
 ///   `ggml_vec_dot_bf16` (vec.cpp). Other kernels of a matmul: [`vec_dot_path`].
 ///
 /// Lengths are the caller's contract: `w_row` holds `x.len()` elements of `weight_ty`, and `x` was prepared
-/// for `weight_ty` or a type with the same `vec_dot_type` (checked by `debug_assert`). A weight type
-/// without a kernel gives NaN in release builds.
+/// for `weight_ty` or a type with the same `vec_dot_type` (checked by `debug_assert`).
+///
+/// # Panics
+/// If `weight_ty` has no dot kernel ([`supports`]; such a row cannot have been prepared).
 pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
     debug_assert_eq!(
         weight_ty.bytes_for(x.len() as u64),
@@ -375,12 +287,9 @@ pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
         w_row.len(),
         x.len()
     );
+    let d = dots_of(weight_ty);
     match x.mode() {
-        NumericsMode::Reference => {
-            let r = reference::dot(weight_ty, w_row, &x.x, x.simd);
-            debug_assert!(r.is_some(), "no dot kernel for {weight_ty}");
-            r.unwrap_or(f32::NAN)
-        }
+        NumericsMode::Reference => (d.reference)(w_row, &x.x, x.simd),
         NumericsMode::Ggml => {
             debug_assert_eq!(
                 vec_dot_type(weight_ty),
@@ -388,7 +297,7 @@ pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
                 "row prepared for {:?}, used with {weight_ty}",
                 x.weight_type()
             );
-            dot_ggml(weight_ty, w_row, x)
+            (d.ggml)(w_row, x)
         }
     }
 }
@@ -428,25 +337,23 @@ pub enum GgmlPath {
     TinyBlasQ0,
 }
 
-/// True for the weight types ggml-cpu/tiled handles (`ggml_tiled_supported`, tiled/tiled.cpp) that have
-/// kernels here.
-fn tiled_type(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(ty, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS)
-}
-
-/// `path` if it names a kernel that exists for weights of `ty`, else [`GgmlPath::VecDot`] (what
-/// [`vec_dot_path`] computes for it).
+/// `path` if it names a kernel that exists for weights of `ty` (its row of the type table has it), else
+/// [`GgmlPath::VecDot`] (what [`vec_dot_path`] computes for it).
 pub(crate) fn effective_path(ty: GgmlType, path: GgmlPath) -> GgmlPath {
-    use GgmlType::*;
-    match (ty, path) {
-        (Q4_K | Q2_K | Q4_0 | IQ4_NL, GgmlPath::RepackGemv | GgmlPath::RepackGemm) => path,
-        (t, GgmlPath::Tiled) if tiled_type(t) => path,
-        (IQ4_NL, GgmlPath::TinyBlasQ0) => path,
-        (F32 | F16 | BF16, GgmlPath::TinyBlas | GgmlPath::TinyBlasAvx2 | GgmlPath::VecDotAvx2) => {
-            path
-        }
-        _ => GgmlPath::VecDot,
+    let Some(d) = dots(ty) else {
+        return GgmlPath::VecDot;
+    };
+    let exists = match path {
+        GgmlPath::VecDot => true,
+        GgmlPath::RepackGemv | GgmlPath::RepackGemm => d.repack.is_some(),
+        GgmlPath::Tiled => d.tiled.is_some(),
+        GgmlPath::TinyBlasQ0 => d.tinyblas_q0.is_some(),
+        GgmlPath::TinyBlas | GgmlPath::TinyBlasAvx2 | GgmlPath::VecDotAvx2 => d.float.is_some(),
+    };
+    if exists {
+        path
+    } else {
+        GgmlPath::VecDot
     }
 }
 
@@ -481,29 +388,27 @@ pub fn ggml_path(
     t: usize,
     target: GgmlTarget,
 ) -> GgmlPath {
-    use GgmlType::*;
-    let repacks = match ty {
-        Q4_K | Q4_0 | IQ4_NL => true,
-        Q2_K => target == GgmlTarget::Avx512,
-        _ => false,
+    // a type without kernels never reaches a kernel (`PreparedRow::prepare` refuses it)
+    let Some(d) = dots(ty) else {
+        return GgmlPath::VecDot;
     };
-    let repacked = repacks && rows.is_multiple_of(8);
+    let repacked = d.repack.as_ref().is_some_and(|r| (r.on)(target)) && rows.is_multiple_of(8);
     if repacked {
         if t < n_tokens - n_tokens % 4 {
             GgmlPath::RepackGemm
         } else {
             GgmlPath::RepackGemv
         }
-    } else if tiled_type(ty) && n_tokens >= 8 {
+    } else if d.tiled.is_some() && n_tokens >= 8 {
         GgmlPath::Tiled
-    } else if ty == GgmlType::IQ4_NL && n_tokens >= 2 {
+    } else if d.tinyblas_q0.is_some() && n_tokens >= 2 {
         GgmlPath::TinyBlasQ0
-    } else if float::tinyblas_applies(ty, rows, cols, n_tokens, target) {
+    } else if d.float.is_some() && float::tinyblas_applies(ty, rows, cols, n_tokens, target) {
         match target {
             GgmlTarget::Avx512 => GgmlPath::TinyBlas,
             GgmlTarget::Avx2 => GgmlPath::TinyBlasAvx2,
         }
-    } else if matches!(ty, F32 | F16 | BF16) && target == GgmlTarget::Avx2 {
+    } else if d.float.is_some() && target == GgmlTarget::Avx2 {
         GgmlPath::VecDotAvx2
     } else {
         GgmlPath::VecDot
@@ -518,43 +423,24 @@ pub fn ggml_path(
 /// AVX-512 / AVX2 build), `float::dot_{f32,f16,bf16}_avx2` (vec.cpp of an AVX2 build).
 pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: GgmlPath) -> f32 {
     if x.mode() == NumericsMode::Ggml {
-        let (qs, d, bsums) = (&x.qs[..], &x.d[..], &x.bsums[..]);
-        match (weight_ty, effective_path(weight_ty, path)) {
-            (GgmlType::Q4_K, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
-                return q4_k::dot_q8_k_repacked(w_row, qs, d, bsums, p == GgmlPath::RepackGemm);
+        let d = dots_of(weight_ty);
+        // `effective_path` names only the paths whose kernel the row has
+        let missing = "effective_path checked the kernel";
+        match effective_path(weight_ty, path) {
+            GgmlPath::VecDot => {}
+            p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm) => {
+                let r = d.repack.as_ref().expect(missing);
+                return (r.dot)(w_row, x, p == GgmlPath::RepackGemm);
             }
-            (GgmlType::Q2_K, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
-                return q2_k::dot_q8_k_repacked(w_row, qs, d, bsums, p == GgmlPath::RepackGemm);
+            GgmlPath::Tiled => return d.tiled.expect(missing)(w_row, x),
+            GgmlPath::TinyBlasQ0 => return d.tinyblas_q0.expect(missing)(w_row, x),
+            GgmlPath::TinyBlas => return (d.float.as_ref().expect(missing).tinyblas)(w_row, &x.x),
+            GgmlPath::TinyBlasAvx2 => {
+                return (d.float.as_ref().expect(missing).tinyblas_avx2)(w_row, &x.x)
             }
-            (GgmlType::Q2_K, GgmlPath::Tiled) => return q2_k::dot_q8_k_tiled(w_row, qs, d, bsums),
-            (GgmlType::Q3_K, GgmlPath::Tiled) => return q3_k::dot_q8_k_tiled(w_row, qs, d),
-            (GgmlType::Q4_K, GgmlPath::Tiled) => return q4_k::dot_q8_k_tiled(w_row, qs, d, bsums),
-            (GgmlType::Q5_K, GgmlPath::Tiled) => return q5_k::dot_q8_k_tiled(w_row, qs, d, bsums),
-            (GgmlType::Q6_K, GgmlPath::Tiled) => return q6_k::dot_q8_k_tiled(w_row, qs, d),
-            (GgmlType::IQ4_XS, GgmlPath::Tiled) => return iq4_xs::dot_q8_k_tiled(w_row, qs, d),
-            (GgmlType::IQ4_NL, GgmlPath::TinyBlasQ0) if x.has_min_quant => {
-                return iq4_nl::dot_q8_0_tinyblas::<true>(w_row, qs, d)
+            GgmlPath::VecDotAvx2 => {
+                return (d.float.as_ref().expect(missing).vec_dot_avx2)(w_row, &x.x)
             }
-            (GgmlType::IQ4_NL, GgmlPath::TinyBlasQ0) => {
-                return iq4_nl::dot_q8_0_tinyblas::<false>(w_row, qs, d)
-            }
-            (GgmlType::Q4_0, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
-                return q4_0::dot_q8_0_repacked(w_row, qs, d, p == GgmlPath::RepackGemv);
-            }
-            (GgmlType::IQ4_NL, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
-                let gemv = p == GgmlPath::RepackGemv;
-                return q4_0::dot_q8_0_repacked_lut(w_row, qs, d, gemv, &iq4_nl::KVALUES);
-            }
-            (GgmlType::F32 | GgmlType::F16 | GgmlType::BF16, GgmlPath::TinyBlas) => {
-                return float::dot_tinyblas(weight_ty, w_row, &x.x)
-            }
-            (GgmlType::F32 | GgmlType::F16 | GgmlType::BF16, GgmlPath::TinyBlasAvx2) => {
-                return float::dot_tinyblas_avx2(weight_ty, w_row, &x.x)
-            }
-            (GgmlType::F32, GgmlPath::VecDotAvx2) => return float::dot_f32_avx2(w_row, &x.x),
-            (GgmlType::F16, GgmlPath::VecDotAvx2) => return float::dot_f16_avx2(w_row, &x.x),
-            (GgmlType::BF16, GgmlPath::VecDotAvx2) => return float::dot_bf16_avx2(w_row, &x.x),
-            _ => {}
         }
     }
     vec_dot(weight_ty, w_row, x)
@@ -605,27 +491,10 @@ pub(crate) fn simd_kernel(num: Numerics, ty: GgmlType) -> Option<SimdKernel> {
     if !simd.avx2_kernels() || mode != NumericsMode::Ggml {
         return None;
     }
-    if simd == Simd::Avx512 {
-        match ty {
-            GgmlType::Q4_1 => return Some(SimdKernel::Q4_1Avx512),
-            GgmlType::Q8_0 => return Some(SimdKernel::Q8_0Avx512),
-            GgmlType::Q5_0 => return Some(SimdKernel::Q5_0Avx512),
-            _ => {}
-        }
-    }
-    match ty {
-        GgmlType::Q4_1 => Some(SimdKernel::Q4_1Avx2),
-        GgmlType::Q8_0 => Some(SimdKernel::Q8_0Avx2),
-        GgmlType::Q5_0 => Some(SimdKernel::Q5_0Avx2),
-        GgmlType::Q4_K => Some(SimdKernel::Q4_KAvx2),
-        GgmlType::Q6_K => Some(SimdKernel::Q6_KAvx2),
-        GgmlType::Q4_0 => Some(SimdKernel::Q4_0Avx2),
-        GgmlType::F32 => Some(SimdKernel::F32Avx2),
-        GgmlType::F16 => Some(SimdKernel::F16Avx2),
-        GgmlType::BF16 => Some(SimdKernel::BF16Avx2),
-        GgmlType::Q5_1 => Some(SimdKernel::Q5_1Avx2),
-        GgmlType::IQ4_NL => Some(SimdKernel::IQ4_NLAvx2),
-        _ => None,
+    let d = dots(ty)?;
+    match simd {
+        Simd::Avx512 => d.simd_avx512.or(d.simd_avx2),
+        Simd::Avx2 | Simd::Off => d.simd_avx2,
     }
 }
 
@@ -1045,37 +914,6 @@ unsafe fn dot_rows_tiles<const N: usize>(
         SimdKernel::Q8_0Avx512 => pairs!(avx512::dot_q8_0_q8_0_x2, avx512::dot_q8_0_q8_0),
         SimdKernel::Q5_0Avx512 => pairs!(avx512::dot_q5_0_q8_0_x2, avx512::dot_q5_0_q8_0),
         _ => unreachable!("dot_rows_avx512 runs the AVX-512 kernels only"),
-    }
-}
-
-/// Ggml-mode dispatch (see [`vec_dot`]).
-fn dot_ggml(ty: GgmlType, w: &[u8], x: &PreparedRow) -> f32 {
-    use GgmlType::*;
-    let exact = x.has_min_quant;
-    match ty {
-        F32 => float::dot_f32(w, &x.x),
-        F16 => float::dot_f16(w, &x.x),
-        BF16 => float::dot_bf16(w, &x.x),
-        Q4_0 if exact => q4_0::dot_q8_0::<true>(w, &x.qs, &x.d),
-        Q4_0 => q4_0::dot_q8_0::<false>(w, &x.qs, &x.d),
-        Q5_0 if exact => q5_0::dot_q8_0::<true>(w, &x.qs, &x.d),
-        Q5_0 => q5_0::dot_q8_0::<false>(w, &x.qs, &x.d),
-        Q8_0 if exact => q8::dot_q8_0_q8_0::<true>(w, &x.qs, &x.d),
-        Q8_0 => q8::dot_q8_0_q8_0::<false>(w, &x.qs, &x.d),
-        IQ4_NL if exact => iq4_nl::dot_q8_0::<true>(w, &x.qs, &x.d),
-        IQ4_NL => iq4_nl::dot_q8_0::<false>(w, &x.qs, &x.d),
-        Q4_1 => q4_1::dot_q8_1(w, &x.qs, &x.d, &x.s),
-        Q5_1 => q5_1::dot_q8_1(w, &x.qs, &x.d, &x.s),
-        Q2_K => q2_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
-        Q3_K => q3_k::dot_q8_k(w, &x.qs, &x.d),
-        Q4_K => q4_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
-        Q5_K => q5_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
-        Q6_K => q6_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
-        IQ4_XS => iq4_xs::dot_q8_k(w, &x.qs, &x.d),
-        _ => {
-            debug_assert!(false, "no dot kernel for {ty}");
-            f32::NAN
-        }
     }
 }
 
