@@ -137,7 +137,7 @@ fn swiglu_modes_agree_closely() {
                         Numerics {
                             mode: NumericsMode::Ggml,
                             target: t,
-                            simd: simd,
+                            simd,
                         },
                     );
                     assert_eq!(bits(&c), bits(&d), "{t} {simd:?}");
@@ -367,7 +367,7 @@ fn attention_single_position_returns_value() {
             &mut scores,
             &mut out,
             Numerics {
-                mode: mode,
+                mode,
                 target: GgmlTarget::Avx2,
                 simd: Simd::Off,
             },
@@ -406,7 +406,7 @@ fn sliding_window_sees_only_the_last_window_positions() {
                 &mut scores,
                 &mut out,
                 Numerics {
-                    mode: mode,
+                    mode,
                     target: GgmlTarget::Avx512,
                     simd: Simd::Off,
                 },
