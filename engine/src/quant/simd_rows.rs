@@ -5,7 +5,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx2_float, avx512, iq4_nl, q4_0};
-use super::{effective_path, table, vec_dot_path, GgmlPath, GgmlType, PreparedRow};
+use super::{dots, effective_path, vec_dot_path, GgmlPath, GgmlType, PreparedRow};
 use crate::numerics::{Numerics, NumericsMode, Simd};
 
 /// A SIMD kernel chosen for one matmul ([`simd_kernel`]): computes `N` outputs of one weight row at once,
@@ -53,7 +53,7 @@ pub(crate) fn simd_kernel(num: Numerics, ty: GgmlType) -> Option<SimdKernel> {
     if !simd.avx2_kernels() || mode != NumericsMode::Ggml {
         return None;
     }
-    let d = table::traits(ty)?.dot.as_ref()?;
+    let d = dots(ty)?;
     match simd {
         Simd::Avx512 => d.simd_avx512.or(d.simd_avx2),
         Simd::Avx2 | Simd::Off => d.simd_avx2,
