@@ -23,9 +23,9 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BatchSize, Bencher, Criterion, Throughput};
 use lockstep_engine::backend::{Backend, CpuBackend, MatmulScratch, QMatrix};
 use lockstep_engine::kv_cache::KvCache;
-use lockstep_engine::ops::{self, AttnShape, GgmlTarget, KqvOrder};
+use lockstep_engine::ops::{self, AttnShape, KqvOrder};
 use lockstep_engine::quant::{self, GgmlType};
-use lockstep_engine::{NumericsMode, Simd};
+use lockstep_engine::{GgmlTarget, Numerics, NumericsMode, Simd};
 
 /// Deterministic xorshift64 generator (no `rand` dependency), as in the engine's own unit tests.
 struct Rng(u64);
@@ -269,8 +269,11 @@ fn bench_matmul(c: &mut Criterion) {
                                     black_box(&x),
                                     n,
                                     &mut out,
-                                    mode,
-                                    GgmlTarget::host(),
+                                    Numerics {
+                                        mode,
+                                        target: GgmlTarget::host(),
+                                        simd,
+                                    },
                                     &mut scratch,
                                 )
                                 .expect("the type has a matmul kernel");
@@ -350,9 +353,12 @@ fn bench_attention(c: &mut Criterion) {
                             &shape,
                             &mut scores,
                             &mut out,
-                            mode,
-                            (GgmlTarget::Avx2, KqvOrder::VecDot),
-                            simd,
+                            Numerics {
+                                mode,
+                                target: GgmlTarget::Avx2,
+                                simd,
+                            },
+                            KqvOrder::VecDot,
                         );
                     });
                 });
@@ -462,7 +468,16 @@ fn bench_glu(c: &mut Criterion) {
             let group = format!("glu/swiglu/smollm2_ffn{D_FFN}/{mode}/{batch}");
             side_by_side(c, &group, gate.len(), &simds, Simd::name, |b, simd| {
                 bench_in_place(b, &gate, |g| {
-                    ops::swiglu(g, &up, D_FFN, mode, GgmlTarget::Avx2, simd);
+                    ops::swiglu(
+                        g,
+                        &up,
+                        D_FFN,
+                        Numerics {
+                            mode,
+                            target: GgmlTarget::Avx2,
+                            simd,
+                        },
+                    );
                 });
             });
         }

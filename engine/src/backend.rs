@@ -9,9 +9,8 @@
 
 use rayon::prelude::*;
 
-use crate::ops::GgmlTarget;
-use crate::quant::{self, GgmlType, NumericsMode, PreparedRow};
-use crate::simd::Simd;
+use crate::numerics::{Numerics, NumericsMode, Simd};
+use crate::quant::{self, GgmlType, PreparedRow};
 
 /// A weight matrix `[rows, cols]` (ggml `ne = [cols, rows]`) stored as ggml blocks, row-major.
 #[derive(Clone, Copy, Debug)]
@@ -55,8 +54,9 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
 
     /// `out[t · rows + r] = Σ_k W[r, k] · x[t · cols + k]` for `t < n_tokens`.
-    /// `x`: `[n_tokens, cols]`; `out`: `[n_tokens, rows]`. Numerics per [`NumericsMode`]; in ggml mode
-    /// the kernels llama.cpp built for `target` picks ([`quant::ggml_path`]).
+    /// `x`: `[n_tokens, cols]`; `out`: `[n_tokens, rows]`. Numerics per `num.mode` ([`NumericsMode`]); in
+    /// ggml mode the kernels llama.cpp built for `num.target` picks ([`quant::ggml_path`]). `num.simd` is
+    /// not read: the backend's own kernels run (a session keeps the two equal).
     ///
     /// Errors: the weight type has no kernel ([`crate::Error::Unsupported`]).
     #[allow(clippy::too_many_arguments)]
@@ -66,8 +66,7 @@ pub trait Backend: Send + Sync {
         x: &[f32],
         n_tokens: usize,
         out: &mut [f32],
-        mode: NumericsMode,
-        target: GgmlTarget,
+        num: Numerics,
         scratch: &mut MatmulScratch,
     ) -> crate::Result<()>;
 }
@@ -162,10 +161,10 @@ impl Backend for CpuBackend {
         x: &[f32],
         n_tokens: usize,
         out: &mut [f32],
-        mode: NumericsMode,
-        target: GgmlTarget,
+        num: Numerics,
         scratch: &mut MatmulScratch,
     ) -> crate::Result<()> {
+        let Numerics { mode, target, .. } = num;
         debug_assert_eq!(x.len(), n_tokens * w.cols);
         assert_eq!(out.len(), n_tokens * w.rows, "matmul output size"); // the tasks write through a raw pointer
         if scratch.prepared.len() < n_tokens {
@@ -188,7 +187,7 @@ impl Backend for CpuBackend {
         // the ggml kernel of each batch row (llama.cpp's choice depends on the batch size)
         let path = |t: usize| quant::ggml_path(w.ty, w.rows, w.cols, n_tokens, t, target);
         // the SIMD kernel of this weight type, or none (each call is given its rows' ggml paths)
-        let kernel = quant::simd_kernel(self.simd, w.ty, mode);
+        let kernel = quant::simd_kernel(num.with_simd(self.simd), w.ty);
         if n_tokens == 1 {
             let p = path(0);
             out.par_chunks_mut(ROWS_PER_TASK)
@@ -343,8 +342,7 @@ mod tests {
                         &x,
                         n_tokens,
                         &mut out,
-                        NumericsMode::Reference,
-                        GgmlTarget::default(),
+                        Numerics::reference(),
                         &mut MatmulScratch::default(),
                     )
                     .unwrap();

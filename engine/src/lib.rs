@@ -12,8 +12,9 @@
 //!   streaming writer).
 //! - [`tokenizer`] — tokenizers built from GGUF metadata (gpt2-style BPE on the `tokenizers` crate,
 //!   SentencePiece-style as llama.cpp's `llm_tokenizer_spm`).
-//! - [`backend`] — the matrix-multiply seam: kernel choice per [`simd::Simd`] and thread splitting.
-//! - [`simd`] — the SIMD axis (`off`, `avx2`), detected at run time.
+//! - [`backend`] — the matrix-multiply seam: kernel choice per [`Simd`] and thread splitting.
+//! - [`numerics`] — the leaf every numeric module depends on: [`NumericsMode`], [`GgmlTarget`], [`Simd`]
+//!   (detected at run time) and [`Numerics`], the three carried as one value.
 //! - [`ops`] — the numerics of the shared blocks: RMSNorm, RoPE, softmax, SiLU/GELU gates, attention, and
 //!   the ggml-mode replicas per x86 target.
 //! - [`kv_cache`] — flat KV cache with explicit write positions.
@@ -31,15 +32,14 @@ pub mod gguf;
 pub mod hooks;
 pub mod kv_cache;
 pub mod models;
+pub mod numerics;
 pub mod ops;
 pub mod quant;
 pub mod quantize;
 pub mod sample;
-pub mod simd;
 pub mod tokenizer;
 
 pub use error::{Error, Result};
 pub use hooks::{Stage, StageKind, StageSink};
 pub use models::{Model, Session};
-pub use quant::NumericsMode;
-pub use simd::Simd;
+pub use numerics::{GgmlTarget, Numerics, NumericsMode, Simd};

@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 
 use lockstep_engine::kv_cache::KvCache;
-use lockstep_engine::ops::{self, ggml_cpu, GgmlTarget, KqvOrder};
-use lockstep_engine::{NumericsMode, Simd};
+use lockstep_engine::ops::{self, ggml_cpu, KqvOrder};
+use lockstep_engine::{GgmlTarget, Numerics, NumericsMode, Simd};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ops")
@@ -131,9 +131,7 @@ fn swiglu_matches_ggml_vec_swiglu_f32_and_the_glu_op() {
                 &mut x,
                 &up,
                 width,
-                NumericsMode::Ggml,
-                GgmlTarget::Avx512,
-                simd,
+                Numerics::ggml(GgmlTarget::Avx512).with_simd(simd),
             );
             assert_bits(
                 &format!("{name} simd {simd}"),
@@ -289,8 +287,8 @@ fn run_attention(c: &[String], order: Option<KqvOrder>, simd: Simd) -> Vec<f32> 
                 &shape,
                 &mut scores,
                 ot,
-                (GgmlTarget::Avx512, o),
-                simd,
+                Numerics::ggml(GgmlTarget::Avx512).with_simd(simd),
+                o,
             ),
             None => ops::attention(
                 qt,
@@ -300,13 +298,9 @@ fn run_attention(c: &[String], order: Option<KqvOrder>, simd: Simd) -> Vec<f32> 
                 &shape,
                 &mut scores,
                 ot,
-                NumericsMode::Ggml,
+                Numerics::ggml(GgmlTarget::Avx512).with_simd(simd),
                 // the batch kind of the case: a prompt batch or single-token steps
-                (
-                    GgmlTarget::Avx512,
-                    ops::ggml_kqv_order(if kind == "batch" { positions.len() } else { 1 }),
-                ),
-                simd,
+                ops::ggml_kqv_order(if kind == "batch" { positions.len() } else { 1 }),
             ),
         }
     }

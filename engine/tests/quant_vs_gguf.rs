@@ -15,11 +15,10 @@
 
 use std::path::{Path, PathBuf};
 
-use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::quant::{
-    dequantize_row, ggml_path, quantize_row, vec_dot, vec_dot_path, GgmlPath, GgmlType,
-    NumericsMode, PreparedRow,
+    dequantize_row, ggml_path, quantize_row, vec_dot, vec_dot_path, GgmlPath, GgmlType, PreparedRow,
 };
+use lockstep_engine::{GgmlTarget, NumericsMode};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant")

@@ -26,19 +26,18 @@ use crate::gguf::GgufFile;
 use crate::hooks::{self, Stage, StageKind, StageSink};
 use crate::kv_cache::KvCache;
 use crate::models::weights::{load_vector, Weight};
-use crate::ops::{self, AttnShape, GgmlTarget};
-use crate::quant::{self, NumericsMode};
+use crate::numerics::Numerics;
+use crate::ops::{self, AttnShape};
+use crate::quant;
 use crate::Result;
 
 /// What one forward call shares with every block: the file, the numerics mode, the backend and its scratch,
 /// the stage sink, and the positions of the batch (`p0 .. p0 + n`).
 pub(crate) struct Fwd<'a, 's> {
     pub g: &'a GgufFile,
-    pub mode: NumericsMode,
-    /// The ggml-cpu build ggml mode mirrors.
-    pub target: GgmlTarget,
-    /// The kernel instruction set of the ops outside the matmuls (attention).
-    pub simd: crate::simd::Simd,
+    /// The session's numerics: mode, the ggml-cpu build ggml mode mirrors, and the kernel instruction set
+    /// of the ops outside the matmuls (attention, RoPE, SwiGLU; the backend has its own).
+    pub num: Numerics,
     pub backend: &'a dyn Backend,
     pub mm: &'a mut MatmulScratch,
     pub sink: Option<&'a mut (dyn StageSink + 's)>,
@@ -64,15 +63,8 @@ impl Fwd<'_, '_> {
 
     /// `out[t, r] = Σ_k w[r, k] · x[t, k]` for the batch (`x`: `[n, w.cols]`, `out`: `[n, w.rows]`).
     pub fn matmul(&mut self, w: &Weight, x: &[f32], out: &mut [f32]) -> Result<()> {
-        self.backend.matmul(
-            &w.matrix(self.g),
-            x,
-            self.n,
-            out,
-            self.mode,
-            self.target,
-            self.mm,
-        )
+        self.backend
+            .matmul(&w.matrix(self.g), x, self.n, out, self.num, self.mm)
     }
 }
 
@@ -344,15 +336,15 @@ impl Attention {
             (RopeKind::Norm, false) | (RopeKind::Neox, true) => ops::rope_norm_simd,
             (RopeKind::Neox, false) | (RopeKind::Norm, true) => ops::rope_neox_simd,
         };
-        let (dim, mode, simd) = (self.rope.dim, f.mode, f.simd);
+        let (dim, num) = (self.rope.dim, f.num);
         let rope_token = |t: usize, qt: &mut [f32], kt: &mut [f32], cache: &mut [f32]| {
             let pos = match fault {
                 Some(Fault::RopeDecodePosition) if n == 1 => (p0 + t).saturating_sub(1),
                 _ => p0 + t,
             };
             ops::rope_cache(pos, base, dim, cache);
-            rotate(qt, hd, dim, cache, mode, simd);
-            rotate(kt, hd, dim, cache, mode, simd);
+            rotate(qt, hd, dim, cache, num);
+            rotate(kt, hd, dim, cache, num);
         };
         if n >= ROPE_PAR_TOKENS && rayon::current_num_threads() > 1 {
             // a prompt: tokens in parallel, each task with its own angle cache (every token is rotated
@@ -402,17 +394,7 @@ impl Attention {
         let causal_off = fault == Some(Fault::CausalMaskOff);
         let pos_of = |t: usize| if causal_off { p0 + n - 1 } else { p0 + t };
         ops::attention_batch(
-            q,
-            kv,
-            self.layer,
-            n,
-            pos_of,
-            &shape,
-            scores,
-            att,
-            f.mode,
-            (f.target, kqv),
-            f.simd,
+            q, kv, self.layer, n, pos_of, &shape, scores, att, f.num, kqv,
         );
         f.emit(st(StageKind::AttnOut), att);
 
@@ -505,8 +487,8 @@ impl Ffn {
             (_, a) => a,
         };
         match act {
-            GluAct::Silu => ops::swiglu(gate, up, d_ff, f.mode, f.target, f.simd),
-            GluAct::GeluTanh => ops::geglu(gate, up, d_ff, f.mode),
+            GluAct::Silu => ops::swiglu(gate, up, d_ff, f.num),
+            GluAct::GeluTanh => ops::geglu(gate, up, d_ff, f.num.mode),
         }
         f.emit(st(StageKind::FfnAct), gate);
         f.matmul(&self.down, gate, out)?;

@@ -24,9 +24,7 @@ use crate::backend::{Backend, CpuBackend, MatmulScratch};
 use crate::gguf::GgufFile;
 use crate::hooks::{Stage, StageSink};
 use crate::kv_cache::KvCache;
-use crate::ops::GgmlTarget;
-use crate::quant::NumericsMode;
-use crate::simd::Simd;
+use crate::numerics::{GgmlTarget, Numerics, NumericsMode, Simd};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -200,17 +198,18 @@ impl Model {
         Ok(())
     }
 
-    /// A fresh session (empty KV cache) for up to `n_ctx` positions.
-    pub fn session(&self, n_ctx: usize, mode: NumericsMode) -> Session {
+    /// A fresh session (empty KV cache) for up to `n_ctx` positions with the numerics `numerics`: a whole
+    /// [`Numerics`], or a bare [`NumericsMode`] (then the default target [`GgmlTarget::Avx512`] and the
+    /// scalar kernels, [`Simd::Off`]).
+    pub fn session(&self, n_ctx: usize, numerics: impl Into<Numerics>) -> Session {
         let d = &self.info.dims;
+        let numerics = numerics.into();
         Session {
             kv: KvCache::new(d.n_layer, d.n_kv_head, d.head_dim, n_ctx),
             n_past: 0,
-            mode,
-            target: GgmlTarget::default(),
-            simd: Simd::Off,
+            numerics,
             input_rounding: false,
-            backend: Box::new(CpuBackend::new(Simd::Off)),
+            backend: Box::new(CpuBackend::new(numerics.simd)),
             mm: MatmulScratch::default(),
             act: blocks::Activations::default(),
         }
@@ -276,9 +275,7 @@ impl Model {
         let Session {
             kv,
             n_past,
-            mode,
-            target,
-            simd,
+            numerics,
             backend,
             mm,
             act,
@@ -286,9 +283,7 @@ impl Model {
         } = session;
         let mut f = blocks::Fwd {
             g: &self.gguf,
-            mode: *mode,
-            target: *target,
-            simd: *simd,
+            num: *numerics,
             backend: backend.as_ref(),
             mm,
             sink,
@@ -307,9 +302,8 @@ pub struct Session {
     /// Keys and values of every processed position.
     pub kv: KvCache,
     n_past: usize,
-    mode: NumericsMode,
-    target: GgmlTarget,
-    simd: Simd,
+    /// Mode, ggml target and kernels of every forward; the backend is always `CpuBackend::new(numerics.simd)`.
+    numerics: Numerics,
     input_rounding: bool,
     backend: Box<dyn Backend>,
     mm: MatmulScratch,
@@ -324,18 +318,23 @@ impl Session {
 
     /// Numerics mode of every matrix product in this session.
     pub fn mode(&self) -> NumericsMode {
-        self.mode
+        self.numerics.mode
+    }
+
+    /// The session's numerics as one value (mode, ggml target, SIMD kernels).
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     /// The ggml-cpu build that ggml mode mirrors (default [`GgmlTarget::Avx512`]; ignored in reference
     /// mode).
     pub fn ggml_target(&self) -> GgmlTarget {
-        self.target
+        self.numerics.target
     }
 
     /// Mirror `target`'s ggml-cpu kernels in ggml mode (pick it from the golden's recorded CPU).
     pub fn set_ggml_target(&mut self, target: GgmlTarget) {
-        self.target = target;
+        self.numerics.target = target;
     }
 
     /// Name of the compute backend.
@@ -345,13 +344,13 @@ impl Session {
 
     /// The SIMD setting of the compute kernels (default [`Simd::Off`]).
     pub fn simd(&self) -> Simd {
-        self.simd
+        self.numerics.simd
     }
 
     /// Use `simd`'s kernels from the next forward on. In ggml mode this changes no result (the SIMD
     /// kernels give the scalar ones' bits); in reference mode sums may be reordered.
     pub fn set_simd(&mut self, simd: Simd) {
-        self.simd = simd;
+        self.numerics.simd = simd;
         self.backend = Box::new(CpuBackend::new(simd).with_input_rounding(self.input_rounding));
     }
 
@@ -360,7 +359,7 @@ impl Session {
     /// ([`crate::quant::PreparedRow::prepare_rounded`]). Off by default; no effect in ggml mode.
     pub fn set_input_rounding(&mut self, on: bool) {
         self.input_rounding = on;
-        self.backend = Box::new(CpuBackend::new(self.simd).with_input_rounding(on));
+        self.backend = Box::new(CpuBackend::new(self.numerics.simd).with_input_rounding(on));
     }
 
     /// Forget every cached position (the next forward starts at position 0).

@@ -1,5 +1,5 @@
 //! AVX2 + FMA kernels for F32, F16 and BF16 weights in ggml mode, bit-identical to the scalar replicas in
-//! `float.rs`, for both ggml-cpu builds ([`crate::ops::GgmlTarget`]):
+//! `float.rs`, for both ggml-cpu builds ([`crate::numerics::GgmlTarget`]):
 //!
 //! - AVX-512 build: `ggml_vec_dot_f32/f16/bf16` (vec.cpp, decode: [`GgmlPath::VecDot`]) and llamafile's
 //!   tinyBLAS (ggml-cpu/llamafile/sgemm.cpp, batches of ≥ 2 rows: [`GgmlPath::TinyBlas`]). A 16-lane
@@ -11,7 +11,7 @@
 //!   accumulators over chunks of 32) and `tinyBLAS<8, __m256>` ([`GgmlPath::TinyBlasAvx2`]: one 8-lane
 //!   accumulator per output), on the very registers that build uses.
 //!
-//! Every function here is `unsafe`: the caller must have checked [`super::avx2::available`]; the slices
+//! Every function here is `unsafe`: the caller must have checked [`crate::numerics::avx2_available`]; the slices
 //! must hold whole rows of matching length (checked with asserts).
 
 use std::arch::x86_64::*;

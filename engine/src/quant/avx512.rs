@@ -1,6 +1,6 @@
 //! AVX-512 VNNI tiles: the AVX2 kernels of [`super::avx2`] for Q4_1, Q5_0 and Q8_0 weights with the
 //! integer block products done by `vpdpbusd` on 256-bit vectors (AVX-512 F, BW, VL, VNNI), for
-//! [`crate::simd::Simd::Avx512`].
+//! [`crate::numerics::Simd::Avx512`].
 //!
 //! What they mirror, and why the bits are the AVX2 kernels' (and llama.cpp's): every output is
 //! `hsum_float_8(acc)` (+ `summs` for Q4_1) of one eight-lane accumulator updated once per 32-element block
@@ -36,16 +36,6 @@ use super::avx2::{bytes_from_bits_32, bytes_from_nibbles_32, f16x1, f16x2, hsum_
 use super::fp::read_f16;
 use super::q8::{Q8_0_BYTES, QK};
 use super::{q4_1, q5_0};
-
-/// True if this CPU runs the kernels of this module: the AVX2 kernels' features (AVX2, FMA, F16C) and
-/// AVX-512 F, BW, VL and VNNI, detected at run time.
-pub fn available() -> bool {
-    super::avx2::available()
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni")
-}
 
 /// The activation rows of one kernel call, as the tiles read them: up to [`LANES`] rows of quants (offset
 /// to unsigned, `q + 128`, for the signed-weight tiles; as stored for Q4_1) and their per-block scales

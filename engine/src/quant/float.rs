@@ -5,7 +5,7 @@
 //! `ggml_cpu_fp32_to_bf16` (`ggml_compute_fp32_to_bf16`) — the same bytes in an AVX2 and an AVX-512
 //! build (F16C `cvtps_ph` rounding to nearest even in both, scalar bf16 rounding in both). The dot kernels
 //! live in ggml-cpu/vec.cpp, the batched ones in llamafile/sgemm.cpp, and both depend on the build
-//! ([`crate::ops::GgmlTarget`]):
+//! ([`crate::numerics::GgmlTarget`]):
 //!
 //! - AVX-512 build (`__AVX512F__`, the native build of this machine): `GGML_F32_STEP` 64, `GGML_F32_EPR`
 //!   16, no AVX512-FP16 in the build, `_mm512_dpbf16_ps` for BF16; tinyBLAS `<16, __m512>` (`<32,
@@ -18,7 +18,7 @@
 
 use super::fp::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16_ref, read_f32, read_u16};
 use super::x86::{fma, hsum_float_8, reduce_add_16};
-use crate::ops::GgmlTarget;
+use crate::numerics::GgmlTarget;
 
 /// Little-endian f32 bytes to f32.
 pub(crate) fn dequantize_f32(src: &[u8], dst: &mut [f32]) {

@@ -6,7 +6,7 @@
 //! load. One module per format (`q4_0`, `q4_1`, `q5_0`, `q5_1`, `q8` = Q8_0 + Q8_1, `iq4_nl`, `q8_k`,
 //! `q2_k`, `q3_k`, `q4_k`, `q5_k`, `q6_k`, `iq4_xs`, `float` = F32/F16/BF16); `fp` holds ggml's f16/bf16 conversions, `x86` the scalar replicas of the SIMD
 //! reduction steps, `reference` the reference-mode dot products, `prepared` the [`PreparedRow`]; `avx2`
-//! and `avx512` the SIMD kernels of ggml mode ([`crate::simd::Simd`]), each bit-identical to the scalar
+//! and `avx512` the SIMD kernels of ggml mode ([`crate::numerics::Simd`]), each bit-identical to the scalar
 //! replicas.
 //!
 //! | type | dequantize | quantize (`_ref`) | dot (both modes) | `vec_dot_type` |
@@ -153,103 +153,46 @@ mod q6_k;
 mod q8;
 mod q8_k;
 mod reference;
+mod simd_rows;
+mod table;
 mod types;
 pub(crate) mod x86;
 
 pub use prepared::PreparedRow;
 
-/// True if this CPU runs the AVX2 + FMA kernels ([`crate::simd::Simd::Avx2`]).
-pub fn avx2_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        avx2::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-/// True if this CPU runs the AVX-512 VNNI tiles ([`crate::simd::Simd::Avx512`]; they need the AVX2
-/// kernels' features too).
-pub fn avx512_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        avx512::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
 pub use types::GgmlType;
 
-use crate::ops::GgmlTarget;
+pub(crate) use simd_rows::{simd_kernel, tile_scales, SimdKernel};
+
+use crate::numerics::{GgmlTarget, NumericsMode};
 
 use crate::Error;
 
-/// How a matrix-vector product is computed.
-///
-/// - [`NumericsMode::Reference`]: dequantize each weight block to f32 and multiply-accumulate in f32
-///   against the f32 activation. Tracks an f32 framework (transformers) on the dequantized weights.
-/// - [`NumericsMode::Ggml`]: do what ggml's CPU backend does: quantize the activation row to the weight
-///   type's `vec_dot_type` (ggml-cpu.c `type_traits_cpu`), then integer dot products per block with ggml's
-///   scale order. Tracks llama.cpp.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum NumericsMode {
-    /// Dequantize to f32, f32 accumulation.
-    #[default]
-    Reference,
-    /// Quantized activations and integer block dot products, as ggml-cpu.
-    Ggml,
-}
-
-impl NumericsMode {
-    /// The lower-case name used on the command line and in reports: `reference` or `ggml`.
-    pub fn name(self) -> &'static str {
-        match self {
-            NumericsMode::Reference => "reference",
-            NumericsMode::Ggml => "ggml",
-        }
-    }
-}
-
-impl std::str::FromStr for NumericsMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "reference" => Ok(NumericsMode::Reference),
-            "ggml" => Ok(NumericsMode::Ggml),
-            other => Err(format!(
-                "unknown numerics mode {other:?} (expected `reference` or `ggml`)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for NumericsMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// True if `ty` has dequantization and dot-product kernels (weights of this type can be used in a matmul).
+/// True if `ty` has dequantization and dot-product kernels (weights of this type can be used in a matmul):
+/// its row of the type table (`table.rs`) has [dot kernels](table::Dots).
 pub fn supports(ty: GgmlType) -> bool {
-    vec_dot_type(ty).is_some()
+    dots(ty).is_some()
 }
 
 /// The type ggml-cpu converts the activation to before a dot product with weights of `ty`
 /// (`type_traits_cpu[ty].vec_dot_type`, ggml-cpu.c), or `None` if this module has no dot kernel for `ty`.
 pub fn vec_dot_type(ty: GgmlType) -> Option<GgmlType> {
-    use GgmlType::*;
-    match ty {
-        F32 => Some(F32),
-        F16 => Some(F16),
-        BF16 => Some(BF16),
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL => Some(Q8_0),
-        Q4_1 | Q5_1 => Some(Q8_1),
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS => Some(Q8_K),
-        _ => None,
-    }
+    Some(dots(ty)?.vec_dot_type)
+}
+
+/// The dot kernels of weight type `ty` (its row of the type table), `None` for a type without them.
+fn dots(ty: GgmlType) -> Option<&'static table::Dots> {
+    table::traits(ty)?.dot.as_ref()
+}
+
+/// The dot kernels of weight type `weight_ty`, for the kernels' callers, whose weights were checked at
+/// load ([`supports`]; `models::weights` refuses a tensor of another type, naming it).
+///
+/// # Panics
+/// If `weight_ty` has no dot kernels: a caller's bug (a row prepared for a type without kernels cannot
+/// exist: [`PreparedRow::prepare`] refuses it).
+fn dots_of(weight_ty: GgmlType) -> &'static table::Dots {
+    dots(weight_ty).unwrap_or_else(|| panic!("no dot kernel for {weight_ty}"))
 }
 
 /// Check that `n_bytes` holds exactly `n_elements` of `ty`.
@@ -273,62 +216,10 @@ fn check_len(ty: GgmlType, n_bytes: usize, n_elements: usize) -> crate::Result<(
 /// Errors: [`Error::Invalid`] if `src.len() != ty.bytes_for(dst.len())`; [`Error::Unsupported`] for types
 /// without a kernel.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> crate::Result<()> {
-    use GgmlType::*;
-    if !matches!(
-        ty,
-        F32 | F16
-            | BF16
-            | Q4_0
-            | Q4_1
-            | Q5_0
-            | Q5_1
-            | Q8_0
-            | Q8_1
-            | IQ4_NL
-            | Q2_K
-            | Q3_K
-            | Q4_K
-            | Q5_K
-            | Q6_K
-            | IQ4_XS
-            | Q8_K
-    ) {
-        return Err(Error::Unsupported(format!(
-            "no dequantization kernel for {ty}"
-        )));
-    }
+    let t = table::traits(ty)
+        .ok_or_else(|| Error::Unsupported(format!("no dequantization kernel for {ty}")))?;
     check_len(ty, src.len(), dst.len())?;
-    fn blocks<const QK: usize>(
-        src: &[u8],
-        dst: &mut [f32],
-        bytes: usize,
-        f: fn(&[u8], &mut [f32; QK]),
-    ) {
-        for (blk, out) in src.chunks_exact(bytes).zip(dst.chunks_exact_mut(QK)) {
-            let out: &mut [f32; QK] = out.try_into().expect("chunks_exact gives QK elements");
-            f(blk, out);
-        }
-    }
-    match ty {
-        F32 => float::dequantize_f32(src, dst),
-        F16 => float::dequantize_f16(src, dst),
-        BF16 => float::dequantize_bf16(src, dst),
-        Q4_0 => blocks(src, dst, q4_0::BYTES, q4_0::dequantize_block),
-        Q4_1 => blocks(src, dst, q4_1::BYTES, q4_1::dequantize_block),
-        Q5_0 => blocks(src, dst, q5_0::BYTES, q5_0::dequantize_block),
-        Q5_1 => blocks(src, dst, q5_1::BYTES, q5_1::dequantize_block),
-        Q8_0 => blocks(src, dst, q8::Q8_0_BYTES, q8::dequantize_block_q8_0),
-        Q8_1 => blocks(src, dst, q8::Q8_1_BYTES, q8::dequantize_block_q8_1),
-        IQ4_NL => blocks(src, dst, iq4_nl::BYTES, iq4_nl::dequantize_block),
-        Q2_K => blocks(src, dst, q2_k::BYTES, q2_k::dequantize_block),
-        Q3_K => blocks(src, dst, q3_k::BYTES, q3_k::dequantize_block),
-        Q4_K => blocks(src, dst, q4_k::BYTES, q4_k::dequantize_block),
-        Q5_K => blocks(src, dst, q5_k::BYTES, q5_k::dequantize_block),
-        Q6_K => blocks(src, dst, q6_k::BYTES, q6_k::dequantize_block),
-        IQ4_XS => blocks(src, dst, iq4_xs::BYTES, iq4_xs::dequantize_block),
-        Q8_K => blocks(src, dst, q8_k::BYTES, q8_k::dequantize_block),
-        _ => unreachable!("checked above"),
-    }
+    (t.dequantize)(src, dst);
     Ok(())
 }
 
@@ -360,56 +251,10 @@ pub fn quantize_row(ty: GgmlType, src: &[f32]) -> crate::Result<Vec<u8>> {
 /// [`Error::Unsupported`] naming the type for a type without a reference quantizer here (the IQ2/IQ3/IQ1,
 /// TQ, MXFP4 and integer types).
 pub fn quantize_into(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> crate::Result<()> {
-    use GgmlType::*;
-    if !matches!(
-        ty,
-        F32 | F16
-            | BF16
-            | Q4_0
-            | Q4_1
-            | Q5_0
-            | Q5_1
-            | Q8_0
-            | Q8_1
-            | IQ4_NL
-            | Q2_K
-            | Q3_K
-            | Q4_K
-            | Q5_K
-            | Q6_K
-            | IQ4_XS
-            | Q8_K
-    ) {
-        return Err(Error::Unsupported(format!(
-            "no reference quantizer for {ty}"
-        )));
-    }
+    let t = table::traits(ty)
+        .ok_or_else(|| Error::Unsupported(format!("no reference quantizer for {ty}")))?;
     check_len(ty, dst.len(), src.len())?;
-    match ty {
-        F32 => float::quantize_f32(src, dst),
-        F16 => float::quantize_f16(src, dst),
-        BF16 => float::quantize_bf16(src, dst),
-        Q4_0 => q4_0::quantize_row_ref(src, dst),
-        Q4_1 => q4_1::quantize_row_ref(src, dst),
-        Q5_0 => q5_0::quantize_row_ref(src, dst),
-        Q5_1 => q5_1::quantize_row_ref(src, dst),
-        Q8_0 => q8::quantize_ref_q8_0(src, dst),
-        Q8_1 => q8::quantize_ref_q8_1(src, dst),
-        IQ4_NL => iq4_nl::quantize_row_ref(src, dst),
-        Q2_K => q2_k::quantize_row_ref(src, dst),
-        Q3_K => q3_k::quantize_row_ref(src, dst),
-        Q4_K => q4_k::quantize_row_ref(src, dst),
-        Q5_K => q5_k::quantize_row_ref(src, dst),
-        Q6_K => q6_k::quantize_row_ref(src, dst),
-        IQ4_XS => iq4_xs::quantize_row_ref(src, dst),
-        Q8_K => {
-            let nb = src.len() / q8_k::QK_K;
-            let (mut qs, mut d, mut bs) =
-                (vec![0i8; src.len()], vec![0f32; nb], vec![0i16; nb * 16]);
-            q8_k::quantize(src, dst, &mut qs, &mut d, &mut bs);
-        }
-        _ => unreachable!("checked above"),
-    }
+    (t.quantize)(src, dst);
     Ok(())
 }
 
@@ -433,8 +278,10 @@ pub fn dot_dequantized(w: &[f32], x: &PreparedRow) -> f32 {
 ///   `ggml_vec_dot_bf16` (vec.cpp). Other kernels of a matmul: [`vec_dot_path`].
 ///
 /// Lengths are the caller's contract: `w_row` holds `x.len()` elements of `weight_ty`, and `x` was prepared
-/// for `weight_ty` or a type with the same `vec_dot_type` (checked by `debug_assert`). A weight type
-/// without a kernel gives NaN in release builds.
+/// for `weight_ty` or a type with the same `vec_dot_type` (checked by `debug_assert`).
+///
+/// # Panics
+/// If `weight_ty` has no dot kernel ([`supports`]; such a row cannot have been prepared).
 pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
     debug_assert_eq!(
         weight_ty.bytes_for(x.len() as u64),
@@ -443,12 +290,9 @@ pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
         w_row.len(),
         x.len()
     );
+    let d = dots_of(weight_ty);
     match x.mode() {
-        NumericsMode::Reference => {
-            let r = reference::dot(weight_ty, w_row, &x.x, x.simd);
-            debug_assert!(r.is_some(), "no dot kernel for {weight_ty}");
-            r.unwrap_or(f32::NAN)
-        }
+        NumericsMode::Reference => (d.reference)(w_row, &x.x, x.simd),
         NumericsMode::Ggml => {
             debug_assert_eq!(
                 vec_dot_type(weight_ty),
@@ -456,7 +300,7 @@ pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
                 "row prepared for {:?}, used with {weight_ty}",
                 x.weight_type()
             );
-            dot_ggml(weight_ty, w_row, x)
+            (d.ggml)(w_row, x)
         }
     }
 }
@@ -496,25 +340,23 @@ pub enum GgmlPath {
     TinyBlasQ0,
 }
 
-/// True for the weight types ggml-cpu/tiled handles (`ggml_tiled_supported`, tiled/tiled.cpp) that have
-/// kernels here.
-fn tiled_type(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(ty, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS)
-}
-
-/// `path` if it names a kernel that exists for weights of `ty`, else [`GgmlPath::VecDot`] (what
-/// [`vec_dot_path`] computes for it).
+/// `path` if it names a kernel that exists for weights of `ty` (its row of the type table has it), else
+/// [`GgmlPath::VecDot`] (what [`vec_dot_path`] computes for it).
 pub(crate) fn effective_path(ty: GgmlType, path: GgmlPath) -> GgmlPath {
-    use GgmlType::*;
-    match (ty, path) {
-        (Q4_K | Q2_K | Q4_0 | IQ4_NL, GgmlPath::RepackGemv | GgmlPath::RepackGemm) => path,
-        (t, GgmlPath::Tiled) if tiled_type(t) => path,
-        (IQ4_NL, GgmlPath::TinyBlasQ0) => path,
-        (F32 | F16 | BF16, GgmlPath::TinyBlas | GgmlPath::TinyBlasAvx2 | GgmlPath::VecDotAvx2) => {
-            path
-        }
-        _ => GgmlPath::VecDot,
+    let Some(d) = dots(ty) else {
+        return GgmlPath::VecDot;
+    };
+    let exists = match path {
+        GgmlPath::VecDot => true,
+        GgmlPath::RepackGemv | GgmlPath::RepackGemm => d.repack.is_some(),
+        GgmlPath::Tiled => d.tiled.is_some(),
+        GgmlPath::TinyBlasQ0 => d.tinyblas_q0.is_some(),
+        GgmlPath::TinyBlas | GgmlPath::TinyBlasAvx2 | GgmlPath::VecDotAvx2 => d.float.is_some(),
+    };
+    if exists {
+        path
+    } else {
+        GgmlPath::VecDot
     }
 }
 
@@ -549,29 +391,27 @@ pub fn ggml_path(
     t: usize,
     target: GgmlTarget,
 ) -> GgmlPath {
-    use GgmlType::*;
-    let repacks = match ty {
-        Q4_K | Q4_0 | IQ4_NL => true,
-        Q2_K => target == GgmlTarget::Avx512,
-        _ => false,
+    // a type without kernels never reaches a kernel (`PreparedRow::prepare` refuses it)
+    let Some(d) = dots(ty) else {
+        return GgmlPath::VecDot;
     };
-    let repacked = repacks && rows.is_multiple_of(8);
+    let repacked = d.repack.as_ref().is_some_and(|r| (r.on)(target)) && rows.is_multiple_of(8);
     if repacked {
         if t < n_tokens - n_tokens % 4 {
             GgmlPath::RepackGemm
         } else {
             GgmlPath::RepackGemv
         }
-    } else if tiled_type(ty) && n_tokens >= 8 {
+    } else if d.tiled.is_some() && n_tokens >= 8 {
         GgmlPath::Tiled
-    } else if ty == GgmlType::IQ4_NL && n_tokens >= 2 {
+    } else if d.tinyblas_q0.is_some() && n_tokens >= 2 {
         GgmlPath::TinyBlasQ0
-    } else if float::tinyblas_applies(ty, rows, cols, n_tokens, target) {
+    } else if d.float.is_some() && float::tinyblas_applies(ty, rows, cols, n_tokens, target) {
         match target {
             GgmlTarget::Avx512 => GgmlPath::TinyBlas,
             GgmlTarget::Avx2 => GgmlPath::TinyBlasAvx2,
         }
-    } else if matches!(ty, F32 | F16 | BF16) && target == GgmlTarget::Avx2 {
+    } else if d.float.is_some() && target == GgmlTarget::Avx2 {
         GgmlPath::VecDotAvx2
     } else {
         GgmlPath::VecDot
@@ -586,569 +426,27 @@ pub fn ggml_path(
 /// AVX-512 / AVX2 build), `float::dot_{f32,f16,bf16}_avx2` (vec.cpp of an AVX2 build).
 pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: GgmlPath) -> f32 {
     if x.mode() == NumericsMode::Ggml {
-        let (qs, d, bsums) = (&x.qs[..], &x.d[..], &x.bsums[..]);
-        match (weight_ty, effective_path(weight_ty, path)) {
-            (GgmlType::Q4_K, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
-                return q4_k::dot_q8_k_repacked(w_row, qs, d, bsums, p == GgmlPath::RepackGemm);
+        let d = dots_of(weight_ty);
+        // `effective_path` names only the paths whose kernel the row has
+        let missing = "effective_path checked the kernel";
+        match effective_path(weight_ty, path) {
+            GgmlPath::VecDot => {}
+            p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm) => {
+                let r = d.repack.as_ref().expect(missing);
+                return (r.dot)(w_row, x, p == GgmlPath::RepackGemm);
             }
-            (GgmlType::Q2_K, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
-                return q2_k::dot_q8_k_repacked(w_row, qs, d, bsums, p == GgmlPath::RepackGemm);
+            GgmlPath::Tiled => return d.tiled.expect(missing)(w_row, x),
+            GgmlPath::TinyBlasQ0 => return d.tinyblas_q0.expect(missing)(w_row, x),
+            GgmlPath::TinyBlas => return (d.float.as_ref().expect(missing).tinyblas)(w_row, &x.x),
+            GgmlPath::TinyBlasAvx2 => {
+                return (d.float.as_ref().expect(missing).tinyblas_avx2)(w_row, &x.x)
             }
-            (GgmlType::Q2_K, GgmlPath::Tiled) => return q2_k::dot_q8_k_tiled(w_row, qs, d, bsums),
-            (GgmlType::Q3_K, GgmlPath::Tiled) => return q3_k::dot_q8_k_tiled(w_row, qs, d),
-            (GgmlType::Q4_K, GgmlPath::Tiled) => return q4_k::dot_q8_k_tiled(w_row, qs, d, bsums),
-            (GgmlType::Q5_K, GgmlPath::Tiled) => return q5_k::dot_q8_k_tiled(w_row, qs, d, bsums),
-            (GgmlType::Q6_K, GgmlPath::Tiled) => return q6_k::dot_q8_k_tiled(w_row, qs, d),
-            (GgmlType::IQ4_XS, GgmlPath::Tiled) => return iq4_xs::dot_q8_k_tiled(w_row, qs, d),
-            (GgmlType::IQ4_NL, GgmlPath::TinyBlasQ0) if x.has_min_quant => {
-                return iq4_nl::dot_q8_0_tinyblas::<true>(w_row, qs, d)
+            GgmlPath::VecDotAvx2 => {
+                return (d.float.as_ref().expect(missing).vec_dot_avx2)(w_row, &x.x)
             }
-            (GgmlType::IQ4_NL, GgmlPath::TinyBlasQ0) => {
-                return iq4_nl::dot_q8_0_tinyblas::<false>(w_row, qs, d)
-            }
-            (GgmlType::Q4_0, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
-                return q4_0::dot_q8_0_repacked(w_row, qs, d, p == GgmlPath::RepackGemv);
-            }
-            (GgmlType::IQ4_NL, p @ (GgmlPath::RepackGemv | GgmlPath::RepackGemm)) => {
-                let gemv = p == GgmlPath::RepackGemv;
-                return q4_0::dot_q8_0_repacked_lut(w_row, qs, d, gemv, &iq4_nl::KVALUES);
-            }
-            (GgmlType::F32 | GgmlType::F16 | GgmlType::BF16, GgmlPath::TinyBlas) => {
-                return float::dot_tinyblas(weight_ty, w_row, &x.x)
-            }
-            (GgmlType::F32 | GgmlType::F16 | GgmlType::BF16, GgmlPath::TinyBlasAvx2) => {
-                return float::dot_tinyblas_avx2(weight_ty, w_row, &x.x)
-            }
-            (GgmlType::F32, GgmlPath::VecDotAvx2) => return float::dot_f32_avx2(w_row, &x.x),
-            (GgmlType::F16, GgmlPath::VecDotAvx2) => return float::dot_f16_avx2(w_row, &x.x),
-            (GgmlType::BF16, GgmlPath::VecDotAvx2) => return float::dot_bf16_avx2(w_row, &x.x),
-            _ => {}
         }
     }
     vec_dot(weight_ty, w_row, x)
-}
-
-/// A SIMD kernel chosen for one matmul ([`simd_kernel`]): computes `N` outputs of one weight row at once,
-/// each with the same bits as [`vec_dot_path`] gives for it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(non_camel_case_types)] // ggml's type names
-pub(crate) enum SimdKernel {
-    /// `ggml_vec_dot_q4_1_q8_1`, AVX2 (`avx2::dot_q4_1_q8_1`).
-    Q4_1Avx2,
-    /// `ggml_vec_dot_q8_0_q8_0`, AVX2 (`avx2::dot_q8_0_q8_0`).
-    Q8_0Avx2,
-    /// `ggml_vec_dot_q5_0_q8_0`, AVX2 (`avx2::dot_q5_0_q8_0`).
-    Q5_0Avx2,
-    /// Q4_K's repacked gemv/gemm and tiled paths, AVX2 integer sums (`avx2::dot_q4_k_q8_k`).
-    Q4_KAvx2,
-    /// Q4_0's repacked gemv/gemm (`avx2::dot_q4_0_repacked`); its vec_dot path stays scalar.
-    Q4_0Avx2,
-    /// `ggml_vec_dot_q5_1_q8_1`, AVX2 (`avx2::dot_q5_1_q8_1`).
-    Q5_1Avx2,
-    /// IQ4_NL's repacked gemv/gemm (`iq4_nl_8x8_q8_0`: Q4_0's kernel with the IQ4_NL value table,
-    /// `avx2::dot_q4_0_repacked`); its vec_dot and tinyBLAS paths stay scalar.
-    IQ4_NLAvx2,
-    /// F32 weights: `ggml_vec_dot_f32` and tinyBLAS of either build (`avx2_float::dot_float`).
-    F32Avx2,
-    /// F16 weights: `ggml_vec_dot_f16` and tinyBLAS of either build (`avx2_float::dot_float`).
-    F16Avx2,
-    /// BF16 weights: `ggml_vec_dot_bf16` and tinyBLAS of either build, the AVX-512 build's `dpbf16`
-    /// emulated (`avx2_float::dot_float`).
-    BF16Avx2,
-    /// `ggml_vec_dot_q6_K_q8_K` and the tiled path, AVX2 (`avx2::dot_q6_k_q8_k`).
-    Q6_KAvx2,
-    /// `ggml_vec_dot_q4_1_q8_1` with VNNI block products (`avx512::dot_q4_1_q8_1`).
-    Q4_1Avx512,
-    /// `ggml_vec_dot_q8_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q8_0_q8_0`).
-    Q8_0Avx512,
-    /// `ggml_vec_dot_q5_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q5_0_q8_0`).
-    Q5_0Avx512,
-}
-
-/// The SIMD kernel for weights of `ty` in `mode` under `simd`, or `None` where only the scalar kernel
-/// exists (then the caller uses [`vec_dot_path`]). Checks at run time that the CPU has the instructions,
-/// so a `Simd` value built by hand cannot reach an unsupported kernel.
-pub(crate) fn simd_kernel(
-    simd: crate::simd::Simd,
-    ty: GgmlType,
-    mode: NumericsMode,
-) -> Option<SimdKernel> {
-    use crate::simd::Simd;
-    if !simd.avx2_kernels() || mode != NumericsMode::Ggml {
-        return None;
-    }
-    if simd == Simd::Avx512 {
-        match ty {
-            GgmlType::Q4_1 => return Some(SimdKernel::Q4_1Avx512),
-            GgmlType::Q8_0 => return Some(SimdKernel::Q8_0Avx512),
-            GgmlType::Q5_0 => return Some(SimdKernel::Q5_0Avx512),
-            _ => {}
-        }
-    }
-    match ty {
-        GgmlType::Q4_1 => Some(SimdKernel::Q4_1Avx2),
-        GgmlType::Q8_0 => Some(SimdKernel::Q8_0Avx2),
-        GgmlType::Q5_0 => Some(SimdKernel::Q5_0Avx2),
-        GgmlType::Q4_K => Some(SimdKernel::Q4_KAvx2),
-        GgmlType::Q6_K => Some(SimdKernel::Q6_KAvx2),
-        GgmlType::Q4_0 => Some(SimdKernel::Q4_0Avx2),
-        GgmlType::F32 => Some(SimdKernel::F32Avx2),
-        GgmlType::F16 => Some(SimdKernel::F16Avx2),
-        GgmlType::BF16 => Some(SimdKernel::BF16Avx2),
-        GgmlType::Q5_1 => Some(SimdKernel::Q5_1Avx2),
-        GgmlType::IQ4_NL => Some(SimdKernel::IQ4_NLAvx2),
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-impl SimdKernel {
-    /// `out[r][t] = vec_dot_path(w[r], xs[t], paths[t])` through [`SimdKernel::dot_rows`] (the tests'
-    /// view of the kernels: any rows, any activation rows).
-    pub(crate) fn dot<const R: usize, const N: usize>(
-        self,
-        w: [&[u8]; R],
-        xs: [&PreparedRow; N],
-        paths: [GgmlPath; N],
-    ) -> [[f32; N]; R] {
-        // the rows side by side in one buffer and one call, as the backend calls it
-        let rb = w[0].len();
-        assert!(w.iter().all(|r| r.len() == rb));
-        let rows: Vec<u8> = w.concat();
-        let mut out = vec![[0f32; R]; N];
-        let mut outs = out.iter_mut();
-        let outs: [&mut [f32]; N] = std::array::from_fn(|_| &mut outs.next().unwrap()[..]);
-        self.dot_rows(&rows, rb, R, xs, paths, outs);
-        std::array::from_fn(|r| std::array::from_fn(|t| out[t][r]))
-    }
-}
-
-impl SimdKernel {
-    /// `outs[t][i] = vec_dot_path(rows[i], xs[t], paths[t])` for `i < n_rows` consecutive weight rows of
-    /// `row_bytes` bytes each in `rows` and the `N` activation rows `xs`, bit for bit: one dispatch for a
-    /// whole run of rows (a decode step's matrix-vector product with `N = 1`, a group of `N` prompt
-    /// tokens otherwise) instead of one per row; each token's outputs go straight to its own output row.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn dot_rows<const N: usize>(
-        self,
-        rows: &[u8],
-        row_bytes: usize,
-        n_rows: usize,
-        xs: [&PreparedRow; N],
-        paths: [GgmlPath; N],
-        outs: [&mut [f32]; N],
-    ) {
-        self.dot_rows_tiled(rows, row_bytes, n_rows, xs, paths, outs, None)
-    }
-
-    /// True if [`SimdKernel::dot_rows`] on `N > 1` activation rows reads them through transposed scales
-    /// ([`tile_scales`]), which a caller that runs the same rows against many weight rows may make once
-    /// and hand to [`SimdKernel::dot_rows_tiled`].
-    pub(crate) fn uses_tiles(self) -> bool {
-        matches!(
-            self,
-            SimdKernel::Q4_1Avx512
-                | SimdKernel::Q8_0Avx512
-                | SimdKernel::Q5_0Avx512
-                | SimdKernel::Q4_0Avx2
-                | SimdKernel::IQ4_NLAvx2
-        )
-    }
-
-    /// [`SimdKernel::dot_rows`] with the activation rows' transposed scales made beforehand by
-    /// [`tile_scales`] (`tiles`, for these `xs`), or made here (`None`). Same bits either way.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn dot_rows_tiled<const N: usize>(
-        self,
-        rows: &[u8],
-        row_bytes: usize,
-        n_rows: usize,
-        xs: [&PreparedRow; N],
-        paths: [GgmlPath; N],
-        mut outs: [&mut [f32]; N],
-        tiles: Option<&[f32]>,
-    ) {
-        assert!(rows.len() >= n_rows * row_bytes);
-        assert!(outs.iter().all(|o| o.len() >= n_rows));
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a `SimdKernel` exists only where `simd_kernel` found its features on this CPU
-        // (AVX2+FMA+F16C, and AVX-512 F/BW/VL/VNNI for the `Avx512` ones); the bounds were checked above.
-        unsafe {
-            use SimdKernel::*;
-            let vnni = matches!(self, Q4_1Avx512 | Q8_0Avx512 | Q5_0Avx512);
-            // a −128 activation quant needs ggml's `sign` form, which the AVX2 kernels have; a single
-            // activation row (decode) is faster there too (the tile's transposed scales and products
-            // cost more than they save for one row: criterion `matmul/q8_0/*/ggml/decode`)
-            if vnni && N > 1 && !xs.iter().any(|x| x.has_min_quant) {
-                dot_rows_avx512(self, rows, row_bytes, n_rows, xs, &mut outs, tiles)
-            } else {
-                let k = match self {
-                    Q4_1Avx512 => Q4_1Avx2,
-                    Q8_0Avx512 => Q8_0Avx2,
-                    Q5_0Avx512 => Q5_0Avx2,
-                    k => k,
-                };
-                dot_rows_avx2(k, rows, row_bytes, n_rows, xs, paths, &mut outs, tiles)
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (rows, row_bytes, n_rows, xs, paths, outs, tiles);
-            unreachable!("no SIMD kernel is selected off x86-64")
-        }
-    }
-}
-
-/// `outs[t][i] = dot(row(i))[t]` for every weight row `i < n_rows`: the row loop of the SIMD dispatchers,
-/// written out in each (a closure or `dyn` call would keep the kernel from inlining).
-#[cfg(target_arch = "x86_64")]
-macro_rules! each_row {
-    ($n_rows:expr, $row:ident, $outs:ident, $w:ident => $dot:expr) => {
-        for i in 0..$n_rows {
-            let $w = $row(i);
-            let r: [f32; N] = $dot;
-            for (o, r) in $outs.iter_mut().zip(r) {
-                o[i] = r;
-            }
-        }
-    };
-}
-
-/// [`SimdKernel::dot_rows`], compiled with the kernels' features so that the kernel inlines into the
-/// row loop.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dot_rows_avx2<const N: usize>(
-    k: SimdKernel,
-    rows: &[u8],
-    row_bytes: usize,
-    n_rows: usize,
-    xs: [&PreparedRow; N],
-    paths: [GgmlPath; N],
-    outs: &mut [&mut [f32]; N],
-    tiles: Option<&[f32]>,
-) {
-    let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
-    // a path that does not exist for the kernel's weight type is the vec_dot kernel (as in vec_dot_path)
-    let ty = match k {
-        SimdKernel::Q4_KAvx2 => Some(GgmlType::Q4_K),
-        SimdKernel::Q6_KAvx2 => Some(GgmlType::Q6_K),
-        SimdKernel::Q4_0Avx2 => Some(GgmlType::Q4_0),
-        SimdKernel::IQ4_NLAvx2 => Some(GgmlType::IQ4_NL),
-        _ => None,
-    };
-    let paths = paths.map(|p| ty.map_or(p, |t| effective_path(t, p)));
-    // the repacked kernels serve only calls whose every row takes a repacked path (Q4_0, IQ4_NL)
-    let repacked = paths
-        .iter()
-        .all(|p| matches!(p, GgmlPath::RepackGemv | GgmlPath::RepackGemm));
-    let q8 = xs.map(|x| avx2::Q8Row {
-        qs: &x.qs,
-        d: &x.d,
-        s: &x.s,
-    });
-    let q8k = xs.map(|x| avx2::Q8kRow {
-        qs: &x.qs,
-        d: &x.d,
-        bsums: &x.bsums,
-    });
-    // one plain loop per kernel (a closure or `dyn` call would keep the kernel from inlining)
-    macro_rules! each {
-        ($w:ident => $dot:expr) => {
-            each_row!(n_rows, row, outs, $w => $dot)
-        };
-    }
-    match k {
-        SimdKernel::Q4_1Avx2 => each!(w => avx2::dot_q4_1_q8_1(w, q8)),
-        SimdKernel::Q8_0Avx2 => each!(w => avx2::dot_q8_0_q8_0(w, q8)),
-        SimdKernel::Q5_0Avx2 => each!(w => avx2::dot_q5_0_q8_0(w, q8)),
-        SimdKernel::Q4_KAvx2 if paths.contains(&GgmlPath::VecDot) => {
-            each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_K, w, xs[t], paths[t])))
-        }
-        SimdKernel::Q4_KAvx2 => each!(w => avx2::dot_q4_k_q8_k(w, q8k, paths)),
-        SimdKernel::Q4_0Avx2 if !repacked => {
-            each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_0, w, xs[t], paths[t])))
-        }
-        SimdKernel::Q4_0Avx2 => repacked_rows(
-            rows,
-            row_bytes,
-            n_rows,
-            xs,
-            q8,
-            paths,
-            &q4_0::VALUES,
-            outs,
-            tiles,
-        ),
-        SimdKernel::F32Avx2 | SimdKernel::F16Avx2 | SimdKernel::BF16Avx2 => {
-            let ty = match k {
-                SimdKernel::F32Avx2 => GgmlType::F32,
-                SimdKernel::F16Avx2 => GgmlType::F16,
-                _ => GgmlType::BF16,
-            };
-            let xf = xs.map(|x| avx2_float::FloatRow {
-                x: &x.x,
-                raw: &x.blocks,
-            });
-            each!(w => avx2_float::dot_float(ty, w, xf, paths))
-        }
-        SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k(w, q8k, paths)),
-        SimdKernel::Q5_1Avx2 => each!(w => avx2::dot_q5_1_q8_1(w, q8)),
-        SimdKernel::IQ4_NLAvx2 if !repacked => {
-            each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::IQ4_NL, w, xs[t], paths[t])))
-        }
-        SimdKernel::IQ4_NLAvx2 => repacked_rows(
-            rows,
-            row_bytes,
-            n_rows,
-            xs,
-            q8,
-            paths,
-            &iq4_nl::KVALUES,
-            outs,
-            tiles,
-        ),
-        SimdKernel::Q4_1Avx512 | SimdKernel::Q8_0Avx512 | SimdKernel::Q5_0Avx512 => {
-            unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512")
-        }
-    }
-}
-
-/// The repacked Q4_0 / IQ4_NL kernels (`values`: the nibble table) over `n_rows` weight rows: a group of
-/// eight prompt tokens with their scales transposed once for all rows (`avx2::dot_q4_0_repacked_x8`: 24%
-/// faster on a SmolLM2 Q4_0 prompt), anything else row by row (`avx2::dot_q4_0_repacked`; eight rows at a
-/// time for a decode step measured 30% slower: eight strided weight streams). Same bits every way.
-///
-/// # Safety
-/// As [`dot_rows_avx2`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn repacked_rows<const N: usize>(
-    rows: &[u8],
-    row_bytes: usize,
-    n_rows: usize,
-    xs: [&PreparedRow; N],
-    q8: [avx2::Q8Row<'_>; N],
-    paths: [GgmlPath; N],
-    values: &[i8; 16],
-    outs: &mut [&mut [f32]; N],
-    tiles: Option<&[f32]>,
-) {
-    let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
-    if N == 8 {
-        let nb = xs[0].n_blocks();
-        let x8: [avx2::Q8Row<'_>; 8] = std::array::from_fn(|j| q8[j]);
-        let p8: [GgmlPath; 8] = std::array::from_fn(|j| paths[j]);
-        let mut run = |dt: &[f32]| {
-            for i in 0..n_rows {
-                let r = avx2::dot_q4_0_repacked_x8(row(i), x8, &dt[..8 * nb], p8, values);
-                for (o, r) in outs.iter_mut().zip(r) {
-                    o[i] = r;
-                }
-            }
-        };
-        // the transposed scales the caller made once per matmul, or made here in the tile buffer
-        match tiles {
-            Some(t) => run(t),
-            None => TILE_SCRATCH.with(|buf| {
-                let buf = &mut *buf.borrow_mut();
-                if buf.len() < 16 * nb {
-                    buf.resize(16 * nb, 0.0);
-                }
-                tile_scales(xs, buf);
-                run(buf)
-            }),
-        }
-        return;
-    }
-    for i in 0..n_rows {
-        let r = avx2::dot_q4_0_repacked(row(i), q8, paths, values);
-        for (o, r) in outs.iter_mut().zip(r) {
-            o[i] = r;
-        }
-    }
-}
-
-/// The bytes of `q` as `u8` (the same memory; `vpdpbusd` takes Q8_1 quants as its signed operand).
-#[cfg(target_arch = "x86_64")]
-fn bytemuck_i8(q: &[i8]) -> &[u8] {
-    // SAFETY: i8 and u8 have the same size and alignment, and every bit pattern is valid for both.
-    unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, q.len()) }
-}
-
-/// [`SimdKernel::dot_rows`] for the AVX-512 VNNI kernels (`quant::avx512`), compiled with their features;
-/// no activation row may hold a −128 quant (the caller checks `has_min_quant`).
-///
-/// # Safety
-/// The CPU must have AVX2, FMA, F16C and AVX-512 F, BW, VL, VNNI.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_rows_avx512<const N: usize>(
-    k: SimdKernel,
-    rows: &[u8],
-    row_bytes: usize,
-    n_rows: usize,
-    xs: [&PreparedRow; N],
-    outs: &mut [&mut [f32]; N],
-    tiles: Option<&[f32]>,
-) {
-    use avx512::LANES;
-    let nb = xs.first().map_or(0, |x| x.d.len());
-    // the thread's tile buffer: the rows' scales transposed, LANES per block (lanes past N are 0), unless
-    // the caller made them, and room for the kernel's per-row scale products (grows once, then reused:
-    // no allocation per call)
-    TILE_SCRATCH.with(|buf| {
-        let buf = &mut *buf.borrow_mut();
-        if buf.len() < 4 * LANES * nb {
-            buf.resize(4 * LANES * nb, 0.0);
-        }
-        let (ds, prod) = buf.split_at_mut(2 * LANES * nb);
-        let ds = match tiles {
-            Some(t) => {
-                assert!(t.len() >= 2 * LANES * nb);
-                &t[..2 * LANES * nb]
-            }
-            None => {
-                tile_scales(xs, ds);
-                &*ds
-            }
-        };
-        let (d, s) = ds.split_at(LANES * nb);
-        let prod = &mut prod[..2 * LANES * nb];
-        dot_rows_tiles(k, rows, row_bytes, n_rows, xs, d, s, prod, outs)
-    })
-}
-
-/// The transposed scales the AVX-512 tiles read ([`SimdKernel::uses_tiles`]) for the activation rows
-/// `xs` (`N ≤ 8`, each `nb` blocks): `out[ib·8 + j]` = row `j`'s `d` of block `ib`, then from `8·nb` on
-/// its `s` (Q8_1; 0 for Q8_0 rows), lanes past `N` 0. `out` holds at least `16·nb` floats (checked).
-pub(crate) fn tile_scales<const N: usize>(xs: [&PreparedRow; N], out: &mut [f32]) {
-    const LANES: usize = 8;
-    assert!(N <= LANES);
-    let nb = xs.first().map_or(0, |x| x.d.len());
-    let (d, s) = out[..2 * LANES * nb].split_at_mut(LANES * nb);
-    if N < LANES {
-        d.fill(0.0);
-        s.fill(0.0);
-    }
-    for (j, x) in xs.iter().enumerate() {
-        assert_eq!(
-            x.d.len(),
-            nb,
-            "activation rows of one tile have the same length"
-        );
-        for ib in 0..nb {
-            d[ib * LANES + j] = x.d[ib];
-            s[ib * LANES + j] = x.s.get(ib).copied().unwrap_or(0.0);
-        }
-    }
-}
-
-thread_local! {
-    /// Per-thread buffer of [`dot_rows_avx512`] (transposed scales and scale products) and of
-    /// [`repacked_rows`] (transposed scales), when their caller made none.
-    #[cfg(target_arch = "x86_64")]
-    static TILE_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The row loop of [`dot_rows_avx512`] over its tile buffer (a separate function with the kernels'
-/// features: a closure would be compiled without them).
-///
-/// # Safety
-/// As [`dot_rows_avx512`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dot_rows_tiles<const N: usize>(
-    k: SimdKernel,
-    rows: &[u8],
-    row_bytes: usize,
-    n_rows: usize,
-    xs: [&PreparedRow; N],
-    d: &[f32],
-    s: &[f32],
-    prod: &mut [f32],
-    outs: &mut [&mut [f32]; N],
-) {
-    let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
-    let q4_1 = avx512::Tile {
-        qs: xs.map(|x| bytemuck_i8(&x.qs)),
-        d,
-        s,
-    };
-    let q8u = avx512::Tile {
-        qs: xs.map(|x| &x.qu[..]),
-        d,
-        s,
-    };
-    macro_rules! each {
-        ($w:ident => $dot:expr) => {
-            each_row!(n_rows, row, outs, $w => $dot)
-        };
-    }
-    // rows two at a time through `$x2`, an odd last one through `$one`
-    macro_rules! pairs {
-        ($x2:path, $one:path) => {{
-            let pairs = n_rows / 2;
-            for i in 0..pairs {
-                let r = $x2([row(2 * i), row(2 * i + 1)], &q8u);
-                for (t, o) in outs.iter_mut().enumerate() {
-                    // SAFETY: every output holds `n_rows` floats (`dot_rows_tiled` checked it)
-                    *o.get_unchecked_mut(2 * i) = r[0][t];
-                    *o.get_unchecked_mut(2 * i + 1) = r[1][t];
-                }
-            }
-            for i in 2 * pairs..n_rows {
-                let r = $one(row(i), &q8u, prod);
-                for (o, r) in outs.iter_mut().zip(r) {
-                    o[i] = r;
-                }
-            }
-        }};
-    }
-    match k {
-        SimdKernel::Q4_1Avx512 => each!(w => avx512::dot_q4_1_q8_1(w, &q4_1, prod)),
-        // two weight rows per step: each activation block loaded once for both
-        SimdKernel::Q8_0Avx512 => pairs!(avx512::dot_q8_0_q8_0_x2, avx512::dot_q8_0_q8_0),
-        SimdKernel::Q5_0Avx512 => pairs!(avx512::dot_q5_0_q8_0_x2, avx512::dot_q5_0_q8_0),
-        _ => unreachable!("dot_rows_avx512 runs the AVX-512 kernels only"),
-    }
-}
-
-/// Ggml-mode dispatch (see [`vec_dot`]).
-fn dot_ggml(ty: GgmlType, w: &[u8], x: &PreparedRow) -> f32 {
-    use GgmlType::*;
-    let exact = x.has_min_quant;
-    match ty {
-        F32 => float::dot_f32(w, &x.x),
-        F16 => float::dot_f16(w, &x.x),
-        BF16 => float::dot_bf16(w, &x.x),
-        Q4_0 if exact => q4_0::dot_q8_0::<true>(w, &x.qs, &x.d),
-        Q4_0 => q4_0::dot_q8_0::<false>(w, &x.qs, &x.d),
-        Q5_0 if exact => q5_0::dot_q8_0::<true>(w, &x.qs, &x.d),
-        Q5_0 => q5_0::dot_q8_0::<false>(w, &x.qs, &x.d),
-        Q8_0 if exact => q8::dot_q8_0_q8_0::<true>(w, &x.qs, &x.d),
-        Q8_0 => q8::dot_q8_0_q8_0::<false>(w, &x.qs, &x.d),
-        IQ4_NL if exact => iq4_nl::dot_q8_0::<true>(w, &x.qs, &x.d),
-        IQ4_NL => iq4_nl::dot_q8_0::<false>(w, &x.qs, &x.d),
-        Q4_1 => q4_1::dot_q8_1(w, &x.qs, &x.d, &x.s),
-        Q5_1 => q5_1::dot_q8_1(w, &x.qs, &x.d, &x.s),
-        Q2_K => q2_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
-        Q3_K => q3_k::dot_q8_k(w, &x.qs, &x.d),
-        Q4_K => q4_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
-        Q5_K => q5_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
-        Q6_K => q6_k::dot_q8_k(w, &x.qs, &x.d, &x.bsums),
-        IQ4_XS => iq4_xs::dot_q8_k(w, &x.qs, &x.d),
-        _ => {
-            debug_assert!(false, "no dot kernel for {ty}");
-            f32::NAN
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! [`PreparedRow`]: an activation row converted once for dot products against many weight rows.
 
 use super::types::GgmlType;
-use super::{float, q8, q8_k, vec_dot_type, NumericsMode};
+use super::{float, q8, q8_k, vec_dot_type};
+use crate::numerics::NumericsMode;
 use crate::{Error, Result};
 
 /// An activation row prepared once for dot products against many weight rows of one type in one mode.
@@ -128,7 +129,7 @@ impl PreparedRow {
                 resize(&mut self.qs, n, 0);
                 resize(&mut self.d, nb, 0.0);
                 #[cfg(target_arch = "x86_64")]
-                if simd && super::avx2::available() {
+                if simd && crate::numerics::avx2_available() {
                     resize(&mut self.qu, n, 0);
                     let (b, q, u, d) = (&mut self.blocks, &mut self.qs, &mut self.qu, &mut self.d);
                     // SAFETY: AVX2, FMA and F16C were detected just above; the buffers are sized for x.

@@ -80,6 +80,15 @@ pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK_K]) {
     }
 }
 
+/// `quantize_row_q8_K_ref` (ggml-quants.c) writing only the block bytes: [`quantize`] with its unpacked
+/// outputs (quants, scales, block sums) thrown away. `src` holds whole 256-element blocks, `dst` their
+/// `BYTES`-byte blocks.
+pub(crate) fn quantize_row_ref(src: &[f32], dst: &mut [u8]) {
+    let nb = src.len() / QK_K;
+    let (mut qs, mut d, mut bs) = (vec![0i8; src.len()], vec![0f32; nb], vec![0i16; nb * 16]);
+    quantize(src, dst, &mut qs, &mut d, &mut bs);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

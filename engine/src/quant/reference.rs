@@ -6,14 +6,11 @@
 //! as `((p4+p0) + (p6+p2)) + ((p5+p1) + (p7+p3))`. Eight interleaved sums are both more accurate than one
 //! running sum and vectorizable.
 
-use super::fp::{bf16_to_f32, f16_to_f32, read_f32, read_u16};
-use super::types::GgmlType;
 use super::x86::hsum_float_8;
-use super::{iq4_nl, iq4_xs, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8, q8_k};
 
 /// Dot product of blocks of `QK` elements, `bytes` each, dequantized by `deq`.
 #[inline(always)]
-fn dot_blocks<const QK: usize>(
+pub(crate) fn dot_blocks<const QK: usize>(
     w: &[u8],
     bytes: usize,
     x: &[f32],
@@ -80,7 +77,7 @@ fn dot_lanes8(w: &[f32], x: &[f32]) -> f32 {
 
 /// Dot product of plain elements of `size` bytes converted by `conv`.
 #[inline(always)]
-fn dot_elems(w: &[u8], size: usize, x: &[f32], conv: impl Fn(&[u8]) -> f32) -> f32 {
+pub(crate) fn dot_elems(w: &[u8], size: usize, x: &[f32], conv: impl Fn(&[u8]) -> f32) -> f32 {
     let mut lanes = [0f32; 8];
     let full = x.len() / 8 * 8;
     for (wc, xc) in w.chunks_exact(8 * size).zip(x[..full].chunks_exact(8)) {
@@ -94,70 +91,97 @@ fn dot_elems(w: &[u8], size: usize, x: &[f32], conv: impl Fn(&[u8]) -> f32) -> f
     hsum_float_8(&lanes)
 }
 
-/// Reference dot product of one weight row of `ty` with f32 `x`. `None` for types without a kernel.
+/// An explicit AVX2 + F16C form of a type's reference dot ([`vectors`]).
+pub(crate) type VectorDot = unsafe fn(&[u8], &[f32]) -> f32;
+
+/// Reference dot product of one weight row with f32 `x`: `portable` (the type's [`dot_blocks`] or
+/// [`dot_elems`], `quant::table`) computes it.
 ///
 /// With `simd` (the session runs SIMD kernels; [`crate::Simd::Off`] does not) and a CPU with AVX2, the
-/// same code runs compiled with AVX2 enabled, with explicit vectors for the commonest types ([`dot_avx2`]):
-/// the same operations in the same order, so the same bits. Without, the portable build.
-#[inline]
-pub(crate) fn dot(ty: GgmlType, w: &[u8], x: &[f32], simd: bool) -> Option<f32> {
+/// same code runs compiled with AVX2 enabled, or the type's explicit vector form `vectors` where it has
+/// one and the CPU has F16C: the same operations in the same order, so the same bits. Without, the
+/// portable build.
+#[inline(always)]
+pub(crate) fn dot(
+    w: &[u8],
+    x: &[f32],
+    simd: bool,
+    portable: impl Fn(&[u8], &[f32]) -> f32,
+    vectors: Option<VectorDot>,
+) -> f32 {
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = simd;
+    let _ = (simd, vectors);
     #[cfg(target_arch = "x86_64")]
     if simd && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked above).
-        return unsafe { dot_avx2(ty, w, x) };
+        return unsafe { dot_avx2(w, x, portable, vectors) };
     }
-    dot_portable(ty, w, x)
+    portable(w, x)
 }
 
-/// [`dot_portable`] compiled with AVX2 available (Rust never contracts `a * b + c` into an fma, so the bits
-/// are the portable build's).
+/// `portable` compiled with AVX2 available (Rust never contracts `a * b + c` into an fma, so the bits
+/// are the portable build's), or `vectors` where the CPU has F16C.
+///
+/// # Safety
+/// The CPU must have AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn dot_avx2(ty: GgmlType, w: &[u8], x: &[f32]) -> Option<f32> {
+unsafe fn dot_avx2(
+    w: &[u8],
+    x: &[f32],
+    portable: impl Fn(&[u8], &[f32]) -> f32,
+    vectors: Option<VectorDot>,
+) -> f32 {
     // the 32-element block types the models ship most of their weights in, and the float types, with
     // explicit vectors (the compiler leaves their unpacking scalar); the others as compiled
-    if std::arch::is_x86_feature_detected!("f16c") {
-        // SAFETY: AVX2 (this function's contract) and F16C (checked above)
-        let r = unsafe { vectors::dot(ty, w, x) };
-        if r.is_some() {
-            return r;
+    if let Some(v) = vectors {
+        if std::arch::is_x86_feature_detected!("f16c") {
+            // SAFETY: AVX2 (this function's contract) and F16C (checked above)
+            return unsafe { v(w, x) };
         }
     }
-    dot_portable(ty, w, x)
+    portable(w, x)
 }
 
-/// Explicit AVX2 + F16C forms of [`dot_portable`] for Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, F16 and BF16 rows,
+/// Explicit AVX2 + F16C forms of the portable reference dot ([`dot_blocks`], [`dot_elems`]) for Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, F16 and BF16 rows,
 /// with the same bits: each block's 32 values are made as the scalar `dequantize_block` makes them (an
 /// exact i8 → f32 conversion, then `* d`, then `+ m` for Q4_1, one rounding each), and element `i` is added
 /// to lane `i % 8` as the rounded product `w * x` (`_mm256_mul_ps` then `_mm256_add_ps`, never an fma); the
 /// lanes are combined by `hsum_float_8`. f16 → f32 (`_mm256_cvtph_ps`) and bf16 → f32 (a 16-bit shift) are
 /// exact.
 #[cfg(target_arch = "x86_64")]
-mod vectors {
+pub(crate) mod vectors {
     use std::arch::x86_64::*;
 
     use super::super::fp::read_f16;
-    use super::super::types::GgmlType;
     use super::super::x86::hsum_float_8;
     use super::super::{iq4_nl, q4_0, q4_1, q5_0, q8};
 
-    /// [`super::dot_portable`] for the types above; `None` for the others.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and F16C.
-    #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn dot(ty: GgmlType, w: &[u8], x: &[f32]) -> Option<f32> {
-        Some(match ty {
-            GgmlType::Q8_0 => blocks(w, q8::Q8_0_BYTES, x, |b| {
+    /// Declares one explicit form per type: `$name(w, x)` = the portable reference dot of that type.
+    macro_rules! forms {
+        ($($(#[$doc:meta])* $name:ident($w:ident, $x:ident) => $body:expr;)*) => {$(
+            $(#[$doc])*
+            ///
+            /// # Safety
+            /// The CPU must have AVX2 and F16C.
+            #[target_feature(enable = "avx2,f16c")]
+            pub(crate) unsafe fn $name($w: &[u8], $x: &[f32]) -> f32 {
+                $body
+            }
+        )*};
+    }
+
+    forms! {
+        /// Q8_0 rows.
+        q8_0(w, x) => blocks(w, q8::Q8_0_BYTES, x, |b| {
                 (
                     std::array::from_fn(|j| b[2 + j] as i8),
                     read_f16(b, 0),
                     None,
                 )
-            }),
-            GgmlType::Q4_0 => blocks(w, q4_0::BYTES, x, |b| {
+            });
+        /// Q4_0 rows.
+        q4_0(w, x) => blocks(w, q4_0::BYTES, x, |b| {
                 let qs = &b[2..18];
                 (
                     std::array::from_fn(|j| {
@@ -171,8 +195,9 @@ mod vectors {
                     read_f16(b, 0),
                     None,
                 )
-            }),
-            GgmlType::Q4_1 => blocks(w, q4_1::BYTES, x, |b| {
+            });
+        /// Q4_1 rows.
+        q4_1(w, x) => blocks(w, q4_1::BYTES, x, |b| {
                 let qs = &b[4..20];
                 (
                     std::array::from_fn(|j| {
@@ -185,8 +210,9 @@ mod vectors {
                     read_f16(b, 0),
                     Some(read_f16(b, q4_1::min_offset())),
                 )
-            }),
-            GgmlType::Q5_0 => blocks(w, q5_0::BYTES, x, |b| {
+            });
+        /// Q5_0 rows.
+        q5_0(w, x) => blocks(w, q5_0::BYTES, x, |b| {
                 let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
                 let qs = &b[6..22];
                 (
@@ -201,18 +227,19 @@ mod vectors {
                     read_f16(b, 0),
                     None,
                 )
-            }),
-            GgmlType::IQ4_NL => blocks(w, iq4_nl::BYTES, x, |b| {
+            });
+        /// IQ4_NL rows.
+        iq4_nl(w, x) => blocks(w, iq4_nl::BYTES, x, |b| {
                 let v = iq4_nl::values(&b[2..iq4_nl::BYTES]);
                 (std::array::from_fn(|j| v[j] as i8), read_f16(b, 0), None)
-            }),
-            GgmlType::F16 => elems(w, x, |p| _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))),
-            GgmlType::BF16 => elems(w, x, |p| {
+            });
+        /// F16 rows.
+        f16(w, x) => elems(w, x, |p| _mm256_cvtph_ps(_mm_loadu_si128(p.cast())));
+        /// BF16 rows.
+        bf16(w, x) => elems(w, x, |p| {
                 let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
                 _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
-            }),
-            _ => return None,
-        })
+            });
     }
 
     /// The lanes of `acc` combined as [`hsum_float_8`].
@@ -274,34 +301,19 @@ mod vectors {
     }
 }
 
-/// The body of [`dot`].
-#[inline(always)]
-fn dot_portable(ty: GgmlType, w: &[u8], x: &[f32]) -> Option<f32> {
-    Some(match ty {
-        GgmlType::F32 => dot_elems(w, 4, x, |b| read_f32(b, 0)),
-        GgmlType::F16 => dot_elems(w, 2, x, |b| f16_to_f32(read_u16(b, 0))),
-        GgmlType::BF16 => dot_elems(w, 2, x, |b| bf16_to_f32(read_u16(b, 0))),
-        GgmlType::Q4_0 => dot_blocks(w, q4_0::BYTES, x, q4_0::dequantize_block),
-        GgmlType::Q4_1 => dot_blocks(w, q4_1::BYTES, x, q4_1::dequantize_block),
-        GgmlType::Q5_0 => dot_blocks(w, q5_0::BYTES, x, q5_0::dequantize_block),
-        GgmlType::Q5_1 => dot_blocks(w, q5_1::BYTES, x, q5_1::dequantize_block),
-        GgmlType::IQ4_NL => dot_blocks(w, iq4_nl::BYTES, x, iq4_nl::dequantize_block),
-        GgmlType::Q2_K => dot_blocks(w, q2_k::BYTES, x, q2_k::dequantize_block),
-        GgmlType::Q3_K => dot_blocks(w, q3_k::BYTES, x, q3_k::dequantize_block),
-        GgmlType::Q5_K => dot_blocks(w, q5_k::BYTES, x, q5_k::dequantize_block),
-        GgmlType::IQ4_XS => dot_blocks(w, iq4_xs::BYTES, x, iq4_xs::dequantize_block),
-        GgmlType::Q8_0 => dot_blocks(w, q8::Q8_0_BYTES, x, q8::dequantize_block_q8_0),
-        GgmlType::Q8_1 => dot_blocks(w, q8::Q8_1_BYTES, x, q8::dequantize_block_q8_1),
-        GgmlType::Q4_K => dot_blocks(w, q4_k::BYTES, x, q4_k::dequantize_block),
-        GgmlType::Q6_K => dot_blocks(w, q6_k::BYTES, x, q6_k::dequantize_block),
-        GgmlType::Q8_K => dot_blocks(w, q8_k::BYTES, x, q8_k::dequantize_block),
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::super::table::traits;
+    use super::super::types::GgmlType;
+    use super::super::{iq4_nl, q4_0, q4_1, q5_0, q8};
+
+    /// The reference dot of `ty` with (`simd`) and without the AVX2 build.
+    fn dot(ty: GgmlType, w: &[u8], x: &[f32], simd: bool) -> Option<f32> {
+        Some((traits(ty)?.dot.as_ref()?.reference)(w, x, simd))
+    }
+    fn dot_portable(ty: GgmlType, w: &[u8], x: &[f32]) -> Option<f32> {
+        dot(ty, w, x, false)
+    }
 
     /// The AVX2 build of the reference dot product gives the portable build's bits, for every type with
     /// a reference quantizer (blocks from it) and lengths that are not a multiple of 8 for the floats.
@@ -319,7 +331,7 @@ mod tests {
             (GgmlType::Q4_1, 256),
             (GgmlType::Q5_0, 256),
             (GgmlType::Q8_0, 256),
-            (GgmlType::Q8_K, 512),
+            (GgmlType::Q4_K, 512),
             (GgmlType::F16, 45),
             (GgmlType::BF16, 45),
             (GgmlType::F32, 45),

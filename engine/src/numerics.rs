@@ -1,0 +1,367 @@
+//! The numerics of a session, in one leaf module: how a matrix product is computed ([`NumericsMode`]),
+//! which ggml-cpu build ggml mode mirrors ([`GgmlTarget`]), which instruction set the kernels use
+//! ([`Simd`]), the CPU detection behind them, and [`Numerics`], the three carried together through the
+//! engine. This module imports nothing from the crate but [`crate::error`], so every other module may
+//! depend on it without a cycle.
+//!
+//! The SIMD axis: [`Simd::Off`] is the portable scalar code, the reference every SIMD kernel is tested
+//! against; [`Simd::Avx2`] runs the AVX2 + FMA kernels of `quant::avx2` where one exists for the weight
+//! type and numerics mode, and the scalar kernel elsewhere; [`Simd::Avx512`] runs the same kernels, except
+//! that the 32-element block products of Q4_1, Q5_0 and Q8_0 weights are `vpdpbusd` (AVX-512 VNNI) tiles
+//! (`quant::avx512`). In ggml mode all three give the same bits: they mirror the same llama.cpp kernels,
+//! whose block products are exact integers whichever instruction computes them (ggml-cpu's own x86
+//! kernels switch to `_mm256_dpbusd_epi32` when built with `__AVX512VNNI__`), and every rounding step
+//! (the per-block fma, the reduction trees) is the same instruction sequence. Which reduction trees ggml
+//! mode mirrors (8 or 16 lanes) is the golden's CPU target ([`GgmlTarget`]), not this setting.
+
+use crate::error::{Error, Result};
+
+/// True if this CPU runs the AVX2 + FMA kernels ([`Simd::Avx2`]): AVX2, FMA and F16C, detected at run
+/// time (`is_x86_feature_detected!`). Always false off x86-64.
+pub fn avx2_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// True if this CPU runs the AVX-512 VNNI tiles ([`Simd::Avx512`]): the AVX2 kernels' features
+/// ([`avx2_available`]) and AVX-512 F, BW, VL and VNNI, detected at run time. Always false off x86-64.
+pub fn avx512_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx2_available()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// How a matrix-vector product is computed.
+///
+/// - [`NumericsMode::Reference`]: dequantize each weight block to f32 and multiply-accumulate in f32
+///   against the f32 activation. Tracks an f32 framework (transformers) on the dequantized weights.
+/// - [`NumericsMode::Ggml`]: do what ggml's CPU backend does: quantize the activation row to the weight
+///   type's `vec_dot_type` (ggml-cpu.c `type_traits_cpu`), then integer dot products per block with ggml's
+///   scale order. Tracks llama.cpp.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum NumericsMode {
+    /// Dequantize to f32, f32 accumulation.
+    #[default]
+    Reference,
+    /// Quantized activations and integer block dot products, as ggml-cpu.
+    Ggml,
+}
+
+impl NumericsMode {
+    /// The lower-case name used on the command line and in reports: `reference` or `ggml`.
+    pub fn name(self) -> &'static str {
+        match self {
+            NumericsMode::Reference => "reference",
+            NumericsMode::Ggml => "ggml",
+        }
+    }
+}
+
+impl std::str::FromStr for NumericsMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "reference" => Ok(NumericsMode::Reference),
+            "ggml" => Ok(NumericsMode::Ggml),
+            other => Err(format!(
+                "unknown numerics mode {other:?} (expected `reference` or `ggml`)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for NumericsMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The ggml-cpu build ggml mode reproduces: the SIMD branches llama.cpp compiled for its host's CPU
+/// (`GGML_NATIVE`). Selected from the CPU flags a golden records ([`GgmlTarget::from_cpu_flags`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GgmlTarget {
+    /// `__AVX2__ && __FMA__` without AVX-512 F/DQ: 8-lane `__m256` branches.
+    Avx2,
+    /// `__AVX512F__ && __AVX512DQ__`: 16-lane `__m512` branches (the host of the first SmolLM2 goldens).
+    #[default]
+    Avx512,
+}
+
+impl GgmlTarget {
+    /// Every target, narrowest first.
+    pub const ALL: [GgmlTarget; 2] = [GgmlTarget::Avx2, GgmlTarget::Avx512];
+
+    /// `avx2` or `avx512`.
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlTarget::Avx2 => "avx2",
+            GgmlTarget::Avx512 => "avx512",
+        }
+    }
+
+    /// The target ggml-cpu compiles for a CPU with these `/proc/cpuinfo`-style flags (`avx512f`,
+    /// `avx512dq`, `avx2`, `fma`, ...), as `GGML_NATIVE` does. `None` when the CPU has neither (ggml would
+    /// run kernels lockstep does not mirror).
+    pub fn from_cpu_flags<S: AsRef<str>>(flags: &[S]) -> Option<GgmlTarget> {
+        let has = |f: &str| flags.iter().any(|x| x.as_ref() == f);
+        if has("avx512f") && has("avx512dq") {
+            Some(GgmlTarget::Avx512)
+        } else if has("avx2") && has("fma") {
+            Some(GgmlTarget::Avx2)
+        } else {
+            None
+        }
+    }
+
+    /// The target llama.cpp built with `GGML_NATIVE` would use on the machine running this code
+    /// (`is_x86_feature_detected!`); [`GgmlTarget::Avx512`] off x86 or on x86 without AVX2+FMA, where
+    /// no target describes llama.cpp and the choice only keeps ggml mode deterministic.
+    pub fn host() -> GgmlTarget {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+                return GgmlTarget::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return GgmlTarget::Avx2;
+            }
+        }
+        GgmlTarget::Avx512
+    }
+
+    /// f32 lanes of this target's vectors.
+    pub fn lanes(self) -> usize {
+        match self {
+            GgmlTarget::Avx2 => 8,
+            GgmlTarget::Avx512 => 16,
+        }
+    }
+}
+
+impl std::str::FromStr for GgmlTarget {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        GgmlTarget::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| format!("unknown ggml target {s:?} (expected avx2 or avx512)"))
+    }
+}
+
+impl std::fmt::Display for GgmlTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The kernel instruction set of a session (`--simd`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Simd {
+    /// Portable scalar kernels.
+    #[default]
+    Off,
+    /// x86-64 AVX2 + FMA (+ F16C) kernels.
+    Avx2,
+    /// The AVX2 kernels, with AVX-512 VNNI (`vpdpbusd` on 256-bit vectors: AVX-512 F, BW, VL, VNNI) for
+    /// the integer block products of Q4_1, Q5_0 and Q8_0 weights.
+    Avx512,
+}
+
+impl Simd {
+    /// Every setting, in order of preference for [`Simd::detect`] (best last).
+    pub const ALL: [Simd; 3] = [Simd::Off, Simd::Avx2, Simd::Avx512];
+
+    /// The name used on the command line and in reports: `off`, `avx2`, `avx512`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Simd::Off => "off",
+            Simd::Avx2 => "avx2",
+            Simd::Avx512 => "avx512",
+        }
+    }
+
+    /// The CPU features the setting needs, as `is_x86_feature_detected!` names them.
+    pub fn features(self) -> &'static [&'static str] {
+        match self {
+            Simd::Off => &[],
+            Simd::Avx2 => &["avx2", "fma", "f16c"],
+            Simd::Avx512 => &[
+                "avx2",
+                "fma",
+                "f16c",
+                "avx512f",
+                "avx512bw",
+                "avx512vl",
+                "avx512vnni",
+            ],
+        }
+    }
+
+    /// True if this CPU can run the setting (detected at run time with `is_x86_feature_detected!`).
+    pub fn available(self) -> bool {
+        match self {
+            Simd::Off => true,
+            Simd::Avx2 => avx2_available(),
+            Simd::Avx512 => avx512_available(),
+        }
+    }
+
+    /// True if the setting runs the AVX2 + FMA kernels (`avx2`, and `avx512`, which adds VNNI tiles to
+    /// them) and this CPU has them.
+    pub fn avx2_kernels(self) -> bool {
+        self != Simd::Off && self.available()
+    }
+
+    /// The setting whose kernels run in `mode` under `self`: reference mode has AVX2 kernels (explicit
+    /// vectors for the commonest weight types, the rest compiled with AVX2) but none of AVX-512's, so its
+    /// `avx512` runs exactly what `avx2` runs and is named `avx2`; ggml mode runs each setting's own. A run
+    /// matrix gives each (mode, kernels) one cell.
+    pub fn for_mode(self, mode: NumericsMode) -> Simd {
+        match (mode, self) {
+            (NumericsMode::Reference, Simd::Avx512) => Simd::Avx2,
+            (_, s) => s,
+        }
+    }
+
+    /// The best setting this CPU runs (`auto`).
+    pub fn detect() -> Simd {
+        Simd::ALL
+            .into_iter()
+            .rev()
+            .find(|s| s.available())
+            .unwrap_or(Simd::Off)
+    }
+
+    /// Parse `off`, `avx2`, `avx512` or `auto` (= [`Simd::detect`]).
+    ///
+    /// Errors: [`Error::Invalid`] for another word, or for a setting this CPU cannot run (naming it).
+    pub fn parse(s: &str) -> Result<Simd> {
+        let simd = match s {
+            "auto" => return Ok(Simd::detect()),
+            "off" | "scalar" => Simd::Off,
+            "avx2" => Simd::Avx2,
+            "avx512" => Simd::Avx512,
+            other => {
+                return Err(Error::Invalid(format!(
+                    "unknown SIMD setting {other:?} (expected `off`, `avx2`, `avx512` or `auto`)"
+                )))
+            }
+        };
+        if !simd.available() {
+            return Err(Error::Invalid(format!(
+                "SIMD setting `{}` needs CPU features this machine lacks ({})",
+                simd.name(),
+                simd.features().join(", ")
+            )));
+        }
+        Ok(simd)
+    }
+}
+
+impl std::fmt::Display for Simd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The numerics of a session, carried as one value through the engine (matmuls, attention, gates, RoPE):
+/// the [`NumericsMode`], the ggml-cpu build ggml mode mirrors ([`GgmlTarget`]; ignored in reference mode)
+/// and the kernels' instruction set ([`Simd`]; in ggml mode it changes no bit).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Numerics {
+    /// How matrix products (and the ops that differ between the modes) are computed.
+    pub mode: NumericsMode,
+    /// The ggml-cpu build ggml mode mirrors (default [`GgmlTarget::Avx512`]).
+    pub target: GgmlTarget,
+    /// The SIMD setting of the compute kernels (default [`Simd::Off`]).
+    pub simd: Simd,
+}
+
+impl Numerics {
+    /// `mode` with the default target ([`GgmlTarget::Avx512`]) and the scalar kernels ([`Simd::Off`]).
+    pub fn new(mode: NumericsMode) -> Numerics {
+        Numerics {
+            mode,
+            ..Numerics::default()
+        }
+    }
+
+    /// Reference mode, scalar kernels.
+    pub fn reference() -> Numerics {
+        Numerics::new(NumericsMode::Reference)
+    }
+
+    /// Ggml mode mirroring `target`, scalar kernels.
+    pub fn ggml(target: GgmlTarget) -> Numerics {
+        Numerics {
+            mode: NumericsMode::Ggml,
+            target,
+            simd: Simd::Off,
+        }
+    }
+
+    /// The same numerics with the ggml target `target`.
+    pub fn with_target(self, target: GgmlTarget) -> Numerics {
+        Numerics { target, ..self }
+    }
+
+    /// The same numerics with the kernels of `simd`.
+    pub fn with_simd(self, simd: Simd) -> Numerics {
+        Numerics { simd, ..self }
+    }
+
+    /// True in ggml mode.
+    pub fn is_ggml(self) -> bool {
+        self.mode == NumericsMode::Ggml
+    }
+}
+
+impl From<NumericsMode> for Numerics {
+    /// [`Numerics::new`]: `mode` with the default target and the scalar kernels.
+    fn from(mode: NumericsMode) -> Numerics {
+        Numerics::new(mode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_names_and_refuses_others() {
+        assert_eq!(Simd::parse("off").unwrap(), Simd::Off);
+        assert_eq!(Simd::parse("auto").unwrap(), Simd::detect());
+        let e = Simd::parse("neon").unwrap_err().to_string();
+        assert!(e.contains("neon") && e.contains("avx2"), "{e}");
+        for want in [Simd::Avx2, Simd::Avx512] {
+            match Simd::parse(want.name()) {
+                Ok(s) => assert!(s == want && s.available()),
+                Err(e) => {
+                    assert!(!want.available());
+                    assert!(e.to_string().contains("lacks"), "{e}");
+                }
+            }
+        }
+        assert!(!Simd::Off.avx2_kernels());
+        for s in Simd::ALL {
+            assert_eq!(s.to_string(), s.name());
+        }
+    }
+}

@@ -1,0 +1,519 @@
+use super::attention::kqv_all_d;
+use super::*;
+use crate::kv_cache::KvCache;
+use crate::numerics::GgmlTarget;
+use crate::quant::x86::Emulated;
+
+/// Ggml mode mirroring `target` with the kernels of `simd`.
+fn ggml(target: GgmlTarget, simd: Simd) -> Numerics {
+    Numerics::ggml(target).with_simd(simd)
+}
+
+const MODES: [NumericsMode; 2] = [NumericsMode::Reference, NumericsMode::Ggml];
+
+#[test]
+fn rms_norm_unit_rms() {
+    let mut x = vec![3.0, -4.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+    rms_norm(&mut x, &[1.0; 4], 0.0);
+    // row 1: rms = sqrt(25/4) = 2.5
+    assert!((x[0] - 1.2).abs() < 1e-6 && (x[1] + 1.6).abs() < 1e-6);
+    assert_eq!(&x[4..], &[1.0; 4]);
+}
+
+#[test]
+fn softmax_all_masked_is_zero_not_nan() {
+    let mut x = vec![f32::NEG_INFINITY; 3];
+    softmax_scaled(&mut x, 0.5);
+    assert_eq!(x, vec![0.0; 3]);
+    let mut y = vec![1.0, 2.0, f32::NEG_INFINITY];
+    softmax_scaled(&mut y, 1.0);
+    assert!((y.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    assert_eq!(y[2], 0.0);
+}
+
+#[test]
+fn rope_position_zero_is_identity_and_rotation_preserves_norm() {
+    for mode in MODES {
+        let mut c = vec![0.0; 4];
+        rope_cache(0, 10000.0, 4, &mut c);
+        let mut x = vec![1.0, 2.0, 3.0, 4.0];
+        rope_norm(&mut x, 4, 4, &c, mode);
+        assert_eq!(x, vec![1.0, 2.0, 3.0, 4.0]);
+        rope_cache(5, 10000.0, 4, &mut c);
+        rope_norm(&mut x, 4, 4, &c, mode);
+        let n: f32 = x.iter().map(|v| v * v).sum();
+        assert!((n - 30.0).abs() < 1e-4);
+        // pair 0 rotated by θ = 5 rad
+        assert!((x[0] - (5f32.cos() - 2.0 * 5f32.sin())).abs() < 1e-5);
+    }
+}
+
+#[test]
+fn simd_rope_gives_the_scalar_bits() {
+    if !Simd::Avx2.available() {
+        eprintln!("skipping: no AVX2+FMA on this CPU");
+        return;
+    }
+    let (hd, rd) = (64, 48);
+    let x: Vec<f32> = (0..9 * hd)
+        .map(|i| (i as f32 * 0.77).sin() * 10f32.powi(i as i32 % 7 - 3))
+        .collect();
+    for pos in [0, 1, 17, 500, 30_000] {
+        let mut c = vec![0.0; rd];
+        rope_cache(pos, 10_000.0, rd, &mut c);
+        type Rope = fn(&mut [f32], usize, usize, &[f32], Numerics);
+        for rope in [rope_norm_simd as Rope, rope_neox_simd] {
+            let (mut a, mut b) = (x.clone(), x.clone());
+            rope(&mut a, hd, rd, &c, Numerics::new(NumericsMode::Ggml));
+            rope(
+                &mut b,
+                hd,
+                rd,
+                &c,
+                Numerics::new(NumericsMode::Ggml).with_simd(Simd::Avx2),
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "pos {pos}");
+            if pos > 0 {
+                assert_ne!(bits(&a), bits(&x), "pos {pos}: rotated");
+            }
+        }
+    }
+}
+
+#[test]
+fn swiglu_modes_agree_closely() {
+    let gate: Vec<f32> = (0..70).map(|i| (i as f32 * 0.61).sin() * 6.0).collect();
+    let up: Vec<f32> = (0..70).map(|i| (i as f32 * 0.23).cos()).collect();
+    for t in GgmlTarget::ALL {
+        let (mut a, mut b) = (gate.clone(), gate.clone());
+        swiglu(
+            &mut a,
+            &up,
+            35,
+            Numerics {
+                mode: NumericsMode::Reference,
+                target: t,
+                simd: Simd::Off,
+            },
+        );
+        swiglu(
+            &mut b,
+            &up,
+            35,
+            Numerics {
+                mode: NumericsMode::Ggml,
+                target: t,
+                simd: Simd::Off,
+            },
+        );
+        if Simd::Avx2.available() {
+            // the SIMD rows give the scalar replica's bits, with large, tiny and infinite inputs too
+            let mut wide: Vec<f32> = (0..4000).map(|i| (i as f32 * 0.37).sin() * 120.0).collect();
+            wide[17] = f32::INFINITY;
+            wide[18] = f32::NEG_INFINITY;
+            wide[19] = 1e-40;
+            let up: Vec<f32> = (0..4000).map(|i| (i as f32 * 0.11).cos()).collect();
+            let mut c = wide.clone();
+            swiglu(
+                &mut c,
+                &up,
+                1000,
+                Numerics {
+                    mode: NumericsMode::Ggml,
+                    target: t,
+                    simd: Simd::Off,
+                },
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            // rows of 1000 leave a tail of 8 past the sixteen-lane vectors (AVX-512's own loop)
+            for simd in [Simd::Avx2, Simd::Avx512] {
+                if simd.available() {
+                    let mut d = wide.clone();
+                    swiglu(
+                        &mut d,
+                        &up,
+                        1000,
+                        Numerics {
+                            mode: NumericsMode::Ggml,
+                            target: t,
+                            simd,
+                        },
+                    );
+                    assert_eq!(bits(&c), bits(&d), "{t} {simd:?}");
+                }
+            }
+        }
+        for (x, y) in a.iter().zip(&b) {
+            assert!(
+                (x - y).abs() <= 4.0 * f32::EPSILON * x.abs().max(1e-30),
+                "{t}: {x} vs {y}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_batch_of_queries_gives_the_bits_of_one_query_at_a_time() {
+    // attention_ggml_batch runs every (query, run of heads) pair as one task of one parallel pass;
+    // each output must be the one attention_ggml computes for that query alone
+    let mut s = 0x0bad_cafe_1234_5678u64;
+    let mut rnd = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for (n_head, n_kv, hd) in [(9, 3, 64), (4, 1, 256), (14, 2, 64)] {
+        let (p0, n) = (5, 70);
+        let mut cache = KvCache::new(1, n_kv, hd, p0 + n);
+        for p in 0..p0 + n {
+            let k: Vec<f32> = (0..n_kv * hd).map(|_| rnd()).collect();
+            let v: Vec<f32> = (0..n_kv * hd).map(|_| rnd()).collect();
+            cache.write(0, p, &k, &v).unwrap();
+        }
+        let qw = n_head * hd;
+        let q: Vec<f32> = (0..n * qw).map(|_| rnd()).collect();
+        let shape = AttnShape::causal(n_head, n_kv, hd);
+        for simd in [Simd::Off, Simd::Avx2]
+            .into_iter()
+            .filter(|s| s.available())
+        {
+            let to = KqvOrder::TinyBlas;
+            let mut scores = vec![0.0; attention_scratch_len(p0 + n)];
+            let mut batch = vec![0.0; n * qw];
+            pool.install(|| {
+                let (sc, b) = (&mut scores, &mut batch);
+                attention_ggml_batch(
+                    &q,
+                    &cache,
+                    0,
+                    n,
+                    |t| p0 + t,
+                    &shape,
+                    sc,
+                    b,
+                    ggml(GgmlTarget::Avx512, simd),
+                    to,
+                )
+            });
+            for t in 0..n {
+                let mut one = vec![0.0; qw];
+                let qt = &q[t * qw..][..qw];
+                attention_ggml(
+                    qt,
+                    &cache,
+                    0,
+                    p0 + t,
+                    &shape,
+                    &mut scores,
+                    &mut one,
+                    ggml(GgmlTarget::Avx512, simd),
+                    to,
+                );
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&batch[t * qw..][..qw]),
+                    bits(&one),
+                    "{n_head}x{hd} query {t} {simd:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_attention_gives_the_scalar_bits_for_every_target_order_and_shape() {
+    if !Simd::Avx2.available() {
+        eprintln!("skipping: no AVX2+FMA on this CPU");
+        return;
+    }
+    let mut s = 0x1234_5678_9abc_def1u64;
+    let mut rnd = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
+    };
+    let mut cases = 0;
+    for (n_head, n_kv, hd) in [(9, 3, 64), (4, 1, 256), (2, 2, 8), (14, 2, 64), (3, 1, 300)] {
+        let n = 300;
+        let mut cache = KvCache::new(1, n_kv, hd, n);
+        for p in 0..n {
+            let k: Vec<f32> = (0..n_kv * hd).map(|_| rnd()).collect();
+            let v: Vec<f32> = (0..n_kv * hd).map(|_| rnd()).collect();
+            cache.write(0, p, &k, &v).unwrap();
+        }
+        let q: Vec<f32> = (0..n_head * hd).map(|_| rnd()).collect();
+        let mut scores = vec![0.0; attention_scratch_len(n)];
+        for pos in [0, 1, 15, 16, 17, 63, 64, 100, 255, 299] {
+            for window in [None, Some(7)] {
+                let shape = AttnShape {
+                    window,
+                    ..AttnShape::causal(n_head, n_kv, hd)
+                };
+                for target in GgmlTarget::ALL {
+                    for order in [KqvOrder::VecDot, KqvOrder::TinyBlas] {
+                        let run = |simd: Simd, scores: &mut Vec<f32>| {
+                            let mut out = vec![0.0; n_head * hd];
+                            let num = ggml(target, simd);
+                            attention_ggml(
+                                &q, &cache, 0, pos, &shape, scores, &mut out, num, order,
+                            );
+                            out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+                        };
+                        let scalar = run(Simd::Off, &mut scores);
+                        // the AVX2 kernels, and where this CPU has them the AVX-512 ones
+                        // (32-register KQ and 64-wide KQV)
+                        for simd in [Simd::Avx2, Simd::Avx512] {
+                            if simd.available() {
+                                assert_eq!(
+                                    scalar,
+                                    run(simd, &mut scores),
+                                    "{simd:?} {n_head}x{hd} pos {pos} {window:?} {target} \
+                                     {order:?}"
+                                );
+                            }
+                        }
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 5 * 10 * 2 * 2 * 2);
+}
+
+#[test]
+fn kqv_for_every_output_at_once_equals_the_per_output_ggml_dot_products() {
+    // kqv_all_d claims each output sees exactly the operations of ggml_vec_dot_f32 (decode) or of
+    // tinyBLAS (prompt batch) over a strided V column: hold it to those replicas, for every target,
+    // bit for bit (the AVX2 reductions of the two kernels differ in their order)
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+    };
+    let mut acc = Vec::new();
+    for hd in [8, 64, 256] {
+        for n_pos in [1, 17, 64, 100] {
+            let values: Vec<f32> = (0..n_pos * hd).map(|_| rnd()).collect();
+            let v = |i: usize, d: usize| if i < n_pos { values[i * hd + d] } else { 0.0 };
+            for target in GgmlTarget::ALL {
+                for order in [KqvOrder::VecDot, KqvOrder::TinyBlas] {
+                    let k = match order {
+                        KqvOrder::VecDot => attention_scratch_len(n_pos),
+                        KqvOrder::TinyBlas => n_pos.div_ceil(ggml_cpu::LANES) * ggml_cpu::LANES,
+                    };
+                    let p: Vec<f32> = (0..k)
+                        .map(|i| if i < n_pos { rnd().abs() } else { 0.0 })
+                        .collect();
+                    let mut out = vec![0.0; hd];
+                    kqv_all_d::<Emulated>(
+                        target,
+                        order,
+                        &values,
+                        n_pos,
+                        hd,
+                        (&p, k, k),
+                        1,
+                        &mut out,
+                        &mut acc,
+                    );
+                    for (d, &o) in out.iter().enumerate() {
+                        let want = match order {
+                            KqvOrder::VecDot => {
+                                ggml_cpu::vec_dot_f32_by::<Emulated>(target, k, |i| v(i, d), &p)
+                            }
+                            KqvOrder::TinyBlas => ggml_cpu::tinyblas_dot_f32_by::<Emulated>(
+                                target,
+                                k,
+                                |i| v(i, d),
+                                &p,
+                            ),
+                        };
+                        assert_eq!(
+                            o.to_bits(),
+                            want.to_bits(),
+                            "hd {hd} n_pos {n_pos} {target} {order:?} d {d}: {o} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_single_position_returns_value() {
+    for mode in MODES {
+        let mut cache = KvCache::new(1, 1, 2, 4);
+        cache.write(0, 0, &[1.0, 0.0], &[5.0, 6.0]).unwrap();
+        let mut out = vec![0.0; 4];
+        let mut scores = vec![0.0; attention_scratch_len(1)];
+        // two query heads share one kv head
+        attention(
+            &[1.0, 1.0, -1.0, 2.0],
+            &cache,
+            0,
+            0,
+            &AttnShape::causal(2, 1, 2),
+            &mut scores,
+            &mut out,
+            Numerics {
+                mode,
+                target: GgmlTarget::Avx2,
+                simd: Simd::Off,
+            },
+            KqvOrder::VecDot,
+        );
+        assert_eq!(out, vec![5.0, 6.0, 5.0, 6.0]);
+    }
+}
+
+#[test]
+fn sliding_window_sees_only_the_last_window_positions() {
+    // values are one-hot per position; a query equal to every key gives equal weights to the visible
+    // positions, so the output is the mean of their one-hot vectors
+    let (hd, n) = (8, 8);
+    let mut cache = KvCache::new(1, 1, hd, n);
+    for p in 0..n {
+        let mut v = vec![0.0; hd];
+        v[p] = 1.0;
+        cache.write(0, p, &[0.0; 8], &v).unwrap();
+    }
+    for mode in MODES {
+        for (window, first) in [(None, 0), (Some(3), 5), (Some(1), 7), (Some(100), 0)] {
+            let shape = AttnShape {
+                window,
+                ..AttnShape::causal(1, 1, hd)
+            };
+            let mut out = vec![0.0; hd];
+            let mut scores = vec![0.0; attention_scratch_len(n)];
+            let q = [0.0; 8];
+            attention(
+                &q,
+                &cache,
+                0,
+                7,
+                &shape,
+                &mut scores,
+                &mut out,
+                Numerics {
+                    mode,
+                    target: GgmlTarget::Avx512,
+                    simd: Simd::Off,
+                },
+                KqvOrder::VecDot,
+            );
+            let w = 1.0 / (n - first) as f32;
+            for (p, &o) in out.iter().enumerate() {
+                let want = if p >= first { w } else { 0.0 };
+                assert!(
+                    (o - want).abs() < 1e-6,
+                    "{mode:?} {window:?} pos {p}: {o} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_neox_pairs_halves_and_matches_norm_on_permuted_input() {
+    // NeoX on [a0..a(h-1), b0..b(h-1)] equals NORM on the interleaved [a0, b0, a1, b1, ...]
+    let (hd, rd) = (8, 8);
+    let x: Vec<f32> = (0..hd).map(|i| i as f32 * 0.3 - 1.0).collect();
+    let mut c = vec![0.0; rd];
+    rope_cache(11, 10000.0, rd, &mut c);
+    for mode in MODES {
+        let mut neox = x.clone();
+        rope_neox(&mut neox, hd, rd, &c, mode);
+        let mut inter: Vec<f32> = (0..hd / 2).flat_map(|i| [x[i], x[i + hd / 2]]).collect();
+        rope_norm(&mut inter, hd, rd, &c, mode);
+        let back: Vec<f32> = (0..hd)
+            .map(|i| {
+                if i < hd / 2 {
+                    inter[2 * i]
+                } else {
+                    inter[2 * (i - hd / 2) + 1]
+                }
+            })
+            .collect();
+        assert_eq!(neox, back, "{mode:?}");
+    }
+}
+
+#[test]
+fn ggml_attention_orders_agree_up_to_16_positions_then_differ() {
+    let (hd, n) = (8, 80);
+    let mut cache = KvCache::new(1, 1, hd, n);
+    let val = |i: usize, s: f32| ((i as f32 * s).sin() * 3.0) + 0.1;
+    for p in 0..n {
+        let k: Vec<f32> = (0..hd).map(|d| val(p * hd + d, 0.37)).collect();
+        let v: Vec<f32> = (0..hd).map(|d| val(p * hd + d, 0.91)).collect();
+        cache.write(0, p, &k, &v).unwrap();
+    }
+    let q: Vec<f32> = (0..hd).map(|d| val(d, 1.3)).collect();
+    let mut scores = vec![0.0; attention_scratch_len(n)];
+    let mut differ = 0;
+    for pos in 0..n {
+        let mut a = vec![0.0; hd];
+        let mut b = vec![0.0; hd];
+        attention_ggml(
+            &q,
+            &cache,
+            0,
+            pos,
+            &AttnShape::causal(1, 1, hd),
+            &mut scores,
+            &mut a,
+            ggml(GgmlTarget::Avx512, Simd::Off),
+            KqvOrder::TinyBlas,
+        );
+        attention_ggml(
+            &q,
+            &cache,
+            0,
+            pos,
+            &AttnShape::causal(1, 1, hd),
+            &mut scores,
+            &mut b,
+            ggml(GgmlTarget::Avx512, Simd::Off),
+            KqvOrder::VecDot,
+        );
+        if pos < 16 {
+            assert_eq!(a, b, "pos {pos}");
+        } else if a != b {
+            differ += 1;
+        }
+        let mut r = vec![0.0; hd];
+        attention(
+            &q,
+            &cache,
+            0,
+            pos,
+            &AttnShape::causal(1, 1, hd),
+            &mut scores,
+            &mut r,
+            Numerics {
+                mode: NumericsMode::Reference,
+                target: GgmlTarget::Avx512,
+                simd: Simd::Off,
+            },
+            KqvOrder::TinyBlas,
+        );
+        for (x, y) in a.iter().zip(&r) {
+            assert!(
+                (x - y).abs() < 1e-5 * (1.0 + y.abs()),
+                "pos {pos}: {x} vs {y}"
+            );
+        }
+    }
+    assert!(differ > 0, "the two accumulation orders never differed");
+}

@@ -1,0 +1,480 @@
+//! The SIMD kernels of a ggml-mode matmul: [`SimdKernel`] (one per weight type and instruction set, named
+//! by the type's row of the type table), [`simd_kernel`] (the choice per [`Numerics`]) and the row loops
+//! that run a kernel over many weight rows and up to eight activation rows at once, bit for bit what
+//! [`vec_dot_path`] gives per output.
+
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, avx2_float, avx512, iq4_nl, q4_0};
+use super::{dots, effective_path, vec_dot_path, GgmlPath, GgmlType, PreparedRow};
+use crate::numerics::{Numerics, NumericsMode, Simd};
+
+/// A SIMD kernel chosen for one matmul ([`simd_kernel`]): computes `N` outputs of one weight row at once,
+/// each with the same bits as [`vec_dot_path`] gives for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(non_camel_case_types)] // ggml's type names
+pub(crate) enum SimdKernel {
+    /// `ggml_vec_dot_q4_1_q8_1`, AVX2 (`avx2::dot_q4_1_q8_1`).
+    Q4_1Avx2,
+    /// `ggml_vec_dot_q8_0_q8_0`, AVX2 (`avx2::dot_q8_0_q8_0`).
+    Q8_0Avx2,
+    /// `ggml_vec_dot_q5_0_q8_0`, AVX2 (`avx2::dot_q5_0_q8_0`).
+    Q5_0Avx2,
+    /// Q4_K's repacked gemv/gemm and tiled paths, AVX2 integer sums (`avx2::dot_q4_k_q8_k`).
+    Q4_KAvx2,
+    /// Q4_0's repacked gemv/gemm (`avx2::dot_q4_0_repacked`); its vec_dot path stays scalar.
+    Q4_0Avx2,
+    /// `ggml_vec_dot_q5_1_q8_1`, AVX2 (`avx2::dot_q5_1_q8_1`).
+    Q5_1Avx2,
+    /// IQ4_NL's repacked gemv/gemm (`iq4_nl_8x8_q8_0`: Q4_0's kernel with the IQ4_NL value table,
+    /// `avx2::dot_q4_0_repacked`); its vec_dot and tinyBLAS paths stay scalar.
+    IQ4_NLAvx2,
+    /// F32 weights: `ggml_vec_dot_f32` and tinyBLAS of either build (`avx2_float::dot_float`).
+    F32Avx2,
+    /// F16 weights: `ggml_vec_dot_f16` and tinyBLAS of either build (`avx2_float::dot_float`).
+    F16Avx2,
+    /// BF16 weights: `ggml_vec_dot_bf16` and tinyBLAS of either build, the AVX-512 build's `dpbf16`
+    /// emulated (`avx2_float::dot_float`).
+    BF16Avx2,
+    /// `ggml_vec_dot_q6_K_q8_K` and the tiled path, AVX2 (`avx2::dot_q6_k_q8_k`).
+    Q6_KAvx2,
+    /// `ggml_vec_dot_q4_1_q8_1` with VNNI block products (`avx512::dot_q4_1_q8_1`).
+    Q4_1Avx512,
+    /// `ggml_vec_dot_q8_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q8_0_q8_0`).
+    Q8_0Avx512,
+    /// `ggml_vec_dot_q5_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q5_0_q8_0`).
+    Q5_0Avx512,
+}
+
+/// The SIMD kernel for weights of `ty` in `num.mode` under `num.simd`, or `None` where only the scalar
+/// kernel exists (then the caller uses [`vec_dot_path`]; `num.target` is not read). Checks at run time
+/// that the CPU has the instructions, so a `Simd` value built by hand cannot reach an unsupported kernel.
+pub(crate) fn simd_kernel(num: Numerics, ty: GgmlType) -> Option<SimdKernel> {
+    let Numerics { mode, simd, .. } = num;
+    if !simd.avx2_kernels() || mode != NumericsMode::Ggml {
+        return None;
+    }
+    let d = dots(ty)?;
+    match simd {
+        Simd::Avx512 => d.simd_avx512.or(d.simd_avx2),
+        Simd::Avx2 | Simd::Off => d.simd_avx2,
+    }
+}
+
+#[cfg(test)]
+impl SimdKernel {
+    /// `out[r][t] = vec_dot_path(w[r], xs[t], paths[t])` through [`SimdKernel::dot_rows`] (the tests'
+    /// view of the kernels: any rows, any activation rows).
+    pub(crate) fn dot<const R: usize, const N: usize>(
+        self,
+        w: [&[u8]; R],
+        xs: [&PreparedRow; N],
+        paths: [GgmlPath; N],
+    ) -> [[f32; N]; R] {
+        // the rows side by side in one buffer and one call, as the backend calls it
+        let rb = w[0].len();
+        assert!(w.iter().all(|r| r.len() == rb));
+        let rows: Vec<u8> = w.concat();
+        let mut out = vec![[0f32; R]; N];
+        let mut outs = out.iter_mut();
+        let outs: [&mut [f32]; N] = std::array::from_fn(|_| &mut outs.next().unwrap()[..]);
+        self.dot_rows(&rows, rb, R, xs, paths, outs);
+        std::array::from_fn(|r| std::array::from_fn(|t| out[t][r]))
+    }
+}
+
+impl SimdKernel {
+    /// `outs[t][i] = vec_dot_path(rows[i], xs[t], paths[t])` for `i < n_rows` consecutive weight rows of
+    /// `row_bytes` bytes each in `rows` and the `N` activation rows `xs`, bit for bit: one dispatch for a
+    /// whole run of rows (a decode step's matrix-vector product with `N = 1`, a group of `N` prompt
+    /// tokens otherwise) instead of one per row; each token's outputs go straight to its own output row.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dot_rows<const N: usize>(
+        self,
+        rows: &[u8],
+        row_bytes: usize,
+        n_rows: usize,
+        xs: [&PreparedRow; N],
+        paths: [GgmlPath; N],
+        outs: [&mut [f32]; N],
+    ) {
+        self.dot_rows_tiled(rows, row_bytes, n_rows, xs, paths, outs, None)
+    }
+
+    /// True if [`SimdKernel::dot_rows`] on `N > 1` activation rows reads them through transposed scales
+    /// ([`tile_scales`]), which a caller that runs the same rows against many weight rows may make once
+    /// and hand to [`SimdKernel::dot_rows_tiled`].
+    pub(crate) fn uses_tiles(self) -> bool {
+        matches!(
+            self,
+            SimdKernel::Q4_1Avx512
+                | SimdKernel::Q8_0Avx512
+                | SimdKernel::Q5_0Avx512
+                | SimdKernel::Q4_0Avx2
+                | SimdKernel::IQ4_NLAvx2
+        )
+    }
+
+    /// [`SimdKernel::dot_rows`] with the activation rows' transposed scales made beforehand by
+    /// [`tile_scales`] (`tiles`, for these `xs`), or made here (`None`). Same bits either way.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dot_rows_tiled<const N: usize>(
+        self,
+        rows: &[u8],
+        row_bytes: usize,
+        n_rows: usize,
+        xs: [&PreparedRow; N],
+        paths: [GgmlPath; N],
+        mut outs: [&mut [f32]; N],
+        tiles: Option<&[f32]>,
+    ) {
+        assert!(rows.len() >= n_rows * row_bytes);
+        assert!(outs.iter().all(|o| o.len() >= n_rows));
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `SimdKernel` exists only where `simd_kernel` found its features on this CPU
+        // (AVX2+FMA+F16C, and AVX-512 F/BW/VL/VNNI for the `Avx512` ones); the bounds were checked above.
+        unsafe {
+            use SimdKernel::*;
+            let vnni = matches!(self, Q4_1Avx512 | Q8_0Avx512 | Q5_0Avx512);
+            // a −128 activation quant needs ggml's `sign` form, which the AVX2 kernels have; a single
+            // activation row (decode) is faster there too (the tile's transposed scales and products
+            // cost more than they save for one row: criterion `matmul/q8_0/*/ggml/decode`)
+            if vnni && N > 1 && !xs.iter().any(|x| x.has_min_quant) {
+                dot_rows_avx512(self, rows, row_bytes, n_rows, xs, &mut outs, tiles)
+            } else {
+                let k = match self {
+                    Q4_1Avx512 => Q4_1Avx2,
+                    Q8_0Avx512 => Q8_0Avx2,
+                    Q5_0Avx512 => Q5_0Avx2,
+                    k => k,
+                };
+                dot_rows_avx2(k, rows, row_bytes, n_rows, xs, paths, &mut outs, tiles)
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (rows, row_bytes, n_rows, xs, paths, outs, tiles);
+            unreachable!("no SIMD kernel is selected off x86-64")
+        }
+    }
+}
+
+/// `outs[t][i] = dot(row(i))[t]` for every weight row `i < n_rows`: the row loop of the SIMD dispatchers,
+/// written out in each (a closure or `dyn` call would keep the kernel from inlining).
+#[cfg(target_arch = "x86_64")]
+macro_rules! each_row {
+    ($n_rows:expr, $row:ident, $outs:ident, $w:ident => $dot:expr) => {
+        for i in 0..$n_rows {
+            let $w = $row(i);
+            let r: [f32; N] = $dot;
+            for (o, r) in $outs.iter_mut().zip(r) {
+                o[i] = r;
+            }
+        }
+    };
+}
+
+/// [`SimdKernel::dot_rows`], compiled with the kernels' features so that the kernel inlines into the
+/// row loop.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_rows_avx2<const N: usize>(
+    k: SimdKernel,
+    rows: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    xs: [&PreparedRow; N],
+    paths: [GgmlPath; N],
+    outs: &mut [&mut [f32]; N],
+    tiles: Option<&[f32]>,
+) {
+    let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
+    // a path that does not exist for the kernel's weight type is the vec_dot kernel (as in vec_dot_path)
+    let ty = match k {
+        SimdKernel::Q4_KAvx2 => Some(GgmlType::Q4_K),
+        SimdKernel::Q6_KAvx2 => Some(GgmlType::Q6_K),
+        SimdKernel::Q4_0Avx2 => Some(GgmlType::Q4_0),
+        SimdKernel::IQ4_NLAvx2 => Some(GgmlType::IQ4_NL),
+        _ => None,
+    };
+    let paths = paths.map(|p| ty.map_or(p, |t| effective_path(t, p)));
+    // the repacked kernels serve only calls whose every row takes a repacked path (Q4_0, IQ4_NL)
+    let repacked = paths
+        .iter()
+        .all(|p| matches!(p, GgmlPath::RepackGemv | GgmlPath::RepackGemm));
+    let q8 = xs.map(|x| avx2::Q8Row {
+        qs: &x.qs,
+        d: &x.d,
+        s: &x.s,
+    });
+    let q8k = xs.map(|x| avx2::Q8kRow {
+        qs: &x.qs,
+        d: &x.d,
+        bsums: &x.bsums,
+    });
+    // one plain loop per kernel (a closure or `dyn` call would keep the kernel from inlining)
+    macro_rules! each {
+        ($w:ident => $dot:expr) => {
+            each_row!(n_rows, row, outs, $w => $dot)
+        };
+    }
+    match k {
+        SimdKernel::Q4_1Avx2 => each!(w => avx2::dot_q4_1_q8_1(w, q8)),
+        SimdKernel::Q8_0Avx2 => each!(w => avx2::dot_q8_0_q8_0(w, q8)),
+        SimdKernel::Q5_0Avx2 => each!(w => avx2::dot_q5_0_q8_0(w, q8)),
+        SimdKernel::Q4_KAvx2 if paths.contains(&GgmlPath::VecDot) => {
+            each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_K, w, xs[t], paths[t])))
+        }
+        SimdKernel::Q4_KAvx2 => each!(w => avx2::dot_q4_k_q8_k(w, q8k, paths)),
+        SimdKernel::Q4_0Avx2 if !repacked => {
+            each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_0, w, xs[t], paths[t])))
+        }
+        SimdKernel::Q4_0Avx2 => repacked_rows(
+            rows,
+            row_bytes,
+            n_rows,
+            xs,
+            q8,
+            paths,
+            &q4_0::VALUES,
+            outs,
+            tiles,
+        ),
+        SimdKernel::F32Avx2 | SimdKernel::F16Avx2 | SimdKernel::BF16Avx2 => {
+            let ty = match k {
+                SimdKernel::F32Avx2 => GgmlType::F32,
+                SimdKernel::F16Avx2 => GgmlType::F16,
+                _ => GgmlType::BF16,
+            };
+            let xf = xs.map(|x| avx2_float::FloatRow {
+                x: &x.x,
+                raw: &x.blocks,
+            });
+            each!(w => avx2_float::dot_float(ty, w, xf, paths))
+        }
+        SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k(w, q8k, paths)),
+        SimdKernel::Q5_1Avx2 => each!(w => avx2::dot_q5_1_q8_1(w, q8)),
+        SimdKernel::IQ4_NLAvx2 if !repacked => {
+            each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::IQ4_NL, w, xs[t], paths[t])))
+        }
+        SimdKernel::IQ4_NLAvx2 => repacked_rows(
+            rows,
+            row_bytes,
+            n_rows,
+            xs,
+            q8,
+            paths,
+            &iq4_nl::KVALUES,
+            outs,
+            tiles,
+        ),
+        SimdKernel::Q4_1Avx512 | SimdKernel::Q8_0Avx512 | SimdKernel::Q5_0Avx512 => {
+            unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512")
+        }
+    }
+}
+
+/// The repacked Q4_0 / IQ4_NL kernels (`values`: the nibble table) over `n_rows` weight rows: a group of
+/// eight prompt tokens with their scales transposed once for all rows (`avx2::dot_q4_0_repacked_x8`: 24%
+/// faster on a SmolLM2 Q4_0 prompt), anything else row by row (`avx2::dot_q4_0_repacked`; eight rows at a
+/// time for a decode step measured 30% slower: eight strided weight streams). Same bits every way.
+///
+/// # Safety
+/// As [`dot_rows_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn repacked_rows<const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    xs: [&PreparedRow; N],
+    q8: [avx2::Q8Row<'_>; N],
+    paths: [GgmlPath; N],
+    values: &[i8; 16],
+    outs: &mut [&mut [f32]; N],
+    tiles: Option<&[f32]>,
+) {
+    let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
+    if N == 8 {
+        let nb = xs[0].n_blocks();
+        let x8: [avx2::Q8Row<'_>; 8] = std::array::from_fn(|j| q8[j]);
+        let p8: [GgmlPath; 8] = std::array::from_fn(|j| paths[j]);
+        let mut run = |dt: &[f32]| {
+            for i in 0..n_rows {
+                let r = avx2::dot_q4_0_repacked_x8(row(i), x8, &dt[..8 * nb], p8, values);
+                for (o, r) in outs.iter_mut().zip(r) {
+                    o[i] = r;
+                }
+            }
+        };
+        // the transposed scales the caller made once per matmul, or made here in the tile buffer
+        match tiles {
+            Some(t) => run(t),
+            None => TILE_SCRATCH.with(|buf| {
+                let buf = &mut *buf.borrow_mut();
+                if buf.len() < 16 * nb {
+                    buf.resize(16 * nb, 0.0);
+                }
+                tile_scales(xs, buf);
+                run(buf)
+            }),
+        }
+        return;
+    }
+    for i in 0..n_rows {
+        let r = avx2::dot_q4_0_repacked(row(i), q8, paths, values);
+        for (o, r) in outs.iter_mut().zip(r) {
+            o[i] = r;
+        }
+    }
+}
+
+/// The bytes of `q` as `u8` (the same memory; `vpdpbusd` takes Q8_1 quants as its signed operand).
+#[cfg(target_arch = "x86_64")]
+fn bytemuck_i8(q: &[i8]) -> &[u8] {
+    // SAFETY: i8 and u8 have the same size and alignment, and every bit pattern is valid for both.
+    unsafe { std::slice::from_raw_parts(q.as_ptr() as *const u8, q.len()) }
+}
+
+/// [`SimdKernel::dot_rows`] for the AVX-512 VNNI kernels (`quant::avx512`), compiled with their features;
+/// no activation row may hold a −128 quant (the caller checks `has_min_quant`).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C and AVX-512 F, BW, VL, VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_rows_avx512<const N: usize>(
+    k: SimdKernel,
+    rows: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    xs: [&PreparedRow; N],
+    outs: &mut [&mut [f32]; N],
+    tiles: Option<&[f32]>,
+) {
+    use avx512::LANES;
+    let nb = xs.first().map_or(0, |x| x.d.len());
+    // the thread's tile buffer: the rows' scales transposed, LANES per block (lanes past N are 0), unless
+    // the caller made them, and room for the kernel's per-row scale products (grows once, then reused:
+    // no allocation per call)
+    TILE_SCRATCH.with(|buf| {
+        let buf = &mut *buf.borrow_mut();
+        if buf.len() < 4 * LANES * nb {
+            buf.resize(4 * LANES * nb, 0.0);
+        }
+        let (ds, prod) = buf.split_at_mut(2 * LANES * nb);
+        let ds = match tiles {
+            Some(t) => {
+                assert!(t.len() >= 2 * LANES * nb);
+                &t[..2 * LANES * nb]
+            }
+            None => {
+                tile_scales(xs, ds);
+                &*ds
+            }
+        };
+        let (d, s) = ds.split_at(LANES * nb);
+        let prod = &mut prod[..2 * LANES * nb];
+        dot_rows_tiles(k, rows, row_bytes, n_rows, xs, d, s, prod, outs)
+    })
+}
+
+/// The transposed scales the AVX-512 tiles read ([`SimdKernel::uses_tiles`]) for the activation rows
+/// `xs` (`N ≤ 8`, each `nb` blocks): `out[ib·8 + j]` = row `j`'s `d` of block `ib`, then from `8·nb` on
+/// its `s` (Q8_1; 0 for Q8_0 rows), lanes past `N` 0. `out` holds at least `16·nb` floats (checked).
+pub(crate) fn tile_scales<const N: usize>(xs: [&PreparedRow; N], out: &mut [f32]) {
+    const LANES: usize = 8;
+    assert!(N <= LANES);
+    let nb = xs.first().map_or(0, |x| x.d.len());
+    let (d, s) = out[..2 * LANES * nb].split_at_mut(LANES * nb);
+    if N < LANES {
+        d.fill(0.0);
+        s.fill(0.0);
+    }
+    for (j, x) in xs.iter().enumerate() {
+        assert_eq!(
+            x.d.len(),
+            nb,
+            "activation rows of one tile have the same length"
+        );
+        for ib in 0..nb {
+            d[ib * LANES + j] = x.d[ib];
+            s[ib * LANES + j] = x.s.get(ib).copied().unwrap_or(0.0);
+        }
+    }
+}
+
+thread_local! {
+    /// Per-thread buffer of [`dot_rows_avx512`] (transposed scales and scale products) and of
+    /// [`repacked_rows`] (transposed scales), when their caller made none.
+    #[cfg(target_arch = "x86_64")]
+    static TILE_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The row loop of [`dot_rows_avx512`] over its tile buffer (a separate function with the kernels'
+/// features: a closure would be compiled without them).
+///
+/// # Safety
+/// As [`dot_rows_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_rows_tiles<const N: usize>(
+    k: SimdKernel,
+    rows: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    xs: [&PreparedRow; N],
+    d: &[f32],
+    s: &[f32],
+    prod: &mut [f32],
+    outs: &mut [&mut [f32]; N],
+) {
+    let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
+    let q4_1 = avx512::Tile {
+        qs: xs.map(|x| bytemuck_i8(&x.qs)),
+        d,
+        s,
+    };
+    let q8u = avx512::Tile {
+        qs: xs.map(|x| &x.qu[..]),
+        d,
+        s,
+    };
+    macro_rules! each {
+        ($w:ident => $dot:expr) => {
+            each_row!(n_rows, row, outs, $w => $dot)
+        };
+    }
+    // rows two at a time through `$x2`, an odd last one through `$one`
+    macro_rules! pairs {
+        ($x2:path, $one:path) => {{
+            let pairs = n_rows / 2;
+            for i in 0..pairs {
+                let r = $x2([row(2 * i), row(2 * i + 1)], &q8u);
+                for (t, o) in outs.iter_mut().enumerate() {
+                    // SAFETY: every output holds `n_rows` floats (`dot_rows_tiled` checked it)
+                    *o.get_unchecked_mut(2 * i) = r[0][t];
+                    *o.get_unchecked_mut(2 * i + 1) = r[1][t];
+                }
+            }
+            for i in 2 * pairs..n_rows {
+                let r = $one(row(i), &q8u, prod);
+                for (o, r) in outs.iter_mut().zip(r) {
+                    o[i] = r;
+                }
+            }
+        }};
+    }
+    match k {
+        SimdKernel::Q4_1Avx512 => each!(w => avx512::dot_q4_1_q8_1(w, &q4_1, prod)),
+        // two weight rows per step: each activation block loaded once for both
+        SimdKernel::Q8_0Avx512 => pairs!(avx512::dot_q8_0_q8_0_x2, avx512::dot_q8_0_q8_0),
+        SimdKernel::Q5_0Avx512 => pairs!(avx512::dot_q5_0_q8_0_x2, avx512::dot_q5_0_q8_0),
+        _ => unreachable!("dot_rows_avx512 runs the AVX-512 kernels only"),
+    }
+}
