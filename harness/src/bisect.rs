@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use lockstep_engine::ops::GgmlTarget;
+use lockstep_engine::GgmlTarget;
 use lockstep_engine::{NumericsMode, Stage};
 use serde::{Deserialize, Serialize};
 

@@ -6,15 +6,15 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::sample::SamplerConfig;
+use lockstep_engine::GgmlTarget;
 use lockstep_engine::{NumericsMode, Simd};
 
 pub use crate::checkout::{find_checkout_root, is_checkout_root, Defaults, ROOT_ENV};
 pub use crate::prompt::{read_prompt_file, MAX_PROMPT_FILE_BYTES};
 pub use crate::session::load_model;
-use crate::session::Numerics;
 use crate::{dump, fetch, registry};
+use lockstep_engine::Numerics;
 
 /// lockstep: hold an LLM inference engine to reference goldens, stage by stage.
 #[derive(Debug, Parser)]
@@ -165,7 +165,7 @@ impl KernelArgs {
     pub fn numerics(&self, mode: NumericsMode) -> Numerics {
         Numerics {
             mode,
-            ggml_target: self.ggml_target.unwrap_or_else(GgmlTarget::host),
+            target: self.ggml_target.unwrap_or_else(GgmlTarget::host),
             simd: self.simd.simd,
         }
     }
@@ -812,7 +812,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             };
             let t0 = Instant::now();
             let n = a.kernels.numerics(a.mode);
-            let d = dump::run(&model, &tokens, n.mode, n.ggml_target, n.simd)?;
+            let d = dump::run(&model, &tokens, n.mode, n.target, n.simd)?;
             dump::write(&a.out, &d)?;
             eprintln!(
                 "wrote {} ({} tokens, {} stages, mode {}) in {:.2}s",
@@ -987,7 +987,7 @@ mod tests {
         };
         let n = a.kernels.numerics(a.mode);
         assert_eq!(n.mode, NumericsMode::Ggml);
-        assert_eq!(n.ggml_target, GgmlTarget::Avx2);
+        assert_eq!(n.target, GgmlTarget::Avx2);
         assert_eq!(n.simd, Simd::Off);
         let cli = Cli::try_parse_from([
             "lockstep",
@@ -1016,7 +1016,7 @@ mod tests {
         };
         let n = a.kernels.numerics(a.mode);
         assert_eq!(n.mode, NumericsMode::Reference);
-        assert_eq!(n.ggml_target, GgmlTarget::host());
+        assert_eq!(n.target, GgmlTarget::host());
         assert!(
             Cli::try_parse_from(["lockstep", "bench-sample", "--model", "m", "--simd", "x"])
                 .is_err()

@@ -18,7 +18,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_engine::hooks::Recorder;
-use lockstep_engine::ops::GgmlTarget;
+use lockstep_engine::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Simd, Stage, StageKind};
 use ndarray::{Array1, Array2};
 use ndarray_npy::NpzWriter;
@@ -54,12 +54,8 @@ pub fn run(
         bail!("no tokens to dump: the prompt is empty");
     }
     model.check_context(tokens.len())?;
-    let numerics = crate::session::Numerics {
-        mode,
-        ggml_target: target,
-        simd,
-    };
-    let mut session = numerics.session(model, tokens.len());
+    let numerics = lockstep_engine::Numerics { mode, target, simd };
+    let mut session = model.session(tokens.len(), numerics);
     let mut rec = Recorder::new();
     model.forward(&mut session, tokens, Some(&mut rec))?;
     // The logits are a recorded stage like any other; the dump keeps them apart.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use lockstep_engine::hooks::StageSink;
-use lockstep_engine::ops::GgmlTarget;
+use lockstep_engine::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Session, Simd, Stage, StageKind};
 use ndarray::Array2;
 

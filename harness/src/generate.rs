@@ -9,7 +9,7 @@ use lockstep_engine::sample::{Sampler, SamplerConfig};
 use lockstep_engine::tokenizer::TextStream;
 use lockstep_engine::Model;
 
-use crate::session::Numerics;
+use lockstep_engine::Numerics;
 
 /// What `lockstep generate` is asked for, besides the model and the prompt.
 #[derive(Clone, Debug)]
@@ -80,7 +80,7 @@ pub fn generate(
         .len()
         .saturating_add(opts.n_predict)
         .min(model.info().n_ctx_train);
-    let mut session = opts.numerics.session(model, n_ctx);
+    let mut session = model.session(n_ctx, opts.numerics);
     let mut sampler = Sampler::new(opts.sampler);
     write!(out, "{prompt}")?;
     out.flush()?;
@@ -126,7 +126,7 @@ pub fn generate(
 fn non_finite_generation(model: &Model, sequence: &[u32], numerics: &Numerics) -> anyhow::Error {
     let at = sequence.len() - 1;
     let diagnose = || -> Result<()> {
-        let mut s = numerics.session(model, sequence.len());
+        let mut s = model.session(sequence.len(), *numerics);
         let mut rec = lockstep_engine::hooks::Recorder::new();
         model.forward(&mut s, sequence, Some(&mut rec))?;
         let mut stages = crate::capture::recorded_arrays(rec)?;
@@ -169,7 +169,7 @@ mod tests {
                 top_p: 0.95,
                 seed,
             },
-            numerics: Numerics::host(NumericsMode::Reference, Simd::Off),
+            numerics: crate::session::host_numerics(NumericsMode::Reference, Simd::Off),
             parse_special: false,
         }
     }

@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use lockstep_engine::ops::GgmlTarget;
+use lockstep_engine::GgmlTarget;
 use ndarray::Array2;
 use serde::{Deserialize, Serialize};
 

@@ -14,13 +14,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use lockstep_engine::ops::GgmlTarget;
+use lockstep_engine::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Simd};
 
 use crate::engine::{Engine, ExternalCommands, ExternalEngine, LockstepEngine};
 use crate::gate::{evaluate, Thresholds};
 use crate::golden::{self, GoldenFile, Manifest};
-pub use crate::judge::ggml_target_for;
 use crate::judge::Case;
 use crate::matrix::{golden_path_for, Cell, Filters, Matrix};
 use crate::report::{self, CellReport, Environment, Report, Speed, REPORT_SCHEMA_VERSION};
@@ -409,15 +408,15 @@ pub fn run_cell(
     let entry = golden_entry(opts, manifest, &golden_path_for(cell))?;
     golden::check_model(&opts.golden_dir, entry, model_sha)?;
     let mode: NumericsMode = cell.mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
-    // ggml mode mirrors the kernels of the CPU the golden was made on (reference mode ignores the target,
-    // so a golden without a recorded CPU still serves it)
-    let target = ggml_target_for(entry, mode, opts.ggml_target)?;
     let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
     let (tokens, decode_tokens) = gf.read_sequence()?;
 
     let mut engine = factory(cell, model_path, &entry.arch)?;
     let stage_map = manifest.stage_map(&entry.oracle.name, &entry.arch);
     let case = Case::new(&mut gf, engine.as_mut(), stage_map, opts.ggml_target)?;
+    // ggml mode mirrors the kernels of the CPU the golden was made on (reference mode ignores the target,
+    // so a golden without a recorded CPU still serves it)
+    let target = case.ggml_target(mode)?;
     let th = thresholds.for_cell(cell)?;
     let acc = case.accumulated(&mut gf, engine.as_mut(), mode)?;
     if let Some(nf) = acc.non_finite() {

@@ -1,51 +1,17 @@
 //! Our engine as the commands use it in process: a `--model` loaded, and a session opened with the run's
 //! numerics settings (mode, the ggml-cpu build mirrored, SIMD kernels) — one place for the setup that
-//! `generate`, `dump`, `bench-sample` and `quality` share.
+//! `generate`, `dump`, `bench-sample` and `quality` share. The settings are the engine's one value,
+//! [`Numerics`].
 
 use anyhow::{Context, Result};
-use lockstep_engine::ops::GgmlTarget;
-use lockstep_engine::{Model, NumericsMode, Session, Simd};
+use lockstep_engine::{GgmlTarget, Model, Numerics, NumericsMode, Simd};
 
-/// The numerics settings of one session: what the engine computes (`mode`), which llama.cpp ggml-cpu
-/// build ggml mode mirrors (`ggml_target`), and which kernels compute it (`simd`; ggml mode gives the same
-/// bits with each).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Numerics {
-    /// Numerics mode: `reference` or `ggml`.
-    pub mode: NumericsMode,
-    /// The ggml-cpu build ggml mode mirrors (e.g. [`GgmlTarget::host`], the one llama.cpp built here runs).
-    pub ggml_target: GgmlTarget,
-    /// Kernel instruction set.
-    pub simd: Simd,
-}
-
-impl Numerics {
-    /// `mode` with `simd`'s kernels, mirroring this machine's llama.cpp build ([`GgmlTarget::host`]): the
-    /// build llama-bench and llama-perplexity run here.
-    pub fn host(mode: NumericsMode, simd: Simd) -> Numerics {
-        Numerics {
-            mode,
-            ggml_target: GgmlTarget::host(),
-            simd,
-        }
-    }
-
-    /// The settings of an open session (to run its sequence again the same way).
-    pub fn of(session: &Session, mode: NumericsMode) -> Numerics {
-        Numerics {
-            mode,
-            ggml_target: session.ggml_target(),
-            simd: session.simd(),
-        }
-    }
-
-    /// A session of `model` for up to `n_ctx` positions with these settings.
-    pub fn session(&self, model: &Model, n_ctx: usize) -> Session {
-        let mut s = model.session(n_ctx, self.mode);
-        s.set_ggml_target(self.ggml_target);
-        s.set_simd(self.simd);
-        s
-    }
+/// `mode` with `simd`'s kernels, mirroring this machine's llama.cpp build ([`GgmlTarget::host`]): the
+/// build llama-bench and llama-perplexity run here.
+pub fn host_numerics(mode: NumericsMode, simd: Simd) -> Numerics {
+    Numerics::new(mode)
+        .with_target(GgmlTarget::host())
+        .with_simd(simd)
 }
 
 /// Resolve `--model` (a registry id, fetched on first use, or a path to a GGUF file;
@@ -70,30 +36,25 @@ mod tests {
     }
 
     #[test]
-    fn session_carries_the_settings() {
+    fn host_numerics_mirror_this_machines_build() {
+        let n = host_numerics(NumericsMode::Ggml, Simd::Off);
+        assert_eq!(n.target, GgmlTarget::host());
+        assert_eq!((n.mode, n.simd), (NumericsMode::Ggml, Simd::Off));
         let (_d, p) = tiny();
         let model = load_model(p.to_str().unwrap()).unwrap();
-        let n = Numerics {
-            mode: NumericsMode::Ggml,
-            ggml_target: GgmlTarget::Avx2,
-            simd: Simd::Off,
-        };
-        let s = n.session(&model, 8);
-        assert_eq!(s.ggml_target(), GgmlTarget::Avx2);
-        assert_eq!(s.simd(), Simd::Off);
-        assert_eq!(Numerics::of(&s, NumericsMode::Ggml), n);
+        assert_eq!(model.session(8, n).numerics(), n);
     }
 
     #[test]
     fn sessions_with_equal_settings_compute_equal_logits() {
         let (_d, p) = tiny();
         let model = load_model(p.to_str().unwrap()).unwrap();
-        let n = Numerics::host(NumericsMode::Reference, Simd::Off);
+        let n = host_numerics(NumericsMode::Reference, Simd::Off);
         let a = model
-            .forward_last(&mut n.session(&model, 4), &[5, 6, 7], None)
+            .forward_last(&mut model.session(4, n), &[5, 6, 7], None)
             .unwrap()
             .to_vec();
-        let mut s = n.session(&model, 4);
+        let mut s = model.session(4, n);
         let b = model.forward_last(&mut s, &[5, 6, 7], None).unwrap();
         assert_eq!(a, b);
     }

@@ -156,7 +156,7 @@ impl lockstep::engine::Engine for DroppingBos {
     fn reset(
         &mut self,
         mode: NumericsMode,
-        target: lockstep_engine::ops::GgmlTarget,
+        target: lockstep_engine::GgmlTarget,
         n_ctx: usize,
     ) -> anyhow::Result<()> {
         self.0.reset(mode, target, n_ctx)
@@ -224,7 +224,7 @@ fn a_dropped_bos_is_named_as_the_first_differing_token() {
 fn a_forced_ggml_target_other_than_the_goldens_is_said() {
     let mut opts = options_for(MODEL, "prose", NumericsMode::Ggml);
     // SmolLM2's goldens were made on an AVX-512 host
-    opts.ggml_target = Some(lockstep_engine::ops::GgmlTarget::Avx2);
+    opts.ggml_target = Some(lockstep_engine::GgmlTarget::Avx2);
     let r = bisect(&opts).unwrap();
     let text = lockstep::bisect::render(&r);
     match &r.finding {
@@ -235,7 +235,7 @@ fn a_forced_ggml_target_other_than_the_goldens_is_said() {
         other => panic!("AVX2 kernels on an AVX-512 golden: {other:?}\n{text}"),
     }
     // the golden's own target: no such note
-    opts.ggml_target = Some(lockstep_engine::ops::GgmlTarget::Avx512);
+    opts.ggml_target = Some(lockstep_engine::GgmlTarget::Avx512);
     let r = bisect(&opts).unwrap();
     assert_eq!(r.finding, Finding::None, "{}", lockstep::bisect::render(&r));
 }

@@ -92,7 +92,7 @@ fn avx2_build_goldens_match_their_manifest_and_select_the_avx2_target() {
         assert!(!build.iter().any(|f| f.starts_with("avx512")), "{}", g.path);
         assert_eq!(
             g.oracle.ggml_target().unwrap(),
-            lockstep_engine::ops::GgmlTarget::Avx2,
+            lockstep_engine::GgmlTarget::Avx2,
             "{}",
             g.path
         );

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use lockstep::capture::NullSink;
 use lockstep::engine::{Engine, ExternalCommands, ExternalEngine};
 use lockstep_engine::fixtures::TinyLlama;
-use lockstep_engine::ops::GgmlTarget;
+use lockstep_engine::GgmlTarget;
 use lockstep_engine::NumericsMode;
 
 fn exe() -> PathBuf {

@@ -3,8 +3,8 @@
 
 use lockstep::dump;
 use lockstep::fetch::resolve_model;
-use lockstep_engine::ops::GgmlTarget;
 use lockstep_engine::sample::argmax;
+use lockstep_engine::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Simd};
 
 const MODEL: &str = "smollm2-135m-q4_1";

@@ -11,7 +11,7 @@ use lockstep::matrix::{Cell, Filters};
 use lockstep::run::{run, run_with, RunOptions};
 use lockstep_engine::gguf::GgufFile;
 use lockstep_engine::hooks::StageSink;
-use lockstep_engine::ops::GgmlTarget;
+use lockstep_engine::GgmlTarget;
 use lockstep_engine::{Model, NumericsMode, Stage};
 use ndarray::Array2;
 

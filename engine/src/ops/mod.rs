@@ -35,9 +35,7 @@ pub use attention::{
     ggml_kqv_order, AttnShape, KqvOrder,
 };
 
-/// Transitional re-export for harness code that names `lockstep_engine::ops::GgmlTarget`; the type lives in
-/// [`crate::numerics`].
-pub use crate::numerics::GgmlTarget;
+use crate::numerics::GgmlTarget;
 
 use rayon::prelude::*;
 

@@ -68,8 +68,8 @@ pub fn sample(model: &Model, test: Test, mode: NumericsMode, simd: Simd) -> Resu
     let n_ctx = test.n_ctx().context("the test's context size overflows")?;
     model.check_context(n_ctx)?;
     // ggml mode mirrors the llama.cpp build of this machine, the one llama-bench runs
-    let numerics = crate::session::Numerics::host(mode, simd);
-    let session = |n: usize| numerics.session(model, n);
+    let numerics = crate::session::host_numerics(mode, simd);
+    let session = |n: usize| model.session(n, numerics);
     // warm-up, as llama-bench: a prompt batch, or one generated token; like llama-bench's batches
     // (`llama_batch_get_one`), every forward asks for the last position's logits only. As llama-bench
     // times a context it has warmed up and cleared (`llama_memory_clear`), the timed run reuses the

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use lockstep_engine::ops::GgmlTarget;
+use lockstep_engine::GgmlTarget;
 use lockstep_engine::{NumericsMode, Stage, StageKind};
 
 use crate::capture::{
@@ -174,8 +174,16 @@ impl<'m> Case<'m> {
             .any(|(name, a)| injected_input(name).is_some() && a.dtype != Dtype::F32)
     }
 
+    /// The ggml-cpu build this case mirrors in `mode` ([`ggml_target_for`]: a forced target, else the
+    /// golden host's in ggml mode): the one place `run`, `bisect` and the passes take it from.
+    ///
+    /// Errors: ggml mode on a golden that records no host CPU.
+    pub fn ggml_target(&self, mode: NumericsMode) -> Result<GgmlTarget> {
+        ggml_target_for(&self.entry, mode, self.forced_target)
+    }
+
     fn reset(&self, engine: &mut dyn Engine, mode: NumericsMode) -> Result<()> {
-        let target = ggml_target_for(&self.entry, mode, self.forced_target)?;
+        let target = self.ggml_target(mode)?;
         engine.reset(mode, target, self.tokens.len() + self.decode_tokens.len())
     }
 
@@ -272,7 +280,7 @@ pub fn non_finite_verdict(pass: &Pass, th: &CellThresholds) -> Verdict {
 /// CPU selects ([`crate::golden::OracleInfo::ggml_target`]); reference mode ignores it.
 ///
 /// Errors: ggml mode on a golden that records no host CPU.
-pub fn ggml_target_for(
+fn ggml_target_for(
     entry: &GoldenEntry,
     mode: NumericsMode,
     forced: Option<GgmlTarget>,

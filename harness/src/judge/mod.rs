@@ -35,7 +35,7 @@ pub mod case;
 pub mod finding;
 pub mod rounding;
 
-pub use case::{capture, ggml_target_for, non_finite_verdict, Case, Pass};
+pub use case::{capture, non_finite_verdict, Case, Pass};
 pub use finding::{render_rounding, tokens_finding, Finding, RoundingEvidence, TokenAt};
 pub use rounding::q8_rounding;
 

@@ -85,7 +85,10 @@ pub fn chunk_input(model: &Model, tokens: &[u32], i: usize, n_ctx: usize) -> Vec
 pub fn run_chunk(model: &Model, tokens: &[u32], i: usize, params: &Params) -> Result<Vec<f32>> {
     let n_ctx = params.n_ctx;
     let input = chunk_input(model, tokens, i, n_ctx);
-    let mut s = crate::session::Numerics::host(params.mode, params.simd).session(model, n_ctx);
+    let mut s = model.session(
+        n_ctx,
+        crate::session::host_numerics(params.mode, params.simd),
+    );
     let logits = model.forward(&mut s, &input, None)?;
     let v = model.info().n_vocab;
     let first = n_ctx / 2;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use lockstep::engine::{Engine, EngineInfo, LockstepEngine};
 use lockstep_engine::hooks::StageSink;
-use lockstep_engine::ops::GgmlTarget;
+use lockstep_engine::GgmlTarget;
 use lockstep_engine::{NumericsMode, Stage};
 use ndarray::Array2;
 
