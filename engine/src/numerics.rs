@@ -55,7 +55,7 @@ pub fn avx512_available() -> bool {
 /// - [`NumericsMode::Ggml`]: do what ggml's CPU backend does: quantize the activation row to the weight
 ///   type's `vec_dot_type` (ggml-cpu.c `type_traits_cpu`), then integer dot products per block with ggml's
 ///   scale order. Tracks llama.cpp.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum NumericsMode {
     /// Dequantize to f32, f32 accumulation.
     #[default]

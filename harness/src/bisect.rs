@@ -180,7 +180,7 @@ pub fn bisect_with(
         model: opts.model.clone(),
         prompt: opts.prompt.clone(),
         quant: "-".into(),
-        mode: opts.mode.to_string(),
+        mode: opts.mode,
         // what ran: reference mode's avx512 is its avx2 build (`Simd::for_mode`)
         simd: opts.simd.for_mode(opts.mode).name().into(),
         oracle: opts.oracle.clone(),

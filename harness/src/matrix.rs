@@ -32,7 +32,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::golden::Manifest;
-use lockstep_engine::Simd;
+use lockstep_engine::{NumericsMode, Simd};
 
 /// The numerics modes the engine has (`--mode`).
 pub const MODES: &[&str] = &["reference", "ggml"];
@@ -57,14 +57,31 @@ pub struct Cell {
     pub prompt: String,
     /// The model file's weight type, e.g. `Q4_1`.
     pub quant: String,
-    /// Numerics mode: `reference` or `ggml`.
-    pub mode: String,
+    /// Numerics mode, typed from the matrix file on (`reference` or `ggml` in a report).
+    #[serde(with = "mode_name")]
+    pub mode: NumericsMode,
     /// SIMD setting: `off` (scalar backend); other values once a SIMD backend exists.
     pub simd: String,
     /// Golden directory under `golden/<model>/`, e.g. `llama.cpp-f32kv`.
     pub oracle: String,
     /// `lockstep` (in process) or `external`.
     pub engine: String,
+}
+
+/// A [`Cell`]'s mode as its name (`reference`, `ggml`) in report.json: serde through
+/// [`NumericsMode::name`] and [`NumericsMode`]'s `FromStr`.
+mod mode_name {
+    use lockstep_engine::NumericsMode;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(mode: &NumericsMode, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(mode.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<NumericsMode, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 impl Cell {
@@ -344,15 +361,16 @@ impl Matrix {
         for (m, order, per_oracle) in &resolved {
             for prompt in order.iter().filter(|p| keep(&filters.prompt, p)) {
                 for mode in self.modes.iter().filter(|v| keep(&filters.mode, v)) {
+                    // parsed once, here: the modes were checked against MODES when the matrix loaded
+                    let mode: NumericsMode = mode
+                        .parse()
+                        .map_err(|e: String| anyhow::anyhow!("matrix mode {mode:?}: {e}"))?;
                     // the settings whose kernels differ in this mode, each once (reference mode's
                     // avx512 runs its avx2 kernels: `Simd::for_mode`)
                     let mut mode_simd: Vec<String> = Vec::new();
                     for v in simd_values.iter().filter(|v| keep(&simd_filter, v)) {
-                        let v = match (
-                            mode.parse::<lockstep_engine::NumericsMode>(),
-                            Simd::parse(v),
-                        ) {
-                            (Ok(m), Ok(s)) => s.for_mode(m).name().to_string(),
+                        let v = match Simd::parse(v) {
+                            Ok(s) => s.for_mode(mode).name().to_string(),
                             _ => v.clone(), // refused with a clear error when the cell runs
                         };
                         if !mode_simd.contains(&v) {
@@ -369,7 +387,7 @@ impl Matrix {
                                     model: m.id.clone(),
                                     prompt: prompt.clone(),
                                     quant: m.quant.clone(),
-                                    mode: mode.clone(),
+                                    mode,
                                     simd: simd.clone(),
                                     oracle: oracle.clone(),
                                     engine: engine.clone(),
@@ -458,7 +476,7 @@ prompts = ["*"]
             model: "smollm2-135m-q4_1".into(),
             prompt: "prose".into(),
             quant: "Q4_1".into(),
-            mode: "ggml".into(),
+            mode: NumericsMode::Ggml,
             simd: "off".into(),
             oracle: "llama.cpp-f32kv".into(),
             engine: "lockstep".into(),
@@ -511,12 +529,7 @@ prompts = ["*"]
         let simd: Vec<&str> = cells.iter().map(|c| c.simd.as_str()).collect();
         assert_eq!(simd, want);
         // the kernels each mode runs under `best` (reference mode's avx512 is its avx2)
-        let runs = |c: &Cell| {
-            lockstep_engine::Simd::detect()
-                .for_mode(c.mode.parse().unwrap())
-                .name()
-                == c.simd
-        };
+        let runs = |c: &Cell| lockstep_engine::Simd::detect().for_mode(c.mode).name() == c.simd;
         let f = Filters {
             simd: vec![best.to_string()],
             ..Filters::default()

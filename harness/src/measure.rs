@@ -56,7 +56,7 @@ pub fn measure(opts: &MeasureOptions, progress: &mut dyn FnMut(&str)) -> Result<
             continue;
         }
         groups
-            .entry((c.model.clone(), c.oracle.clone(), c.mode.clone()))
+            .entry((c.model.clone(), c.oracle.clone(), c.mode.name().to_string()))
             .or_default()
             .push(c);
     }
@@ -168,7 +168,7 @@ mod tests {
             model: "m".into(),
             prompt: prompt.into(),
             quant: "Q4_1".into(),
-            mode: "reference".into(),
+            mode: lockstep_engine::NumericsMode::Reference,
             simd: simd.into(),
             oracle: "o".into(),
             engine: "lockstep".into(),

@@ -117,10 +117,7 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         if verified.insert(gpath.clone()) {
             golden::verify_golden(&opts.golden_dir, entry)?;
         }
-        let mode: NumericsMode = cell
-            .mode
-            .parse()
-            .map_err(|e: String| anyhow::anyhow!("cell {}: {e}", cell.id()))?;
+        let mode = cell.mode;
         if mode == NumericsMode::Ggml && opts.ggml_target.is_none() {
             entry
                 .oracle
@@ -407,7 +404,7 @@ pub fn run_cell(
 ) -> Result<CellReport> {
     let entry = golden_entry(opts, manifest, &golden_path_for(cell))?;
     golden::check_model(&opts.golden_dir, entry, model_sha)?;
-    let mode: NumericsMode = cell.mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    let mode = cell.mode;
     let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
     let (tokens, decode_tokens) = gf.read_sequence()?;
 

@@ -5,6 +5,7 @@
 //!
 //! `cargo test -p lockstep --test gate`.
 
+use lockstep_engine::NumericsMode;
 use std::path::{Path, PathBuf};
 
 use lockstep::compare::{summarize_logits, CellComparison, NotCompared, Phase, StageComparison};
@@ -22,7 +23,7 @@ fn cell(mode: &str) -> Cell {
         model: "smollm2-135m-q4_1".into(),
         prompt: "prose".into(),
         quant: "Q4_1".into(),
-        mode: mode.into(),
+        mode: mode.parse().unwrap(),
         simd: "off".into(),
         oracle: "llama.cpp-f32kv".into(),
         engine: "lockstep".into(),
@@ -582,9 +583,9 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         let t = th.for_cell(c).unwrap_or_else(|e| panic!("{e:#}"));
         assert!(t.tokens_must_match, "{}", c.id());
         if c.oracle == "transformers-f32" {
-            if c.mode == "reference" {
+            if c.mode == NumericsMode::Reference {
                 let mut g = c.clone();
-                g.mode = "ggml".into();
+                g.mode = NumericsMode::Ggml;
                 let g = th.for_cell(&g).unwrap();
                 let mut l = c.clone();
                 l.oracle = "llama.cpp-f32kv".into();
@@ -602,9 +603,9 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
             }
             continue;
         }
-        if c.mode == "ggml" {
+        if c.mode == NumericsMode::Ggml {
             let mut r = c.clone();
-            r.mode = "reference".into();
+            r.mode = NumericsMode::Reference;
             let r = th.for_cell(&r).unwrap();
             assert!(t.max_mean_kl <= r.max_mean_kl, "{}", c.id());
             assert!(t.min_cosine_out >= r.min_cosine_out, "{}", c.id());

@@ -41,7 +41,7 @@ fn cell(prompt: &str, mode: &str) -> Cell {
         model: "smollm2-135m-q4_1".into(),
         prompt: prompt.into(),
         quant: "Q4_1".into(),
-        mode: mode.into(),
+        mode: mode.parse().unwrap(),
         simd: "off".into(),
         oracle: "llama.cpp-f32kv".into(),
         engine: "lockstep".into(),
@@ -218,7 +218,8 @@ fn report() -> Report {
             lockstep::judge::Finding::None
         };
         lockstep::judge::gate_finding(&mut verdict, &finding);
-        let ggml_target = (c.mode == "ggml").then(|| "avx512".to_string());
+        let ggml_target =
+            (c.mode == lockstep_engine::NumericsMode::Ggml).then(|| "avx512".to_string());
         CellReport {
             golden_path: golden_path_for(&c),
             cell: c,
@@ -352,8 +353,8 @@ fn a_ggml_simd_cell_whose_output_differs_from_its_scalar_twin_fails_as_simd_bits
     assert!(md.contains("| **no** |"), "{md}");
     // a reference-mode pair is reported, not failed (SIMD may reorder sums there)
     let mut r = report();
-    r.cells[0].cell.mode = "reference".into();
-    r.cells[1].cell.mode = "reference".into();
+    r.cells[0].cell.mode = lockstep_engine::NumericsMode::Reference;
+    r.cells[1].cell.mode = lockstep_engine::NumericsMode::Reference;
     r.cells[1].output_sha256 = Some("0bad".repeat(16));
     lockstep::report::gate_simd_identity(&mut r.cells);
     assert!(r.cells[1].verdict.pass);

@@ -265,13 +265,13 @@ fn default_matrix_run_writes_a_complete_report() {
     assert!(report
         .cells
         .iter()
-        .all(|c| c.cell.mode == "ggml" || c.cell.simd != "avx512"));
+        .all(|c| c.cell.mode == NumericsMode::Ggml || c.cell.simd != "avx512"));
     // every SIMD cell has a scalar twin, and in ggml mode their outputs are bit-identical
     let pairs = lockstep::report::simd_pairs(&report.cells);
     assert_eq!(pairs.len(), n_cells - 2);
     for p in &pairs {
         let c = &report.cells[p.simd_cell];
-        if c.cell.mode == "ggml" {
+        if c.cell.mode == NumericsMode::Ggml {
             assert!(
                 p.identical,
                 "{}: not bit-identical to SIMD off",
@@ -805,7 +805,7 @@ fn ctrl_c_during_a_run_saves_the_cells_finished_before_it() {
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     let r = lockstep::report::read_report(&dirs[0]).unwrap();
     assert_eq!(r.cells.len(), 1);
-    assert_eq!(r.cells[0].cell.mode, "reference");
+    assert_eq!(r.cells[0].cell.mode, NumericsMode::Reference);
     let inc = r.incomplete.as_ref().expect("marked incomplete");
     assert!(
         inc.failed_cell.contains("/ggml/") && inc.error.contains("interrupted"),

@@ -111,7 +111,7 @@ impl Rule {
     fn matches(&self, cell: &Cell) -> bool {
         let sel = |s: &str, v: &str| s == ANY || s == v;
         sel(&self.model, &cell.model)
-            && sel(&self.mode, &cell.mode)
+            && sel(&self.mode, cell.mode.name())
             && sel(&self.oracle, &cell.oracle)
     }
 }
@@ -373,11 +373,14 @@ impl Thresholds {
         for m in &matrix.models {
             for mode in &matrix.modes {
                 for oracle in matrix.oracles.iter().filter(|o| m.has_oracle(o)) {
+                    let Ok(mode) = mode.parse() else {
+                        continue; // the matrix refused it on load (`check_axis` against MODES)
+                    };
                     let cell = Cell {
                         model: m.id.clone(),
                         prompt: "*".into(),
                         quant: m.quant.clone(),
-                        mode: mode.clone(),
+                        mode,
                         simd: matrix.simd.first().cloned().unwrap_or_default(),
                         oracle: oracle.clone(),
                         engine: matrix.engines.first().cloned().unwrap_or_default(),

@@ -61,7 +61,7 @@ pub fn floor_set(
                 path,
                 &cell.model,
                 &cell.oracle,
-                &cell.mode,
+                cell.mode.name(),
                 &entry.path,
                 &entry.sha256,
             )?

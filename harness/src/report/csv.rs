@@ -54,7 +54,7 @@ pub fn render_csv(r: &Report) -> String {
             cell.model.clone(),
             cell.prompt.clone(),
             cell.quant.clone(),
-            cell.mode.clone(),
+            cell.mode.name().to_string(),
             cell.simd.clone(),
             cell.oracle.clone(),
             cell.engine.clone(),

@@ -48,7 +48,6 @@ fn escaped(r: &Report) -> Report {
             &mut cell.model,
             &mut cell.prompt,
             &mut cell.quant,
-            &mut cell.mode,
             &mut cell.simd,
             &mut cell.oracle,
             &mut cell.engine,

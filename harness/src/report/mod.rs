@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::compare::CellComparison;
 use crate::gate::{failure_line, Verdict};
 use crate::matrix::Cell;
+use lockstep_engine::NumericsMode;
 
 pub use csv::{render_csv, CSV_HEADER};
 pub use environment::{Environment, SIMD_FLAGS};
@@ -249,7 +250,7 @@ pub fn gate_simd_identity(cells: &mut [CellReport]) {
     for p in simd_pairs(cells) {
         let scalar_sha = short_sha(cells[p.scalar_cell].output_sha256.as_deref());
         let c = &mut cells[p.simd_cell];
-        if p.identical || c.cell.mode != "ggml" {
+        if p.identical || c.cell.mode != NumericsMode::Ggml {
             continue;
         }
         c.verdict.pass = false;
