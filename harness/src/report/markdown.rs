@@ -88,14 +88,15 @@ pub(crate) fn compact_ranges(layers: &BTreeSet<usize>) -> String {
     parts.join(",")
 }
 
-/// `blk.N.rest` → (`blk.{N}.rest`, Some(N)); other ids unchanged.
+/// `blk.N.kind` → (`blk.{N}.kind`, Some(N)) through the typed id ([`lockstep_engine::Stage::parse`]);
+/// other ids unchanged.
 pub(crate) fn stage_pattern(stage: &str) -> (String, Option<usize>) {
-    match crate::compare::layer_of(stage) {
-        Some(n) => {
-            let rest = &stage["blk.".len() + n.to_string().len()..];
-            (format!("blk.{{N}}{rest}"), Some(n))
-        }
-        None => (stage.to_string(), None),
+    match lockstep_engine::Stage::parse(stage) {
+        Some(lockstep_engine::Stage {
+            layer: Some(n),
+            kind,
+        }) => (format!("blk.{{N}}.{}", kind.suffix()), Some(n)),
+        _ => (stage.to_string(), None),
     }
 }
 
