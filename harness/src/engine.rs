@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use lockstep_engine::hooks::StageSink;
 use lockstep_engine::GgmlTarget;
-use lockstep_engine::{Model, NumericsMode, Session, Simd, Stage, StageKind};
+use lockstep_engine::{Model, Numerics, NumericsMode, Session, Simd, Stage, StageKind};
 use ndarray::Array2;
 
 use crate::capture::forward_rank;
@@ -167,9 +167,12 @@ impl Engine for LockstepEngine {
 
     fn reset(&mut self, mode: NumericsMode, target: GgmlTarget, n_ctx: usize) -> Result<()> {
         self.model.check_context(n_ctx)?;
-        let mut session = self.model.session(n_ctx, mode);
-        session.set_ggml_target(target);
-        session.set_simd(self.simd);
+        let numerics = Numerics {
+            mode,
+            target,
+            simd: self.simd,
+        };
+        let mut session = self.model.session(n_ctx, numerics);
         session.set_input_rounding(self.input_rounding);
         self.session = Some(session);
         Ok(())
