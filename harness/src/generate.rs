@@ -149,15 +149,11 @@ fn non_finite_generation(model: &Model, sequence: &[u32], numerics: &Numerics) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockstep_engine::fixtures::TinyLlama;
     use lockstep_engine::{NumericsMode, Simd};
 
     fn tiny() -> (tempfile::TempDir, Model) {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("m.gguf");
-        std::fs::write(&p, TinyLlama::default().build().unwrap()).unwrap();
-        let m = Model::load(&p).unwrap();
-        (dir, m)
+        let (dir, p) = crate::session::tiny_model_file();
+        (dir, Model::load(&p).unwrap())
     }
 
     fn opts(n: usize, seed: u64) -> GenerateOptions {

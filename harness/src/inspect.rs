@@ -62,14 +62,8 @@ pub fn inspect(path: &Path, json: bool) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockstep_engine::fixtures::TinyLlama;
 
-    fn tiny() -> (tempfile::TempDir, std::path::PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("m.gguf");
-        std::fs::write(&p, TinyLlama::default().build().unwrap()).unwrap();
-        (dir, p)
-    }
+    use crate::session::tiny_model_file as tiny;
 
     #[test]
     fn json_counts_every_tensor_once() {

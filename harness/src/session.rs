@@ -23,17 +23,25 @@ pub fn load_model(spec: &str) -> Result<Model> {
     Model::load(&path).with_context(|| format!("loading model {}", path.display()))
 }
 
+/// A tiny synthetic model ([`lockstep_engine::fixtures::TinyLlama`]) written to `m.gguf` in a fresh
+/// temporary directory, for the unit tests of the modules that load one (the directory lives as long as the
+/// returned guard).
+#[cfg(test)]
+pub(crate) fn tiny_model_file() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.gguf");
+    let bytes = lockstep_engine::fixtures::TinyLlama::default()
+        .build()
+        .unwrap();
+    std::fs::write(&p, bytes).unwrap();
+    (dir, p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockstep_engine::fixtures::TinyLlama;
 
-    fn tiny() -> (tempfile::TempDir, std::path::PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("m.gguf");
-        std::fs::write(&p, TinyLlama::default().build().unwrap()).unwrap();
-        (dir, p)
-    }
+    use super::tiny_model_file as tiny;
 
     #[test]
     fn host_numerics_mirror_this_machines_build() {
