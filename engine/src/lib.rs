@@ -21,13 +21,12 @@
 //! - [`hooks`] — canonical stage ids and the observe/replace sink.
 //! - [`models`] — shared blocks and one wiring module per architecture (llama, qwen2, gemma3);
 //!   [`models::Model`] and [`models::Session`] are the entry points.
-//! - [`fixtures`] — tiny synthetic GGUF models for tests.
+//! - [`synth`] — tiny seeded GGUF models: test fixtures and `lockstep synth`.
 //! - [`sample`] — greedy / temperature / top-k / top-p token selection.
 
 pub mod backend;
 pub mod error;
 pub mod faults;
-pub mod fixtures;
 pub mod gguf;
 pub mod hooks;
 pub mod kv_cache;
@@ -37,6 +36,7 @@ pub mod ops;
 pub mod quant;
 pub mod quantize;
 pub mod sample;
+pub mod synth;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -6,9 +6,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use lockstep_engine::fixtures::TinyLlama;
 use lockstep_engine::gguf::GgufFile;
 use lockstep_engine::quant::GgmlType;
+use lockstep_engine::synth::SynthModel;
 use lockstep_engine::{Model, NumericsMode, Simd};
 
 struct Counting;
@@ -34,11 +34,11 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn decode_steps_allocate_nothing_after_warm_up() {
-    let bytes = TinyLlama {
+    let bytes = SynthModel {
         d_ff: 256,
         matrix_type: GgmlType::Q4_1,
         embd_type: GgmlType::Q8_0,
-        ..TinyLlama::default()
+        ..SynthModel::default()
     }
     .build()
     .unwrap();

@@ -3,14 +3,14 @@
 
 use std::ops::Range;
 
-use lockstep_engine::fixtures::TinyLlama;
 use lockstep_engine::gguf::GgufFile;
 use lockstep_engine::hooks::{Recorder, Stage, StageKind, StageSink};
 use lockstep_engine::quant::GgmlType;
 use lockstep_engine::sample::argmax;
+use lockstep_engine::synth::SynthModel;
 use lockstep_engine::{Model, NumericsMode};
 
-fn tiny(cfg: &TinyLlama) -> Model {
+fn tiny(cfg: &SynthModel) -> Model {
     let bytes = cfg.build().expect("build tiny model");
     Model::from_gguf(GgufFile::from_bytes(bytes, "tiny-llama.gguf").unwrap())
         .expect("load tiny model")
@@ -27,9 +27,9 @@ const PROMPT: [u32; 7] = [40, 75, 100, 3, 200, 17, 259];
 const ARCHS: [&str; 3] = ["llama", "qwen2", "gemma3"];
 
 fn tiny_arch(arch: &'static str) -> Model {
-    tiny(&TinyLlama {
+    tiny(&SynthModel {
         arch,
-        ..TinyLlama::default()
+        ..SynthModel::default()
     })
 }
 
@@ -242,7 +242,7 @@ fn qwen2_biases_are_added_after_the_projections() {
 #[test]
 fn gemma3_sliding_window_limits_what_a_position_sees() {
     // window 3, two local layers: position 6 sees tokens 6 − 2·(3 − 1) = 2 .. 6 only
-    use lockstep_engine::fixtures::TINY_GEMMA3_WINDOW;
+    use lockstep_engine::synth::TINY_GEMMA3_WINDOW;
     assert_eq!(TINY_GEMMA3_WINDOW, 3);
     let last = |arch: &'static str, first: u32, mode: NumericsMode| {
         let m = tiny_arch(arch);
@@ -268,9 +268,9 @@ fn gemma3_sliding_window_limits_what_a_position_sees() {
 
 #[test]
 fn results_do_not_depend_on_thread_count() {
-    let model = tiny(&TinyLlama {
+    let model = tiny(&SynthModel {
         d_ff: 256,
-        ..TinyLlama::default()
+        ..SynthModel::default()
     });
     let run = |threads: usize| {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -294,11 +294,11 @@ fn ggml_mode_gives_the_same_bits_with_simd_on_for_every_matrix_type_and_thread_c
         (GgmlType::Q5_0, GgmlType::Q8_0),
         (GgmlType::Q4_0, GgmlType::Q4_1),
     ] {
-        let model = tiny(&TinyLlama {
+        let model = tiny(&SynthModel {
             d_ff: 256,
             matrix_type,
             embd_type,
-            ..TinyLlama::default()
+            ..SynthModel::default()
         });
         let run = |threads: usize, simd: lockstep_engine::Simd| {
             let pool = rayon::ThreadPoolBuilder::new()
@@ -328,7 +328,7 @@ fn ggml_mode_gives_the_same_bits_with_simd_on_for_every_matrix_type_and_thread_c
 
 #[test]
 fn modes_agree_closely_but_not_exactly() {
-    let model = tiny(&TinyLlama::default());
+    let model = tiny(&SynthModel::default());
     let mut a = model.session(16, NumericsMode::Reference);
     let la = model.forward(&mut a, &PROMPT, None).unwrap().to_vec();
     let mut b = model.session(16, NumericsMode::Ggml);
@@ -341,7 +341,7 @@ fn modes_agree_closely_but_not_exactly() {
 
 #[test]
 fn bad_inputs_are_errors() {
-    let model = tiny(&TinyLlama::default());
+    let model = tiny(&SynthModel::default());
     let mut s = model.session(4, NumericsMode::Reference);
     let e = model
         .forward(&mut s, &[100_000], None)
@@ -358,7 +358,7 @@ fn bad_inputs_are_errors() {
 
 #[test]
 fn tokenizer_round_trips_and_parses_specials_on_request() {
-    let model = tiny(&TinyLlama::default());
+    let model = tiny(&SynthModel::default());
     let tok = model.tokenizer();
     let ids = tok.encode("hello the<|im_end|>", true, false).unwrap();
     assert_eq!(tok.decode(&ids), "hello the<|im_end|>");

@@ -104,6 +104,20 @@ pub enum Command {
     /// lockstep's variant recipe (an exact F32 dequantization of the model, then `--pure TYPE`, the files
     /// `[[variants]]` in models.toml register); written atomically to --out.
     Quantize(QuantizeArgs),
+    /// Write a tiny seeded model (2 blocks, widths that are multiples of 256, F32 weights, a real BPE
+    /// tokenizer block, the tensor names and metadata keys llama.cpp's converter writes): the same
+    /// architecture and seed give the same bytes on every machine. Prints the path, size and sha256.
+    Synth {
+        /// `general.architecture` to write: llama, qwen2, qwen3, gemma3.
+        #[arg(long)]
+        arch: String,
+        /// Weight seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The file to write (replaced atomically when it exists).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Describe a GGUF file: name, architecture, size, parameters, bits per weight and the tensors of
     /// each ggml type (JSON with --json).
     Inspect {
@@ -841,6 +855,16 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 made.elapsed.as_secs_f64()
             );
             println!("{}", made.path.display());
+        }
+        Command::Synth { arch, seed, out } => {
+            let w = crate::synth::write_synth(&arch, seed, &out)?;
+            eprintln!(
+                "lockstep synth: {arch} seed {seed} -> {} ({} bytes, sha256 {})",
+                out.display(),
+                w.size,
+                w.sha256
+            );
+            println!("{}", out.display());
         }
         Command::Inspect { model, json } => {
             let path = fetch::resolve_model(&model.model)?;

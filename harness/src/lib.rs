@@ -31,6 +31,7 @@
 //! - [`process`] — child processes in their own group: bounded output, timeouts, killed on interrupt.
 //! - [`format`] — number formats, and the Markdown and CSV escaping of every outside string.
 //! - [`session`] — our engine in process: a `--model` loaded, a session opened with the run's numerics.
+//! - [`synth`] — `lockstep synth`: the tiny seeded models of the model axis, written by lockstep.
 //! - [`generate`] — `lockstep generate`: text sampled from a prompt, streamed, with its speeds.
 //! - [`inspect`] — `lockstep inspect`: a GGUF file described (types, parameters, bits per weight).
 //! - [`prompt`] — prompt text from a `--prompt-file`, bounded.
@@ -72,3 +73,4 @@ pub mod registry;
 pub mod report;
 pub mod run;
 pub mod session;
+pub mod synth;

@@ -23,14 +23,14 @@ pub fn load_model(spec: &str) -> Result<Model> {
     Model::load(&path).with_context(|| format!("loading model {}", path.display()))
 }
 
-/// A tiny synthetic model ([`lockstep_engine::fixtures::TinyLlama`]) written to `m.gguf` in a fresh
+/// A tiny synthetic model ([`lockstep_engine::synth::SynthModel`]) written to `m.gguf` in a fresh
 /// temporary directory, for the unit tests of the modules that load one (the directory lives as long as the
 /// returned guard).
 #[cfg(test)]
 pub(crate) fn tiny_model_file() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("m.gguf");
-    let bytes = lockstep_engine::fixtures::TinyLlama::default()
+    let bytes = lockstep_engine::synth::SynthModel::default()
         .build()
         .unwrap();
     std::fs::write(&p, bytes).unwrap();

@@ -437,7 +437,7 @@ fn fake_setup(dir: &Path) -> (PathBuf, PathBuf) {
     let model = dir.join("m.gguf");
     std::fs::write(
         &model,
-        lockstep_engine::fixtures::TinyLlama::default()
+        lockstep_engine::synth::SynthModel::default()
             .build()
             .unwrap(),
     )

@@ -761,11 +761,11 @@ fn a_variant_the_recipe_cannot_reproduce_or_make_is_an_error_naming_file_and_com
     );
 }
 
-/// A registry with one synthetic source model (`tiny-q`, the engine's TinyLlama: Q4_1 matrices, Q8_0
+/// A registry with one synthetic source model (`tiny-q`, the engine's SynthModel: Q4_1 matrices, Q8_0
 /// embeddings), already in `cache` (no sidecar, so it is rehashed, never downloaded), and its variants of
 /// `types` with the bytes lockstep's quantizer makes (computed here through `lockstep::quantize`).
 fn in_process_registry(cache: &Path, types: &[&str]) -> Registry {
-    let bytes = lockstep_engine::fixtures::TinyLlama::default()
+    let bytes = lockstep_engine::synth::SynthModel::default()
         .build()
         .unwrap();
     let entry = ModelEntry {

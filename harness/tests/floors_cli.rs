@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use lockstep::floors::{kind_of, Floors};
-use lockstep_engine::fixtures::TinyLlama;
+use lockstep_engine::synth::SynthModel;
 
 fn checkout() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -170,7 +170,7 @@ fn result_targets_that_are_not_regular_files_are_refused_before_any_work() {
     let dir = tempfile::tempdir().unwrap();
     let (fifo, link, real) = hostile_targets(dir.path());
     let model = dir.path().join("m.gguf");
-    std::fs::write(&model, TinyLlama::default().build().unwrap()).unwrap();
+    std::fs::write(&model, SynthModel::default().build().unwrap()).unwrap();
     let m = model.to_str().unwrap();
     let cwd = checkout();
     for out in [&fifo, &link, Path::new("/dev/null"), dir.path()] {

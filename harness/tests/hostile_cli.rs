@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use lockstep::capture::NullSink;
 use lockstep::engine::{Engine, ExternalCommands, ExternalEngine};
-use lockstep_engine::fixtures::TinyLlama;
+use lockstep_engine::synth::SynthModel;
 use lockstep_engine::GgmlTarget;
 use lockstep_engine::NumericsMode;
 
@@ -19,7 +19,7 @@ fn exe() -> PathBuf {
 }
 
 /// A synthetic model file (context 256) in `dir`.
-fn tiny(dir: &Path, name: &str, t: TinyLlama) -> PathBuf {
+fn tiny(dir: &Path, name: &str, t: SynthModel) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, t.build().unwrap()).unwrap();
     p
@@ -50,7 +50,7 @@ fn expect_error(args: &[&str], needles: &[&str]) {
 #[test]
 fn threads_beyond_the_machine_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path(), "m.gguf", TinyLlama::default());
+    let m = tiny(dir.path(), "m.gguf", SynthModel::default());
     let m = m.to_str().unwrap();
     expect_error(
         &[
@@ -72,7 +72,7 @@ fn threads_beyond_the_machine_are_refused() {
 #[test]
 fn an_oversized_prompt_file_is_refused_before_it_is_read() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path(), "m.gguf", TinyLlama::default());
+    let m = tiny(dir.path(), "m.gguf", SynthModel::default());
     let big = dir.path().join("big.txt");
     std::fs::write(&big, vec![b'a'; (1 << 20) + 1]).unwrap();
     expect_error(
@@ -90,7 +90,7 @@ fn an_oversized_prompt_file_is_refused_before_it_is_read() {
 #[test]
 fn an_empty_prompt_and_an_over_long_sequence_are_refused_before_any_work() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny(dir.path(), "m.gguf", TinyLlama::default());
+    let m = tiny(dir.path(), "m.gguf", SynthModel::default());
     let m = m.to_str().unwrap();
     let out = dir.path().join("d.npz");
     let out = out.to_str().unwrap();
@@ -120,9 +120,9 @@ fn a_model_that_computes_nan_fails_naming_the_first_non_finite_stage() {
     let m = tiny(
         dir.path(),
         "nan.gguf",
-        TinyLlama {
+        SynthModel {
             norm_eps: f32::NAN,
-            ..TinyLlama::default()
+            ..SynthModel::default()
         },
     );
     let m = m.to_str().unwrap();

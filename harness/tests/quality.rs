@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use lockstep_engine::fixtures::TinyLlama;
 use lockstep_engine::quant::GgmlType;
+use lockstep_engine::synth::SynthModel;
 
-fn tiny(dir: &Path, name: &str, t: TinyLlama) -> PathBuf {
+fn tiny(dir: &Path, name: &str, t: SynthModel) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, t.build().unwrap()).unwrap();
     p
@@ -46,23 +46,23 @@ fn corpus(dir: &Path) -> PathBuf {
 fn quality_end_to_end_on_synthetic_variants() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let f32 = TinyLlama {
+    let f32 = SynthModel {
         matrix_type: GgmlType::F32,
         embd_type: GgmlType::F32,
-        ..TinyLlama::default()
+        ..SynthModel::default()
     };
     tiny(d, "tiny-F32.gguf", f32.clone());
     tiny(d, "tiny-SAME.gguf", f32);
     tiny(
         d,
         "tiny-Q8_0.gguf",
-        TinyLlama {
+        SynthModel {
             matrix_type: GgmlType::Q8_0,
             embd_type: GgmlType::Q8_0,
-            ..TinyLlama::default()
+            ..SynthModel::default()
         },
     );
-    tiny(d, "tiny-Q4_1.gguf", TinyLlama::default());
+    tiny(d, "tiny-Q4_1.gguf", SynthModel::default());
     std::fs::write(d.join("tiny-BAD.gguf"), b"GGUF not really").unwrap();
     let text = corpus(d);
     let reports = d.join("reports");
@@ -202,10 +202,10 @@ fn quality_bad_input_is_a_clear_error() {
     let base = tiny(
         d,
         "m-F32.gguf",
-        TinyLlama {
+        SynthModel {
             matrix_type: GgmlType::F32,
             embd_type: GgmlType::F32,
-            ..TinyLlama::default()
+            ..SynthModel::default()
         },
     );
     let b = base.to_str().unwrap();
@@ -260,7 +260,7 @@ fn quality_bad_input_is_a_clear_error() {
     assert_eq!(code, 2);
     assert!(e.contains("/nonexistent/x-F32.gguf"), "{e}");
     // a variant with another vocabulary: its row says so
-    let other = TinyLlama::default();
+    let other = SynthModel::default();
     let mut bytes = other.build().unwrap();
     // same model, but a file that is not GGUF at all is the simplest foreign file
     bytes.truncate(100);

@@ -9,28 +9,28 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lockstep_engine::fixtures::TinyLlama;
 use lockstep_engine::quant::GgmlType;
+use lockstep_engine::synth::SynthModel;
 
-fn tiny(dir: &Path, name: &str, t: TinyLlama) -> PathBuf {
+fn tiny(dir: &Path, name: &str, t: SynthModel) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, t.build().unwrap()).unwrap();
     p
 }
 
-fn f32_model() -> TinyLlama {
-    TinyLlama {
+fn f32_model() -> SynthModel {
+    SynthModel {
         matrix_type: GgmlType::F32,
         embd_type: GgmlType::F32,
-        ..TinyLlama::default()
+        ..SynthModel::default()
     }
 }
 
-fn q8_model() -> TinyLlama {
-    TinyLlama {
+fn q8_model() -> SynthModel {
+    SynthModel {
         matrix_type: GgmlType::Q8_0,
         embd_type: GgmlType::Q8_0,
-        ..TinyLlama::default()
+        ..SynthModel::default()
     }
 }
 

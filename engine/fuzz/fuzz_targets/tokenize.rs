@@ -6,7 +6,7 @@
 //! vocabulary has no token for (SmolLM2's BPE drops U+0004, found by this target), and lockstep
 //! reproduces llama.cpp, not an ideal tokenizer.
 //!
-//! Tokenizers: the synthetic byte-level BPE of `lockstep_engine::fixtures::TinyLlama`, plus every GGUF
+//! Tokenizers: the synthetic byte-level BPE of `lockstep_engine::synth::SynthModel`, plus every GGUF
 //! named in `$LOCKSTEP_FUZZ_GGUF` (colon-separated paths, e.g. the cached SmolLM2, Gemma 3 and Qwen2.5
 //! files: byte-level BPE with the smollm and qwen2 pre-tokenizers, and SentencePiece).
 
@@ -16,14 +16,14 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use lockstep_engine::fixtures::TinyLlama;
+use lockstep_engine::synth::SynthModel;
 use lockstep_engine::gguf::GgufFile;
 use lockstep_engine::tokenizer::Tokenizer;
 
 fn tokenizers() -> &'static [(String, Tokenizer)] {
     static TOKS: OnceLock<Vec<(String, Tokenizer)>> = OnceLock::new();
     TOKS.get_or_init(|| {
-        let tiny = GgufFile::from_bytes(TinyLlama::default().build().unwrap(), "tiny").unwrap();
+        let tiny = GgufFile::from_bytes(SynthModel::default().build().unwrap(), "tiny").unwrap();
         let mut v = vec![("tiny".to_string(), Tokenizer::from_gguf(&tiny).unwrap())];
         if let Ok(list) = std::env::var("LOCKSTEP_FUZZ_GGUF") {
             for p in list.split(':').filter(|p| !p.is_empty()) {

@@ -401,7 +401,7 @@ fn gguf_file_can_be_shared_across_threads() {
 
 #[test]
 fn type_counts_and_bits_per_weight_follow_the_tensor_table() {
-    let cfg = crate::fixtures::TinyLlama::default();
+    let cfg = crate::synth::SynthModel::default();
     let g = GgufFile::from_bytes(cfg.build().unwrap(), "tiny").unwrap();
     let (d, ff, l) = (cfg.d_model as u64, cfg.d_ff as u64, cfg.n_layer as u64);
     let kv = d / cfg.n_head as u64 * cfg.n_kv_head as u64;

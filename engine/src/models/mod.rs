@@ -5,7 +5,7 @@
 //! - [`weights`]: quantized matrices left in the map, small f32 vectors;
 //! - [`blocks`]: the shared blocks (embedding, RMSNorm, attention with options, gated FFN, pre/post-norm
 //!   layer, output head) that compute and emit every stage;
-//! - one module per architecture ([`llama`], [`qwen2`], [`gemma3`]): hyperparameters and wiring, no
+//! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma3`]): hyperparameters and wiring, no
 //!   arithmetic. A new architecture is a new module plus a line in [`ARCHITECTURES`].
 //!
 //! The public surface the harness uses is [`Model`] and [`Session`].
@@ -15,6 +15,7 @@ pub mod gemma3;
 pub mod hparams;
 pub mod llama;
 pub mod qwen2;
+pub mod qwen3;
 pub mod weights;
 
 use std::path::Path;
@@ -37,6 +38,7 @@ pub use weights::{load_vector, Weight};
 pub const ARCHITECTURES: &[(&str, ArchLoader)] = &[
     ("llama", llama::load),
     ("qwen2", qwen2::load),
+    ("qwen3", qwen3::load),
     ("gemma3", gemma3::load),
 ];
 

@@ -6,9 +6,9 @@ use sha2::{Digest, Sha256};
 use super::choice::{allows_quantization, fallback, n_dims, tensor_type, weight_order};
 use super::writer::{pad, ALIGNMENT};
 use super::*;
-use crate::fixtures::TinyLlama;
 use crate::gguf::{GgufFile, GgufWriter};
 use crate::quant::{dequantize_row, quantize_row};
+use crate::synth::SynthModel;
 
 fn sha256_hex(b: &[u8]) -> String {
     Sha256::digest(b)
@@ -543,7 +543,7 @@ fn bad_requests_are_errors_naming_file_and_problem() {
 
 #[test]
 fn tiny_model_quantizes_and_loads() {
-    let bytes = TinyLlama::default().build().unwrap();
+    let bytes = SynthModel::default().build().unwrap();
     let src = GgufFile::from_bytes(bytes, "tiny").unwrap();
     for ftype in [
         FileType::Q4_0,

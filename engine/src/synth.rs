@@ -1,18 +1,24 @@
-//! Tiny synthetic models for tests: a complete, valid GGUF file built in memory with random weights.
+//! Tiny seeded models: a complete, valid GGUF file built in memory with random weights — the test fixtures
+//! (`SynthModel::default()`, widths of 64) and the models `lockstep synth` writes for the model axis
+//! ([`SynthModel::preset`], widths that are multiples of 256 so that every K-quant applies to every weight).
 //!
-//! The file has every tensor and metadata key a real `llama` GGUF has (byte-level BPE vocabulary of the
-//! 256 GPT-2 byte tokens plus a few merges and control tokens, `tokenizer.ggml.pre = smollm`), at a size
-//! where a forward pass takes microseconds. Weights are deterministic for a given seed.
+//! The file has the tensor names, shapes and metadata keys llama.cpp's converter writes for the architecture
+//! (convert_hf_to_gguf.py and gguf-py/gguf/constants.py; the loaders in src/models/<arch>.cpp), and a real
+//! tokenizer block: a byte-level BPE vocabulary of the 256 GPT-2 byte tokens plus a few merges and control
+//! tokens (`tokenizer.ggml.model = gpt2`, `tokenizer.ggml.pre = smollm`), so llama.cpp, transformers and
+//! lockstep tokenize prompts the same way. Weights are deterministic for a given seed: the same
+//! [`SynthModel`] always gives the same bytes.
 
 use crate::gguf::{GgufWriter, MetaValue};
 use crate::quant::{quantize_row, GgmlType};
 
-/// Shape and types of a synthetic decoder model: `llama` by default, or `qwen2` (adds Q/K/V biases) or
-/// `gemma3` (adds per-head Q/K norms, post-attention and post-FFN norms, a sliding window of
-/// [`TINY_GEMMA3_WINDOW`] positions) through [`TinyLlama::arch`].
+/// Shape and types of a synthetic decoder model: `llama` by default, or one of [`SYNTH_ARCHS`] through
+/// [`SynthModel::arch`]: `qwen2` (adds Q/K/V biases), `qwen3` (per-head Q/K norms, no biases), `gemma3`
+/// (per-head Q/K norms, post-attention and post-FFN norms, a sliding window of
+/// [`SynthModel::sliding_window`] positions).
 #[derive(Clone, Debug)]
-pub struct TinyLlama {
-    /// `general.architecture`: `llama`, `qwen2` or `gemma3`.
+pub struct SynthModel {
+    /// `general.architecture`, one of [`SYNTH_ARCHS`].
     pub arch: &'static str,
     /// Transformer blocks.
     pub n_layer: usize,
@@ -32,11 +38,26 @@ pub struct TinyLlama {
     pub norm_eps: f32,
     /// Weight seed.
     pub seed: u64,
+    /// `<arch>.attention.sliding_window` of the architectures that have one (`gemma3`): short, so that
+    /// tests cross it.
+    pub sliding_window: u32,
+    /// Columns of `token_embd` scaled by [`OUTLIER_SCALE`]: a few large activations in the residual stream,
+    /// as real models have (Dettmers et al. 2022, "LLM.int8()"), so that the 8-bit rounding of matmul inputs
+    /// matters. The columns are drawn from the seed.
+    pub outliers: usize,
+    /// Whether the file has its own `output.weight` (else the head is tied to `token_embd`).
+    pub untied_output: bool,
 }
 
-impl Default for TinyLlama {
+/// The architectures [`SynthModel`] writes.
+pub const SYNTH_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
+
+/// Multiplier of the [`SynthModel::outliers`] columns of `token_embd`.
+pub const OUTLIER_SCALE: f32 = 8.0;
+
+impl Default for SynthModel {
     fn default() -> Self {
-        TinyLlama {
+        SynthModel {
             arch: "llama",
             n_layer: 2,
             d_model: 64,
@@ -47,12 +68,18 @@ impl Default for TinyLlama {
             embd_type: GgmlType::Q8_0,
             norm_eps: 1e-5,
             seed: 1,
+            sliding_window: TINY_GEMMA3_WINDOW,
+            outliers: 0,
+            untied_output: false,
         }
     }
 }
 
-/// Sliding window written to a synthetic `gemma3` file (short, so that tests cross it).
+/// Sliding window of the test fixture's `gemma3` file (`SynthModel::default()`).
 pub const TINY_GEMMA3_WINDOW: u32 = 3;
+
+/// Sliding window of the [`SynthModel::preset`] models: an 8-token prompt crosses it.
+pub const SYNTH_WINDOW: u32 = 4;
 
 /// Control tokens of the synthetic vocabulary (ids 0..3).
 pub const TINY_SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
@@ -79,7 +106,37 @@ fn byte_chars() -> Vec<char> {
     out
 }
 
-impl TinyLlama {
+impl SynthModel {
+    /// The model `lockstep synth --arch ARCH --seed N` writes: 2 blocks, d_model 256, 4 query heads and 2 KV
+    /// heads of 64, d_ff 512, every weight F32 (quantization variants are made from it), RMSNorm ε 1e-6, a
+    /// sliding window of [`SYNTH_WINDOW`], two outlier columns, and an untied output head for the Qwen
+    /// architectures (their converter writes `output.weight`).
+    ///
+    /// Errors: an architecture outside [`SYNTH_ARCHS`] (the known ones listed).
+    pub fn preset(arch: &str, seed: u64) -> crate::Result<SynthModel> {
+        let Some(&arch) = SYNTH_ARCHS.iter().find(|&&a| a == arch) else {
+            return Err(crate::Error::Unsupported(format!(
+                "synth: architecture {arch:?} is not one lockstep can write (known: {})",
+                SYNTH_ARCHS.join(", ")
+            )));
+        };
+        Ok(SynthModel {
+            arch,
+            n_layer: 2,
+            d_model: 256,
+            n_head: 4,
+            n_kv_head: 2,
+            d_ff: 512,
+            matrix_type: GgmlType::F32,
+            embd_type: GgmlType::F32,
+            norm_eps: 1e-6,
+            seed,
+            sliding_window: SYNTH_WINDOW,
+            outliers: 2,
+            untied_output: matches!(arch, "qwen2" | "qwen3"),
+        })
+    }
+
     /// Vocabulary: 3 control tokens, 256 byte tokens, then one token per merge.
     pub fn vocab(&self) -> Vec<String> {
         let mut v: Vec<String> = TINY_SPECIALS.iter().map(|s| s.to_string()).collect();
@@ -115,8 +172,12 @@ impl TinyLlama {
             &key("attention.layer_norm_rms_epsilon"),
             MetaValue::F32(self.norm_eps),
         );
+        if matches!(a, "qwen3" | "gemma3") {
+            w.add_metadata(&key("attention.key_length"), u(head_dim as u32));
+            w.add_metadata(&key("attention.value_length"), u(head_dim as u32));
+        }
         if a == "gemma3" {
-            w.add_metadata(&key("attention.sliding_window"), u(TINY_GEMMA3_WINDOW));
+            w.add_metadata(&key("attention.sliding_window"), u(self.sliding_window));
         }
         w.add_metadata("tokenizer.ggml.model", s("gpt2"));
         w.add_metadata("tokenizer.ggml.pre", s("smollm"));
@@ -136,6 +197,15 @@ impl TinyLlama {
         w.add_metadata("tokenizer.ggml.eos_token_id", u(2));
         w.add_metadata("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
 
+        // token_embd: U(-1, 1), the outlier columns scaled
+        let d = self.d_model;
+        let outliers = self.outlier_columns(&mut rng);
+        let mut embd: Vec<f32> = (0..n_vocab * d).map(|_| rng.next()).collect();
+        for row in embd.chunks_exact_mut(d) {
+            outliers.iter().for_each(|&c| row[c] *= OUTLIER_SCALE);
+        }
+        add_matrix(&mut w, "token_embd.weight", &embd, d, self.embd_type)?;
+
         // A [rows, cols] tensor of offset + U(-scale, scale), quantized row by row; 1-D when rows == 1.
         let mut tensor = |w: &mut GgufWriter,
                           name: &str,
@@ -147,33 +217,15 @@ impl TinyLlama {
             let vals: Vec<f32> = (0..rows * cols)
                 .map(|_| offset + rng.next() * scale)
                 .collect();
-            let mut bytes = Vec::new();
-            for row in vals.chunks_exact(cols) {
-                bytes.extend(quantize_row(ty, row)?);
+            if rows > 1 {
+                return add_matrix(w, name, &vals, cols, ty);
             }
-            let dims: Vec<u64> = if rows == 1 {
-                vec![cols as u64]
-            } else {
-                vec![cols as u64, rows as u64]
-            };
-            w.add_tensor(name, &dims, ty, bytes);
+            w.add_tensor(name, &[cols as u64], ty, quantize_row(ty, &vals)?);
             crate::Result::Ok(())
         };
-        let (d, qw, kvw) = (
-            self.d_model,
-            self.n_head * head_dim,
-            self.n_kv_head * head_dim,
-        );
+        let (qw, kvw) = (self.n_head * head_dim, self.n_kv_head * head_dim);
         let f32t = GgmlType::F32;
-        tensor(
-            &mut w,
-            "token_embd.weight",
-            n_vocab,
-            d,
-            self.embd_type,
-            0.0,
-            1.0,
-        )?;
+
         for l in 0..self.n_layer {
             let n = |t: &str| format!("blk.{l}.{t}.weight");
             let mt = self.matrix_type;
@@ -190,9 +242,11 @@ impl TinyLlama {
                 tensor(&mut w, &b("attn_k"), 1, kvw, f32t, 0.0, 0.5)?;
                 tensor(&mut w, &b("attn_v"), 1, kvw, f32t, 0.0, 0.5)?;
             }
-            if self.arch == "gemma3" {
+            if matches!(self.arch, "qwen3" | "gemma3") {
                 tensor(&mut w, &n("attn_q_norm"), 1, head_dim, f32t, 1.0, 0.2)?;
                 tensor(&mut w, &n("attn_k_norm"), 1, head_dim, f32t, 1.0, 0.2)?;
+            }
+            if self.arch == "gemma3" {
                 tensor(&mut w, &n("post_attention_norm"), 1, d, f32t, 1.0, 0.2)?;
                 tensor(&mut w, &n("post_ffw_norm"), 1, d, f32t, 1.0, 0.2)?;
             }
@@ -209,6 +263,49 @@ impl TinyLlama {
             )?;
         }
         tensor(&mut w, "output_norm.weight", 1, d, f32t, 1.0, 0.2)?;
+        if self.untied_output {
+            let proj = 2.0 / (d as f32).sqrt();
+            tensor(
+                &mut w,
+                "output.weight",
+                n_vocab,
+                d,
+                self.embd_type,
+                0.0,
+                proj,
+            )?;
+        }
         Ok(w.to_bytes())
     }
+
+    /// [`SynthModel::outliers`] distinct columns in `0..d_model`, drawn from the weight stream (none drawn
+    /// when there are none, so fixtures without outliers keep their bytes).
+    fn outlier_columns(&self, rng: &mut Rng) -> Vec<usize> {
+        let mut cols = Vec::with_capacity(self.outliers);
+        while cols.len() < self.outliers.min(self.d_model) {
+            let c =
+                (((rng.next() + 1.0) * 0.5 * self.d_model as f32) as usize).min(self.d_model - 1);
+            if !cols.contains(&c) {
+                cols.push(c);
+            }
+        }
+        cols
+    }
+}
+
+/// Quantize the `[rows, cols]` matrix `vals` row by row into `ty` and add it as tensor `name`.
+fn add_matrix(
+    w: &mut GgufWriter,
+    name: &str,
+    vals: &[f32],
+    cols: usize,
+    ty: GgmlType,
+) -> crate::Result<()> {
+    let mut bytes = Vec::new();
+    for row in vals.chunks_exact(cols) {
+        bytes.extend(quantize_row(ty, row)?);
+    }
+    let dims = [cols as u64, (vals.len() / cols) as u64];
+    w.add_tensor(name, &dims, ty, bytes);
+    Ok(())
 }
