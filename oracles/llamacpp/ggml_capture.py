@@ -254,10 +254,40 @@ GEMMA3_STAGES: tuple[Stage, ...] = (
 )
 GEMMA3_NOT_EXPOSED: tuple[str, ...] = ()
 
+# The qwen3 graph of the vendored src/models/qwen3.cpp + src/llama-graph.cpp (build_qkv, build_attn,
+# build_ffn), in forward order. Differences from llama: no Q/K/V biases (Qcur-N is the MUL_MAT, as in
+# llama), per-head RMSNorm of Q and K before RoPE (MUL "Qcur_normed-N" / "Kcur_normed-N", [head_dim,
+# n_head, T], as gemma3), NeoX RoPE; the output projection is not named (the unnamed MUL_MAT whose input
+# is "kqv_out-N", as qwen2).
+QWEN3_STAGES: tuple[Stage, ...] = (
+    Stage("embd", "GET_ROWS", "embed", "2d"),
+    Stage("attn_norm-{N}", "MUL", "blk.{N}.attn_norm", "2d"),
+    Stage("Qcur-{N}", "MUL_MAT", "blk.{N}.q", "2d"),
+    Stage("Kcur-{N}", "MUL_MAT", "blk.{N}.k", "2d"),
+    Stage("Vcur-{N}", "MUL_MAT", "blk.{N}.v", "2d"),
+    Stage("Qcur_normed-{N}", "MUL", "blk.{N}.q_norm", "3d"),
+    Stage("Kcur_normed-{N}", "MUL", "blk.{N}.k_norm", "3d"),
+    Stage("Qcur-{N}", "ROPE", "blk.{N}.q_rope", "3d"),
+    Stage("Kcur-{N}", "ROPE", "blk.{N}.k_rope", "3d"),
+    Stage("kqv_out-{N}", "CONT", "blk.{N}.attn_out", "2d"),
+    Stage(UNNAMED, "MUL_MAT", "blk.{N}.attn_proj", "2d", input="kqv_out-{N}"),
+    Stage("ffn_inp-{N}", "ADD", "blk.{N}.ffn_inp", "2d"),
+    Stage("ffn_norm-{N}", "MUL", "blk.{N}.ffn_norm", "2d"),
+    Stage("ffn_gate-{N}", "MUL_MAT", "blk.{N}.ffn_gate", "2d"),
+    Stage("ffn_up-{N}", "MUL_MAT", "blk.{N}.ffn_up", "2d"),
+    Stage("ffn_swiglu-{N}", "SWIGLU", "blk.{N}.ffn_act", "2d"),
+    Stage("ffn_out-{N}", "MUL_MAT", "blk.{N}.ffn_out", "2d"),
+    Stage("l_out-{N}", "ADD", "blk.{N}.out", "2d"),
+    Stage("result_norm", "MUL", "output_norm", "2d"),
+    Stage("result_output", "MUL_MAT", "logits", "2d"),
+)
+QWEN3_NOT_EXPOSED: tuple[str, ...] = ()
+
 # architecture (GGUF general.architecture) -> (stage map, canonical stages without a node)
 ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
     "llama": (LLAMA_STAGES, LLAMA_NOT_EXPOSED),
     "qwen2": (QWEN2_STAGES, QWEN2_NOT_EXPOSED),
+    "qwen3": (QWEN3_STAGES, QWEN3_NOT_EXPOSED),
     "gemma3": (GEMMA3_STAGES, GEMMA3_NOT_EXPOSED),
 }
 

@@ -148,15 +148,81 @@ MODELS = {
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def load_variants(models_toml: Path = ROOT / "models.toml") -> dict:
-    """The [[variants]] of lockstep's registry (models.toml), as MODELS entries: sha256 of the file
-    make_variants.sh makes, the source model's architecture, VARIANT_POLICY, the prompts, and the recipe."""
+# --- tiny seeded models (issue 25): [[synth]] of models.toml, written by `lockstep synth` ----------
+# V = 263, d_model 256, 2 blocks, one prompt (`synth`, 11 tokens), f32 KV only (no f16-KV noise-floor
+# goldens: the real models carry that). Budget: golden/ may grow by 8 MiB for eleven architectures, both
+# oracles and their variants, ~0.35 MiB per architecture and oracle. So:
+# - the F32 model: every stage of every layer at every prompt position (f16 where rounding allows, see
+#   store()), the residual stream at each decode step, and full f32 logits rows (last prompt position and
+#   the 8 decode steps): a porter's stage-by-stage bisection on the smallest model that has every block;
+# - its variants (`lockstep quantize --type T` of it): blk.N.out at the prompt positions (layer-level
+#   localization) and the same full f32 logits rows (bit-exactness is judged on them): ~0.02 MiB each.
+SYNTH_PROMPTS = ("synth",)
+SYNTH_KV = ("f32",)
+SYNTH_POLICY = {"f32": {"default": {"prefill": ALL, "decode": RESIDUAL, "exact": (), "decode_logits": "full"}}}
+SYNTH_VARIANT_POLICY = {
+    "f32": {"default": {"prefill": ("blk.{N}.out",), "decode": (), "exact": (), "decode_logits": "full"}}
+}
+
+
+def load_synth(models_toml: Path = ROOT / "models.toml") -> dict:
+    """The [[synth]] entries of lockstep's registry (models.toml), as MODELS entries: sha256 of the file
+    `lockstep synth` writes, the architecture, SYNTH_POLICY, the prompt, f32 KV only, and the recipe."""
     import tomllib
 
     reg = tomllib.loads(models_toml.read_text())
-    arch = {m["id"]: m["arch"] for m in reg["models"]}
+    out = {}
+    for m in reg.get("synth", []):
+        out[m["id"]] = {
+            "sha256": m["sha256"],
+            "arch": m["arch"],
+            "policy": SYNTH_POLICY,
+            "prompts": SYNTH_PROMPTS,
+            "kv": SYNTH_KV,
+            "synth": {
+                "arch": m["arch"],
+                "seed": m["seed"],
+                "size": m["size"],
+                "recipe": f"lockstep synth --arch {m['arch']} --seed {m['seed']} --out {m['id']}.gguf",
+            },
+        }
+    return out
+
+
+
+def load_variants(synth: dict, models_toml: Path = ROOT / "models.toml") -> dict:
+    """The [[variants]] of lockstep's registry (models.toml), as MODELS entries: sha256 of the file
+    the recipe makes, the source model's architecture, the policy, the prompts, and the recipe
+    (make_variants.sh for a downloaded source; `lockstep quantize`, the same bytes, for a seeded one)."""
+    import tomllib
+
+    reg = tomllib.loads(models_toml.read_text())
+    arch = {m["id"]: m["arch"] for m in reg["models"] + reg.get("synth", [])}
+    synth_ids = {m["id"] for m in reg.get("synth", [])}
     out = {}
     for v in reg.get("variants", []):
+        if v["source"] in synth_ids:
+            out[v["id"]] = {
+                "sha256": v["sha256"],
+                "arch": arch[v["source"]],
+                "policy": SYNTH_VARIANT_POLICY,
+                "prompts": SYNTH_PROMPTS,
+                "kv": SYNTH_KV,
+                "variant": {
+                    "source_model": v["source"],
+                    "source_sha256": synth[v["source"]]["sha256"],
+                    "type": v["type"],
+                    "size": v["size"],
+                    "recipe": f"lockstep quantize --model {v['source']} --type {v['type']} --out {v['id']}.gguf",
+                    "recipe_steps": [
+                        f"lockstep synth --arch {arch[v['source']]} --seed {synth[v['source']]['synth']['seed']} --out {v['source']}.gguf",
+                        f"lockstep quantize --model {v['source']}.gguf --type {v['type']} --out {v['id']}.gguf "
+                        "(llama-quantize --pure's bytes: the exact F32 dequantization, then the type)",
+                    ],
+                    "tools": "lockstep (this repository)",
+                },
+            }
+            continue
         out[v["id"]] = {
             "sha256": v["sha256"],
             "arch": arch[v["source"]],
@@ -178,7 +244,13 @@ def load_variants(models_toml: Path = ROOT / "models.toml") -> dict:
     return out
 
 
-MODELS.update(load_variants())
+# MODELS order (the order of golden/manifest.json): the downloaded models, their variants, the seeded
+# models, their variants
+_SYNTH = load_synth()
+_VARIANTS = load_variants(_SYNTH)
+MODELS.update({k: v for k, v in _VARIANTS.items() if v.get("kv") != SYNTH_KV})
+MODELS.update(_SYNTH)
+MODELS.update({k: v for k, v in _VARIANTS.items() if v.get("kv") == SYNTH_KV})
 
 # A stage is stored as f16 when rounding costs at most this much on every row (one position's
 # vector): 1 - cosine(f16, f32) <= F16_MAX_ONE_MINUS_COS and ||f16 - f32|| / ||f32|| <=
@@ -442,7 +514,10 @@ def main() -> int:
         raise SystemExit("gguf and llama.cpp disagree on tokenizer.chat_template")
     prompts = json.loads(args.prompts.read_text())["prompts"]
     only = MODELS[args.model_id].get("prompts")
-    if only is not None:
+    if only is None:
+        # the downloaded models: every prompt but the seeded models' own
+        prompts = [p for p in prompts if p["id"] not in SYNTH_PROMPTS]
+    else:
         prompts = [p for p in prompts if p["id"] in only]
         if [p["id"] for p in prompts] != list(only):
             raise SystemExit(f"{args.model_id}: prompts {only} are not all in {args.prompts}")
@@ -491,7 +566,8 @@ def main() -> int:
 
     # --- run ------------------------------------------------------------------------------
     model_dir = args.out / args.model_id
-    for kv in KV_ORDER:
+    kv_order = MODELS[args.model_id].get("kv", KV_ORDER)
+    for kv in kv_order:
         d = model_dir / f"llama.cpp-{kv}kv"
         if d.exists():
             shutil.rmtree(d)
@@ -503,7 +579,7 @@ def main() -> int:
     for p in prompts:
         pid = p["id"]
         toks = rendered[pid]["tokens"]
-        for kv in KV_ORDER:
+        for kv in kv_order:
             listing = not inventory_summary
             if kv == "f32":
                 decode: int | list[int] = N_DECODE
@@ -612,8 +688,9 @@ def main() -> int:
                 "model_hparams": {"n_layer": n_layer, "n_embd": oracle.n_embd, "n_vocab": oracle.n_vocab},
                 "arrays": listed,
             }
-            if "variant" in MODELS[args.model_id]:
-                entry["variant"] = MODELS[args.model_id]["variant"]
+            for key in ("variant", "synth"):
+                if key in MODELS[args.model_id]:
+                    entry[key] = MODELS[args.model_id][key]
             if p["kind"] == "chat":
                 entry["chat"] = {"messages": p["messages"], **{k: v for k, v in rendered[pid].items() if k not in ("text", "tokens")}}
             entries.append(entry)
@@ -664,8 +741,13 @@ def main() -> int:
         "Goldens for lockstep's parity harness. Regenerate with oracles/regenerate.sh; the arrays "
         "and fields are documented in oracles/README.md and harness/src/golden.rs."
     )
-    # only this architecture's stage map is (re)written; the others are kept
-    manifest.setdefault("stage_map", {}).setdefault(ORACLE_NAME, {})[arch] = stage_map_json(arch, inventory_summary)
+    # only this architecture's stage map is (re)written; the others are kept. A seeded model (or its
+    # variant) writes it only for an architecture no downloaded model has: the observed nodes of a real
+    # model's graph are the better record
+    maps = manifest.setdefault("stage_map", {}).setdefault(ORACLE_NAME, {})
+    seeded = "synth" in MODELS[args.model_id] or MODELS[args.model_id].get("kv") == SYNTH_KV
+    if not (seeded and arch in maps and any(m.get("arch") == arch and "synth" not in MODELS.get(i, {}) and MODELS.get(i, {}).get("kv") != SYNTH_KV for i, m in MODELS.items())):
+        maps[arch] = stage_map_json(arch, inventory_summary)
     keep = [
         g for g in manifest.get("goldens", [])
         if not (g.get("oracle", {}).get("name") == ORACLE_NAME and g.get("model_id") == args.model_id)
