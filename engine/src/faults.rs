@@ -54,6 +54,11 @@ pub enum Fault {
     /// lookup are right, so ggml mode still matches llama.cpp bit for bit: the case where bisect's ggml
     /// cross-check alone would call the gap llama.cpp's rounding (issue 29, item 8).
     ReferenceUnpack,
+    /// Soft-capping missing (Gemma 2): the attention scores and the final logits are not capped.
+    SoftcapMissing,
+    /// The sliding window off by one: a key `window` positions back is still visible (`pos − p ≤ window`
+    /// instead of `< window`).
+    WindowOffByOne,
 }
 
 #[cfg(feature = "faults")]

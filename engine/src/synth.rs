@@ -13,9 +13,9 @@ use crate::gguf::{GgufWriter, MetaValue};
 use crate::quant::{quantize_row, GgmlType};
 
 /// Shape and types of a synthetic decoder model: `llama` by default, or one of [`SYNTH_ARCHS`] through
-/// [`SynthModel::arch`]: `qwen2` (adds Q/K/V biases), `qwen3` (per-head Q/K norms, no biases), `gemma3`
-/// (per-head Q/K norms, post-attention and post-FFN norms, a sliding window of
-/// [`SynthModel::sliding_window`] positions).
+/// [`SynthModel::arch`]: `qwen2` (adds Q/K/V biases), `qwen3` (per-head Q/K norms, no biases), `gemma2`
+/// (post-attention and post-FFN norms, soft-capping, a sliding window on even layers), `gemma3` (per-head
+/// Q/K norms, post-norms, a sliding window); the windows are [`SynthModel::sliding_window`] positions.
 #[derive(Clone, Debug)]
 pub struct SynthModel {
     /// `general.architecture`, one of [`SYNTH_ARCHS`].
@@ -38,21 +38,32 @@ pub struct SynthModel {
     pub norm_eps: f32,
     /// Weight seed.
     pub seed: u64,
-    /// `<arch>.attention.sliding_window` of the architectures that have one (`gemma3`): short, so that
-    /// tests cross it.
+    /// `<arch>.attention.sliding_window` of the architectures that have one (`gemma2`, `gemma3`): short, so
+    /// that tests cross it.
     pub sliding_window: u32,
-    /// Columns of `token_embd` scaled by [`OUTLIER_SCALE`]: a few large activations in the residual stream,
-    /// as real models have (Dettmers et al. 2022, "LLM.int8()"), so that the 8-bit rounding of matmul inputs
-    /// matters. The columns are drawn from the seed.
+    /// Residual dimensions with large activations, as real models have (Dettmers et al. 2022,
+    /// "LLM.int8()"; Sun et al. 2024, "Massive activations"), so that the 8-bit rounding of matmul inputs
+    /// matters: the `ffn_down` rows that write them are scaled by [`OUTLIER_SCALE`]. Drawn from the seed.
     pub outliers: usize,
+    /// `token_embd` entries are U(−embd_scale, embd_scale) (it is also the tied output head, so this sets
+    /// the logits' spread).
+    pub embd_scale: f32,
     /// Whether the file has its own `output.weight` (else the head is tied to `token_embd`).
     pub untied_output: bool,
 }
 
 /// The architectures [`SynthModel`] writes.
-pub const SYNTH_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
+pub const SYNTH_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma2", "gemma3"];
 
-/// Multiplier of the [`SynthModel::outliers`] columns of `token_embd`.
+/// `gemma2.attn_logit_softcapping` of a synthetic `gemma2` file: 5, not the real models' 50, so that the
+/// tanh is in its curved range for these small attention scores (|q·k|/√d of a few units).
+pub const SYNTH_ATTN_SOFTCAP: f32 = 5.0;
+
+/// `gemma2.final_logit_softcapping` of a synthetic `gemma2` file (the real models' 30: the logits of
+/// these models reach tens).
+pub const SYNTH_FINAL_SOFTCAP: f32 = 30.0;
+
+/// Multiplier of the `ffn_down` rows of the [`SynthModel::outliers`] dimensions.
 pub const OUTLIER_SCALE: f32 = 8.0;
 
 impl Default for SynthModel {
@@ -70,6 +81,7 @@ impl Default for SynthModel {
             seed: 1,
             sliding_window: TINY_GEMMA3_WINDOW,
             outliers: 0,
+            embd_scale: 1.0,
             untied_output: false,
         }
     }
@@ -109,7 +121,8 @@ fn byte_chars() -> Vec<char> {
 impl SynthModel {
     /// The model `lockstep synth --arch ARCH --seed N` writes: 2 blocks, d_model 256, 4 query heads and 2 KV
     /// heads of 64, d_ff 512, every weight F32 (quantization variants are made from it), RMSNorm ε 1e-6, a
-    /// sliding window of [`SYNTH_WINDOW`], two outlier columns, and an untied output head for the Qwen
+    /// sliding window of [`SYNTH_WINDOW`], two outlier dimensions, `token_embd` in ±0.25 (tied logits with a
+    /// spread of a few units, as trained models have), and an untied output head for the Qwen
     /// architectures (their converter writes `output.weight`).
     ///
     /// Errors: an architecture outside [`SYNTH_ARCHS`] (the known ones listed).
@@ -133,6 +146,7 @@ impl SynthModel {
             seed,
             sliding_window: SYNTH_WINDOW,
             outliers: 2,
+            embd_scale: 0.25,
             untied_output: matches!(arch, "qwen2" | "qwen3"),
         })
     }
@@ -172,12 +186,17 @@ impl SynthModel {
             &key("attention.layer_norm_rms_epsilon"),
             MetaValue::F32(self.norm_eps),
         );
-        if matches!(a, "qwen3" | "gemma3") {
+        if matches!(a, "qwen3" | "gemma2" | "gemma3") {
             w.add_metadata(&key("attention.key_length"), u(head_dim as u32));
             w.add_metadata(&key("attention.value_length"), u(head_dim as u32));
         }
-        if a == "gemma3" {
+        if matches!(a, "gemma2" | "gemma3") {
             w.add_metadata(&key("attention.sliding_window"), u(self.sliding_window));
+        }
+        if a == "gemma2" {
+            let f = MetaValue::F32;
+            w.add_metadata(&key("attn_logit_softcapping"), f(SYNTH_ATTN_SOFTCAP));
+            w.add_metadata(&key("final_logit_softcapping"), f(SYNTH_FINAL_SOFTCAP));
         }
         w.add_metadata("tokenizer.ggml.model", s("gpt2"));
         w.add_metadata("tokenizer.ggml.pre", s("smollm"));
@@ -197,16 +216,12 @@ impl SynthModel {
         w.add_metadata("tokenizer.ggml.eos_token_id", u(2));
         w.add_metadata("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
 
-        // token_embd: U(-1, 1), the outlier columns scaled
+        // the residual dimensions that carry large activations (drawn first; none for the fixtures)
         let d = self.d_model;
         let outliers = self.outlier_columns(&mut rng);
-        let mut embd: Vec<f32> = (0..n_vocab * d).map(|_| rng.next()).collect();
-        for row in embd.chunks_exact_mut(d) {
-            outliers.iter().for_each(|&c| row[c] *= OUTLIER_SCALE);
-        }
-        add_matrix(&mut w, "token_embd.weight", &embd, d, self.embd_type)?;
 
         // A [rows, cols] tensor of offset + U(-scale, scale), quantized row by row; 1-D when rows == 1.
+        // The rows of `ffn_down` that write the outlier dimensions are scaled by OUTLIER_SCALE.
         let mut tensor = |w: &mut GgufWriter,
                           name: &str,
                           rows: usize,
@@ -214,9 +229,16 @@ impl SynthModel {
                           ty: GgmlType,
                           offset: f32,
                           scale: f32| {
-            let vals: Vec<f32> = (0..rows * cols)
+            let mut vals: Vec<f32> = (0..rows * cols)
                 .map(|_| offset + rng.next() * scale)
                 .collect();
+            if name.ends_with("ffn_down.weight") {
+                for &r in &outliers {
+                    vals[r * cols..][..cols]
+                        .iter_mut()
+                        .for_each(|v| *v *= OUTLIER_SCALE);
+                }
+            }
             if rows > 1 {
                 return add_matrix(w, name, &vals, cols, ty);
             }
@@ -225,6 +247,16 @@ impl SynthModel {
         };
         let (qw, kvw) = (self.n_head * head_dim, self.n_kv_head * head_dim);
         let f32t = GgmlType::F32;
+        let embd = (n_vocab, d, self.embd_type);
+        tensor(
+            &mut w,
+            "token_embd.weight",
+            embd.0,
+            embd.1,
+            embd.2,
+            0.0,
+            self.embd_scale,
+        )?;
 
         for l in 0..self.n_layer {
             let n = |t: &str| format!("blk.{l}.{t}.weight");
@@ -246,7 +278,7 @@ impl SynthModel {
                 tensor(&mut w, &n("attn_q_norm"), 1, head_dim, f32t, 1.0, 0.2)?;
                 tensor(&mut w, &n("attn_k_norm"), 1, head_dim, f32t, 1.0, 0.2)?;
             }
-            if self.arch == "gemma3" {
+            if matches!(self.arch, "gemma2" | "gemma3") {
                 tensor(&mut w, &n("post_attention_norm"), 1, d, f32t, 1.0, 0.2)?;
                 tensor(&mut w, &n("post_ffw_norm"), 1, d, f32t, 1.0, 0.2)?;
             }
@@ -278,7 +310,7 @@ impl SynthModel {
         Ok(w.to_bytes())
     }
 
-    /// [`SynthModel::outliers`] distinct columns in `0..d_model`, drawn from the weight stream (none drawn
+    /// [`SynthModel::outliers`] distinct dimensions in `0..d_model`, drawn from the weight stream (none drawn
     /// when there are none, so fixtures without outliers keep their bytes).
     fn outlier_columns(&self, rng: &mut Rng) -> Vec<usize> {
         let mut cols = Vec::with_capacity(self.outliers);

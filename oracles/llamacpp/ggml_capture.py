@@ -283,11 +283,43 @@ QWEN3_STAGES: tuple[Stage, ...] = (
 )
 QWEN3_NOT_EXPOSED: tuple[str, ...] = ()
 
+# The gemma2 graph of the vendored src/models/gemma2.cpp (iswa: even layers local) + src/llama-graph.cpp,
+# in forward order: gemma3's without the per-head Q/K norms. The attention logit soft-capping inside
+# build_attn_mha (SCALE "kq_scaled_1-N", TANH "kq_tanh-N", SCALE "kq_scaled_2-N") is not a canonical
+# stage (it is [n_kv, T, n_head]); the final soft-capping comes after the output matmul, so "result_output"
+# is the last SCALE (the capped logits) and the raw MUL_MAT is unnamed. The post-FFN norm has no
+# per-layer name (GEMMA2_NOT_EXPOSED).
+GEMMA2_STAGES: tuple[Stage, ...] = (
+    Stage("inp_scaled", "SCALE", "embed", "2d"),
+    Stage("attn_norm-{N}", "MUL", "blk.{N}.attn_norm", "2d"),
+    Stage("Qcur-{N}", "MUL_MAT", "blk.{N}.q", "2d"),
+    Stage("Kcur-{N}", "MUL_MAT", "blk.{N}.k", "2d"),
+    Stage("Vcur-{N}", "MUL_MAT", "blk.{N}.v", "2d"),
+    Stage("Qcur-{N}", "ROPE", "blk.{N}.q_rope", "3d"),
+    Stage("Kcur-{N}", "ROPE", "blk.{N}.k_rope", "3d"),
+    Stage("kqv_out-{N}", "CONT", "blk.{N}.attn_out", "2d"),
+    Stage(UNNAMED, "MUL_MAT", "blk.{N}.attn_proj", "2d", input="kqv_out-{N}"),
+    Stage("attn_post_norm-{N}", "MUL", "blk.{N}.attn_post_norm", "2d"),
+    Stage("sa_out-{N}", "ADD", "blk.{N}.ffn_inp", "2d"),
+    Stage("ffn_norm-{N}", "MUL", "blk.{N}.ffn_norm", "2d"),
+    Stage("ffn_gate-{N}", "MUL_MAT", "blk.{N}.ffn_gate", "2d"),
+    Stage("ffn_up-{N}", "MUL_MAT", "blk.{N}.ffn_up", "2d"),
+    Stage("ffn_geglu-{N}", "GEGLU", "blk.{N}.ffn_act", "2d"),
+    Stage("ffn_out-{N}", "MUL_MAT", "blk.{N}.ffn_out", "2d"),
+    Stage("l_out-{N}", "ADD", "blk.{N}.out", "2d"),
+    Stage("result_norm", "MUL", "output_norm", "2d"),
+    Stage("result_output", "SCALE", "logits", "2d"),
+)
+# gemma2.cpp names the post-FFN norm with il = -1 (`cb(cur, "ffn_post_norm", -1)`): every layer's MUL is
+# "ffn_post_norm", so the nodes cannot be told apart by name. blk.N.out (= ffn_inp + ffn_post_norm) follows.
+GEMMA2_NOT_EXPOSED: tuple[str, ...] = ("blk.{N}.ffn_post_norm",)
+
 # architecture (GGUF general.architecture) -> (stage map, canonical stages without a node)
 ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
     "llama": (LLAMA_STAGES, LLAMA_NOT_EXPOSED),
     "qwen2": (QWEN2_STAGES, QWEN2_NOT_EXPOSED),
     "qwen3": (QWEN3_STAGES, QWEN3_NOT_EXPOSED),
+    "gemma2": (GEMMA2_STAGES, GEMMA2_NOT_EXPOSED),
     "gemma3": (GEMMA3_STAGES, GEMMA3_NOT_EXPOSED),
 }
 

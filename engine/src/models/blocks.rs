@@ -4,8 +4,9 @@
 //!
 //! - [`Embedding`]: `token_embd` row lookup, optional scale (Gemma's √d) → `embed`;
 //! - [`RmsNorm`]: RMSNorm with a weight → `attn_norm`, `ffn_norm`, post-norms, `output_norm`;
-//! - [`Attention`]: Q/K/V projections with optional biases (Qwen2) and per-head Q/K norms (Gemma 3), RoPE
-//!   NORM or NeoX with a per-layer base, optional Q pre-scale, sliding window, the output projection →
+//! - [`Attention`]: Q/K/V projections with optional biases (Qwen2) and per-head Q/K norms (Gemma 3, Qwen3),
+//!   RoPE NORM or NeoX with a per-layer base, optional Q pre-scale, sliding window, logit soft-capping
+//!   (Gemma 2), the output projection →
 //!   `q`, `k`, `v`, `q_norm`, `k_norm`, `q_rope`, `k_rope`, `attn_out`, `attn_proj`;
 //! - [`Ffn`]: gated FFN with SiLU (SwiGLU) or tanh-GELU (GeGLU) → `ffn_gate`, `ffn_up`, `ffn_act`, `ffn_out`;
 //! - [`DecoderLayer`]: pre-norm residual wiring with optional post-norms (Gemma 2/3) → `ffn_inp`, `out`;
@@ -625,6 +626,8 @@ pub struct Wiring<'a> {
     pub act: GluAct,
     /// The attention options of block `l`.
     pub attn: &'a dyn Fn(usize) -> AttnOptions,
+    /// Final logit soft-capping (Gemma 2 `final_logit_softcapping`), see [`OutputHead::softcap`].
+    pub final_softcap: Option<f32>,
 }
 
 /// A decoder-only transformer: embedding, blocks, output head.
@@ -669,7 +672,8 @@ impl Decoder {
                 })
             })
             .collect::<Result<_>>()?;
-        let head = OutputHead::load(g, d, c.n_vocab, c.norm_eps, &embed.weight)?;
+        let mut head = OutputHead::load(g, d, c.n_vocab, c.norm_eps, &embed.weight)?;
+        head.softcap = w.final_softcap;
         Ok(Decoder {
             embed,
             layers,
@@ -724,7 +728,11 @@ impl Decoder {
         }
         let logits = sized(logits, n * self.head.weight.rows);
         f.matmul(&self.head.weight, h, logits)?;
-        if let Some(cap) = self.head.softcap {
+        if let Some(cap) = self
+            .head
+            .softcap
+            .filter(|_| !faults::is(Fault::SoftcapMissing))
+        {
             ops::scale(logits, 1.0 / cap);
             logits.iter_mut().for_each(|v| *v = v.tanh());
             ops::scale(logits, cap);

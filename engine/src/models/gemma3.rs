@@ -104,6 +104,7 @@ pub fn load(g: &GgufFile) -> Result<(DecoderDims, Decoder)> {
         post_norms: true,
         act: GluAct::GeluTanh,
         attn: &|l| h.attn(l),
+        final_softcap: None,
     };
     let decoder = Decoder::load(g, &h.dims, &wiring)?;
     Ok((h.dims, decoder))

@@ -48,6 +48,7 @@ pub(crate) fn wire(
         post_norms: false,
         act: GluAct::Silu,
         attn: &|_| opts,
+        final_softcap: None,
     };
     Decoder::load(g, c, &wiring)
 }

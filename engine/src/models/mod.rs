@@ -5,12 +5,13 @@
 //! - [`weights`]: quantized matrices left in the map, small f32 vectors;
 //! - [`blocks`]: the shared blocks (embedding, RMSNorm, attention with options, gated FFN, pre/post-norm
 //!   layer, output head) that compute and emit every stage;
-//! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma3`]): hyperparameters and wiring, no
+//! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma2`], [`gemma3`]): hyperparameters and wiring, no
 //!   arithmetic. A new architecture is a new module plus a line in [`ARCHITECTURES`].
 //!
 //! The public surface the harness uses is [`Model`] and [`Session`].
 
 pub mod blocks;
+pub mod gemma2;
 pub mod gemma3;
 pub mod hparams;
 pub mod llama;
@@ -39,6 +40,7 @@ pub const ARCHITECTURES: &[(&str, ArchLoader)] = &[
     ("llama", llama::load),
     ("qwen2", qwen2::load),
     ("qwen3", qwen3::load),
+    ("gemma2", gemma2::load),
     ("gemma3", gemma3::load),
 ];
 

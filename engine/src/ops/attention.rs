@@ -73,6 +73,11 @@ pub struct AttnShape {
     /// `pos − p < window` (llama.cpp `LLAMA_SWA_TYPE_STANDARD`, `llama_hparams::is_masked_swa`). `None`:
     /// plain causal attention.
     pub window: Option<usize>,
+    /// Attention logit soft-capping `c` (Gemma 2 `attn_logit_softcapping`): every score becomes
+    /// `c · tanh(s · (1/c))` before the scale and the mask — llama.cpp `build_attn_mha`'s
+    /// `ggml_scale(kq, 1/c)`, `ggml_tanh`, `ggml_scale(kq, c)` (tanh is libm `tanhf` in ggml-cpu's
+    /// `ggml_vec_tanh_f32`, as here). `None`: no capping.
+    pub softcap: Option<f32>,
 }
 
 impl AttnShape {
@@ -84,12 +89,29 @@ impl AttnShape {
             head_dim,
             kq_scale: 1.0 / (head_dim as f32).sqrt(),
             window: None,
+            softcap: None,
+        }
+    }
+
+    /// Apply [`AttnShape::softcap`] to raw KQ scores (masked entries must not be among them: tanh would
+    /// turn −∞ into −c).
+    #[inline]
+    fn cap(&self, scores: &mut [f32]) {
+        let Some(c) = self.softcap else { return };
+        if crate::faults::is(crate::faults::Fault::SoftcapMissing) {
+            return;
+        }
+        let inv = 1.0 / c;
+        for s in scores {
+            *s = (*s * inv).tanh() * c;
         }
     }
 
     /// First key position visible from query position `pos`.
     fn first_visible(&self, pos: usize) -> usize {
-        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+        let off_by_one = crate::faults::is(crate::faults::Fault::WindowOffByOne);
+        self.window
+            .map_or(0, |w| (pos + 1).saturating_sub(w + usize::from(off_by_one)))
     }
 }
 
@@ -204,6 +226,7 @@ fn attention_reference(
                 dot_f32(qh, k)
             };
         }
+        shape.cap(&mut scores[first..]);
         softmax_scaled(scores, kq_scale);
         let oh = &mut out[h * head_dim..(h + 1) * head_dim];
         oh.fill(0.0);
@@ -510,6 +533,7 @@ fn attention_run<F: Fma, K: Fn(&[f32], &[f32], &mut [f32])>(
         let qh = &q[h * head_dim..(h + 1) * head_dim];
         // every score `ggml_vec_dot_f32(k, q)` for the target (vec_dot_f32, or its AVX2 form)
         kq(keys, qh, &mut scores[..n_pos]);
+        shape.cap(&mut scores[first..n_pos]);
         // masked positions: kq·scale + (−∞) = −∞, exp → exactly 0 (outside the window and past `pos`)
         scores[..first].fill(f32::NEG_INFINITY);
         scores[n_pos..n_row].fill(f32::NEG_INFINITY);
