@@ -5,6 +5,10 @@ llama.cpp-f32kv goldens (their `tokens` and teacher-forced `decode.tokens`). Als
 kind. oracles/transformers/README.md documents everything.
 
     python make_goldens.py --model-id smollm2-135m-q4_1 [--model PATH] [--out golden] [--no-f64]
+    python make_goldens.py --model-id synth-qwen3-q4_k --model /path/to/synth-qwen3-q4_k.gguf
+
+Model ids: the three downloaded models below, and the seeded models of models.toml ([[synth]]) with their
+[[variants]] (read from models.toml, as oracles/llamacpp/make_goldens.py does).
 
 Writes golden/<model-id>/transformers-f32/<prompt>.npz for every prompt the model's llama.cpp-f32kv goldens
 have, this oracle's entries of the model in golden/manifest.json (others kept), the stage map
@@ -69,9 +73,67 @@ POLICY = {
 }
 FULL_DECODE_LOGITS: set[tuple[str, str]] = set()  # (model, prompt) with full decode.logits rows; none fit the budget
 
+# --- storage policy of the seeded models (issue 25; [[synth]] and their [[variants]] in models.toml) ----------
+# Tiny (2 blocks, d 256, V 263), one prompt `synth` (11 tokens + 8 teacher-forced decode steps). Budget: at most
+# ~0.38 MiB per architecture for this oracle, the base golden and its 6 variant goldens together (golden/ may grow
+# by ~8 MiB for eleven architectures, both oracles, variants included; oracles/llamacpp/make_goldens.py SYNTH_POLICY).
+# Measured per id in README "Budget" (0.36-0.378 MiB per architecture). The policy (a policy dict per model, as
+# POLICY is per prompt):
+# - the F32 synth model (0.22-0.24 MiB): EVERY stage of every layer at every prompt position (a porter's
+#   stage-by-stage bisection on the smallest model that has every block), f16 by the storage criterion, except
+#   blk.N.out, f32 ("exact": every layer's output gated at the float32 floor); embed and output_norm f16 by the
+#   criterion (f32 did not fit Gemma 3: 9 KiB more; embed is a lookup that blk.0.out gates at the floor, and the
+#   f32 logits_topk values gate output_norm -> lm_head at every prompt position); the residual stream (embed,
+#   blk.N.out, output_norm) at each decode step (the KV-cache path), f16 by the criterion ("decode_exact" empty:
+#   f32 there did not fit, 15 KiB more); logits: the f32 row at the last prompt position, the top-64 at every
+#   prompt position, and the FULL decode.logits rows [8, 263] f32 (V is tiny: 1 KiB a row) -- so the decode steps
+#   are gated at the float32 floor through their full logits rows, and localized through the f16 residual stream;
+# - each variant (~0.023 MiB): blk.N.out at the prompt positions (layer-level localization), f16 by the criterion
+#   (f32 did not fit: 6 x 5 KiB more); the same f32 logits arrays (full rows: bit-exactness and the floor).
+SYNTH_POLICY = {
+    "default": {"prefill": ("*",), "decode": RESIDUAL, "exact": ("blk.{N}.out",), "decode_exact": (), "f16_ok": (),
+                "decode_logits": "full"},
+}
+SYNTH_VARIANT_POLICY = {
+    "default": {"prefill": ("blk.{N}.out",), "decode": (), "exact": (), "f16_ok": (), "decode_logits": "full"},
+}
 
-def exact_ids(pol: dict, n_layer: int, ids: list[str]) -> set[str]:
-    return set(expand(pol["exact"], n_layer, ids)) - set(expand(pol["f16_ok"], n_layer, ids))
+
+def load_registry(models_toml: Path = ROOT / "models.toml") -> dict:
+    """The [[synth]] entries of models.toml and the [[variants]] made from them, as MODELS entries (synth models
+    first, then their variants, in registry order): sha256, architecture, storage policy, and what they are."""
+    import tomllib
+
+    reg = tomllib.loads(models_toml.read_text())
+    synth = {m["id"]: m for m in reg.get("synth", [])}
+    out = {}
+    for m in synth.values():
+        out[m["id"]] = {"sha256": m["sha256"], "arch": m["arch"], "policy": SYNTH_POLICY,
+                        "default_file": f"models/{m['id']}.gguf"}
+    for v in reg.get("variants", []):
+        if v["source"] in synth:
+            out[v["id"]] = {"sha256": v["sha256"], "arch": synth[v["source"]]["arch"], "policy": SYNTH_VARIANT_POLICY,
+                            "default_file": f"variants/{v['source']}/{v['source']}-{v['type']}.gguf"}
+    return out
+
+
+MODELS.update(load_registry())
+
+
+def policy_of(mid: str, pid: str) -> dict:
+    policies = MODELS[mid].get("policy", POLICY)
+    return policies.get(pid, policies["default"])
+
+
+def full_decode_logits(mid: str, pid: str) -> bool:
+    return (mid, pid) in FULL_DECODE_LOGITS or policy_of(mid, pid).get("decode_logits") == "full"
+
+
+def exact_ids(pol: dict, n_layer: int, ids: list[str], decode: bool = False) -> set[str]:
+    """The ids stored f32 whatever the f16 criterion says: "exact" minus "f16_ok"; at the decode steps
+    "decode_exact" instead of "exact" where the policy has one (the seeded models)."""
+    exact = pol.get("decode_exact", pol["exact"]) if decode else pol["exact"]
+    return set(expand(exact, n_layer, ids)) - set(expand(pol["f16_ok"], n_layer, ids))
 
 F16_MAX_ONE_MINUS_COS = 1e-6
 F16_MAX_REL_RMS = 1e-3
@@ -247,6 +309,9 @@ def stage_map_json(arch: str) -> dict:
         ),
         "stages": rows,
         "not_exposed": [],
+        # no graph to list (llama.cpp's maps hold its graph's nodes here); empty, as the llama.cpp oracle's
+        # manifest writer leaves every stage map it rewrites, ours included
+        "observed_nodes": [],
     }
 
 
@@ -363,13 +428,57 @@ def check_traps(model, arch: str, gguf_path: Path, golden: Path, src_entries: li
         if any(rp[t]["rope_type"] != "default" for t in rp) or f"{a}.rope.scaling.type" in fields:
             raise SystemExit(f"gemma3 RoPE scaling: {rp}")
         longest = max(g["n_prompt_tokens"] + g["n_decode_steps"] for g in src_entries)
-        checks["gemma3_sliding_window"] = (
-            f"window {sw} (file) for layers {[i for i in range(cfg.num_hidden_layers) if i not in full]}, global layers {full}; "
-            f"RoPE base {base} global, 10000 local, no scaling; the longest sequence here is {longest} <= {sw} positions, "
-            "so the window never masks anything in these goldens"
-        )
+        sliding = [i for i in range(cfg.num_hidden_layers) if i not in full]
+        for i in sliding:
+            if model.model.layers[i].self_attn.sliding_window != sw:
+                raise SystemExit(f"gemma3 layer {i}: attention sliding_window {model.model.layers[i].self_attn.sliding_window} != file {sw}")
+        if longest <= sw:
+            checks["gemma3_sliding_window"] = (
+                f"window {sw} (file) for layers {sliding}, global layers {full}; "
+                f"RoPE base {base} global, 10000 local, no scaling; the longest sequence here is {longest} <= {sw} positions, "
+                "so the window never masks anything in these goldens"
+            )
+        else:
+            # a seeded gemma3 (window 4, 2 layers): the window masks; main() checks the prefill masks themselves
+            checks["gemma3_sliding_window"] = (
+                f"window {sw} (file) for layers {sliding}, global layers {full} (llama.cpp's SWA pattern, "
+                f"tf_capture.llamacpp_gemma3_layer_types); RoPE base {base} global, 10000 local, no scaling; the longest "
+                f"sequence here is {longest} > {sw} positions, so the window masks: query p sees keys p-{sw - 1}..p, as "
+                "llama.cpp (LLAMA_SWA_TYPE_STANDARD masks p1 - p0 >= n_swa); the prefill masks of every layer are checked "
+                "against that rule (attention_masks)"
+            )
         if cfg.final_logit_softcapping is not None or cfg.attn_logit_softcapping is not None:
             raise SystemExit(f"gemma3 softcapping set: {cfg.final_logit_softcapping} / {cfg.attn_logit_softcapping}")
+    if arch == "qwen3":
+        # head_dim: the loader ignores qwen3.attention.key_length (tf_capture.load sets it; a wrong head_dim
+        # would not even load, but check the value llama.cpp uses)
+        hd = int(fields[f"{a}.attention.key_length"])
+        if cfg.head_dim != hd or model.model.layers[0].self_attn.head_dim != hd:
+            raise SystemExit(f"qwen3 head_dim {cfg.head_dim} != the file's key_length {hd}")
+        for layer in model.model.layers:
+            assert layer.self_attn.scaling == hd**-0.5, layer.self_attn.scaling
+        # no Q/K/V bias (qwen2 has them), no sliding window
+        at = model.model.layers[0].self_attn
+        if any(getattr(at, n).bias is not None for n in ("q_proj", "k_proj", "v_proj", "o_proj")) or any(
+            n.endswith(".bias") for n in tensors
+        ):
+            raise SystemExit("qwen3: a bias in the model or the file")
+        if any(t != "full_attention" for t in cfg.layer_types) or cfg.use_sliding_window:
+            raise SystemExit(f"qwen3: sliding window set ({cfg.layer_types}, {cfg.use_sliding_window}); llama.cpp has none")
+        # q_norm/k_norm (and every other norm) weights are the file's, no offset (Qwen3RMSNorm: weight * x)
+        total = 0
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                gname = hf_to_gguf_norm(name, llama_like=True)
+                f = deq(gname).reshape(-1)
+                if not np.array_equal(p.detach().numpy().reshape(-1), f):
+                    raise SystemExit(f"qwen3 norm weight {name} != the file's {gname}")
+                total += f.size
+        checks["qwen3_head_dim_and_qk_norm"] = (
+            f"head_dim {hd} == the file's key_length (" + ("; ".join(getattr(model, "lockstep_load_notes", [])) or "as loaded")
+            + f"), Q scaled by 1/sqrt({hd}); q_norm/k_norm weight [{hd}] per head and every norm weight equal the file's "
+            f"({total} values, no offset); no bias; no sliding window"
+        )
     eps = float(fields[f"{a}.attention.layer_norm_rms_epsilon"])
     if abs(cfg.rms_norm_eps - eps) > 0:
         raise SystemExit(f"rms_norm_eps {cfg.rms_norm_eps} != file {eps}")
@@ -381,8 +490,9 @@ def check_traps(model, arch: str, gguf_path: Path, golden: Path, src_entries: li
     return checks
 
 
-def hf_to_gguf_norm(name: str) -> str:
-    # model.layers.3.input_layernorm.weight -> blk.3.attn_norm.weight (Gemma 3)
+def hf_to_gguf_norm(name: str, llama_like: bool = False) -> str:
+    # model.layers.3.input_layernorm.weight -> blk.3.attn_norm.weight (Gemma 3; llama_like: Llama/Qwen, whose
+    # post_attention_layernorm is the pre-FFN norm, ffn_norm)
     if name == "model.norm.weight":
         return "output_norm.weight"
     parts = name.split(".")
@@ -390,13 +500,59 @@ def hf_to_gguf_norm(name: str) -> str:
     tail = ".".join(parts[3:])
     table = {
         "input_layernorm.weight": "attn_norm.weight",
-        "post_attention_layernorm.weight": "post_attention_norm.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight" if llama_like else "post_attention_norm.weight",
         "pre_feedforward_layernorm.weight": "ffn_norm.weight",
         "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
         "self_attn.q_norm.weight": "attn_q_norm.weight",
         "self_attn.k_norm.weight": "attn_k_norm.weight",
     }
     return f"blk.{n}.{table[tail]}"
+
+
+def summary_vs_llamacpp(res: C.RunResult, src_npz, n_layer: int) -> str:
+    """One line for the log: KL(P_tf || P_lc) at the full logits rows both hold, top-1 agreement at every prompt
+    position and decode step, top-1 at the decode steps alone (= llama.cpp's fed tokens), min row cosine of
+    blk.N.out / output_norm (what compare_oracles.py tabulates from the stored files)."""
+    rows_tf, rows_lc = [res.logits[-1:]], [src_npz["logits"][-1:]]
+    if "decode.logits" in src_npz.files and len(res.decode_logits):
+        rows_tf.append(res.decode_logits)
+        rows_lc.append(src_npz["decode.logits"])
+    k = kl(np.vstack(rows_tf), np.vstack(rows_lc))
+    top1_pre = np.argmax(res.logits, axis=1) == src_npz["logits_topk_ids"][:, 0]
+    dec_lc = src_npz["decode.logits"].argmax(1) if "decode.logits" in src_npz.files else src_npz["logits_decode_topk_ids"][:, 0]
+    top1_dec = np.argmax(res.decode_logits, axis=1) == dec_lc if len(dec_lc) else np.zeros(0, bool)
+    cos = []
+    for name in [f"blk.{n}.out" for n in range(n_layer)] + ["output_norm"]:
+        for key, ours in ((name, res.stages.get(name)), ("decode." + name, res.decode_stages.get(name))):
+            if ours is not None and key in src_npz.files:
+                cos.append(float(np.min(row_cosines(ours, src_npz[key]))))
+    return (f"KL(tf||lc) {len(k)} full rows: last prompt pos {k[0]:.2e}, max {np.max(k):.2e}; top-1 agree "
+            f"{int(top1_pre.sum() + top1_dec.sum())}/{top1_pre.size + top1_dec.size} (decode {int(top1_dec.sum())}/{top1_dec.size}); "
+            f"min cosine out/output_norm {min(cos) if cos else float('nan'):.7f}")
+
+
+def check_masks(model, res: C.RunResult, where: str) -> str:
+    """The prefill attention masks transformers built, layer by layer, against llama.cpp's rule: causal, and for a
+    sliding layer (Gemma 3) key p0 hidden from query p1 when p1 - p0 >= window (LLAMA_SWA_TYPE_STANDARD)."""
+    cfg = model.config
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    T = res.logits.shape[0]
+    q, k = np.arange(T)[:, None], np.arange(T)[None, :]
+    n_masked = {}
+    for layer, t in enumerate(types):
+        m = res.prefill_masks.get(layer)
+        want = k <= q
+        if t == "sliding_attention":
+            want = want & (q - k < cfg.sliding_window)
+        if m is None:
+            if T > 1:
+                raise SystemExit(f"{where}: layer {layer}: no attention mask over {T} positions")
+            continue
+        if m.shape != (T, T) or not np.array_equal(m, want):
+            raise SystemExit(f"{where}: layer {layer} ({t}): transformers' mask != llama.cpp's rule")
+        n_masked[layer] = int(np.sum(~want & (k <= q)))
+    return (f"prefill masks equal llama.cpp's (causal; sliding layers: p1 - p0 < window); keys hidden by the window "
+            f"beyond causality per layer at the longest prompt: {n_masked}")
 
 
 def check_against_llamacpp(arch: str, res: C.RunResult, src_npz: dict, where: str) -> dict:
@@ -437,8 +593,10 @@ def main() -> int:
     torch.set_num_threads(int(os.environ.get("LOCKSTEP_TORCH_THREADS", "2")))
     mid = args.model_id
     arch = MODELS[mid]["arch"]
+    if arch not in C.ARCH_STAGES:
+        raise SystemExit(f"{mid}: architecture {arch} has no stage map here (tf_capture.ARCH_STAGES): not supported yet")
     cache = Path(os.environ.get("LOCKSTEP_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lockstep")
-    path = (args.model or cache / "models" / f"{mid}.gguf").resolve()
+    path = (args.model or cache / MODELS[mid].get("default_file", f"models/{mid}.gguf")).resolve()
     if not path.is_file():
         raise SystemExit(f"{path}: no such model file (cargo run --release -p lockstep -- fetch {mid})")
     if sha256_file(path) != MODELS[mid]["sha256"]:
@@ -452,6 +610,8 @@ def main() -> int:
     n_layer = cfg.num_hidden_layers
     all_ids = C.canonical_ids(arch, n_layer)
     traps = check_traps(model, arch, path, args.out, src)
+    if model.lockstep_load_notes:  # config values tf_capture.load corrected (transformers' GGUF loader got them wrong)
+        traps["loader_config_fixes"] = "; ".join(model.lockstep_load_notes)
     print(f"{mid}: loaded in {time.time() - t0:.0f}s; traps checked: {', '.join(traps)}", flush=True)
 
     runs32: dict[str, C.RunResult] = {}
@@ -466,6 +626,10 @@ def main() -> int:
         if missing:
             raise SystemExit(f"{g['prompt_id']}: stages not captured: {missing[:5]}")
         vs_llamacpp[g["prompt_id"]] = check_against_llamacpp(arch, r, z, f"{mid}/{g['prompt_id']}")
+        mask_note = check_masks(model, r, f"{mid}/{g['prompt_id']}")
+        print(f"  vs llama.cpp {g['prompt_id']}: {summary_vs_llamacpp(r, z, n_layer)}", flush=True)
+        if g is max(src, key=lambda e: e["n_prompt_tokens"]):
+            traps["attention_masks"] = mask_note
         runs32[g["prompt_id"]] = r
         print(f"  f32 {g['prompt_id']:10s} T={len(toks):3d} N={len(dec)} {time.time() - t1:5.1f}s", flush=True)
     del model
@@ -522,14 +686,15 @@ def main() -> int:
         pid = g["prompt_id"]
         r = runs32[pid]
         z = np.load(args.out / g["path"])
-        pol = POLICY.get(pid, POLICY["default"])
-        full_decode = (mid, pid) in FULL_DECODE_LOGITS
+        pol = policy_of(mid, pid)
+        full_decode = full_decode_logits(mid, pid)
         T = r.logits.shape[0]
         toks = z["tokens"].astype(np.int32)
         dec_toks = z["decode.tokens"].astype(np.int32)
         positions = np.array([T - 1], np.int32)
         order = np.argsort(-r.logits, axis=1, kind="stable")[:, :TOPK].astype(np.int32)
         exact = exact_ids(pol, n_layer, all_ids)
+        exact_dec = exact_ids(pol, n_layer, all_ids, decode=True)
         raw = [("tokens", toks, False)]
         raw += [(c, r.stages[c], c not in exact) for c in expand(pol["prefill"], n_layer, all_ids) if c != "logits"]
         raw += [
@@ -544,7 +709,7 @@ def main() -> int:
         else:
             do = np.argsort(-r.decode_logits, axis=1, kind="stable")[:, :TOPK].astype(np.int32)
             raw += [("logits_decode_topk_ids", do, False), ("logits_decode_topk", np.take_along_axis(r.decode_logits, do, axis=1), False)]
-        raw += [("decode." + c, r.decode_stages[c], c not in exact) for c in expand(pol["decode"], n_layer, all_ids) if c != "logits"]
+        raw += [("decode." + c, r.decode_stages[c], c not in exact_dec) for c in expand(pol["decode"], n_layer, all_ids) if c != "logits"]
         arrays, listed = {}, {}
         for name, x, allow in raw:
             a, info = store(x, allow)
@@ -587,6 +752,7 @@ def main() -> int:
             "stages_decode": list(pol["decode"]),
             "stages_exact_f32": list(pol["exact"]),
             "stages_f16_allowed": list(pol["f16_ok"]),
+            **({"stages_decode_exact_f32": list(pol["decode_exact"])} if "decode_exact" in pol else {}),
             "logits_storage": "logits: f32 row at the last prompt position; logits_topk f32; decode: "
             + ("full decode.logits [N, V] f32" if full_decode else "logits_decode_topk{,_ids} [N, 64] (no full rows)"),
             "model_hparams": {"n_layer": n_layer, "n_embd": cfg.hidden_size, "n_vocab": int(r.logits.shape[1])},
@@ -596,6 +762,9 @@ def main() -> int:
         }
         if "chat" in g:
             entry["chat"] = g["chat"]
+        for key in ("synth", "variant"):  # what a seeded model / variant is, as the llama.cpp golden records it
+            if key in g:
+                entry[key] = g[key]
         if floor is not None:
             entry["floor_f32_vs_f64"] = floor
         entries.append(entry)
@@ -606,7 +775,11 @@ def main() -> int:
     lock = open(Path(os.environ.get("TMPDIR", "/tmp")) / "lockstep-transformers-manifest.lock", "w")
     fcntl.flock(lock, fcntl.LOCK_EX)  # several models may be made at once: read-modify-write under a lock
     manifest = json.loads((args.out / "manifest.json").read_text())
-    manifest.setdefault("stage_map", {}).setdefault(ORACLE_NAME, {})[arch] = stage_map_json(arch)
+    maps = manifest.setdefault("stage_map", {}).setdefault(ORACLE_NAME, {})
+    new_map = stage_map_json(arch)
+    # rewritten only if it says something else: an unchanged map stays byte for byte as it is
+    if arch not in maps or any(maps[arch].get(k) != v for k, v in new_map.items()):
+        maps[arch] = new_map
     keep = [g for g in manifest["goldens"] if not (g["oracle"]["name"] == ORACLE_NAME and g["model_id"] == mid)]
     order_ids = {}
     for g in manifest["goldens"]:

@@ -40,13 +40,14 @@ def main() -> int:
         n_layer = g["model_hparams"]["n_layer"]
         z = np.load(args.out / g["path"])
         have = {k: z[k] for k in z.files}
-        pol = M.POLICY.get(pid, M.POLICY["default"])
-        full_decode = (mid, pid) in M.FULL_DECODE_LOGITS
+        pol = M.policy_of(mid, pid)
+        full_decode = M.full_decode_logits(mid, pid)
         all_ids = [k for k in have if k not in ("tokens", "decode.tokens", "logits_positions") and not k.startswith("logits")
                    and not k.startswith("decode.")]
         # canonical order as stored (forward order) for prefill; decode ids from the decode.* names
         dec_ids = [k[7:] for k in have if k.startswith("decode.") and k not in ("decode.tokens", "decode.logits")]
         exact = M.exact_ids(pol, n_layer, all_ids + dec_ids)
+        exact_dec = M.exact_ids(pol, n_layer, all_ids + dec_ids, decode=True)
         raw = [("tokens", have["tokens"], False)]
         pre = M.expand(pol["prefill"], n_layer, all_ids)
         raw += [(c, have[c], c not in exact) for c in pre]
@@ -60,7 +61,7 @@ def main() -> int:
         else:
             raw += [(k, have[k], False) for k in ("logits_decode_topk_ids", "logits_decode_topk")]
         dec = M.expand(pol["decode"], n_layer, dec_ids)
-        raw += [("decode." + c, have["decode." + c], c not in exact) for c in dec]
+        raw += [("decode." + c, have["decode." + c], c not in exact_dec) for c in dec]
         arrays, listed = {}, {}
         for name, x, allow in raw:
             old = g["arrays"][name] if name in g["arrays"] else None
@@ -79,6 +80,8 @@ def main() -> int:
         g["stages_decode"] = list(pol["decode"])
         g["stages_exact_f32"] = list(pol["exact"])
         g["stages_f16_allowed"] = list(pol["f16_ok"])
+        if "decode_exact" in pol:
+            g["stages_decode_exact_f32"] = list(pol["decode_exact"])
         g["logits_storage"] = "logits: f32 row at the last prompt position; logits_topk f32; decode: " + (
             "full decode.logits [N, V] f32" if full_decode else "logits_decode_topk{,_ids} [N, 64] (no full rows)")
         print(f"{g['path']:55s} {g['bytes'] / 2**20:6.2f} MiB")

@@ -16,13 +16,13 @@ import numpy as np
 import torch
 import transformers
 from torch import nn
-from transformers import AttentionInterface, AutoModelForCausalLM
+from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
 ATTN = "lockstep_eager"
 
 # --- the attention function ----------------------------------------------------------------------------
-# A copy of transformers' eager_attention_forward (models/{llama,qwen2,gemma3}/modeling_*.py, 5.23.0: identical
+# A copy of transformers' eager_attention_forward (models/{llama,qwen2,qwen3,gemma3}/modeling_*.py, 5.23.0: identical
 # bodies up to gemma3's softcap), with two changes: the softmax runs in the query's dtype instead of a forced
 # float32 (identical for a float32 model; PATCH 3 of the float64 run), and Q and K after RoPE are handed to
 # the active recorder (the K of the current step only: during decode `key` also holds the cached positions).
@@ -41,6 +41,7 @@ def lockstep_eager(module, query, key, value, attention_mask, dropout=0.0, scali
     if _RECORDER is not None:
         t = query.shape[2]
         _RECORDER.rope(module.layer_idx, query, key[:, :, -t:, :])
+        _RECORDER.mask(module.layer_idx, attention_mask)
     if scaling is None:
         scaling = module.head_dim**-0.5
     k = _repeat_kv(key, module.num_key_value_groups)
@@ -64,7 +65,7 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN, eager_mask)
 # transformers computes a few things in float32 whatever the model's dtype. For the float64 run (the floor),
 # each is patched to follow the input's dtype; for a float32 model every patched function computes exactly
 # what the original does (same ops, same order), so the float32 goldens are transformers' own numbers.
-#   PATCH 1  RMSNorm: Llama/Qwen2 `hidden_states.to(torch.float32)`, Gemma3 `x.float()` / `self.weight.float()`.
+#   PATCH 1  RMSNorm: Llama/Qwen2/Qwen3 `hidden_states.to(torch.float32)`, Gemma3 `x.float()` / `self.weight.float()`.
 #   PATCH 2  RoPE: `position_ids.float() * inv_freq.to(dtype=torch.float)` and an inv_freq buffer computed
 #            in float32 at init (`torch.arange(..., dtype=torch.float)`): recomputed in float64 from the config.
 #   PATCH 3  eager softmax `dtype=torch.float32` (lockstep_eager above).
@@ -120,16 +121,19 @@ def install_patches() -> list[str]:
     from transformers.models.gemma3 import modeling_gemma3 as g3
     from transformers.models.llama import modeling_llama as ll
     from transformers.models.qwen2 import modeling_qwen2 as q2
+    from transformers.models.qwen3 import modeling_qwen3 as q3
 
     ll.LlamaRMSNorm.forward = _llama_rmsnorm_forward
     q2.Qwen2RMSNorm.forward = _llama_rmsnorm_forward
+    q3.Qwen3RMSNorm.forward = _llama_rmsnorm_forward  # the same body as Llama's (q_norm/k_norm too)
     g3.Gemma3RMSNorm.forward = _gemma3_rmsnorm_forward
     ll.LlamaRotaryEmbedding.forward = torch.no_grad()(_rotary_forward_single)
     q2.Qwen2RotaryEmbedding.forward = torch.no_grad()(_rotary_forward_single)
+    q3.Qwen3RotaryEmbedding.forward = torch.no_grad()(_rotary_forward_single)
     g3.Gemma3RotaryEmbedding.forward = torch.no_grad()(_rotary_forward_gemma3)
     return [
-        "LlamaRMSNorm/Qwen2RMSNorm.forward, Gemma3RMSNorm.forward: compute in float64 for float64 input (PATCH 1)",
-        "Llama/Qwen2/Gemma3RotaryEmbedding.forward: angles in float64 for float64 input (PATCH 2)",
+        "LlamaRMSNorm/Qwen2RMSNorm/Qwen3RMSNorm.forward, Gemma3RMSNorm.forward: compute in float64 for float64 input (PATCH 1)",
+        "Llama/Qwen2/Qwen3/Gemma3RotaryEmbedding.forward: angles in float64 for float64 input (PATCH 2)",
         "lockstep_eager: softmax in the query's dtype (PATCH 3)",
     ]
 
@@ -165,12 +169,79 @@ def to_float64(model) -> list[str]:
 # --- loading --------------------------------------------------------------------------------------------
 
 
+def gguf_hparams(gguf: Path) -> dict:
+    """The few hyperparameters load() checks against transformers' GGUF config, as llama.cpp reads them."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(gguf))
+    arch = r.fields["general.architecture"].contents()
+
+    def get(key):
+        f = r.fields.get(f"{arch}.{key}")
+        return None if f is None else f.contents()
+
+    return {
+        "arch": arch,
+        "n_layer": int(get("block_count")),
+        "key_length": get("attention.key_length"),
+        "sliding_window": get("attention.sliding_window"),
+        "sliding_window_pattern": get("attention.sliding_window_pattern"),
+    }
+
+
+def llamacpp_gemma3_layer_types(hp: dict) -> list[str] | None:
+    """llama.cpp 0c1e570's gemma3 SWA layers (models/gemma3.cpp load_arch_hparams -> load_swa_pattern(ml, 6) ->
+    hparams.set_swa_pattern): no (or a zero) sliding_window -> no SWA at all (None); else the file's
+    sliding_window_pattern array (per layer) if present, otherwise n_pattern = the file's integer pattern or 6,
+    layer il sliding iff n_pattern == 0 or il % n_pattern < n_pattern - 1 (the last of every n_pattern is global)."""
+    if not hp["sliding_window"]:
+        return None
+    pat = hp["sliding_window_pattern"]
+    if isinstance(pat, list):
+        return ["sliding_attention" if bool(x) else "full_attention" for x in pat[: hp["n_layer"]]]
+    n = 6 if pat is None else int(pat)
+    return ["sliding_attention" if n == 0 or il % n < n - 1 else "full_attention" for il in range(hp["n_layer"])]
+
+
 def load(gguf: Path, dtype=torch.float32):
     gguf = Path(gguf)
+    # LOADER FIX (qwen3): transformers 5.23's GGUF config map for qwen3 (integrations/ggml.py) has no
+    # `attention.key_length` -> head_dim entry (qwen3_moe has one), so the config keeps Qwen3Config's default
+    # head_dim 128 whatever the file says. Real Qwen3 checkpoints have head_dim 128 and load; lockstep's seeded
+    # synth-qwen3 has head_dim 64 and does NOT (size mismatch of q_proj/k_proj/v_proj/o_proj/q_norm/k_norm).
+    # We set head_dim from the file's key_length, for any architecture whose file has one and whose config
+    # disagrees, and record it in the notes (make_goldens.check_traps then checks head_dim == key_length).
+    cfg = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    load_notes = []
+    hp = gguf_hparams(gguf)
+    key_length = hp["key_length"]
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if key_length is not None and head_dim != int(key_length):
+        load_notes.append(f"head_dim {head_dim} (transformers' GGUF config) -> {key_length} (the file's attention.key_length)")
+        cfg.head_dim = int(key_length)
+    if cfg.model_type == "gemma3_text":
+        # SLIDING WINDOW (gemma3): the loader maps attention.sliding_window -> sliding_window but knows nothing of
+        # llama.cpp's SWA layer pattern; Gemma3TextConfig derives layer_types from its own default
+        # (sliding_window_pattern 6: every 6th layer global), which happens to be llama.cpp's default too. We do
+        # not rely on the coincidence: layer_types is set here from llama.cpp's rule on the file's keys
+        # (llamacpp_gemma3_layer_types; a seeded 2-layer gemma3 with window 4 -> both layers sliding), and
+        # sliding_window from the file. The window itself means the same in both: llama.cpp masks key p0 for
+        # query p1 when p1 - p0 >= n_swa (LLAMA_SWA_TYPE_STANDARD), transformers keeps kv_idx > q_idx - window
+        # (masking_utils.sliding_window_overlay): n_swa keys including the query's own position.
+        want = llamacpp_gemma3_layer_types(hp)
+        if want is None:
+            raise SystemExit(f"{gguf}: gemma3 without a sliding window: not supported here (transformers' Gemma 3 always has one)")
+        if cfg.sliding_window != int(hp["sliding_window"]):
+            load_notes.append(f"sliding_window {cfg.sliding_window} -> {hp['sliding_window']} (the file's)")
+            cfg.sliding_window = int(hp["sliding_window"])
+        if list(cfg.layer_types) != want:
+            load_notes.append(f"layer_types {cfg.layer_types} -> {want} (llama.cpp's SWA pattern)")
+            cfg.layer_types = want
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation=ATTN
+        str(gguf.parent), gguf_file=gguf.name, config=cfg, dtype=torch.float32, attn_implementation=ATTN
     )
     model.eval()
+    model.lockstep_load_notes = load_notes
     notes = []
     cfg = model.config
     if cfg.model_type == "gemma3_text":
@@ -204,6 +275,7 @@ class Recorder:
     n_q: int
     n_kv: int
     rows: dict = field(default_factory=dict)  # canonical id -> tensor [T, W]
+    masks: dict = field(default_factory=dict)  # layer -> bool [T, S]: which keys each query may see (None: no mask)
 
     def put(self, cid: str, x: torch.Tensor) -> None:
         # x: [T, ...] (the batch dimension already dropped) -> [T, W]
@@ -213,6 +285,15 @@ class Recorder:
             x = llama_gguf_order(x, self.n_q if cid.split(".")[-1].startswith("q") else self.n_kv)
         assert cid not in self.rows, cid
         self.rows[cid] = x.clone()
+
+    def mask(self, layer: int, attention_mask) -> None:
+        # the additive mask lockstep_eager adds to the scores ([1, 1, T, S]; 0 = attend, dtype min = masked)
+        if attention_mask is None:
+            self.masks[layer] = None
+        else:
+            m = attention_mask.detach()
+            assert m.shape[0] == 1 and m.shape[1] == 1, m.shape
+            self.masks[layer] = (m[0, 0] == 0).numpy() if m.dtype != torch.bool else m[0, 0].numpy()
 
     def rope(self, layer: int, q: torch.Tensor, k: torch.Tensor) -> None:
         # [1, H, T, D] -> [T, H*D], head-major (ggml [D, H, T] flattened)
@@ -264,11 +345,22 @@ GEMMA3_LAYER = [
     ("blk.{N}.ffn_out", "model.layers.{N}.mlp.down_proj", "out"),
     ("blk.{N}.ffn_post_norm", "model.layers.{N}.post_feedforward_layernorm", "out"),
 ]
+# Qwen3 (modeling_qwen3.py): the llama/qwen2 layer (no Q/K/V bias) plus per-head RMSNorms q_norm/k_norm
+# (weight [head_dim]) applied to q_proj/k_proj's output viewed as [B, T, H, D] -- BEFORE the transpose to
+# [B, H, T, D] (Gemma 3 norms the transposed tensor): the hook output is flattened to [T, H*D] head-major
+# without a transpose (attach, QK_NORM_HEADS_FIRST). NeoX RoPE: no reordering (only llama needs llama_gguf_order).
+QWEN3_LAYER = LLAMA_LAYER[:4] + [
+    ("blk.{N}.q_norm", "model.layers.{N}.self_attn.q_norm", "out"),
+    ("blk.{N}.k_norm", "model.layers.{N}.self_attn.k_norm", "out"),
+] + LLAMA_LAYER[4:]
 ARCH_STAGES = {
     "llama": COMMON_HEAD + LLAMA_LAYER + COMMON_TAIL,
     "qwen2": COMMON_HEAD + LLAMA_LAYER + COMMON_TAIL,
+    "qwen3": COMMON_HEAD + QWEN3_LAYER + COMMON_TAIL,
     "gemma3": COMMON_HEAD + GEMMA3_LAYER + COMMON_TAIL,
 }
+# The layout of q_norm/k_norm's input (and output): True = [B, H, T, D] (gemma3), False = [B, T, H, D] (qwen3).
+QK_NORM_HEADS_FIRST = {"gemma3": True, "qwen3": False}
 
 
 def canonical_ids(arch: str, n_layer: int) -> list[str]:
@@ -295,7 +387,7 @@ def attach(model, arch: str, rec_getter) -> list:
             p = path.replace("{N}", str(n)) if n is not None else path
             mod = model.get_submodule(p)
             if kind == "out":
-                heads_first = c.endswith(("q_norm", "k_norm"))  # gemma3 norms Q/K as [B, H, T, D]
+                heads_first = c.endswith(("q_norm", "k_norm")) and QK_NORM_HEADS_FIRST[arch]  # gemma3: [B, H, T, D]
 
                 def hook(m, args, out, c=c, heads_first=heads_first):
                     o = out[0] if isinstance(out, tuple) else out
@@ -304,6 +396,8 @@ def attach(model, arch: str, rec_getter) -> list:
                     if heads_first:
                         assert o.dim() == 3, (c, o.shape)
                         o = o.transpose(0, 1)  # [H, T, D] -> [T, H, D]
+                    elif c.endswith(("q_norm", "k_norm")):
+                        assert o.dim() == 3 and o.shape[-1] == m.weight.shape[0], (c, o.shape)  # qwen3: [T, H, D]
                     rec_getter().put(c, o)
                 handles.append(mod.register_forward_hook(hook))
             else:
@@ -320,6 +414,7 @@ class RunResult:
     decode_stages: dict  # canonical id -> np [N, W]
     logits: np.ndarray  # [T, V]
     decode_logits: np.ndarray  # [N, V]
+    prefill_masks: dict = field(default_factory=dict)  # layer -> bool [T, T] (Recorder.masks of the prefill call)
 
 
 def run(model, arch: str, tokens: list[int], decode_tokens: list[int]) -> RunResult:
@@ -351,7 +446,7 @@ def run(model, arch: str, tokens: list[int], decode_tokens: list[int]) -> RunRes
     dec = {k: np.concatenate([r.rows[k].numpy() for r in recs[1:]], axis=0).astype(np_dtype) for k in ids} if decode_tokens else {}
     logits = pre.pop("logits")
     dlog = dec.pop("logits") if decode_tokens else np.zeros((0, logits.shape[1]), np_dtype)
-    return RunResult(pre, dec, logits, dlog)
+    return RunResult(pre, dec, logits, dlog, dict(recs[0].masks))
 
 
 def versions() -> dict:
