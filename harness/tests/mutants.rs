@@ -40,6 +40,12 @@ struct Subject {
     n_kv_head: usize,
     has_bias: bool,
     has_embed_scale: bool,
+    /// Attention logit soft-capping (Gemma 2).
+    has_softcap: bool,
+    /// The sliding window and the first layer that uses it.
+    window: Option<(usize, usize)>,
+    /// Decode steps of the golden.
+    n_decode: usize,
     /// The first layer whose RoPE base is not 10000 (Gemma 3's local layers use 10000).
     first_rope_base_not_10k: Option<usize>,
     /// The first matmul in forward order whose weight is Q4_1 or Q4_K (whose min the fault misreads).
@@ -73,7 +79,10 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
         .unwrap();
     let stored: Vec<String> = entry.arrays.keys().cloned().collect();
     let n_prompt = entry.n_prompt_tokens;
+    let n_decode = entry.n_decode_steps;
     let path = lockstep::fetch::resolve_model(id).unwrap();
+    let model = lockstep_engine::Model::load(&path).unwrap();
+    let layers = &model.decoder().layers;
     let g = GgufFile::open(&path).unwrap();
     let arch = g.get_str("general.architecture").unwrap().to_string();
     let key = |k: &str| g.get_u64(&format!("{arch}.{k}")).unwrap() as usize;
@@ -102,19 +111,19 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
         n_head: key("attention.head_count"),
         n_kv_head: key("attention.head_count_kv"),
         has_bias: g.tensor("blk.0.attn_q.bias").is_ok(),
-        has_embed_scale: arch == "gemma3",
+        has_embed_scale: model.decoder().embed.scale.is_some(),
+        has_softcap: layers.iter().any(|l| l.attn.shape.softcap.is_some()),
+        window: layers
+            .iter()
+            .find_map(|l| Some((l.attn.shape.window?, l.layer))),
+        n_decode,
         first_min_quant: first.map(|(l, _, k)| Site {
             layer: Some(l),
             kinds: vec![k],
             phase: Phase::Prefill,
         }),
         stored,
-        first_rope_base_not_10k: lockstep_engine::Model::load(&path)
-            .unwrap()
-            .decoder()
-            .layers
-            .iter()
-            .position(|l| l.attn.rope.base != 10000.0),
+        first_rope_base_not_10k: layers.iter().position(|l| l.attn.rope.base != 10000.0),
     }
 }
 
@@ -183,6 +192,20 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
         Fault::QkvBiasMissing => site(Some(0), &[K::Q], Phase::Prefill),
         Fault::EmbedScaleMissing if !s.has_embed_scale => return None,
         Fault::EmbedScaleMissing => site(None, &[K::Embed], Phase::Prefill),
+        Fault::SoftcapMissing if !s.has_softcap => return None,
+        Fault::SoftcapMissing => site(Some(0), &[K::AttnOut], multi),
+        // the key `window` positions back becomes visible: from the query at position `window` on
+        Fault::WindowOffByOne => {
+            let (w, l) = s.window?;
+            let phase = if s.n_prompt > w {
+                Phase::Prefill
+            } else if s.n_prompt + s.n_decode > w {
+                Phase::Decode
+            } else {
+                return None;
+            };
+            site(Some(l), &[K::AttnOut], phase)
+        }
         // reference mode only: its own test below, not the two-mode suite
         Fault::ReferenceUnpack => return None,
     });
@@ -207,6 +230,8 @@ fn mutants(s: &Subject) -> Vec<Fault> {
         Fault::FinalNormSkipped,
         Fault::QkvBiasMissing,
         Fault::EmbedScaleMissing,
+        Fault::SoftcapMissing,
+        Fault::WindowOffByOne,
     ]
 }
 
@@ -356,6 +381,34 @@ fn gemma3_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
 #[ignore = "real model: run by ci/test.sh"]
 fn qwen2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
     suite("qwen2", &[subject("qwen2.5-coder-0.5b-q4_k_m", "prose")]);
+}
+
+// the tiny seeded models (`lockstep synth`; made in the cache on first use, no download): every block a
+// porter meets, on a prompt that crosses their sliding window of 4. Fast: not ignored.
+
+#[test]
+fn synth_llama_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("synth-llama", &[subject("synth-llama", "synth")]);
+}
+
+#[test]
+fn synth_qwen2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("synth-qwen2", &[subject("synth-qwen2", "synth")]);
+}
+
+#[test]
+fn synth_qwen3_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("synth-qwen3", &[subject("synth-qwen3", "synth")]);
+}
+
+#[test]
+fn synth_gemma2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("synth-gemma2", &[subject("synth-gemma2", "synth")]);
+}
+
+#[test]
+fn synth_gemma3_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("synth-gemma3", &[subject("synth-gemma3", "synth")]);
 }
 
 /// A bug in code only reference mode runs (its matmuls' Q4_1 dequantization) while ggml mode stays bit
