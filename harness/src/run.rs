@@ -290,16 +290,17 @@ fn resolve_models(
     Ok(out)
 }
 
-/// The registry's sha256 of a registered model or variant id (`None` for a path), which
+/// The registry's sha256 of a registered model, seeded model or variant id (`None` for a path), which
 /// [`crate::fetch::resolve_model`] has checked the cached file against.
 fn registered_sha256(spec: &str) -> Result<Option<String>> {
     if crate::fetch::is_path_spec(spec) {
         return Ok(None);
     }
     let registry = crate::registry::Registry::builtin()?;
-    if let Some(v) = registry.variant(spec) {
-        return Ok(Some(v.sha256.clone()));
+    if let Some(sha) = registry.sha256(spec) {
+        return Ok(Some(sha.to_string()));
     }
+    // not registered: the lookup error lists the known ids
     Ok(Some(registry.lookup(spec)?.sha256.clone()))
 }
 

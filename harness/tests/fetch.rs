@@ -543,6 +543,7 @@ fn resolve_model_takes_local_gguf_paths_and_registry_ids() {
         models: vec![entry],
         variants: vec![],
         corpora: vec![],
+        synth: vec![],
     };
     let cache = tempfile::tempdir().unwrap();
     let path = resolve_model_in("tiny-chunked", &registry, cache.path(), &pip.opts()).unwrap();
@@ -804,6 +805,7 @@ fn in_process_registry(cache: &Path, types: &[&str]) -> Registry {
         models: vec![entry],
         variants,
         corpora: vec![],
+        synth: vec![],
     }
 }
 

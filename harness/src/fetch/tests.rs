@@ -94,3 +94,183 @@ fn sidecar_parsing() {
     fs::write(&p, "short  x.gguf\n").unwrap();
     assert!(read_sidecar(&p).is_none());
 }
+
+// ---- seeded models ([[synth]]): written by lockstep, never downloaded -------------------------------------
+
+/// Options under which any pip call fails: a seeded model must never need one.
+fn no_pip() -> FetchOptions {
+    FetchOptions {
+        verify: false,
+        progress: false,
+        pip: vec!["/nonexistent/pip".into()],
+        recipe: None,
+    }
+}
+
+/// The names in `<cache>/models`, sorted.
+fn models_listing(cache: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(cache.join("models"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The file's identity (inode, mtime, ctime, ...): a file written again has another ctime.
+fn stamp(p: &Path) -> Option<FileStamp> {
+    FileStamp::of(&fs::metadata(p).unwrap())
+}
+
+#[test]
+fn fetch_synth_writes_the_registered_file_and_a_second_fetch_is_a_cache_hit() {
+    let reg = Registry::builtin().unwrap();
+    let entry = reg.synth("synth-qwen3").unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let path = fetch_synth_into(entry, cache.path(), &no_pip()).unwrap();
+    assert_eq!(path, model_path(cache.path(), "synth-qwen3"));
+    assert_eq!(fs::metadata(&path).unwrap().len(), entry.size);
+    assert_eq!(crate::hash::sha256_file(&path).unwrap(), entry.sha256);
+    assert_eq!(
+        models_listing(cache.path()),
+        ["synth-qwen3.gguf", "synth-qwen3.gguf.sha256"]
+    );
+    // the sidecar of a download: the verified hash and the file's stamp
+    let side = read_sidecar(&sidecar_path(cache.path(), "synth-qwen3")).unwrap();
+    assert_eq!(side.sha256, entry.sha256);
+    assert_eq!(side.stamp, FileStamp::of(&fs::metadata(&path).unwrap()));
+    assert_eq!(
+        cached(&entry.as_model_entry(), cache.path()),
+        Some(path.clone())
+    );
+
+    // a cache hit: the same file, not written again (same stamp); through every entry point
+    let (before, side_before) = (
+        stamp(&path),
+        fs::read(sidecar_path(cache.path(), "synth-qwen3")),
+    );
+    assert!(before.is_some());
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(
+        fetch_synth_into(entry, cache.path(), &no_pip()).unwrap(),
+        path
+    );
+    assert_eq!(
+        resolve_model_in("synth-qwen3", &reg, cache.path(), &no_pip()).unwrap(),
+        path
+    );
+    let mut done = Vec::new();
+    fetch_ids(
+        &reg,
+        &["synth-qwen3".to_string()],
+        Some(cache.path()),
+        &no_pip(),
+        &mut |p| done.push(p.to_path_buf()),
+    )
+    .unwrap();
+    assert_eq!(done, std::slice::from_ref(&path));
+    assert_eq!(
+        stamp(&path),
+        before,
+        "a cache hit must not write the file again"
+    );
+    assert_eq!(
+        fs::read(sidecar_path(cache.path(), "synth-qwen3")).ok(),
+        side_before.ok()
+    );
+
+    // bytes changed in place (same size): rehashed, deleted and written again
+    let mut bytes = fs::read(&path).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    fs::write(&path, &bytes).unwrap();
+    assert_eq!(
+        fetch_synth_into(entry, cache.path(), &no_pip()).unwrap(),
+        path
+    );
+    assert_eq!(crate::hash::sha256_file(&path).unwrap(), entry.sha256);
+    let side = read_sidecar(&sidecar_path(cache.path(), "synth-qwen3")).unwrap();
+    assert_eq!(
+        (side.sha256.as_str(), side.stamp),
+        (entry.sha256.as_str(), stamp(&path))
+    );
+}
+
+#[test]
+fn fetch_synth_with_a_wrong_registered_sha256_names_both_hashes_and_leaves_nothing() {
+    let reg = Registry::builtin().unwrap();
+    let good = reg.synth("synth-llama").unwrap();
+    let mut bad = good.clone();
+    bad.sha256 = "0".repeat(64);
+    let cache = tempfile::tempdir().unwrap();
+    let e = format!(
+        "{:#}",
+        fetch_synth_into(&bad, cache.path(), &no_pip()).unwrap_err()
+    );
+    let path = model_path(cache.path(), "synth-llama");
+    assert!(
+        e.contains("`synth-llama`")
+            && e.contains(&path.display().to_string())
+            && e.contains(&"0".repeat(64))
+            && e.contains(&good.sha256)
+            && e.contains("Nothing was written"),
+        "{e}"
+    );
+    assert_eq!(models_listing(cache.path()), Vec::<String>::new());
+    // a wrong size alone is refused too
+    let mut bad = good.clone();
+    bad.size += 1;
+    let e = format!(
+        "{:#}",
+        fetch_synth_into(&bad, cache.path(), &no_pip()).unwrap_err()
+    );
+    assert!(e.contains(&format!("{} bytes", good.size)), "{e}");
+    assert_eq!(models_listing(cache.path()), Vec::<String>::new());
+    // an arch lockstep cannot write is refused by the entry's check, before anything is made
+    let mut mamba = good.clone();
+    mamba.arch = "mamba".into();
+    let e = format!(
+        "{:#}",
+        fetch_synth_into(&mamba, cache.path(), &no_pip()).unwrap_err()
+    );
+    assert!(e.contains("mamba") && e.contains("qwen3"), "{e}");
+}
+
+#[test]
+fn fetch_synth_variants_are_made_from_the_written_source_and_verified() {
+    let reg = Registry::builtin().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let q8 = reg.variant("synth-llama-q8_0").unwrap();
+    let paths = fetch_variants_in(&[q8], &reg, cache.path(), &no_pip()).unwrap();
+    assert_eq!(paths, [variant_path(cache.path(), q8)]);
+    assert_eq!(crate::hash::sha256_file(&paths[0]).unwrap(), q8.sha256);
+    assert!(paths[0]
+        .with_file_name(format!("{}.sha256", q8.file_name()))
+        .is_file());
+    // its source was written (and verified) into the model cache on the way
+    let src = model_path(cache.path(), "synth-llama");
+    assert_eq!(
+        crate::hash::sha256_file(&src).unwrap(),
+        reg.synth("synth-llama").unwrap().sha256
+    );
+    // `lockstep fetch synth-qwen3 synth-qwen3-q4_k`: both, in the order given
+    let mut done = Vec::new();
+    let ids = ["synth-qwen3".to_string(), "synth-qwen3-q4_k".to_string()];
+    fetch_ids(&reg, &ids, Some(cache.path()), &no_pip(), &mut |p| {
+        done.push(p.to_path_buf())
+    })
+    .unwrap();
+    assert_eq!(done.len(), 2);
+    assert_eq!(done[0], model_path(cache.path(), "synth-qwen3"));
+    for (id, p) in ids.iter().zip(&done) {
+        assert_eq!(
+            crate::hash::sha256_file(p).unwrap(),
+            reg.sha256(id).unwrap(),
+            "{id}"
+        );
+    }
+    // a variant through resolve_model_in (cached now)
+    assert_eq!(
+        resolve_model_in("synth-qwen3-q4_k", &reg, cache.path(), &no_pip()).unwrap(),
+        done[1]
+    );
+}

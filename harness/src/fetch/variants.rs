@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context, Result};
 
 use super::cache::{read_sidecar, remove_if_exists, FileStamp};
-use super::{bytes_bar, fetch_into, FetchOptions, CACHE_ENV, RECIPE_ENV};
+use super::{bytes_bar, fetch_into, fetch_synth_into, FetchOptions, CACHE_ENV, RECIPE_ENV};
 use crate::registry::{Registry, VariantEntry};
 
 /// Where variant `v` is cached under `cache_root`: `<cache_root>/variants/<source>/<source>-<TYPE>.gguf`, the
@@ -28,8 +28,9 @@ pub fn variant_path(cache_root: &Path, v: &VariantEntry) -> PathBuf {
 /// A cached file is checked as a downloaded model is (size, and the sha256 of the registry; a `.sha256`
 /// sidecar with the file's stamp spares the rehash; `opts.verify` rehashes always). A missing file, or one
 /// that fails the check (it is deleted), is made by lockstep's own quantizer, in process, from the source
-/// model (fetched first if needed): [`crate::quantize`], byte-identical to `oracles/llamacpp/make_variants.sh`
-/// (llama-quantize's F32 dequantization, then `--pure TYPE`), no llama.cpp needed. With `opts.recipe` set
+/// model (a `[[models]]` entry fetched or a `[[synth]]` entry written first, if needed):
+/// [`crate::quantize`], byte-identical to `oracles/llamacpp/make_variants.sh` (llama-quantize's F32
+/// dequantization, then `--pure TYPE`), no llama.cpp needed. With `opts.recipe` set
 /// (`$LOCKSTEP_VARIANT_RECIPE`) that shell command makes it instead: `--model <source> <TYPE>` appended and
 /// `LOCKSTEP_CACHE=<cache_root>`, its output on stderr. The source is looked up in the built-in registry;
 /// see [`fetch_variants_in`] for another.
@@ -105,17 +106,22 @@ pub(crate) fn make_in_process(
     cache_root: &Path,
     opts: &FetchOptions,
 ) -> Result<()> {
-    let entry = registry.lookup(source).with_context(|| {
-        format!(
-            "cannot make the variant(s) {} without their source model",
-            variants
-                .iter()
-                .map(|v| v.id.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
-    let src_path = fetch_into(entry, cache_root, opts)?;
+    let src_path = match registry.synth(source) {
+        Some(s) => fetch_synth_into(s, cache_root, opts)?,
+        None => {
+            let entry = registry.lookup(source).with_context(|| {
+                format!(
+                    "cannot make the variant(s) {} without their source model",
+                    variants
+                        .iter()
+                        .map(|v| v.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?;
+            fetch_into(entry, cache_root, opts)?
+        }
+    };
     let src = lockstep_engine::gguf::GgufFile::open(&src_path)
         .with_context(|| format!("cannot read the source model {}", src_path.display()))?;
     for v in variants {
