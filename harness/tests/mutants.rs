@@ -39,6 +39,8 @@ struct Subject {
     n_head: usize,
     n_kv_head: usize,
     has_bias: bool,
+    /// Q/K/V from one fused `attn_qkv` matrix (Phi-3).
+    fused_qkv: bool,
     has_embed_scale: bool,
     /// The first layer whose RoPE base is not 10000 (Gemma 3's local layers use 10000).
     first_rope_base_not_10k: Option<usize>,
@@ -102,6 +104,7 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
         n_head: key("attention.head_count"),
         n_kv_head: key("attention.head_count_kv"),
         has_bias: g.tensor("blk.0.attn_q.bias").is_ok(),
+        fused_qkv: g.tensor("blk.0.attn_qkv.weight").is_ok(),
         has_embed_scale: arch == "gemma3",
         first_min_quant: first.map(|(l, _, k)| Site {
             layer: Some(l),
@@ -183,6 +186,9 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
         Fault::QkvBiasMissing => site(Some(0), &[K::Q], Phase::Prefill),
         Fault::EmbedScaleMissing if !s.has_embed_scale => return None,
         Fault::EmbedScaleMissing => site(None, &[K::Embed], Phase::Prefill),
+        Fault::FusedQkvSplit if !s.fused_qkv => return None,
+        // k and v swapped: k shows first (k_rope where the golden has no q/k/v of the fused matmul's views)
+        Fault::FusedQkvSplit => site(Some(0), &[K::K, K::V, K::KRope], Phase::Prefill),
         // reference mode only: its own test below, not the two-mode suite
         Fault::ReferenceUnpack => return None,
     });
@@ -207,6 +213,7 @@ fn mutants(s: &Subject) -> Vec<Fault> {
         Fault::FinalNormSkipped,
         Fault::QkvBiasMissing,
         Fault::EmbedScaleMissing,
+        Fault::FusedQkvSplit,
     ]
 }
 

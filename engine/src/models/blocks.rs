@@ -508,9 +508,17 @@ impl Ffn {
     ) -> Result<Ffn> {
         let name = |t: &str| format!("blk.{layer}.{t}.weight");
         let gate = match g.tensor(&name("ffn_gate")) {
-            Ok(_) => Some(Weight::load(g, &name("ffn_gate"), Some(d_ff), Some(d_model))?),
+            Ok(_) => Some(Weight::load(
+                g,
+                &name("ffn_gate"),
+                Some(d_ff),
+                Some(d_model),
+            )?),
             // an `ffn_up` of d_ff rows without a gate: the gate is missing, not a fused matrix misshapen
-            Err(e) if g.tensor(&name("ffn_up")).is_ok_and(|t| t.dims.get(1) == Some(&(d_ff as u64))) => {
+            Err(e)
+                if g.tensor(&name("ffn_up"))
+                    .is_ok_and(|t| t.dims.get(1) == Some(&(d_ff as u64))) =>
+            {
                 return Err(e)
             }
             Err(_) => None,
