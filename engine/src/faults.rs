@@ -59,6 +59,9 @@ pub enum Fault {
     /// The sliding window off by one: a key `window` positions back is still visible (`pos − p ≤ window`
     /// instead of `< window`).
     WindowOffByOne,
+    /// A fused Q/K/V projection (`attn_qkv`, Phi-3) split with the K and V column ranges swapped: k read
+    /// at offset `n_embd_q + n_embd_k`, v at `n_embd_q`.
+    FusedQkvSplit,
 }
 
 #[cfg(feature = "faults")]

@@ -15,7 +15,8 @@ use crate::quant::{quantize_row, GgmlType};
 /// Shape and types of a synthetic decoder model: `llama` by default, or one of [`SYNTH_ARCHS`] through
 /// [`SynthModel::arch`]: `qwen2` (adds Q/K/V biases), `qwen3` (per-head Q/K norms, no biases), `gemma2`
 /// (post-attention and post-FFN norms, soft-capping, a sliding window on even layers), `gemma3` (per-head
-/// Q/K norms, post-norms, a sliding window); the windows are [`SynthModel::sliding_window`] positions.
+/// Q/K norms, post-norms, a sliding window), `phi3` (fused `attn_qkv` and gate+up `ffn_up`, a sliding window
+/// llama.cpp ignores); the windows are [`SynthModel::sliding_window`] positions.
 #[derive(Clone, Debug)]
 pub struct SynthModel {
     /// `general.architecture`, one of [`SYNTH_ARCHS`].
@@ -53,7 +54,7 @@ pub struct SynthModel {
 }
 
 /// The architectures [`SynthModel`] writes.
-pub const SYNTH_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma2", "gemma3"];
+pub const SYNTH_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"];
 
 /// `gemma2.attn_logit_softcapping` of a synthetic `gemma2` file: 5, not the real models' 50, so that the
 /// tanh is in its curved range for these small attention scores (|q·k|/√d of a few units).
@@ -122,7 +123,7 @@ impl SynthModel {
     /// The model `lockstep synth --arch ARCH --seed N` writes: 2 blocks, d_model 256, 4 query heads and 2 KV
     /// heads of 64, d_ff 512, every weight F32 (quantization variants are made from it), RMSNorm ε 1e-6, a
     /// sliding window of [`SYNTH_WINDOW`], two outlier dimensions, `token_embd` in ±0.25 (tied logits with a
-    /// spread of a few units, as trained models have), and an untied output head for the Qwen
+    /// spread of a few units, as trained models have), and an untied output head for the Qwen and Phi-3
     /// architectures (their converter writes `output.weight`).
     ///
     /// Errors: an architecture outside [`SYNTH_ARCHS`] (the known ones listed).
@@ -147,7 +148,7 @@ impl SynthModel {
             sliding_window: SYNTH_WINDOW,
             outliers: 2,
             embd_scale: 0.25,
-            untied_output: matches!(arch, "qwen2" | "qwen3"),
+            untied_output: matches!(arch, "qwen2" | "qwen3" | "phi3"),
         })
     }
 
@@ -173,7 +174,14 @@ impl SynthModel {
         let a = self.arch;
         let key = |k: &str| format!("{a}.{k}");
         w.add_metadata("general.architecture", s(a));
-        w.add_metadata("general.name", s(&format!("tiny-{a} (synthetic)")));
+        // llama.cpp sets per-token attributes by the model name: one containing "phi3" or "phi-3" has them
+        // set on Phi-3's SPM tokens (`</s>`, `<unk>`, `<s>`: llama-vocab.cpp `_set_token_attr`), which this
+        // byte-level vocabulary lacks (the load fails), so the phi3 file is named without them
+        let name = match a {
+            "phi3" => "tiny-phi (synthetic)".to_string(),
+            _ => format!("tiny-{a} (synthetic)"),
+        };
+        w.add_metadata("general.name", s(&name));
         w.add_metadata(&key("block_count"), u(self.n_layer as u32));
         w.add_metadata(&key("context_length"), u(256));
         w.add_metadata(&key("embedding_length"), u(self.d_model as u32));
@@ -190,8 +198,12 @@ impl SynthModel {
             w.add_metadata(&key("attention.key_length"), u(head_dim as u32));
             w.add_metadata(&key("attention.value_length"), u(head_dim as u32));
         }
-        if matches!(a, "gemma2" | "gemma3") {
+        if matches!(a, "gemma2" | "gemma3" | "phi3") {
             w.add_metadata(&key("attention.sliding_window"), u(self.sliding_window));
+        }
+        if a == "phi3" {
+            // Phi3MiniModel.set_gguf_parameters (the original_max_position_embeddings)
+            w.add_metadata(&key("rope.scaling.original_context_length"), u(256));
         }
         if a == "gemma2" {
             let f = MetaValue::F32;
@@ -258,14 +270,21 @@ impl SynthModel {
             self.embd_scale,
         )?;
 
+        // Phi-3's converter writes fused Q/K/V and gate/up matrices
+        let fused = self.arch == "phi3";
         for l in 0..self.n_layer {
             let n = |t: &str| format!("blk.{l}.{t}.weight");
             let mt = self.matrix_type;
             let proj = 2.0 / (d as f32).sqrt();
             tensor(&mut w, &n("attn_norm"), 1, d, f32t, 1.0, 0.2)?;
-            tensor(&mut w, &n("attn_q"), qw, d, mt, 0.0, proj)?;
-            tensor(&mut w, &n("attn_k"), kvw, d, mt, 0.0, proj)?;
-            tensor(&mut w, &n("attn_v"), kvw, d, mt, 0.0, proj)?;
+            if fused {
+                // Phi-3's qkv_proj: [q; k; v] rows in one matrix
+                tensor(&mut w, &n("attn_qkv"), qw + 2 * kvw, d, mt, 0.0, proj)?;
+            } else {
+                tensor(&mut w, &n("attn_q"), qw, d, mt, 0.0, proj)?;
+                tensor(&mut w, &n("attn_k"), kvw, d, mt, 0.0, proj)?;
+                tensor(&mut w, &n("attn_v"), kvw, d, mt, 0.0, proj)?;
+            }
             tensor(&mut w, &n("attn_output"), d, qw, mt, 0.0, proj)?;
             tensor(&mut w, &n("ffn_norm"), 1, d, f32t, 1.0, 0.2)?;
             if self.arch == "qwen2" {
@@ -282,8 +301,13 @@ impl SynthModel {
                 tensor(&mut w, &n("post_attention_norm"), 1, d, f32t, 1.0, 0.2)?;
                 tensor(&mut w, &n("post_ffw_norm"), 1, d, f32t, 1.0, 0.2)?;
             }
-            tensor(&mut w, &n("ffn_gate"), self.d_ff, d, mt, 0.0, proj)?;
-            tensor(&mut w, &n("ffn_up"), self.d_ff, d, mt, 0.0, proj)?;
+            if fused {
+                // Phi-3's gate_up_proj: gate rows, then up rows
+                tensor(&mut w, &n("ffn_up"), 2 * self.d_ff, d, mt, 0.0, proj)?;
+            } else {
+                tensor(&mut w, &n("ffn_gate"), self.d_ff, d, mt, 0.0, proj)?;
+                tensor(&mut w, &n("ffn_up"), self.d_ff, d, mt, 0.0, proj)?;
+            }
             tensor(
                 &mut w,
                 &n("ffn_down"),

@@ -39,6 +39,8 @@ struct Subject {
     n_head: usize,
     n_kv_head: usize,
     has_bias: bool,
+    /// Q/K/V from one fused `attn_qkv` matrix (Phi-3).
+    fused_qkv: bool,
     has_embed_scale: bool,
     /// Attention logit soft-capping (Gemma 2).
     has_softcap: bool,
@@ -111,6 +113,7 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
         n_head: key("attention.head_count"),
         n_kv_head: key("attention.head_count_kv"),
         has_bias: g.tensor("blk.0.attn_q.bias").is_ok(),
+        fused_qkv: g.tensor("blk.0.attn_qkv.weight").is_ok(),
         has_embed_scale: model.decoder().embed.scale.is_some(),
         has_softcap: layers.iter().any(|l| l.attn.shape.softcap.is_some()),
         window: layers
@@ -206,6 +209,9 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
             };
             site(Some(l), &[K::AttnOut], phase)
         }
+        Fault::FusedQkvSplit if !s.fused_qkv => return None,
+        // k and v swapped: k shows first (k_rope where the golden has no q/k/v of the fused matmul's views)
+        Fault::FusedQkvSplit => site(Some(0), &[K::K, K::V, K::KRope], Phase::Prefill),
         // reference mode only: its own test below, not the two-mode suite
         Fault::ReferenceUnpack => return None,
     });
@@ -232,6 +238,7 @@ fn mutants(s: &Subject) -> Vec<Fault> {
         Fault::EmbedScaleMissing,
         Fault::SoftcapMissing,
         Fault::WindowOffByOne,
+        Fault::FusedQkvSplit,
     ]
 }
 

@@ -314,6 +314,46 @@ GEMMA2_STAGES: tuple[Stage, ...] = (
 # "ffn_post_norm", so the nodes cannot be told apart by name. blk.N.out (= ffn_inp + ffn_post_norm) follows.
 GEMMA2_NOT_EXPOSED: tuple[str, ...] = ("blk.{N}.ffn_post_norm",)
 
+# The phi3 graph of the vendored src/models/phi3.cpp (no SWA: llama.cpp disables it for Phi) +
+# src/llama-graph.cpp (build_qkv's fused path, build_ffn with LLM_FFN_SWIGLU / LLM_FFN_SEQ), in forward order.
+# Differences from llama:
+# - Q/K/V come from ONE matmul, "wqkv-N" ([n_embd + 2·n_embd_gqa, T]); Q, K, V are strided views of it
+#   (ggml_view_3d, never computed as nodes of their own): q/k/v are NOT_EXPOSED, and the first stage of the
+#   attention a golden stores is the RoPE'd "Qcur-N" / "Kcur-N" (ROPE, NeoX), which read those views;
+# - Q is then scaled by 1/sqrt(head_dim) (a SCALE node also named "Qcur-N": q_rope is the ROPE before it),
+#   and build_attn runs with kq_scale = 1;
+# - the output projection is not named (phi3.cpp has no cb "attn_out"): the unnamed MUL_MAT whose input
+#   is "kqv_out-N", as qwen2; the residual ADD after it is unnamed too (no cb "ffn_inp") and its inputs
+#   are that unnamed MUL_MAT and "embd" / "l_out-{N-1}", so no (op, input) pair names it in every layer:
+#   ffn_inp is NOT_EXPOSED (blk.N.out = ffn_inp + ffn_out still checks it);
+# - the FFN's gate and up are ONE matmul "ffn_up-N" ([2·n_ff, T]) and ggml_swiglu (GLU, not swapped: the
+#   first half is the gate) reads its two halves: ffn_gate/ffn_up are NOT_EXPOSED as separate nodes;
+#   "ffn_swiglu-N" (SWIGLU) is the activation and "ffn_out-N" the down projection (MUL_MAT, named by
+#   phi3.cpp's cb after build_ffn returns), then "l_out-N".
+PHI3_STAGES: tuple[Stage, ...] = (
+    Stage("embd", "GET_ROWS", "embed", "2d"),
+    Stage("attn_norm-{N}", "MUL", "blk.{N}.attn_norm", "2d"),
+    Stage("Qcur-{N}", "ROPE", "blk.{N}.q_rope", "3d"),
+    Stage("Kcur-{N}", "ROPE", "blk.{N}.k_rope", "3d"),
+    Stage("kqv_out-{N}", "CONT", "blk.{N}.attn_out", "2d"),
+    Stage(UNNAMED, "MUL_MAT", "blk.{N}.attn_proj", "2d", input="kqv_out-{N}"),
+    Stage("ffn_norm-{N}", "MUL", "blk.{N}.ffn_norm", "2d"),
+    Stage("ffn_swiglu-{N}", "SWIGLU", "blk.{N}.ffn_act", "2d"),
+    Stage("ffn_out-{N}", "MUL_MAT", "blk.{N}.ffn_out", "2d"),
+    Stage("l_out-{N}", "ADD", "blk.{N}.out", "2d"),
+    Stage("result_norm", "MUL", "output_norm", "2d"),
+    Stage("result_output", "MUL_MAT", "logits", "2d"),
+)
+# Views of the fused "wqkv-N" and "ffn_up-N" matmuls (no node of their own), and the unnamed residual ADD.
+PHI3_NOT_EXPOSED: tuple[str, ...] = (
+    "blk.{N}.ffn_inp",
+    "blk.{N}.q",
+    "blk.{N}.k",
+    "blk.{N}.v",
+    "blk.{N}.ffn_gate",
+    "blk.{N}.ffn_up",
+)
+
 # architecture (GGUF general.architecture) -> (stage map, canonical stages without a node)
 ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
     "llama": (LLAMA_STAGES, LLAMA_NOT_EXPOSED),
@@ -321,6 +361,7 @@ ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
     "qwen3": (QWEN3_STAGES, QWEN3_NOT_EXPOSED),
     "gemma2": (GEMMA2_STAGES, GEMMA2_NOT_EXPOSED),
     "gemma3": (GEMMA3_STAGES, GEMMA3_NOT_EXPOSED),
+    "phi3": (PHI3_STAGES, PHI3_NOT_EXPOSED),
 }
 
 

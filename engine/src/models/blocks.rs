@@ -4,11 +4,13 @@
 //!
 //! - [`Embedding`]: `token_embd` row lookup, optional scale (Gemma's √d) → `embed`;
 //! - [`RmsNorm`]: RMSNorm with a weight → `attn_norm`, `ffn_norm`, post-norms, `output_norm`;
-//! - [`Attention`]: Q/K/V projections with optional biases (Qwen2) and per-head Q/K norms (Gemma 3, Qwen3),
+//! - [`Attention`]: Q/K/V projections (three matrices, or one fused `attn_qkv`: Phi-3) with optional biases
+//!   (Qwen2) and per-head Q/K norms (Gemma 3, Qwen3),
 //!   RoPE NORM or NeoX with a per-layer base, optional Q pre-scale, sliding window, logit soft-capping
 //!   (Gemma 2), the output projection →
 //!   `q`, `k`, `v`, `q_norm`, `k_norm`, `q_rope`, `k_rope`, `attn_out`, `attn_proj`;
-//! - [`Ffn`]: gated FFN with SiLU (SwiGLU) or tanh-GELU (GeGLU) → `ffn_gate`, `ffn_up`, `ffn_act`, `ffn_out`;
+//! - [`Ffn`]: gated FFN with SiLU (SwiGLU) or tanh-GELU (GeGLU), gate and up separate or fused in one
+//!   `ffn_up` (Phi-3) → `ffn_gate`, `ffn_up`, `ffn_act`, `ffn_out`;
 //! - [`DecoderLayer`]: pre-norm residual wiring with optional post-norms (Gemma 2/3) → `ffn_inp`, `out`;
 //! - [`OutputHead`]: final norm, output matrix, optional logit soft-cap → `output_norm`, `logits`;
 //! - [`Decoder`]: embedding → layers → head, the forward pass of every decoder-only architecture here.
@@ -162,6 +164,8 @@ pub struct Rope {
 /// Activation buffers of [`Attention::forward`].
 #[derive(Default)]
 pub struct AttnBufs {
+    /// The fused projection's output `[n, qw + 2·kvw]` (fused Q/K/V only).
+    qkv: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -180,12 +184,8 @@ const ROPE_PAR_TOKENS: usize = 16;
 pub struct Attention {
     /// Block index (the KV-cache layer and the stage ids).
     pub layer: usize,
-    /// `[n_head·head_dim, d_model]`.
-    pub wq: Weight,
-    /// `[n_kv_head·head_dim, d_model]`.
-    pub wk: Weight,
-    /// `[n_kv_head·head_dim, d_model]`.
-    pub wv: Weight,
+    /// The Q/K/V projections: three matrices, or one fused matrix.
+    pub qkv: QkvWeights,
     /// `[d_model, n_head·head_dim]`.
     pub wo: Weight,
     /// Q/K/V biases (`attn_q.bias` ...; Qwen2), added right after each projection.
@@ -198,6 +198,42 @@ pub struct Attention {
     pub q_scale: Option<f32>,
     /// Heads, scale, window.
     pub shape: AttnShape,
+}
+
+/// The Q/K/V projection weights of an [`Attention`], in the form the file has them (llama.cpp
+/// `create_tensor_qkv`: `attn_qkv.weight` when the file has it, else `attn_{q,k,v}.weight`).
+#[derive(Debug)]
+pub enum QkvWeights {
+    /// `attn_q` `[n_head·head_dim, d_model]`, `attn_k` and `attn_v` `[n_kv_head·head_dim, d_model]`.
+    Separate {
+        /// `attn_q.weight`.
+        wq: Weight,
+        /// `attn_k.weight`.
+        wk: Weight,
+        /// `attn_v.weight`.
+        wv: Weight,
+    },
+    /// `attn_qkv.weight` `[n_head·head_dim + 2·n_kv_head·head_dim, d_model]` (Phi-3): ONE matmul — ggml's
+    /// kernel choice depends on the row count, so three matmuls over its row ranges would not be the same
+    /// computation — whose output rows are split into q, k, v (llama-graph.cpp `build_qkv`: views of
+    /// "wqkv" at column offsets 0, n_embd_q, n_embd_q + n_embd_k).
+    Fused(Weight),
+}
+
+impl QkvWeights {
+    /// `attn_qkv.weight` if the file has it (shape-checked), else the three separate matrices.
+    fn load(g: &GgufFile, layer: usize, d_model: usize, qw: usize, kvw: usize) -> Result<Self> {
+        let name = |t: &str| format!("blk.{layer}.{t}.weight");
+        let w = |t: &str, rows: usize| Weight::load(g, &name(t), Some(rows), Some(d_model));
+        if g.tensor(&name("attn_qkv")).is_ok() {
+            return Ok(QkvWeights::Fused(w("attn_qkv", qw + 2 * kvw)?));
+        }
+        Ok(QkvWeights::Separate {
+            wq: w("attn_q", qw)?,
+            wk: w("attn_k", kvw)?,
+            wv: w("attn_v", kvw)?,
+        })
+    }
 }
 
 /// How an architecture configures one [`Attention`] (everything but the tensors themselves).
@@ -264,9 +300,7 @@ impl Attention {
         };
         Ok(Attention {
             layer,
-            wq: Weight::load(g, &name("attn_q.weight"), Some(qw), Some(d_model))?,
-            wk: Weight::load(g, &name("attn_k.weight"), Some(kvw), Some(d_model))?,
-            wv: Weight::load(g, &name("attn_v.weight"), Some(kvw), Some(d_model))?,
+            qkv: QkvWeights::load(g, layer, d_model, qw, kvw)?,
             wo: Weight::load(g, &name("attn_output.weight"), Some(d_model), Some(qw))?,
             bias,
             qk_norm,
@@ -301,15 +335,35 @@ impl Attention {
         );
 
         // q = h·Wqᵀ (+ bq) [n, n_head·hd];  k, v = h·Wkᵀ (+ bk), h·Wvᵀ (+ bv) [n, n_kv_head·hd]
-        for (i, (w, out, kind)) in [
-            (&self.wq, &mut *q, StageKind::Q),
-            (&self.wk, &mut *k, StageKind::K),
-            (&self.wv, &mut *v, StageKind::V),
+        match &self.qkv {
+            QkvWeights::Separate { wq, wk, wv } => {
+                f.matmul(wq, h, q)?;
+                f.matmul(wk, h, k)?;
+                f.matmul(wv, h, v)?;
+            }
+            QkvWeights::Fused(w) => {
+                // qkv = h·Wqkvᵀ [n, qw + 2·kvw]; q, k, v are each row's column ranges
+                let qkv = sized(&mut b.qkv, n * w.rows);
+                f.matmul(w, h, qkv)?;
+                let (ko, vo) = match faults::active() {
+                    Some(Fault::FusedQkvSplit) => (qw + kvw, qw),
+                    _ => (qw, qw + kvw),
+                };
+                for (t, row) in qkv.chunks_exact(w.rows).enumerate() {
+                    q[t * qw..][..qw].copy_from_slice(&row[..qw]);
+                    k[t * kvw..][..kvw].copy_from_slice(&row[ko..][..kvw]);
+                    v[t * kvw..][..kvw].copy_from_slice(&row[vo..][..kvw]);
+                }
+            }
+        }
+        for (i, (out, kind)) in [
+            (&mut *q, StageKind::Q),
+            (&mut *k, StageKind::K),
+            (&mut *v, StageKind::V),
         ]
         .into_iter()
         .enumerate()
         {
-            f.matmul(w, h, out)?;
             if let Some(bias) = self
                 .bias
                 .as_ref()
@@ -418,19 +472,23 @@ pub enum GluAct {
 /// Activation buffers of [`Ffn::forward`].
 #[derive(Default)]
 pub struct FfnBufs {
+    /// The fused gate+up projection's output `[n, 2·d_ff]` (fused FFN only).
+    fused: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
 }
 
 /// A gated feed-forward sub-layer: `down(act(h·W_gateᵀ) ⊙ h·W_upᵀ)` (llama.cpp `build_ffn` with
-/// `LLM_FFN_PAR`).
+/// `LLM_FFN_PAR`), or with gate and up fused in one matrix (Phi-3: `build_ffn(up, .., LLM_FFN_SWIGLU,
+/// LLM_FFN_SEQ)`, one matmul to `[n, 2·d_ff]` and `ggml_swiglu` over its two halves).
 #[derive(Debug)]
 pub struct Ffn {
     /// Block index.
     pub layer: usize,
-    /// `[d_ff, d_model]`.
-    pub gate: Weight,
-    /// `[d_ff, d_model]`.
+    /// `[d_ff, d_model]`; `None` when the file has no `ffn_gate` and `up` is the fused gate+up matrix.
+    pub gate: Option<Weight>,
+    /// `[d_ff, d_model]`, or with `gate` `None` the fused `[2·d_ff, d_model]`: rows `0..d_ff` the gate,
+    /// `d_ff..2·d_ff` the up projection (`ggml_swiglu`, not swapped: the first half goes through SiLU).
     pub up: Weight,
     /// `[d_model, d_ff]`.
     pub down: Weight,
@@ -439,7 +497,8 @@ pub struct Ffn {
 }
 
 impl Ffn {
-    /// Load block `layer`'s `ffn_gate`, `ffn_up`, `ffn_down`.
+    /// Load block `layer`'s `ffn_gate`, `ffn_up`, `ffn_down` — or, when the file has no `ffn_gate`, the
+    /// fused `ffn_up` of `2·d_ff` rows and `ffn_down`.
     pub fn load(
         g: &GgufFile,
         layer: usize,
@@ -448,10 +507,27 @@ impl Ffn {
         act: GluAct,
     ) -> Result<Ffn> {
         let name = |t: &str| format!("blk.{layer}.{t}.weight");
+        let gate = match g.tensor(&name("ffn_gate")) {
+            Ok(_) => Some(Weight::load(
+                g,
+                &name("ffn_gate"),
+                Some(d_ff),
+                Some(d_model),
+            )?),
+            // an `ffn_up` of d_ff rows without a gate: the gate is missing, not a fused matrix misshapen
+            Err(e)
+                if g.tensor(&name("ffn_up"))
+                    .is_ok_and(|t| t.dims.get(1) == Some(&(d_ff as u64))) =>
+            {
+                return Err(e)
+            }
+            Err(_) => None,
+        };
+        let up_rows = if gate.is_some() { d_ff } else { 2 * d_ff };
         Ok(Ffn {
             layer,
-            gate: Weight::load(g, &name("ffn_gate"), Some(d_ff), Some(d_model))?,
-            up: Weight::load(g, &name("ffn_up"), Some(d_ff), Some(d_model))?,
+            gate,
+            up: Weight::load(g, &name("ffn_up"), Some(up_rows), Some(d_model))?,
             down: Weight::load(g, &name("ffn_down"), Some(d_model), Some(d_ff))?,
             act,
         })
@@ -466,17 +542,39 @@ impl Ffn {
         out: &mut [f32],
     ) -> Result<()> {
         let st = |kind| Stage::block(self.layer, kind);
-        let d_ff = self.gate.rows;
+        let d_ff = self.down.cols;
         let (gate, up) = (sized(&mut b.gate, f.n * d_ff), sized(&mut b.up, f.n * d_ff));
         let fault = faults::active();
-        let (w_gate, w_up) = match fault {
-            Some(Fault::GateUpSwapped) => (&self.up, &self.gate),
-            _ => (&self.gate, &self.up),
-        };
-        f.matmul(w_gate, h, gate)?;
-        f.emit(st(StageKind::FfnGate), gate);
-        f.matmul(w_up, h, up)?;
-        f.emit(st(StageKind::FfnUp), up);
+        let swapped = fault == Some(Fault::GateUpSwapped);
+        match &self.gate {
+            Some(w_gate) => {
+                let (w_gate, w_up) = if swapped {
+                    (&self.up, w_gate)
+                } else {
+                    (w_gate, &self.up)
+                };
+                f.matmul(w_gate, h, gate)?;
+                f.emit(st(StageKind::FfnGate), gate);
+                f.matmul(w_up, h, up)?;
+                f.emit(st(StageKind::FfnUp), up);
+            }
+            None => {
+                // [gate | up] = h·W_upᵀ [n, 2·d_ff]; the fault takes the halves the other way round
+                let fused = sized(&mut b.fused, f.n * 2 * d_ff);
+                f.matmul(&self.up, h, fused)?;
+                let (go, uo) = if swapped { (d_ff, 0) } else { (0, d_ff) };
+                for ((row, g), u) in fused
+                    .chunks_exact(2 * d_ff)
+                    .zip(gate.chunks_exact_mut(d_ff))
+                    .zip(up.chunks_exact_mut(d_ff))
+                {
+                    g.copy_from_slice(&row[go..][..d_ff]);
+                    u.copy_from_slice(&row[uo..][..d_ff]);
+                }
+                f.emit(st(StageKind::FfnGate), gate);
+                f.emit(st(StageKind::FfnUp), up);
+            }
+        }
         // gate = act(gate) ⊙ up                               [n, d_ff]
         let act = match (fault, self.act) {
             (Some(Fault::WrongActivation { layer }), GluAct::Silu) if layer == self.layer => {

@@ -5,7 +5,7 @@
 //! - [`weights`]: quantized matrices left in the map, small f32 vectors;
 //! - [`blocks`]: the shared blocks (embedding, RMSNorm, attention with options, gated FFN, pre/post-norm
 //!   layer, output head) that compute and emit every stage;
-//! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma2`], [`gemma3`]): hyperparameters and wiring, no
+//! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma2`], [`gemma3`], [`phi3`]): hyperparameters and wiring, no
 //!   arithmetic. A new architecture is a new module plus a line in [`ARCHITECTURES`].
 //!
 //! The public surface the harness uses is [`Model`] and [`Session`].
@@ -15,6 +15,7 @@ pub mod gemma2;
 pub mod gemma3;
 pub mod hparams;
 pub mod llama;
+pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod weights;
@@ -42,6 +43,7 @@ pub const ARCHITECTURES: &[(&str, ArchLoader)] = &[
     ("qwen3", qwen3::load),
     ("gemma2", gemma2::load),
     ("gemma3", gemma3::load),
+    ("phi3", phi3::load),
 ];
 
 /// Reads an architecture's hyperparameters and builds its blocks.
