@@ -59,6 +59,12 @@ pub enum Fault {
     /// The sliding window off by one: a key `window` positions back is still visible (`pos − p ≤ window`
     /// instead of `< window`).
     WindowOffByOne,
+    /// LayerNorm's bias not added (`build_norm(LLM_NORM)` without its `ggml_add`), in every LayerNorm
+    /// (StarCoder2, StableLM).
+    LayerNormBiasDropped,
+    /// Partial rotary ignored: every dimension of each head rotated (with the angles of a head_dim-wide
+    /// RoPE) instead of the first `rope.dimension_count` (StableLM).
+    PartialRotaryDims,
 }
 
 #[cfg(feature = "faults")]
