@@ -559,7 +559,9 @@ fn layer_norm_ggml_variance_sums_lane_blocks_per_target() {
     for seed in 0..64u32 {
         let row: Vec<f32> = (0..width)
             .map(|i| {
-                ((i as u32 * 2654435761u32 ^ seed.wrapping_mul(40503)) % 1000) as f32 * 1e-3 + 1e3
+                (((i as u32).wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 1000) as f32
+                    * 1e-3
+                    + 1e3
             })
             .collect();
         let out: Vec<Vec<f32>> = [
