@@ -48,6 +48,10 @@ struct Subject {
     window: Option<(usize, usize)>,
     /// Decode steps of the golden.
     n_decode: usize,
+    /// LayerNorms with a bias (`blk.0.attn_norm.bias`: StarCoder2, StableLM).
+    has_norm_bias: bool,
+    /// RoPE rotates fewer dimensions than the head has (`rope.dimension_count` < head_dim: StableLM).
+    partial_rotary: bool,
     /// The first layer whose RoPE base is not 10000 (Gemma 3's local layers use 10000).
     first_rope_base_not_10k: Option<usize>,
     /// The first matmul in forward order whose weight is Q4_1 or Q4_K (whose min the fault misreads).
@@ -120,6 +124,8 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
             .iter()
             .find_map(|l| Some((l.attn.shape.window?, l.layer))),
         n_decode,
+        has_norm_bias: g.tensor("blk.0.attn_norm.bias").is_ok(),
+        partial_rotary: layers[0].attn.rope.dim < layers[0].attn.shape.head_dim,
         first_min_quant: first.map(|(l, _, k)| Site {
             layer: Some(l),
             kinds: vec![k],
@@ -179,6 +185,10 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
             multi,
         ),
         Fault::RopeDecodePosition => site(Some(0), &[K::QRope, K::KRope], Phase::Decode),
+        Fault::LayerNormBiasDropped if !s.has_norm_bias => return None,
+        Fault::LayerNormBiasDropped => site(Some(0), &[K::AttnNorm], Phase::Prefill),
+        Fault::PartialRotaryDims if !s.partial_rotary => return None,
+        Fault::PartialRotaryDims => site(Some(0), &[K::QRope, K::KRope], multi),
         Fault::NormEps => site(Some(0), &[K::AttnNorm], Phase::Prefill),
         Fault::KvWritePosition => site(Some(0), &[K::AttnOut], Phase::Decode),
         Fault::GqaHeadMap if s.n_kv_head == 1 || s.n_kv_head == s.n_head => return None,
@@ -239,6 +249,8 @@ fn mutants(s: &Subject) -> Vec<Fault> {
         Fault::SoftcapMissing,
         Fault::WindowOffByOne,
         Fault::FusedQkvSplit,
+        Fault::LayerNormBiasDropped,
+        Fault::PartialRotaryDims,
     ]
 }
 

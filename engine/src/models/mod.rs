@@ -5,7 +5,8 @@
 //! - [`weights`]: quantized matrices left in the map, small f32 vectors;
 //! - [`blocks`]: the shared blocks (embedding, RMSNorm, attention with options, gated FFN, pre/post-norm
 //!   layer, output head) that compute and emit every stage;
-//! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma2`], [`gemma3`], [`phi3`]): hyperparameters and wiring, no
+//! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma2`], [`gemma3`], [`phi3`],
+//!   [`starcoder2`], [`stablelm`]): hyperparameters and wiring, no
 //!   arithmetic. A new architecture is a new module plus a line in [`ARCHITECTURES`].
 //!
 //! The public surface the harness uses is [`Model`] and [`Session`].
@@ -18,6 +19,8 @@ pub mod llama;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod stablelm;
+pub mod starcoder2;
 pub mod weights;
 
 use std::path::Path;
@@ -44,6 +47,8 @@ pub const ARCHITECTURES: &[(&str, ArchLoader)] = &[
     ("gemma2", gemma2::load),
     ("gemma3", gemma3::load),
     ("phi3", phi3::load),
+    ("starcoder2", starcoder2::load),
+    ("stablelm", stablelm::load),
 ];
 
 /// Reads an architecture's hyperparameters and builds its blocks.

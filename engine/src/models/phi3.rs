@@ -24,7 +24,9 @@
 //! Wiring only: the blocks are [`super::blocks`].
 
 use crate::gguf::GgufFile;
-use crate::models::blocks::{AttnOptions, AttnTensors, Decoder, GluAct, Rope, RopeKind, Wiring};
+use crate::models::blocks::{
+    AttnOptions, AttnTensors, Decoder, GluAct, NormKind, Rope, RopeKind, Wiring,
+};
 use crate::models::hparams::{DecoderDims, Meta};
 use crate::ops::AttnShape;
 use crate::{Error, Result};
@@ -69,6 +71,9 @@ pub fn load(g: &GgufFile) -> Result<(DecoderDims, Decoder)> {
         act: GluAct::Silu,
         attn: &|_| opts,
         final_softcap: None,
+        // gated: the gate is the first half of the fused `ffn_up` (Ffn::load finds no `ffn_gate`)
+        gated_ffn: true,
+        norm: NormKind::Rms,
     };
     let decoder = Decoder::load(g, &c, &wiring)?;
     Ok((c, decoder))
