@@ -59,6 +59,15 @@ pub enum Fault {
     /// The sliding window off by one: a key `window` positions back is still visible (`pos − p ≤ window`
     /// instead of `< window`).
     WindowOffByOne,
+    /// A fused Q/K/V projection (`attn_qkv`, Phi-3) split with the K and V column ranges swapped: k read
+    /// at offset `n_embd_q + n_embd_k`, v at `n_embd_q`.
+    FusedQkvSplit,
+    /// LayerNorm's bias not added (`build_norm(LLM_NORM)` without its `ggml_add`), in every LayerNorm
+    /// (StarCoder2, StableLM).
+    LayerNormBiasDropped,
+    /// Partial rotary ignored: every dimension of each head rotated (with the angles of a head_dim-wide
+    /// RoPE) instead of the first `rope.dimension_count` (StableLM).
+    PartialRotaryDims,
 }
 
 #[cfg(feature = "faults")]

@@ -15,7 +15,10 @@ use crate::quant::{quantize_row, GgmlType};
 /// Shape and types of a synthetic decoder model: `llama` by default, or one of [`SYNTH_ARCHS`] through
 /// [`SynthModel::arch`]: `qwen2` (adds Q/K/V biases), `qwen3` (per-head Q/K norms, no biases), `gemma2`
 /// (post-attention and post-FFN norms, soft-capping, a sliding window on even layers), `gemma3` (per-head
-/// Q/K norms, post-norms, a sliding window); the windows are [`SynthModel::sliding_window`] positions.
+/// Q/K norms, post-norms, a sliding window), `phi3` (fused `attn_qkv` and gate+up `ffn_up`, a sliding window
+/// llama.cpp ignores), `starcoder2` (LayerNorms with biases, biases on every projection, a non-gated GELU
+/// FFN), `stablelm` (LayerNorms with biases, Q/K/V biases, partial rotary); the windows are
+/// [`SynthModel::sliding_window`] positions.
 #[derive(Clone, Debug)]
 pub struct SynthModel {
     /// `general.architecture`, one of [`SYNTH_ARCHS`].
@@ -53,7 +56,25 @@ pub struct SynthModel {
 }
 
 /// The architectures [`SynthModel`] writes.
-pub const SYNTH_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma2", "gemma3"];
+pub const SYNTH_ARCHS: &[&str] = &[
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "starcoder2",
+    "stablelm",
+    "phi3",
+];
+
+/// `stablelm.rope.dimension_count` of a synthetic `stablelm` file, as a fraction of head_dim (StableLM's
+/// `partial_rotary_factor` 0.25: 16 of 64).
+pub const SYNTH_PARTIAL_ROTARY: usize = 4;
+
+/// Whether `arch` is one of the LayerNorm architectures (`starcoder2`, `stablelm`).
+fn layer_norm_arch(arch: &str) -> bool {
+    matches!(arch, "starcoder2" | "stablelm")
+}
 
 /// `gemma2.attn_logit_softcapping` of a synthetic `gemma2` file: 5, not the real models' 50, so that the
 /// tanh is in its curved range for these small attention scores (|q·k|/√d of a few units).
@@ -122,7 +143,7 @@ impl SynthModel {
     /// The model `lockstep synth --arch ARCH --seed N` writes: 2 blocks, d_model 256, 4 query heads and 2 KV
     /// heads of 64, d_ff 512, every weight F32 (quantization variants are made from it), RMSNorm ε 1e-6, a
     /// sliding window of [`SYNTH_WINDOW`], two outlier dimensions, `token_embd` in ±0.25 (tied logits with a
-    /// spread of a few units, as trained models have), and an untied output head for the Qwen
+    /// spread of a few units, as trained models have), and an untied output head for the Qwen and Phi-3
     /// architectures (their converter writes `output.weight`).
     ///
     /// Errors: an architecture outside [`SYNTH_ARCHS`] (the known ones listed).
@@ -147,7 +168,7 @@ impl SynthModel {
             sliding_window: SYNTH_WINDOW,
             outliers: 2,
             embd_scale: 0.25,
-            untied_output: matches!(arch, "qwen2" | "qwen3"),
+            untied_output: matches!(arch, "qwen2" | "qwen3" | "phi3" | "stablelm"),
         })
     }
 
@@ -173,7 +194,14 @@ impl SynthModel {
         let a = self.arch;
         let key = |k: &str| format!("{a}.{k}");
         w.add_metadata("general.architecture", s(a));
-        w.add_metadata("general.name", s(&format!("tiny-{a} (synthetic)")));
+        // llama.cpp sets per-token attributes by the model name: one containing "phi3" or "phi-3" has them
+        // set on Phi-3's SPM tokens (`</s>`, `<unk>`, `<s>`: llama-vocab.cpp `_set_token_attr`), which this
+        // byte-level vocabulary lacks (the load fails), so the phi3 file is named without them
+        let name = match a {
+            "phi3" => "tiny-phi (synthetic)".to_string(),
+            _ => format!("tiny-{a} (synthetic)"),
+        };
+        w.add_metadata("general.name", s(&name));
         w.add_metadata(&key("block_count"), u(self.n_layer as u32));
         w.add_metadata(&key("context_length"), u(256));
         w.add_metadata(&key("embedding_length"), u(self.d_model as u32));
@@ -181,17 +209,28 @@ impl SynthModel {
         w.add_metadata(&key("attention.head_count"), u(self.n_head as u32));
         w.add_metadata(&key("attention.head_count_kv"), u(self.n_kv_head as u32));
         w.add_metadata(&key("rope.freq_base"), MetaValue::F32(10000.0));
-        w.add_metadata(&key("rope.dimension_count"), u(head_dim as u32));
-        w.add_metadata(
-            &key("attention.layer_norm_rms_epsilon"),
-            MetaValue::F32(self.norm_eps),
-        );
+        let rope_dim = if a == "stablelm" {
+            head_dim / SYNTH_PARTIAL_ROTARY
+        } else {
+            head_dim
+        };
+        w.add_metadata(&key("rope.dimension_count"), u(rope_dim as u32));
+        let eps_key = if layer_norm_arch(a) {
+            "attention.layer_norm_epsilon"
+        } else {
+            "attention.layer_norm_rms_epsilon"
+        };
+        w.add_metadata(&key(eps_key), MetaValue::F32(self.norm_eps));
         if matches!(a, "qwen3" | "gemma2" | "gemma3") {
             w.add_metadata(&key("attention.key_length"), u(head_dim as u32));
             w.add_metadata(&key("attention.value_length"), u(head_dim as u32));
         }
-        if matches!(a, "gemma2" | "gemma3") {
+        if matches!(a, "gemma2" | "gemma3" | "phi3") {
             w.add_metadata(&key("attention.sliding_window"), u(self.sliding_window));
+        }
+        if a == "phi3" {
+            // Phi3MiniModel.set_gguf_parameters (the original_max_position_embeddings)
+            w.add_metadata(&key("rope.scaling.original_context_length"), u(256));
         }
         if a == "gemma2" {
             let f = MetaValue::F32;
@@ -258,18 +297,38 @@ impl SynthModel {
             self.embd_scale,
         )?;
 
+        // Phi-3's converter writes fused Q/K/V and gate/up matrices
+        let fused = self.arch == "phi3";
         for l in 0..self.n_layer {
             let n = |t: &str| format!("blk.{l}.{t}.weight");
             let mt = self.matrix_type;
             let proj = 2.0 / (d as f32).sqrt();
             tensor(&mut w, &n("attn_norm"), 1, d, f32t, 1.0, 0.2)?;
-            tensor(&mut w, &n("attn_q"), qw, d, mt, 0.0, proj)?;
-            tensor(&mut w, &n("attn_k"), kvw, d, mt, 0.0, proj)?;
-            tensor(&mut w, &n("attn_v"), kvw, d, mt, 0.0, proj)?;
+            if fused {
+                // Phi-3's qkv_proj: [q; k; v] rows in one matrix
+                tensor(&mut w, &n("attn_qkv"), qw + 2 * kvw, d, mt, 0.0, proj)?;
+            } else {
+                tensor(&mut w, &n("attn_q"), qw, d, mt, 0.0, proj)?;
+                tensor(&mut w, &n("attn_k"), kvw, d, mt, 0.0, proj)?;
+                tensor(&mut w, &n("attn_v"), kvw, d, mt, 0.0, proj)?;
+            }
             tensor(&mut w, &n("attn_output"), d, qw, mt, 0.0, proj)?;
             tensor(&mut w, &n("ffn_norm"), 1, d, f32t, 1.0, 0.2)?;
+            let b = |t: &str| format!("blk.{l}.{t}.bias");
+            if layer_norm_arch(self.arch) {
+                // LayerNorm biases (starcoder2, stablelm), and starcoder2's output-projection and FFN biases
+                tensor(&mut w, &b("attn_norm"), 1, d, f32t, 0.0, 0.2)?;
+                tensor(&mut w, &b("ffn_norm"), 1, d, f32t, 0.0, 0.2)?;
+                tensor(&mut w, &b("attn_q"), 1, qw, f32t, 0.0, 0.5)?;
+                tensor(&mut w, &b("attn_k"), 1, kvw, f32t, 0.0, 0.5)?;
+                tensor(&mut w, &b("attn_v"), 1, kvw, f32t, 0.0, 0.5)?;
+                if self.arch == "starcoder2" {
+                    tensor(&mut w, &b("attn_output"), 1, d, f32t, 0.0, 0.2)?;
+                    tensor(&mut w, &b("ffn_up"), 1, self.d_ff, f32t, 0.0, 0.5)?;
+                    tensor(&mut w, &b("ffn_down"), 1, d, f32t, 0.0, 0.2)?;
+                }
+            }
             if self.arch == "qwen2" {
-                let b = |t: &str| format!("blk.{l}.{t}.bias");
                 tensor(&mut w, &b("attn_q"), 1, qw, f32t, 0.0, 0.5)?;
                 tensor(&mut w, &b("attn_k"), 1, kvw, f32t, 0.0, 0.5)?;
                 tensor(&mut w, &b("attn_v"), 1, kvw, f32t, 0.0, 0.5)?;
@@ -282,8 +341,15 @@ impl SynthModel {
                 tensor(&mut w, &n("post_attention_norm"), 1, d, f32t, 1.0, 0.2)?;
                 tensor(&mut w, &n("post_ffw_norm"), 1, d, f32t, 1.0, 0.2)?;
             }
-            tensor(&mut w, &n("ffn_gate"), self.d_ff, d, mt, 0.0, proj)?;
-            tensor(&mut w, &n("ffn_up"), self.d_ff, d, mt, 0.0, proj)?;
+            if fused {
+                // Phi-3's gate_up_proj: gate rows, then up rows
+                tensor(&mut w, &n("ffn_up"), 2 * self.d_ff, d, mt, 0.0, proj)?;
+            } else {
+                if self.arch != "starcoder2" {
+                    tensor(&mut w, &n("ffn_gate"), self.d_ff, d, mt, 0.0, proj)?;
+                }
+                tensor(&mut w, &n("ffn_up"), self.d_ff, d, mt, 0.0, proj)?;
+            }
             tensor(
                 &mut w,
                 &n("ffn_down"),
@@ -295,6 +361,9 @@ impl SynthModel {
             )?;
         }
         tensor(&mut w, "output_norm.weight", 1, d, f32t, 1.0, 0.2)?;
+        if layer_norm_arch(self.arch) {
+            tensor(&mut w, "output_norm.bias", 1, d, f32t, 0.0, 0.2)?;
+        }
         if self.untied_output {
             let proj = 2.0 / (d as f32).sqrt();
             tensor(

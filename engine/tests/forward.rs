@@ -1,4 +1,4 @@
-//! Forward-pass properties on tiny synthetic models of every architecture (llama, qwen2, gemma3): hooks,
+//! Forward-pass properties on tiny synthetic models of every architecture (llama, qwen2, gemma3, phi3): hooks,
 //! derived stage lists, KV-cache decode, sliding windows, thread independence, modes.
 
 use std::ops::Range;
@@ -24,7 +24,7 @@ fn record(model: &Model, tokens: &[u32], mode: NumericsMode, sink: &mut dyn Stag
 const PROMPT: [u32; 7] = [40, 75, 100, 3, 200, 17, 259];
 
 /// Every architecture the engine wires, as a tiny synthetic model.
-const ARCHS: [&str; 3] = ["llama", "qwen2", "gemma3"];
+const ARCHS: [&str; 4] = ["llama", "qwen2", "gemma3", "phi3"];
 
 fn tiny_arch(arch: &'static str) -> Model {
     tiny(&SynthModel {
@@ -181,6 +181,8 @@ fn each_architecture_emits_the_stages_its_blocks_have() {
     ];
     assert_eq!(kinds(&tiny_arch("llama")), llama);
     assert_eq!(kinds(&tiny_arch("qwen2")), llama);
+    // phi3's fused Q/K/V and gate+up matmuls emit the same stages, split
+    assert_eq!(kinds(&tiny_arch("phi3")), llama);
     let gemma = vec![
         AttnNorm,
         Q,

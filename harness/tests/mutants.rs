@@ -39,6 +39,8 @@ struct Subject {
     n_head: usize,
     n_kv_head: usize,
     has_bias: bool,
+    /// Q/K/V from one fused `attn_qkv` matrix (Phi-3).
+    fused_qkv: bool,
     has_embed_scale: bool,
     /// Attention logit soft-capping (Gemma 2).
     has_softcap: bool,
@@ -46,6 +48,10 @@ struct Subject {
     window: Option<(usize, usize)>,
     /// Decode steps of the golden.
     n_decode: usize,
+    /// LayerNorms with a bias (`blk.0.attn_norm.bias`: StarCoder2, StableLM).
+    has_norm_bias: bool,
+    /// RoPE rotates fewer dimensions than the head has (`rope.dimension_count` < head_dim: StableLM).
+    partial_rotary: bool,
     /// The first layer whose RoPE base is not 10000 (Gemma 3's local layers use 10000).
     first_rope_base_not_10k: Option<usize>,
     /// The first matmul in forward order whose weight is Q4_1 or Q4_K (whose min the fault misreads).
@@ -111,12 +117,15 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
         n_head: key("attention.head_count"),
         n_kv_head: key("attention.head_count_kv"),
         has_bias: g.tensor("blk.0.attn_q.bias").is_ok(),
+        fused_qkv: g.tensor("blk.0.attn_qkv.weight").is_ok(),
         has_embed_scale: model.decoder().embed.scale.is_some(),
         has_softcap: layers.iter().any(|l| l.attn.shape.softcap.is_some()),
         window: layers
             .iter()
             .find_map(|l| Some((l.attn.shape.window?, l.layer))),
         n_decode,
+        has_norm_bias: g.tensor("blk.0.attn_norm.bias").is_ok(),
+        partial_rotary: layers[0].attn.rope.dim < layers[0].attn.shape.head_dim,
         first_min_quant: first.map(|(l, _, k)| Site {
             layer: Some(l),
             kinds: vec![k],
@@ -176,6 +185,10 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
             multi,
         ),
         Fault::RopeDecodePosition => site(Some(0), &[K::QRope, K::KRope], Phase::Decode),
+        Fault::LayerNormBiasDropped if !s.has_norm_bias => return None,
+        Fault::LayerNormBiasDropped => site(Some(0), &[K::AttnNorm], Phase::Prefill),
+        Fault::PartialRotaryDims if !s.partial_rotary => return None,
+        Fault::PartialRotaryDims => site(Some(0), &[K::QRope, K::KRope], multi),
         Fault::NormEps => site(Some(0), &[K::AttnNorm], Phase::Prefill),
         Fault::KvWritePosition => site(Some(0), &[K::AttnOut], Phase::Decode),
         Fault::GqaHeadMap if s.n_kv_head == 1 || s.n_kv_head == s.n_head => return None,
@@ -206,6 +219,9 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
             };
             site(Some(l), &[K::AttnOut], phase)
         }
+        Fault::FusedQkvSplit if !s.fused_qkv => return None,
+        // k and v swapped: k shows first (k_rope where the golden has no q/k/v of the fused matmul's views)
+        Fault::FusedQkvSplit => site(Some(0), &[K::K, K::V, K::KRope], Phase::Prefill),
         // reference mode only: its own test below, not the two-mode suite
         Fault::ReferenceUnpack => return None,
     });
@@ -232,6 +248,9 @@ fn mutants(s: &Subject) -> Vec<Fault> {
         Fault::EmbedScaleMissing,
         Fault::SoftcapMissing,
         Fault::WindowOffByOne,
+        Fault::FusedQkvSplit,
+        Fault::LayerNormBiasDropped,
+        Fault::PartialRotaryDims,
     ]
 }
 

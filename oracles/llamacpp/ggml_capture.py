@@ -314,6 +314,103 @@ GEMMA2_STAGES: tuple[Stage, ...] = (
 # "ffn_post_norm", so the nodes cannot be told apart by name. blk.N.out (= ffn_inp + ffn_post_norm) follows.
 GEMMA2_NOT_EXPOSED: tuple[str, ...] = ("blk.{N}.ffn_post_norm",)
 
+# The starcoder2 graph of the vendored src/models/starcoder2.cpp + src/llama-graph.cpp (build_norm with
+# LLM_NORM, build_qkv, build_attn, build_ffn with LLM_FFN_GELU + LLM_FFN_SEQ), in forward order:
+# - every norm is LayerNorm with a bias: NORM "norm-N", MUL "norm_w-N", then the bias ADD, which carries
+#   the norm's name ("attn_norm-N", "ffn_norm-N", "result_norm");
+# - Q/K/V have biases: the canonical projection is the bias ADD "Qcur-N" (as qwen2);
+# - the output projection and its bias are both unnamed (build_attn: no cb after wo or wo_b): attn_proj
+#   is the ADD whose input is the bias tensor "blk.N.attn_output.bias";
+# - the FFN: MUL_MAT "ffn_up-N", bias ADD "ffn_up_b-N" (canonical ffn_up: what GELU reads), GELU
+#   "ffn_gelu-N", MUL_MAT "ffn_down-N", bias ADD "ffn_out-N"; no gate (no ffn_gate stage).
+STARCODER2_STAGES: tuple[Stage, ...] = (
+    Stage("embd", "GET_ROWS", "embed", "2d"),
+    Stage("attn_norm-{N}", "ADD", "blk.{N}.attn_norm", "2d"),
+    Stage("Qcur-{N}", "ADD", "blk.{N}.q", "2d"),
+    Stage("Kcur-{N}", "ADD", "blk.{N}.k", "2d"),
+    Stage("Vcur-{N}", "ADD", "blk.{N}.v", "2d"),
+    Stage("Qcur-{N}", "ROPE", "blk.{N}.q_rope", "3d"),
+    Stage("Kcur-{N}", "ROPE", "blk.{N}.k_rope", "3d"),
+    Stage("kqv_out-{N}", "CONT", "blk.{N}.attn_out", "2d"),
+    Stage(UNNAMED, "ADD", "blk.{N}.attn_proj", "2d", input="blk.{N}.attn_output.bias"),
+    Stage("ffn_inp-{N}", "ADD", "blk.{N}.ffn_inp", "2d"),
+    Stage("ffn_norm-{N}", "ADD", "blk.{N}.ffn_norm", "2d"),
+    Stage("ffn_up_b-{N}", "ADD", "blk.{N}.ffn_up", "2d"),
+    Stage("ffn_gelu-{N}", "GELU", "blk.{N}.ffn_act", "2d"),
+    Stage("ffn_out-{N}", "ADD", "blk.{N}.ffn_out", "2d"),
+    Stage("l_out-{N}", "ADD", "blk.{N}.out", "2d"),
+    Stage("result_norm", "ADD", "output_norm", "2d"),
+    Stage("result_output", "MUL_MAT", "logits", "2d"),
+)
+STARCODER2_NOT_EXPOSED: tuple[str, ...] = ()
+
+# The stablelm graph of the vendored src/models/stablelm.cpp + src/llama-graph.cpp, in forward order:
+# LayerNorms with biases as starcoder2 (the bias ADD carries the norm's name), Q/K/V bias ADDs "Qcur-N"
+# (StableLM 2; a file without them has the MUL_MAT only), NeoX RoPE over the first rope.dimension_count
+# dims of each head, the unnamed output projection MUL_MAT whose input is "kqv_out-N" (no bias), and the
+# SwiGLU FFN of llama.
+STABLELM_STAGES: tuple[Stage, ...] = (
+    Stage("embd", "GET_ROWS", "embed", "2d"),
+    Stage("attn_norm-{N}", "ADD", "blk.{N}.attn_norm", "2d"),
+    Stage("Qcur-{N}", "ADD", "blk.{N}.q", "2d"),
+    Stage("Kcur-{N}", "ADD", "blk.{N}.k", "2d"),
+    Stage("Vcur-{N}", "ADD", "blk.{N}.v", "2d"),
+    Stage("Qcur-{N}", "ROPE", "blk.{N}.q_rope", "3d"),
+    Stage("Kcur-{N}", "ROPE", "blk.{N}.k_rope", "3d"),
+    Stage("kqv_out-{N}", "CONT", "blk.{N}.attn_out", "2d"),
+    Stage(UNNAMED, "MUL_MAT", "blk.{N}.attn_proj", "2d", input="kqv_out-{N}"),
+    Stage("ffn_inp-{N}", "ADD", "blk.{N}.ffn_inp", "2d"),
+    Stage("ffn_norm-{N}", "ADD", "blk.{N}.ffn_norm", "2d"),
+    Stage("ffn_gate-{N}", "MUL_MAT", "blk.{N}.ffn_gate", "2d"),
+    Stage("ffn_up-{N}", "MUL_MAT", "blk.{N}.ffn_up", "2d"),
+    Stage("ffn_swiglu-{N}", "SWIGLU", "blk.{N}.ffn_act", "2d"),
+    Stage("ffn_out-{N}", "MUL_MAT", "blk.{N}.ffn_out", "2d"),
+    Stage("l_out-{N}", "ADD", "blk.{N}.out", "2d"),
+    Stage("result_norm", "ADD", "output_norm", "2d"),
+    Stage("result_output", "MUL_MAT", "logits", "2d"),
+)
+STABLELM_NOT_EXPOSED: tuple[str, ...] = ()
+
+# The phi3 graph of the vendored src/models/phi3.cpp (no SWA: llama.cpp disables it for Phi) +
+# src/llama-graph.cpp (build_qkv's fused path, build_ffn with LLM_FFN_SWIGLU / LLM_FFN_SEQ), in forward order.
+# Differences from llama:
+# - Q/K/V come from ONE matmul, "wqkv-N" ([n_embd + 2·n_embd_gqa, T]); Q, K, V are strided views of it
+#   (ggml_view_3d, never computed as nodes of their own): q/k/v are NOT_EXPOSED, and the first stage of the
+#   attention a golden stores is the RoPE'd "Qcur-N" / "Kcur-N" (ROPE, NeoX), which read those views;
+# - Q is then scaled by 1/sqrt(head_dim) (a SCALE node also named "Qcur-N": q_rope is the ROPE before it),
+#   and build_attn runs with kq_scale = 1;
+# - the output projection is not named (phi3.cpp has no cb "attn_out"): the unnamed MUL_MAT whose input
+#   is "kqv_out-N", as qwen2; the residual ADD after it is unnamed too (no cb "ffn_inp") and its inputs
+#   are that unnamed MUL_MAT and "embd" / "l_out-{N-1}", so no (op, input) pair names it in every layer:
+#   ffn_inp is NOT_EXPOSED (blk.N.out = ffn_inp + ffn_out still checks it);
+# - the FFN's gate and up are ONE matmul "ffn_up-N" ([2·n_ff, T]) and ggml_swiglu (GLU, not swapped: the
+#   first half is the gate) reads its two halves: ffn_gate/ffn_up are NOT_EXPOSED as separate nodes;
+#   "ffn_swiglu-N" (SWIGLU) is the activation and "ffn_out-N" the down projection (MUL_MAT, named by
+#   phi3.cpp's cb after build_ffn returns), then "l_out-N".
+PHI3_STAGES: tuple[Stage, ...] = (
+    Stage("embd", "GET_ROWS", "embed", "2d"),
+    Stage("attn_norm-{N}", "MUL", "blk.{N}.attn_norm", "2d"),
+    Stage("Qcur-{N}", "ROPE", "blk.{N}.q_rope", "3d"),
+    Stage("Kcur-{N}", "ROPE", "blk.{N}.k_rope", "3d"),
+    Stage("kqv_out-{N}", "CONT", "blk.{N}.attn_out", "2d"),
+    Stage(UNNAMED, "MUL_MAT", "blk.{N}.attn_proj", "2d", input="kqv_out-{N}"),
+    Stage("ffn_norm-{N}", "MUL", "blk.{N}.ffn_norm", "2d"),
+    Stage("ffn_swiglu-{N}", "SWIGLU", "blk.{N}.ffn_act", "2d"),
+    Stage("ffn_out-{N}", "MUL_MAT", "blk.{N}.ffn_out", "2d"),
+    Stage("l_out-{N}", "ADD", "blk.{N}.out", "2d"),
+    Stage("result_norm", "MUL", "output_norm", "2d"),
+    Stage("result_output", "MUL_MAT", "logits", "2d"),
+)
+# Views of the fused "wqkv-N" and "ffn_up-N" matmuls (no node of their own), and the unnamed residual ADD.
+PHI3_NOT_EXPOSED: tuple[str, ...] = (
+    "blk.{N}.ffn_inp",
+    "blk.{N}.q",
+    "blk.{N}.k",
+    "blk.{N}.v",
+    "blk.{N}.ffn_gate",
+    "blk.{N}.ffn_up",
+)
+
 # architecture (GGUF general.architecture) -> (stage map, canonical stages without a node)
 ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
     "llama": (LLAMA_STAGES, LLAMA_NOT_EXPOSED),
@@ -321,6 +418,9 @@ ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
     "qwen3": (QWEN3_STAGES, QWEN3_NOT_EXPOSED),
     "gemma2": (GEMMA2_STAGES, GEMMA2_NOT_EXPOSED),
     "gemma3": (GEMMA3_STAGES, GEMMA3_NOT_EXPOSED),
+    "starcoder2": (STARCODER2_STAGES, STARCODER2_NOT_EXPOSED),
+    "stablelm": (STABLELM_STAGES, STABLELM_NOT_EXPOSED),
+    "phi3": (PHI3_STAGES, PHI3_NOT_EXPOSED),
 }
 
 

@@ -3,12 +3,16 @@
 //! every intermediate through `cb(cur, "attn_norm", il)`, and mistral.rs shares `layers.rs`.
 //!
 //! - [`Embedding`]: `token_embd` row lookup, optional scale (Gemma's √d) → `embed`;
-//! - [`RmsNorm`]: RMSNorm with a weight → `attn_norm`, `ffn_norm`, post-norms, `output_norm`;
-//! - [`Attention`]: Q/K/V projections with optional biases (Qwen2) and per-head Q/K norms (Gemma 3, Qwen3),
+//! - [`RmsNorm`]: RMSNorm with a weight, or LayerNorm with a weight and a bias ([`NormKind`]; StarCoder2,
+//!   StableLM) → `attn_norm`, `ffn_norm`, post-norms, `output_norm`;
+//! - [`Attention`]: Q/K/V projections (three matrices, or one fused `attn_qkv`: Phi-3) with optional biases
+//!   (Qwen2) and per-head Q/K norms (Gemma 3, Qwen3),
 //!   RoPE NORM or NeoX with a per-layer base, optional Q pre-scale, sliding window, logit soft-capping
 //!   (Gemma 2), the output projection →
 //!   `q`, `k`, `v`, `q_norm`, `k_norm`, `q_rope`, `k_rope`, `attn_out`, `attn_proj`;
-//! - [`Ffn`]: gated FFN with SiLU (SwiGLU) or tanh-GELU (GeGLU) → `ffn_gate`, `ffn_up`, `ffn_act`, `ffn_out`;
+//! - [`Ffn`]: gated FFN with SiLU (SwiGLU) or tanh-GELU (GeGLU), gate and up separate or fused in one
+//!   `ffn_up` (Phi-3), or the non-gated `down(gelu(up))` with optional biases (StarCoder2) → `ffn_gate`,
+//!   `ffn_up`, `ffn_act`, `ffn_out`;
 //! - [`DecoderLayer`]: pre-norm residual wiring with optional post-norms (Gemma 2/3) → `ffn_inp`, `out`;
 //! - [`OutputHead`]: final norm, output matrix, optional logit soft-cap → `output_norm`, `logits`;
 //! - [`Decoder`]: embedding → layers → head, the forward pass of every decoder-only architecture here.
@@ -108,14 +112,30 @@ impl Embedding {
     }
 }
 
-/// RMSNorm with a learned weight ([`ops::rms_norm`]; llama.cpp `build_norm(.., LLM_NORM_RMS, ..)`). The
-/// weight is used as the GGUF stores it (for Gemma the converter has already added the `1 +`).
+/// Which normalisation a model's norms are (llama.cpp `llm_norm_type`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NormKind {
+    /// RMSNorm with a weight: `LLM_NORM_RMS` ([`ops::rms_norm`]).
+    #[default]
+    Rms,
+    /// LayerNorm (mean removed) with a weight and, when the file has one, a bias: `LLM_NORM`
+    /// ([`ops::layer_norm`]; StarCoder2, StableLM).
+    Layer,
+}
+
+/// RMSNorm with a learned weight ([`ops::rms_norm`]; llama.cpp `build_norm(.., LLM_NORM_RMS, ..)`), or
+/// LayerNorm with a weight and a bias ([`NormKind::Layer`]). The weight is used as the GGUF stores it (for
+/// Gemma the converter has already added the `1 +`).
 #[derive(Debug)]
 pub struct RmsNorm {
     /// `[width]`: the normalised row length (d_model, or head_dim for per-head Q/K norms).
     pub weight: Vec<f32>,
     /// Epsilon inside the square root.
     pub eps: f32,
+    /// RMSNorm or LayerNorm.
+    pub kind: NormKind,
+    /// `[width]`, added after the weight (LayerNorm's `<name>.bias`, when the file has it).
+    pub bias: Option<Vec<f32>>,
 }
 
 impl RmsNorm {
@@ -124,7 +144,27 @@ impl RmsNorm {
         Ok(RmsNorm {
             weight: load_vector(g, name, width)?,
             eps,
+            kind: NormKind::Rms,
+            bias: None,
         })
+    }
+
+    /// Load the norm `prefix` of `kind`: `<prefix>.weight`, and for LayerNorm `<prefix>.bias` when the file
+    /// has it.
+    pub fn load_kind(
+        g: &GgufFile,
+        prefix: &str,
+        width: usize,
+        eps: f32,
+        kind: NormKind,
+    ) -> Result<RmsNorm> {
+        let mut n = RmsNorm::load(g, &format!("{prefix}.weight"), width, eps)?;
+        n.kind = kind;
+        let bias = format!("{prefix}.bias");
+        if kind == NormKind::Layer && g.tensor(&bias).is_ok() {
+            n.bias = Some(load_vector(g, &bias, width)?);
+        }
+        Ok(n)
     }
 
     /// Normalise every `weight.len()`-long row of `x` in place, then emit it as `stage`.
@@ -134,7 +174,16 @@ impl RmsNorm {
         } else {
             self.eps
         };
-        ops::rms_norm(x, &self.weight, eps);
+        match self.kind {
+            NormKind::Rms => ops::rms_norm(x, &self.weight, eps),
+            NormKind::Layer => {
+                let bias = self
+                    .bias
+                    .as_deref()
+                    .filter(|_| !faults::is(Fault::LayerNormBiasDropped));
+                ops::layer_norm(x, &self.weight, bias, eps, f.num)
+            }
+        }
         f.emit(stage, x);
     }
 }
@@ -162,6 +211,8 @@ pub struct Rope {
 /// Activation buffers of [`Attention::forward`].
 #[derive(Default)]
 pub struct AttnBufs {
+    /// The fused projection's output `[n, qw + 2·kvw]` (fused Q/K/V only).
+    qkv: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -180,14 +231,12 @@ const ROPE_PAR_TOKENS: usize = 16;
 pub struct Attention {
     /// Block index (the KV-cache layer and the stage ids).
     pub layer: usize,
-    /// `[n_head·head_dim, d_model]`.
-    pub wq: Weight,
-    /// `[n_kv_head·head_dim, d_model]`.
-    pub wk: Weight,
-    /// `[n_kv_head·head_dim, d_model]`.
-    pub wv: Weight,
+    /// The Q/K/V projections: three matrices, or one fused matrix.
+    pub qkv: QkvWeights,
     /// `[d_model, n_head·head_dim]`.
     pub wo: Weight,
+    /// `attn_output.bias` (`[d_model]`, StarCoder2), added after the output projection, when the file has it.
+    pub wo_bias: Option<Vec<f32>>,
     /// Q/K/V biases (`attn_q.bias` ...; Qwen2), added right after each projection.
     pub bias: Option<[Vec<f32>; 3]>,
     /// Per-head RMSNorms of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`; Gemma 3).
@@ -198,6 +247,42 @@ pub struct Attention {
     pub q_scale: Option<f32>,
     /// Heads, scale, window.
     pub shape: AttnShape,
+}
+
+/// The Q/K/V projection weights of an [`Attention`], in the form the file has them (llama.cpp
+/// `create_tensor_qkv`: `attn_qkv.weight` when the file has it, else `attn_{q,k,v}.weight`).
+#[derive(Debug)]
+pub enum QkvWeights {
+    /// `attn_q` `[n_head·head_dim, d_model]`, `attn_k` and `attn_v` `[n_kv_head·head_dim, d_model]`.
+    Separate {
+        /// `attn_q.weight`.
+        wq: Weight,
+        /// `attn_k.weight`.
+        wk: Weight,
+        /// `attn_v.weight`.
+        wv: Weight,
+    },
+    /// `attn_qkv.weight` `[n_head·head_dim + 2·n_kv_head·head_dim, d_model]` (Phi-3): ONE matmul — ggml's
+    /// kernel choice depends on the row count, so three matmuls over its row ranges would not be the same
+    /// computation — whose output rows are split into q, k, v (llama-graph.cpp `build_qkv`: views of
+    /// "wqkv" at column offsets 0, n_embd_q, n_embd_q + n_embd_k).
+    Fused(Weight),
+}
+
+impl QkvWeights {
+    /// `attn_qkv.weight` if the file has it (shape-checked), else the three separate matrices.
+    fn load(g: &GgufFile, layer: usize, d_model: usize, qw: usize, kvw: usize) -> Result<Self> {
+        let name = |t: &str| format!("blk.{layer}.{t}.weight");
+        let w = |t: &str, rows: usize| Weight::load(g, &name(t), Some(rows), Some(d_model));
+        if g.tensor(&name("attn_qkv")).is_ok() {
+            return Ok(QkvWeights::Fused(w("attn_qkv", qw + 2 * kvw)?));
+        }
+        Ok(QkvWeights::Separate {
+            wq: w("attn_q", qw)?,
+            wk: w("attn_k", kvw)?,
+            wv: w("attn_v", kvw)?,
+        })
+    }
 }
 
 /// How an architecture configures one [`Attention`] (everything but the tensors themselves).
@@ -264,10 +349,12 @@ impl Attention {
         };
         Ok(Attention {
             layer,
-            wq: Weight::load(g, &name("attn_q.weight"), Some(qw), Some(d_model))?,
-            wk: Weight::load(g, &name("attn_k.weight"), Some(kvw), Some(d_model))?,
-            wv: Weight::load(g, &name("attn_v.weight"), Some(kvw), Some(d_model))?,
+            qkv: QkvWeights::load(g, layer, d_model, qw, kvw)?,
             wo: Weight::load(g, &name("attn_output.weight"), Some(d_model), Some(qw))?,
+            wo_bias: match g.tensor(&name("attn_output.bias")) {
+                Ok(_) => Some(load_vector(g, &name("attn_output.bias"), d_model)?),
+                Err(_) => None,
+            },
             bias,
             qk_norm,
             rope,
@@ -301,15 +388,35 @@ impl Attention {
         );
 
         // q = h·Wqᵀ (+ bq) [n, n_head·hd];  k, v = h·Wkᵀ (+ bk), h·Wvᵀ (+ bv) [n, n_kv_head·hd]
-        for (i, (w, out, kind)) in [
-            (&self.wq, &mut *q, StageKind::Q),
-            (&self.wk, &mut *k, StageKind::K),
-            (&self.wv, &mut *v, StageKind::V),
+        match &self.qkv {
+            QkvWeights::Separate { wq, wk, wv } => {
+                f.matmul(wq, h, q)?;
+                f.matmul(wk, h, k)?;
+                f.matmul(wv, h, v)?;
+            }
+            QkvWeights::Fused(w) => {
+                // qkv = h·Wqkvᵀ [n, qw + 2·kvw]; q, k, v are each row's column ranges
+                let qkv = sized(&mut b.qkv, n * w.rows);
+                f.matmul(w, h, qkv)?;
+                let (ko, vo) = match faults::active() {
+                    Some(Fault::FusedQkvSplit) => (qw + kvw, qw),
+                    _ => (qw, qw + kvw),
+                };
+                for (t, row) in qkv.chunks_exact(w.rows).enumerate() {
+                    q[t * qw..][..qw].copy_from_slice(&row[..qw]);
+                    k[t * kvw..][..kvw].copy_from_slice(&row[ko..][..kvw]);
+                    v[t * kvw..][..kvw].copy_from_slice(&row[vo..][..kvw]);
+                }
+            }
+        }
+        for (i, (out, kind)) in [
+            (&mut *q, StageKind::Q),
+            (&mut *k, StageKind::K),
+            (&mut *v, StageKind::V),
         ]
         .into_iter()
         .enumerate()
         {
-            f.matmul(w, h, out)?;
             if let Some(bias) = self
                 .bias
                 .as_ref()
@@ -326,9 +433,13 @@ impl Attention {
             kn.forward(f, k, st(StageKind::KNorm));
         }
 
-        // RoPE on q and k, each token at its own absolute position
-        let rope = sized(&mut b.rope, self.rope.dim);
+        // RoPE on q and k, each token at its own absolute position (the first `rope.dim` of each head)
         let fault = faults::active();
+        let dim = match fault {
+            Some(Fault::PartialRotaryDims) => hd,
+            _ => self.rope.dim,
+        };
+        let rope = sized(&mut b.rope, dim);
         let base = match fault {
             Some(Fault::RopeBase) => 10000.0,
             _ => self.rope.base,
@@ -337,7 +448,7 @@ impl Attention {
             (RopeKind::Norm, false) | (RopeKind::Neox, true) => ops::rope_norm_simd,
             (RopeKind::Neox, false) | (RopeKind::Norm, true) => ops::rope_neox_simd,
         };
-        let (dim, num) = (self.rope.dim, f.num);
+        let num = f.num;
         let rope_token = |t: usize, qt: &mut [f32], kt: &mut [f32], cache: &mut [f32]| {
             let pos = match fault {
                 Some(Fault::RopeDecodePosition) if n == 1 => (p0 + t).saturating_sub(1),
@@ -399,8 +510,11 @@ impl Attention {
         );
         f.emit(st(StageKind::AttnOut), att);
 
-        // out = att·Woᵀ                                       [n, d_model]
+        // out = att·Woᵀ (+ bo)                                [n, d_model]
         f.matmul(&self.wo, att, out)?;
+        if let Some(bias) = &self.wo_bias {
+            add_bias(out, bias);
+        }
         f.emit(st(StageKind::AttnProj), out);
         Ok(())
     }
@@ -418,41 +532,85 @@ pub enum GluAct {
 /// Activation buffers of [`Ffn::forward`].
 #[derive(Default)]
 pub struct FfnBufs {
+    /// The fused gate+up projection's output `[n, 2·d_ff]` (fused FFN only).
+    fused: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
 }
 
-/// A gated feed-forward sub-layer: `down(act(h·W_gateᵀ) ⊙ h·W_upᵀ)` (llama.cpp `build_ffn` with
-/// `LLM_FFN_PAR`).
+/// A feed-forward sub-layer: gated, `down(act(h·W_gateᵀ) ⊙ h·W_upᵀ)` (llama.cpp `build_ffn` with
+/// `LLM_FFN_PAR`), with gate and up fused in one matrix (Phi-3: `build_ffn(up, .., LLM_FFN_SWIGLU,
+/// LLM_FFN_SEQ)`, one matmul to `[n, 2·d_ff]` and `ggml_swiglu` over its two halves), or without a gate,
+/// `down(gelu(h·W_upᵀ + b_up)) + b_down` (`LLM_FFN_GELU` + `LLM_FFN_SEQ`; StarCoder2). Biases are added
+/// when the file has them.
 #[derive(Debug)]
 pub struct Ffn {
     /// Block index.
     pub layer: usize,
-    /// `[d_ff, d_model]`.
-    pub gate: Weight,
-    /// `[d_ff, d_model]`.
+    /// `[d_ff, d_model]`; `None`: `up` is the fused gate+up matrix (`fused`) or the FFN is not gated (the
+    /// activation is then GELU on the up projection).
+    pub gate: Option<Weight>,
+    /// Whether `up` holds gate and up fused (`[2·d_ff, d_model]`: rows `0..d_ff` the gate, `d_ff..2·d_ff` the
+    /// up projection; `ggml_swiglu`, not swapped: the first half goes through the activation).
+    pub fused: bool,
+    /// `[d_ff, d_model]` (`[2·d_ff, d_model]` when `fused`).
     pub up: Weight,
     /// `[d_model, d_ff]`.
     pub down: Weight,
-    /// Gate activation.
+    /// `ffn_up.bias` (`[d_ff]`).
+    pub up_bias: Option<Vec<f32>>,
+    /// `ffn_down.bias` (`[d_model]`).
+    pub down_bias: Option<Vec<f32>>,
+    /// Gate activation (of a gated FFN).
     pub act: GluAct,
 }
 
 impl Ffn {
-    /// Load block `layer`'s `ffn_gate`, `ffn_up`, `ffn_down`.
+    /// Load block `layer`'s `ffn_gate` (when `gated`; a gated file without `ffn_gate` has the fused
+    /// `ffn_up` of `2·d_ff` rows), `ffn_up`, `ffn_down`, and the `ffn_up.bias` and `ffn_down.bias` the
+    /// file has.
     pub fn load(
         g: &GgufFile,
         layer: usize,
-        d_model: usize,
-        d_ff: usize,
+        (d_model, d_ff): (usize, usize),
         act: GluAct,
+        gated: bool,
     ) -> Result<Ffn> {
         let name = |t: &str| format!("blk.{layer}.{t}.weight");
+        let bias = |t: &str, len: usize| {
+            let n = format!("blk.{layer}.{t}.bias");
+            g.tensor(&n)
+                .ok()
+                .map(|_| load_vector(g, &n, len))
+                .transpose()
+        };
+        let gate = match g.tensor(&name("ffn_gate")) {
+            Ok(_) if gated => Some(Weight::load(
+                g,
+                &name("ffn_gate"),
+                Some(d_ff),
+                Some(d_model),
+            )?),
+            // a gated FFN whose `ffn_up` has d_ff rows: the gate is missing, not a fused matrix misshapen
+            Err(e)
+                if gated
+                    && g.tensor(&name("ffn_up"))
+                        .is_ok_and(|t| t.dims.get(1) == Some(&(d_ff as u64))) =>
+            {
+                return Err(e)
+            }
+            _ => None,
+        };
+        let fused = gated && gate.is_none();
+        let up_rows = if fused { 2 * d_ff } else { d_ff };
         Ok(Ffn {
             layer,
-            gate: Weight::load(g, &name("ffn_gate"), Some(d_ff), Some(d_model))?,
-            up: Weight::load(g, &name("ffn_up"), Some(d_ff), Some(d_model))?,
+            gate,
+            fused,
+            up: Weight::load(g, &name("ffn_up"), Some(up_rows), Some(d_model))?,
             down: Weight::load(g, &name("ffn_down"), Some(d_model), Some(d_ff))?,
+            up_bias: bias("ffn_up", d_ff)?,
+            down_bias: bias("ffn_down", d_model)?,
             act,
         })
     }
@@ -466,17 +624,56 @@ impl Ffn {
         out: &mut [f32],
     ) -> Result<()> {
         let st = |kind| Stage::block(self.layer, kind);
-        let d_ff = self.gate.rows;
+        let d_ff = self.down.cols;
+        if self.gate.is_none() && !self.fused {
+            // out = W_down · gelu(h·W_upᵀ + b_up) + b_down
+            let up = sized(&mut b.up, f.n * d_ff);
+            f.matmul(&self.up, h, up)?;
+            if let Some(bias) = &self.up_bias {
+                add_bias(up, bias);
+            }
+            f.emit(st(StageKind::FfnUp), up);
+            ops::gelu(up, f.num.mode);
+            f.emit(st(StageKind::FfnAct), up);
+            f.matmul(&self.down, up, out)?;
+            if let Some(bias) = &self.down_bias {
+                add_bias(out, bias);
+            }
+            f.emit(st(StageKind::FfnOut), out);
+            return Ok(());
+        }
         let (gate, up) = (sized(&mut b.gate, f.n * d_ff), sized(&mut b.up, f.n * d_ff));
         let fault = faults::active();
-        let (w_gate, w_up) = match fault {
-            Some(Fault::GateUpSwapped) => (&self.up, &self.gate),
-            _ => (&self.gate, &self.up),
-        };
-        f.matmul(w_gate, h, gate)?;
-        f.emit(st(StageKind::FfnGate), gate);
-        f.matmul(w_up, h, up)?;
-        f.emit(st(StageKind::FfnUp), up);
+        let swapped = fault == Some(Fault::GateUpSwapped);
+        match &self.gate {
+            Some(w_gate) => {
+                let (w_gate, w_up) = if swapped {
+                    (&self.up, w_gate)
+                } else {
+                    (w_gate, &self.up)
+                };
+                f.matmul(w_gate, h, gate)?;
+                f.emit(st(StageKind::FfnGate), gate);
+                f.matmul(w_up, h, up)?;
+                f.emit(st(StageKind::FfnUp), up);
+            }
+            None => {
+                // [gate | up] = h·W_upᵀ [n, 2·d_ff]; the fault takes the halves the other way round
+                let fused = sized(&mut b.fused, f.n * 2 * d_ff);
+                f.matmul(&self.up, h, fused)?;
+                let (go, uo) = if swapped { (d_ff, 0) } else { (0, d_ff) };
+                for ((row, g), u) in fused
+                    .chunks_exact(2 * d_ff)
+                    .zip(gate.chunks_exact_mut(d_ff))
+                    .zip(up.chunks_exact_mut(d_ff))
+                {
+                    g.copy_from_slice(&row[go..][..d_ff]);
+                    u.copy_from_slice(&row[uo..][..d_ff]);
+                }
+                f.emit(st(StageKind::FfnGate), gate);
+                f.emit(st(StageKind::FfnUp), up);
+            }
+        }
         // gate = act(gate) ⊙ up                               [n, d_ff]
         let act = match (fault, self.act) {
             (Some(Fault::WrongActivation { layer }), GluAct::Silu) if layer == self.layer => {
@@ -624,6 +821,10 @@ pub struct Wiring<'a> {
     pub post_norms: bool,
     /// Gate activation of the FFN.
     pub act: GluAct,
+    /// Whether the FFN is gated (`ffn_gate`); else `down(gelu(up))` ([`Ffn`]).
+    pub gated_ffn: bool,
+    /// RMSNorm or LayerNorm, for every norm of the model but per-head Q/K norms.
+    pub norm: NormKind,
     /// The attention options of block `l`.
     pub attn: &'a dyn Fn(usize) -> AttnOptions,
     /// Final logit soft-capping (Gemma 2 `final_logit_softcapping`), see [`OutputHead::softcap`].
@@ -659,7 +860,7 @@ impl Decoder {
         let layers = (0..c.n_layer)
             .map(|l| {
                 let norm =
-                    |t: &str| RmsNorm::load(g, &format!("blk.{l}.{t}.weight"), d, c.norm_eps);
+                    |t: &str| RmsNorm::load_kind(g, &format!("blk.{l}.{t}"), d, c.norm_eps, w.norm);
                 let post = |t: &str| w.post_norms.then(|| norm(t)).transpose();
                 Ok(DecoderLayer {
                     layer: l,
@@ -667,12 +868,13 @@ impl Decoder {
                     attn: Attention::load(g, l, d, (w.attn)(l))?,
                     attn_post_norm: post("post_attention_norm")?,
                     ffn_norm: norm("ffn_norm")?,
-                    ffn: Ffn::load(g, l, d, c.d_ff, w.act)?,
+                    ffn: Ffn::load(g, l, (d, c.d_ff), w.act, w.gated_ffn)?,
                     ffn_post_norm: post("post_ffw_norm")?,
                 })
             })
             .collect::<Result<_>>()?;
         let mut head = OutputHead::load(g, d, c.n_vocab, c.norm_eps, &embed.weight)?;
+        head.norm = RmsNorm::load_kind(g, "output_norm", d, c.norm_eps, w.norm)?;
         head.softcap = w.final_softcap;
         Ok(Decoder {
             embed,

@@ -23,7 +23,9 @@
 //! Wiring only: the blocks are [`super::blocks`].
 
 use crate::gguf::GgufFile;
-use crate::models::blocks::{AttnOptions, AttnTensors, Decoder, GluAct, Rope, RopeKind, Wiring};
+use crate::models::blocks::{
+    AttnOptions, AttnTensors, Decoder, GluAct, NormKind, Rope, RopeKind, Wiring,
+};
 use crate::models::hparams::{DecoderDims, Meta};
 use crate::ops::AttnShape;
 use crate::Result;
@@ -134,6 +136,8 @@ pub fn load(g: &GgufFile) -> Result<(DecoderDims, Decoder)> {
         embed_scale: Some((h.dims.d_model as f32).sqrt()),
         post_norms: true,
         act: GluAct::GeluTanh,
+        gated_ffn: true,
+        norm: NormKind::Rms,
         attn: &|l| h.attn(l),
         final_softcap: Some(h.final_softcap),
     };

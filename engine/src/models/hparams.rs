@@ -81,7 +81,7 @@ pub struct DecoderDims {
     pub n_vocab: usize,
     /// Training context (`context_length`, default 2048).
     pub n_ctx_train: usize,
-    /// RMSNorm epsilon (`attention.layer_norm_rms_epsilon`).
+    /// Norm epsilon (`attention.layer_norm_rms_epsilon`; LayerNorm models `attention.layer_norm_epsilon`).
     pub norm_eps: f32,
     /// Dimensions rotated per head (`rope.dimension_count`, default head_dim).
     pub rope_dim: usize,
@@ -96,6 +96,14 @@ impl DecoderDims {
     /// `rope.dimension_count` or one larger than the head, a zero width; RoPE scaling (a
     /// `rope.scaling.factor` other than 1, a `rope_freqs.weight` tensor) is [`Error::Unsupported`].
     pub fn read(m: &Meta<'_>) -> Result<DecoderDims> {
+        Self::read_eps(m, "attention.layer_norm_rms_epsilon")
+    }
+
+    /// [`DecoderDims::read`] with the norm epsilon read from `eps_key` (LayerNorm models:
+    /// `attention.layer_norm_epsilon`, llama.cpp `LLM_KV_ATTENTION_LAYERNORM_EPS`).
+    ///
+    /// Errors: as [`DecoderDims::read`].
+    pub fn read_eps(m: &Meta<'_>, eps_key: &str) -> Result<DecoderDims> {
         let d_model = m.usize("embedding_length")?;
         let n_head = m.usize("attention.head_count")?;
         let n_kv_head = m.opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
@@ -117,7 +125,7 @@ impl DecoderDims {
             d_ff: m.usize("feed_forward_length")?,
             n_vocab: embd.dims.get(1).copied().unwrap_or(0) as usize,
             n_ctx_train: m.opt_usize("context_length")?.unwrap_or(2048),
-            norm_eps: m.f32("attention.layer_norm_rms_epsilon")?,
+            norm_eps: m.f32(eps_key)?,
             rope_dim: m.opt_usize("rope.dimension_count")?.unwrap_or(head_dim),
             rope_base: m.opt_f32("rope.freq_base")?.unwrap_or(10000.0),
         };

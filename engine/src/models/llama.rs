@@ -12,7 +12,9 @@
 //! permutes Q and K, convert_hf_to_gguf.py `LlamaModel.permute`).
 
 use crate::gguf::GgufFile;
-use crate::models::blocks::{AttnOptions, AttnTensors, Decoder, GluAct, Rope, RopeKind, Wiring};
+use crate::models::blocks::{
+    AttnOptions, AttnTensors, Decoder, GluAct, NormKind, Rope, RopeKind, Wiring,
+};
 use crate::models::hparams::{DecoderDims, Meta};
 use crate::ops::AttnShape;
 use crate::Result;
@@ -47,6 +49,8 @@ pub(crate) fn wire(
         embed_scale: None,
         post_norms: false,
         act: GluAct::Silu,
+        gated_ffn: true,
+        norm: NormKind::Rms,
         attn: &|_| opts,
         final_softcap: None,
     };

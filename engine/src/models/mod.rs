@@ -5,7 +5,8 @@
 //! - [`weights`]: quantized matrices left in the map, small f32 vectors;
 //! - [`blocks`]: the shared blocks (embedding, RMSNorm, attention with options, gated FFN, pre/post-norm
 //!   layer, output head) that compute and emit every stage;
-//! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma2`], [`gemma3`]): hyperparameters and wiring, no
+//! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma2`], [`gemma3`], [`phi3`],
+//!   [`starcoder2`], [`stablelm`]): hyperparameters and wiring, no
 //!   arithmetic. A new architecture is a new module plus a line in [`ARCHITECTURES`].
 //!
 //! The public surface the harness uses is [`Model`] and [`Session`].
@@ -15,8 +16,11 @@ pub mod gemma2;
 pub mod gemma3;
 pub mod hparams;
 pub mod llama;
+pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod stablelm;
+pub mod starcoder2;
 pub mod weights;
 
 use std::path::Path;
@@ -42,6 +46,9 @@ pub const ARCHITECTURES: &[(&str, ArchLoader)] = &[
     ("qwen3", qwen3::load),
     ("gemma2", gemma2::load),
     ("gemma3", gemma3::load),
+    ("phi3", phi3::load),
+    ("starcoder2", starcoder2::load),
+    ("stablelm", stablelm::load),
 ];
 
 /// Reads an architecture's hyperparameters and builds its blocks.

@@ -1049,3 +1049,53 @@ unsafe fn kqv_heads<const H: usize, const S: usize>(
 
 #[cfg(test)]
 mod tests;
+
+/// `ggml_vec_gelu_f32(n, y, x)` (vec.h, `GGML_GELU_FP16` branch, the default of ggml-cpu) on one row, in
+/// place: `x ≤ −10 → 0`, `x ≥ 10 → x`, otherwise the f16 table entry of `fp16(x)` ([`geglu_row`] without
+/// the gate product).
+pub fn gelu_row(x: &mut [f32]) {
+    let table = gelu_table();
+    for a in x.iter_mut() {
+        *a = if *a <= -10.0 {
+            0.0
+        } else if *a >= 10.0 {
+            *a
+        } else {
+            let t = half::f16::from_f32(*a).to_bits();
+            half::f16::from_bits(table[t as usize]).to_f32()
+        };
+    }
+}
+
+/// `ggml_compute_forward_norm_f32` (ops.cpp) on one row, in place, for `target`'s build: the mean from
+/// `ggml_vec_sum_f32` (an f64 sum, one element at a time, rounded to f32, then divided in f32), the
+/// variance from `ggml_vec_cvar_f32` (vec.cpp: `d = x − mean` stored, `d·d` in blocks of the target's
+/// lanes — `_mm512_reduce_add_ps` for AVX-512 F+DQ, the `hsum_float_8` tree for AVX2 — each block's f32
+/// sum added to an f64 accumulator, the tail one square at a time; the f64 sum over `n` rounded to f32),
+/// `scale = 1/sqrtf(var + eps)`, `y = d·scale` (`ggml_vec_scale_f32`).
+pub fn norm_row(target: GgmlTarget, row: &mut [f32], eps: f32) {
+    let n = row.len();
+    let sum: f64 = row.iter().map(|&v| v as f64).sum();
+    let mean = (sum as f32) / n as f32;
+    let lanes = target.lanes();
+    let mut acc = 0f64;
+    let mut i = 0;
+    let mut sq = [0f32; LANES];
+    while i + lanes <= n {
+        for (s, v) in sq[..lanes].iter_mut().zip(&mut row[i..i + lanes]) {
+            *v -= mean;
+            *s = *v * *v;
+        }
+        acc += target.hsum(&sq[..lanes]) as f64;
+        i += lanes;
+    }
+    for v in &mut row[i..] {
+        *v -= mean;
+        acc += (*v * *v) as f64;
+    }
+    let var = (acc / n as f64) as f32;
+    let scale = 1.0f32 / (var + eps).sqrt();
+    for v in row.iter_mut() {
+        *v *= scale;
+    }
+}

@@ -13,6 +13,8 @@
 //! | op | ggml function mirrored (both modes follow its order of operations; ggml mode also its SIMD) |
 //! |---|---|
 //! | [`rms_norm`] | `ggml_compute_forward_rms_norm_f32` (+ `ggml_mul`, fused on CPU) — same in both modes |
+//! | [`layer_norm`] | `ggml_compute_forward_norm_f32` + `ggml_mul` + `ggml_add`; ggml mode: the variance's lane blocks |
+//! | [`gelu`] | `ggml_vec_gelu_f32` (`GGML_OP_UNARY` / `GELU`); ggml mode: the f16 GELU table |
 //! | [`rope_cache`] | `ggml_rope_cache_init` / `rope_yarn` — same in both modes |
 //! | [`rope_norm`] | `rotate_pairs` (`GGML_ROPE_TYPE_NORMAL`); ggml mode: gcc's fma contraction |
 //! | [`rope_neox`] | `rotate_pairs` (`GGML_ROPE_TYPE_NEOX`); ggml mode: gcc's fma contraction |
@@ -57,6 +59,43 @@ pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
             let scale = 1.0f32 / (mean + eps).sqrt();
             for (v, &w) in row.iter_mut().zip(weight) {
                 *v = *v * scale * w;
+            }
+        }
+    });
+}
+
+/// LayerNorm in place on every row of `x` (`[n_rows, width]`), then `· weight` and `+ bias` (Ba et al.
+/// 2016): llama.cpp `build_norm(.., LLM_NORM, ..)` = `ggml_norm` (eps inside the square root), `ggml_mul`,
+/// `ggml_add` — three nodes, each one rounding per element: `y = ((x − mean)·scale)·w + b`.
+///
+/// The mean is an f64 sum of the row rounded to f32 and divided in f32 (`ggml_vec_sum_f32`) in both modes.
+/// Reference mode sums the squared deviations in f64 one f32 square at a time, left to right; ggml mode
+/// as `ggml_vec_cvar_f32` for `num.target` ([`ggml_cpu::norm_row`]: f32 lane blocks reduced by the target's
+/// tree, each block added in f64). `bias` is `None` when the fault `LayerNormBiasDropped` drops it.
+pub fn layer_norm(x: &mut [f32], weight: &[f32], bias: Option<&[f32]>, eps: f32, num: Numerics) {
+    let width = weight.len();
+    for_row_chunks(x, width, |rows| {
+        for row in rows.chunks_exact_mut(width) {
+            match num.mode {
+                NumericsMode::Reference => {
+                    let sum: f64 = row.iter().map(|&v| v as f64).sum();
+                    let mean = (sum as f32) / width as f32;
+                    let mut acc = 0f64;
+                    for v in row.iter_mut() {
+                        *v -= mean;
+                        acc += (*v * *v) as f64;
+                    }
+                    let var = (acc / width as f64) as f32;
+                    let scale = 1.0f32 / (var + eps).sqrt();
+                    row.iter_mut().for_each(|v| *v *= scale);
+                }
+                NumericsMode::Ggml => ggml_cpu::norm_row(num.target, row, eps),
+            }
+            for (v, &w) in row.iter_mut().zip(weight) {
+                *v *= w;
+            }
+            if let Some(b) = bias {
+                row.iter_mut().zip(b).for_each(|(v, &b)| *v += b);
             }
         }
     });
@@ -231,6 +270,16 @@ pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const GELU_COEF_A: f32 = 0.044_715;
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+}
+
+/// GELU in place (`ggml_gelu`, the activation of a non-gated FFN: llama.cpp `build_ffn` with
+/// `LLM_FFN_GELU` + `LLM_FFN_SEQ`, StarCoder2's `gelu_pytorch_tanh`). Reference mode: [`gelu_tanh`] in
+/// f32; ggml mode: [`ggml_cpu::gelu_row`] (ggml's f16 lookup table, `GGML_GELU_FP16`).
+pub fn gelu(x: &mut [f32], mode: NumericsMode) {
+    for_row_chunks(x, 1024.min(x.len()), |x| match mode {
+        NumericsMode::Reference => x.iter_mut().for_each(|v| *v = gelu_tanh(*v)),
+        NumericsMode::Ggml => ggml_cpu::gelu_row(x),
+    })
 }
 
 /// GELU-gated linear unit in place on rows of `width`: `gate[i] = gelu_tanh(gate[i]) · up[i]` (GeGLU,

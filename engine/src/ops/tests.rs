@@ -517,3 +517,115 @@ fn ggml_attention_orders_agree_up_to_16_positions_then_differ() {
     }
     assert!(differ > 0, "the two accumulation orders never differed");
 }
+
+#[test]
+fn layer_norm_zero_mean_unit_variance_then_weight_and_bias() {
+    // rows of 37: a 16-lane block, a second one (AVX-512) or four 8-lane ones (AVX2), and a scalar tail
+    let width = 37;
+    let row: Vec<f32> = (0..width)
+        .map(|i| (i as f32 * 0.37).sin() * 3.0 + 1.5)
+        .collect();
+    let (w, b) = (vec![2.0f32; width], vec![0.25f32; width]);
+    for num in [
+        Numerics::new(NumericsMode::Reference),
+        ggml(GgmlTarget::Avx2, Simd::Off),
+        ggml(GgmlTarget::Avx512, Simd::Off),
+    ] {
+        let mut x = row.clone();
+        layer_norm(&mut x, &w, Some(&b), 0.0, num);
+        let y: Vec<f64> = x.iter().map(|&v| (v as f64 - 0.25) / 2.0).collect();
+        let mean = y.iter().sum::<f64>() / width as f64;
+        let var = y.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / width as f64;
+        assert!(
+            mean.abs() < 1e-6 && (var - 1.0).abs() < 1e-5,
+            "{num:?}: {mean} {var}"
+        );
+        let mut no_bias = row.clone();
+        layer_norm(&mut no_bias, &w, None, 0.0, num);
+        assert!(x
+            .iter()
+            .zip(&no_bias)
+            .all(|(a, c)| a - c == 0.25 || (a - c - 0.25).abs() < 1e-6));
+    }
+}
+
+#[test]
+fn layer_norm_ggml_variance_sums_lane_blocks_per_target() {
+    // values whose squared deviations round differently when summed in f32 blocks than one at a time in
+    // f64: the targets' trees and the reference order must not all agree bit for bit on every row, and
+    // each must be within an f32 rounding of the others
+    let width = 64;
+    let mut differ = false;
+    for seed in 0..64u32 {
+        let row: Vec<f32> = (0..width)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 1000) as f32
+                    * 1e-3
+                    + 1e3
+            })
+            .collect();
+        let out: Vec<Vec<f32>> = [
+            Numerics::new(NumericsMode::Reference),
+            ggml(GgmlTarget::Avx2, Simd::Off),
+            ggml(GgmlTarget::Avx512, Simd::Off),
+        ]
+        .iter()
+        .map(|&num| {
+            let mut x = row.clone();
+            layer_norm(&mut x, &[1.0; 64], None, 1e-5, num);
+            x
+        })
+        .collect();
+        differ |= out[0] != out[1] || out[1] != out[2];
+        for o in &out[1..] {
+            assert!(o
+                .iter()
+                .zip(&out[0])
+                .all(|(a, b)| (a - b).abs() < 1e-4 * b.abs().max(1.0)));
+        }
+    }
+    assert!(
+        differ,
+        "the summation orders never mattered: the test values are too tame"
+    );
+}
+
+#[test]
+fn gelu_ggml_is_the_f16_table_and_reference_the_f32_formula() {
+    let x: Vec<f32> = (-60..60).map(|i| i as f32 * 0.2 + 0.013).collect();
+    let mut g = x.clone();
+    gelu(&mut g, NumericsMode::Ggml);
+    let mut via_geglu = x.clone();
+    geglu(
+        &mut via_geglu,
+        &vec![1.0; x.len()],
+        x.len(),
+        NumericsMode::Ggml,
+    );
+    assert_eq!(g, via_geglu, "gelu(x) = geglu(x, 1) in ggml mode");
+    let mut r = x.clone();
+    gelu(&mut r, NumericsMode::Reference);
+    for ((&xi, &gi), &ri) in x.iter().zip(&g).zip(&r) {
+        assert_eq!(ri, gelu_tanh(xi));
+        assert!(
+            (gi - ri).abs() <= 2e-3 * ri.abs().max(1.0),
+            "{xi}: {gi} vs {ri}"
+        );
+    }
+}
+
+#[test]
+fn partial_rotary_leaves_the_dims_past_rope_dim_alone() {
+    let (hd, rd) = (64, 16);
+    let x: Vec<f32> = (0..2 * hd).map(|i| (i as f32 * 0.1).cos()).collect();
+    let mut cache = vec![0.0; rd];
+    rope_cache(5, 10000.0, rd, &mut cache);
+    for mode in MODES {
+        let mut y = x.clone();
+        rope_neox(&mut y, hd, rd, &cache, mode);
+        for h in 0..2 {
+            assert_eq!(&y[h * hd + rd..(h + 1) * hd], &x[h * hd + rd..(h + 1) * hd]);
+            assert_ne!(&y[h * hd..h * hd + rd], &x[h * hd..h * hd + rd]);
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! `general.architecture = "starcoder2"` (StarCoder2 3B/7B/15B, Granite code 20B/34B) — Lozhkov et al.
+//! 2024, as llama.cpp builds it (src/models/starcoder2.cpp):
+//!
+//! ```text
+//! x = token_embd[tokens]
+//! for each block:  h = LayerNorm(x)·w_attn_norm + b_attn_norm
+//!                  x = x + (Wo · attn(RoPE_neox(h·Wq + bq), RoPE_neox(h·Wk + bk), h·Wv + bv) + bo)
+//!                  h = LayerNorm(x)·w_ffn_norm + b_ffn_norm
+//!                  x = x + W_down · gelu(h·W_up + b_up) + b_down
+//! logits = (LayerNorm(x)·w_output_norm + b_output_norm) · W_outᵀ   (W_out = token_embd when tied)
+//! ```
+//!
+//! LayerNorm epsilon `starcoder2.attention.layer_norm_epsilon`; NeoX RoPE over the whole head
+//! (`n_rot == head_dim` is asserted by llama.cpp); the FFN is not gated (`LLM_FFN_GELU` + `LLM_FFN_SEQ`, the
+//! tanh GELU). Every bias is taken when the file has it. Wiring only: the blocks are [`super::blocks`].
+
+use crate::gguf::GgufFile;
+use crate::models::blocks::{
+    AttnOptions, AttnTensors, Decoder, GluAct, NormKind, Rope, RopeKind, Wiring,
+};
+use crate::models::hparams::{DecoderDims, Meta};
+use crate::ops::AttnShape;
+use crate::Result;
+
+/// Build a StarCoder2 [`Decoder`] from the file (dims from `starcoder2.*` metadata).
+///
+/// Errors: as [`DecoderDims::read`] and [`Decoder::load`].
+pub fn load(g: &GgufFile) -> Result<(DecoderDims, Decoder)> {
+    let m = Meta::new(g, "starcoder2");
+    let c = DecoderDims::read_eps(&m, "attention.layer_norm_epsilon")?;
+    let decoder = wire(g, &c, GluAct::GeluTanh, false)?;
+    Ok((c, decoder))
+}
+
+/// The LayerNorm wiring of StarCoder2 and StableLM: plain causal attention with 1/√head_dim, NeoX RoPE
+/// over `rope_dim`, Q/K/V biases when block 0 has them, no post-norms; the FFN gated (`act`) or not.
+pub(crate) fn wire(g: &GgufFile, c: &DecoderDims, act: GluAct, gated: bool) -> Result<Decoder> {
+    let opts = AttnOptions {
+        shape: AttnShape::causal(c.n_head, c.n_kv_head, c.head_dim),
+        rope: Rope {
+            kind: RopeKind::Neox,
+            base: c.rope_base,
+            dim: c.rope_dim,
+        },
+        q_scale: None,
+        tensors: AttnTensors {
+            bias: g.tensor("blk.0.attn_q.bias").is_ok(),
+            qk_norm: false,
+        },
+        norm_eps: c.norm_eps,
+    };
+    let wiring = Wiring {
+        embed_scale: None,
+        post_norms: false,
+        act,
+        gated_ffn: gated,
+        norm: NormKind::Layer,
+        attn: &|_| opts,
+        final_softcap: None,
+    };
+    Decoder::load(g, c, &wiring)
+}
