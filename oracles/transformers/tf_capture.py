@@ -22,10 +22,12 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 ATTN = "lockstep_eager"
 
 # --- the attention function ----------------------------------------------------------------------------
-# A copy of transformers' eager_attention_forward (models/{llama,qwen2,qwen3,gemma3}/modeling_*.py, 5.23.0: identical
-# bodies up to gemma3's softcap), with two changes: the softmax runs in the query's dtype instead of a forced
-# float32 (identical for a float32 model; PATCH 3 of the float64 run), and Q and K after RoPE are handed to
-# the active recorder (the K of the current step only: during decode `key` also holds the cached positions).
+# A copy of transformers' eager_attention_forward (models/{llama,qwen2,qwen3,gemma2,gemma3}/modeling_*.py, 5.23.0:
+# identical bodies up to gemma2/gemma3's softcap, which this copy takes and applies as they do: scores * scaling,
+# then softcap * tanh(scores / softcap), then the mask), with two changes: the softmax runs in the query's dtype
+# instead of a forced float32 (identical for a float32 model; PATCH 3 of the float64 run), and Q and K after RoPE
+# are handed to the active recorder (the K of the current step only: during decode `key` also holds the cached
+# positions), with the mask, scaling and softcap each layer was called with (make_goldens checks them).
 
 _RECORDER: "Recorder | None" = None
 
@@ -42,12 +44,15 @@ def lockstep_eager(module, query, key, value, attention_mask, dropout=0.0, scali
         t = query.shape[2]
         _RECORDER.rope(module.layer_idx, query, key[:, :, -t:, :])
         _RECORDER.mask(module.layer_idx, attention_mask)
+        _RECORDER.attn_args[module.layer_idx] = (scaling, softcap)
     if scaling is None:
         scaling = module.head_dim**-0.5
     k = _repeat_kv(key, module.num_key_value_groups)
     v = _repeat_kv(value, module.num_key_value_groups)
     w = torch.matmul(query, k.transpose(2, 3)) * scaling
     if softcap is not None:
+        # gemma2 (attn_logit_softcapping) / gemma3 (None): HF's `w / softcap; tanh; * softcap`, the same ops in the
+        # same order
         w = torch.tanh(w / softcap) * softcap
     if attention_mask is not None:
         w = w + attention_mask
@@ -65,11 +70,12 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN, eager_mask)
 # transformers computes a few things in float32 whatever the model's dtype. For the float64 run (the floor),
 # each is patched to follow the input's dtype; for a float32 model every patched function computes exactly
 # what the original does (same ops, same order), so the float32 goldens are transformers' own numbers.
-#   PATCH 1  RMSNorm: Llama/Qwen2/Qwen3 `hidden_states.to(torch.float32)`, Gemma3 `x.float()` / `self.weight.float()`.
+#   PATCH 1  RMSNorm: Llama/Qwen2/Qwen3 `hidden_states.to(torch.float32)`, Gemma2/Gemma3 `x.float()` /
+#            `self.weight.float()` (Gemma2RMSNorm.forward and Gemma3RMSNorm.forward: the same body).
 #   PATCH 2  RoPE: `position_ids.float() * inv_freq.to(dtype=torch.float)` and an inv_freq buffer computed
 #            in float32 at init (`torch.arange(..., dtype=torch.float)`): recomputed in float64 from the config.
 #   PATCH 3  eager softmax `dtype=torch.float32` (lockstep_eager above).
-#   PATCH 4  Gemma3's embedding scale: a float32 buffer holding sqrt(hidden_size) (converting the model
+#   PATCH 4  Gemma2/3's embedding scale: a float32 buffer holding sqrt(hidden_size) (converting the model
 #            to float64 widens the float32-rounded value): set to the float64 sqrt.
 
 
@@ -118,6 +124,7 @@ def _rotary_forward_gemma3(self, x, position_ids, layer_type):
 
 def install_patches() -> list[str]:
     """Patch the classes (PATCH 1, 2); returns what was patched."""
+    from transformers.models.gemma2 import modeling_gemma2 as g2
     from transformers.models.gemma3 import modeling_gemma3 as g3
     from transformers.models.llama import modeling_llama as ll
     from transformers.models.qwen2 import modeling_qwen2 as q2
@@ -126,10 +133,12 @@ def install_patches() -> list[str]:
     ll.LlamaRMSNorm.forward = _llama_rmsnorm_forward
     q2.Qwen2RMSNorm.forward = _llama_rmsnorm_forward
     q3.Qwen3RMSNorm.forward = _llama_rmsnorm_forward  # the same body as Llama's (q_norm/k_norm too)
+    g2.Gemma2RMSNorm.forward = _gemma3_rmsnorm_forward  # Gemma2RMSNorm.forward is Gemma3RMSNorm.forward's body
     g3.Gemma3RMSNorm.forward = _gemma3_rmsnorm_forward
     ll.LlamaRotaryEmbedding.forward = torch.no_grad()(_rotary_forward_single)
     q2.Qwen2RotaryEmbedding.forward = torch.no_grad()(_rotary_forward_single)
     q3.Qwen3RotaryEmbedding.forward = torch.no_grad()(_rotary_forward_single)
+    g2.Gemma2RotaryEmbedding.forward = torch.no_grad()(_rotary_forward_single)  # one RoPE base (Llama's forward)
     g3.Gemma3RotaryEmbedding.forward = torch.no_grad()(_rotary_forward_gemma3)
     return [
         "LlamaRMSNorm/Qwen2RMSNorm/Qwen3RMSNorm.forward, Gemma3RMSNorm.forward: compute in float64 for float64 input (PATCH 1)",
@@ -139,6 +148,20 @@ def install_patches() -> list[str]:
 
 
 install_patches()
+
+
+def patch_notes(arch: str) -> list[str]:
+    """What install_patches patched, as recorded in a model's floor (`f64_patches`): install_patches()' own list
+    (unchanged for the architectures made before gemma2, so their reruns give the same manifest entries), with
+    Gemma2's classes named for gemma2."""
+    notes = install_patches()
+    if arch == "gemma2":
+        notes = [
+            "Gemma2RMSNorm.forward (Gemma3RMSNorm's body): compute in float64 for float64 input (PATCH 1)",
+            "Gemma2RotaryEmbedding.forward (Llama's body, one RoPE base): angles in float64 for float64 input (PATCH 2)",
+            notes[2],
+        ]
+    return notes
 
 
 def to_float64(model) -> list[str]:
@@ -186,21 +209,44 @@ def gguf_hparams(gguf: Path) -> dict:
         "key_length": get("attention.key_length"),
         "sliding_window": get("attention.sliding_window"),
         "sliding_window_pattern": get("attention.sliding_window_pattern"),
+        # gemma2 (llama.cpp models/gemma2.cpp load_arch_hparams reads both, optional; transformers' GGUF config
+        # map reads neither)
+        "attn_logit_softcapping": get("attn_logit_softcapping"),
+        "final_logit_softcapping": get("final_logit_softcapping"),
+        "rope_freq_base_swa": get("rope.freq_base_swa"),
     }
 
 
-def llamacpp_gemma3_layer_types(hp: dict) -> list[str] | None:
-    """llama.cpp 0c1e570's gemma3 SWA layers (models/gemma3.cpp load_arch_hparams -> load_swa_pattern(ml, 6) ->
-    hparams.set_swa_pattern): no (or a zero) sliding_window -> no SWA at all (None); else the file's
-    sliding_window_pattern array (per layer) if present, otherwise n_pattern = the file's integer pattern or 6,
-    layer il sliding iff n_pattern == 0 or il % n_pattern < n_pattern - 1 (the last of every n_pattern is global)."""
-    if not hp["sliding_window"]:
-        return None
+# llama.cpp 0c1e570's gemma2 defaults (src/models/gemma2.cpp load_arch_hparams; llama-hparams.h): the values it
+# uses when the file has no such key.
+LLAMACPP_GEMMA2_DEFAULTS = {"sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+
+
+def llamacpp_swa_layer_types(hp: dict, n_default: int) -> list[str]:
+    """llama.cpp 0c1e570's load_swa_pattern(ml, n_default) -> hparams.set_swa_pattern (dense_first false): the
+    file's sliding_window_pattern array (per layer) if present, otherwise n_pattern = the file's integer pattern or
+    n_default, layer il sliding iff n_pattern == 0 or il % n_pattern < n_pattern - 1 (the last of every n_pattern
+    is global)."""
     pat = hp["sliding_window_pattern"]
     if isinstance(pat, list):
         return ["sliding_attention" if bool(x) else "full_attention" for x in pat[: hp["n_layer"]]]
-    n = 6 if pat is None else int(pat)
+    n = n_default if pat is None else int(pat)
     return ["sliding_attention" if n == 0 or il % n < n - 1 else "full_attention" for il in range(hp["n_layer"])]
+
+
+def llamacpp_gemma3_layer_types(hp: dict) -> list[str] | None:
+    """llama.cpp 0c1e570's gemma3 SWA layers (models/gemma3.cpp load_arch_hparams -> load_swa_pattern(ml, 6)):
+    no (or a zero) sliding_window -> no SWA at all (None); else llamacpp_swa_layer_types(hp, 6)."""
+    if not hp["sliding_window"]:
+        return None
+    return llamacpp_swa_layer_types(hp, 6)
+
+
+def llamacpp_gemma2_layer_types(hp: dict) -> list[str]:
+    """llama.cpp 0c1e570's gemma2 SWA layers (models/gemma2.cpp load_arch_hparams: swa_type STANDARD, n_swa 4096
+    unless the file says otherwise, load_swa_pattern(ml, 2)): layer il local iff il % 2 == 0 (layer 0 local, 1
+    global, ...) unless the file has a pattern. SWA is on whether or not the file has a sliding_window."""
+    return llamacpp_swa_layer_types(hp, 2)
 
 
 def load(gguf: Path, dtype=torch.float32):
@@ -237,6 +283,34 @@ def load(gguf: Path, dtype=torch.float32):
         if list(cfg.layer_types) != want:
             load_notes.append(f"layer_types {cfg.layer_types} -> {want} (llama.cpp's SWA pattern)")
             cfg.layer_types = want
+    if cfg.model_type == "gemma2":
+        # LOADER FIXES (gemma2): transformers 5.23's GGUF config map for gemma2 (integrations/ggml.py) reads
+        # neither `gemma2.attn_logit_softcapping` nor `gemma2.final_logit_softcapping`, so Gemma2Config keeps its
+        # defaults 50.0 / 30.0 whatever the file says (synth-gemma2: attention 5.0, final 30.0); nor any
+        # query_pre_attn_scalar (the GGUF has none: the default 256 is Gemma 2 2B/9B's head_dim, while llama.cpp
+        # scales Q by 1/sqrt(the file's key_length) for every size but 27B, models/gemma2.cpp). Set here from the
+        # file (llama.cpp's defaults where the file has no key, LLAMACPP_GEMMA2_DEFAULTS), before the model is
+        # built (Gemma2Attention reads scaling and attn_logit_softcapping at init; Gemma2ForCausalLM.forward reads
+        # final_logit_softcapping from the config). SWA as for gemma3: layer_types from llama.cpp's rule
+        # (llamacpp_gemma2_layer_types: layer 0 local, 1 global; Gemma2Config's default alternation is the same)
+        # and sliding_window from the file (llama.cpp's 4096 if absent). make_goldens.check_traps checks each.
+        if hp["rope_freq_base_swa"] is not None:
+            raise SystemExit(f"{gguf}: gemma2 with rope.freq_base_swa: transformers' Gemma 2 has one RoPE base for every layer")
+        d = LLAMACPP_GEMMA2_DEFAULTS
+        want = {
+            "attn_logit_softcapping": float(d["attn_logit_softcapping"] if hp["attn_logit_softcapping"] is None else hp["attn_logit_softcapping"]),
+            "final_logit_softcapping": float(d["final_logit_softcapping"] if hp["final_logit_softcapping"] is None else hp["final_logit_softcapping"]),
+            "sliding_window": int(d["sliding_window"] if not hp["sliding_window"] else hp["sliding_window"]),
+            "query_pre_attn_scalar": int(cfg.head_dim),
+            "layer_types": llamacpp_gemma2_layer_types(hp),
+        }
+        for k, v in want.items():
+            have = getattr(cfg, k)
+            if (list(have) if k == "layer_types" else have) != v:
+                src = {"query_pre_attn_scalar": "head_dim = the file's key_length", "layer_types": "llama.cpp's SWA pattern"}.get(
+                    k, "the file's" if hp.get(k) is not None else "llama.cpp's default")
+                load_notes.append(f"{k} {have} -> {v} ({src})")
+                setattr(cfg, k, v)
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, config=cfg, dtype=torch.float32, attn_implementation=ATTN
     )
@@ -276,6 +350,8 @@ class Recorder:
     n_kv: int
     rows: dict = field(default_factory=dict)  # canonical id -> tensor [T, W]
     masks: dict = field(default_factory=dict)  # layer -> bool [T, S]: which keys each query may see (None: no mask)
+    attn_args: dict = field(default_factory=dict)  # layer -> (scaling, softcap) lockstep_eager was called with
+    lm_head: torch.Tensor | None = None  # lm_head's output [T, V] (before gemma2's final soft-capping)
 
     def put(self, cid: str, x: torch.Tensor) -> None:
         # x: [T, ...] (the batch dimension already dropped) -> [T, W]
@@ -308,6 +384,13 @@ COMMON_TAIL = [
     ("blk.{N}.out", "model.layers.{N}", "out"),
     ("output_norm", "model.norm", "out"),
     ("logits", "lm_head", "out"),
+]
+# Gemma 2: the logits llama.cpp returns (result_output) are after the final soft-capping cap * tanh(x / cap), which
+# Gemma2ForCausalLM.forward applies AFTER lm_head (an lm_head hook sees the uncapped values): read the model's
+# output instead ("result": run() records `out.logits`; lm_head's output is kept aside, Recorder.lm_head, for
+# make_goldens.check_final_softcap).
+GEMMA2_TAIL = COMMON_TAIL[:2] + [
+    ("logits", "Gemma2ForCausalLM.forward output .logits (lm_head, then final_logit_softcapping: cap * tanh(x / cap))", "result"),
 ]
 LLAMA_LAYER = [
     ("blk.{N}.attn_norm", "model.layers.{N}.input_layernorm", "out"),
@@ -353,10 +436,15 @@ QWEN3_LAYER = LLAMA_LAYER[:4] + [
     ("blk.{N}.q_norm", "model.layers.{N}.self_attn.q_norm", "out"),
     ("blk.{N}.k_norm", "model.layers.{N}.self_attn.k_norm", "out"),
 ] + LLAMA_LAYER[4:]
+# Gemma 2 (modeling_gemma2.py): Gemma 3's layer without q_norm/k_norm (the same four norms per layer, GeGLU).
+# ffn_post_norm has a place here though llama.cpp's graph cannot expose it for gemma2 (its node is named with
+# layer -1); lockstep's engine emits it.
+GEMMA2_LAYER = [s for s in GEMMA3_LAYER if not s[0].endswith(("q_norm", "k_norm"))]
 ARCH_STAGES = {
     "llama": COMMON_HEAD + LLAMA_LAYER + COMMON_TAIL,
     "qwen2": COMMON_HEAD + LLAMA_LAYER + COMMON_TAIL,
     "qwen3": COMMON_HEAD + QWEN3_LAYER + COMMON_TAIL,
+    "gemma2": COMMON_HEAD + GEMMA2_LAYER + GEMMA2_TAIL,
     "gemma3": COMMON_HEAD + GEMMA3_LAYER + COMMON_TAIL,
 }
 # The layout of q_norm/k_norm's input (and output): True = [B, H, T, D] (gemma3), False = [B, T, H, D] (qwen3).
@@ -379,8 +467,13 @@ def attach(model, arch: str, rec_getter) -> list:
     """Register the hooks of ARCH_STAGES; each hands its tensor to rec_getter() (the active Recorder)."""
     handles = []
     n_layer = model.config.num_hidden_layers
+    if any(kind == "result" for _, _, kind in ARCH_STAGES[arch]):
+        def head_hook(m, args, out):
+            assert out.shape[0] == 1, out.shape
+            rec_getter().lm_head = out[0].detach().clone()
+        handles.append(model.lm_head.register_forward_hook(head_hook))
     for cid, path, kind in ARCH_STAGES[arch]:
-        if kind == "attn":
+        if kind in ("attn", "result"):
             continue
         for n in range(n_layer) if "{N}" in cid else [None]:
             c = cid.replace("{N}", str(n)) if n is not None else cid
@@ -415,6 +508,9 @@ class RunResult:
     logits: np.ndarray  # [T, V]
     decode_logits: np.ndarray  # [N, V]
     prefill_masks: dict = field(default_factory=dict)  # layer -> bool [T, T] (Recorder.masks of the prefill call)
+    attn_args: list = field(default_factory=list)  # per call: {layer: (scaling, softcap)} lockstep_eager was given
+    lm_head_logits: np.ndarray | None = None  # "result" logits only: lm_head's output [T, V], before the final cap
+    lm_head_decode_logits: np.ndarray | None = None  # [N, V]
 
 
 def run(model, arch: str, tokens: list[int], decode_tokens: list[int]) -> RunResult:
@@ -425,16 +521,28 @@ def run(model, arch: str, tokens: list[int], decode_tokens: list[int]) -> RunRes
     n_q, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     recs: list[Recorder] = []
     handles = attach(model, arch, lambda: _RECORDER)
+    from_output = any(kind == "result" for _, _, kind in ARCH_STAGES[arch])
+
+    def logits_of(out) -> None:
+        # the model's output logits: recorded as `logits` where the stage map says so (gemma2: after the final
+        # soft-capping); elsewhere the lm_head hook's `logits` must be them, bit for bit
+        if from_output:
+            _RECORDER.put("logits", out.logits[0])
+        elif not torch.equal(_RECORDER.rows["logits"], out.logits[0].reshape(_RECORDER.rows["logits"].shape)):
+            raise AssertionError("lm_head's output is not the model's output logits")
+
     try:
         with torch.no_grad():
             _RECORDER = Recorder(arch, n_q, n_kv)
             recs.append(_RECORDER)
             out = model(input_ids=torch.tensor([tokens]), use_cache=True)
+            logits_of(out)
             cache = out.past_key_values
             for t in decode_tokens:
                 _RECORDER = Recorder(arch, n_q, n_kv)
                 recs.append(_RECORDER)
                 out = model(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True)
+                logits_of(out)
                 cache = out.past_key_values
     finally:
         _RECORDER = None
@@ -446,7 +554,14 @@ def run(model, arch: str, tokens: list[int], decode_tokens: list[int]) -> RunRes
     dec = {k: np.concatenate([r.rows[k].numpy() for r in recs[1:]], axis=0).astype(np_dtype) for k in ids} if decode_tokens else {}
     logits = pre.pop("logits")
     dlog = dec.pop("logits") if decode_tokens else np.zeros((0, logits.shape[1]), np_dtype)
-    return RunResult(pre, dec, logits, dlog, dict(recs[0].masks))
+    res = RunResult(pre, dec, logits, dlog, dict(recs[0].masks), [dict(r.attn_args) for r in recs])
+    if from_output:
+        res.lm_head_logits = recs[0].lm_head.numpy().astype(np_dtype)
+        res.lm_head_decode_logits = (
+            np.concatenate([r.lm_head.numpy() for r in recs[1:]], axis=0).astype(np_dtype) if decode_tokens
+            else np.zeros((0, logits.shape[1]), np_dtype)
+        )
+    return res
 
 
 def versions() -> dict:
