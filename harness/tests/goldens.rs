@@ -143,13 +143,63 @@ fn llama_cpp_goldens_cover_the_prompts_and_both_kv_types() {
 }
 
 #[test]
+fn every_seeded_model_and_variant_has_its_goldens() {
+    // [[synth]] of models.toml and their [[variants]]: a llama.cpp f32-KV golden of the prompt `synth` (made
+    // from exactly that file, crossing the window of 4, 8 decode steps, every stage for the F32 file), and a
+    // transformers-f32 golden wherever the transformers oracle has a stage map for the architecture
+    let m = manifest();
+    let reg = lockstep::registry::Registry::builtin().unwrap();
+    assert!(reg.synth.len() >= 8, "the seeded architectures");
+    let mut ids: Vec<(&str, &str, &str, bool)> = Vec::new();
+    for s in &reg.synth {
+        ids.push((&s.id, &s.sha256, &s.arch, true));
+    }
+    for v in reg.variants.iter() {
+        if let Some(s) = reg.synth(&v.source) {
+            ids.push((&v.id, &v.sha256, &s.arch, false));
+        }
+    }
+    assert!(ids.len() >= 8 * 7, "six variants each");
+    for (id, sha, arch, base) in ids {
+        let g = m
+            .find(id, "llama.cpp", "f32", "synth")
+            .unwrap_or_else(|| panic!("no llama.cpp golden for seeded model {id}"));
+        assert_eq!(g.model_sha256, sha, "{}", g.path);
+        assert_eq!(g.arch, arch, "{}", g.path);
+        assert!(g.n_prompt_tokens > 8, "{}", g.path);
+        assert_eq!(g.n_decode_steps, 8, "{}", g.path);
+        assert_eq!(g.capture_changes_logits, 0.0, "{}", g.path);
+        for a in ["tokens", "logits", "decode.tokens", "decode.logits", "blk.0.out", "blk.1.out"] {
+            assert!(g.arrays.contains_key(a), "{}: no {a}", g.path);
+        }
+        if base {
+            for a in ["embed", "blk.0.attn_norm", "blk.1.ffn_act", "output_norm"] {
+                assert!(g.arrays.contains_key(a), "{}: no {a}", g.path);
+            }
+        }
+        if m.stage_map("transformers", arch).is_some() {
+            let t = m
+                .find(id, "transformers", "f32", "synth")
+                .unwrap_or_else(|| panic!("no transformers golden for seeded model {id}"));
+            assert_eq!(t.model_sha256, sha, "{}", t.path);
+        }
+    }
+}
+
+#[test]
 fn every_registered_variant_has_compact_goldens_of_both_kv_types() {
     // the quant axis: each [[variants]] file of models.toml has its own goldens (oracles/README.md
     // "Quantization variants"), made from exactly that file, on a recorded host
     let m = manifest();
     let reg = lockstep::registry::Registry::builtin().unwrap();
-    assert_eq!(reg.variants.len(), 14, "the 14 types of make_variants.sh");
-    for v in &reg.variants {
+    // the downloaded model's variants (those of the seeded models: the test below)
+    let variants: Vec<_> = reg
+        .variants
+        .iter()
+        .filter(|v| reg.synth(&v.source).is_none())
+        .collect();
+    assert_eq!(variants.len(), 14, "the 14 types of make_variants.sh");
+    for v in variants {
         for kv in ["f32", "f16"] {
             let g = m
                 .find(&v.id, "llama.cpp", kv, "prose")
