@@ -95,34 +95,52 @@ impl std::fmt::Display for NumericsMode {
 
 /// The ggml-cpu build ggml mode reproduces: the SIMD branches llama.cpp compiled for its host's CPU
 /// (`GGML_NATIVE`). Selected from the CPU flags a golden records ([`GgmlTarget::from_cpu_flags`]).
+///
+/// The two AVX-512 targets differ only in the kernels of BF16 weights: `ggml_vec_dot_bf16` (vec.cpp) and
+/// llamafile's tinyBLAS for BF16 (llamafile/sgemm.cpp) have an `__AVX512BF16__` branch (`vdpbf16ps`)
+/// and an `__AVX512F__` one (bf16 widened to f32, f32 fmas); everything else the two builds run is the
+/// same code.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GgmlTarget {
     /// `__AVX2__ && __FMA__` without AVX-512 F/DQ: 8-lane `__m256` branches.
     Avx2,
-    /// `__AVX512F__ && __AVX512DQ__`: 16-lane `__m512` branches (the host of the first SmolLM2 goldens).
+    /// `__AVX512F__ && __AVX512DQ__` without `__AVX512BF16__`: 16-lane `__m512` branches, BF16 weights
+    /// widened to f32 (an Intel Xeon without AVX512_BF16, the host of the first synth goldens).
+    Avx512NoBf16,
+    /// `__AVX512F__ && __AVX512DQ__` and `__AVX512BF16__`: 16-lane `__m512` branches, BF16 weights through
+    /// `_mm512_dpbf16_ps` (the AMD EPYC host of the first SmolLM2 goldens).
     #[default]
     Avx512,
 }
 
 impl GgmlTarget {
     /// Every target, narrowest first.
-    pub const ALL: [GgmlTarget; 2] = [GgmlTarget::Avx2, GgmlTarget::Avx512];
+    pub const ALL: [GgmlTarget; 3] = [
+        GgmlTarget::Avx2,
+        GgmlTarget::Avx512NoBf16,
+        GgmlTarget::Avx512,
+    ];
 
-    /// `avx2` or `avx512`.
+    /// `avx2`, `avx512-nobf16` or `avx512`.
     pub fn name(self) -> &'static str {
         match self {
             GgmlTarget::Avx2 => "avx2",
+            GgmlTarget::Avx512NoBf16 => "avx512-nobf16",
             GgmlTarget::Avx512 => "avx512",
         }
     }
 
     /// The target ggml-cpu compiles for a CPU with these `/proc/cpuinfo`-style flags (`avx512f`,
-    /// `avx512dq`, `avx2`, `fma`, ...), as `GGML_NATIVE` does. `None` when the CPU has neither (ggml would
-    /// run kernels lockstep does not mirror).
+    /// `avx512dq`, `avx512_bf16`, `avx2`, `fma`, ...), as `GGML_NATIVE` does. `None` when the CPU has
+    /// neither (ggml would run kernels lockstep does not mirror).
     pub fn from_cpu_flags<S: AsRef<str>>(flags: &[S]) -> Option<GgmlTarget> {
         let has = |f: &str| flags.iter().any(|x| x.as_ref() == f);
         if has("avx512f") && has("avx512dq") {
-            Some(GgmlTarget::Avx512)
+            if has("avx512_bf16") {
+                Some(GgmlTarget::Avx512)
+            } else {
+                Some(GgmlTarget::Avx512NoBf16)
+            }
         } else if has("avx2") && has("fma") {
             Some(GgmlTarget::Avx2)
         } else {
@@ -137,7 +155,11 @@ impl GgmlTarget {
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
-                return GgmlTarget::Avx512;
+                return if is_x86_feature_detected!("avx512bf16") {
+                    GgmlTarget::Avx512
+                } else {
+                    GgmlTarget::Avx512NoBf16
+                };
             }
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 return GgmlTarget::Avx2;
@@ -146,11 +168,20 @@ impl GgmlTarget {
         GgmlTarget::Avx512
     }
 
+    /// True for the AVX-512 builds ([`GgmlTarget::Avx512`], [`GgmlTarget::Avx512NoBf16`]): `__AVX512F__`,
+    /// 16-lane f32 vectors.
+    pub fn is_avx512(self) -> bool {
+        match self {
+            GgmlTarget::Avx2 => false,
+            GgmlTarget::Avx512NoBf16 | GgmlTarget::Avx512 => true,
+        }
+    }
+
     /// f32 lanes of this target's vectors.
     pub fn lanes(self) -> usize {
         match self {
             GgmlTarget::Avx2 => 8,
-            GgmlTarget::Avx512 => 16,
+            GgmlTarget::Avx512NoBf16 | GgmlTarget::Avx512 => 16,
         }
     }
 }
@@ -161,7 +192,13 @@ impl std::str::FromStr for GgmlTarget {
         GgmlTarget::ALL
             .into_iter()
             .find(|t| t.name() == s)
-            .ok_or_else(|| format!("unknown ggml target {s:?} (expected avx2 or avx512)"))
+            .ok_or_else(|| {
+                let names: Vec<_> = GgmlTarget::ALL.iter().map(|t| t.name()).collect();
+                format!(
+                    "unknown ggml target {s:?} (expected one of {})",
+                    names.join(", ")
+                )
+            })
     }
 }
 
@@ -362,6 +399,47 @@ mod tests {
         assert!(!Simd::Off.avx2_kernels());
         for s in Simd::ALL {
             assert_eq!(s.to_string(), s.name());
+        }
+    }
+
+    #[test]
+    fn ggml_target_from_flags_tells_the_avx512_builds_apart_by_avx512_bf16() {
+        let flags = |s: &str| s.split(' ').map(str::to_string).collect::<Vec<_>>();
+        let avx2 = "sse4_2 avx avx2 fma f16c";
+        let xeon = format!("{avx2} avx512f avx512dq avx512bw avx512vl avx512_vnni");
+        let epyc = format!("{xeon} avx512_bf16");
+        assert_eq!(
+            GgmlTarget::from_cpu_flags(&flags(avx2)),
+            Some(GgmlTarget::Avx2)
+        );
+        assert_eq!(
+            GgmlTarget::from_cpu_flags(&flags(&xeon)),
+            Some(GgmlTarget::Avx512NoBf16)
+        );
+        assert_eq!(
+            GgmlTarget::from_cpu_flags(&flags(&epyc)),
+            Some(GgmlTarget::Avx512)
+        );
+        // AVX512_BF16 without AVX-512 F/DQ does not make an AVX-512 build
+        assert_eq!(
+            GgmlTarget::from_cpu_flags(&flags(&format!("{avx2} avx512_bf16"))),
+            Some(GgmlTarget::Avx2)
+        );
+        assert_eq!(GgmlTarget::from_cpu_flags(&flags("sse4_2 avx")), None);
+        for t in GgmlTarget::ALL {
+            assert_eq!(t.name().parse::<GgmlTarget>(), Ok(t));
+            assert_eq!(t.lanes(), if t.is_avx512() { 16 } else { 8 });
+        }
+        let e = "avx512bf16".parse::<GgmlTarget>().unwrap_err();
+        assert!(e.contains("avx512-nobf16"), "{e}");
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+            let want = if is_x86_feature_detected!("avx512bf16") {
+                GgmlTarget::Avx512
+            } else {
+                GgmlTarget::Avx512NoBf16
+            };
+            assert_eq!(GgmlTarget::host(), want);
         }
     }
 }

@@ -167,7 +167,8 @@ pub struct SimdArg {
 /// `--ggml-target` and `--simd` of a command that runs our engine on a prompt (`generate`, `dump`).
 #[derive(Debug, Args)]
 pub struct KernelArgs {
-    /// The llama.cpp build ggml mode mirrors: `avx2` or `avx512` (default: this machine's).
+    /// The llama.cpp build ggml mode mirrors: `avx2`, `avx512` (with AVX512-BF16) or `avx512-nobf16`
+    /// (default: this machine's).
     #[arg(long)]
     pub ggml_target: Option<GgmlTarget>,
     #[command(flatten)]
@@ -454,7 +455,7 @@ pub struct BisectArgs {
     /// Oracle directory of the golden.
     #[arg(long, default_value = "llama.cpp-f32kv")]
     pub oracle: String,
-    /// Mirror this ggml-cpu build (`avx2`, `avx512`) instead of the one the golden records.
+    /// Mirror this ggml-cpu build (`avx2`, `avx512-nobf16`, `avx512`) instead of the one the golden records.
     #[arg(long)]
     pub ggml_target: Option<GgmlTarget>,
     /// The golden directory.
@@ -493,7 +494,8 @@ pub struct RunArgs {
     /// them; with --engine-cmd: off, the default).
     #[arg(long)]
     pub simd: Vec<String>,
-    /// Mirror this ggml-cpu build (`avx2`, `avx512`) in ggml mode instead of the one each golden records.
+    /// Mirror this ggml-cpu build (`avx2`, `avx512-nobf16`, `avx512`) in ggml mode instead of the one
+    /// each golden records.
     #[arg(long)]
     pub ggml_target: Option<GgmlTarget>,
     #[command(flatten)]

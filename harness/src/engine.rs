@@ -203,8 +203,8 @@ impl Engine for LockstepEngine {
 /// placeholders are substituted inside each argument (no shell is involved):
 ///
 /// - forward: `{model}` model path, `{tokens}` comma-separated token ids of the whole sequence so far,
-///   `{mode}` numerics mode, `{target}` the ggml target of the golden's host (`avx2`, `avx512`), `{out}`
-///   the `.npz` the command must write (dump format);
+///   `{mode}` numerics mode, `{target}` the ggml target of the golden's host (`avx2`, `avx512-nobf16`,
+///   `avx512`), `{out}` the `.npz` the command must write (dump format);
 /// - tokenize: `{model}`, `{prompt_file}` a file holding the prompt text (UTF-8), `{parse_special}`
 ///   replaced by `--parse-special` or dropped; the command prints comma-separated ids on stdout.
 #[derive(Clone, Debug, PartialEq)]

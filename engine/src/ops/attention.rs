@@ -599,7 +599,7 @@ fn kqv_reduce8(target: GgmlTarget, order: KqvOrder, acc: &[f32], hd: usize, d0: 
     }
     match (target, order) {
         // _mm512_reduce_add_ps: 16 → 8 (high + low) → 4 → (0 + 2) + (1 + 3)
-        (GgmlTarget::Avx512, _) => {
+        (GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16, _) => {
             let t8: [V; 8] = std::array::from_fn(|i| add(r[8 + i], r[i]));
             let t4: [V; 4] = std::array::from_fn(|i| add(t8[4 + i], t8[i]));
             add(add(t4[0], t4[2]), add(t4[1], t4[3]))

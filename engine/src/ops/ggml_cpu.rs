@@ -21,11 +21,12 @@
 //!
 //! Which branches ggml-cpu compiled depends on the CPU of the host that built and ran llama.cpp, so ggml
 //! mode takes a [`GgmlTarget`]: the goldens record their host's CPU and the harness picks the target from
-//! it. What differs between the two x86 targets (read from the pinned source and checked against a native
-//! AVX2 build of it; everything else — quantized dot products, RMSNorm, RoPE, GELU, add/mul/scale,
-//! get_rows — is the same on both):
+//! it. What differs between the AVX2 and the AVX-512 targets (read from the pinned source and checked
+//! against a native AVX2 build of it; everything else — quantized dot products, RMSNorm, RoPE, GELU,
+//! add/mul/scale, get_rows — is the same on both); the two AVX-512 targets ([`GgmlTarget::Avx512`],
+//! [`GgmlTarget::Avx512NoBf16`]) differ only in BF16 weight matmuls (`crate::quant`), not in any op here:
 //!
-//! | kernel | [`GgmlTarget::Avx512`] | [`GgmlTarget::Avx2`] |
+//! | kernel | [`GgmlTarget::Avx512`], [`GgmlTarget::Avx512NoBf16`] | [`GgmlTarget::Avx2`] |
 //! |---|---|---|
 //! | `ggml_v_expf` | [`expf_avx512`]: degree-5 polynomial with `+1`, `_mm512_scalef_ps` | [`expf_avx2`]: polynomial of `e^b − 1`, bit-built `2^n`, `fma(j, k, k)` |
 //! | SiLU/SwiGLU, softmax blocks | 16 lanes, libm tail of `n % 16` | 8 lanes, libm tail of `n % 8` |
@@ -48,7 +49,9 @@ impl GgmlTarget {
     fn hsum(self, v: &[f32]) -> f32 {
         match self {
             GgmlTarget::Avx2 => hsum_float_8(v.try_into().expect("8 lanes")),
-            GgmlTarget::Avx512 => reduce_add_16(v.try_into().expect("16 lanes")),
+            GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16 => {
+                reduce_add_16(v.try_into().expect("16 lanes"))
+            }
         }
     }
 
@@ -70,7 +73,7 @@ impl GgmlTarget {
             *r = (acc(0, l) + acc(2, l)) + (acc(1, l) + acc(3, l));
         }
         match self {
-            GgmlTarget::Avx512 => reduce_add_16(&r),
+            GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16 => reduce_add_16(&r),
             GgmlTarget::Avx2 => {
                 let t: [f32; 4] = std::array::from_fn(|l| r[l] + r[l + 4]);
                 (t[0] + t[1]) + (t[2] + t[3])
@@ -89,7 +92,7 @@ impl GgmlTarget {
     pub(crate) fn expf_f<F: Fma>(self, x: f32) -> f32 {
         match self {
             GgmlTarget::Avx2 => expf_avx2_f::<F>(x),
-            GgmlTarget::Avx512 => expf_avx512_f::<F>(x),
+            GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16 => expf_avx512_f::<F>(x),
         }
     }
 }
@@ -293,7 +296,9 @@ pub(crate) fn vec_dot_f32_by<F: Fma>(
     // the lane count as a constant, so that the lane loops become vector instructions
     match target {
         GgmlTarget::Avx2 => vec_dot_f32_lanes::<F, 8>(target, n, x, y),
-        GgmlTarget::Avx512 => vec_dot_f32_lanes::<F, 16>(target, n, x, y),
+        GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16 => {
+            vec_dot_f32_lanes::<F, 16>(target, n, x, y)
+        }
     }
 }
 
@@ -338,7 +343,7 @@ pub(crate) unsafe fn vec_dot_f32_avx2(target: GgmlTarget, x: &[f32], y: &[f32]) 
     let y = &y[..n];
     let (lanes, halves) = match target {
         GgmlTarget::Avx2 => (8, 1),
-        GgmlTarget::Avx512 => (16, 2),
+        GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16 => (16, 2),
     };
     let np = n / (4 * lanes) * (4 * lanes);
     let mut sumf = 0.0f32;
@@ -369,7 +374,7 @@ pub(crate) unsafe fn vec_dot_f32_avx2(target: GgmlTarget, x: &[f32], y: &[f32]) 
                 let t = _mm_hadd_ps(t, t);
                 _mm_cvtss_f32(_mm_hadd_ps(t, t))
             }
-            GgmlTarget::Avx512 => {
+            GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16 => {
                 // _mm512_reduce_add_ps: 16 → 8 (high + low) → 4 → (a0 + a2) + (a1 + a3)
                 let t8 = _mm256_add_ps(r[1], r[0]);
                 let t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
@@ -465,7 +470,7 @@ unsafe fn kq_scores_hd<const HD: usize>(
             let pk = keys.as_ptr().add((k0 + key) * hd);
             *t8 = match target {
                 GgmlTarget::Avx2 => kq_lanes::<1>(pk, pq, hd),
-                GgmlTarget::Avx512 => kq_lanes::<2>(pk, pq, hd),
+                GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16 => kq_lanes::<2>(pk, pq, hd),
             };
         }
         let mut t4 = [_mm256_setzero_ps(); 4];
@@ -484,7 +489,7 @@ unsafe fn kq_scores_hd<const HD: usize>(
                 let h23 = _mm256_hadd_ps(t4[2], t4[3]);
                 _mm256_hadd_ps(h01, h23)
             }
-            GgmlTarget::Avx512 => {
+            GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16 => {
                 // t + movehl(t): (t0 + t2, t1 + t3); then add_ss(movehdup): sum of those two
                 let p01 = _mm256_add_ps(
                     _mm256_shuffle_ps(t4[0], t4[1], 0b01_00_01_00),
@@ -561,7 +566,7 @@ fn vec_dot_f32_tail<F: Fma>(
 ) -> f32 {
     let rem = n - np;
     let unfused = match target {
-        GgmlTarget::Avx512 => rem & !7,
+        GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16 => rem & !7,
         GgmlTarget::Avx2 => rem & !3,
     };
     let mut i = np;
@@ -610,7 +615,7 @@ pub fn vec_soft_max_f32(target: GgmlTarget, x: &mut [f32], max: f32) -> f64 {
 #[inline(always)]
 pub(crate) fn vec_soft_max_f32_f<F: Fma>(target: GgmlTarget, x: &mut [f32], max: f32) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if F::AVX512 && target == GgmlTarget::Avx512 {
+    if F::AVX512 && target.is_avx512() {
         // SAFETY: `F::AVX512` holds only on a CPU with AVX-512 F (`Fma::AVX512`)
         return unsafe { vec_soft_max_f32_zmm(x, max) };
     }

@@ -6,9 +6,9 @@
 //!
 //! - **reference**: plain f32 math (libm `exp`, left-to-right f32 dot products) — the formulas as written;
 //! - **ggml**: what llama.cpp's CPU backend computes on the golden's host, bit for bit: the AVX2 or AVX-512
-//!   kernels of ggml-cpu ([`GgmlTarget`]) replicated lane by lane in [`ggml_cpu`] (polynomial `exp` in SiLU
-//!   and softmax, 8- or 16-lane accumulators and reduction trees in the attention dot products, the fmas gcc
-//!   contracted in RoPE).
+//!   kernels of ggml-cpu ([`GgmlTarget`](crate::numerics::GgmlTarget)) replicated lane by lane in
+//!   [`ggml_cpu`] (polynomial `exp` in SiLU and softmax, 8- or 16-lane accumulators and reduction trees in
+//!   the attention dot products, the fmas gcc contracted in RoPE).
 //!
 //! | op | ggml function mirrored (both modes follow its order of operations; ggml mode also its SIMD) |
 //! |---|---|
@@ -36,8 +36,6 @@ pub use attention::{
     attention, attention_batch, attention_ggml, attention_ggml_batch, attention_scratch_len,
     ggml_kqv_order, AttnShape, KqvOrder,
 };
-
-use crate::numerics::GgmlTarget;
 
 use rayon::prelude::*;
 
@@ -349,9 +347,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32], width: usize, num: Numerics) {
             }
         }
         #[cfg(target_arch = "x86_64")]
-        NumericsMode::Ggml
-            if simd == Simd::Avx512 && target == GgmlTarget::Avx512 && simd.available() =>
-        {
+        NumericsMode::Ggml if simd == Simd::Avx512 && target.is_avx512() && simd.available() => {
             // SAFETY: AVX-512 was detected on this CPU.
             unsafe { ggml_cpu::swiglu_rows_avx512(gate, up, width) }
         }

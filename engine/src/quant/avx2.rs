@@ -555,7 +555,9 @@ pub(crate) unsafe fn dot_q4_k_q8_k<const N: usize>(
                 | GgmlPath::TinyBlas
                 | GgmlPath::TinyBlasQ0
                 | GgmlPath::TinyBlasAvx2
-                | GgmlPath::VecDotAvx2 => {
+                | GgmlPath::VecDotAvx2
+                | GgmlPath::TinyBlasNoBf16
+                | GgmlPath::VecDotNoBf16 => {
                     unreachable!("checked above")
                 }
             }

@@ -7,6 +7,10 @@
 //!   order, so the bits do not depend on the register width; the final `_mm512_reduce_add_ps` tree is the
 //!   scalar `reduce_add_16`. `_mm512_dpbf16_ps` is emulated lane by lane as `float.rs` documents it (odd
 //!   pair first, then even; denormal inputs read as zero, denormal results flushed to zero).
+//! - AVX-512 build without AVX512-BF16, BF16 weights: `ggml_vec_dot_bf16`'s `__AVX512F__` branch
+//!   ([`GgmlPath::VecDotNoBf16`]: two 16-lane fma accumulators over chunks of 32) and `tinyBLAS<16,
+//!   __m512, __m512>` ([`GgmlPath::TinyBlasNoBf16`]: the F32/F16 tinyBLAS loop on widened bf16), each
+//!   16-lane accumulator again as two halves.
 //! - AVX2 build: the same functions' `__AVX2__` branches ([`GgmlPath::VecDotAvx2`]: four 8-lane
 //!   accumulators over chunks of 32) and `tinyBLAS<8, __m256>` ([`GgmlPath::TinyBlasAvx2`]: one 8-lane
 //!   accumulator per output), on the very registers that build uses.
@@ -89,9 +93,11 @@ unsafe fn dpbf16_8(w: *const u8, x: *const u8, acc: __m256) -> __m256 {
 
 /// Float weights (F32, F16 or BF16 `ty`) against `N` activation rows, each through the kernel of its path:
 /// [`GgmlPath::TinyBlas`] as `float::dot_tinyblas`, [`GgmlPath::TinyBlasAvx2`] as
-/// `float::dot_tinyblas_avx2`, [`GgmlPath::VecDotAvx2`] as `float::dot_{f32,f16,bf16}_avx2`, anything
-/// else as the AVX-512 build's `ggml_vec_dot_f32/f16/bf16` (`float::dot_f32` / `dot_f16` / `dot_bf16`).
-/// The weight row is read once per chunk for all tinyBLAS rows.
+/// `float::dot_tinyblas_avx2`, [`GgmlPath::VecDotAvx2`] as `float::dot_{f32,f16,bf16}_avx2`, for BF16
+/// [`GgmlPath::TinyBlasNoBf16`] as `float::dot_tinyblas_bf16_avx512f` and [`GgmlPath::VecDotNoBf16`] as
+/// `float::dot_bf16_avx512f`, anything else as the AVX-512 build's `ggml_vec_dot_f32/f16/bf16`
+/// (`float::dot_f32` / `dot_f16` / `dot_bf16`). The weight row is read once per chunk for all tinyBLAS
+/// rows.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `w` holds `x.len()` elements of `ty` for every row (checked),
@@ -111,23 +117,32 @@ pub(crate) unsafe fn dot_float<const N: usize>(
     }
     let wp = w.as_ptr();
     let mut out = [0f32; N];
-    // tinyBLAS rows of the AVX-512 build, all at once (a batch's rows share one path)
-    let tb: [bool; N] = std::array::from_fn(|j| paths[j] == GgmlPath::TinyBlas);
+    // tinyBLAS rows of the AVX-512 builds, all at once (a batch's rows share one path): BF16 with
+    // AVX512-BF16 through `dpbf16`, the rest (F32, F16, BF16 without it) one fma per element and lane
+    let bf16 = ty == GgmlType::BF16;
+    let dp: [bool; N] = std::array::from_fn(|j| bf16 && paths[j] == GgmlPath::TinyBlas);
+    let f16l: [bool; N] = std::array::from_fn(|j| match paths[j] {
+        GgmlPath::TinyBlas => !bf16,
+        GgmlPath::TinyBlasNoBf16 => bf16,
+        _ => false,
+    });
+    let tb: [bool; N] = std::array::from_fn(|j| dp[j] || f16l[j]);
     if tb.iter().any(|&t| t) {
         let mut lo = [_mm256_setzero_ps(); N];
         let mut hi = [_mm256_setzero_ps(); N];
-        if ty == GgmlType::BF16 {
+        if dp.iter().any(|&t| t) {
             for base in (0..n - n % 32).step_by(32) {
-                for j in (0..N).filter(|&j| tb[j]) {
+                for j in (0..N).filter(|&j| dp[j]) {
                     let xr = xs[j].raw.as_ptr();
                     lo[j] = dpbf16_8(wp.add(2 * base), xr.add(2 * base), lo[j]);
                     hi[j] = dpbf16_8(wp.add(2 * base + 32), xr.add(2 * base + 32), hi[j]);
                 }
             }
-        } else {
+        }
+        if f16l.iter().any(|&t| t) {
             for base in (0..n - n % 16).step_by(16) {
                 let (w0, w1) = (load8(ty, wp, base), load8(ty, wp, base + 8));
-                for j in (0..N).filter(|&j| tb[j]) {
+                for j in (0..N).filter(|&j| f16l[j]) {
                     let x = xs[j].x.as_ptr();
                     lo[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x.add(base)), lo[j]);
                     hi[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(base + 8)), hi[j]);
@@ -155,6 +170,7 @@ pub(crate) unsafe fn dot_float<const N: usize>(
     for j in (0..N).filter(|&j| !tb[j] && !tb8[j]) {
         out[j] = match (ty, paths[j]) {
             (_, GgmlPath::VecDotAvx2) => vec_dot_avx2_build(ty, wp, xs[j].x, n),
+            (GgmlType::BF16, GgmlPath::VecDotNoBf16) => vec_dot_bf16_avx512f(wp, xs[j].x, n),
             (GgmlType::BF16, _) => vec_dot_bf16(wp, xs[j], n),
             _ => vec_dot_f32_f16(ty, wp, xs[j].x, n),
         };
@@ -259,6 +275,36 @@ unsafe fn vec_dot_bf16(w: *const u8, x: FloatRow<'_>, n: usize) -> f32 {
     let mut sumf = f64::from(reduce16(c[0], c[1]));
     sumf += f64::from(reduce16(c[2], c[3]));
     for (j, &xj) in x.x.iter().enumerate().skip(i) {
+        let wj = (w.add(2 * j) as *const u16).read_unaligned();
+        sumf += f64::from(super::fp::bf16_to_f32(wj) * xj);
+    }
+    sumf as f32
+}
+
+/// `ggml_vec_dot_bf16`, `__AVX512F__` branch of a build without AVX512-BF16 (see
+/// `float::dot_bf16_avx512f`): two 16-lane fma accumulators over chunks of 32 (elements 0..16 and
+/// 16..32), each reduced as `_mm512_reduce_add_ps` and added into a double that starts at +0.0;
+/// leftovers `sumf += (double)(w * x)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_bf16_avx512f(w: *const u8, x: &[f32], n: usize) -> f32 {
+    let xp = x.as_ptr();
+    let mut c = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (h, acc) in c.iter_mut().enumerate() {
+            let e = i + 8 * h;
+            *acc = _mm256_fmadd_ps(
+                load8(GgmlType::BF16, w, e),
+                _mm256_loadu_ps(xp.add(e)),
+                *acc,
+            );
+        }
+        i += 32;
+    }
+    let mut sumf = 0f64;
+    sumf += f64::from(reduce16(c[0], c[1]));
+    sumf += f64::from(reduce16(c[2], c[3]));
+    for (j, &xj) in x.iter().enumerate().skip(i) {
         let wj = (w.add(2 * j) as *const u16).read_unaligned();
         sumf += f64::from(super::fp::bf16_to_f32(wj) * xj);
     }

@@ -58,13 +58,16 @@
 //! over chunks of 64 (`_mm512_dpbf16_ps` for BF16), an AVX2-only build four 8-lane ones over chunks of 32
 //! with `GGML_F32x8_REDUCE` (BF16: its `__AVX2__` branch, fma-contracted, `hsum`); ggml mode mirrors
 //! both, [`GgmlPath::VecDot`] for the former and [`GgmlPath::VecDotAvx2`] for the latter (`float.rs`).
+//! An AVX-512 build without AVX512-BF16 runs `ggml_vec_dot_bf16`'s `__AVX512F__` branch instead (two
+//! 16-lane fma accumulators over chunks of 32): [`GgmlPath::VecDotNoBf16`].
 //!
 //! **Batched prefill, llamafile sgemm** (`llamafile_sgemm`, ggml-cpu/llamafile/sgemm.cpp, tried first
 //! when the batch is ≥ 2): handles F32, F16, BF16 weights when the row count is a multiple of 4 (tinyBLAS:
 //! one 16-lane accumulator per output, then `_mm512_reduce_add_ps` — a different order from
 //! `ggml_vec_dot_f32/f16/bf16`, mirrored as [`GgmlPath::TinyBlas`]; an AVX2 build's `tinyBLAS<8, __m256>`
 //! keeps one 8-lane accumulator and `hsum`, for row lengths that are multiples of 8,
-//! [`GgmlPath::TinyBlasAvx2`]) and Q8_0, Q4_0, Q5_0, IQ4_NL
+//! [`GgmlPath::TinyBlasAvx2`]; BF16 in an AVX-512 build without AVX512-BF16 is `tinyBLAS<16, __m512,
+//! __m512>`, the F32 arithmetic on widened bf16, [`GgmlPath::TinyBlasNoBf16`]) and Q8_0, Q4_0, Q5_0, IQ4_NL
 //! weights with Q8_0 activations (`tinyBLAS_Q0_AVX`). The latter computes, per output, the same lane
 //! integers (`updot`: the sign-trick products), one `fma(d_w*d_x, lane, acc)` per block into *one*
 //! accumulator and the same `hsum`: for Q4_0/Q5_0/Q8_0 exactly the vec_dot kernel (bit-identical), for
@@ -109,20 +112,19 @@
 //! Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS bit-identical with llama.cpp's default
 //! repacking (Q2_K repacked, on this AVX-512 host); F32, F16 and BF16 also against an AVX2-only build of
 //! the same llama.cpp (goldens made with `LOCKSTEP_ORACLE_CPU=avx2`, which record `ggml_cpu_flags`), with
-//! [`GgmlTarget::Avx2`]. What remains outside the contract:
+//! [`GgmlTarget::Avx2`]; the seeded synth models' BF16 variants against the native build of an AVX-512
+//! host without AVX512-BF16, with [`GgmlTarget::Avx512NoBf16`]. What remains outside the contract:
 //! 1. MXFP4 weights, and Q2_K on a host with AVX-512 F but not DQ (ggml repacks Q2_K on
 //!    `ggml_cpu_has_avx512()`, i.e. AVX-512 F, while [`GgmlTarget::Avx512`] needs F and DQ);
 //! 2. an F16 KV cache (llama.cpp's default): attention is not a weight matmul and lives in
-//!    `crate::ops::ggml_cpu`, which mirrors KQ and KQV for an F32 KV cache only; and BF16 weights on an
-//!    AVX-512 host without AVX512-BF16 ([`GgmlTarget::Avx512`] mirrors the `__AVX512BF16__` branches of
-//!    `ggml_vec_dot_bf16` and tinyBLAS, not the `__AVX512F__`-only ones);
+//!    `crate::ops::ggml_cpu`, which mirrors KQ and KQV for an F32 KV cache only;
 //! 3. a NaN in an activation block: ggml's max tree drops or keeps it by position and a NaN quantizes to
 //!    -128; both are mirrored, but the NaN payloads themselves are not part of the contract;
 //! 4. everything outside these kernels — norms, RoPE, softmax, SiLU/GELU — is mirrored in
 //!    `crate::ops::ggml_cpu`, per ggml target (AVX2, AVX-512), not here; the quantized kernels here are the
-//!    same on both targets (ggml-cpu has only AVX2 branches for them, or AVX-512 ones with the same
+//!    same on all targets (ggml-cpu has only AVX2 branches for them, or AVX-512 ones with the same
 //!    arithmetic), only the choice of kernel for Q2_K and the float kernels depend on the target
-//!    ([`ggml_path`]);
+//!    ([`ggml_path`]; of those, only BF16's on AVX512-BF16);
 //! 5. on another CPU (no FMA, ARM) llama.cpp picks other kernels and this bit-exactness does not carry over.
 //!
 //! Reference mode is plain: dequantize to f32 (the values [`dequantize_row`] gives, identical to the `gguf`
@@ -334,6 +336,14 @@ pub enum GgmlPath {
     /// F32/F16/BF16 weights (`float::dot_f32_avx2` etc.): where [`GgmlPath::VecDot`] runs the AVX-512
     /// build's branches of those functions for float weights, this is what an AVX2-only llama.cpp runs.
     VecDotAvx2,
+    /// llamafile's `tinyBLAS<16, __m512, __m512, ggml_bf16_t, ...>` for BF16 weights in an AVX-512 build
+    /// without AVX512-BF16 (batches ≥ 2, row count a multiple of 4, row length a multiple of 16): one
+    /// 16-lane fma accumulator per output, `_mm512_reduce_add_ps` (`float::dot_tinyblas_bf16_avx512f`).
+    TinyBlasNoBf16,
+    /// `ggml_vec_dot_bf16`'s `__AVX512F__` branch (vec.cpp) for BF16 weights in an AVX-512 build without
+    /// AVX512-BF16: two 16-lane fma accumulators over chunks of 32 (`float::dot_bf16_avx512f`), where
+    /// [`GgmlPath::VecDot`] runs the `__AVX512BF16__` branch (`_mm512_dpbf16_ps`).
+    VecDotNoBf16,
     /// llamafile's `tinyBLAS_Q0_AVX` where its arithmetic differs from the vec_dot kernel's: IQ4_NL
     /// weights that are not repacked, batches ≥ 2 (one accumulator where `ggml_vec_dot_iq4_nl_q8_0`
     /// alternates two).
@@ -352,6 +362,9 @@ pub(crate) fn effective_path(ty: GgmlType, path: GgmlPath) -> GgmlPath {
         GgmlPath::Tiled => d.tiled.is_some(),
         GgmlPath::TinyBlasQ0 => d.tinyblas_q0.is_some(),
         GgmlPath::TinyBlas | GgmlPath::TinyBlasAvx2 | GgmlPath::VecDotAvx2 => d.float.is_some(),
+        GgmlPath::TinyBlasNoBf16 | GgmlPath::VecDotNoBf16 => {
+            d.float.as_ref().is_some_and(|f| f.avx512_nobf16.is_some())
+        }
     };
     if exists {
         path
@@ -375,14 +388,15 @@ pub(crate) fn effective_path(ty: GgmlType, path: GgmlPath) -> GgmlPath {
 /// - IQ4_NL that is not repacked takes llamafile's `tinyBLAS_Q0_AVX` when `n_tokens ≥ 2`
 ///   ([`GgmlPath::TinyBlasQ0`]);
 /// - F32, F16 and BF16 take llamafile's tinyBLAS when `n_tokens ≥ 2`, `rows % 4 == 0` and `cols` is a
-///   multiple of `KN`: [`GgmlPath::TinyBlas`] (AVX-512 build, `KN` 16, 32 for BF16) or
+///   multiple of `KN`: [`GgmlPath::TinyBlas`] (AVX-512 build, `KN` 16, 32 for BF16 with AVX512-BF16) or
 ///   [`GgmlPath::TinyBlasAvx2`] (AVX2 build, `KN` 8); otherwise `ggml_vec_dot_f32/f16/bf16`, whose AVX2
-///   build is [`GgmlPath::VecDotAvx2`];
+///   build is [`GgmlPath::VecDotAvx2`]. BF16 in an AVX-512 build without AVX512-BF16 takes
+///   [`GgmlPath::TinyBlasNoBf16`] (`KN` 16) and [`GgmlPath::VecDotNoBf16`] instead;
 /// - everything else the vec_dot kernel (or tinyBLAS_Q0 for Q4_0/Q5_0/Q8_0, the same arithmetic).
 ///
 /// `target` matters for Q2_K (repacked by an AVX-512 build only) and for the float weights (the
-/// kernels' lane counts and reductions differ between the builds); the quantized kernels are the same
-/// on both targets.
+/// kernels' lane counts and reductions differ between the builds, and BF16's also with AVX512-BF16);
+/// the quantized kernels are the same on all targets.
 pub fn ggml_path(
     ty: GgmlType,
     rows: usize,
@@ -406,13 +420,18 @@ pub fn ggml_path(
         GgmlPath::Tiled
     } else if d.tinyblas_q0.is_some() && n_tokens >= 2 {
         GgmlPath::TinyBlasQ0
-    } else if d.float.is_some() && float::tinyblas_applies(ty, rows, cols, n_tokens, target) {
-        match target {
-            GgmlTarget::Avx512 => GgmlPath::TinyBlas,
-            GgmlTarget::Avx2 => GgmlPath::TinyBlasAvx2,
+    } else if let Some(f) = &d.float {
+        let tinyblas = float::tinyblas_applies(ty, rows, cols, n_tokens, target);
+        // the kernels of a build without AVX512-BF16 that differ from those with it (BF16's)
+        let nobf16 = target == GgmlTarget::Avx512NoBf16 && f.avx512_nobf16.is_some();
+        match (target, tinyblas) {
+            (GgmlTarget::Avx2, true) => GgmlPath::TinyBlasAvx2,
+            (GgmlTarget::Avx2, false) => GgmlPath::VecDotAvx2,
+            (_, true) if nobf16 => GgmlPath::TinyBlasNoBf16,
+            (_, false) if nobf16 => GgmlPath::VecDotNoBf16,
+            (GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16, true) => GgmlPath::TinyBlas,
+            (GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16, false) => GgmlPath::VecDot,
         }
-    } else if d.float.is_some() && target == GgmlTarget::Avx2 {
-        GgmlPath::VecDotAvx2
     } else {
         GgmlPath::VecDot
     }
@@ -423,7 +442,9 @@ pub fn ggml_path(
 /// `{q4_k,q2_k}::dot_q8_k_repacked` (arch/x86/repack.cpp),
 /// `{q2_k,q3_k,q4_k,q5_k,q6_k,iq4_xs}::dot_q8_k_tiled` (ggml-cpu/tiled), `iq4_nl::dot_q8_0_tinyblas`
 /// (llamafile/sgemm.cpp `tinyBLAS_Q0_AVX`), `float::dot_tinyblas` / `dot_tinyblas_avx2` (tinyBLAS of an
-/// AVX-512 / AVX2 build), `float::dot_{f32,f16,bf16}_avx2` (vec.cpp of an AVX2 build).
+/// AVX-512 / AVX2 build), `float::dot_{f32,f16,bf16}_avx2` (vec.cpp of an AVX2 build),
+/// `float::dot_tinyblas_bf16_avx512f` / `dot_bf16_avx512f` (BF16 in an AVX-512 build without
+/// AVX512-BF16).
 pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: GgmlPath) -> f32 {
     if x.mode() == NumericsMode::Ggml {
         let d = dots_of(weight_ty);
@@ -443,6 +464,16 @@ pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: Gg
             }
             GgmlPath::VecDotAvx2 => {
                 return (d.float.as_ref().expect(missing).vec_dot_avx2)(w_row, &x.x)
+            }
+            p @ (GgmlPath::TinyBlasNoBf16 | GgmlPath::VecDotNoBf16) => {
+                let k = d.float.as_ref().and_then(|f| f.avx512_nobf16.as_ref());
+                let k = k.expect(missing);
+                let dot = if p == GgmlPath::TinyBlasNoBf16 {
+                    k.tinyblas
+                } else {
+                    k.vec_dot
+                };
+                return dot(w_row, &x.x);
             }
         }
     }

@@ -71,12 +71,23 @@ pub(crate) struct Repack {
 
 /// The F32/F16/BF16 kernels that depend on the ggml-cpu build (`float.rs`).
 pub(crate) struct FloatPaths {
-    /// tinyBLAS of an AVX-512 build ([`super::GgmlPath::TinyBlas`]).
+    /// tinyBLAS of an AVX-512 build ([`super::GgmlPath::TinyBlas`]; BF16: with AVX512-BF16).
     pub tinyblas: fn(&[u8], &[f32]) -> f32,
     /// tinyBLAS of an AVX2 build ([`super::GgmlPath::TinyBlasAvx2`]).
     pub tinyblas_avx2: fn(&[u8], &[f32]) -> f32,
     /// `ggml_vec_dot_<float>` of an AVX2 build ([`super::GgmlPath::VecDotAvx2`]).
     pub vec_dot_avx2: fn(&[u8], &[f32]) -> f32,
+    /// The kernels of an AVX-512 build without AVX512-BF16 ([`GgmlTarget::Avx512NoBf16`]) where they
+    /// differ from those of one with it (BF16's); `None` for F32 and F16, which both builds compute alike.
+    pub avx512_nobf16: Option<NoBf16Kernels>,
+}
+
+/// BF16's kernels of an AVX-512 build without `__AVX512BF16__` (`float.rs`).
+pub(crate) struct NoBf16Kernels {
+    /// `tinyBLAS<16, __m512, __m512, ggml_bf16_t, ...>` ([`super::GgmlPath::TinyBlasNoBf16`]).
+    pub tinyblas: fn(&[u8], &[f32]) -> f32,
+    /// `ggml_vec_dot_bf16`'s `__AVX512F__` branch ([`super::GgmlPath::VecDotNoBf16`]).
+    pub vec_dot: fn(&[u8], &[f32]) -> f32,
 }
 
 /// The descriptor of `ty`, or `None` for a type this engine has no kernels for (the IQ2/IQ3/IQ1, TQ,
@@ -185,6 +196,7 @@ const F32_TRAITS: TypeTraits = TypeTraits {
             tinyblas: |w, x| float::dot_tinyblas(GgmlType::F32, w, x),
             tinyblas_avx2: |w, x| float::dot_tinyblas_avx2(GgmlType::F32, w, x),
             vec_dot_avx2: float::dot_f32_avx2,
+            avx512_nobf16: None,
         }),
         simd_avx2: Some(SimdKernel::F32Avx2),
         ..plain(
@@ -212,6 +224,7 @@ const F16_TRAITS: TypeTraits = TypeTraits {
             tinyblas: |w, x| float::dot_tinyblas(GgmlType::F16, w, x),
             tinyblas_avx2: |w, x| float::dot_tinyblas_avx2(GgmlType::F16, w, x),
             vec_dot_avx2: float::dot_f16_avx2,
+            avx512_nobf16: None,
         }),
         simd_avx2: Some(SimdKernel::F16Avx2),
         ..plain(
@@ -239,6 +252,10 @@ const BF16_TRAITS: TypeTraits = TypeTraits {
             tinyblas: |w, x| float::dot_tinyblas(GgmlType::BF16, w, x),
             tinyblas_avx2: |w, x| float::dot_tinyblas_avx2(GgmlType::BF16, w, x),
             vec_dot_avx2: float::dot_bf16_avx2,
+            avx512_nobf16: Some(NoBf16Kernels {
+                tinyblas: float::dot_tinyblas_bf16_avx512f,
+                vec_dot: float::dot_bf16_avx512f,
+            }),
         }),
         simd_avx2: Some(SimdKernel::BF16Avx2),
         ..plain(
@@ -397,7 +414,7 @@ const Q2_K_TRAITS: TypeTraits = TypeTraits {
     dot: Some(Dots {
         // `q2_K_8x8_q8_K` only if `ggml_cpu_has_avx512()`
         repack: Some(Repack {
-            on: |t| t == GgmlTarget::Avx512,
+            on: GgmlTarget::is_avx512,
             dot: |w, x, gemm| q2_k::dot_q8_k_repacked(w, &x.qs, &x.d, &x.bsums, gemm),
         }),
         tiled: Some(|w, x| q2_k::dot_q8_k_tiled(w, &x.qs, &x.d, &x.bsums)),

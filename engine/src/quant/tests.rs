@@ -495,13 +495,15 @@ fn float_kernels_of_both_builds_compute_the_dot_product_of_the_converted_activat
             for path in [
                 GgmlPath::VecDot,
                 GgmlPath::VecDotAvx2,
+                GgmlPath::VecDotNoBf16,
                 GgmlPath::TinyBlas,
                 GgmlPath::TinyBlasAvx2,
+                GgmlPath::TinyBlasNoBf16,
             ] {
                 // tinyBLAS runs only where the row length is a multiple of its KN
                 let kn = match (path, ty) {
                     (GgmlPath::TinyBlas, GgmlType::BF16) => 32,
-                    (GgmlPath::TinyBlas, _) => 16,
+                    (GgmlPath::TinyBlas | GgmlPath::TinyBlasNoBf16, _) => 16,
                     (GgmlPath::TinyBlasAvx2, _) => 8,
                     _ => 1,
                 };
@@ -818,12 +820,14 @@ fn ggml_path_routes_each_weight_type_as_llama_cpp_does() {
         assert_eq!(ggml_path(GgmlType::Q4_0, 576, 576, 1, 0), RepackGemv);
         assert_eq!(ggml_path(GgmlType::Q4_0, 572, 576, 6, 0), VecDot);
         // float weights: tinyBLAS for batches of 2 and more, rows % 4 == 0, row length a multiple of
-        // KN (AVX-512 build: 16, 32 for BF16; AVX2 build: 8), else the vec_dot kernels of the build
-        let (tb, vd) = match target {
-            GgmlTarget::Avx512 => (TinyBlas, VecDot),
-            GgmlTarget::Avx2 => (TinyBlasAvx2, VecDotAvx2),
-        };
+        // KN (AVX-512 build: 16, 32 for BF16 with AVX512-BF16; AVX2 build: 8), else the vec_dot kernels
+        // of the build; without AVX512-BF16 BF16 takes its own kernels, F32 and F16 the AVX-512 ones
         for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            let (tb, vd) = match target {
+                GgmlTarget::Avx512NoBf16 if ty == GgmlType::BF16 => (TinyBlasNoBf16, VecDotNoBf16),
+                GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16 => (TinyBlas, VecDot),
+                GgmlTarget::Avx2 => (TinyBlasAvx2, VecDotAvx2),
+            };
             assert_eq!(ggml_path(ty, 576, 576, 2, 1), tb, "{ty}");
             assert_eq!(ggml_path(ty, 576, 576, 1, 0), vd, "{ty}: decode");
             assert_eq!(ggml_path(ty, 578, 576, 9, 0), vd, "{ty}: rows % 4");
@@ -832,17 +836,35 @@ fn ggml_path_routes_each_weight_type_as_llama_cpp_does() {
             let want = if target == GgmlTarget::Avx2 { tb } else { vd };
             assert_eq!(ggml_path(ty, 576, 40, 4, 0), want, "{ty}: k = 40");
         }
-        assert_eq!(ggml_path(GgmlType::F16, 576, 48, 4, 0), tb);
+        assert_eq!(
+            ggml_path(GgmlType::F16, 576, 48, 4, 0),
+            match target {
+                GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16 => TinyBlas,
+                GgmlTarget::Avx2 => TinyBlasAvx2,
+            }
+        );
+        // k = 48: KN 32 refuses it, KN 16 and 8 take it
         assert_eq!(
             ggml_path(GgmlType::BF16, 576, 48, 4, 0),
             match target {
                 GgmlTarget::Avx512 => VecDot,
+                GgmlTarget::Avx512NoBf16 => TinyBlasNoBf16,
                 GgmlTarget::Avx2 => TinyBlasAvx2,
             }
         );
-        // the float paths of one build do not exist for quantized weights
-        for p in [TinyBlas, TinyBlasAvx2, VecDotAvx2] {
+        // the float paths of one build do not exist for quantized weights, BF16's own not for F32/F16
+        for p in [
+            TinyBlas,
+            TinyBlasAvx2,
+            VecDotAvx2,
+            TinyBlasNoBf16,
+            VecDotNoBf16,
+        ] {
             assert_eq!(effective_path(GgmlType::Q4_K, p), VecDot);
+        }
+        for ty in [GgmlType::F32, GgmlType::F16] {
+            assert_eq!(effective_path(ty, TinyBlasNoBf16), VecDot);
+            assert_eq!(effective_path(ty, VecDotNoBf16), VecDot);
         }
         // quantized types tinyBLAS_Q0 takes compute the vec_dot arithmetic
         assert_eq!(ggml_path(GgmlType::Q8_0, 576, 576, 9, 0), VecDot);
@@ -854,7 +876,7 @@ fn ggml_path_routes_each_weight_type_as_llama_cpp_does() {
         let q2_k_decode = ggml_path(GgmlType::Q2_K, 576, 576, 1, 0);
         let q2_k_small = ggml_path(GgmlType::Q2_K, 576, 576, 6, 5);
         match target {
-            GgmlTarget::Avx512 => {
+            GgmlTarget::Avx512 | GgmlTarget::Avx512NoBf16 => {
                 assert_eq!(q2_k, [[RepackGemm; 8].as_slice(), &[RepackGemv]].concat());
                 assert_eq!((q2_k_decode, q2_k_small), (RepackGemv, RepackGemv));
             }

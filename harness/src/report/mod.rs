@@ -168,7 +168,8 @@ pub struct CellReport {
     pub golden_path: String,
     /// sha256 of the golden file.
     pub golden_sha256: String,
-    /// Ggml mode: the ggml-cpu build mirrored (`avx2`, `avx512`), from the golden's recorded host CPU.
+    /// Ggml mode: the ggml-cpu build mirrored (`avx2`, `avx512-nobf16`, `avx512`), from the golden's
+    /// recorded host CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ggml_target: Option<String>,
     /// The full comparison.

@@ -341,9 +341,10 @@ fn float_and_repacked_4_bit_simd_kernels_give_the_scalar_bits_on_every_ggml_path
                 if nibbles && n % 32 != 0 {
                     continue;
                 }
-                for trial in 0..4 {
-                    // both builds' kernels (AVX-512: VecDot, TinyBlas; AVX2: VecDotAvx2,
-                    // TinyBlasAvx2), mixed in one call and alone
+                for trial in 0..6 {
+                    // every build's kernels (AVX-512: VecDot, TinyBlas; AVX-512 without AVX512-BF16:
+                    // VecDotNoBf16, TinyBlasNoBf16, BF16's own, the others' VecDot for F32/F16; AVX2:
+                    // VecDotAvx2, TinyBlasAvx2), mixed in one call and alone
                     let paths = match (nibbles, trial) {
                         // a call with a row that is not repacked runs the scalar kernels
                         (true, 3) => [RepackGemv, TinyBlasQ0, VecDot, RepackGemm],
@@ -351,7 +352,9 @@ fn float_and_repacked_4_bit_simd_kernels_give_the_scalar_bits_on_every_ggml_path
                         (_, 0) => [TinyBlas, VecDot, TinyBlas, VecDot],
                         (_, 1) => [TinyBlasAvx2, VecDotAvx2, TinyBlasAvx2, VecDotAvx2],
                         (_, 2) => [TinyBlasAvx2; 4],
-                        _ => [VecDotAvx2, TinyBlas, TinyBlasAvx2, VecDot],
+                        (_, 3) => [VecDotAvx2, TinyBlas, TinyBlasAvx2, VecDot],
+                        (_, 4) => [TinyBlasNoBf16, VecDotNoBf16, TinyBlas, VecDotNoBf16],
+                        _ => [TinyBlasNoBf16; 4],
                     };
                     let w = if nibbles {
                         weight_row(ty, n / 32, &mut rng)
