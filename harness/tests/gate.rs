@@ -517,7 +517,8 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         .collect();
     let models: std::collections::BTreeSet<&str> = pairs.iter().map(|p| p.0).collect();
     // every model with goldens, every prompt it has a golden for: the three downloaded models with their
-    // six prompts each, and each quantization variant (the quant axis) with its one prompt
+    // six prompts each, each quantization variant (the quant axis) and each seeded model (`lockstep synth`)
+    // with its one prompt
     let reg = lockstep::registry::Registry::builtin().unwrap();
     let with_goldens: std::collections::BTreeSet<&str> = manifest
         .goldens
@@ -530,8 +531,8 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     );
     for m in &models {
         let n = pairs.iter().filter(|p| p.0 == *m).count();
-        if reg.variant(m).is_some() {
-            assert_eq!(n, 1, "variant {m}: its one golden prompt");
+        if reg.variant(m).is_some() || reg.synth(m).is_some() {
+            assert_eq!(n, 1, "variant or seeded model {m}: its one golden prompt");
         } else {
             assert!(n >= 6, "{m}: every prompt ({n})");
         }

@@ -169,7 +169,14 @@ fn every_seeded_model_and_variant_has_its_goldens() {
         assert!(g.n_prompt_tokens > 8, "{}", g.path);
         assert_eq!(g.n_decode_steps, 8, "{}", g.path);
         assert_eq!(g.capture_changes_logits, 0.0, "{}", g.path);
-        for a in ["tokens", "logits", "decode.tokens", "decode.logits", "blk.0.out", "blk.1.out"] {
+        for a in [
+            "tokens",
+            "logits",
+            "decode.tokens",
+            "decode.logits",
+            "blk.0.out",
+            "blk.1.out",
+        ] {
             assert!(g.arrays.contains_key(a), "{}: no {a}", g.path);
         }
         if base {

@@ -48,6 +48,8 @@ struct Subject {
     window: Option<(usize, usize)>,
     /// Decode steps of the golden.
     n_decode: usize,
+    /// A gated FFN (gate and up, separate or fused); StarCoder2's is not (no gate to swap, GELU only).
+    gated_ffn: bool,
     /// LayerNorms with a bias (`blk.0.attn_norm.bias`: StarCoder2, StableLM).
     has_norm_bias: bool,
     /// RoPE rotates fewer dimensions than the head has (`rope.dimension_count` < head_dim: StableLM).
@@ -124,6 +126,7 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
             .iter()
             .find_map(|l| Some((l.attn.shape.window?, l.layer))),
         n_decode,
+        gated_ffn: layers[0].ffn.gate.is_some() || layers[0].ffn.fused,
         has_norm_bias: g.tensor("blk.0.attn_norm.bias").is_ok(),
         partial_rotary: layers[0].attn.rope.dim < layers[0].attn.shape.head_dim,
         first_min_quant: first.map(|(l, _, k)| Site {
@@ -196,7 +199,9 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
         Fault::AttnScale => site(Some(0), &[K::AttnOut], multi),
         Fault::CausalMaskOff if s.n_prompt == 1 => return None,
         Fault::CausalMaskOff => site(Some(0), &[K::AttnOut], Phase::Prefill),
-        Fault::GateUpSwapped => site(Some(0), &[K::FfnGate], Phase::Prefill),
+        Fault::GateUpSwapped | Fault::WrongActivation { .. } if !s.gated_ffn => return None,
+        // ffn_gate, or where the golden cannot hold it (Phi-3's fused gate+up has no node) the activation
+        Fault::GateUpSwapped => site(Some(0), &[K::FfnGate, K::FfnAct], Phase::Prefill),
         Fault::WrongActivation { .. } => site(Some(mid), &[K::FfnAct], Phase::Prefill),
         Fault::MissingResidual { .. } => site(Some(mid), &[K::Out], Phase::Prefill),
         Fault::QuantMinMisread => s.first_min_quant.clone()?,
@@ -428,6 +433,21 @@ fn synth_gemma2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
 #[test]
 fn synth_gemma3_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
     suite("synth-gemma3", &[subject("synth-gemma3", "synth")]);
+}
+
+#[test]
+fn synth_phi3_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("synth-phi3", &[subject("synth-phi3", "synth")]);
+}
+
+#[test]
+fn synth_starcoder2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("synth-starcoder2", &[subject("synth-starcoder2", "synth")]);
+}
+
+#[test]
+fn synth_stablelm_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("synth-stablelm", &[subject("synth-stablelm", "synth")]);
 }
 
 /// A bug in code only reference mode runs (its matmuls' Q4_1 dequantization) while ggml mode stays bit
