@@ -24,7 +24,16 @@ fn record(model: &Model, tokens: &[u32], mode: NumericsMode, sink: &mut dyn Stag
 const PROMPT: [u32; 7] = [40, 75, 100, 3, 200, 17, 259];
 
 /// Every architecture the engine wires, as a tiny synthetic model.
-const ARCHS: [&str; 4] = ["llama", "qwen2", "gemma3", "phi3"];
+const ARCHS: [&str; 8] = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "starcoder2",
+    "stablelm",
+];
 
 fn tiny_arch(arch: &'static str) -> Model {
     tiny(&SynthModel {
@@ -205,6 +214,26 @@ fn each_architecture_emits_the_stages_its_blocks_have() {
         Out,
     ];
     assert_eq!(kinds(&tiny_arch("gemma3")), gemma);
+    // gemma2: gemma3's blocks without the per-head Q/K norms
+    let gemma2: Vec<StageKind> = gemma
+        .iter()
+        .copied()
+        .filter(|k| !matches!(k, QNorm | KNorm))
+        .collect();
+    assert_eq!(kinds(&tiny_arch("gemma2")), gemma2);
+    // qwen3: llama's with the per-head Q/K norms before RoPE
+    let qwen3: Vec<StageKind> = llama
+        .iter()
+        .flat_map(|&k| match k {
+            V => vec![V, QNorm, KNorm],
+            k => vec![k],
+        })
+        .collect();
+    assert_eq!(kinds(&tiny_arch("qwen3")), qwen3);
+    // stablelm: llama's stages (LayerNorm instead of RMSNorm, partial rotary); starcoder2: no gate
+    assert_eq!(kinds(&tiny_arch("stablelm")), llama);
+    let no_gate: Vec<StageKind> = llama.iter().copied().filter(|k| *k != FfnGate).collect();
+    assert_eq!(kinds(&tiny_arch("starcoder2")), no_gate);
     let widths: Vec<(Stage, usize)> = tiny_arch("gemma3").stages();
     let w = |s| widths.iter().find(|(x, _)| *x == s).unwrap().1;
     assert_eq!(w(Stage::block(0, QNorm)), 64, "4 heads × 16");
