@@ -273,6 +273,20 @@ pub(crate) fn local_model(path: &Path) -> Result<PathBuf> {
     Ok(path.to_path_buf())
 }
 
+/// `<cache_root>/models`, created if missing: where downloaded and seeded models are cached.
+///
+/// Errors: the directory cannot be created (named, with the environment variable that moves the cache).
+pub(crate) fn models_dir(cache_root: &Path) -> Result<PathBuf> {
+    let dir = cache_root.join("models");
+    fs::create_dir_all(&dir).with_context(|| {
+        format!(
+            "cannot create the model cache directory {}; set {CACHE_ENV} to a writable directory",
+            dir.display()
+        )
+    })?;
+    Ok(dir)
+}
+
 /// Fetches `entry` into [`cache_dir`] and returns `<cache>/models/<id>.gguf`. See [`fetch_into`].
 pub fn fetch(entry: &ModelEntry, opts: &FetchOptions) -> Result<PathBuf> {
     fetch_into(entry, &cache_dir()?, opts)
@@ -291,13 +305,7 @@ pub fn fetch(entry: &ModelEntry, opts: &FetchOptions) -> Result<PathBuf> {
 /// the cache); no space left on the device (directory and space needed).
 pub fn fetch_into(entry: &ModelEntry, cache_root: &Path, opts: &FetchOptions) -> Result<PathBuf> {
     entry.validate()?;
-    let models_dir = cache_root.join("models");
-    fs::create_dir_all(&models_dir).with_context(|| {
-        format!(
-            "cannot create the model cache directory {}; set {CACHE_ENV} to a writable directory",
-            models_dir.display()
-        )
-    })?;
+    let models_dir = models_dir(cache_root)?;
     let path = model_path(cache_root, &entry.id);
     let sidecar = sidecar_path(cache_root, &entry.id);
     if check_cached(entry, &path, &sidecar, opts)? {

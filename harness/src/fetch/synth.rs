@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use super::cache::{check_cached, remove_stale_temps, write_sidecar, FileStamp};
-use super::{cache_dir, model_path, sidecar_path, FetchOptions, CACHE_ENV};
+use super::{cache_dir, model_path, models_dir, sidecar_path, FetchOptions, CACHE_ENV};
 use crate::registry::SynthEntry;
 
 /// Makes the seeded model `entry` into [`cache_dir`] and returns `<cache>/models/<id>.gguf`. See
@@ -39,13 +39,7 @@ pub fn fetch_synth_into(
     opts: &FetchOptions,
 ) -> Result<PathBuf> {
     entry.validate()?;
-    let models_dir = cache_root.join("models");
-    fs::create_dir_all(&models_dir).with_context(|| {
-        format!(
-            "cannot create the model cache directory {}; set {CACHE_ENV} to a writable directory",
-            models_dir.display()
-        )
-    })?;
+    let models_dir = models_dir(cache_root)?;
     let path = model_path(cache_root, &entry.id);
     let sidecar = sidecar_path(cache_root, &entry.id);
     // The cache functions read only id, size and sha256 of the entry; this one has no packages to download.
