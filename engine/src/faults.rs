@@ -68,6 +68,9 @@ pub enum Fault {
     /// Partial rotary ignored: every dimension of each head rotated (with the angles of a head_dim-wide
     /// RoPE) instead of the first `rope.dimension_count` (StableLM).
     PartialRotaryDims,
+    /// Learned absolute positions off by one in decode (GPT-2): a single-token batch at `n_past` adds
+    /// `position_embd[n_past − 1]` instead of `position_embd[n_past]`.
+    PosEmbdOffset,
 }
 
 #[cfg(feature = "faults")]

@@ -17,7 +17,9 @@ use crate::quant::{quantize_row, GgmlType};
 /// (post-attention and post-FFN norms, soft-capping, a sliding window on even layers), `gemma3` (per-head
 /// Q/K norms, post-norms, a sliding window), `phi3` (fused `attn_qkv` and gate+up `ffn_up`, a sliding window
 /// llama.cpp ignores), `starcoder2` (LayerNorms with biases, biases on every projection, a non-gated GELU
-/// FFN), `stablelm` (LayerNorms with biases, Q/K/V biases, partial rotary); the windows are
+/// FFN), `stablelm` (LayerNorms with biases, Q/K/V biases, partial rotary), `gpt2` (learned absolute
+/// positions `position_embd`, no RoPE, fused `attn_qkv` with a bias, biases and LayerNorms as starcoder2,
+/// as many KV heads as query heads); the windows are
 /// [`SynthModel::sliding_window`] positions.
 #[derive(Clone, Debug)]
 pub struct SynthModel {
@@ -65,15 +67,21 @@ pub const SYNTH_ARCHS: &[&str] = &[
     "starcoder2",
     "stablelm",
     "phi3",
+    "gpt2",
 ];
 
 /// `stablelm.rope.dimension_count` of a synthetic `stablelm` file, as a fraction of head_dim (StableLM's
 /// `partial_rotary_factor` 0.25: 16 of 64).
 pub const SYNTH_PARTIAL_ROTARY: usize = 4;
 
-/// Whether `arch` is one of the LayerNorm architectures (`starcoder2`, `stablelm`).
+/// Whether `arch` is one of the LayerNorm architectures (`starcoder2`, `stablelm`, `gpt2`).
 fn layer_norm_arch(arch: &str) -> bool {
-    matches!(arch, "starcoder2" | "stablelm")
+    matches!(arch, "starcoder2" | "stablelm" | "gpt2")
+}
+
+/// Whether `arch` has biases on every projection and a non-gated GELU FFN (`starcoder2`, `gpt2`).
+fn biased_gelu_arch(arch: &str) -> bool {
+    matches!(arch, "starcoder2" | "gpt2")
 }
 
 /// `gemma2.attn_logit_softcapping` of a synthetic `gemma2` file: 5, not the real models' 50, so that the
@@ -83,6 +91,9 @@ pub const SYNTH_ATTN_SOFTCAP: f32 = 5.0;
 /// `gemma2.final_logit_softcapping` of a synthetic `gemma2` file (the real models' 30: the logits of
 /// these models reach tens).
 pub const SYNTH_FINAL_SOFTCAP: f32 = 30.0;
+
+/// `<arch>.context_length` of the synthetic files (also the rows of GPT-2's `position_embd`).
+pub const SYNTH_CONTEXT: usize = 256;
 
 /// Multiplier of the `ffn_down` rows of the [`SynthModel::outliers`] dimensions.
 pub const OUTLIER_SCALE: f32 = 8.0;
@@ -159,7 +170,8 @@ impl SynthModel {
             n_layer: 2,
             d_model: 256,
             n_head: 4,
-            n_kv_head: 2,
+            // GPT-2 has no grouped-query attention (transformers' GPT2Attention has one head count)
+            n_kv_head: if arch == "gpt2" { 4 } else { 2 },
             d_ff: 512,
             matrix_type: GgmlType::F32,
             embd_type: GgmlType::F32,
@@ -182,8 +194,16 @@ impl SynthModel {
 
     /// Build the GGUF file bytes.
     ///
-    /// Errors: a matrix type whose quantizer the engine lacks, or widths that are not whole blocks.
+    /// Errors: a matrix type whose quantizer the engine lacks, widths that are not whole blocks, a `gpt2`
+    /// model with fewer KV heads than query heads.
     pub fn build(&self) -> crate::Result<Vec<u8>> {
+        if self.arch == "gpt2" && self.n_kv_head != self.n_head {
+            // the file has no head_count_kv key (GPT2Model.set_gguf_parameters writes none)
+            return Err(crate::Error::Unsupported(format!(
+                "synth: gpt2 has no grouped-query attention; n_kv_head {} must equal n_head {}",
+                self.n_kv_head, self.n_head
+            )));
+        }
         let mut rng = Rng(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let head_dim = self.d_model / self.n_head;
         let vocab = self.vocab();
@@ -203,18 +223,21 @@ impl SynthModel {
         };
         w.add_metadata("general.name", s(&name));
         w.add_metadata(&key("block_count"), u(self.n_layer as u32));
-        w.add_metadata(&key("context_length"), u(256));
+        w.add_metadata(&key("context_length"), u(SYNTH_CONTEXT as u32));
         w.add_metadata(&key("embedding_length"), u(self.d_model as u32));
         w.add_metadata(&key("feed_forward_length"), u(self.d_ff as u32));
         w.add_metadata(&key("attention.head_count"), u(self.n_head as u32));
-        w.add_metadata(&key("attention.head_count_kv"), u(self.n_kv_head as u32));
-        w.add_metadata(&key("rope.freq_base"), MetaValue::F32(10000.0));
-        let rope_dim = if a == "stablelm" {
-            head_dim / SYNTH_PARTIAL_ROTARY
-        } else {
-            head_dim
-        };
-        w.add_metadata(&key("rope.dimension_count"), u(rope_dim as u32));
+        if a != "gpt2" {
+            // GPT2Model.set_gguf_parameters writes neither (no GQA, no RoPE)
+            w.add_metadata(&key("attention.head_count_kv"), u(self.n_kv_head as u32));
+            w.add_metadata(&key("rope.freq_base"), MetaValue::F32(10000.0));
+            let rope_dim = if a == "stablelm" {
+                head_dim / SYNTH_PARTIAL_ROTARY
+            } else {
+                head_dim
+            };
+            w.add_metadata(&key("rope.dimension_count"), u(rope_dim as u32));
+        }
         let eps_key = if layer_norm_arch(a) {
             "attention.layer_norm_epsilon"
         } else {
@@ -297,15 +320,29 @@ impl SynthModel {
             self.embd_scale,
         )?;
 
-        // Phi-3's converter writes fused Q/K/V and gate/up matrices
+        if self.arch == "gpt2" {
+            // learned absolute positions, one row per position of the context (GPT-2's `wpe`)
+            tensor(
+                &mut w,
+                "position_embd.weight",
+                SYNTH_CONTEXT,
+                d,
+                self.embd_type,
+                0.0,
+                self.embd_scale,
+            )?;
+        }
+
+        // Phi-3's converter writes fused Q/K/V and gate/up matrices (GPT-2's fused Q/K/V: `c_attn`)
+        let fused_qkv = matches!(self.arch, "phi3" | "gpt2");
         let fused = self.arch == "phi3";
         for l in 0..self.n_layer {
             let n = |t: &str| format!("blk.{l}.{t}.weight");
             let mt = self.matrix_type;
             let proj = 2.0 / (d as f32).sqrt();
             tensor(&mut w, &n("attn_norm"), 1, d, f32t, 1.0, 0.2)?;
-            if fused {
-                // Phi-3's qkv_proj: [q; k; v] rows in one matrix
+            if fused_qkv {
+                // Phi-3's qkv_proj, GPT-2's c_attn: [q; k; v] rows in one matrix
                 tensor(&mut w, &n("attn_qkv"), qw + 2 * kvw, d, mt, 0.0, proj)?;
             } else {
                 tensor(&mut w, &n("attn_q"), qw, d, mt, 0.0, proj)?;
@@ -319,10 +356,14 @@ impl SynthModel {
                 // LayerNorm biases (starcoder2, stablelm), and starcoder2's output-projection and FFN biases
                 tensor(&mut w, &b("attn_norm"), 1, d, f32t, 0.0, 0.2)?;
                 tensor(&mut w, &b("ffn_norm"), 1, d, f32t, 0.0, 0.2)?;
-                tensor(&mut w, &b("attn_q"), 1, qw, f32t, 0.0, 0.5)?;
-                tensor(&mut w, &b("attn_k"), 1, kvw, f32t, 0.0, 0.5)?;
-                tensor(&mut w, &b("attn_v"), 1, kvw, f32t, 0.0, 0.5)?;
-                if self.arch == "starcoder2" {
+                if fused_qkv {
+                    tensor(&mut w, &b("attn_qkv"), 1, qw + 2 * kvw, f32t, 0.0, 0.5)?;
+                } else {
+                    tensor(&mut w, &b("attn_q"), 1, qw, f32t, 0.0, 0.5)?;
+                    tensor(&mut w, &b("attn_k"), 1, kvw, f32t, 0.0, 0.5)?;
+                    tensor(&mut w, &b("attn_v"), 1, kvw, f32t, 0.0, 0.5)?;
+                }
+                if biased_gelu_arch(self.arch) {
                     tensor(&mut w, &b("attn_output"), 1, d, f32t, 0.0, 0.2)?;
                     tensor(&mut w, &b("ffn_up"), 1, self.d_ff, f32t, 0.0, 0.5)?;
                     tensor(&mut w, &b("ffn_down"), 1, d, f32t, 0.0, 0.2)?;
@@ -345,7 +386,7 @@ impl SynthModel {
                 // Phi-3's gate_up_proj: gate rows, then up rows
                 tensor(&mut w, &n("ffn_up"), 2 * self.d_ff, d, mt, 0.0, proj)?;
             } else {
-                if self.arch != "starcoder2" {
+                if !biased_gelu_arch(self.arch) {
                     tensor(&mut w, &n("ffn_gate"), self.d_ff, d, mt, 0.0, proj)?;
                 }
                 tensor(&mut w, &n("ffn_up"), self.d_ff, d, mt, 0.0, proj)?;

@@ -1,4 +1,4 @@
-//! Forward-pass properties on tiny synthetic models of every architecture (llama, qwen2, gemma3, phi3): hooks,
+//! Forward-pass properties on tiny synthetic models of every architecture ([`ARCHS`]): hooks,
 //! derived stage lists, KV-cache decode, sliding windows, thread independence, modes.
 
 use std::ops::Range;
@@ -24,7 +24,7 @@ fn record(model: &Model, tokens: &[u32], mode: NumericsMode, sink: &mut dyn Stag
 const PROMPT: [u32; 7] = [40, 75, 100, 3, 200, 17, 259];
 
 /// Every architecture the engine wires, as a tiny synthetic model.
-const ARCHS: [&str; 8] = [
+const ARCHS: [&str; 9] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -33,12 +33,16 @@ const ARCHS: [&str; 8] = [
     "phi3",
     "starcoder2",
     "stablelm",
+    "gpt2",
 ];
 
 fn tiny_arch(arch: &'static str) -> Model {
+    let d = SynthModel::default();
     tiny(&SynthModel {
         arch,
-        ..SynthModel::default()
+        // GPT-2 has no grouped-query attention
+        n_kv_head: if arch == "gpt2" { d.n_head } else { d.n_kv_head },
+        ..d
     })
 }
 
@@ -68,9 +72,15 @@ fn replacing_a_stage_changes_every_later_stage_and_nothing_earlier() {
 
 fn replace_each_target(model: &Model) {
     let order: Vec<Stage> = model.stages().into_iter().map(|(s, _)| s).collect();
+    // the rotated keys, or (GPT-2: no RoPE) the values, the last of q, k, v to be emitted
+    let keys = [StageKind::KRope, StageKind::V]
+        .map(|k| Stage::block(0, k))
+        .into_iter()
+        .find(|s| order.contains(s))
+        .unwrap();
     for target in [
         Stage::block(0, StageKind::AttnNorm),
-        Stage::block(0, StageKind::KRope),
+        keys,
         Stage::block(1, StageKind::FfnAct),
         Stage::global(StageKind::OutputNorm),
     ] {

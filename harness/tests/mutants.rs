@@ -17,6 +17,7 @@ use lockstep::engine::LockstepEngine;
 use lockstep::judge::Finding;
 use lockstep_engine::faults::{self, Fault};
 use lockstep_engine::gguf::GgufFile;
+use lockstep_engine::models::blocks::RopeKind;
 use lockstep_engine::quant::GgmlType;
 use lockstep_engine::{NumericsMode, Stage, StageKind};
 
@@ -54,6 +55,10 @@ struct Subject {
     has_norm_bias: bool,
     /// RoPE rotates fewer dimensions than the head has (`rope.dimension_count` < head_dim: StableLM).
     partial_rotary: bool,
+    /// RoPE at all (GPT-2 has learned absolute positions instead).
+    has_rope: bool,
+    /// Learned absolute positions (`position_embd`, GPT-2).
+    has_pos_embd: bool,
     /// The first layer whose RoPE base is not 10000 (Gemma 3's local layers use 10000).
     first_rope_base_not_10k: Option<usize>,
     /// The first matmul in forward order whose weight is Q4_1 or Q4_K (whose min the fault misreads).
@@ -116,9 +121,9 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
         prompt,
         n_prompt,
         n_layer: key("block_count"),
-        n_head: key("attention.head_count"),
-        n_kv_head: key("attention.head_count_kv"),
-        has_bias: g.tensor("blk.0.attn_q.bias").is_ok(),
+        n_head: layers[0].attn.shape.n_head,
+        n_kv_head: layers[0].attn.shape.n_kv_head,
+        has_bias: g.tensor("blk.0.attn_q.bias").is_ok() || g.tensor("blk.0.attn_qkv.bias").is_ok(),
         fused_qkv: g.tensor("blk.0.attn_qkv.weight").is_ok(),
         has_embed_scale: model.decoder().embed.scale.is_some(),
         has_softcap: layers.iter().any(|l| l.attn.shape.softcap.is_some()),
@@ -129,6 +134,8 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
         gated_ffn: layers[0].ffn.gate.is_some() || layers[0].ffn.fused,
         has_norm_bias: g.tensor("blk.0.attn_norm.bias").is_ok(),
         partial_rotary: layers[0].attn.rope.dim < layers[0].attn.shape.head_dim,
+        has_rope: layers[0].attn.rope.kind != RopeKind::None,
+        has_pos_embd: model.decoder().embed.positions.is_some(),
         first_min_quant: first.map(|(l, _, k)| Site {
             layer: Some(l),
             kinds: vec![k],
@@ -181,6 +188,17 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
     };
     let mid = s.n_layer / 2;
     let site = Some(match fault {
+        // no rotation to get wrong where positions are a learned table (GPT-2)
+        Fault::RopePairing
+        | Fault::RopeBase
+        | Fault::RopeDecodePosition
+        | Fault::PartialRotaryDims
+            if !s.has_rope =>
+        {
+            return None
+        }
+        Fault::PosEmbdOffset if !s.has_pos_embd => return None,
+        Fault::PosEmbdOffset => site(None, &[K::Embed], Phase::Decode),
         Fault::RopePairing => site(Some(0), &[K::QRope, K::KRope], multi),
         Fault::RopeBase => site(
             Some(s.first_rope_base_not_10k?),
@@ -207,6 +225,10 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
         Fault::QuantMinMisread => s.first_min_quant.clone()?,
         Fault::FinalNormSkipped => site(None, &[K::OutputNorm], Phase::Prefill),
         Fault::QkvBiasMissing if !s.has_bias => return None,
+        // q, or where q is a view of the fused matmul with no node and no RoPE follows (GPT-2) attn_out
+        Fault::QkvBiasMissing if s.fused_qkv && !s.has_rope => {
+            site(Some(0), &[K::Q, K::AttnOut], Phase::Prefill)
+        }
         Fault::QkvBiasMissing => site(Some(0), &[K::Q], Phase::Prefill),
         Fault::EmbedScaleMissing if !s.has_embed_scale => return None,
         Fault::EmbedScaleMissing => site(None, &[K::Embed], Phase::Prefill),
@@ -226,6 +248,9 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
         }
         Fault::FusedQkvSplit if !s.fused_qkv => return None,
         // k and v swapped: k shows first (k_rope where the golden has no q/k/v of the fused matmul's views)
+        Fault::FusedQkvSplit if !s.has_rope => {
+            site(Some(0), &[K::K, K::V, K::AttnOut], Phase::Prefill)
+        }
         Fault::FusedQkvSplit => site(Some(0), &[K::K, K::V, K::KRope], Phase::Prefill),
         // reference mode only: its own test below, not the two-mode suite
         Fault::ReferenceUnpack => return None,
@@ -256,6 +281,7 @@ fn mutants(s: &Subject) -> Vec<Fault> {
         Fault::FusedQkvSplit,
         Fault::LayerNormBiasDropped,
         Fault::PartialRotaryDims,
+        Fault::PosEmbdOffset,
     ]
 }
 
@@ -448,6 +474,11 @@ fn synth_starcoder2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
 #[test]
 fn synth_stablelm_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
     suite("synth-stablelm", &[subject("synth-stablelm", "synth")]);
+}
+
+#[test]
+fn synth_gpt2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("synth-gpt2", &[subject("synth-gpt2", "synth")]);
 }
 
 /// A bug in code only reference mode runs (its matmuls' Q4_1 dequantization) while ggml mode stays bit

@@ -411,6 +411,30 @@ PHI3_NOT_EXPOSED: tuple[str, ...] = (
     "blk.{N}.ffn_up",
 )
 
+# The gpt2 graph of the vendored src/models/gpt2.cpp + src/llama-graph.cpp, in forward order. Differences
+# from starcoder2 (whose LayerNorm, bias and GELU-FFN nodes it shares):
+# - the embedding is the token rows plus the learned position rows: the ADD "inpL" (il = -1; "embd" is the
+#   GET_ROWS of the token rows alone, "pos_embd" that of the position rows);
+# - Q/K/V come from ONE matmul "wqkv-N" and its bias ADD "wqkv_b-N" (build_qkv's fused path); Q, K and V
+#   are views of it that no node computes: q/k/v are NOT_EXPOSED;
+# - no RoPE (learned absolute positions): the model has no q_rope/k_rope stage at all.
+GPT2_STAGES: tuple[Stage, ...] = (
+    Stage("inpL", "ADD", "embed", "2d"),
+    Stage("attn_norm-{N}", "ADD", "blk.{N}.attn_norm", "2d"),
+    Stage("kqv_out-{N}", "CONT", "blk.{N}.attn_out", "2d"),
+    Stage(UNNAMED, "ADD", "blk.{N}.attn_proj", "2d", input="blk.{N}.attn_output.bias"),
+    Stage("ffn_inp-{N}", "ADD", "blk.{N}.ffn_inp", "2d"),
+    Stage("ffn_norm-{N}", "ADD", "blk.{N}.ffn_norm", "2d"),
+    Stage("ffn_up_b-{N}", "ADD", "blk.{N}.ffn_up", "2d"),
+    Stage("ffn_gelu-{N}", "GELU", "blk.{N}.ffn_act", "2d"),
+    Stage("ffn_out-{N}", "ADD", "blk.{N}.ffn_out", "2d"),
+    Stage("l_out-{N}", "ADD", "blk.{N}.out", "2d"),
+    Stage("result_norm", "ADD", "output_norm", "2d"),
+    Stage("result_output", "MUL_MAT", "logits", "2d"),
+)
+# Views of the fused "wqkv_b-N" (no node of their own).
+GPT2_NOT_EXPOSED: tuple[str, ...] = ("blk.{N}.q", "blk.{N}.k", "blk.{N}.v")
+
 # architecture (GGUF general.architecture) -> (stage map, canonical stages without a node)
 ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
     "llama": (LLAMA_STAGES, LLAMA_NOT_EXPOSED),
@@ -421,6 +445,7 @@ ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
     "starcoder2": (STARCODER2_STAGES, STARCODER2_NOT_EXPOSED),
     "stablelm": (STABLELM_STAGES, STABLELM_NOT_EXPOSED),
     "phi3": (PHI3_STAGES, PHI3_NOT_EXPOSED),
+    "gpt2": (GPT2_STAGES, GPT2_NOT_EXPOSED),
 }
 
 

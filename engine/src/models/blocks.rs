@@ -88,17 +88,25 @@ fn add_bias(x: &mut [f32], bias: &[f32]) {
 }
 
 /// Token embedding lookup: `x[t] = token_embd[tokens[t]] · scale` (`ggml_get_rows`, then `ggml_scale` when
-/// `scale` is set: Gemma's `inp_scaled`, ×√d_model).
+/// `scale` is set: Gemma's `inp_scaled`, ×√d_model), plus, for models with learned absolute positions,
+/// `position_embd[p0 + t]` (GPT-2: src/models/gpt2.cpp `ggml_get_rows(pos_embd, inp_pos)` added to the
+/// token rows, the node "inpL"; Radford et al. 2019).
 #[derive(Debug)]
 pub struct Embedding {
     /// `[n_vocab, d_model]`.
     pub weight: Weight,
     /// Multiplier applied after the lookup.
     pub scale: Option<f32>,
+    /// `position_embd.weight` `[n_ctx_train, d_model]`, when the file has one.
+    pub positions: Option<Weight>,
 }
 
 impl Embedding {
-    /// `x`: `[n, d_model]` ← rows of the embedding matrix; emits `embed`.
+    /// `x`: `[n, d_model]` ← rows of the embedding matrix (plus the position rows of `f.positions()`);
+    /// emits `embed`.
+    ///
+    /// Errors: (with learned positions) a position beyond `position_embd`'s rows; token ids are checked by
+    /// the caller ([`crate::models::Session`]).
     pub(crate) fn forward(&self, f: &mut Fwd, tokens: &[u32], x: &mut [f32]) -> Result<()> {
         let embd = self.weight.matrix(f.g);
         for (row, &tok) in x.chunks_exact_mut(self.weight.cols).zip(tokens) {
@@ -106,6 +114,25 @@ impl Embedding {
         }
         if let Some(s) = self.scale.filter(|_| !faults::is(Fault::EmbedScaleMissing)) {
             ops::scale(x, s);
+        }
+        if let Some(pos) = &self.positions {
+            let m = pos.matrix(f.g);
+            let mut prow = vec![0.0f32; pos.cols];
+            let shift = usize::from(faults::is(Fault::PosEmbdOffset) && f.n == 1);
+            for (p, row) in f.positions().zip(x.chunks_exact_mut(pos.cols)) {
+                let p = p.saturating_sub(shift);
+                if p >= pos.rows {
+                    return Err(crate::Error::Model {
+                        path: f.g.path().to_path_buf(),
+                        what: format!(
+                            "position {p} beyond position_embd's {} rows (the training context)",
+                            pos.rows
+                        ),
+                    });
+                }
+                quant::dequantize_row(m.ty, m.row(p), &mut prow)?;
+                ops::add_in_place(row, &prow);
+            }
         }
         f.emit(Stage::global(StageKind::Embed), x);
         Ok(())
@@ -195,6 +222,9 @@ pub enum RopeKind {
     Norm,
     /// Half-split pairs `(i, i + d/2)`: `LLAMA_ROPE_TYPE_NEOX` ([`ops::rope_neox`]).
     Neox,
+    /// No rotation (`LLAMA_ROPE_TYPE_NONE`): positions come from a learned table added to the embedding
+    /// ([`Embedding::positions`], GPT-2). No `q_rope`/`k_rope` stage is emitted.
+    None,
 }
 
 /// Rotary position embedding of one layer.
@@ -303,7 +333,7 @@ pub struct AttnOptions {
 /// Which optional tensors an [`Attention`] has (the architecture says; they are then required).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttnTensors {
-    /// `attn_{q,k,v}.bias`.
+    /// `attn_{q,k,v}.bias`, or the fused `attn_qkv.bias` when the file has that.
     pub bias: bool,
     /// `attn_{q,k}_norm.weight` (per-head, `[head_dim]`).
     pub qk_norm: bool,
@@ -330,14 +360,23 @@ impl Attention {
             shape.n_kv_head * shape.head_dim,
         );
         let name = |t: &str| format!("blk.{layer}.{t}");
-        let bias = if tensors.bias {
+        let bias = if !tensors.bias {
+            None
+        } else if g.tensor(&name("attn_qkv.bias")).is_ok() {
+            // the fused projection's bias `[qw + 2·kvw]` (GPT-2; build_qkv's `wqkv_b`), split as the
+            // matmul's output is: adding it before or after the split is the same elementwise f32 add
+            let b = load_vector(g, &name("attn_qkv.bias"), qw + 2 * kvw)?;
+            Some([
+                b[..qw].to_vec(),
+                b[qw..qw + kvw].to_vec(),
+                b[qw + kvw..].to_vec(),
+            ])
+        } else {
             Some([
                 load_vector(g, &name("attn_q.bias"), qw)?,
                 load_vector(g, &name("attn_k.bias"), kvw)?,
                 load_vector(g, &name("attn_v.bias"), kvw)?,
             ])
-        } else {
-            None
         };
         let qk_norm = if tensors.qk_norm {
             Some([
@@ -435,50 +474,11 @@ impl Attention {
 
         // RoPE on q and k, each token at its own absolute position (the first `rope.dim` of each head)
         let fault = faults::active();
-        let dim = match fault {
-            Some(Fault::PartialRotaryDims) => hd,
-            _ => self.rope.dim,
-        };
-        let rope = sized(&mut b.rope, dim);
-        let base = match fault {
-            Some(Fault::RopeBase) => 10000.0,
-            _ => self.rope.base,
-        };
-        let rotate = match (self.rope.kind, fault == Some(Fault::RopePairing)) {
-            (RopeKind::Norm, false) | (RopeKind::Neox, true) => ops::rope_norm_simd,
-            (RopeKind::Neox, false) | (RopeKind::Norm, true) => ops::rope_neox_simd,
-        };
-        let num = f.num;
-        let rope_token = |t: usize, qt: &mut [f32], kt: &mut [f32], cache: &mut [f32]| {
-            let pos = match fault {
-                Some(Fault::RopeDecodePosition) if n == 1 => (p0 + t).saturating_sub(1),
-                _ => p0 + t,
-            };
-            ops::rope_cache(pos, base, dim, cache);
-            rotate(qt, hd, dim, cache, num);
-            rotate(kt, hd, dim, cache, num);
-        };
-        if n >= ROPE_PAR_TOKENS && rayon::current_num_threads() > 1 {
-            // a prompt: tokens in parallel, each task with its own angle cache (every token is rotated
-            // on its own, so the split changes nothing)
-            q.par_chunks_exact_mut(qw)
-                .zip(k.par_chunks_exact_mut(kvw))
-                .enumerate()
-                .for_each_init(
-                    || vec![0.0f32; dim],
-                    |cache, (t, (qt, kt))| rope_token(t, qt, kt, cache),
-                );
-        } else {
-            for (t, (qt, kt)) in q
-                .chunks_exact_mut(qw)
-                .zip(k.chunks_exact_mut(kvw))
-                .enumerate()
-            {
-                rope_token(t, qt, kt, rope);
-            }
+        if self.rope.kind != RopeKind::None {
+            self.rotate(f, q, k, &mut b.rope);
+            f.emit(st(StageKind::QRope), q);
+            f.emit(st(StageKind::KRope), k);
         }
-        f.emit(st(StageKind::QRope), q);
-        f.emit(st(StageKind::KRope), k);
         if let Some(s) = self.q_scale {
             ops::scale(q, s);
         }
@@ -517,6 +517,58 @@ impl Attention {
         }
         f.emit(st(StageKind::AttnProj), out);
         Ok(())
+    }
+
+    /// RoPE of q (`[n, n_head·hd]`) and k (`[n, n_kv_head·hd]`) in place, each token at its absolute
+    /// position `f.p0 + t`, over the first `rope.dim` dimensions of each head (`ggml_rope_ext`;
+    /// [`ops::rope_norm_simd`] / [`ops::rope_neox_simd`]). `rope` is the angle-cache scratch.
+    fn rotate(&self, f: &Fwd, q: &mut [f32], k: &mut [f32], rope: &mut Vec<f32>) {
+        let fault = faults::active();
+        let hd = self.shape.head_dim;
+        let (n, p0, qw, kvw) = (f.n, f.p0, self.shape.n_head * hd, self.shape.n_kv_head * hd);
+        let dim = match fault {
+            Some(Fault::PartialRotaryDims) => hd,
+            _ => self.rope.dim,
+        };
+        let rope = sized(rope, dim);
+        let base = match fault {
+            Some(Fault::RopeBase) => 10000.0,
+            _ => self.rope.base,
+        };
+        let rotate = match (self.rope.kind, fault == Some(Fault::RopePairing)) {
+            (RopeKind::Norm, false) | (RopeKind::Neox, true) => ops::rope_norm_simd,
+            (RopeKind::Neox, false) | (RopeKind::Norm, true) => ops::rope_neox_simd,
+            (RopeKind::None, _) => return,
+        };
+        let num = f.num;
+        let rope_token = |t: usize, qt: &mut [f32], kt: &mut [f32], cache: &mut [f32]| {
+            let pos = match fault {
+                Some(Fault::RopeDecodePosition) if n == 1 => (p0 + t).saturating_sub(1),
+                _ => p0 + t,
+            };
+            ops::rope_cache(pos, base, dim, cache);
+            rotate(qt, hd, dim, cache, num);
+            rotate(kt, hd, dim, cache, num);
+        };
+        if n >= ROPE_PAR_TOKENS && rayon::current_num_threads() > 1 {
+            // a prompt: tokens in parallel, each task with its own angle cache (every token is rotated
+            // on its own, so the split changes nothing)
+            q.par_chunks_exact_mut(qw)
+                .zip(k.par_chunks_exact_mut(kvw))
+                .enumerate()
+                .for_each_init(
+                    || vec![0.0f32; dim],
+                    |cache, (t, (qt, kt))| rope_token(t, qt, kt, cache),
+                );
+        } else {
+            for (t, (qt, kt)) in q
+                .chunks_exact_mut(qw)
+                .zip(k.chunks_exact_mut(kvw))
+                .enumerate()
+            {
+                rope_token(t, qt, kt, rope);
+            }
+        }
     }
 }
 
@@ -853,9 +905,19 @@ impl Decoder {
         w: &Wiring,
     ) -> Result<Decoder> {
         let d = c.d_model;
+        let positions = match g.tensor("position_embd.weight") {
+            Ok(_) => Some(Weight::load(
+                g,
+                "position_embd.weight",
+                Some(c.n_ctx_train),
+                Some(d),
+            )?),
+            Err(_) => None,
+        };
         let embed = Embedding {
             weight: Weight::load(g, "token_embd.weight", None, Some(d))?,
             scale: w.embed_scale,
+            positions,
         };
         let layers = (0..c.n_layer)
             .map(|l| {

@@ -6,7 +6,7 @@
 //! - [`blocks`]: the shared blocks (embedding, RMSNorm, attention with options, gated FFN, pre/post-norm
 //!   layer, output head) that compute and emit every stage;
 //! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma2`], [`gemma3`], [`phi3`],
-//!   [`starcoder2`], [`stablelm`]): hyperparameters and wiring, no
+//!   [`starcoder2`], [`stablelm`], [`gpt2`]): hyperparameters and wiring, no
 //!   arithmetic. A new architecture is a new module plus a line in [`ARCHITECTURES`].
 //!
 //! The public surface the harness uses is [`Model`] and [`Session`].
@@ -14,6 +14,7 @@
 pub mod blocks;
 pub mod gemma2;
 pub mod gemma3;
+pub mod gpt2;
 pub mod hparams;
 pub mod llama;
 pub mod phi3;
@@ -49,6 +50,7 @@ pub const ARCHITECTURES: &[(&str, ArchLoader)] = &[
     ("phi3", phi3::load),
     ("starcoder2", starcoder2::load),
     ("stablelm", stablelm::load),
+    ("gpt2", gpt2::load),
 ];
 
 /// Reads an architecture's hyperparameters and builds its blocks.

@@ -17,7 +17,7 @@
 //! (no `ffn_norm`): such a file fails to load (a missing `ffn_norm`, refused Q/K norms). Wiring only.
 
 use crate::gguf::GgufFile;
-use crate::models::blocks::{Decoder, GluAct};
+use crate::models::blocks::{Decoder, GluAct, RopeKind};
 use crate::models::hparams::{DecoderDims, Meta};
 use crate::{Error, Result};
 
@@ -33,6 +33,6 @@ pub fn load(g: &GgufFile) -> Result<(DecoderDims, Decoder)> {
             g.path().display()
         )));
     }
-    let decoder = super::starcoder2::wire(g, &c, GluAct::Silu, true)?;
+    let decoder = super::starcoder2::wire(g, &c, RopeKind::Neox, GluAct::Silu, true)?;
     Ok((c, decoder))
 }

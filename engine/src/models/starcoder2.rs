@@ -28,23 +28,30 @@ use crate::Result;
 pub fn load(g: &GgufFile) -> Result<(DecoderDims, Decoder)> {
     let m = Meta::new(g, "starcoder2");
     let c = DecoderDims::read_eps(&m, "attention.layer_norm_epsilon")?;
-    let decoder = wire(g, &c, GluAct::GeluTanh, false)?;
+    let decoder = wire(g, &c, RopeKind::Neox, GluAct::GeluTanh, false)?;
     Ok((c, decoder))
 }
 
-/// The LayerNorm wiring of StarCoder2 and StableLM: plain causal attention with 1/√head_dim, NeoX RoPE
-/// over `rope_dim`, Q/K/V biases when block 0 has them, no post-norms; the FFN gated (`act`) or not.
-pub(crate) fn wire(g: &GgufFile, c: &DecoderDims, act: GluAct, gated: bool) -> Result<Decoder> {
+/// The LayerNorm wiring of StarCoder2, StableLM and GPT-2: plain causal attention with 1/√head_dim, RoPE
+/// of `rope_kind` over `rope_dim` (none for GPT-2's learned positions), Q/K/V biases when block 0 has them,
+/// no post-norms; the FFN gated (`act`) or not.
+pub(crate) fn wire(
+    g: &GgufFile,
+    c: &DecoderDims,
+    rope_kind: RopeKind,
+    act: GluAct,
+    gated: bool,
+) -> Result<Decoder> {
     let opts = AttnOptions {
         shape: AttnShape::causal(c.n_head, c.n_kv_head, c.head_dim),
         rope: Rope {
-            kind: RopeKind::Neox,
+            kind: rope_kind,
             base: c.rope_base,
             dim: c.rope_dim,
         },
         q_scale: None,
         tensors: AttnTensors {
-            bias: g.tensor("blk.0.attn_q.bias").is_ok(),
+            bias: g.tensor("blk.0.attn_q.bias").is_ok() || g.tensor("blk.0.attn_qkv.bias").is_ok(),
             qk_norm: false,
         },
         norm_eps: c.norm_eps,
