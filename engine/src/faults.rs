@@ -71,6 +71,9 @@ pub enum Fault {
     /// Learned absolute positions off by one in decode (GPT-2): a single-token batch at `n_past` adds
     /// `position_embd[n_past − 1]` instead of `position_embd[n_past]`.
     PosEmbdOffset,
+    /// RoPE frequency factors (`rope_freqs.weight`) ignored: every pair of a Gemma 4 full-attention head
+    /// turns, instead of the quarter its "proportional" RoPE turns.
+    RopeFreqFactorsIgnored,
 }
 
 #[cfg(feature = "faults")]

@@ -7,15 +7,16 @@
 use crate::{Error, Result};
 
 /// Keys and values of every layer for up to `capacity` positions. f32 (llama.cpp `type_k = type_v = F32`).
+/// Each layer has its own KV head count and head width (Gemma 4's full-attention layers have wider heads
+/// than its sliding-window ones); most models have one shape for all.
 #[derive(Clone, Debug)]
 pub struct KvCache {
-    n_layer: usize,
-    n_kv_head: usize,
-    head_dim: usize,
+    /// Per layer: `(n_kv_head, head_dim, offset of the layer's block in k and v)`.
+    layers: Vec<(usize, usize, usize)>,
     capacity: usize,
-    /// `[n_layer, n_kv_head, capacity, head_dim]`.
+    /// Per layer `[n_kv_head, capacity, head_dim]`, layers one after the other.
     k: Vec<f32>,
-    /// `[n_layer, n_kv_head, capacity, head_dim]`.
+    /// Per layer `[n_kv_head, capacity, head_dim]`, layers one after the other.
     v: Vec<f32>,
 }
 
@@ -24,7 +25,17 @@ impl KvCache {
     /// its KV buffer when it makes a context (`llama_kv_cache` → `ggml_backend_buffer_clear`): the first
     /// forward passes then take no page faults (`vec![0.0; n]` would map lazily zeroed pages).
     pub fn new(n_layer: usize, n_kv_head: usize, head_dim: usize, capacity: usize) -> KvCache {
-        let n = n_layer * n_kv_head * capacity * head_dim;
+        KvCache::with_layers(&vec![(n_kv_head, head_dim); n_layer], capacity)
+    }
+
+    /// [`KvCache::new`] with a shape per layer: `shapes[l] = (n_kv_head, head_dim)`.
+    pub fn with_layers(shapes: &[(usize, usize)], capacity: usize) -> KvCache {
+        let mut layers = Vec::with_capacity(shapes.len());
+        let mut n = 0;
+        for &(h, d) in shapes {
+            layers.push((h, d, n));
+            n += h * capacity * d;
+        }
         let written = || {
             let mut v = Vec::with_capacity(n);
             // black_box: an allocator may not fold this write back into a lazily zeroed allocation
@@ -32,9 +43,7 @@ impl KvCache {
             v
         };
         KvCache {
-            n_layer,
-            n_kv_head,
-            head_dim,
+            layers,
             capacity,
             k: written(),
             v: written(),
@@ -46,13 +55,15 @@ impl KvCache {
         self.capacity
     }
 
+    /// Start of `head`'s `[capacity, head_dim]` block in `layer`, and the layer's head_dim.
     #[inline]
-    fn base(&self, layer: usize, head: usize) -> usize {
-        (layer * self.n_kv_head + head) * self.capacity * self.head_dim
+    fn base(&self, layer: usize, head: usize) -> (usize, usize) {
+        let (_, hd, off) = self.layers[layer];
+        (off + head * self.capacity * hd, hd)
     }
 
-    /// Store the key and value rows of one token at `pos`. `k_row`, `v_row`: `[n_kv_head · head_dim]`,
-    /// heads concatenated. Errors when `pos` is past the capacity.
+    /// Store the key and value rows of one token at `pos`. `k_row`, `v_row`: `[n_kv_head · head_dim]` of
+    /// the layer, heads concatenated. Errors when `pos` is past the capacity.
     pub fn write(&mut self, layer: usize, pos: usize, k_row: &[f32], v_row: &[f32]) -> Result<()> {
         if pos >= self.capacity {
             return Err(Error::Invalid(format!(
@@ -60,10 +71,9 @@ impl KvCache {
                 self.capacity
             )));
         }
-        debug_assert!(layer < self.n_layer);
-        let hd = self.head_dim;
-        for h in 0..self.n_kv_head {
-            let at = self.base(layer, h) + pos * hd;
+        let (n_kv_head, hd, _) = self.layers[layer];
+        for h in 0..n_kv_head {
+            let at = self.base(layer, h).0 + pos * hd;
             self.k[at..at + hd].copy_from_slice(&k_row[h * hd..(h + 1) * hd]);
             self.v[at..at + hd].copy_from_slice(&v_row[h * hd..(h + 1) * hd]);
         }
@@ -73,15 +83,15 @@ impl KvCache {
     /// Keys of `head` in `layer` for positions `0..n_pos`: `[n_pos, head_dim]`.
     #[inline]
     pub fn keys(&self, layer: usize, head: usize, n_pos: usize) -> &[f32] {
-        let b = self.base(layer, head);
-        &self.k[b..b + n_pos * self.head_dim]
+        let (b, hd) = self.base(layer, head);
+        &self.k[b..b + n_pos * hd]
     }
 
     /// Values of `head` in `layer` for positions `0..n_pos`: `[n_pos, head_dim]`.
     #[inline]
     pub fn values(&self, layer: usize, head: usize, n_pos: usize) -> &[f32] {
-        let b = self.base(layer, head);
-        &self.v[b..b + n_pos * self.head_dim]
+        let (b, hd) = self.base(layer, head);
+        &self.v[b..b + n_pos * hd]
     }
 }
 
@@ -104,5 +114,16 @@ mod tests {
         assert_eq!(&c.values(1, 1, 3)[6..9], &[10., 11., 12.]);
         assert!(c.keys(0, 0, 4).iter().all(|&x| x == 0.0));
         assert!(c.write(0, 4, &[0.; 6], &[0.; 6]).is_err());
+    }
+
+    #[test]
+    fn layers_of_different_widths_do_not_overlap() {
+        // layer 0: 1 head of 2; layer 1: 2 heads of 3
+        let mut c = KvCache::with_layers(&[(1, 2), (2, 3)], 2);
+        c.write(0, 1, &[1., 2.], &[3., 4.]).unwrap();
+        c.write(1, 0, &[5., 6., 7., 8., 9., 10.], &[0.; 6]).unwrap();
+        assert_eq!(c.keys(0, 0, 2), &[0., 0., 1., 2.]);
+        assert_eq!(c.values(0, 0, 2), &[0., 0., 3., 4.]);
+        assert_eq!(c.keys(1, 1, 1), &[8., 9., 10.]);
     }
 }

@@ -19,7 +19,9 @@ use crate::quant::{quantize_row, GgmlType};
 /// llama.cpp ignores), `starcoder2` (LayerNorms with biases, biases on every projection, a non-gated GELU
 /// FFN), `stablelm` (LayerNorms with biases, Q/K/V biases, partial rotary), `gpt2` (learned absolute
 /// positions `position_embd`, no RoPE, fused `attn_qkv` with a bias, biases and LayerNorms as starcoder2,
-/// as many KV heads as query heads); the windows are
+/// as many KV heads as query heads), `gemma4` (layer 0 sliding-window with heads of `d_model/n_head`, layer 1
+/// full attention with heads twice as wide, V = K on it, proportional RoPE through `rope_freqs`, per-head
+/// Q/K norms, post-norms, per-layer output scales, final soft-capping); the windows are
 /// [`SynthModel::sliding_window`] positions.
 #[derive(Clone, Debug)]
 pub struct SynthModel {
@@ -64,6 +66,7 @@ pub const SYNTH_ARCHS: &[&str] = &[
     "qwen3",
     "gemma2",
     "gemma3",
+    "gemma4",
     "starcoder2",
     "stablelm",
     "phi3",
@@ -94,6 +97,16 @@ pub const SYNTH_FINAL_SOFTCAP: f32 = 30.0;
 
 /// `<arch>.context_length` of the synthetic files (also the rows of GPT-2's `position_embd`).
 pub const SYNTH_CONTEXT: usize = 256;
+
+/// Head width of a synthetic `gemma4` file's full-attention layers, in multiples of its sliding-window
+/// layers' (Gemma 4 31B: 512 and 256).
+pub const GEMMA4_FULL_HEAD_FACTOR: usize = 2;
+
+/// Whether layer `l` of a synthetic `gemma4` file is a sliding-window layer (even layers; the odd ones
+/// attend to everything).
+pub fn gemma4_is_swa(l: usize) -> bool {
+    l.is_multiple_of(2)
+}
 
 /// Multiplier of the `ffn_down` rows of the [`SynthModel::outliers`] dimensions.
 pub const OUTLIER_SCALE: f32 = 8.0;
@@ -231,10 +244,10 @@ impl SynthModel {
             // GPT2Model.set_gguf_parameters writes neither (no GQA, no RoPE)
             w.add_metadata(&key("attention.head_count_kv"), u(self.n_kv_head as u32));
             w.add_metadata(&key("rope.freq_base"), MetaValue::F32(10000.0));
-            let rope_dim = if a == "stablelm" {
-                head_dim / SYNTH_PARTIAL_ROTARY
-            } else {
-                head_dim
+            let rope_dim = match a {
+                "stablelm" => head_dim / SYNTH_PARTIAL_ROTARY,
+                "gemma4" => GEMMA4_FULL_HEAD_FACTOR * head_dim,
+                _ => head_dim,
             };
             w.add_metadata(&key("rope.dimension_count"), u(rope_dim as u32));
         }
@@ -248,7 +261,31 @@ impl SynthModel {
             w.add_metadata(&key("attention.key_length"), u(head_dim as u32));
             w.add_metadata(&key("attention.value_length"), u(head_dim as u32));
         }
-        if matches!(a, "gemma2" | "gemma3" | "phi3") {
+        if a == "gemma4" {
+            // Gemma4Model.set_gguf_parameters: full-attention heads (key_length, rope.dimension_count: the
+            // whole head, "proportional" RoPE through rope_freqs) and sliding-window heads (_swa)
+            let full = GEMMA4_FULL_HEAD_FACTOR * head_dim;
+            for k in ["attention.key_length", "attention.value_length"] {
+                w.add_metadata(&key(k), u(full as u32));
+                w.add_metadata(&key(&format!("{k}_swa")), u(head_dim as u32));
+            }
+            w.add_metadata(&key("rope.dimension_count_swa"), u(head_dim as u32));
+            w.add_metadata(&key("rope.freq_base_swa"), MetaValue::F32(10000.0));
+            let pattern = (0..self.n_layer)
+                .map(|l| MetaValue::Bool(gemma4_is_swa(l)))
+                .collect();
+            w.add_metadata(
+                &key("attention.sliding_window_pattern"),
+                MetaValue::Array(pattern),
+            );
+            w.add_metadata(&key("attention.shared_kv_layers"), u(0));
+            w.add_metadata(&key("embedding_length_per_layer_input"), u(0));
+            w.add_metadata(
+                &key("final_logit_softcapping"),
+                MetaValue::F32(SYNTH_FINAL_SOFTCAP),
+            );
+        }
+        if matches!(a, "gemma2" | "gemma3" | "gemma4" | "phi3") {
             w.add_metadata(&key("attention.sliding_window"), u(self.sliding_window));
         }
         if a == "phi3" {
@@ -333,12 +370,38 @@ impl SynthModel {
             )?;
         }
 
+        if self.arch == "gemma4" {
+            // the full-attention layers' "proportional" RoPE (Gemma4Model.generate_extra_tensors): a quarter
+            // of the pairs turn (factor 1), the rest are held still (factor 1e30)
+            let pairs = GEMMA4_FULL_HEAD_FACTOR * head_dim / 2;
+            let turning = pairs / SYNTH_PARTIAL_ROTARY;
+            let ff: Vec<f32> = (0..pairs)
+                .map(|i| if i < turning { 1.0 } else { 1e30 })
+                .collect();
+            w.add_tensor(
+                "rope_freqs.weight",
+                &[pairs as u64],
+                f32t,
+                quantize_row(f32t, &ff)?,
+            );
+        }
+
         // Phi-3's converter writes fused Q/K/V and gate/up matrices (GPT-2's fused Q/K/V: `c_attn`)
         let fused_qkv = matches!(self.arch, "phi3" | "gpt2");
         let fused = self.arch == "phi3";
         for l in 0..self.n_layer {
             let n = |t: &str| format!("blk.{l}.{t}.weight");
             let mt = self.matrix_type;
+            // Gemma 4's full-attention layers have wider heads
+            let (head_dim, qw, kvw) = match self.arch == "gemma4" && !gemma4_is_swa(l) {
+                true => {
+                    let f = GEMMA4_FULL_HEAD_FACTOR;
+                    (f * head_dim, f * qw, f * kvw)
+                }
+                false => (head_dim, qw, kvw),
+            };
+            // and take their values from the key projection (no attn_v: attention_k_eq_v)
+            let has_v = !(self.arch == "gemma4" && !gemma4_is_swa(l));
             let proj = 2.0 / (d as f32).sqrt();
             tensor(&mut w, &n("attn_norm"), 1, d, f32t, 1.0, 0.2)?;
             if fused_qkv {
@@ -347,7 +410,9 @@ impl SynthModel {
             } else {
                 tensor(&mut w, &n("attn_q"), qw, d, mt, 0.0, proj)?;
                 tensor(&mut w, &n("attn_k"), kvw, d, mt, 0.0, proj)?;
-                tensor(&mut w, &n("attn_v"), kvw, d, mt, 0.0, proj)?;
+                if has_v {
+                    tensor(&mut w, &n("attn_v"), kvw, d, mt, 0.0, proj)?;
+                }
             }
             tensor(&mut w, &n("attn_output"), d, qw, mt, 0.0, proj)?;
             tensor(&mut w, &n("ffn_norm"), 1, d, f32t, 1.0, 0.2)?;
@@ -374,13 +439,17 @@ impl SynthModel {
                 tensor(&mut w, &b("attn_k"), 1, kvw, f32t, 0.0, 0.5)?;
                 tensor(&mut w, &b("attn_v"), 1, kvw, f32t, 0.0, 0.5)?;
             }
-            if matches!(self.arch, "qwen3" | "gemma3") {
+            if matches!(self.arch, "qwen3" | "gemma3" | "gemma4") {
                 tensor(&mut w, &n("attn_q_norm"), 1, head_dim, f32t, 1.0, 0.2)?;
                 tensor(&mut w, &n("attn_k_norm"), 1, head_dim, f32t, 1.0, 0.2)?;
             }
-            if matches!(self.arch, "gemma2" | "gemma3") {
+            if matches!(self.arch, "gemma2" | "gemma3" | "gemma4") {
                 tensor(&mut w, &n("post_attention_norm"), 1, d, f32t, 1.0, 0.2)?;
                 tensor(&mut w, &n("post_ffw_norm"), 1, d, f32t, 1.0, 0.2)?;
+            }
+            if self.arch == "gemma4" {
+                // Gemma 4's layer_scalar
+                tensor(&mut w, &n("layer_output_scale"), 1, 1, f32t, 0.8, 0.2)?;
             }
             if fused {
                 // Phi-3's gate_up_proj: gate rows, then up rows

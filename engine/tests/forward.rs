@@ -24,12 +24,13 @@ fn record(model: &Model, tokens: &[u32], mode: NumericsMode, sink: &mut dyn Stag
 const PROMPT: [u32; 7] = [40, 75, 100, 3, 200, 17, 259];
 
 /// Every architecture the engine wires, as a tiny synthetic model.
-const ARCHS: [&str; 9] = [
+const ARCHS: [&str; 10] = [
     "llama",
     "qwen2",
     "qwen3",
     "gemma2",
     "gemma3",
+    "gemma4",
     "phi3",
     "starcoder2",
     "stablelm",
@@ -41,7 +42,11 @@ fn tiny_arch(arch: &'static str) -> Model {
     tiny(&SynthModel {
         arch,
         // GPT-2 has no grouped-query attention
-        n_kv_head: if arch == "gpt2" { d.n_head } else { d.n_kv_head },
+        n_kv_head: if arch == "gpt2" {
+            d.n_head
+        } else {
+            d.n_kv_head
+        },
         ..d
     })
 }

@@ -59,6 +59,8 @@ struct Subject {
     has_rope: bool,
     /// Learned absolute positions (`position_embd`, GPT-2).
     has_pos_embd: bool,
+    /// The first layer whose RoPE has frequency factors (Gemma 4's full-attention layers).
+    first_rope_freqs: Option<usize>,
     /// The first layer whose RoPE base is not 10000 (Gemma 3's local layers use 10000).
     first_rope_base_not_10k: Option<usize>,
     /// The first matmul in forward order whose weight is Q4_1 or Q4_K (whose min the fault misreads).
@@ -136,6 +138,7 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
         partial_rotary: layers[0].attn.rope.dim < layers[0].attn.shape.head_dim,
         has_rope: layers[0].attn.rope.kind != RopeKind::None,
         has_pos_embd: model.decoder().embed.positions.is_some(),
+        first_rope_freqs: layers.iter().position(|l| l.attn.rope_freqs.is_some()),
         first_min_quant: first.map(|(l, _, k)| Site {
             layer: Some(l),
             kinds: vec![k],
@@ -199,6 +202,9 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
         }
         Fault::PosEmbdOffset if !s.has_pos_embd => return None,
         Fault::PosEmbdOffset => site(None, &[K::Embed], Phase::Decode),
+        Fault::RopeFreqFactorsIgnored => {
+            site(Some(s.first_rope_freqs?), &[K::QRope, K::KRope], multi)
+        }
         Fault::RopePairing => site(Some(0), &[K::QRope, K::KRope], multi),
         Fault::RopeBase => site(
             Some(s.first_rope_base_not_10k?),
@@ -282,6 +288,7 @@ fn mutants(s: &Subject) -> Vec<Fault> {
         Fault::LayerNormBiasDropped,
         Fault::PartialRotaryDims,
         Fault::PosEmbdOffset,
+        Fault::RopeFreqFactorsIgnored,
     ]
 }
 
@@ -474,6 +481,11 @@ fn synth_starcoder2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
 #[test]
 fn synth_stablelm_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
     suite("synth-stablelm", &[subject("synth-stablelm", "synth")]);
+}
+
+#[test]
+fn synth_gemma4_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("synth-gemma4", &[subject("synth-gemma4", "synth")]);
 }
 
 #[test]

@@ -435,6 +435,44 @@ GPT2_STAGES: tuple[Stage, ...] = (
 # Views of the fused "wqkv_b-N" (no node of their own).
 GPT2_NOT_EXPOSED: tuple[str, ...] = ("blk.{N}.q", "blk.{N}.k", "blk.{N}.v")
 
+# The gemma4 graph of the vendored src/models/gemma4.cpp + src/llama-graph.cpp (dense layers, no per-layer
+# embeddings), in forward order. Differences from gemma3:
+# - Q/K norms are "Qcur_normed-N"/"Kcur_normed-N", RoPE "Qcur_pos-N"/"Kcur_pos-N"; V's weightless RMS_NORM
+#   "Vcur_normed-N" has no canonical id;
+# - a full-attention layer without attn_v takes V = the key matmul, a node the later cb renames "Vcur-N":
+#   blk.N.k is the MUL_MAT whose input is attn_k.weight (by input), blk.N.v the node named "Vcur-N" -- on such
+#   a layer the same node, captured as both;
+# - the output projection is unnamed (the MUL_MAT reading "kqv_out-N"); "attn_out-N" is the residual ADD
+#   (canonical ffn_inp); "ffn_geglu-N" the activation;
+# - the block's output is the MUL by layer_output_scale ("out_scaled", renamed "l_out-N" by the last cb);
+# - the final norm is "h_nextn" (MUL), then "result_norm" picks the output rows (all here, GET_ROWS); the
+#   logits are the final soft-capping's last SCALE "result_output".
+GEMMA4_STAGES: tuple[Stage, ...] = (
+    Stage("inp_scaled", "SCALE", "embed", "2d"),
+    Stage("attn_norm-{N}", "MUL", "blk.{N}.attn_norm", "2d"),
+    Stage("Qcur-{N}", "MUL_MAT", "blk.{N}.q", "2d"),
+    Stage(UNNAMED, "MUL_MAT", "blk.{N}.k", "2d", input="blk.{N}.attn_k.weight"),
+    Stage("Vcur-{N}", "MUL_MAT", "blk.{N}.v", "2d"),
+    Stage("Qcur_normed-{N}", "MUL", "blk.{N}.q_norm", "3d"),
+    Stage("Kcur_normed-{N}", "MUL", "blk.{N}.k_norm", "3d"),
+    Stage("Qcur_pos-{N}", "ROPE", "blk.{N}.q_rope", "3d"),
+    Stage("Kcur_pos-{N}", "ROPE", "blk.{N}.k_rope", "3d"),
+    Stage("kqv_out-{N}", "CONT", "blk.{N}.attn_out", "2d"),
+    Stage(UNNAMED, "MUL_MAT", "blk.{N}.attn_proj", "2d", input="kqv_out-{N}"),
+    Stage("attn_post_norm-{N}", "MUL", "blk.{N}.attn_post_norm", "2d"),
+    Stage("attn_out-{N}", "ADD", "blk.{N}.ffn_inp", "2d"),
+    Stage("ffn_norm-{N}", "MUL", "blk.{N}.ffn_norm", "2d"),
+    Stage("ffn_gate-{N}", "MUL_MAT", "blk.{N}.ffn_gate", "2d"),
+    Stage("ffn_up-{N}", "MUL_MAT", "blk.{N}.ffn_up", "2d"),
+    Stage("ffn_geglu-{N}", "GEGLU", "blk.{N}.ffn_act", "2d"),
+    Stage("ffn_out-{N}", "MUL_MAT", "blk.{N}.ffn_out", "2d"),
+    Stage("ffn_post_norm-{N}", "MUL", "blk.{N}.ffn_post_norm", "2d"),
+    Stage("l_out-{N}", "MUL", "blk.{N}.out", "2d"),
+    Stage("result_norm", "GET_ROWS", "output_norm", "2d"),
+    Stage("result_output", "SCALE", "logits", "2d"),
+)
+GEMMA4_NOT_EXPOSED: tuple[str, ...] = ()
+
 # architecture (GGUF general.architecture) -> (stage map, canonical stages without a node)
 ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
     "llama": (LLAMA_STAGES, LLAMA_NOT_EXPOSED),
@@ -446,6 +484,7 @@ ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
     "stablelm": (STABLELM_STAGES, STABLELM_NOT_EXPOSED),
     "phi3": (PHI3_STAGES, PHI3_NOT_EXPOSED),
     "gpt2": (GPT2_STAGES, GPT2_NOT_EXPOSED),
+    "gemma4": (GEMMA4_STAGES, GEMMA4_NOT_EXPOSED),
 }
 
 
@@ -536,21 +575,25 @@ class Capture:
     def _src_names(t: GgmlTensor) -> list[str]:
         return [GgmlTensor.from_address(a).name.decode(errors="replace") for a in t.src if a]
 
-    def _match(self, addr: int, t: GgmlTensor) -> Optional[tuple[str, str]]:
+    def _match(self, addr: int, t: GgmlTensor) -> list[tuple[str, str]]:
+        """Every (canonical id, layout) this node is: by its name and op, and by an input and op. One node
+        can be two stages: Gemma 4's full-attention layers have no V projection, so the key matmul (named
+        "Vcur-N" by the later cb) is both blk.N.k (by its input attn_k.weight) and blk.N.v (by name)."""
+        hits = []
         ops = self.wanted.get(t.name.decode(errors="replace"))
         if ops:
             hit = ops.get(GGML.lib.ggml_op_desc(addr).decode())
             if hit is not None:
-                return hit
+                hits.append(hit)
         if self.by_input:
             op = None
             for src in self._src_names(t):
                 ops = self.by_input.get(src)
                 if ops:
                     op = op or GGML.lib.ggml_op_desc(addr).decode()
-                    if op in ops:
-                        return ops[op]
-        return None
+                    if op in ops and ops[op] not in hits:
+                        hits.append(ops[op])
+        return hits
 
     def _callback(self, addr: int, ask: bool, _user_data) -> bool:
         try:
@@ -567,15 +610,12 @@ class Capture:
                          GGML.lib.ggml_type_name(t.type).decode(), tuple(int(x) for x in t.ne),
                          tuple(self._src_names(t)))
                     )
-                return self._match(addr, t) is not None
-            hit = self._match(addr, t)
-            if hit is None:
-                return True
-            canonical, layout = hit
-            if canonical in self.got:
-                self.errors.append(f"{canonical}: node {t.name.decode()} evaluated twice")
-                return True
-            self.got[canonical] = tensor_rows(t, addr, self.n_tokens, layout)
+                return bool(self._match(addr, t))
+            for canonical, layout in self._match(addr, t):
+                if canonical in self.got:
+                    self.errors.append(f"{canonical}: node {t.name.decode()} evaluated twice")
+                    continue
+                self.got[canonical] = tensor_rows(t, addr, self.n_tokens, layout)
         except BaseException as e:  # never let an exception cross the C boundary
             self.errors.append(f"{type(e).__name__}: {e}")
         return True

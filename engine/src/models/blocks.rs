@@ -271,8 +271,14 @@ pub struct Attention {
     pub bias: Option<[Vec<f32>; 3]>,
     /// Per-head RMSNorms of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`; Gemma 3).
     pub qk_norm: Option<[RmsNorm; 2]>,
+    /// Per-head RMSNorm of V without a weight (Gemma 4: `ggml_rms_norm(Vcur, eps)`; held as a norm whose
+    /// weight is all ones — `x·s·1` is `x·s` exactly).
+    pub v_norm: Option<RmsNorm>,
     /// RoPE of this layer.
     pub rope: Rope,
+    /// RoPE frequency factors (`rope_freqs.weight`, `[head_dim/2]`; Gemma 4's full-attention layers),
+    /// see [`ops::rope_cache_factors`].
+    pub rope_freqs: Option<Vec<f32>>,
     /// `ggml_scale` of Q after RoPE (Gemma 3: `f_attention_scale`, with `kq_scale = 1`).
     pub q_scale: Option<f32>,
     /// Heads, scale, window.
@@ -297,15 +303,36 @@ pub enum QkvWeights {
     /// computation — whose output rows are split into q, k, v (llama-graph.cpp `build_qkv`: views of
     /// "wqkv" at column offsets 0, n_embd_q, n_embd_q + n_embd_k).
     Fused(Weight),
+    /// `attn_q` and `attn_k` only: the values are the keys' projection, before the key norm and RoPE
+    /// (Gemma 4's `attention_k_eq_v` layers: models/gemma4.cpp "if v_proj is not present, use Kcur as
+    /// Vcur"; allowed only where the architecture says so, [`AttnTensors::v_from_k`]).
+    KeyAsValue {
+        /// `attn_q.weight`.
+        wq: Weight,
+        /// `attn_k.weight`.
+        wk: Weight,
+    },
 }
 
 impl QkvWeights {
     /// `attn_qkv.weight` if the file has it (shape-checked), else the three separate matrices.
-    fn load(g: &GgufFile, layer: usize, d_model: usize, qw: usize, kvw: usize) -> Result<Self> {
+    fn load(
+        g: &GgufFile,
+        layer: usize,
+        d_model: usize,
+        (qw, kvw): (usize, usize),
+        v_from_k: bool,
+    ) -> Result<Self> {
         let name = |t: &str| format!("blk.{layer}.{t}.weight");
         let w = |t: &str, rows: usize| Weight::load(g, &name(t), Some(rows), Some(d_model));
         if g.tensor(&name("attn_qkv")).is_ok() {
             return Ok(QkvWeights::Fused(w("attn_qkv", qw + 2 * kvw)?));
+        }
+        if v_from_k && g.tensor(&name("attn_v")).is_err() {
+            return Ok(QkvWeights::KeyAsValue {
+                wq: w("attn_q", qw)?,
+                wk: w("attn_k", kvw)?,
+            });
         }
         Ok(QkvWeights::Separate {
             wq: w("attn_q", qw)?,
@@ -337,6 +364,12 @@ pub struct AttnTensors {
     pub bias: bool,
     /// `attn_{q,k}_norm.weight` (per-head, `[head_dim]`).
     pub qk_norm: bool,
+    /// A weightless per-head RMSNorm of V (Gemma 4).
+    pub v_norm: bool,
+    /// `rope_freqs.weight` frequency factors (Gemma 4's full-attention layers).
+    pub rope_freqs: bool,
+    /// V may be absent (`attn_v`): then the values are the keys' projection (Gemma 4).
+    pub v_from_k: bool,
 }
 
 impl Attention {
@@ -386,9 +419,22 @@ impl Attention {
         } else {
             None
         };
+        let v_norm = tensors.v_norm.then(|| RmsNorm {
+            weight: vec![1.0; shape.head_dim],
+            eps: norm_eps,
+            kind: NormKind::Rms,
+            bias: None,
+        });
+        let rope_freqs = if tensors.rope_freqs {
+            Some(load_vector(g, "rope_freqs.weight", rope.dim / 2)?)
+        } else {
+            None
+        };
         Ok(Attention {
             layer,
-            qkv: QkvWeights::load(g, layer, d_model, qw, kvw)?,
+            qkv: QkvWeights::load(g, layer, d_model, (qw, kvw), tensors.v_from_k)?,
+            v_norm,
+            rope_freqs,
             wo: Weight::load(g, &name("attn_output.weight"), Some(d_model), Some(qw))?,
             wo_bias: match g.tensor(&name("attn_output.bias")) {
                 Ok(_) => Some(load_vector(g, &name("attn_output.bias"), d_model)?),
@@ -433,6 +479,11 @@ impl Attention {
                 f.matmul(wk, h, k)?;
                 f.matmul(wv, h, v)?;
             }
+            QkvWeights::KeyAsValue { wq, wk } => {
+                f.matmul(wq, h, q)?;
+                f.matmul(wk, h, k)?;
+                v.copy_from_slice(k);
+            }
             QkvWeights::Fused(w) => {
                 // qkv = h·Wqkvᵀ [n, qw + 2·kvw]; q, k, v are each row's column ranges
                 let qkv = sized(&mut b.qkv, n * w.rows);
@@ -470,6 +521,10 @@ impl Attention {
         if let Some([qn, kn]) = &self.qk_norm {
             qn.forward(f, q, st(StageKind::QNorm));
             kn.forward(f, k, st(StageKind::KNorm));
+        }
+        // V's weightless norm: no stage of its own (llama.cpp's "Vcur_normed" has no canonical id)
+        if let Some(vn) = &self.v_norm {
+            ops::rms_norm(v, &vn.weight, vn.eps);
         }
 
         // RoPE on q and k, each token at its own absolute position (the first `rope.dim` of each head)
@@ -541,12 +596,16 @@ impl Attention {
             (RopeKind::None, _) => return,
         };
         let num = f.num;
+        let factors = match fault {
+            Some(Fault::RopeFreqFactorsIgnored) => None,
+            _ => self.rope_freqs.as_deref(),
+        };
         let rope_token = |t: usize, qt: &mut [f32], kt: &mut [f32], cache: &mut [f32]| {
             let pos = match fault {
                 Some(Fault::RopeDecodePosition) if n == 1 => (p0 + t).saturating_sub(1),
                 _ => p0 + t,
             };
-            ops::rope_cache(pos, base, dim, cache);
+            ops::rope_cache_factors(pos, base, dim, factors, cache);
             rotate(qt, hd, dim, cache, num);
             rotate(kt, hd, dim, cache, num);
         };
@@ -769,6 +828,10 @@ pub struct DecoderLayer {
     pub ffn: Ffn,
     /// Norm of the FFN output before the residual add (`post_ffw_norm`).
     pub ffn_post_norm: Option<RmsNorm>,
+    /// Multiplier of the block's output (`blk.N.layer_output_scale.weight`, one value; Gemma 4's
+    /// `layer_scalar`: models/gemma4.cpp "out_scaled", `ggml_mul` by the one-element tensor), when the file
+    /// has it.
+    pub out_scale: Option<f32>,
 }
 
 /// Activation buffers of a [`Decoder`] forward pass (resized, never shrunk: no allocation once warm).
@@ -824,6 +887,9 @@ impl DecoderLayer {
             x.copy_from_slice(proj);
         } else {
             ops::add_in_place(x, proj);
+        }
+        if let Some(s) = self.out_scale {
+            ops::scale(x, s);
         }
         f.emit(st(StageKind::Out), x);
         Ok(())
@@ -932,6 +998,12 @@ impl Decoder {
                     ffn_norm: norm("ffn_norm")?,
                     ffn: Ffn::load(g, l, (d, c.d_ff), w.act, w.gated_ffn)?,
                     ffn_post_norm: post("post_ffw_norm")?,
+                    out_scale: match g.tensor(&format!("blk.{l}.layer_output_scale.weight")) {
+                        Ok(_) => Some(
+                            load_vector(g, &format!("blk.{l}.layer_output_scale.weight"), 1)?[0],
+                        ),
+                        Err(_) => None,
+                    },
                 })
             })
             .collect::<Result<_>>()?;

@@ -90,6 +90,7 @@ impl Gemma3Hparams {
             tensors: AttnTensors {
                 bias: false,
                 qk_norm: true,
+                ..AttnTensors::default()
             },
             norm_eps: c.norm_eps,
         }

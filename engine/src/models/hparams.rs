@@ -104,6 +104,21 @@ impl DecoderDims {
     ///
     /// Errors: as [`DecoderDims::read`].
     pub fn read_eps(m: &Meta<'_>, eps_key: &str) -> Result<DecoderDims> {
+        let dims = Self::read_dims(m, eps_key)?;
+        if m.gguf.tensor("rope_freqs.weight").is_ok() {
+            return Err(Error::Unsupported(format!(
+                "{}: rope_freqs.weight (per-dimension RoPE frequency factors) is not implemented",
+                m.gguf.path().display()
+            )));
+        }
+        Ok(dims)
+    }
+
+    /// [`DecoderDims::read_eps`] for an architecture that reads `rope_freqs.weight` itself (Gemma 4's
+    /// proportional RoPE): the same checks but that one.
+    ///
+    /// Errors: as [`DecoderDims::read`], but for `rope_freqs.weight`.
+    pub fn read_dims(m: &Meta<'_>, eps_key: &str) -> Result<DecoderDims> {
         let d_model = m.usize("embedding_length")?;
         let n_head = m.usize("attention.head_count")?;
         let n_kv_head = m.opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
@@ -148,12 +163,6 @@ impl DecoderDims {
                     m.arch
                 )));
             }
-        }
-        if m.gguf.tensor("rope_freqs.weight").is_ok() {
-            return Err(Error::Unsupported(format!(
-                "{}: rope_freqs.weight (per-dimension RoPE frequency factors) is not implemented",
-                m.gguf.path().display()
-            )));
         }
         Ok(dims)
     }

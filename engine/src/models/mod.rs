@@ -5,7 +5,7 @@
 //! - [`weights`]: quantized matrices left in the map, small f32 vectors;
 //! - [`blocks`]: the shared blocks (embedding, RMSNorm, attention with options, gated FFN, pre/post-norm
 //!   layer, output head) that compute and emit every stage;
-//! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma2`], [`gemma3`], [`phi3`],
+//! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma2`], [`gemma3`], [`gemma4`], [`phi3`],
 //!   [`starcoder2`], [`stablelm`], [`gpt2`]): hyperparameters and wiring, no
 //!   arithmetic. A new architecture is a new module plus a line in [`ARCHITECTURES`].
 //!
@@ -14,6 +14,7 @@
 pub mod blocks;
 pub mod gemma2;
 pub mod gemma3;
+pub mod gemma4;
 pub mod gpt2;
 pub mod hparams;
 pub mod llama;
@@ -47,6 +48,7 @@ pub const ARCHITECTURES: &[(&str, ArchLoader)] = &[
     ("qwen3", qwen3::load),
     ("gemma2", gemma2::load),
     ("gemma3", gemma3::load),
+    ("gemma4", gemma4::load),
     ("phi3", phi3::load),
     ("starcoder2", starcoder2::load),
     ("stablelm", stablelm::load),
@@ -215,10 +217,12 @@ impl Model {
     /// [`Numerics`], or a bare [`NumericsMode`] (then the default target [`GgmlTarget::Avx512`] and the
     /// scalar kernels, [`Simd::Off`]).
     pub fn session(&self, n_ctx: usize, numerics: impl Into<Numerics>) -> Session {
-        let d = &self.info.dims;
         let numerics = numerics.into();
+        let shapes: Vec<(usize, usize)> = (self.decoder.layers.iter())
+            .map(|l| (l.attn.shape.n_kv_head, l.attn.shape.head_dim))
+            .collect();
         Session {
-            kv: KvCache::new(d.n_layer, d.n_kv_head, d.head_dim, n_ctx),
+            kv: KvCache::with_layers(&shapes, n_ctx),
             n_past: 0,
             numerics,
             input_rounding: false,

@@ -16,7 +16,7 @@ pub fn load(g: &GgufFile) -> Result<(DecoderDims, Decoder)> {
     let c = DecoderDims::read(&Meta::new(g, "qwen2"))?;
     let tensors = AttnTensors {
         bias: true,
-        qk_norm: false,
+        ..AttnTensors::default()
     };
     let decoder = super::llama::wire(g, &c, RopeKind::Neox, tensors)?;
     Ok((c, decoder))

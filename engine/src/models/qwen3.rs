@@ -22,6 +22,7 @@ pub fn load(g: &GgufFile) -> Result<(DecoderDims, Decoder)> {
     let tensors = AttnTensors {
         bias: false,
         qk_norm: true,
+        ..AttnTensors::default()
     };
     let decoder = super::llama::wire(g, &c, RopeKind::Neox, tensors)?;
     Ok((c, decoder))

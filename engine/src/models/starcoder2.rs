@@ -52,7 +52,7 @@ pub(crate) fn wire(
         q_scale: None,
         tensors: AttnTensors {
             bias: g.tensor("blk.0.attn_q.bias").is_ok() || g.tensor("blk.0.attn_qkv.bias").is_ok(),
-            qk_norm: false,
+            ..AttnTensors::default()
         },
         norm_eps: c.norm_eps,
     };

@@ -143,11 +143,30 @@ pub(crate) fn for_row_chunks2(
 /// from glibc's `cosf`/`sinf` (gcc merges them into one `sincosf` call, same values; Rust's `f32::cos`
 /// and `f32::sin` are the same glibc functions). Identical in both modes. Su et al. 2021 (RoFormer).
 pub fn rope_cache(pos: usize, base: f32, rope_dim: usize, out: &mut [f32]) {
+    rope_cache_factors(pos, base, rope_dim, None, out)
+}
+
+/// [`rope_cache`] with per-pair frequency factors: pair `i` turns by `θ_i / freq_factors[i]` (ggml-cpu
+/// ops.cpp `rope_cache_init`: `rope_yarn(theta / ff, ..)`, with `freq_scale = 1`, `ext_factor = 0`,
+/// `mscale = 1`). Gemma 4's "proportional" RoPE on its full-attention layers (`rope_freqs.weight`,
+/// `[head_dim/2]`: 1 for the rotated pairs, 1e30 for the rest, conversion/gemma.py
+/// `Gemma4Model.generate_extra_tensors`). `freq_factors`, when given, has at least `rope_dim / 2` entries.
+pub fn rope_cache_factors(
+    pos: usize,
+    base: f32,
+    rope_dim: usize,
+    freq_factors: Option<&[f32]>,
+    out: &mut [f32],
+) {
     let theta_scale = base.powf(-2.0 / rope_dim as f32);
     let mut theta = pos as f32;
-    for pair in out[..rope_dim].chunks_exact_mut(2) {
-        pair[0] = theta.cos();
-        pair[1] = theta.sin();
+    for (i, pair) in out[..rope_dim].chunks_exact_mut(2).enumerate() {
+        let t = match freq_factors {
+            Some(ff) => theta / ff[i],
+            None => theta,
+        };
+        pair[0] = t.cos();
+        pair[1] = t.sin();
         theta *= theta_scale;
     }
 }
