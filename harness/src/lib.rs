@@ -40,6 +40,7 @@
 //! - [`checkout`] — the checkout that gives the default paths (`--root`, `$LOCKSTEP_ROOT`, the working
 //!   directory's).
 //! - [`regate`] — `lockstep gate REPORT`: an existing report.json gated again.
+//! - [`shard`] — `lockstep run --shard I/N` (the matrix split, balanced by measured cost) and `lockstep merge`.
 //! - [`cli`] — command-line parsing and dispatch to the modules above.
 
 pub mod bench;
@@ -75,4 +76,5 @@ pub mod registry;
 pub mod report;
 pub mod run;
 pub mod session;
+pub mod shard;
 pub mod synth;
