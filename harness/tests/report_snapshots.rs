@@ -370,7 +370,7 @@ fn report_md_snapshot() {
 
 #[test]
 fn results_csv_snapshot() {
-    insta::assert_snapshot!("results_csv", render_csv(&report()));
+    insta::assert_snapshot!("results_csv", render_csv(&report()).unwrap());
 }
 
 #[test]
