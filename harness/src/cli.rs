@@ -87,6 +87,15 @@ pub enum Command {
         #[arg(long, conflicts_with = "speed")]
         junit: Option<PathBuf>,
     },
+    /// Publish the reports of a directory as a static site (plain HTML + CSS, SVG charts, relative
+    /// links): an index of runs, a page per run, a bench page with the ratios over commits.
+    Publish {
+        /// The reports directory (default: the checkout's reports/).
+        reports_dir: Option<PathBuf>,
+        /// The site directory to write (replaced when it is a site lockstep wrote earlier).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Merge the reports of every shard of a split run (`lockstep run --shard I/N`) into the report the
     /// whole run writes: reports/<new run id>/. Exit 0 once written (gate it with `lockstep gate`).
     Merge {
@@ -801,6 +810,18 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             }
             let report = report.context("give a report.json, or --speed BENCH.json")?;
             return gate(&report, thresholds.as_deref(), junit.as_deref());
+        }
+        Command::Publish { reports_dir, out } => {
+            let dir = defaults.path(reports_dir, "reports", "REPORTS_DIR")?;
+            let p = crate::publish::publish(&dir, &out)?;
+            println!(
+                "site: {} ({} runs, {} benches, {} quality reports, {} files)",
+                p.site.join("index.html").display(),
+                p.runs,
+                p.benches,
+                p.quality,
+                p.files
+            );
         }
         Command::Merge { shards, reports } => {
             let reports = defaults.path(reports, "reports", "--reports")?;
