@@ -82,6 +82,29 @@ pub enum Command {
         /// With --speed: the limits file (default ci/speed.toml).
         #[arg(long, requires = "speed")]
         speed_limits: Option<PathBuf>,
+        /// Also write the verdicts as JUnit XML to this file (one testcase per cell, the failure line as
+        /// its message).
+        #[arg(long, conflicts_with = "speed")]
+        junit: Option<PathBuf>,
+    },
+    /// Publish the reports of a directory as a static site (plain HTML + CSS, SVG charts, relative
+    /// links): an index of runs, a page per run, a bench page with the ratios over commits.
+    Publish {
+        /// The reports directory (default: the checkout's reports/).
+        reports_dir: Option<PathBuf>,
+        /// The site directory to write (replaced when it is a site lockstep wrote earlier).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Merge the reports of every shard of a split run (`lockstep run --shard I/N`) into the report the
+    /// whole run writes: reports/<new run id>/. Exit 0 once written (gate it with `lockstep gate`).
+    Merge {
+        /// The shards' report.json files (or their report directories), one per shard, any order.
+        #[arg(required = true)]
+        shards: Vec<PathBuf>,
+        /// Where reports/<run-id>/ goes.
+        #[arg(long)]
+        reports: Option<PathBuf>,
     },
     /// Tokens per second of our engine beside llama-bench (and a baseline lockstep binary), interleaved
     /// run by run; writes reports/bench-<run id>/bench.{json,md,csv}.
@@ -516,6 +539,19 @@ pub struct RunArgs {
     /// Seconds one external-engine call may take before its process group is killed.
     #[arg(long, default_value_t = 1800.0, value_parser = positive_seconds)]
     pub engine_timeout: f64,
+    /// Run only shard I of N of the expanded (filtered) matrix: a deterministic split that keeps a cell's
+    /// SIMD twins together, balanced by --shard-costs (else by cell count). `lockstep merge` joins the
+    /// shards' reports.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<crate::shard::ShardSpec>,
+    /// Balance --shard by the cells' measured seconds: an earlier run's report.json, or a JSON object
+    /// mapping cell ids to seconds. Every shard must be given the same file.
+    #[arg(long, requires = "shard", value_name = "FILE")]
+    pub shard_costs: Option<PathBuf>,
+    /// Also write the verdicts as JUnit XML to this file (one testcase per cell, the failure line as its
+    /// message).
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
 }
 
 /// `--simd`: [`Simd::parse`] (refuses a setting this CPU cannot run).
@@ -533,6 +569,19 @@ fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
 fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCode> {
     // the first Ctrl-C stops the run and saves the finished cells; a second one quits at once
     crate::process::set_graceful(true);
+    if let Some(j) = &a.junit {
+        crate::output::check_file_target(j, "--junit")?;
+    }
+    let shard = match a.shard {
+        None => None,
+        Some(spec) => Some((
+            spec,
+            a.shard_costs
+                .as_deref()
+                .map(crate::shard::CostTable::load)
+                .transpose()?,
+        )),
+    };
     let external = match (a.engine_cmd, a.engine_tokenize_cmd) {
         (Some(forward), Some(tokenize)) => Some(crate::engine::ExternalCommands {
             forward,
@@ -564,8 +613,10 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
         threads,
         ggml_target: a.ggml_target,
         floors: defaults.path(a.floors.floors, "ci/floors.json", "--floors")?,
+        shard,
     };
     let (dir, report) = crate::run::run(&opts)?;
+    ci_outputs(&report, &dir, "lockstep run", a.junit.as_deref())?;
     let md = dir.join("report.md");
     let lines = crate::report::failure_lines(&report);
     let n_fail = report.cells.iter().filter(|c| !c.verdict.pass).count();
@@ -592,12 +643,53 @@ fn gate_speed(bench: &Path, baseline: Option<&Path>, limits: &Path) -> Result<Ex
     Ok(exit_code(n_fail == 0))
 }
 
-fn gate(report: &Path, thresholds: Option<&Path>) -> Result<ExitCode> {
-    let outcome = crate::regate::gate_file(report, thresholds)?;
+fn gate(report: &Path, thresholds: Option<&Path>, junit: Option<&Path>) -> Result<ExitCode> {
+    if let Some(j) = junit {
+        crate::output::check_file_target(j, "--junit")?;
+    }
+    let (outcome, r) = crate::regate::gate_file_report(report, thresholds)?;
+    ci_outputs(&r, report, "lockstep gate", junit)?;
     for l in &outcome.lines {
         println!("{l}");
     }
     Ok(exit_code(outcome.n_fail == 0))
+}
+
+/// The outputs CI systems read: the JUnit XML (`--junit`, written atomically) and the Markdown summary
+/// appended to `$GITHUB_STEP_SUMMARY` when it is set.
+fn ci_outputs(
+    r: &crate::report::Report,
+    at: &Path,
+    title: &str,
+    junit: Option<&Path>,
+) -> Result<()> {
+    if let Some(j) = junit {
+        let xml = crate::report::render_junit(r, title)?;
+        crate::output::write_atomic(j, xml.as_bytes())
+            .with_context(|| format!("--junit {}", j.display()))?;
+    }
+    let summary = crate::report::render_step_summary(r, title, &at.display().to_string());
+    crate::report::append_step_summary(&summary)?;
+    Ok(())
+}
+
+fn merge(shards: &[PathBuf], reports: &Path) -> Result<ExitCode> {
+    let (dir, r) = crate::shard::merge_files(shards, reports)?;
+    let n_fail = r.cells.iter().filter(|c| !c.verdict.pass).count();
+    println!("report: {}", dir.join(crate::report::REPORT_MD).display());
+    println!(
+        "merged {} shards: {} cells, {} passed, {} failed{}",
+        r.merged_from.len(),
+        r.cells.len(),
+        r.cells.len() - n_fail,
+        n_fail,
+        if r.incomplete.is_some() {
+            " (INCOMPLETE)"
+        } else {
+            ""
+        }
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Exit status 0 on a pass, 1 on a failure (an error is 2, from [`main`]).
@@ -696,6 +788,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             speed,
             baseline,
             speed_limits,
+            junit,
         } => {
             // clap's `requires = "speed"` is not enforced beside the positional report: refuse here
             if speed.is_none() {
@@ -716,7 +809,23 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 return gate_speed(&b, baseline.as_deref(), &limits);
             }
             let report = report.context("give a report.json, or --speed BENCH.json")?;
-            return gate(&report, thresholds.as_deref());
+            return gate(&report, thresholds.as_deref(), junit.as_deref());
+        }
+        Command::Publish { reports_dir, out } => {
+            let dir = defaults.path(reports_dir, "reports", "REPORTS_DIR")?;
+            let p = crate::publish::publish(&dir, &out)?;
+            println!(
+                "site: {} ({} runs, {} benches, {} quality reports, {} files)",
+                p.site.join("index.html").display(),
+                p.runs,
+                p.benches,
+                p.quality,
+                p.files
+            );
+        }
+        Command::Merge { shards, reports } => {
+            let reports = defaults.path(reports, "reports", "--reports")?;
+            return merge(&shards, &reports);
         }
         Command::Bench(a) => {
             let sample_timeout = std::time::Duration::from_secs_f64(a.engine_timeout);

@@ -157,18 +157,61 @@ pub fn md_code(s: &str) -> String {
     format!("{fence}{pad}{clean}{pad}{fence}")
 }
 
-/// One CSV field (RFC 4180), on one line: control characters (line breaks included) become spaces, so
-/// every record is one line for line-based tools; quoted, with `"` doubled, when it holds a `,` or a `"`.
-/// The one CSV quoting of results.csv, bench.csv and the quality CSV.
-pub fn csv_cell(s: &str) -> String {
-    let clean: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if clean.contains([',', '"']) {
-        format!("\"{}\"", clean.replace('"', "\"\""))
-    } else {
-        clean
+/// A CSV document (RFC 4180) written with the `csv` crate: results.csv, bench.csv and the quality CSV.
+///
+/// Fields are quoted only when they must be (a `,` or a `"`; `"` doubled), records end in `\n`, and every
+/// record has the header's number of fields (the `csv` writer refuses another). Control characters (line
+/// breaks included) become spaces before writing, so every record is one line for line-based tools.
+pub struct CsvDoc {
+    writer: csv::Writer<Vec<u8>>,
+}
+
+impl CsvDoc {
+    /// A document whose first record is `header`.
+    ///
+    /// Errors: only those of [`CsvDoc::row`].
+    pub fn with_header<I, S>(header: I) -> anyhow::Result<CsvDoc>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let writer = csv::WriterBuilder::new()
+            .quote_style(csv::QuoteStyle::Necessary)
+            .terminator(csv::Terminator::Any(b'\n'))
+            .from_writer(Vec::new());
+        let mut doc = CsvDoc { writer };
+        doc.row(header)?;
+        Ok(doc)
+    }
+
+    /// Append one record.
+    ///
+    /// Errors: a record with another number of fields than the header (a bug of the caller).
+    pub fn row<I, S>(&mut self, fields: I) -> anyhow::Result<()>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let clean = fields.into_iter().map(|f| {
+            f.as_ref()
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect::<String>()
+        });
+        self.writer
+            .write_record(clean)
+            .map_err(|e| anyhow::anyhow!("cannot write a CSV record: {e}"))
+    }
+
+    /// The document's text.
+    ///
+    /// Errors: only if the writer's buffer cannot be taken back (it is memory).
+    pub fn finish(self) -> anyhow::Result<String> {
+        let bytes = self
+            .writer
+            .into_inner()
+            .map_err(|e| anyhow::anyhow!("cannot finish the CSV document: {e}"))?;
+        String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("CSV is not UTF-8: {e}"))
     }
 }
 
@@ -185,7 +228,11 @@ mod escape_tests {
         assert_eq!(md_text_keep_code("`blk`|x"), "`blk`\\|x");
         assert_eq!(md_code("a`b|c"), "``a`b\\|c``");
         assert_eq!(md_code("`x"), "`` `x ``");
-        assert_eq!(csv_cell("a,\"b\"\nc"), "\"a,\"\"b\"\" c\"");
-        assert_eq!(csv_cell("plain"), "plain");
+        let mut doc = CsvDoc::with_header(["a", "b"]).unwrap();
+        doc.row(["a,\"b\"\nc", "plain"]).unwrap();
+        assert_eq!(doc.finish().unwrap(), "a,b\n\"a,\"\"b\"\" c\",plain\n");
+        let mut doc = CsvDoc::with_header(["a", "b"]).unwrap();
+        let e = doc.row(["only one"]).unwrap_err().to_string();
+        assert!(e.contains("CSV"), "{e}");
     }
 }

@@ -40,6 +40,8 @@
 //! - [`checkout`] — the checkout that gives the default paths (`--root`, `$LOCKSTEP_ROOT`, the working
 //!   directory's).
 //! - [`regate`] — `lockstep gate REPORT`: an existing report.json gated again.
+//! - [`publish`] — `lockstep publish`: a static HTML site of the runs, benches and quality reports.
+//! - [`shard`] — `lockstep run --shard I/N` (the matrix split, balanced by measured cost) and `lockstep merge`.
 //! - [`cli`] — command-line parsing and dispatch to the modules above.
 
 pub mod bench;
@@ -68,6 +70,7 @@ pub mod probe;
 pub mod process;
 pub mod progress;
 pub mod prompt;
+pub mod publish;
 pub mod quality;
 pub mod quantize;
 pub mod regate;
@@ -75,4 +78,5 @@ pub mod registry;
 pub mod report;
 pub mod run;
 pub mod session;
+pub mod shard;
 pub mod synth;

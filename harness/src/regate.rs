@@ -64,11 +64,17 @@ pub fn outcome(report: &Report) -> GateOutcome {
 ///
 /// Errors: an unreadable or invalid report or thresholds file; a cell without thresholds.
 pub fn gate_file(path: &Path, thresholds: Option<&Path>) -> Result<GateOutcome> {
+    Ok(gate_file_report(path, thresholds)?.0)
+}
+
+/// [`gate_file`], also returning the report as gated (its verdicts re-evaluated when `thresholds` is
+/// given), for the outputs rendered from it (JUnit, the step summary).
+pub fn gate_file_report(path: &Path, thresholds: Option<&Path>) -> Result<(GateOutcome, Report)> {
     let mut r = crate::report::read_report(path)?;
     if let Some(t) = thresholds {
         regate(&mut r, &crate::gate::Thresholds::load(t)?)?;
     }
-    Ok(outcome(&r))
+    Ok((outcome(&r), r))
 }
 
 #[cfg(test)]
@@ -86,6 +92,8 @@ mod tests {
             thresholds_file: None,
             inputs: None,
             incomplete: None,
+            shard: None,
+            merged_from: Vec::new(),
             cells: Vec::new(),
         }
     }

@@ -52,6 +52,9 @@ pub struct RunOptions {
     pub ggml_target: Option<GgmlTarget>,
     /// The measured floors of modes that are not bit-exact (`ci/floors.json`).
     pub floors: PathBuf,
+    /// Run only this shard of the expanded matrix ([`crate::shard`]), balanced by this cost table (`None`:
+    /// by cell count).
+    pub shard: Option<(crate::shard::ShardSpec, Option<crate::shard::CostTable>)>,
 }
 
 /// Build an engine for a model path (overridable by tests to plug in a broken engine).
@@ -109,6 +112,23 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
     for cell in &cells {
         thresholds.for_cell(cell)?;
     }
+    // a shard runs its part of the whole (filtered) matrix; an empty part still writes its (empty) report,
+    // so that `lockstep merge` sees every shard
+    let shard_info = opts.shard.as_ref().map(|(spec, costs)| report::ShardInfo {
+        index: spec.index,
+        count: spec.count,
+        matrix_cells: cells.iter().map(Cell::id).collect(),
+        balanced_by: costs
+            .as_ref()
+            .map_or_else(|| "cell count".to_string(), |c| c.source.clone()),
+    });
+    let cells: Vec<Cell> = match &opts.shard {
+        None => cells,
+        Some((spec, costs)) => crate::shard::assign(&cells, *spec, costs.as_ref())
+            .into_iter()
+            .map(|i| cells[i].clone())
+            .collect(),
+    };
     report::check_reports_dir(&opts.reports_root)?;
     let mut verified = std::collections::BTreeSet::new();
     for cell in &cells {
@@ -181,14 +201,16 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
             )
         })();
         match result {
-            Ok(r) => {
+            Ok(mut r) => {
+                r.seconds = Some(cell_start.elapsed().as_secs_f64());
                 bar.finish(&cell.id(), verdict_word(&r), cell_start.elapsed());
                 reports.push(r)
             }
             // the engine cannot run this model (a weight type without kernels): this cell fails with the
             // engine's error, the others still run
             Err(e) if unsupported(&e) && !crate::process::interrupted() => {
-                let r = engine_error_cell(opts, &manifest, &thresholds, cell, &e)?;
+                let mut r = engine_error_cell(opts, &manifest, &thresholds, cell, &e)?;
+                r.seconds = Some(cell_start.elapsed().as_secs_f64());
                 bar.finish(&cell.id(), verdict_word(&r), cell_start.elapsed());
                 reports.push(r);
             }
@@ -222,6 +244,8 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         thresholds_file: Some(opts.thresholds.display().to_string()),
         inputs: Some(inputs),
         incomplete,
+        shard: shard_info,
+        merged_from: Vec::new(),
         cells: reports,
     };
     match failure {
@@ -355,6 +379,7 @@ fn engine_error_cell(
         output_sha256: None,
         error: Some(error),
         rounding_probe: None,
+        seconds: None,
     })
 }
 
@@ -469,5 +494,6 @@ pub fn run_cell(
         finding: Some(judged.finding),
         output_sha256,
         rounding_probe,
+        seconds: None,
     })
 }

@@ -243,6 +243,7 @@ fn report() -> Report {
             }),
             error: None,
             rounding_probe: None,
+            seconds: None,
         }
     };
     Report {
@@ -264,6 +265,8 @@ fn report() -> Report {
         thresholds_file: Some("ci/thresholds.toml".into()),
         inputs: None,
         incomplete: None,
+        shard: None,
+        merged_from: Vec::new(),
         cells: vec![
             mk(
                 cell("prose", "ggml"),
@@ -367,7 +370,7 @@ fn report_md_snapshot() {
 
 #[test]
 fn results_csv_snapshot() {
-    insta::assert_snapshot!("results_csv", render_csv(&report()));
+    insta::assert_snapshot!("results_csv", render_csv(&report()).unwrap());
 }
 
 #[test]

@@ -35,6 +35,7 @@ fn options(golden_dir: &Path, reports: &Path, prompt: &str, mode: &str) -> RunOp
         threads: rayon::current_num_threads(),
         ggml_target: None,
         floors: root().join("ci/floors.json"),
+        shard: None,
     }
 }
 

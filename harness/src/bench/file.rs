@@ -15,7 +15,7 @@ pub fn write_bench(reports_root: &Path, r: &BenchReport) -> Result<PathBuf> {
     let files = vec![
         ("bench.json".to_string(), crate::report::to_json_pretty(r)?),
         ("bench.md".to_string(), render_bench_markdown(r)),
-        ("bench.csv".to_string(), render_bench_csv(r)),
+        ("bench.csv".to_string(), render_bench_csv(r)?),
     ];
     crate::report::write_files_atomically(
         reports_root,

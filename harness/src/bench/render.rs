@@ -141,36 +141,38 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
     md
 }
 
-/// `bench.csv`: one row per result, llama-bench's CSV fields plus ours.
-pub fn render_bench_csv(r: &BenchReport) -> String {
-    let mut out = String::from(
-        "engine,mode,simd,model,model_filename,model_type,model_size,model_n_params,n_threads,n_prompt,n_gen,n_depth,type_k,type_v,flash_attn,avg_ns,stddev_ns,avg_ts,stddev_ts,median_ts\n",
-    );
-    let q = crate::format::csv_cell;
+/// `bench.csv`: one row per result, llama-bench's CSV fields plus ours (written with the `csv` crate,
+/// [`crate::format::CsvDoc`]).
+///
+/// Errors: only a record of the wrong width (a bug).
+pub fn render_bench_csv(r: &BenchReport) -> anyhow::Result<String> {
+    let mut out = crate::format::CsvDoc::with_header(
+        "engine,mode,simd,model,model_filename,model_type,model_size,model_n_params,n_threads,n_prompt,n_gen,n_depth,type_k,type_v,flash_attn,avg_ns,stddev_ns,avg_ts,stddev_ts,median_ts"
+            .split(','),
+    )?;
     for x in &r.results {
-        out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
-            q(&x.engine),
-            q(&x.mode),
-            q(&x.simd),
-            q(&x.model),
-            q(&x.model_filename),
-            q(&x.model_type),
-            x.model_size,
-            x.model_n_params,
-            x.n_threads,
-            x.n_prompt,
-            x.n_gen,
-            x.n_depth,
-            q(&x.type_k),
-            q(&x.type_v),
-            q(&x.flash_attn),
-            x.avg_ns,
-            x.stddev_ns,
-            x.avg_ts,
-            x.stddev_ts,
-            x.median_ts
-        ));
+        out.row([
+            x.engine.clone(),
+            x.mode.clone(),
+            x.simd.clone(),
+            x.model.clone(),
+            x.model_filename.clone(),
+            x.model_type.clone(),
+            x.model_size.to_string(),
+            x.model_n_params.to_string(),
+            x.n_threads.to_string(),
+            x.n_prompt.to_string(),
+            x.n_gen.to_string(),
+            x.n_depth.to_string(),
+            x.type_k.clone(),
+            x.type_v.clone(),
+            x.flash_attn.clone(),
+            x.avg_ns.to_string(),
+            x.stddev_ns.to_string(),
+            x.avg_ts.to_string(),
+            x.stddev_ts.to_string(),
+            x.median_ts.to_string(),
+        ])?;
     }
-    out
+    out.finish()
 }

@@ -495,7 +495,7 @@ fn hostile_text_cannot_break_bench_md_tables() {
     }
     // results: header, rule, 2 rows; ratios: 3; bandwidth: 3
     assert_eq!(rows, 10, "{md}");
-    let csv = render_bench_csv(&r);
+    let csv = render_bench_csv(&r).unwrap();
     // one line per record: a model path's line breaks become spaces (format::csv_cell)
     assert_eq!(csv.lines().count(), 1 + 2, "{csv}");
 }

@@ -78,7 +78,7 @@ pub struct QualityReport {
     pub llama_base: Option<Invocation>,
 }
 
-use crate::format::{csv_cell, md_code, md_text};
+use crate::format::{md_code, md_text, CsvDoc};
 
 fn pm(u: &Unc, digits: usize) -> String {
     format!("{:.d$} ± {:.d$}", u.value, u.unc, d = digits)
@@ -349,18 +349,21 @@ pub fn render_markdown(r: &QualityReport) -> String {
     s
 }
 
-/// CSV: one line per variant.
-pub fn render_csv(r: &QualityReport) -> String {
-    let mut s = String::from(
+/// CSV: one line per variant (written with the `csv` crate, [`CsvDoc`]).
+///
+/// Errors: only a record of the wrong width (a bug).
+pub fn render_csv(r: &QualityReport) -> Result<String> {
+    let mut s = CsvDoc::with_header(
         "model,type,file_bytes,bpw,count,ppl_q,ppl_q_unc,ppl_base,ppl_base_unc,ln_ppl_ratio,ln_ppl_ratio_unc,\
          kld,kld_unc,kld_99_9,kld_99,kld_95,kld_90,kld_median,kld_10,kld_5,kld_1,kld_0_1,\
-         dp_99_9,dp_99,dp_95,dp_90,dp_median,dp_10,dp_5,dp_1,dp_0_1,rms_dp,rms_dp_unc,same_top_p,same_top_p_unc,error\n",
-    );
+         dp_99_9,dp_99,dp_95,dp_90,dp_median,dp_10,dp_5,dp_1,dp_0_1,rms_dp,rms_dp_unc,same_top_p,same_top_p_unc,error"
+            .split(','),
+    )?;
     for m in &r.models {
         for v in &m.variants {
             let mut cells = vec![
-                csv_cell(&m.model),
-                csv_cell(&v.label),
+                m.model.clone(),
+                v.label.clone(),
                 v.size_bytes.map_or(String::new(), |b| b.to_string()),
                 v.bpw.map_or(String::new(), |b| format!("{b:.4}")),
             ];
@@ -385,20 +388,13 @@ pub fn render_csv(r: &QualityReport) -> String {
                 }
                 None => {
                     cells.extend(std::iter::repeat_n(String::new(), 31));
-                    let e = csv_cell(v.error.as_deref().unwrap_or(""));
-                    // always quoted, as before
-                    cells.push(if e.starts_with('"') {
-                        e
-                    } else {
-                        format!("\"{e}\"")
-                    });
+                    cells.push(v.error.clone().unwrap_or_default());
                 }
             }
-            s.push_str(&cells.join(","));
-            s.push('\n');
+            s.row(&cells)?;
         }
     }
-    s
+    s.finish()
 }
 
 /// Writes `quality.json`, `quality.md` and `quality.csv` into `reports_root/<run_id>/` atomically (nothing
@@ -410,7 +406,7 @@ pub fn write(reports_root: &Path, r: &QualityReport) -> Result<PathBuf> {
     let files = vec![
         ("quality.json".to_string(), json),
         ("quality.md".to_string(), render_markdown(r)),
-        ("quality.csv".to_string(), render_csv(r)),
+        ("quality.csv".to_string(), render_csv(r)?),
     ];
     crate::report::write_files_atomically(reports_root, &r.run_id, &files)
 }
@@ -453,7 +449,5 @@ mod tests {
         );
         assert_eq!(md_code("`a"), "`` `a ``");
         assert_eq!(md_code("plain"), "`plain`");
-        assert_eq!(csv_cell("Q8_0"), "Q8_0");
-        assert_eq!(csv_cell("a,\"b\"\nc"), "\"a,\"\"b\"\" c\"");
     }
 }

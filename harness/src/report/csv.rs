@@ -1,8 +1,8 @@
 //! `results.csv`: one row per cell × stage × phase × metric, for spreadsheets and plots.
 
-use std::fmt::Write as _;
+use anyhow::Result;
 
-use crate::format::non_finite;
+use crate::format::{non_finite, CsvDoc};
 use crate::gate::cell_metrics;
 
 use super::markdown::{seq_position, top1_counts};
@@ -35,21 +35,20 @@ impl Num {
 pub const CSV_HEADER: &str =
     "cell_id,model,prompt,quant,mode,simd,oracle,engine,phase,stage,layer,metric,value";
 
-pub(crate) use crate::format::csv_cell as csv_field;
-
 /// Render `results.csv`: one row per cell × stage × phase × metric, plus logits rows (`stage` =
 /// `logits`), cell-level gate aggregates (`stage` = `cell`), tokens (`stage` = `tokens`), speed
 /// (`stage` = `speed`) and the verdict (`stage` = `verdict`). Values are the shortest text that reads
 /// back to the same f64 (scientific for NMSE, KL, RMSE, absolute errors, entropies); non-finite values
 /// are `inf`, `-inf`, `nan`. `layer` is empty for stages without a block index; positions are sequence
-/// positions (decode step i = prompt length + i).
-pub fn render_csv(r: &Report) -> String {
-    let mut out = String::new();
-    out.push_str(CSV_HEADER);
-    out.push('\n');
+/// positions (decode step i = prompt length + i). Written with the `csv` crate ([`CsvDoc`]).
+///
+/// Errors: only a record of the wrong width (a bug).
+pub fn render_csv(r: &Report) -> Result<String> {
+    let mut out = CsvDoc::with_header(CSV_HEADER.split(','))?;
+    let mut err: Option<anyhow::Error> = None;
     for c in &r.cells {
         let cell = &c.cell;
-        let prefix: Vec<String> = [
+        let prefix: [String; 8] = [
             cell.id(),
             cell.model.clone(),
             cell.prompt.clone(),
@@ -58,19 +57,18 @@ pub fn render_csv(r: &Report) -> String {
             cell.simd.clone(),
             cell.oracle.clone(),
             cell.engine.clone(),
-        ]
-        .iter()
-        .map(|s| csv_field(s))
-        .collect();
-        let prefix = prefix.join(",");
+        ];
         let mut row = |phase: &str, stage: &str, layer: Option<usize>, metric: &str, v: Num| {
-            let _ = writeln!(
-                out,
-                "{prefix},{phase},{},{},{metric},{}",
-                csv_field(stage),
+            let rest = [
+                phase.to_string(),
+                stage.to_string(),
                 layer.map_or(String::new(), |l| l.to_string()),
-                v.csv()
-            );
+                metric.to_string(),
+                v.csv(),
+            ];
+            if let Err(e) = out.row(prefix.iter().chain(rest.iter())) {
+                err.get_or_insert(e);
+            }
         };
         let cmp = &c.comparison;
         let tol = c.verdict.margin_tolerance;
@@ -240,5 +238,8 @@ pub fn render_csv(r: &Report) -> String {
             Num::Int(c.verdict.failures.len() as u64),
         );
     }
-    out
+    match err {
+        Some(e) => Err(e),
+        None => out.finish(),
+    }
 }

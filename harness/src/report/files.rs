@@ -25,11 +25,13 @@ pub fn write_report(reports_root: &Path, r: &Report) -> Result<PathBuf> {
     // Render first: nothing touches the disk if rendering fails.
     let json = to_json_pretty(r).with_context(|| format!("report {id}: report.json"))?;
     let md = render_markdown(r);
-    let csv = render_csv(r);
+    let csv = render_csv(r).with_context(|| format!("report {id}: results.csv"))?;
     let plots = r
         .cells
         .iter()
         .enumerate()
+        // a cell without per-layer stages gets a sentence in report.md, not an empty frame
+        .filter(|(_, c)| super::has_depth(c))
         .map(|(i, c)| {
             // a plot is a view of numbers report.json already holds: one that cannot be drawn must not
             // cost the report, so it is replaced by a page saying why

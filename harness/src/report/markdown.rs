@@ -463,11 +463,18 @@ pub fn render_markdown(r: &Report) -> String {
     let _ = writeln!(md, "## Error vs depth (blk.N.out, output_norm)\n");
     for (i, c) in r.cells.iter().enumerate() {
         let _ = writeln!(md, "### {}\n", c.cell.id());
-        let _ = writeln!(
-            md,
-            "![error vs depth, every stage kind]({})\n",
-            super::plot_file_name(i, c)
-        );
+        match super::no_plot_sentence(&r.cells, i) {
+            None => {
+                let _ = writeln!(
+                    md,
+                    "![error vs depth, every stage kind]({})\n",
+                    super::plot_file_name(i, c)
+                );
+            }
+            Some(sentence) => {
+                let _ = writeln!(md, "{sentence}\n");
+            }
+        }
         // layer key: Some(N) for blk.N.out, None for output_norm (sorted last).
         let mut rows: BTreeMap<(bool, usize), [Option<&StageComparison>; 2]> = BTreeMap::new();
         for s in c

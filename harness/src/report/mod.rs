@@ -1,7 +1,7 @@
 //! Run reports: `reports/<run id>/{report.json, report.md, results.csv}`.
 //!
 //! One module per concept: the report's data (this file), the machine it ran on ([`environment`]), its
-//! renderings ([`markdown`], [`csv`]), JSON with non-finite numbers ([`json`]) and the atomic report
+//! renderings ([`markdown`], [`csv`], [`plot`]; for CI systems [`junit`] and the step [`summary`]), JSON with non-finite numbers ([`json`]) and the atomic report
 //! directory ([`files`]). Number formatting shared with the gate is in [`crate::format`].
 //!
 //! Data first, tables second: `report.json` holds everything (environment, metric definitions, every
@@ -20,8 +20,10 @@ mod csv;
 mod environment;
 mod files;
 mod json;
+mod junit;
 mod markdown;
 mod plot;
+mod summary;
 #[cfg(test)]
 mod tests;
 
@@ -41,8 +43,10 @@ pub use files::{
     write_report, STALE_PARTIAL_AGE,
 };
 pub use json::{from_json, to_json_pretty};
+pub use junit::render_junit;
 pub use markdown::render_markdown;
-pub use plot::{error_vs_depth_svg, plot_file_name};
+pub use plot::{error_vs_depth_svg, has_depth, no_plot_sentence, plot_file_name};
+pub use summary::{append_step_summary, render_step_summary, STEP_SUMMARY_ENV};
 
 pub const REPORT_SCHEMA_VERSION: u32 = 1;
 
@@ -76,8 +80,29 @@ pub struct Report {
     /// failed and why. A report with this set never passes a gate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incomplete: Option<Incomplete>,
+    /// Set when the run is one shard of a split matrix (`lockstep run --shard I/N`): which one, and the
+    /// whole matrix it is part of ([`crate::shard`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardInfo>,
+    /// Set on a report merged from shards (`lockstep merge`): the shards' run ids, in shard order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_from: Vec<String>,
     /// One entry per matrix cell, in matrix order.
     pub cells: Vec<CellReport>,
+}
+
+/// What a shard's report records about its split (`shard` in report.json).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    /// This shard, 1-based.
+    pub index: usize,
+    /// Shards in the split.
+    pub count: usize,
+    /// The id of every cell of the whole expanded matrix, in matrix order: what the merged report must
+    /// hold, and its order.
+    pub matrix_cells: Vec<String>,
+    /// What balanced the split: `cell count`, or `costs <file> (sha256 <hex>)`.
+    pub balanced_by: String,
 }
 
 /// A file a run read, by path and content.
@@ -204,6 +229,10 @@ pub struct CellReport {
     /// its gap that rounding explains. Informative, never part of the verdict; absent elsewhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rounding_probe: Option<crate::probe::RoundingProbe>,
+    /// Wall-clock seconds the whole cell took (both passes, the judge, the probe): the cost
+    /// `lockstep run --shard` balances on ([`crate::shard`]). Absent in reports of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
 }
 
 /// One SIMD cell set beside its scalar twin (the cell that differs only in `simd = off`).

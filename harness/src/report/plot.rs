@@ -9,6 +9,14 @@
 //! on a log scale: it sits on the bottom line, labelled *exact*. The cell's own stage NMSE cutoff
 //! (`stage_max_nmse` of its thresholds), when it has one, is drawn as a horizontal line: a bug jumps
 //! above it at one layer, accumulated rounding climbs smoothly below it.
+//!
+//! Readable at a glance: the stage kinds are coloured by *family* — attention (Q/K/V, RoPE, attention
+//! output and projection), FFN (gate, up, activation, output), norms (every RMSNorm/LayerNorm output),
+//! residual (`ffn_inp`, `out`) — so twenty kinds read as four colours, and the worst kind (the largest
+//! NMSE at any layer) is drawn thick and named in the legend. Layer ticks are integers. A cell whose
+//! golden stores no per-layer stage (logits only, as the `chinese` goldens) gets no plot at all
+//! ([`has_depth`]): report.md says in a sentence what its golden stores and which prompt of the model has
+//! the full stages ([`no_plot_sentence`]).
 
 use std::collections::BTreeMap;
 
@@ -30,6 +38,82 @@ pub fn plot_file_name(index: usize, cell: &CellReport) -> String {
         "plots/{index:02}-{}.svg",
         crate::output::file_stem(&cell.cell.id())
     )
+}
+
+/// Whether cell `c` compared any per-layer stage (`blk.N.*`): the only cells with a plot.
+pub fn has_depth(c: &CellReport) -> bool {
+    c.comparison.stages.iter().any(|s| s.layer.is_some())
+}
+
+/// The sentence report.md (and the site) show instead of the plot of a cell without per-layer stages
+/// ([`has_depth`]): what its golden stores, and the prompts of the same model in `cells` whose goldens
+/// store the full stages. `None` for a cell that has a plot.
+pub fn no_plot_sentence(cells: &[CellReport], i: usize) -> Option<String> {
+    let c = &cells[i];
+    if has_depth(c) {
+        return None;
+    }
+    let mut stored: Vec<&str> = c
+        .comparison
+        .stages
+        .iter()
+        .map(|s| s.stage.as_str())
+        .collect();
+    if !c.comparison.logits.is_empty() {
+        stored.push("logits");
+    }
+    stored.sort_unstable();
+    stored.dedup();
+    let stores = if stored.is_empty() {
+        "nothing that was compared".to_string()
+    } else {
+        format!("only {}", stored.join(", "))
+    };
+    let mut full: Vec<&str> = cells
+        .iter()
+        .filter(|o| o.cell.model == c.cell.model && has_depth(o))
+        .map(|o| o.cell.prompt.as_str())
+        .collect();
+    full.sort_unstable();
+    full.dedup();
+    let elsewhere = if full.is_empty() {
+        format!(
+            "no other prompt of {} in this run stores them",
+            c.cell.model
+        )
+    } else {
+        format!(
+            "the full stages of {} are in the goldens of prompt {}",
+            c.cell.model,
+            full.join(", ")
+        )
+    };
+    Some(format!(
+        "No error-vs-depth plot: the golden {} stores no per-layer stage ({stores}); {elsewhere}.",
+        c.golden_path
+    ))
+}
+
+/// The family a stage kind (`q_rope`, `ffn_up`, ...) is drawn in, and the family's colour.
+fn family(kind: &str) -> (&'static str, RGBColor) {
+    if kind.ends_with("norm") {
+        ("norms", RGBColor(140, 140, 140))
+    } else if kind == "out" || kind == "ffn_inp" {
+        ("residual", RGBColor(0, 0, 0))
+    } else if kind.starts_with("ffn") {
+        ("FFN", RGBColor(230, 120, 0))
+    } else {
+        ("attention", RGBColor(0, 150, 110))
+    }
+}
+
+/// An integer layer tick's label; nothing between layers.
+fn layer_label(v: &f64) -> String {
+    if (v - v.round()).abs() < 1e-6 {
+        format!("{}", v.round() as i64)
+    } else {
+        String::new()
+    }
 }
 
 /// Per stage kind (and phase): NMSE (max over positions) by layer.
@@ -111,6 +195,8 @@ pub fn error_vs_depth_svg(c: &CellReport) -> Result<String> {
         chart
             .configure_mesh()
             .x_desc("layer")
+            .x_labels((n_layer + 1).min(32))
+            .x_label_formatter(&layer_label)
             .y_desc("NMSE (max over positions)")
             .y_label_formatter(&|v| {
                 if *v <= EXACT_Y * 1.0001 {
@@ -123,13 +209,30 @@ pub fn error_vs_depth_svg(c: &CellReport) -> Result<String> {
             .map_err(err)?;
         // the legend is drawn by hand to the right of the plot, so it never hides a line
         let mut legend: Vec<(String, RGBAColor, u32, bool)> = Vec::new();
-        for (i, ((phase, kind), points)) in data.iter().enumerate() {
-            let color = if kind == "out" {
-                BLACK.to_rgba()
+        // the worst kind of the prefill: the largest NMSE at any layer, drawn thick
+        let worst = data
+            .iter()
+            .filter(|((phase, _), _)| *phase == Phase::Prefill)
+            .map(|(k, pts)| (k, pts.values().copied().map(y_of).fold(0.0, f64::max)))
+            .filter(|(_, v)| *v > EXACT_Y)
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(k, _)| k.clone());
+        let mut families: Vec<&'static str> = Vec::new();
+        for ((phase, kind), points) in &data {
+            let (fam, rgb) = family(kind);
+            let is_worst = worst.as_ref() == Some(&(*phase, kind.clone()));
+            let color = if is_worst {
+                RGBColor(200, 0, 160).to_rgba()
             } else {
-                Palette99::pick(i).to_rgba()
+                rgb.mix(if kind == "out" { 1.0 } else { 0.75 })
             };
-            let width = if kind == "out" { 3 } else { 1 };
+            let width = if is_worst {
+                3
+            } else if kind == "out" {
+                2
+            } else {
+                1
+            };
             let pts: Vec<(f64, f64)> = points.iter().map(|(&l, &v)| (l as f64, y_of(v))).collect();
             let style = ShapeStyle::from(&color).stroke_width(width);
             match phase {
@@ -140,11 +243,29 @@ pub fn error_vs_depth_svg(c: &CellReport) -> Result<String> {
             chart
                 .draw_series(pts.iter().map(|&p| Circle::new(p, 2, color.filled())))
                 .map_err(err)?;
-            let label = match phase {
-                Phase::Prefill => format!("blk.N.{kind}"),
-                Phase::Decode => format!("blk.N.{kind} (decode)"),
-            };
-            legend.push((label, color, width, *phase == Phase::Decode));
+            if is_worst {
+                legend.push((format!("worst: blk.N.{kind}"), color, width, false));
+            }
+            if *phase == Phase::Decode {
+                legend.push((format!("blk.N.{kind} (decode)"), color, width, true));
+            } else if !families.contains(&fam) {
+                families.push(fam);
+            }
+        }
+        for fam in ["attention", "FFN", "norms", "residual"] {
+            if families.contains(&fam) {
+                let kind = match fam {
+                    "attention" => "q",
+                    "FFN" => "ffn_up",
+                    "norms" => "attn_norm",
+                    _ => "out",
+                };
+                let label = match fam {
+                    "residual" => "residual: ffn_inp, out".to_string(),
+                    f => format!("{f} stages"),
+                };
+                legend.push((label, family(kind).1.to_rgba(), 2, false));
+            }
         }
         if !c.local_nmse_by_layer.is_empty() {
             // each layer's own error, computed from the golden's input: flat for rounding, a spike for a bug
@@ -220,4 +341,36 @@ pub fn plot_error_svg(reason: &str) -> String {
         let _ = root.present();
     }
     svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_ticks_are_integers() {
+        assert_eq!(layer_label(&2.0), "2");
+        assert_eq!(layer_label(&2.5), "");
+        assert_eq!(layer_label(&-0.0), "0");
+    }
+
+    #[test]
+    fn stage_kinds_fall_into_four_families() {
+        for (kind, fam) in [
+            ("q", "attention"),
+            ("k_rope", "attention"),
+            ("attn_out", "attention"),
+            ("attn_proj", "attention"),
+            ("ffn_gate", "FFN"),
+            ("ffn_act", "FFN"),
+            ("ffn_out", "FFN"),
+            ("attn_norm", "norms"),
+            ("q_norm", "norms"),
+            ("ffn_post_norm", "norms"),
+            ("ffn_inp", "residual"),
+            ("out", "residual"),
+        ] {
+            assert_eq!(family(kind).0, fam, "{kind}");
+        }
+    }
 }
