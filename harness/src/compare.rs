@@ -26,6 +26,11 @@ pub const ENGINE_DID_NOT_EMIT: &str = "the engine did not emit it";
 /// The [`NotCompared::reason`] of a stage the golden holds that is not in the engine's stage list.
 pub const ENGINE_HAS_NO_SUCH_STAGE: &str = "the engine does not emit this stage";
 
+/// The [`NotCompared::reason`] of a name an engine dumped that maps to no canonical id (no entry of its
+/// stage map, or not a canonical id when it has none: [`crate::protocol::stage_map`]).
+pub const NOT_IN_STAGE_MAP: &str =
+    "the engine's own name maps to no canonical stage id (add it to the stage map)";
+
 /// Prefill (all prompt positions in one batch) or decode (one token per step through the KV cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -56,6 +61,9 @@ pub struct EngineOutput {
     pub decode: BTreeMap<String, Array2<f32>>,
     /// The engine's stage ids in forward order (excluding `logits`).
     pub stage_order: Vec<String>,
+    /// Names the engine dumped that map to no canonical id ([`crate::engine::Engine::unmapped_stages`]),
+    /// listed under "not compared" ([`NOT_IN_STAGE_MAP`]).
+    pub unmapped: Vec<String>,
     /// Wall-clock seconds of the prefill's `forward` call, stage hooks included (the recorder's copies;
     /// not the conversion of the recorded rows into arrays).
     pub prefill_seconds: f64,
@@ -435,6 +443,15 @@ fn compare_parts(
                     stage: g.clone(),
                     phase,
                     reason: ENGINE_HAS_NO_SUCH_STAGE.into(),
+                });
+            }
+        }
+        if phase == Phase::Prefill {
+            for name in &out.unmapped {
+                not_compared.push(NotCompared {
+                    stage: name.clone(),
+                    phase,
+                    reason: NOT_IN_STAGE_MAP.into(),
                 });
             }
         }
