@@ -699,6 +699,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         (_, t) => t,
     };
     let threads = resolve_threads(requested)?;
+    // the mutation suite names a fault for the engine of a child process (`lockstep serve`, `lockstep
+    // dump` as a one-shot engine); a build without the fault switch refuses the variable
+    lockstep_engine::faults::set_from_env().map_err(anyhow::Error::msg)?;
     // The calling thread is worker 0 of the pool: the engine's parallel loops then run on it directly,
     // instead of parking it on a latch and waking a worker for each of the hundreds of matmuls of a
     // token (measured: ~20% of a SmolLM2 decode step went to those handoffs). Nothing here spawns
@@ -924,7 +927,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             println!("{}", out.display());
         }
         Command::Serve { simd } => {
-            lockstep_engine::faults::set_from_env().map_err(anyhow::Error::msg)?;
             let stdin = std::io::stdin().lock();
             let stdout = std::io::stdout().lock();
             crate::protocol::server::serve(stdin, stdout, simd.simd)?;
