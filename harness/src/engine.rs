@@ -78,10 +78,11 @@ pub trait Engine {
         Ok(())
     }
 
-    /// Names of stages the engine dumped that map to no canonical id (no stage map entry, or not a
-    /// canonical id without a map), seen since the last [`Engine::reset`]: listed under "not compared",
-    /// never dropped in silence.
-    fn unmapped_stages(&self) -> Vec<String> {
+    /// What the engine could not give, as `(name, reason)` rows for the report's "not compared" section,
+    /// since the last [`Engine::reset`]: stage names it dumped that map to no canonical id (no stage map
+    /// entry, or not a canonical id without a map), and `tokens` when it does not tokenize (lockstep's
+    /// tokenizer gave the ids). Never dropped in silence.
+    fn not_compared(&self) -> Vec<(String, String)> {
         Vec::new()
     }
 

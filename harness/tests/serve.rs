@@ -446,3 +446,75 @@ fn names_outside_the_stage_map_are_listed_as_not_compared() {
         Some(map.display().to_string())
     );
 }
+
+/// The Python interpreter for the numpy-only session helper's example: `$LOCKSTEP_PYTHON`, else `python3`
+/// (ci/test.sh makes numpy importable for it).
+fn python_with_numpy() -> String {
+    let py = std::env::var("LOCKSTEP_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&py)
+        .args(["-c", "import numpy"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "`{py} -c 'import numpy'` fails: set LOCKSTEP_PYTHON to a Python 3 with numpy (ci/test.sh installs \
+         numpy for python3 under the cache)"
+    );
+    py
+}
+
+#[test]
+#[ignore = "needs Python 3 with numpy: run by ci/test.sh"]
+fn a_numpy_engine_through_the_python_helper_passes_and_its_kv_bug_is_caught() {
+    let py = python_with_numpy();
+    let example = root().join("oracles/lockstep_session/example_engine.py");
+    let map = root().join("oracles/lockstep_session/llama_names.toml");
+    let gate = |bug: &str| {
+        let reports = tempfile::tempdir().unwrap();
+        let mut opts = options(reports.path(), &["synth-llama"], Some("reference"));
+        opts.serve = Some(ServeCommand {
+            command: format!("{py} {} {bug}", example.display()),
+            timeout: std::time::Duration::from_secs(300),
+            stage_map: Some(NameMap::load(&map).unwrap()),
+            stage_map_file: Some(map.clone()),
+        });
+        run(&opts).unwrap().1.cells.remove(0)
+    };
+    let c = gate("");
+    assert_eq!(c.cell.engine, "numpy-llama@1");
+    assert!(c.verdict.pass, "{:?}", c.verdict);
+    // compared under llama.cpp's names, mapped: prefill every mapped stage, decode what the golden stores
+    let compared: Vec<String> = c
+        .comparison
+        .stages
+        .iter()
+        .map(|s| format!("{} {}", s.phase, s.stage))
+        .collect();
+    for s in [
+        "prefill blk.1.attn_out",
+        "prefill blk.0.ffn_norm",
+        "decode blk.1.out",
+        "decode output_norm",
+    ] {
+        assert!(compared.iter().any(|x| x == s), "{s} in {compared:?}");
+    }
+    assert!(c
+        .comparison
+        .not_compared
+        .iter()
+        .any(|n| n.stage == "tokens" && n.reason == lockstep::compare::TOKENS_NOT_FROM_ENGINE));
+    // the KV-cache bug: prefill still right, the first decode step's layer 0 output wrong
+    let c = gate("--bug kv-position");
+    assert!(!c.verdict.pass);
+    let first = c.verdict.first_divergent.as_ref().unwrap();
+    assert_eq!(
+        (first.stage.as_str(), first.phase),
+        ("blk.0.out", Phase::Decode)
+    );
+    assert!(c
+        .comparison
+        .stages
+        .iter()
+        .filter(|s| s.phase == Phase::Prefill)
+        .all(|s| s.cosine_by_position.iter().all(|&x| x > 0.99999)));
+}

@@ -345,7 +345,7 @@ pub fn capture(
     }
     let stage_order: Vec<String> = engine.stages().into_iter().map(|(s, _)| s).collect();
     Ok(EngineOutput {
-        unmapped: engine.unmapped_stages(),
+        engine_notes: engine.not_compared(),
         own_tokens,
         prefill,
         decode,

@@ -13,8 +13,11 @@ use ndarray::Array2;
 use ndarray_npy::NpzWriter;
 
 use super::stage_map::NameMap;
-use super::{Reply, Request, ALL_STAGES, CAP_INJECT, CAP_INPUT_ROUNDING, PROTOCOL_VERSION};
+use super::{
+    Reply, Request, ALL_STAGES, CAP_INJECT, CAP_INPUT_ROUNDING, CAP_TOKENIZE, PROTOCOL_VERSION,
+};
 use crate::capture::forward_rank;
+use crate::compare::{NOT_IN_STAGE_MAP, TOKENS_NOT_FROM_ENGINE};
 use crate::engine::{Engine, EngineInfo};
 use crate::process::{LineChild, ScratchGuard};
 
@@ -65,6 +68,8 @@ pub struct SessionEngine {
     input_rounding: bool,
     pending: Vec<(Stage, Array2<f32>)>,
     steps: usize,
+    /// False once lockstep's tokenizer stood in for an engine without `tokenize`.
+    own_tokens: bool,
 }
 
 impl SessionEngine {
@@ -104,6 +109,7 @@ impl SessionEngine {
             input_rounding: false,
             pending: Vec::new(),
             steps: 0,
+            own_tokens: true,
         };
         let r = e.call(&Request::Load {
             protocol: PROTOCOL_VERSION,
@@ -229,6 +235,15 @@ impl Engine for SessionEngine {
     }
 
     fn tokenize(&mut self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        if !self.capabilities.contains(CAP_TOKENIZE) {
+            // lockstep's tokenizer, from the GGUF's vocabulary; the report lists `tokens` as not compared
+            let g = lockstep_engine::gguf::GgufFile::open(&self.model)
+                .with_context(|| format!("reading {}", self.model.display()))?;
+            let t = lockstep_engine::tokenizer::Tokenizer::from_gguf(&g)
+                .with_context(|| format!("the tokenizer of {}", self.model.display()))?;
+            self.own_tokens = false;
+            return Ok(t.encode(text, add_special, parse_special)?);
+        }
         let r = self.call(&Request::Tokenize {
             text: text.to_string(),
             add_special,
@@ -274,8 +289,17 @@ impl Engine for SessionEngine {
         Ok(())
     }
 
-    fn unmapped_stages(&self) -> Vec<String> {
-        self.unmapped.iter().cloned().collect()
+    fn not_compared(&self) -> Vec<(String, String)> {
+        let tokens =
+            (!self.own_tokens).then(|| ("tokens".to_string(), TOKENS_NOT_FROM_ENGINE.to_string()));
+        tokens
+            .into_iter()
+            .chain(
+                self.unmapped
+                    .iter()
+                    .map(|n| (n.clone(), NOT_IN_STAGE_MAP.to_string())),
+            )
+            .collect()
     }
 
     fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>> {

@@ -9,7 +9,7 @@
 //! | op | fields | answer |
 //! |---|---|---|
 //! | `load` | `protocol` (1), `model` (GGUF path), `mode`, `target`, `scratch` (a directory to write dumps in) | `engine` (name@version), `protocol`, `capabilities`, optional `n_vocab`, optional `stages` (its stage names in forward order) |
-//! | `tokenize` | `text`, `add_special`, `parse_special` | `tokens` |
+//! | `tokenize` | `text`, `add_special`, `parse_special` | `tokens` (capability `tokenize`) |
 //! | `reset` | `mode`, `target`, `n_ctx`, optional `input_rounding` | — (a new sequence: empty KV cache, position 0) |
 //! | `prefill` | `tokens`, `stages` (`"all"`) | `dump`: the path of an `.npz` in the dump format for this step |
 //! | `decode` | `token`, `stages` | `dump`, one row |
@@ -39,6 +39,11 @@ use serde::{Deserialize, Serialize};
 
 /// The protocol version `load` carries and its answer must repeat.
 pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Capability: the engine tokenizes (`tokenize`). Without it, lockstep's own tokenizer (llama.cpp's
+/// `llama_tokenize`, from the GGUF's vocabulary) gives the ids, and the report lists `tokens` as not
+/// compared.
+pub const CAP_TOKENIZE: &str = "tokenize";
 
 /// Capability: the engine takes `inject` requests (so `lockstep bisect` and `run`'s first-divergent
 /// verdict can inject the golden's layer inputs).

@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use lockstep_engine::{GgmlTarget, Model, Numerics, NumericsMode, Session, Simd, Stage, StageKind};
 use ndarray::Array2;
 
-use super::{Reply, Request, CAP_INJECT, CAP_INPUT_ROUNDING, PROTOCOL_VERSION};
+use super::{Reply, Request, CAP_INJECT, CAP_INPUT_ROUNDING, CAP_TOKENIZE, PROTOCOL_VERSION};
 use crate::capture::{recorded_arrays, InjectingSink};
 use crate::dump::Dump;
 use crate::npz::{Dtype, Npz};
@@ -147,7 +147,11 @@ impl Server {
                 Ok(Reply {
                     protocol: Some(PROTOCOL_VERSION),
                     engine: Some(engine_name()),
-                    capabilities: vec![CAP_INJECT.into(), CAP_INPUT_ROUNDING.into()],
+                    capabilities: vec![
+                        CAP_TOKENIZE.into(),
+                        CAP_INJECT.into(),
+                        CAP_INPUT_ROUNDING.into(),
+                    ],
                     n_vocab: Some(n_vocab),
                     stages,
                     ..Reply::ok()
