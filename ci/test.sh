@@ -33,6 +33,16 @@ variants="$(cargo run --quiet --release -p lockstep -- fetch --list | awk '/[(]m
 # shellcheck disable=SC2086  # one id per word
 cargo run --quiet --release -p lockstep -- fetch $variants >/dev/null
 
+echo "== numpy for the Python session helper's test (oracles/lockstep_session/; PyPI on first use)"
+# The example engine of the session protocol is numpy only; LOCKSTEP_PYTHON names the interpreter the test
+# runs it with. Without numpy in python3, pip installs it once into the cache (no venv needed).
+if [ -z "${LOCKSTEP_PYTHON:-}" ] && ! python3 -c 'import numpy' 2>/dev/null; then
+  site="${LOCKSTEP_CACHE:-$HOME/.cache/lockstep}/python-numpy"
+  PYTHONPATH="$site" python3 -c 'import numpy' 2>/dev/null \
+    || python3 -m pip install --quiet --target "$site" 'numpy>=1.24'
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
 echo "== tests (including real-model tests)"
 # Two ignored tests stay out of CI: the 1.9 GB fetch of every registered model (run it by hand after
 # editing models.toml) and a kernel-throughput printout for humans (speed is measured, never asserted).

@@ -111,3 +111,120 @@ pub fn active() -> Option<Fault> {
 pub fn is(fault: Fault) -> bool {
     active() == Some(fault)
 }
+
+/// The environment variable a child process (`lockstep serve` under the mutation suite) reads its fault
+/// from: the fault switch is per process, so a test that gates an engine running in another process
+/// names the fault there. Read by [`set_from_env`].
+pub const FAULT_ENV: &str = "LOCKSTEP_FAULT";
+
+impl Fault {
+    /// Every fault without a parameter, and the parameterised ones at layer 0, for [`Fault::parse`].
+    const NAMED: [Fault; 21] = [
+        Fault::RopePairing,
+        Fault::RopeBase,
+        Fault::RopeDecodePosition,
+        Fault::NormEps,
+        Fault::KvWritePosition,
+        Fault::GqaHeadMap,
+        Fault::AttnScale,
+        Fault::CausalMaskOff,
+        Fault::GateUpSwapped,
+        Fault::WrongActivation { layer: 0 },
+        Fault::MissingResidual { layer: 0 },
+        Fault::QuantMinMisread,
+        Fault::FinalNormSkipped,
+        Fault::QkvBiasMissing,
+        Fault::EmbedScaleMissing,
+        Fault::ReferenceUnpack,
+        Fault::SoftcapMissing,
+        Fault::WindowOffByOne,
+        Fault::FusedQkvSplit,
+        Fault::LayerNormBiasDropped,
+        Fault::PartialRotaryDims,
+    ];
+
+    /// The fault's name as [`Fault::parse`] reads it: the variant's name, and `:L` for the layer of
+    /// `WrongActivation` and `MissingResidual` (`KvWritePosition`, `MissingResidual:15`).
+    pub fn name(self) -> String {
+        let base = format!("{self:?}");
+        let base = base
+            .split([' ', '{'])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        match self {
+            Fault::WrongActivation { layer } | Fault::MissingResidual { layer } => {
+                format!("{base}:{layer}")
+            }
+            _ => base,
+        }
+    }
+
+    /// Read a fault named as [`Fault::name`] writes it. `None` for an unknown name or a missing or
+    /// malformed layer.
+    pub fn parse(s: &str) -> Option<Fault> {
+        let (base, layer) = match s.split_once(':') {
+            Some((b, l)) => (b, Some(l.parse::<usize>().ok()?)),
+            None => (s, None),
+        };
+        let f = Fault::NAMED
+            .into_iter()
+            .find(|f| f.name().split(':').next() == Some(base))?;
+        match (f, layer) {
+            (Fault::WrongActivation { .. }, Some(layer)) => Some(Fault::WrongActivation { layer }),
+            (Fault::MissingResidual { .. }, Some(layer)) => Some(Fault::MissingResidual { layer }),
+            (Fault::WrongActivation { .. } | Fault::MissingResidual { .. }, None) => None,
+            (_, Some(_)) => None,
+            (f, None) => Some(f),
+        }
+    }
+}
+
+/// Turn on the fault named in [`FAULT_ENV`], if it is set (the mutation suite's child processes).
+///
+/// Errors: the name is not a fault ([`Fault::parse`]); the variable is set in a build without the
+/// `faults` feature, which cannot make the bug — said loudly, so a test can never pass an unbroken
+/// engine off as a broken one.
+pub fn set_from_env() -> Result<Option<Fault>, String> {
+    let Ok(name) = std::env::var(FAULT_ENV) else {
+        return Ok(None);
+    };
+    let fault = Fault::parse(&name)
+        .ok_or_else(|| format!("{FAULT_ENV}={name:?} names no fault of engine/src/faults.rs"))?;
+    #[cfg(feature = "faults")]
+    {
+        set(Some(fault));
+        Ok(Some(fault))
+    }
+    #[cfg(not(feature = "faults"))]
+    {
+        Err(format!(
+            "{FAULT_ENV}={name:?} is set, but this build has no fault switch (the `faults` feature of \
+             lockstep-engine, on in the harness's test builds only): {fault:?} cannot be made"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn every_fault_name_reads_back() {
+        for f in Fault::NAMED {
+            assert_eq!(Fault::parse(&f.name()), Some(f), "{}", f.name());
+        }
+        let f = Fault::MissingResidual { layer: 15 };
+        assert_eq!(f.name(), "MissingResidual:15");
+        assert_eq!(Fault::parse("MissingResidual:15"), Some(f));
+        for bad in [
+            "",
+            "Nope",
+            "KvWritePosition:3",
+            "MissingResidual",
+            "WrongActivation:x",
+        ] {
+            assert_eq!(Fault::parse(bad), None, "{bad}");
+        }
+    }
+}

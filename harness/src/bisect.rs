@@ -13,8 +13,9 @@
 //! none) are the judging core's ([`crate::judge`]), shared with `lockstep run`; this module is the command:
 //! its options, the per-layer table of both passes, and the text it prints.
 //!
-//! Only engines with replace hooks (ours, in process) can be bisected; an external engine's stages are
-//! observed, not replaceable.
+//! Only engines that can replace a stage can be bisected: ours in process (its replace hook), or a session
+//! engine that announced the `inject` capability ([`crate::protocol`], `lockstep bisect --engine-serve`);
+//! a one-shot external engine's stages are observed, not replaceable.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -164,6 +165,37 @@ pub fn bisect(opts: &BisectOptions) -> Result<BisectReport> {
     bisect_with(opts, &model, &mut engine)
 }
 
+/// [`bisect`] through a session engine ([`crate::protocol`]): started on the model's file, held to the
+/// same golden; its local pass needs the `inject` capability.
+///
+/// Errors: as [`bisect`]; the engine cannot start or load the model; it does not announce `inject`.
+pub fn bisect_serve(
+    opts: &BisectOptions,
+    cmd: crate::protocol::client::ServeCommand,
+) -> Result<BisectReport> {
+    let model = crate::fetch::resolve_model(&opts.model)?;
+    let manifest = golden::load_manifest(&opts.golden_dir)?;
+    let gpath = format!("{}/{}/{}.npz", opts.model, opts.oracle, opts.prompt);
+    let arch = manifest.entry(&opts.golden_dir, &gpath)?.arch.clone();
+    let mut engine = crate::protocol::client::SessionEngine::start(
+        cmd,
+        &model,
+        &arch,
+        opts.mode,
+        GgmlTarget::default(),
+    )?;
+    if !engine.replaces_stages() {
+        anyhow::bail!(
+            "the session engine `{}` does not announce the `{}` capability in `load`: its stages cannot be \
+             replaced, so bisect cannot inject the golden's layer inputs (`lockstep run --engine-serve` still \
+             gates it)",
+            engine.info().kind,
+            crate::protocol::CAP_INJECT
+        );
+    }
+    bisect_with(opts, &model, &mut engine)
+}
+
 /// [`bisect`] with a given engine for the model file `model` (tests plug in broken engines).
 pub fn bisect_with(
     opts: &BisectOptions,
@@ -184,7 +216,7 @@ pub fn bisect_with(
         // what ran: reference mode's avx512 is its avx2 build (`Simd::for_mode`)
         simd: opts.simd.for_mode(opts.mode).name().into(),
         oracle: opts.oracle.clone(),
-        engine: "lockstep".into(),
+        engine: engine.info().kind,
     };
     let th = thresholds.for_cell(&cell)?;
     let floors = floor_set(&opts.floors, &th, &cell, &entry)?;

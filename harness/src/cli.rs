@@ -150,6 +150,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Our engine behind the session protocol (JSON lines on stdin/stdout; see the README, "Plugging in
+    /// another engine"): what `run --engine-serve "lockstep serve"` drives, one model per process.
+    Serve {
+        #[command(flatten)]
+        simd: SimdArg,
+    },
     /// Print the token ids of a prompt, as the engine (and llama.cpp) tokenizes it.
     Tokenize {
         #[command(flatten)]
@@ -494,6 +500,46 @@ pub struct BisectArgs {
     pub json: Option<PathBuf>,
     #[command(flatten)]
     pub simd: SimdArg,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// `--engine-serve`, `--stage-map`, `--engine-timeout`: an external engine behind the session protocol.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Run this session engine instead of ours: a command (split on whitespace, no shell) that speaks the
+    /// session protocol on stdin/stdout (README: "Plugging in another engine"), e.g. "lockstep serve".
+    #[arg(long)]
+    pub engine_serve: Option<String>,
+    /// With --engine-serve: a TOML map from the engine's own stage names to canonical ids.
+    #[arg(long, requires = "engine_serve")]
+    pub stage_map: Option<PathBuf>,
+    /// Seconds one external-engine call (one answer of a session engine) may take before its process
+    /// group is killed.
+    #[arg(long, default_value_t = 1800.0, value_parser = positive_seconds)]
+    pub engine_timeout: f64,
+}
+
+impl ServeArgs {
+    /// The session engine to run, if any (the stage map read and checked now).
+    ///
+    /// Errors: the stage map cannot be read or is malformed (named).
+    pub fn command(&self) -> Result<Option<crate::protocol::client::ServeCommand>> {
+        let Some(command) = &self.engine_serve else {
+            return Ok(None);
+        };
+        let stage_map = self
+            .stage_map
+            .as_deref()
+            .map(crate::protocol::stage_map::NameMap::load)
+            .transpose()?;
+        Ok(Some(crate::protocol::client::ServeCommand {
+            command: command.clone(),
+            timeout: std::time::Duration::from_secs_f64(self.engine_timeout),
+            stage_map,
+            stage_map_file: self.stage_map.clone(),
+        }))
+    }
 }
 
 /// Arguments of `lockstep run`.
@@ -529,16 +575,18 @@ pub struct RunArgs {
     /// Where reports/<run-id>/ goes.
     #[arg(long)]
     pub reports: Option<PathBuf>,
-    /// Run an external engine instead of ours: a command template that writes the dump format
-    /// (placeholders {model} {tokens} {mode} {out}; see the README).
-    #[arg(long, requires = "engine_tokenize_cmd")]
+    /// Run an external engine instead of ours: a one-shot command template that writes the dump format
+    /// (placeholders {model} {tokens} {mode} {out}; see the README). It re-runs every decode step from
+    /// position 0, so its KV cache is never exercised: prefer --engine-serve.
+    #[arg(
+        long,
+        requires = "engine_tokenize_cmd",
+        conflicts_with = "engine_serve"
+    )]
     pub engine_cmd: Option<String>,
     /// The external engine's tokenize command template (placeholders {model} {prompt_file} {parse_special}).
     #[arg(long, requires = "engine_cmd")]
     pub engine_tokenize_cmd: Option<String>,
-    /// Seconds one external-engine call may take before its process group is killed.
-    #[arg(long, default_value_t = 1800.0, value_parser = positive_seconds)]
-    pub engine_timeout: f64,
     /// Run only shard I of N of the expanded (filtered) matrix: a deterministic split that keeps a cell's
     /// SIMD twins together, balanced by --shard-costs (else by cell count). `lockstep merge` joins the
     /// shards' reports.
@@ -552,6 +600,8 @@ pub struct RunArgs {
     /// message).
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 /// `--simd`: [`Simd::parse`] (refuses a setting this CPU cannot run).
@@ -586,10 +636,11 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
         (Some(forward), Some(tokenize)) => Some(crate::engine::ExternalCommands {
             forward,
             tokenize,
-            timeout: std::time::Duration::from_secs_f64(a.engine_timeout),
+            timeout: std::time::Duration::from_secs_f64(a.serve.engine_timeout),
         }),
         _ => None,
     };
+    let serve = a.serve.command()?;
     let opts = crate::run::RunOptions {
         golden_dir: defaults.path(a.files.golden_dir, "golden", "--golden-dir")?,
         matrix: defaults.path(a.files.matrix, "ci/matrix.toml", "--matrix")?,
@@ -601,7 +652,7 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
             mode: a.mode,
             oracle: a.oracle,
             // the SIMD axis is our kernels' setting: an external engine runs the `off` cells
-            simd: if external.is_some() && a.simd.is_empty() {
+            simd: if (external.is_some() || serve.is_some()) && a.simd.is_empty() {
                 vec!["off".into()]
             } else {
                 a.simd
@@ -609,6 +660,7 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
         },
         force_external: external.is_some(),
         external,
+        serve,
         progress: true,
         threads,
         ggml_target: a.ggml_target,
@@ -739,6 +791,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         (_, t) => t,
     };
     let threads = resolve_threads(requested)?;
+    // the mutation suite names a fault for the engine of a child process (`lockstep serve`, `lockstep
+    // dump` as a one-shot engine); a build without the fault switch refuses the variable
+    lockstep_engine::faults::set_from_env().map_err(anyhow::Error::msg)?;
     // The calling thread is worker 0 of the pool: the engine's parallel loops then run on it directly,
     // instead of parking it on a latch and waking a worker for each of the hundreds of matmuls of a
     // token (measured: ~20% of a SmolLM2 decode step went to those handoffs). Nothing here spawns
@@ -916,7 +971,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 floors: defaults.path(a.floors.floors, "ci/floors.json", "--floors")?,
                 simd: a.simd.simd,
             };
-            let r = crate::bisect::bisect(&opts)?;
+            let r = match a.serve.command()? {
+                Some(cmd) => crate::bisect::bisect_serve(&opts, cmd)?,
+                None => crate::bisect::bisect(&opts)?,
+            };
             print!("{}", crate::bisect::render(&r));
             if let Some(p) = &a.json {
                 let text = crate::report::to_json_pretty(&r)?;
@@ -976,6 +1034,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 w.sha256
             );
             println!("{}", out.display());
+        }
+        Command::Serve { simd } => {
+            let stdin = std::io::stdin().lock();
+            let stdout = std::io::stdout().lock();
+            crate::protocol::server::serve(stdin, stdout, simd.simd)?;
         }
         Command::Inspect { model, json } => {
             let path = fetch::resolve_model(&model.model)?;

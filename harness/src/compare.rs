@@ -26,6 +26,16 @@ pub const ENGINE_DID_NOT_EMIT: &str = "the engine did not emit it";
 /// The [`NotCompared::reason`] of a stage the golden holds that is not in the engine's stage list.
 pub const ENGINE_HAS_NO_SUCH_STAGE: &str = "the engine does not emit this stage";
 
+/// The [`NotCompared::reason`] of a name an engine dumped that maps to no canonical id (no entry of its
+/// stage map, or not a canonical id when it has none: [`crate::protocol::stage_map`]).
+pub const NOT_IN_STAGE_MAP: &str =
+    "the engine's own name maps to no canonical stage id (add it to the stage map)";
+
+/// The [`NotCompared::reason`] of `tokens` when the engine does not tokenize (a session engine without
+/// the `tokenize` capability): the ids it ran are lockstep's tokenization, so the engine's is not tested.
+pub const TOKENS_NOT_FROM_ENGINE: &str =
+    "the engine does not tokenize (no `tokenize` capability): lockstep's tokenizer gave the ids it ran";
+
 /// Prefill (all prompt positions in one batch) or decode (one token per step through the KV cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -56,6 +66,10 @@ pub struct EngineOutput {
     pub decode: BTreeMap<String, Array2<f32>>,
     /// The engine's stage ids in forward order (excluding `logits`).
     pub stage_order: Vec<String>,
+    /// What the engine could not give, `(name, reason)` ([`crate::engine::Engine::not_compared`]: names
+    /// that map to no canonical id, [`NOT_IN_STAGE_MAP`]; `tokens` from lockstep's tokenizer,
+    /// [`TOKENS_NOT_FROM_ENGINE`]), listed under "not compared".
+    pub engine_notes: Vec<(String, String)>,
     /// Wall-clock seconds of the prefill's `forward` call, stage hooks included (the recorder's copies;
     /// not the conversion of the recorded rows into arrays).
     pub prefill_seconds: f64,
@@ -435,6 +449,15 @@ fn compare_parts(
                     stage: g.clone(),
                     phase,
                     reason: ENGINE_HAS_NO_SUCH_STAGE.into(),
+                });
+            }
+        }
+        if phase == Phase::Prefill {
+            for (name, reason) in &out.engine_notes {
+                not_compared.push(NotCompared {
+                    stage: name.clone(),
+                    phase,
+                    reason: reason.clone(),
                 });
             }
         }

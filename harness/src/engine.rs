@@ -2,7 +2,10 @@
 //!
 //! [`LockstepEngine`] is our own engine, in process. [`ExternalEngine`] is any program that writes the
 //! dump format (see [`crate::dump`]) for given token ids: the harness runs it as a command and reads the
-//! `.npz` it writes, so an engine written in any language can be gated without a line of Rust.
+//! `.npz` it writes, so an engine written in any language can be gated without a line of Rust; it re-runs
+//! every decode step from position 0 and so never exercises the engine's KV cache. An engine that keeps
+//! its state speaks the session protocol instead ([`crate::protocol`]: `lockstep run --engine-serve`),
+//! decoding one token at a time through its own cache.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,7 +22,9 @@ use crate::capture::forward_rank;
 /// Facts about a loaded engine + model, for reports.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineInfo {
-    /// `lockstep` or `external`.
+    /// The engine's name, the engine field of a cell id: `lockstep` (ours, in process), `external` (a
+    /// one-shot command), or the name a session engine reports in `load` (`lockstep@f30380b`,
+    /// `llama.cpp@0c1e570`; [`crate::protocol`]).
     pub kind: String,
     /// The model file.
     pub model_path: PathBuf,
@@ -59,6 +64,33 @@ pub trait Engine {
     /// hook): only such an engine can be bisected. An external engine's stages are observed, not replaced.
     fn replaces_stages(&self) -> bool {
         false
+    }
+
+    /// Use `rows` (`[n, D]`, row `i` = the `i`-th position of the next [`Engine::forward`] call) in place
+    /// of the engine's own `stage` during the next forward call only, after the engine has recorded its
+    /// own value for the sink. The capture step calls it before each forward call of an injected pass
+    /// ([`crate::judge::capture`]), alongside the sink, whose replace hook does the same for an engine in
+    /// process: so the default does nothing. An engine in another process that [`Engine::replaces_stages`]
+    /// sends the rows along (the session protocol's `inject`).
+    ///
+    /// Errors: the rows cannot be handed over (the engine's own error).
+    fn inject_next(&mut self, _stage: Stage, _rows: ndarray::ArrayView2<'_, f32>) -> Result<()> {
+        Ok(())
+    }
+
+    /// What the engine could not give, as `(name, reason)` rows for the report's "not compared" section,
+    /// since the last [`Engine::reset`]: stage names it dumped that map to no canonical id (no stage map
+    /// entry, or not a canonical id without a map), and `tokens` when it does not tokenize (lockstep's
+    /// tokenizer gave the ids). Never dropped in silence.
+    fn not_compared(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    /// False for an engine whose decode steps do not run through its own KV cache (a one-shot external
+    /// command re-runs the whole sequence from position 0 for each step): its report says the KV cache
+    /// was not exercised.
+    fn kv_cache_exercised(&self) -> bool {
+        true
     }
 
     /// From the next [`Engine::reset`] on, in reference mode, round every matmul input as llama.cpp does
@@ -352,6 +384,10 @@ impl Engine for ExternalEngine {
 
     fn stages(&self) -> Vec<(String, usize)> {
         self.stages.clone()
+    }
+
+    fn kv_cache_exercised(&self) -> bool {
+        false
     }
 
     fn reset(&mut self, mode: NumericsMode, target: GgmlTarget, _n_ctx: usize) -> Result<()> {

@@ -16,6 +16,8 @@
 //! - [`output`] — result files: targets checked before measuring, atomic writes, bounded file names.
 //! - [`report`] — run reports: `report.json`, `report.md`, `results.csv`.
 //! - [`engine`] — the engine seam: our engine in process, or any external command writing the dump format.
+//! - [`protocol`] — the engine session protocol: external engines driven step by step through their own KV
+//!   cache (`--engine-serve`), `lockstep serve`, stage-name maps.
 //! - [`probe`] — the rounding probe: a failing reference cell rerun with llama.cpp's input rounding.
 //! - [`progress`] — progress on stderr: a bar on a terminal, a line per finished cell elsewhere.
 //! - [`run`] — `lockstep run`: every cell of the matrix against its golden, compared, gated, reported.
@@ -70,6 +72,7 @@ pub mod probe;
 pub mod process;
 pub mod progress;
 pub mod prompt;
+pub mod protocol;
 pub mod publish;
 pub mod quality;
 pub mod quantize;

@@ -387,3 +387,260 @@ impl ScratchGuard {
         Ok(ScratchGuard { dir: d })
     }
 }
+
+/// Longest line a [`LineChild`] may print on stdout (a protocol reply names a file; 1 MiB is generous).
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// A long-lived child that answers requests line by line on its stdin/stdout (the engine session
+/// protocol, [`crate::protocol`]), bounded as [`run_bounded`] bounds a one-shot command: its own process
+/// group, registered for the interrupt handler; stderr to a file, the group killed when it exceeds
+/// [`MAX_STDERR_BYTES`]; every reply awaited at most a timeout, after which the group is killed; a reply
+/// line longer than [`MAX_LINE_BYTES`] is an error; dropped, the child's stdin is closed and its group
+/// killed and reaped.
+pub struct LineChild {
+    child: std::process::Child,
+    pgid: i32,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<std::result::Result<String, String>>,
+    err_path: PathBuf,
+    shown: String,
+    dead: Option<String>,
+}
+
+impl LineChild {
+    /// Start `cmd` with piped stdin/stdout, stderr to `<scratch>/<what>.stderr`. `what` names it in errors.
+    ///
+    /// Errors: the command cannot be started, or an interrupt already arrived.
+    pub fn spawn(mut cmd: Command, scratch: &Path, what: &str) -> Result<LineChild> {
+        let shown = format!("{cmd:?}");
+        let err_path = scratch.join(format!("{what}.stderr"));
+        let err_file =
+            File::create(&err_path).with_context(|| format!("creating {}", err_path.display()))?;
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(err_file));
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let (mut child, pgid) = {
+            let mut groups = lock(&LIVE_GROUPS);
+            if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+                bail!("interrupted: the external engine ({what}) is not started");
+            }
+            let child = cmd
+                .spawn()
+                .with_context(|| format!("cannot start the external engine ({what}): {shown}"))?;
+            let pgid = child.id() as i32;
+            groups.push(pgid);
+            (child, pgid)
+        };
+        let stdout = child.stdout.take().context("the child's stdout")?;
+        let stdin = child.stdin.take();
+        // a small channel: an engine that floods stdout blocks on its pipe instead of filling memory
+        let (tx, rx) = std::sync::mpsc::sync_channel(2);
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut r = std::io::BufReader::new(stdout);
+            loop {
+                let mut buf = Vec::new();
+                let read = (&mut r)
+                    .take(MAX_LINE_BYTES as u64 + 1)
+                    .read_until(b'\n', &mut buf);
+                let msg = match read {
+                    Ok(0) => Err("closed its stdout (exited?)".to_string()),
+                    Ok(_) if buf.last() != Some(&b'\n') && buf.len() > MAX_LINE_BYTES => Err(
+                        format!("printed a line longer than {MAX_LINE_BYTES} bytes on stdout"),
+                    ),
+                    Ok(_) => String::from_utf8(buf)
+                        .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
+                        .map_err(|_| "printed a line that is not UTF-8 on stdout".to_string()),
+                    Err(e) => Err(format!("reading its stdout: {e}")),
+                };
+                let stop = msg.is_err();
+                if tx.send(msg).is_err() || stop {
+                    return;
+                }
+            }
+        });
+        Ok(LineChild {
+            child,
+            pgid,
+            stdin,
+            lines: rx,
+            err_path,
+            shown,
+            dead: None,
+        })
+    }
+
+    /// The command as started (for errors and reports).
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// The last `n` bytes the child wrote to stderr, as text.
+    pub fn stderr_tail(&self, n: u64) -> String {
+        String::from_utf8_lossy(&tail_of(&self.err_path, n).unwrap_or_default()).into_owned()
+    }
+
+    /// Send one line (a newline is appended) and wait at most `timeout` for the one-line answer.
+    ///
+    /// Errors (the child is killed and every later call fails): it cannot be written to; it exits or closes
+    /// stdout; it does not answer within `timeout`; it writes more than [`MAX_STDERR_BYTES`] to stderr; its
+    /// answer is longer than [`MAX_LINE_BYTES`] or not UTF-8. Each names the command, with the tail of its
+    /// stderr.
+    pub fn request(&mut self, line: &str, timeout: Duration) -> Result<String> {
+        if let Some(why) = &self.dead {
+            bail!(
+                "the external engine is no longer running ({why}): {}",
+                self.shown
+            );
+        }
+        let sent = match self.stdin.as_mut() {
+            Some(w) => {
+                use std::io::Write;
+                w.write_all(line.as_bytes())
+                    .and_then(|()| w.write_all(b"\n"))
+                    .and_then(|()| w.flush())
+            }
+            None => Err(std::io::Error::other("stdin closed")),
+        };
+        if let Err(e) = sent {
+            return Err(self.fail(format!("it cannot be written to ({e})")));
+        }
+        let start = Instant::now();
+        loop {
+            let left = timeout.saturating_sub(start.elapsed());
+            match self.lines.recv_timeout(left.min(Duration::from_millis(50))) {
+                Ok(Ok(l)) => return Ok(l),
+                Ok(Err(why)) => return Err(self.fail(format!("it {why}"))),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(self.fail("it closed its stdout".into()))
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if std::fs::metadata(&self.err_path).map_or(0, |m| m.len()) > MAX_STDERR_BYTES {
+                return Err(self.fail(format!(
+                    "it wrote more than {MAX_STDERR_BYTES} bytes to stderr; its process group was killed"
+                )));
+            }
+            if start.elapsed() >= timeout {
+                return Err(self.fail(format!(
+                    "it did not answer within {:.1} s; its process group was killed (raise the limit with \
+                     --engine-timeout)",
+                    timeout.as_secs_f64()
+                )));
+            }
+        }
+    }
+
+    /// Kill the group, remember why, and build the error (with the exit status and stderr's tail).
+    fn fail(&mut self, why: String) -> anyhow::Error {
+        self.stop();
+        let status = self
+            .child
+            .try_wait()
+            .ok()
+            .flatten()
+            .map_or(String::new(), |s| format!(" ({s})"));
+        let tail = self.stderr_tail(4096);
+        let tail: Vec<&str> = tail.lines().rev().take(10).collect();
+        let e = anyhow::anyhow!(
+            "the external engine failed{status}: {why}: {}\n{}",
+            self.shown,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+        self.dead = Some(why);
+        e
+    }
+
+    fn stop(&mut self) {
+        self.stdin = None;
+        if self.dead.is_none() {
+            kill_group(self.pgid);
+            let _ = self.child.wait();
+            lock(&LIVE_GROUPS).retain(|&g| g != self.pgid);
+            self.dead = Some("stopped".into());
+        }
+    }
+}
+
+impl Drop for LineChild {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(all(test, unix))]
+mod line_child_tests {
+    use super::*;
+
+    #[test]
+    fn a_line_child_answers_and_a_silent_one_is_killed_at_the_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        // answers the first line, then hangs with a helper of its own
+        let pids = dir.path().join("pids");
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(format!(
+            "read l; echo \"got $l\"; sleep 300 & echo $$ $! > {}; wait",
+            pids.display()
+        ));
+        let mut ch = LineChild::spawn(c, dir.path(), "serve").unwrap();
+        assert_eq!(
+            ch.request("hello", Duration::from_secs(30)).unwrap(),
+            "got hello"
+        );
+        let t0 = Instant::now();
+        let e = format!(
+            "{:#}",
+            ch.request("again", Duration::from_millis(500)).unwrap_err()
+        );
+        assert!(e.contains("did not answer within 0.5 s"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(100));
+        let text = std::fs::read_to_string(&pids).unwrap();
+        for pid in text.split_whitespace() {
+            assert!(
+                !std::path::Path::new(&format!("/proc/{pid}/cmdline")).exists()
+                    || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                        .is_ok_and(|s| s.contains(") Z")),
+                "process {pid} outlived its killed group"
+            );
+        }
+        let e = format!(
+            "{:#}",
+            ch.request("more", Duration::from_secs(1)).unwrap_err()
+        );
+        assert!(e.contains("no longer running"), "{e}");
+    }
+
+    #[test]
+    fn a_child_that_exits_is_an_error_with_its_stderr() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg("read l; echo 'model not found' >&2; exit 3");
+        let mut ch = LineChild::spawn(c, dir.path(), "serve").unwrap();
+        let e = format!(
+            "{:#}",
+            ch.request("load", Duration::from_secs(30)).unwrap_err()
+        );
+        assert!(
+            e.contains("closed its stdout") && e.contains("model not found"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_overlong_line_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg("read l; head -c 3000000 /dev/zero | tr '\\0' x; echo");
+        let mut ch = LineChild::spawn(c, dir.path(), "serve").unwrap();
+        let e = format!(
+            "{:#}",
+            ch.request("x", Duration::from_secs(30)).unwrap_err()
+        );
+        assert!(e.contains("longer than"), "{e}");
+    }
+}

@@ -22,6 +22,7 @@ use crate::gate::{evaluate, Thresholds};
 use crate::golden::{self, GoldenFile, Manifest};
 use crate::judge::Case;
 use crate::matrix::{golden_path_for, Cell, Filters, Matrix};
+use crate::protocol::client::{ServeCommand, SessionEngine};
 use crate::report::{self, CellReport, Environment, Report, Speed, REPORT_SCHEMA_VERSION};
 
 /// Where things are and what to run.
@@ -42,6 +43,10 @@ pub struct RunOptions {
     pub external: Option<ExternalCommands>,
     /// Treat every cell as an external-engine cell.
     pub force_external: bool,
+    /// Run every cell through this session engine instead (`--engine-serve`: one long-lived child per
+    /// cell speaking [`crate::protocol`], decoding through its own KV cache). Takes precedence over
+    /// `external`.
+    pub serve: Option<ServeCommand>,
     /// Report progress on stderr: a bar on a terminal, a line per finished cell and per fetched model
     /// elsewhere ([`crate::progress`]).
     pub progress: bool,
@@ -65,11 +70,21 @@ pub type EngineFactory<'a> = dyn FnMut(&Cell, &Path, &str) -> Result<Box<dyn Eng
 pub fn run(opts: &RunOptions) -> Result<(PathBuf, Report)> {
     let external = opts.external.clone();
     let force = opts.force_external;
+    let serve = opts.serve.clone();
     // the model of the previous cell: the matrix runs a model's cells one after the other, and loading
     // (the GGUF index, the tokenizer) is the same for each
     let mut loaded: Option<(PathBuf, Arc<Model>)> = None;
     let mut factory = move |cell: &Cell, model: &Path, arch: &str| -> Result<Box<dyn Engine>> {
-        if force || cell.engine == "external" {
+        if let Some(cmd) = &serve {
+            // the mode of the cell; reset sets the golden's target before the first step
+            Ok(Box::new(SessionEngine::start(
+                cmd.clone(),
+                model,
+                arch,
+                cell.mode,
+                GgmlTarget::default(),
+            )?))
+        } else if force || cell.engine == "external" {
             let cmds = external.clone().context(
                 "the matrix has an `external` engine cell but no --engine-cmd was given",
             )?;
@@ -144,8 +159,8 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
                 .ggml_target()
                 .with_context(|| format!("golden {gpath} (cell {})", cell.id()))?;
         }
-        if opts.force_external || cell.engine == "external" {
-            if opts.external.is_none() {
+        if opts.serve.is_some() || opts.force_external || cell.engine == "external" {
+            if opts.external.is_none() && opts.serve.is_none() {
                 bail!(
                     "cell {} runs an external engine but no --engine-cmd was given",
                     cell.id()
@@ -203,7 +218,7 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         match result {
             Ok(mut r) => {
                 r.seconds = Some(cell_start.elapsed().as_secs_f64());
-                bar.finish(&cell.id(), verdict_word(&r), cell_start.elapsed());
+                bar.finish(&r.cell.id(), verdict_word(&r), cell_start.elapsed());
                 reports.push(r)
             }
             // the engine cannot run this model (a weight type without kernels): this cell fails with the
@@ -399,9 +414,15 @@ fn run_inputs(opts: &RunOptions) -> Result<report::RunInputs> {
             sha256: crate::hash::sha256_file(p)?,
         })
     };
-    let external = opts.external.as_ref().filter(|_| opts.force_external);
+    let serve = opts.serve.as_ref();
+    let external = opts
+        .external
+        .as_ref()
+        .filter(|_| opts.force_external && serve.is_none());
     Ok(report::RunInputs {
-        engine: if external.is_some() {
+        engine: if serve.is_some() {
+            "session"
+        } else if external.is_some() {
             "external"
         } else {
             "lockstep"
@@ -409,7 +430,15 @@ fn run_inputs(opts: &RunOptions) -> Result<report::RunInputs> {
         .into(),
         engine_cmd: external.map(|e| e.forward.clone()),
         engine_tokenize_cmd: external.map(|e| e.tokenize.clone()),
-        engine_timeout_s: external.map(|e| e.timeout.as_secs_f64()),
+        engine_timeout_s: external
+            .map(|e| e.timeout.as_secs_f64())
+            .or(serve.map(|s| s.timeout.as_secs_f64())),
+        engine_serve: serve.map(|s| s.command.clone()),
+        stage_map: serve
+            .and_then(|s| s.stage_map_file.as_ref())
+            .map(|p| file(p))
+            .transpose()?,
+        kv_cache_note: external.map(|_| report::ONE_SHOT_KV_NOTE.to_string()),
         golden_dir: opts.golden_dir.display().to_string(),
         golden_manifest: file(&opts.golden_dir.join(golden::MANIFEST_FILE))?,
         matrix: file(&opts.matrix)?,
@@ -435,6 +464,11 @@ pub fn run_cell(
     let (tokens, decode_tokens) = gf.read_sequence()?;
 
     let mut engine = factory(cell, model_path, &entry.arch)?;
+    // the cell is labelled with the engine that ran it: `lockstep`, `external` (a one-shot command), or
+    // the name a session engine gave in `load`
+    let mut cell = cell.clone();
+    cell.engine = engine.info().kind;
+    let cell = &cell;
     let stage_map = manifest.stage_map(&entry.oracle.name, &entry.arch);
     let case = Case::new(&mut gf, engine.as_mut(), stage_map, opts.ggml_target)?;
     // ggml mode mirrors the kernels of the CPU the golden was made on (reference mode ignores the target,

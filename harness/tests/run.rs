@@ -31,6 +31,7 @@ fn options(golden_dir: &Path, reports: &Path, prompt: &str, mode: &str) -> RunOp
         },
         external: None,
         force_external: false,
+        serve: None,
         progress: false,
         threads: rayon::current_num_threads(),
         ggml_target: None,

@@ -312,6 +312,11 @@ pub fn capture(
 ) -> Result<EngineOutput> {
     let empty = BTreeMap::new();
     let mut sink = InjectingSink::new(inject.map_or(&empty, |i| &i.prefill), 0);
+    // an engine in another process gets the rows before the step; ours, through the sink's replace hook
+    for (stage, rows) in inject.map_or(&empty, |i| &i.prefill) {
+        let n = tokens.len().min(rows.nrows());
+        engine.inject_next(*stage, rows.slice(ndarray::s![..n, ..]))?;
+    }
     let t0 = Instant::now();
     let prefill_logits = engine.forward(tokens, &mut sink)?;
     let prefill_seconds = t0.elapsed().as_secs_f64();
@@ -320,7 +325,12 @@ pub fn capture(
     let mut sink = InjectingSink::new(inject.map_or(&empty, |i| &i.decode), tokens.len());
     let mut decode_logits = Vec::new();
     let mut decode_seconds = 0.0;
-    for &t in decode_tokens {
+    for (i, &t) in decode_tokens.iter().enumerate() {
+        for (stage, rows) in inject.map_or(&empty, |i| &i.decode) {
+            if i < rows.nrows() {
+                engine.inject_next(*stage, rows.slice(ndarray::s![i..i + 1, ..]))?;
+            }
+        }
         let t0 = Instant::now();
         decode_logits.push(engine.forward(&[t], &mut sink)?);
         decode_seconds += t0.elapsed().as_secs_f64();
@@ -335,6 +345,7 @@ pub fn capture(
     }
     let stage_order: Vec<String> = engine.stages().into_iter().map(|(s, _)| s).collect();
     Ok(EngineOutput {
+        engine_notes: engine.not_compared(),
         own_tokens,
         prefill,
         decode,

@@ -33,6 +33,10 @@ fn escaped(r: &Report) -> Report {
         e(&mut i.engine);
         i.engine_cmd.iter_mut().for_each(e);
         i.engine_tokenize_cmd.iter_mut().for_each(e);
+        i.engine_serve.iter_mut().for_each(e);
+        if let Some(m) = &mut i.stage_map {
+            e(&mut m.path);
+        }
         e(&mut i.golden_dir);
         for f in [&mut i.golden_manifest, &mut i.matrix, &mut i.thresholds] {
             e(&mut f.path);
@@ -154,8 +158,14 @@ pub fn render_markdown(r: &Report) -> String {
         r.thresholds_file.as_deref().map_or("(none)".to_string(), |t| format!("`{t}`")),
     );
     if let Some(i) = &r.inputs {
-        let engine = match (&i.engine_cmd, &i.engine_tokenize_cmd) {
-            (Some(f), Some(t)) => format!("external: `{f}` / tokenize `{t}`"),
+        let engine = match (&i.engine_cmd, &i.engine_tokenize_cmd, &i.engine_serve) {
+            (_, _, Some(s)) => format!(
+                "session (`{s}`{}; each cell's engine field is the name it reported)",
+                i.stage_map
+                    .as_ref()
+                    .map_or(String::new(), |m| format!(", stage map `{}`", m.path))
+            ),
+            (Some(f), Some(t), _) => format!("external one-shot: `{f}` / tokenize `{t}`"),
             _ => i.engine.clone(),
         };
         let _ = writeln!(
@@ -168,6 +178,9 @@ pub fn render_markdown(r: &Report) -> String {
             i.thresholds.path,
             short(&i.thresholds.sha256),
         );
+    }
+    if let Some(note) = r.inputs.as_ref().and_then(|i| i.kv_cache_note.as_ref()) {
+        let _ = writeln!(md, "**KV cache**: {note}.\n");
     }
     if let Some(inc) = &r.incomplete {
         let _ = writeln!(

@@ -37,6 +37,7 @@ use crate::matrix::Cell;
 use lockstep_engine::NumericsMode;
 
 pub use csv::{render_csv, CSV_HEADER};
+pub(crate) use environment::git;
 pub use environment::{Environment, SIMD_FLAGS};
 pub use files::{
     check_reports_dir, clean_stale_partials, new_run_id, read_report, write_files_atomically,
@@ -125,9 +126,20 @@ pub struct RunInputs {
     /// For an external engine: the tokenize command template, as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_tokenize_cmd: Option<String>,
-    /// For an external engine: seconds one call may take.
+    /// For an external engine: seconds one call (one answer of a session engine) may take.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_timeout_s: Option<f64>,
+    /// For a session engine (`--engine-serve`): its command, as given; the name it reported in `load` is
+    /// each cell's engine field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_serve: Option<String>,
+    /// For a session engine dumping under its own names: the stage map file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_map: Option<FileRef>,
+    /// Set when the engine's KV cache was not exercised ([`ONE_SHOT_KV_NOTE`]: a one-shot
+    /// `--engine-cmd`, which re-runs every decode step from position 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_note: Option<String>,
     /// The golden directory.
     pub golden_dir: String,
     /// Its `manifest.json`.
@@ -137,6 +149,13 @@ pub struct RunInputs {
     /// The thresholds file.
     pub thresholds: FileRef,
 }
+
+/// What the report says of a one-shot external engine (`--engine-cmd`): its decode steps are re-run from
+/// position 0 as one batch, so its KV cache is never exercised.
+pub const ONE_SHOT_KV_NOTE: &str = "the KV cache was not exercised: a one-shot --engine-cmd re-runs every \
+     teacher-forced decode step from position 0 as one batch, so bugs of the engine's KV cache (write \
+     position, RoPE position at decode, cache precision, sliding-window eviction) cannot show; run the \
+     engine with --engine-serve (the session protocol) to test them";
 
 /// Why a run stopped before its last cell.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,394 @@
+//! The harness side of the session protocol: [`SessionEngine`], an [`Engine`] that is a long-lived child
+//! process speaking [`super::Request`]s, one cell per child.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use lockstep_engine::hooks::StageSink;
+use lockstep_engine::{GgmlTarget, NumericsMode, Stage};
+use ndarray::Array2;
+use ndarray_npy::NpzWriter;
+
+use super::stage_map::NameMap;
+use super::{
+    Reply, Request, ALL_STAGES, CAP_INJECT, CAP_INPUT_ROUNDING, CAP_TOKENIZE, PROTOCOL_VERSION,
+};
+use crate::capture::forward_rank;
+use crate::compare::{NOT_IN_STAGE_MAP, TOKENS_NOT_FROM_ENGINE};
+use crate::engine::{Engine, EngineInfo};
+use crate::process::{LineChild, ScratchGuard};
+
+/// How to start a session engine: the command, split on whitespace (no shell, no placeholders: the model
+/// comes in `load`), the time one answer may take, and the stage map of its names, if it dumps under its
+/// own.
+#[derive(Clone, Debug)]
+pub struct ServeCommand {
+    /// The command template, e.g. `lockstep serve` or `python3 my_engine.py`.
+    pub command: String,
+    /// Time one answer may take before the child's process group is killed.
+    pub timeout: Duration,
+    /// The engine's names → canonical ids ([`NameMap`]); `None`: it dumps under canonical ids.
+    pub stage_map: Option<NameMap>,
+    /// The stage map file, for the report.
+    pub stage_map_file: Option<PathBuf>,
+}
+
+impl ServeCommand {
+    /// `lockstep serve --simd off` of this very binary (the tests' reference external engine).
+    pub fn lockstep_itself(exe: &Path) -> ServeCommand {
+        ServeCommand {
+            command: format!("{} serve --simd off", exe.display()),
+            timeout: crate::process::DEFAULT_TIMEOUT,
+            stage_map: None,
+            stage_map_file: None,
+        }
+    }
+}
+
+/// An engine behind the session protocol ([`super`]): started at [`SessionEngine::start`], `load`ed,
+/// then driven step by step — `reset`, `prefill`, one `decode` per teacher-forced token, `inject` before a
+/// step of bisect's local pass — and shut down and killed (with its process group) when dropped.
+pub struct SessionEngine {
+    cmd: ServeCommand,
+    child: LineChild,
+    scratch: ScratchGuard,
+    model: PathBuf,
+    arch: String,
+    name: String,
+    capabilities: BTreeSet<String>,
+    n_vocab: Option<usize>,
+    /// Forward order the engine announced (its own names), if any.
+    order: Vec<String>,
+    stages: Vec<(String, usize)>,
+    unmapped: BTreeSet<String>,
+    pos: usize,
+    input_rounding: bool,
+    pending: Vec<(Stage, Array2<f32>)>,
+    steps: usize,
+    /// False once lockstep's tokenizer stood in for an engine without `tokenize`.
+    own_tokens: bool,
+}
+
+impl SessionEngine {
+    /// Start the engine and `load` `model` (`arch` as the golden names it) in `mode` with `target`.
+    ///
+    /// Errors: the command cannot start; `load` fails or times out; the answer's protocol is not
+    /// [`PROTOCOL_VERSION`], or it names no engine.
+    pub fn start(
+        cmd: ServeCommand,
+        model: &Path,
+        arch: &str,
+        mode: NumericsMode,
+        target: GgmlTarget,
+    ) -> Result<SessionEngine> {
+        let scratch = ScratchGuard::new("lockstep-session-")
+            .context("creating a scratch directory for the session engine")?;
+        let words: Vec<&str> = cmd.command.split_whitespace().collect();
+        let Some((prog, rest)) = words.split_first() else {
+            bail!("empty --engine-serve command");
+        };
+        let mut c = Command::new(prog);
+        c.args(rest);
+        let child = LineChild::spawn(c, scratch.path(), "serve")?;
+        let mut e = SessionEngine {
+            cmd,
+            child,
+            scratch,
+            model: model.to_path_buf(),
+            arch: arch.to_string(),
+            name: String::new(),
+            capabilities: BTreeSet::new(),
+            n_vocab: None,
+            order: Vec::new(),
+            stages: Vec::new(),
+            unmapped: BTreeSet::new(),
+            pos: 0,
+            input_rounding: false,
+            pending: Vec::new(),
+            steps: 0,
+            own_tokens: true,
+        };
+        let r = e.call(&Request::Load {
+            protocol: PROTOCOL_VERSION,
+            model: model.display().to_string(),
+            mode: mode.to_string(),
+            target: target.to_string(),
+            scratch: e.scratch.path().display().to_string(),
+        })?;
+        if r.protocol != Some(PROTOCOL_VERSION) {
+            bail!(
+                "the session engine answered `load` with protocol {:?}; this lockstep speaks {PROTOCOL_VERSION}: {}",
+                r.protocol,
+                e.child.shown()
+            );
+        }
+        let name = r.engine.unwrap_or_default();
+        if name.trim().is_empty() || name.contains(['/', '\n']) {
+            bail!(
+                "the session engine's `load` answer must name it in `engine` (e.g. \"my-engine@1.2\", no `/`), \
+                 found {name:?}: {}",
+                e.child.shown()
+            );
+        }
+        e.name = name;
+        e.capabilities = r.capabilities.into_iter().collect();
+        e.n_vocab = r.n_vocab;
+        e.order = r.stages;
+        Ok(e)
+    }
+
+    /// The capabilities `load` announced.
+    pub fn capabilities(&self) -> &BTreeSet<String> {
+        &self.capabilities
+    }
+
+    /// Send a request, read its answer; an `ok: false` answer is an error with the engine's message.
+    fn call(&mut self, req: &Request) -> Result<Reply> {
+        let line = serde_json::to_string(req)?;
+        let op = line.split('"').nth(3).unwrap_or("request").to_string();
+        let answer = self.child.request(&line, self.cmd.timeout)?;
+        let r: Reply = serde_json::from_str(&answer).with_context(|| {
+            format!(
+                "the session engine answered `{op}` with {:?}, not a protocol answer (one JSON object with \
+                 \"ok\"; logs belong on stderr): {}",
+                answer.chars().take(200).collect::<String>(),
+                self.child.shown()
+            )
+        })?;
+        if !r.ok {
+            bail!(
+                "the session engine failed `{op}`: {}: {}",
+                r.error.as_deref().unwrap_or("(no error message)"),
+                self.child.shown()
+            );
+        }
+        Ok(r)
+    }
+
+    fn canonical(&self, name: &str) -> Option<Stage> {
+        match &self.cmd.stage_map {
+            Some(m) => m.to_canonical(name),
+            None => Stage::parse(name),
+        }
+    }
+
+    fn engine_name(&self, stage: Stage) -> Option<String> {
+        match &self.cmd.stage_map {
+            Some(m) => m.to_engine(stage),
+            None => Some(stage.to_string()),
+        }
+    }
+
+    /// Send the pending injections of the next step (`inject`, one `.npz` each).
+    fn send_injections(&mut self, n: usize) -> Result<()> {
+        for (stage, rows) in std::mem::take(&mut self.pending) {
+            if rows.nrows() != n {
+                bail!(
+                    "injection of {stage}: {} rows for a step of {n} positions",
+                    rows.nrows()
+                );
+            }
+            let Some(name) = self.engine_name(stage) else {
+                bail!(
+                    "cannot inject {stage}: the stage map {} gives it no engine name",
+                    self.cmd
+                        .stage_map_file
+                        .as_ref()
+                        .map_or("(none)".into(), |p| p.display().to_string())
+                );
+            };
+            let path = self
+                .scratch
+                .path()
+                .join(format!("inject-{}-{}.npz", self.steps, stage));
+            write_value(&path, &rows)?;
+            self.call(&Request::Inject {
+                stage: name,
+                npz: path.display().to_string(),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SessionEngine {
+    fn drop(&mut self) {
+        // a polite goodbye, briefly; the child's group is killed right after in any case
+        if let Ok(line) = serde_json::to_string(&Request::Shutdown) {
+            let _ = self.child.request(&line, Duration::from_millis(200));
+        }
+    }
+}
+
+impl Engine for SessionEngine {
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            kind: self.name.clone(),
+            model_path: self.model.clone(),
+            arch: self.arch.clone(),
+            n_vocab: self.n_vocab,
+            backend: self.cmd.command.clone(),
+        }
+    }
+
+    fn tokenize(&mut self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        if !self.capabilities.contains(CAP_TOKENIZE) {
+            // lockstep's tokenizer, from the GGUF's vocabulary; the report lists `tokens` as not compared
+            let g = lockstep_engine::gguf::GgufFile::open(&self.model)
+                .with_context(|| format!("reading {}", self.model.display()))?;
+            let t = lockstep_engine::tokenizer::Tokenizer::from_gguf(&g)
+                .with_context(|| format!("the tokenizer of {}", self.model.display()))?;
+            self.own_tokens = false;
+            return Ok(t.encode(text, add_special, parse_special)?);
+        }
+        let r = self.call(&Request::Tokenize {
+            text: text.to_string(),
+            add_special,
+            parse_special,
+        })?;
+        r.tokens
+            .context("the session engine's `tokenize` answer holds no `tokens`")
+    }
+
+    fn stages(&self) -> Vec<(String, usize)> {
+        self.stages.clone()
+    }
+
+    fn reset(&mut self, mode: NumericsMode, target: GgmlTarget, n_ctx: usize) -> Result<()> {
+        self.call(&Request::Reset {
+            mode: mode.to_string(),
+            target: target.to_string(),
+            n_ctx,
+            input_rounding: self.input_rounding,
+        })?;
+        self.pos = 0;
+        self.pending.clear();
+        self.unmapped.clear();
+        Ok(())
+    }
+
+    fn replaces_stages(&self) -> bool {
+        self.capabilities.contains(CAP_INJECT)
+    }
+
+    fn set_input_rounding(&mut self, on: bool) -> bool {
+        if !self.capabilities.contains(CAP_INPUT_ROUNDING) {
+            return false;
+        }
+        self.input_rounding = on;
+        true
+    }
+
+    fn inject_next(&mut self, stage: Stage, rows: ndarray::ArrayView2<'_, f32>) -> Result<()> {
+        if self.replaces_stages() {
+            self.pending.push((stage, rows.to_owned()));
+        }
+        Ok(())
+    }
+
+    fn not_compared(&self) -> Vec<(String, String)> {
+        let tokens =
+            (!self.own_tokens).then(|| ("tokens".to_string(), TOKENS_NOT_FROM_ENGINE.to_string()));
+        tokens
+            .into_iter()
+            .chain(
+                self.unmapped
+                    .iter()
+                    .map(|n| (n.clone(), NOT_IN_STAGE_MAP.to_string())),
+            )
+            .collect()
+    }
+
+    fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>> {
+        if tokens.is_empty() {
+            bail!("no tokens to run");
+        }
+        self.send_injections(tokens.len())?;
+        let req = if self.pos > 0 && tokens.len() == 1 {
+            Request::Decode {
+                token: tokens[0],
+                stages: ALL_STAGES.into(),
+            }
+        } else {
+            Request::Prefill {
+                tokens: tokens.to_vec(),
+                stages: ALL_STAGES.into(),
+            }
+        };
+        let r = self.call(&req)?;
+        self.steps += 1;
+        let path = PathBuf::from(
+            r.dump
+                .context("the session engine's answer names no `dump`")?,
+        );
+        let d = crate::dump::read(&path)
+            .with_context(|| format!("the session engine's dump of step {}", self.steps))?;
+        if path.starts_with(self.scratch.path()) {
+            let _ = std::fs::remove_file(&path);
+        }
+        if d.tokens != tokens {
+            bail!(
+                "the session engine's dump {} holds tokens {:?}, this step ran {:?}",
+                path.display(),
+                d.tokens,
+                tokens
+            );
+        }
+        // canonical stages, in the engine's announced order, else in canonical forward order
+        let mut found: Vec<(Stage, &String)> = Vec::new();
+        for name in d.stages.keys() {
+            match self.canonical(name) {
+                Some(s) if s.kind != lockstep_engine::StageKind::Logits => found.push((s, name)),
+                _ => {
+                    self.unmapped.insert(name.clone());
+                }
+            }
+        }
+        let announced: BTreeMap<&String, usize> =
+            self.order.iter().enumerate().map(|(i, n)| (n, i)).collect();
+        found.sort_by_key(|(s, n)| {
+            (
+                announced.get(n).copied().unwrap_or(usize::MAX),
+                forward_rank(*s),
+            )
+        });
+        let mut seen = BTreeSet::new();
+        for (s, n) in &found {
+            if !seen.insert(*s) {
+                bail!(
+                    "the session engine's dump {} holds two arrays for {s} (`{n}` and another)",
+                    path.display()
+                );
+            }
+        }
+        if self.pos == 0 {
+            self.stages = found
+                .iter()
+                .map(|(s, n)| (s.to_string(), d.stages[*n].ncols()))
+                .collect();
+        }
+        let range = self.pos..self.pos + tokens.len();
+        for (stage, name) in &found {
+            if sink.wants(*stage) {
+                let mut rows = d.stages[*name].clone();
+                let w = rows.ncols();
+                let data = rows.as_slice_mut().context("contiguous rows")?;
+                sink.on_stage(*stage, range.clone(), w, data);
+            }
+        }
+        self.pos = range.end;
+        Ok(d.logits)
+    }
+}
+
+/// The `value` array [`SessionEngine`] writes for `inject` (and `lockstep serve` reads), `[n, D]`.
+pub fn write_value(path: &Path, rows: &Array2<f32>) -> Result<()> {
+    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut w = NpzWriter::new(f);
+    w.add_array("value", rows)
+        .and_then(|()| w.finish().map(drop))
+        .with_context(|| format!("writing {}", path.display()))
+}

@@ -1,0 +1,203 @@
+//! The engine session protocol (version [`PROTOCOL_VERSION`]): how the harness drives an external engine
+//! step by step through the engine's own KV cache, as it drives ours in process.
+//!
+//! The harness starts the engine once per cell as a long-lived child ([`crate::process::LineChild`]: its
+//! own process group, a timeout per answer, capped output, killed with its helpers on Ctrl-C) and writes
+//! one JSON object per line on its stdin; the engine answers each with one JSON object per line on its
+//! stdout (its logs go to stderr; nothing else may be printed on stdout). Requests ([`Request`], `op`):
+//!
+//! | op | fields | answer |
+//! |---|---|---|
+//! | `load` | `protocol` (1), `model` (GGUF path), `mode`, `target`, `scratch` (a directory to write dumps in) | `engine` (name@version), `protocol`, `capabilities`, optional `n_vocab`, optional `stages` (its stage names in forward order) |
+//! | `tokenize` | `text`, `add_special`, `parse_special` | `tokens` (capability `tokenize`) |
+//! | `reset` | `mode`, `target`, `n_ctx`, optional `input_rounding` | — (a new sequence: empty KV cache, position 0) |
+//! | `prefill` | `tokens`, `stages` (`"all"`) | `dump`: the path of an `.npz` in the dump format for this step |
+//! | `decode` | `token`, `stages` | `dump`, one row |
+//! | `inject` | `stage`, `npz` (array `value`, float32 `[n, D]`) | — (capability `inject`) |
+//! | `shutdown` | — | — (then the engine exits) |
+//!
+//! Every answer carries `"ok": true`, or `"ok": false` with `"error": "..."`. A step's dump holds the
+//! step's rows only: `tokens` `[n]` (the step's token ids), `logits` `[n, V]`, each stage `[n, D]` under its
+//! canonical id or under the engine's own name mapped by a stage map file ([`stage_map`]). `prefill` runs
+//! its tokens at the next positions (from 0 after `reset`); `decode` runs one token at the next position,
+//! through the engine's KV cache. `inject` (only if `load` announced the capability `inject`) replaces the
+//! stage's value in the *next* `prefill` or `decode` — row `i` at that step's `i`-th position — after the
+//! engine has recorded its own value in the step's dump; injections apply to one step only. A `reset`
+//! comes before the first `prefill`. The
+//! capability `input_rounding` (lockstep's own) lets `reset` ask reference mode to round every matmul input
+//! as llama.cpp does (the rounding probe).
+//!
+//! The client is [`client::SessionEngine`] (`lockstep run --engine-serve CMD`, `lockstep bisect
+//! --engine-serve CMD`); our own engine behind the protocol is [`server`] (`lockstep serve`); the numpy-only
+//! Python side is `oracles/lockstep_session/`.
+
+pub mod client;
+pub mod server;
+pub mod stage_map;
+
+use serde::{Deserialize, Serialize};
+
+/// The protocol version `load` carries and its answer must repeat.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Capability: the engine tokenizes (`tokenize`). Without it, lockstep's own tokenizer (llama.cpp's
+/// `llama_tokenize`, from the GGUF's vocabulary) gives the ids, and the report lists `tokens` as not
+/// compared.
+pub const CAP_TOKENIZE: &str = "tokenize";
+
+/// Capability: the engine takes `inject` requests (so `lockstep bisect` and `run`'s first-divergent
+/// verdict can inject the golden's layer inputs).
+pub const CAP_INJECT: &str = "inject";
+
+/// Capability: `reset` takes `input_rounding` (lockstep's rounding probe).
+pub const CAP_INPUT_ROUNDING: &str = "input_rounding";
+
+/// Which stages a step's dump should hold. Version 1 always asks for every stage the engine has.
+pub const ALL_STAGES: &str = "all";
+
+/// A request of the harness, one JSON object per line on the engine's stdin.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Load a model; the answer names the engine and its capabilities.
+    Load {
+        /// [`PROTOCOL_VERSION`].
+        protocol: u32,
+        /// The GGUF file.
+        model: String,
+        /// Numerics mode of the first sequence (`reference`, `ggml`; an engine with one numerics may
+        /// ignore it).
+        mode: String,
+        /// The ggml-cpu build to mirror in ggml mode (`avx2`, `avx512-nobf16`, `avx512`).
+        target: String,
+        /// A directory the engine may write its dumps in (the harness removes it).
+        scratch: String,
+    },
+    /// Tokenize text as `llama_tokenize(text, add_special, parse_special)`.
+    Tokenize {
+        /// The text.
+        text: String,
+        /// Add BOS (and EOS where the model does).
+        add_special: bool,
+        /// Recognise control-token text.
+        parse_special: bool,
+    },
+    /// Start a new sequence: empty KV cache, next position 0.
+    Reset {
+        /// Numerics mode.
+        mode: String,
+        /// ggml-cpu build to mirror.
+        target: String,
+        /// Most positions of the sequence.
+        n_ctx: usize,
+        /// Round every matmul input as llama.cpp does, in reference mode (capability `input_rounding`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        input_rounding: bool,
+    },
+    /// Run `tokens` at the next positions as one batch.
+    Prefill {
+        /// Token ids.
+        tokens: Vec<u32>,
+        /// [`ALL_STAGES`].
+        stages: String,
+    },
+    /// Run one token at the next position, through the KV cache.
+    Decode {
+        /// Token id.
+        token: u32,
+        /// [`ALL_STAGES`].
+        stages: String,
+    },
+    /// Use the rows of `npz`'s array `value` in place of `stage` in the next step (capability `inject`).
+    Inject {
+        /// Stage name (canonical id, or the engine's own name under a stage map).
+        stage: String,
+        /// An `.npz` holding `value`, float32 `[n, D]`.
+        npz: String,
+    },
+    /// Exit.
+    Shutdown,
+}
+
+/// An engine's answer. Fields a request does not answer with are absent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    /// Success.
+    pub ok: bool,
+    /// What went wrong (`ok: false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// `load`: [`PROTOCOL_VERSION`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u32>,
+    /// `load`: the engine's name and version, e.g. `llama.cpp@0c1e570` (the cell id's engine field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    /// `load`: optional requests it takes ([`CAP_INJECT`], [`CAP_INPUT_ROUNDING`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    /// `load`: vocabulary size, if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_vocab: Option<usize>,
+    /// `load`: the engine's stage names in forward order (optional; default: canonical order).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<String>,
+    /// `tokenize`: the ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Vec<u32>>,
+    /// `prefill`, `decode`: the step's dump.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dump: Option<String>,
+}
+
+impl Reply {
+    /// `{"ok": true}`.
+    pub fn ok() -> Reply {
+        Reply {
+            ok: true,
+            ..Reply::default()
+        }
+    }
+
+    /// `{"ok": false, "error": ...}`.
+    pub fn error(e: impl Into<String>) -> Reply {
+        Reply {
+            ok: false,
+            error: Some(e.into()),
+            ..Reply::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_one_json_object_with_an_op() {
+        let r = Request::Decode {
+            token: 7,
+            stages: ALL_STAGES.into(),
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(s, r#"{"op":"decode","token":7,"stages":"all"}"#);
+        assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
+        assert_eq!(
+            serde_json::to_string(&Request::Shutdown).unwrap(),
+            r#"{"op":"shutdown"}"#
+        );
+        assert!(serde_json::from_str::<Request>(r#"{"op":"fly"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"decode","token":1}"#).is_err());
+    }
+
+    #[test]
+    fn replies_keep_only_what_they_say() {
+        assert_eq!(
+            serde_json::to_string(&Reply::ok()).unwrap(),
+            r#"{"ok":true}"#
+        );
+        let e: Reply =
+            serde_json::from_str(r#"{"ok":false,"error":"no model","extra":1}"#).unwrap();
+        assert_eq!(e, Reply::error("no model"));
+    }
+}

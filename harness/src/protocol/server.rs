@@ -1,0 +1,296 @@
+//! `lockstep serve`: our own engine behind the session protocol ([`super`]), reading requests on stdin
+//! and answering on stdout. What `lockstep run --engine-serve "lockstep serve"` drives; the test that
+//! its verdicts and metrics equal the in-process run's is the protocol's proof.
+//!
+//! Each `prefill` / `decode` runs through one [`lockstep_engine::Session`] (its KV cache), records every
+//! stage through the same sink the in-process capture uses ([`InjectingSink`]: the engine's own value
+//! recorded, then any injected rows put in its place), and writes the step's dump into the `scratch`
+//! directory `load` named.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use lockstep_engine::{GgmlTarget, Model, Numerics, NumericsMode, Session, Simd, Stage, StageKind};
+use ndarray::Array2;
+
+use super::{Reply, Request, CAP_INJECT, CAP_INPUT_ROUNDING, CAP_TOKENIZE, PROTOCOL_VERSION};
+use crate::capture::{recorded_arrays, InjectingSink};
+use crate::dump::Dump;
+use crate::npz::{Dtype, Npz};
+
+/// Longest request line read (a prefill of a full 128k context as JSON is ~1 MB).
+const MAX_REQUEST_BYTES: u64 = 16 << 20;
+
+/// Largest injected `value` array read.
+const MAX_INJECT_BYTES: u64 = 1 << 30;
+
+/// The name `lockstep serve` reports in `load`: `lockstep@<short commit>` of the source tree it was built
+/// from, else `lockstep@<crate version>`.
+pub fn engine_name() -> String {
+    let commit = crate::report::git(&["rev-parse", "--short=7", "HEAD"]);
+    format!(
+        "lockstep@{}",
+        commit.unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string())
+    )
+}
+
+struct Loaded {
+    model: Arc<Model>,
+    scratch: PathBuf,
+    numerics: Numerics,
+    input_rounding: bool,
+    session: Option<Session>,
+    pending: BTreeMap<Stage, Array2<f32>>,
+    steps: usize,
+}
+
+/// The server's state between requests.
+struct Server {
+    simd: Simd,
+    loaded: Option<Loaded>,
+}
+
+/// Serve requests from `input` until `shutdown` or end of input, answering on `output` (one JSON line
+/// each), with `simd`'s kernels. A request that fails is answered `{"ok": false, "error": ...}` and the
+/// server goes on; a line that is not a request is answered the same way.
+///
+/// Errors: `output` cannot be written; `input` cannot be read, or holds a line longer than 16 MiB.
+pub fn serve(input: impl BufRead, mut output: impl Write, simd: Simd) -> Result<()> {
+    let mut server = Server { simd, loaded: None };
+    let mut input = input;
+    loop {
+        let mut buf = Vec::new();
+        let n = (&mut input)
+            .take(MAX_REQUEST_BYTES + 1)
+            .read_until(b'\n', &mut buf)
+            .context("reading a request on stdin")?;
+        if n == 0 {
+            return Ok(());
+        }
+        if buf.len() as u64 > MAX_REQUEST_BYTES {
+            bail!("a request line is longer than {MAX_REQUEST_BYTES} bytes");
+        }
+        let line = String::from_utf8_lossy(&buf);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (reply, stop) = match serde_json::from_str::<Request>(line.trim()) {
+            Ok(Request::Shutdown) => (Reply::ok(), true),
+            Ok(req) => (
+                server
+                    .handle(req)
+                    .unwrap_or_else(|e| Reply::error(format!("{e:#}"))),
+                false,
+            ),
+            Err(e) => (Reply::error(format!("not a protocol request: {e}")), false),
+        };
+        let text = serde_json::to_string(&reply)?;
+        writeln!(output, "{text}")
+            .and_then(|()| output.flush())
+            .context("writing an answer on stdout")?;
+        if stop {
+            return Ok(());
+        }
+    }
+}
+
+fn numerics(mode: &str, target: &str, simd: Simd) -> Result<Numerics> {
+    Ok(Numerics {
+        mode: mode.parse::<NumericsMode>().map_err(anyhow::Error::msg)?,
+        target: target.parse::<GgmlTarget>().map_err(anyhow::Error::msg)?,
+        simd,
+    })
+}
+
+impl Server {
+    fn loaded(&mut self) -> Result<&mut Loaded> {
+        self.loaded.as_mut().context("no model: send `load` first")
+    }
+
+    fn handle(&mut self, req: Request) -> Result<Reply> {
+        match req {
+            Request::Load {
+                protocol,
+                model,
+                mode,
+                target,
+                scratch,
+            } => {
+                if protocol != PROTOCOL_VERSION {
+                    bail!("protocol {protocol} asked; lockstep serve speaks {PROTOCOL_VERSION}");
+                }
+                let numerics = numerics(&mode, &target, self.simd)?;
+                let path = Path::new(&model);
+                let m = crate::engine::LockstepEngine::load_model(path)?;
+                if !Path::new(&scratch).is_dir() {
+                    bail!("the scratch directory {scratch} does not exist");
+                }
+                let stages = m
+                    .stages()
+                    .into_iter()
+                    .filter(|(s, _)| s.kind != StageKind::Logits)
+                    .map(|(s, _)| s.to_string())
+                    .collect();
+                let n_vocab = m.info().n_vocab;
+                self.loaded = Some(Loaded {
+                    model: m,
+                    scratch: PathBuf::from(scratch),
+                    numerics,
+                    input_rounding: false,
+                    session: None,
+                    pending: BTreeMap::new(),
+                    steps: 0,
+                });
+                Ok(Reply {
+                    protocol: Some(PROTOCOL_VERSION),
+                    engine: Some(engine_name()),
+                    capabilities: vec![
+                        CAP_TOKENIZE.into(),
+                        CAP_INJECT.into(),
+                        CAP_INPUT_ROUNDING.into(),
+                    ],
+                    n_vocab: Some(n_vocab),
+                    stages,
+                    ..Reply::ok()
+                })
+            }
+            Request::Tokenize {
+                text,
+                add_special,
+                parse_special,
+            } => {
+                let l = self.loaded()?;
+                let tokens = l
+                    .model
+                    .tokenizer()
+                    .encode(&text, add_special, parse_special)?;
+                Ok(Reply {
+                    tokens: Some(tokens),
+                    ..Reply::ok()
+                })
+            }
+            Request::Reset {
+                mode,
+                target,
+                n_ctx,
+                input_rounding,
+            } => {
+                let simd = self.simd;
+                let l = self.loaded()?;
+                l.numerics = numerics(&mode, &target, simd)?;
+                l.model.check_context(n_ctx)?;
+                l.input_rounding = input_rounding;
+                let mut session = l.model.session(n_ctx, l.numerics);
+                session.set_input_rounding(input_rounding);
+                l.session = Some(session);
+                l.pending.clear();
+                Ok(Reply::ok())
+            }
+            Request::Prefill { tokens, .. } => self.loaded()?.step(&tokens),
+            Request::Decode { token, .. } => self.loaded()?.step(&[token]),
+            Request::Inject { stage, npz } => {
+                let l = self.loaded()?;
+                let s = Stage::parse(&stage)
+                    .with_context(|| format!("`{stage}` is not a canonical stage id"))?;
+                let path = Path::new(&npz);
+                let mut z = Npz::open(path)?;
+                if !z.has("value") {
+                    bail!("{npz}: no `value` array to inject");
+                }
+                let raw = z.read("value", MAX_INJECT_BYTES)?;
+                if raw.dtype != Dtype::F32 || raw.shape.len() != 2 {
+                    bail!(
+                        "{npz}: `value` is {} {:?}, expected float32 [n, D]",
+                        raw.dtype,
+                        raw.shape
+                    );
+                }
+                l.pending.insert(s, raw.to_f32()?);
+                Ok(Reply::ok())
+            }
+            Request::Shutdown => Ok(Reply::ok()),
+        }
+    }
+}
+
+impl Loaded {
+    /// Run one step through the session, injecting the pending rows, and write its dump.
+    fn step(&mut self, tokens: &[u32]) -> Result<Reply> {
+        if tokens.is_empty() {
+            bail!("no tokens to run");
+        }
+        let session = self
+            .session
+            .as_mut()
+            .context("no sequence: send `reset` first")?;
+        let start = session.n_past();
+        let pending = std::mem::take(&mut self.pending);
+        for (s, rows) in &pending {
+            if rows.nrows() != tokens.len() {
+                bail!(
+                    "the injected {s} has {} rows for a step of {} tokens",
+                    rows.nrows(),
+                    tokens.len()
+                );
+            }
+        }
+        let mut sink = InjectingSink::new(&pending, start);
+        let v = self.model.info().n_vocab;
+        let logits = self.model.forward(session, tokens, Some(&mut sink))?;
+        let logits = Array2::from_shape_vec((tokens.len(), v), logits.to_vec())?;
+        let mut stages = recorded_arrays(sink.rec)?;
+        stages.remove(&Stage::global(StageKind::Logits).to_string());
+        let path = self.scratch.join(format!("step-{}.npz", self.steps));
+        self.steps += 1;
+        crate::dump::write(
+            &path,
+            &Dump {
+                tokens: tokens.to_vec(),
+                logits,
+                stages,
+            },
+        )?;
+        Ok(Reply {
+            dump: Some(path.display().to_string()),
+            ..Reply::ok()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(lines: &[String]) -> Vec<Reply> {
+        let input = lines.join("\n") + "\n";
+        let mut out = Vec::new();
+        serve(input.as_bytes(), &mut out, Simd::Off).unwrap();
+        String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn requests_before_load_and_garbage_are_answered_with_errors() {
+        let r = run(&[
+            r#"{"op":"decode","token":1,"stages":"all"}"#.into(),
+            "hello".into(),
+            r#"{"op":"load","protocol":2,"model":"x","mode":"ggml","target":"avx2","scratch":"/tmp"}"#.into(),
+            r#"{"op":"load","protocol":1,"model":"/nonexistent.gguf","mode":"ggml","target":"avx2","scratch":"/tmp"}"#.into(),
+            r#"{"op":"shutdown"}"#.into(),
+            r#"{"op":"decode","token":1,"stages":"all"}"#.into(),
+        ]);
+        assert_eq!(r.len(), 5, "nothing is answered after shutdown: {r:?}");
+        let err = |i: usize| r[i].error.clone().unwrap_or_default();
+        assert!(err(0).contains("send `load` first"), "{r:?}");
+        assert!(err(1).contains("not a protocol request"), "{r:?}");
+        assert!(err(2).contains("protocol 2"), "{r:?}");
+        assert!(err(3).contains("/nonexistent.gguf"), "{r:?}");
+        assert_eq!(r[4], Reply::ok());
+    }
+}

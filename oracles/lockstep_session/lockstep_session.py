@@ -1,0 +1,184 @@
+"""Speak lockstep's engine session protocol (version 1) from Python, with numpy only.
+
+An engine under test is an object with these methods (README, "Plugging in another engine"):
+
+    load(model_path, mode, target) -> dict     # {"engine": "name@version", "capabilities": [...],
+                                               #  optional "n_vocab", "stages" (its names in forward order)}
+    reset(mode, target, n_ctx) -> None         # a new sequence: empty KV cache, next position 0
+    step(tokens, start) -> (logits, stages)    # run tokens at positions start.., through its KV cache;
+                                               # logits float32 [n, V]; stages {name: float32 [n, D]}
+    tokenize(text, add_special, parse_special) -> list[int]   # only with the capability "tokenize"
+    inject(stage, value) -> None               # only with "inject": use value [n, D] in place of the
+                                               # stage in the next step, after recording its own value
+
+`serve(engine)` reads requests on stdin and answers on stdout, one JSON object per line; while the
+engine runs, `print` goes to stderr (stdout belongs to the protocol). `write_dump` writes the dump format
+(`lockstep_dump_version`, `tokens`, `logits`, stages); `read_gguf` reads a GGUF file's metadata and its
+F32/F16 tensors (numpy arrays in numpy's axis order: ggml's dims reversed), enough for a reference engine.
+"""
+
+import contextlib
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+DUMP_FORMAT_VERSION = 1
+
+
+def write_dump(path, tokens, logits, stages):
+    """Write one step's dump: tokens int32 [n], logits float32 [n, V], each stage float32 [n, D].
+
+    Written to a temporary name in the same directory and renamed, so a reader never sees half a file.
+    """
+    tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+    arrays = {
+        "lockstep_dump_version": np.array([DUMP_FORMAT_VERSION], dtype=np.int32),
+        "tokens": tokens,
+        "logits": np.ascontiguousarray(logits, dtype=np.float32),
+    }
+    for name, a in stages.items():
+        if name in arrays:
+            raise ValueError(f"stage name {name!r} collides with a reserved array")
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if a.ndim != 2 or a.shape[0] != len(tokens):
+            raise ValueError(f"stage {name!r} is {a.shape}, expected [{len(tokens)}, D]")
+        arrays[name] = a
+    if arrays["logits"].shape[0] != len(tokens):
+        raise ValueError(f"logits are {arrays['logits'].shape}, expected [{len(tokens)}, V]")
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+
+
+def read_value(path):
+    """The `value` array of an `inject` request's .npz, float32 [n, D]."""
+    with np.load(path) as z:
+        v = z["value"]
+    if v.dtype != np.float32 or v.ndim != 2:
+        raise ValueError(f"{path}: `value` is {v.dtype} {v.shape}, expected float32 [n, D]")
+    return v
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def read_gguf(path):
+    """(metadata dict, {tensor name: numpy array}) of a GGUF v2/v3 file; F32 and F16 tensors only
+    (others raise, naming the tensor). Arrays are views of a memory map, in numpy order (ggml dims
+    reversed: `token_embd.weight` is [n_vocab, n_embd])."""
+    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    mv = memoryview(buf)
+    pos = 0
+
+    def take(fmt):
+        nonlocal pos
+        v = struct.unpack_from(fmt, mv, pos)[0]
+        pos += struct.calcsize(fmt)
+        return v
+
+    def string():
+        nonlocal pos
+        n = take("<Q")
+        s = bytes(mv[pos:pos + n]).decode("utf-8", "replace")
+        pos += n
+        return s
+
+    def value(t):
+        if t == 8:
+            return string()
+        if t == 9:
+            it, n = take("<I"), take("<Q")
+            return [value(it) for _ in range(n)]
+        return take(_SCALARS[t])
+
+    if bytes(mv[0:4]) != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file")
+    pos = 4
+    version, n_tensors, n_kv = take("<I"), take("<Q"), take("<Q")
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version}")
+    meta = {}
+    for _ in range(n_kv):
+        k = string()
+        meta[k] = value(take("<I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        dims = [take("<Q") for _ in range(take("<I"))]
+        infos.append((name, dims, take("<I"), take("<Q")))
+    align = meta.get("general.alignment", 32)
+    base = (pos + align - 1) // align * align
+    tensors = {}
+    for name, dims, t, off in infos:
+        dtype = {0: np.float32, 1: np.float16}.get(t)
+        if dtype is None:
+            raise ValueError(f"{path}: tensor {name} has ggml type {t}; read_gguf reads F32 and F16 only")
+        n = int(np.prod(dims))
+        a = np.frombuffer(buf, dtype=dtype, count=n, offset=base + off)
+        tensors[name] = a.reshape(list(reversed(dims)))
+    return meta, tensors
+
+
+def serve(engine, stdin=None, stdout=None):
+    """Answer protocol requests from `stdin` on `stdout` until `shutdown` or end of input. A request
+    the engine fails is answered {"ok": false, "error": ...} and serving goes on."""
+    stdin = stdin or sys.stdin
+    out = stdout or sys.stdout
+    state = {"scratch": None, "pos": 0, "steps": 0, "caps": set()}
+
+    def handle(req):
+        op = req.get("op")
+        if op == "load":
+            if req.get("protocol") != PROTOCOL_VERSION:
+                raise ValueError(f"protocol {req.get('protocol')} asked; this helper speaks {PROTOCOL_VERSION}")
+            state["scratch"] = req["scratch"]
+            info = dict(engine.load(req["model"], req["mode"], req["target"]))
+            state["caps"] = set(info.get("capabilities", []))
+            return {"protocol": PROTOCOL_VERSION, **info}
+        if op == "tokenize":
+            if "tokenize" not in state["caps"]:
+                raise ValueError("this engine does not tokenize (no `tokenize` capability)")
+            return {"tokens": [int(t) for t in engine.tokenize(req["text"], req["add_special"], req["parse_special"])]}
+        if op == "reset":
+            engine.reset(req["mode"], req["target"], req["n_ctx"])
+            state["pos"] = 0
+            return {}
+        if op in ("prefill", "decode"):
+            tokens = req["tokens"] if op == "prefill" else [req["token"]]
+            logits, stages = engine.step(list(tokens), state["pos"])
+            path = os.path.join(state["scratch"], f"step-{state['steps']}.npz")
+            write_dump(path, tokens, logits, stages)
+            state["pos"] += len(tokens)
+            state["steps"] += 1
+            return {"dump": path}
+        if op == "inject":
+            if "inject" not in state["caps"]:
+                raise ValueError("this engine does not take `inject` (no `inject` capability)")
+            engine.inject(req["stage"], read_value(req["npz"]))
+            return {}
+        raise ValueError(f"unknown op {op!r}")
+
+    for line in stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+        except ValueError as e:
+            req, reply = None, {"ok": False, "error": f"not a protocol request: {e}"}
+        if req is not None and req.get("op") == "shutdown":
+            out.write('{"ok":true}\n')
+            out.flush()
+            return
+        if req is not None:
+            try:
+                with contextlib.redirect_stdout(sys.stderr):
+                    reply = {"ok": True, **handle(req)}
+            except Exception as e:  # the engine's failure is the answer, not the end of the session
+                reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
