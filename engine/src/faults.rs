@@ -68,6 +68,13 @@ pub enum Fault {
     /// Partial rotary ignored: every dimension of each head rotated (with the angles of a head_dim-wide
     /// RoPE) instead of the first `rope.dimension_count` (StableLM).
     PartialRotaryDims,
+    /// A causal mask applied in an encoder (BERT): query `t` sees keys `0..=t` only, as a decoder's would.
+    EncoderCausalMask,
+    /// The token-type embedding (`token_types` row 0, "sentence A") not added to BERT's input embedding.
+    TokenTypeDropped,
+    /// The pooling of an encoder's output swapped: the CLS row for a mean-pooled model, the mean for a
+    /// CLS-pooled one (`bert.pooling_type` misread).
+    PoolingWrong,
 }
 
 #[cfg(feature = "faults")]

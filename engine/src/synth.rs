@@ -12,6 +12,8 @@
 use crate::gguf::{GgufWriter, MetaValue};
 use crate::quant::{quantize_row, GgmlType};
 
+pub mod bert;
+
 /// Shape and types of a synthetic decoder model: `llama` by default, or one of [`SYNTH_ARCHS`] through
 /// [`SynthModel::arch`]: `qwen2` (adds Q/K/V biases), `qwen3` (per-head Q/K norms, no biases), `gemma2`
 /// (post-attention and post-FFN norms, soft-capping, a sliding window on even layers), `gemma3` (per-head
@@ -65,6 +67,7 @@ pub const SYNTH_ARCHS: &[&str] = &[
     "starcoder2",
     "stablelm",
     "phi3",
+    "bert",
 ];
 
 /// `stablelm.rope.dimension_count` of a synthetic `stablelm` file, as a fraction of head_dim (StableLM's
@@ -159,7 +162,8 @@ impl SynthModel {
             n_layer: 2,
             d_model: 256,
             n_head: 4,
-            n_kv_head: 2,
+            // BERT has no grouped-query attention (llama.cpp's converter writes no head_count_kv)
+            n_kv_head: if arch == "bert" { 4 } else { 2 },
             d_ff: 512,
             matrix_type: GgmlType::F32,
             embd_type: GgmlType::F32,
@@ -184,6 +188,10 @@ impl SynthModel {
     ///
     /// Errors: a matrix type whose quantizer the engine lacks, or widths that are not whole blocks.
     pub fn build(&self) -> crate::Result<Vec<u8>> {
+        if self.arch == "bert" {
+            // an encoder: its own tensors, metadata and WordPiece vocabulary (synth/bert.rs)
+            return bert::build_bert(self);
+        }
         let mut rng = Rng(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let head_dim = self.d_model / self.n_head;
         let vocab = self.vocab();

@@ -123,10 +123,12 @@ impl CellMetrics {
     }
 }
 
-/// Whether a stage id is a layer output (`blk.N.out`) or the final norm — the stages `min_cosine_out`
-/// covers.
+/// Whether a stage id is a layer output (`blk.N.out`), the final norm or an encoder's pooled embedding —
+/// the stages `min_cosine_out` covers.
 pub fn is_out_stage(stage: &str) -> bool {
-    Stage::parse(stage).is_some_and(|s| s.is_layer_output() || s.kind == StageKind::OutputNorm)
+    Stage::parse(stage).is_some_and(|s| {
+        s.is_layer_output() || matches!(s.kind, StageKind::OutputNorm | StageKind::Pooled)
+    })
 }
 
 /// Sequence position of row `row` of a stage in `phase` (decode rows start at the prompt length).
@@ -288,8 +290,36 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
         );
     }
 
+    // An encoder has no logits: top-1, KL and top-5 do not exist for it. Its output, the pooled embedding,
+    // must have been compared; it is held to min_cosine_out (below, with the layer outputs), to
+    // stage_max_nmse when the cell has one, and to stage_exact like every stage.
+    let encoder = cmp.is_encoder();
+    if encoder {
+        match cmp.pooled() {
+            None => fail(
+                "pooled",
+                f64::NAN,
+                th.min_cosine_out,
+                "an encoder's pooled embedding (`pooled`) was not compared".into(),
+            ),
+            Some(p) => {
+                if let Some(limit) = th.stage_max_nmse {
+                    let nmse = p.max_nmse();
+                    if nmse > limit || nmse.is_nan() {
+                        fail(
+                            "pooled_nmse",
+                            nmse,
+                            limit,
+                            format!("pooled embedding, cosine {}", fmt_fixed(p.cosine.min, 8)),
+                        );
+                    }
+                }
+            }
+        }
+    }
     let agreement = m.top1_agreement();
-    if m.positions == 0 {
+    if encoder {
+    } else if m.positions == 0 {
         fail(
             "top1_agreement",
             f64::NAN,
@@ -324,6 +354,7 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
     }
 
     match m.mean_kl {
+        _ if encoder => {}
         None => fail(
             "mean_kl",
             f64::NAN,
@@ -352,6 +383,7 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
     }
 
     match (m.top5_mean, m.worst_top5) {
+        _ if encoder => {}
         (Some(t5), Some((w, ph, pos))) if t5 < th.min_top5_mean => fail(
             "top5_mean",
             t5,
