@@ -782,6 +782,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::BenchSample(a) => {
             let model = load_model(&a.model.model)?;
+            crate::session::require_logits(&model, "bench-sample")?;
             let test = crate::bench::Test {
                 n_prompt: a.n_prompt,
                 n_gen: a.n_gen,
@@ -834,6 +835,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Dump(a) => {
             crate::output::check_file_target(&a.out, "--out")?;
             let model = load_model(&a.model.model)?;
+            crate::session::require_logits(&model, "dump")?;
             let tokens = match (&a.prompt, &a.tokens) {
                 (Some(p), _) if p.is_empty() => {
                     bail!("the prompt is empty: give --prompt some text")
@@ -1003,6 +1005,7 @@ fn quality(a: QualityArgs, threads: usize, defaults: &Defaults) -> Result<()> {
 /// on stderr.
 fn generate(a: GenerateArgs) -> Result<()> {
     let model = load_model(&a.model.model)?;
+    crate::session::require_logits(&model, "generate")?;
     let opts = crate::generate::GenerateOptions {
         n_predict: a.n,
         sampler: SamplerConfig {

@@ -173,13 +173,25 @@ fn every_seeded_model_and_variant_has_its_goldens() {
             assert_eq!(g.n_prompt_tokens, 8, "{}", g.path);
             assert_eq!(g.n_decode_steps, 0, "{}", g.path);
             assert_eq!(g.capture_changes_logits, 0.0, "{}", g.path);
-            assert!(!g.arrays.keys().any(|a| a.starts_with("logits") || a.starts_with("decode.")), "{}", g.path);
+            assert!(
+                !g.arrays
+                    .keys()
+                    .any(|a| a.starts_with("logits") || a.starts_with("decode.")),
+                "{}",
+                g.path
+            );
             assert_eq!(g.arrays["pooled"].shape, [1, 256], "{}", g.path);
             for a in ["tokens", "blk.0.out", "blk.1.out"] {
                 assert!(g.arrays.contains_key(a), "{}: no {a}", g.path);
             }
             if base {
-                for a in ["embed", "blk.0.q", "blk.0.attn_out", "blk.1.ffn_act", "blk.1.ffn_inp"] {
+                for a in [
+                    "embed",
+                    "blk.0.q",
+                    "blk.0.attn_out",
+                    "blk.1.ffn_act",
+                    "blk.1.ffn_inp",
+                ] {
                     assert!(g.arrays.contains_key(a), "{}: no {a}", g.path);
                 }
             }
@@ -187,7 +199,11 @@ fn every_seeded_model_and_variant_has_its_goldens() {
                 .find(id, "transformers", "f32", "synth")
                 .unwrap_or_else(|| panic!("no transformers golden for seeded encoder {id}"));
             assert_eq!(t.model_sha256, sha, "{}", t.path);
-            assert!(t.is_encoder() && t.arrays.contains_key("pooled"), "{}", t.path);
+            assert!(
+                t.is_encoder() && t.arrays.contains_key("pooled"),
+                "{}",
+                t.path
+            );
             continue;
         }
         assert!(g.n_prompt_tokens > 8, "{}", g.path);
@@ -526,7 +542,9 @@ fn scratch() -> (tempfile::TempDir, Manifest, GoldenEntry) {
     scratch_where(|g| !g.is_encoder())
 }
 
-fn scratch_where(keep: impl Fn(&GoldenEntry) -> bool) -> (tempfile::TempDir, Manifest, GoldenEntry) {
+fn scratch_where(
+    keep: impl Fn(&GoldenEntry) -> bool,
+) -> (tempfile::TempDir, Manifest, GoldenEntry) {
     let tmp = tempfile::tempdir().unwrap();
     copy_dir(&golden_dir(), tmp.path());
     let m = load_manifest(tmp.path()).unwrap();

@@ -98,10 +98,7 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
     let g = GgufFile::open(&path).unwrap();
     let arch = g.get_str("general.architecture").unwrap().to_string();
     let key = |k: &str| g.get_u64(&format!("{arch}.{k}")).unwrap() as usize;
-    let key_or = |k: &str, d: usize| {
-        g.get_u64(&format!("{arch}.{k}"))
-            .map_or(d, |v| v as usize)
-    };
+    let key_or = |k: &str, d: usize| g.get_u64(&format!("{arch}.{k}")).map_or(d, |v| v as usize);
     let mut first: Option<(usize, usize, StageKind)> = None;
     for t in g.tensors() {
         if !matches!(t.ggml_type, GgmlType::Q4_1 | GgmlType::Q4_K) {

@@ -793,7 +793,7 @@ pub fn attention_no_cache(
     );
     let group = n_head / n_kv_head;
     let target = num.target;
-    let tinyblas = n >= 2 && n % target.lanes() == 0;
+    let tinyblas = n >= 2 && n.is_multiple_of(target.lanes());
     let one = |t: usize, h: usize, scores: &mut Vec<f32>, oh: &mut [f32]| {
         let kvh = kv_head(h, group, n_kv_head);
         let n_keys = if causal { t + 1 } else { n };

@@ -200,6 +200,26 @@ mod tests {
     }
 
     #[test]
+    fn the_wordpiece_block_tokenizes_as_llama_cpp() {
+        // ids llama.cpp 0c1e570 (llama-cpp-python 0.3.36) gives on the seeded bert file, llama_tokenize(..,
+        // add_special = true, parse_special = false): CLS first, SEP last, lowercased, punctuation split
+        let bytes = SynthModel::preset("bert", 1).unwrap().build().unwrap();
+        let g = crate::gguf::GgufFile::from_bytes(bytes, "synth-bert.gguf").unwrap();
+        let tok = crate::tokenizer::Tokenizer::from_gguf(&g).unwrap();
+        for (text, want) in [
+            ("the hell is here", &[2u32, 87, 89, 90, 88, 89, 91, 3][..]),
+            (
+                "Hello, lockstep! x9 (a)",
+                &[2, 89, 90, 55, 78, 92, 93, 79, 28, 76, 85, 5, 86, 3],
+            ),
+            ("zz?qq", &[2, 30, 66, 80, 21, 57, 3]),
+        ] {
+            assert_eq!(tok.encode(text, true, false).unwrap(), want, "{text:?}");
+        }
+        assert_eq!(tok.encode("the", false, false).unwrap(), [87]);
+    }
+
+    #[test]
     fn tensors_have_the_converters_names_and_shapes() {
         let m = SynthModel::preset("bert", 1).unwrap();
         let t = bert_tensors(&m);

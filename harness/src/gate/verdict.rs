@@ -319,6 +319,7 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
     }
     let agreement = m.top1_agreement();
     if encoder {
+        // no logits positions: nothing to agree on (the pooled embedding is held above)
     } else if m.positions == 0 {
         fail(
             "top1_agreement",
@@ -582,4 +583,76 @@ pub fn failure_line(cell: &Cell, verdict: &Verdict) -> Option<String> {
         None => "first divergent stage: none".to_string(),
     };
     Some(format!("FAIL {}: {failures}; {divergent}", cell.id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::{compare_stage, NotCompared, ENCODER_NO_LOGITS};
+    use ndarray::array;
+
+    fn thresholds() -> CellThresholds {
+        CellThresholds {
+            tokens_must_match: true,
+            min_top1_agreement: 1.0,
+            max_mean_kl: 1e-3,
+            max_kl: None,
+            min_top5_mean: 0.9,
+            min_cosine_out: 0.9999,
+            stage_min_cosine: 0.999,
+            stage_max_nmse: Some(1e-4),
+            margin_tolerance: 0.01,
+            stage_exact: false,
+            stage_floor_headroom: None,
+        }
+    }
+
+    fn encoder_cmp(pooled_engine: Option<ndarray::Array2<f32>>) -> CellComparison {
+        let golden = array![[1.0f32, 2.0, 3.0]];
+        CellComparison {
+            golden_tokens: vec![2, 5, 3],
+            engine_tokens: vec![2, 5, 3],
+            stages: pooled_engine
+                .map(|e| compare_stage("pooled", Phase::Prefill, &e, &golden, "g.npz").unwrap())
+                .into_iter()
+                .collect(),
+            not_compared: vec![NotCompared {
+                stage: "logits".into(),
+                phase: Phase::Prefill,
+                reason: ENCODER_NO_LOGITS.into(),
+            }],
+            logits: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_encoder_cell_is_held_to_its_pooled_embedding_not_to_logits() {
+        let cell = Cell {
+            model: "synth-bert".into(),
+            prompt: "synth".into(),
+            quant: "F32".into(),
+            mode: lockstep_engine::NumericsMode::Ggml,
+            simd: "off".into(),
+            oracle: "llama.cpp-f32kv".into(),
+            engine: "lockstep".into(),
+        };
+        let th = thresholds();
+        // equal pooled embedding: no logits metric is asked for
+        let v = evaluate(&cell, &encoder_cmp(Some(array![[1.0f32, 2.0, 3.0]])), &th);
+        assert!(v.pass, "{:?}", v.failures);
+        // a wrong pooled embedding fails min_cosine_out and its NMSE
+        let v = evaluate(&cell, &encoder_cmp(Some(array![[3.0f32, 2.0, 1.0]])), &th);
+        let metrics: Vec<&str> = v.failures.iter().map(|f| f.metric.as_str()).collect();
+        assert!(
+            metrics.contains(&"pooled_nmse") && metrics.contains(&"min_cosine_out"),
+            "{metrics:?}"
+        );
+        // no pooled embedding compared: a failure, never a silent pass
+        let v = evaluate(&cell, &encoder_cmp(None), &th);
+        assert!(
+            v.failures.iter().any(|f| f.metric == "pooled"),
+            "{:?}",
+            v.failures
+        );
+    }
 }
