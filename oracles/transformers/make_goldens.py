@@ -926,7 +926,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-id", required=True, choices=sorted(MODELS))
     ap.add_argument("--model", type=Path, help="the GGUF (default: the lockstep cache)")
-    ap.add_argument("--hf-dir", type=Path, help="an encoder's Hugging Face copy (default: <cache>/models/hf/<id>; lockstep export-hf)")
+    ap.add_argument("--hf-dir", type=Path, help="an encoder's Hugging Face copy (default: hf/<id> beside the GGUF; lockstep export-hf)")
     ap.add_argument("--out", type=Path, default=ROOT / "golden")
     ap.add_argument("--no-f64", action="store_true", help="skip the float64 run (no floor recorded)")
     args = ap.parse_args()
