@@ -74,6 +74,13 @@ pub enum Fault {
     /// RoPE frequency factors (`rope_freqs.weight`) ignored: every pair of a Gemma 4 full-attention head
     /// turns, instead of the quarter its "proportional" RoPE turns.
     RopeFreqFactorsIgnored,
+    /// A causal mask applied in an encoder (BERT): query `t` sees keys `0..=t` only, as a decoder's would.
+    EncoderCausalMask,
+    /// The token-type embedding (`token_types` row 0, "sentence A") not added to BERT's input embedding.
+    TokenTypeDropped,
+    /// The pooling of an encoder's output swapped: the CLS row for a mean-pooled model, the mean for a
+    /// CLS-pooled one (`bert.pooling_type` misread).
+    PoolingWrong,
 }
 
 #[cfg(feature = "faults")]

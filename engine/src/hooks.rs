@@ -61,13 +61,17 @@ pub enum StageKind {
     Out,
     /// Final RMSNorm, weight applied (`result_norm`). Width d_model.
     OutputNorm,
+    /// An encoder's pooled embedding (`result_embd_pooled`: mean, CLS or last row of the last block's
+    /// output, `<arch>.pooling_type`), not normalised. One row per sequence (emitted at the batch's last
+    /// position). Width d_model.
+    Pooled,
     /// Output logits (`result_output`). Width n_vocab.
     Logits,
 }
 
 impl StageKind {
     /// Every kind in forward order; per-layer kinds are those with [`StageKind::per_layer`].
-    pub const ALL: [StageKind; 22] = [
+    pub const ALL: [StageKind; 23] = [
         StageKind::Embed,
         StageKind::AttnNorm,
         StageKind::Q,
@@ -89,6 +93,7 @@ impl StageKind {
         StageKind::FfnPostNorm,
         StageKind::Out,
         StageKind::OutputNorm,
+        StageKind::Pooled,
         StageKind::Logits,
     ];
 
@@ -116,6 +121,7 @@ impl StageKind {
             StageKind::FfnPostNorm => "ffn_post_norm",
             StageKind::Out => "out",
             StageKind::OutputNorm => "output_norm",
+            StageKind::Pooled => "pooled",
             StageKind::Logits => "logits",
         }
     }
@@ -124,7 +130,7 @@ impl StageKind {
     pub fn per_layer(self) -> bool {
         !matches!(
             self,
-            StageKind::Embed | StageKind::OutputNorm | StageKind::Logits
+            StageKind::Embed | StageKind::OutputNorm | StageKind::Pooled | StageKind::Logits
         )
     }
 }
@@ -201,7 +207,7 @@ impl Stage {
             AttnProj | AttnPostNorm | FfnInp | FfnNorm => AttnOut,
             FfnGate | FfnUp | FfnAct => FfnNorm,
             FfnOut | FfnPostNorm | Out => FfnAct,
-            Embed | AttnNorm | OutputNorm | Logits => return None,
+            Embed | AttnNorm | OutputNorm | Pooled | Logits => return None,
         };
         Some(Stage::block(l, input))
     }

@@ -12,6 +12,8 @@
 use crate::gguf::{GgufWriter, MetaValue};
 use crate::quant::{quantize_row, GgmlType};
 
+pub mod bert;
+
 /// Shape and types of a synthetic decoder model: `llama` by default, or one of [`SYNTH_ARCHS`] through
 /// [`SynthModel::arch`]: `qwen2` (adds Q/K/V biases), `qwen3` (per-head Q/K norms, no biases), `gemma2`
 /// (post-attention and post-FFN norms, soft-capping, a sliding window on even layers), `gemma3` (per-head
@@ -71,6 +73,7 @@ pub const SYNTH_ARCHS: &[&str] = &[
     "stablelm",
     "phi3",
     "gpt2",
+    "bert",
 ];
 
 /// `stablelm.rope.dimension_count` of a synthetic `stablelm` file, as a fraction of head_dim (StableLM's
@@ -183,8 +186,9 @@ impl SynthModel {
             n_layer: 2,
             d_model: 256,
             n_head: 4,
-            // GPT-2 has no grouped-query attention (transformers' GPT2Attention has one head count)
-            n_kv_head: if arch == "gpt2" { 4 } else { 2 },
+            // GPT-2 and BERT have no grouped-query attention (transformers' GPT2Attention and BertSelfAttention
+            // have one head count; llama.cpp's converters write no head_count_kv)
+            n_kv_head: if matches!(arch, "gpt2" | "bert") { 4 } else { 2 },
             d_ff: 512,
             matrix_type: GgmlType::F32,
             embd_type: GgmlType::F32,
@@ -216,6 +220,10 @@ impl SynthModel {
                 "synth: gpt2 has no grouped-query attention; n_kv_head {} must equal n_head {}",
                 self.n_kv_head, self.n_head
             )));
+        }
+        if self.arch == "bert" {
+            // an encoder: its own tensors, metadata and WordPiece vocabulary (synth/bert.rs)
+            return bert::build_bert(self);
         }
         let mut rng = Rng(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let head_dim = self.d_model / self.n_head;

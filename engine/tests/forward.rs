@@ -1,5 +1,6 @@
-//! Forward-pass properties on tiny synthetic models of every architecture ([`ARCHS`]): hooks,
-//! derived stage lists, KV-cache decode, sliding windows, thread independence, modes.
+//! Forward-pass properties on tiny synthetic models of every architecture ([`ARCHS`]): hooks, derived stage
+//! lists, KV-cache decode, sliding windows, thread independence, modes; the encoder (bert) apart: no decode
+//! step, bidirectional attention, a pooled output.
 
 use std::ops::Range;
 
@@ -453,5 +454,157 @@ fn forward_last_gives_the_last_row_of_forward_and_the_same_cache() {
                 assert_eq!(a, b, "{arch} {mode} decode");
             }
         }
+    }
+}
+
+// ---- the encoder (bert): no KV cache, bidirectional attention, a pooled output ----------------------
+
+/// A tiny seeded bert (widths of 64, Q4_1 matrices) and a prompt of its WordPiece vocabulary (94 tokens).
+fn tiny_bert(matrix_type: GgmlType) -> Model {
+    tiny(&SynthModel {
+        arch: "bert",
+        n_kv_head: 4,
+        matrix_type,
+        ..SynthModel::default()
+    })
+}
+
+const BERT_PROMPT: [u32; 9] = [2, 87, 89, 90, 88, 89, 91, 40, 3];
+
+#[test]
+fn bert_stages_follow_the_encoder_and_end_in_the_pooled_embedding() {
+    let model = tiny_bert(GgmlType::Q4_1);
+    assert_eq!(model.output(), lockstep_engine::models::Output::Pooled);
+    let stages = model.stages();
+    let ids: Vec<String> = stages.iter().map(|(s, _)| s.to_string()).collect();
+    assert_eq!(ids.first().map(String::as_str), Some("embed"));
+    assert_eq!(ids.last().map(String::as_str), Some("pooled"));
+    for id in [
+        "blk.0.q",
+        "blk.0.attn_out",
+        "blk.0.ffn_inp",
+        "blk.1.ffn_act",
+        "blk.1.out",
+    ] {
+        assert!(ids.iter().any(|s| s == id), "{id} missing from {ids:?}");
+    }
+    // no RoPE, no pre-norms, no output head
+    for id in [
+        "blk.0.q_rope",
+        "blk.0.attn_norm",
+        "blk.0.ffn_norm",
+        "output_norm",
+        "logits",
+    ] {
+        assert!(!ids.iter().any(|s| s == id), "{id} in {ids:?}");
+    }
+    let mut rec = Recorder::new();
+    let out = record(&model, &BERT_PROMPT, NumericsMode::Ggml, &mut rec);
+    assert_eq!(out.len(), model.info().d_model);
+    assert_eq!(rec.stages.len(), stages.len());
+    let n = BERT_PROMPT.len();
+    for (s, w) in stages {
+        let r = rec.get(s).unwrap();
+        assert_eq!(r.width, w, "{s}");
+        let want: Vec<usize> = if s.kind == StageKind::Pooled {
+            vec![n - 1]
+        } else {
+            (0..n).collect()
+        };
+        assert_eq!(r.positions, want, "{s}");
+        assert!(r.data.iter().all(|v| v.is_finite()), "{s}");
+    }
+    // the output is the pooled stage as the sink saw it; mean pooling of the last block (reference mode)
+    assert_eq!(out, rec.get(Stage::global(StageKind::Pooled)).unwrap().data);
+    let mut rec = Recorder::new();
+    let out = record(&model, &BERT_PROMPT, NumericsMode::Reference, &mut rec);
+    let last = &rec.get(Stage::block(1, StageKind::Out)).unwrap().data;
+    let d = out.len();
+    for (j, o) in out.iter().enumerate() {
+        let mean = (0..n).map(|t| last[t * d + j]).sum::<f32>() / n as f32;
+        assert!((o - mean).abs() < 1e-5, "dim {j}: {o} vs {mean}");
+    }
+}
+
+#[test]
+fn bert_replacing_a_stage_changes_every_later_stage_and_nothing_earlier() {
+    let model = tiny_bert(GgmlType::Q4_1);
+    let order: Vec<Stage> = model.stages().into_iter().map(|(s, _)| s).collect();
+    for target in [
+        Stage::global(StageKind::Embed),
+        Stage::block(0, StageKind::AttnOut),
+        Stage::block(1, StageKind::FfnAct),
+        Stage::global(StageKind::Pooled),
+    ] {
+        let mut base = Recorder::new();
+        let base_out = record(&model, &BERT_PROMPT, NumericsMode::Reference, &mut base);
+        let mut rep = Replace {
+            target,
+            rec: Recorder::new(),
+        };
+        let rep_out = record(&model, &BERT_PROMPT, NumericsMode::Reference, &mut rep);
+        let at = order.iter().position(|s| *s == target).unwrap();
+        for (i, s) in order.iter().enumerate() {
+            let (a, b) = (&base.get(*s).unwrap().data, &rep.rec.get(*s).unwrap().data);
+            if i < at {
+                assert_eq!(a, b, "replacing {target} changed earlier stage {s}");
+            } else {
+                assert_ne!(a, b, "replacing {target} left stage {s} unchanged");
+            }
+        }
+        assert_ne!(base_out, rep_out);
+    }
+}
+
+#[test]
+fn bert_attention_sees_the_whole_sequence() {
+    // bidirectional: the last token changes what the first position attends to (a causal model's first
+    // position sees itself alone)
+    let model = tiny_bert(GgmlType::Q8_0);
+    let first_row = |tokens: &[u32]| {
+        let mut rec = Recorder::new();
+        record(&model, tokens, NumericsMode::Ggml, &mut rec);
+        let r = rec.get(Stage::block(0, StageKind::AttnOut)).unwrap();
+        r.data[..r.width].to_vec()
+    };
+    let mut other = BERT_PROMPT;
+    other[7] = 41;
+    assert_ne!(first_row(&BERT_PROMPT), first_row(&other));
+}
+
+#[test]
+fn bert_has_no_decode_step_and_says_so() {
+    let model = tiny_bert(GgmlType::Q4_1);
+    let mut s = model.session(16, NumericsMode::Ggml);
+    let a = model.forward(&mut s, &BERT_PROMPT, None).unwrap().to_vec();
+    let e = model.forward(&mut s, &[5], None).unwrap_err().to_string();
+    assert!(
+        e.contains("encoder without a KV cache") && e.contains("reset"),
+        "{e}"
+    );
+    s.reset();
+    assert_eq!(a, model.forward(&mut s, &BERT_PROMPT, None).unwrap());
+}
+
+#[test]
+fn bert_ggml_bits_do_not_depend_on_simd_or_threads() {
+    let simd = lockstep_engine::Simd::detect();
+    for matrix_type in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16] {
+        let model = tiny_bert(matrix_type);
+        let run = |threads: usize, simd: lockstep_engine::Simd| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let mut s = model.session(24, NumericsMode::Ggml);
+                s.set_simd(simd);
+                let out = model.forward(&mut s, &BERT_PROMPT, None).unwrap();
+                out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            })
+        };
+        let scalar = run(1, lockstep_engine::Simd::Off);
+        assert_eq!(scalar, run(1, simd), "{matrix_type}: simd {simd}");
+        assert_eq!(scalar, run(3, simd), "{matrix_type}: 3 threads");
     }
 }

@@ -127,17 +127,33 @@ pub enum Command {
     /// lockstep's variant recipe (an exact F32 dequantization of the model, then `--pure TYPE`, the files
     /// `[[variants]]` in models.toml register); written atomically to --out.
     Quantize(QuantizeArgs),
-    /// Write a tiny seeded model (2 blocks, widths that are multiples of 256, F32 weights, a real BPE
-    /// tokenizer block, the tensor names and metadata keys llama.cpp's converter writes): the same
+    /// Write a tiny seeded model (2 blocks, widths that are multiples of 256, F32 weights, a real tokenizer
+    /// block — byte-level BPE, WordPiece for bert — the tensor names and metadata keys llama.cpp's converter
+    /// writes): the same
     /// architecture and seed give the same bytes on every machine. Prints the path, size and sha256.
     Synth {
-        /// `general.architecture` to write: llama, qwen2, qwen3, gemma3.
+        /// `general.architecture` to write (lockstep_engine::synth::SYNTH_ARCHS: llama, qwen2, qwen3, gemma2,
+        /// gemma3, starcoder2, stablelm, phi3, bert).
         #[arg(long)]
         arch: String,
         /// Weight seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// The file to write (replaced atomically when it exists).
+        #[arg(long)]
+        out: PathBuf,
+        /// Also write the Hugging Face copy of the model into this directory (config.json +
+        /// model.safetensors; bert only: `lockstep export-hf`).
+        #[arg(long)]
+        hf_out: Option<PathBuf>,
+    },
+    /// Write the Hugging Face copy of a GGUF model (bert): config.json and model.safetensors with every
+    /// tensor dequantized to f32 as the engine reads it, so transformers' BertModel and safetensors-loading
+    /// engines run the same weights.
+    ExportHf {
+        #[command(flatten)]
+        model: ModelArg,
+        /// The directory to write config.json and model.safetensors into (created if missing).
         #[arg(long)]
         out: PathBuf,
     },
@@ -930,6 +946,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::BenchSample(a) => {
             let model = load_model(&a.model.model)?;
+            crate::session::require_logits(&model, "bench-sample")?;
             let test = crate::bench::Test {
                 n_prompt: a.n_prompt,
                 n_gen: a.n_gen,
@@ -985,6 +1002,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Dump(a) => {
             crate::output::check_file_target(&a.out, "--out")?;
             let model = load_model(&a.model.model)?;
+            crate::session::require_logits(&model, "dump")?;
             let tokens = match (&a.prompt, &a.tokens) {
                 (Some(p), _) if p.is_empty() => {
                     bail!("the prompt is empty: give --prompt some text")
@@ -1025,7 +1043,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             );
             println!("{}", made.path.display());
         }
-        Command::Synth { arch, seed, out } => {
+        Command::Synth {
+            arch,
+            seed,
+            out,
+            hf_out,
+        } => {
             let w = crate::synth::write_synth(&arch, seed, &out)?;
             eprintln!(
                 "lockstep synth: {arch} seed {seed} -> {} ({} bytes, sha256 {})",
@@ -1034,6 +1057,21 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 w.sha256
             );
             println!("{}", out.display());
+            if let Some(dir) = hf_out {
+                let e = crate::hf::export_hf(&out, &dir)?;
+                println!("{}\n{}", e.config.display(), e.safetensors.display());
+            }
+        }
+        Command::ExportHf { model, out } => {
+            let path = fetch::resolve_model(&model.model)?;
+            let e = crate::hf::export_hf(&path, &out)?;
+            eprintln!(
+                "lockstep export-hf: {} -> {} ({} tensors, f32)",
+                path.display(),
+                out.display(),
+                e.n_tensors
+            );
+            println!("{}\n{}", e.config.display(), e.safetensors.display());
         }
         Command::Serve { simd } => {
             let stdin = std::io::stdin().lock();
@@ -1139,6 +1177,7 @@ fn quality(a: QualityArgs, threads: usize, defaults: &Defaults) -> Result<()> {
 /// on stderr.
 fn generate(a: GenerateArgs) -> Result<()> {
     let model = load_model(&a.model.model)?;
+    crate::session::require_logits(&model, "generate")?;
     let opts = crate::generate::GenerateOptions {
         n_predict: a.n,
         sampler: SamplerConfig {

@@ -36,6 +36,11 @@ pub const NOT_IN_STAGE_MAP: &str =
 pub const TOKENS_NOT_FROM_ENGINE: &str =
     "the engine does not tokenize (no `tokenize` capability): lockstep's tokenizer gave the ids it ran";
 
+/// The [`NotCompared::reason`] of `logits` in the comparison of an encoder's golden ([`GoldenEntry::is_encoder`]
+/// of [`crate::golden`]): there are none; the model's output is compared as the stage `pooled`.
+pub const ENCODER_NO_LOGITS: &str =
+    "an encoder has no logits: its output, the pooled embedding, is compared as the stage `pooled` (cosine, NMSE, bits)";
+
 /// Prefill (all prompt positions in one batch) or decode (one token per step through the KV cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -217,6 +222,19 @@ impl CellComparison {
     /// True when the engine tokenized the prompt exactly as the oracle did.
     pub fn tokens_match(&self) -> bool {
         self.golden_tokens == self.engine_tokens
+    }
+
+    /// True for the comparison of an encoder's golden: no logits ([`ENCODER_NO_LOGITS`]); the output is the
+    /// stage `pooled`.
+    pub fn is_encoder(&self) -> bool {
+        self.not_compared
+            .iter()
+            .any(|n| n.stage == "logits" && n.reason == ENCODER_NO_LOGITS)
+    }
+
+    /// The comparison of the pooled embedding (an encoder's output), if it was compared.
+    pub fn pooled(&self) -> Option<&StageComparison> {
+        self.stages.iter().find(|s| s.stage == "pooled")
     }
 }
 
@@ -464,6 +482,15 @@ fn compare_parts(
 
         // Logits.
         if !with_logits {
+            continue;
+        }
+        if entry.is_encoder() {
+            // said, not skipped: the report lists it, and the gate holds the pooled stage instead
+            not_compared.push(NotCompared {
+                stage: "logits".into(),
+                phase,
+                reason: ENCODER_NO_LOGITS.into(),
+            });
             continue;
         }
         let Some(eng) = engine_stages.get("logits") else {

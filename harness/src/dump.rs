@@ -53,6 +53,8 @@ pub fn run(
     if tokens.is_empty() {
         bail!("no tokens to dump: the prompt is empty");
     }
+    // the dump format (v1) holds logits; an encoder's output is the stage `pooled`
+    crate::session::require_logits(model, "dump")?;
     model.check_context(tokens.len())?;
     let numerics = lockstep_engine::Numerics { mode, target, simd };
     let mut session = model.session(tokens.len(), numerics);

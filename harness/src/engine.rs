@@ -57,8 +57,16 @@ pub trait Engine {
     /// mirror `target`'s ggml-cpu kernels (the golden's host CPU).
     fn reset(&mut self, mode: NumericsMode, target: GgmlTarget, n_ctx: usize) -> Result<()>;
 
-    /// Run `tokens` at the next positions; hand every stage to `sink`; return the logits `[T, V]`.
+    /// Run `tokens` at the next positions; hand every stage to `sink`; return the logits `[T, V]` — or, for
+    /// an encoder ([`Engine::is_encoder`]), its pooled embedding `[1, D]`, which is also its stage `pooled`.
     fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>>;
+
+    /// True when the model is an encoder (BERT): [`Engine::forward`] returns the pooled embedding, not
+    /// logits, and a sequence is one forward call (no decode step). External engines: false (the dump
+    /// format has logits).
+    fn is_encoder(&self) -> bool {
+        false
+    }
 
     /// True when what `sink` writes into a stage is what the rest of the forward pass reads (the replace
     /// hook): only such an engine can be bisected. An external engine's stages are observed, not replaced.
@@ -225,9 +233,13 @@ impl Engine for LockstepEngine {
 
     fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>> {
         let session = self.session.as_mut().context("forward before reset")?;
-        let v = self.model.info().n_vocab;
-        let logits = self.model.forward(session, tokens, Some(sink))?;
-        Ok(Array2::from_shape_vec((tokens.len(), v), logits.to_vec())?)
+        let v = self.model.output_width();
+        let out = self.model.forward(session, tokens, Some(sink))?;
+        Ok(Array2::from_shape_vec((out.len() / v, v), out.to_vec())?)
+    }
+
+    fn is_encoder(&self) -> bool {
+        self.model.output() == lockstep_engine::models::Output::Pooled
     }
 }
 

@@ -70,6 +70,7 @@ pub fn generate(
     opts: &GenerateOptions,
     out: &mut dyn Write,
 ) -> Result<GenerateStats> {
+    crate::session::require_logits(model, "generate")?;
     let tok = model.tokenizer();
     let ids = tok.encode(prompt, true, opts.parse_special)?;
     if ids.is_empty() {

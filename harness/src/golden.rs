@@ -25,6 +25,10 @@
 //! | `decode.logits` | f32 | `[N, V]` | full logits after each decode step |
 //! | `decode.<stage id>` | f16 or f32 | `[N, D]` | a stage at each decode step |
 //!
+//! An encoder's golden (BERT; manifest `output = "pooled"`) has no logits and no decode steps: `tokens`, its
+//! prefill stages `[T, D]`, and `pooled` (f32 `[1, D]`: the pooled embedding, the model's output, one row per
+//! sequence) — see [`GoldenEntry::is_encoder`].
+//!
 //! Which stages a golden holds differs per golden (to respect the size budget); its manifest entry
 //! lists them all, and a stage missing from a golden is simply not compared.
 //!
@@ -339,6 +343,12 @@ pub struct GoldenEntry {
 }
 
 impl GoldenEntry {
+    /// True for an encoder's golden (manifest `output = "pooled"`): its output is the pooled embedding
+    /// (`pooled`, `[1, D]`), compared as a stage; it has no logits and no decode steps.
+    pub fn is_encoder(&self) -> bool {
+        self.extra.get("output").and_then(|v| v.as_str()) == Some("pooled")
+    }
+
     /// The canonical ids of the prefill stages this golden holds (arrays other than `tokens`,
     /// `logits*` and `decode.*`).
     pub fn prefill_stages(&self) -> impl Iterator<Item = &str> {
@@ -703,6 +713,9 @@ impl GoldenFile {
         }
         let t = self.entry.n_prompt_tokens;
         let n = self.entry.n_decode_steps;
+        if self.entry.is_encoder() {
+            return self.verify_encoder_contents(&names);
+        }
         let logits = self.read_f32("logits")?;
         let v = logits.ncols();
         if v == 0 {
@@ -798,6 +811,65 @@ impl GoldenFile {
                     "{path}: stage array `{name}` has shape {:?}, expected {rows} rows (one per {})",
                     self.entry.arrays[&name].shape,
                     if name.starts_with("decode.") { "decode step" } else { "prompt position" }
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// [`GoldenFile::verify_contents`] for an encoder's golden: `tokens` `[T]` (ids in the vocabulary of
+    /// `model_hparams.n_vocab` when recorded), `n_decode_steps = 0` and no `decode.*` or `logits*` array,
+    /// `pooled` `[1, D]`, every other stage `[T, D]`.
+    fn verify_encoder_contents(&mut self, names: &[String]) -> Result<()> {
+        let path = self.path.display().to_string();
+        let manifest = self.manifest.display().to_string();
+        let t = self.entry.n_prompt_tokens;
+        if self.entry.n_decode_steps != 0 {
+            bail!(
+                "{path}: an encoder golden (output = pooled) with n_decode_steps = {} in {manifest}: an encoder has no decode step",
+                self.entry.n_decode_steps
+            );
+        }
+        if let Some(a) = names
+            .iter()
+            .find(|a| a.starts_with("decode.") || a.starts_with("logits"))
+        {
+            bail!("{path}: array `{a}` in an encoder golden (output = pooled): it has no logits and no decode steps");
+        }
+        let tokens = self.read_tokens("tokens")?;
+        if tokens.len() != t || t == 0 {
+            bail!(
+                "{path}: array `tokens` holds {} ids, but {manifest} says n_prompt_tokens = {t}",
+                tokens.len()
+            );
+        }
+        let n_vocab = self
+            .entry
+            .extra
+            .get("model_hparams")
+            .and_then(|h| h.get("n_vocab"))
+            .and_then(|v| v.as_u64());
+        if let Some(v) = n_vocab {
+            if let Some(&bad) = tokens.iter().find(|&&x| u64::from(x) >= v) {
+                bail!("{path}: array `tokens` holds token id {bad}, outside the vocabulary 0..{v}");
+            }
+        }
+        if !self.entry.arrays.contains_key("pooled") {
+            bail!("{path}: an encoder golden (output = pooled) without the array `pooled`");
+        }
+        let stages: Vec<String> = self.entry.prefill_stages().map(str::to_string).collect();
+        for name in stages {
+            let rows = if name == "pooled" { 1 } else { t };
+            let a = self.read_f32(&name)?;
+            if a.nrows() != rows || self.entry.arrays[&name].shape.len() != 2 {
+                bail!(
+                    "{path}: stage array `{name}` has shape {:?}, expected {rows} rows ({})",
+                    self.entry.arrays[&name].shape,
+                    if rows == 1 {
+                        "one pooled row per sequence"
+                    } else {
+                        "one per prompt position"
+                    }
                 );
             }
         }

@@ -61,6 +61,7 @@ pub mod gate;
 pub mod generate;
 pub mod golden;
 pub mod hash;
+pub mod hf;
 pub mod inspect;
 pub mod judge;
 pub mod matrix;

@@ -23,6 +23,21 @@ pub fn load_model(spec: &str) -> Result<Model> {
     Model::load(&path).with_context(|| format!("loading model {}", path.display()))
 }
 
+/// Refuse an encoder (BERT) for a command that needs logits (`generate`, `dump`, `bench-sample`,
+/// `quality`): its forward pass returns the pooled embedding, which no such command may read as logits.
+///
+/// Errors: `model` is an encoder, naming its architecture and the command.
+pub fn require_logits(model: &Model, command: &str) -> Result<()> {
+    if model.output() == lockstep_engine::models::Output::Pooled {
+        anyhow::bail!(
+            "`lockstep {command}` needs a model with logits; this {} model is an encoder (its output is the pooled \
+             embedding, with no decode step): hold it to its goldens with `lockstep run` / `lockstep bisect`",
+            model.info().arch
+        );
+    }
+    Ok(())
+}
+
 /// A tiny synthetic model ([`lockstep_engine::synth::SynthModel`]) written to `m.gguf` in a fresh
 /// temporary directory, for the unit tests of the modules that load one (the directory lives as long as the
 /// returned guard).
@@ -65,6 +80,21 @@ mod tests {
         let mut s = model.session(4, n);
         let b = model.forward_last(&mut s, &[5, 6, 7], None).unwrap();
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn commands_that_need_logits_refuse_an_encoder() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bert.gguf");
+        crate::synth::write_synth("bert", 1, &p).unwrap();
+        let model = load_model(p.to_str().unwrap()).unwrap();
+        let e = require_logits(&model, "generate").unwrap_err().to_string();
+        assert!(
+            e.contains("lockstep generate") && e.contains("bert model is an encoder"),
+            "{e}"
+        );
+        let (_d, p) = tiny_model_file();
+        assert!(require_logits(&load_model(p.to_str().unwrap()).unwrap(), "dump").is_ok());
     }
 
     #[test]

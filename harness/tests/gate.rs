@@ -560,7 +560,26 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         .unwrap_or_else(|e| panic!("{e:#}"))
         .expand(&manifest, &Filters::default())
         .unwrap_or_else(|e| panic!("{e:#}"));
-    let tf_models: std::collections::BTreeSet<&str> = tf.iter().map(|c| c.model.as_str()).collect();
+    let tf_all: std::collections::BTreeSet<&str> = tf.iter().map(|c| c.model.as_str()).collect();
+    // the seeded encoder and its variants (synth-bert*: BertModel on lockstep's Hugging Face copy) have
+    // their one prompt; the three downloaded models every prompt
+    let is_bert =
+        |m: &str| m == "synth-bert" || reg.variant(m).is_some_and(|v| v.source == "synth-bert");
+    let bert: Vec<&str> = tf_all.iter().copied().filter(|m| is_bert(m)).collect();
+    assert_eq!(bert.len(), 7, "synth-bert and its six variants: {bert:?}");
+    for m in &bert {
+        assert_eq!(
+            tf.iter()
+                .filter(|c| c.model == *m)
+                .map(|c| &c.prompt)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            1,
+            "{m}"
+        );
+    }
+    let tf_models: std::collections::BTreeSet<&str> =
+        tf_all.iter().copied().filter(|m| !is_bert(m)).collect();
     assert_eq!(tf_models.len(), 3, "{tf_models:?}");
     for m in &tf_models {
         assert!(reg.variant(m).is_none(), "{m}");

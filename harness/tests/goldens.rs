@@ -166,6 +166,46 @@ fn every_seeded_model_and_variant_has_its_goldens() {
             .unwrap_or_else(|| panic!("no llama.cpp golden for seeded model {id}"));
         assert_eq!(g.model_sha256, sha, "{}", g.path);
         assert_eq!(g.arch, arch, "{}", g.path);
+        if g.is_encoder() {
+            // an encoder (bert): one prefill of its 8 WordPiece tokens, no logits, no decode steps, the
+            // pooled embedding as its output; every stage for the F32 file
+            assert_eq!(arch, "bert", "{}", g.path);
+            assert_eq!(g.n_prompt_tokens, 8, "{}", g.path);
+            assert_eq!(g.n_decode_steps, 0, "{}", g.path);
+            assert_eq!(g.capture_changes_logits, 0.0, "{}", g.path);
+            assert!(
+                !g.arrays
+                    .keys()
+                    .any(|a| a.starts_with("logits") || a.starts_with("decode.")),
+                "{}",
+                g.path
+            );
+            assert_eq!(g.arrays["pooled"].shape, [1, 256], "{}", g.path);
+            for a in ["tokens", "blk.0.out", "blk.1.out"] {
+                assert!(g.arrays.contains_key(a), "{}: no {a}", g.path);
+            }
+            if base {
+                for a in [
+                    "embed",
+                    "blk.0.q",
+                    "blk.0.attn_out",
+                    "blk.1.ffn_act",
+                    "blk.1.ffn_inp",
+                ] {
+                    assert!(g.arrays.contains_key(a), "{}: no {a}", g.path);
+                }
+            }
+            let t = m
+                .find(id, "transformers", "f32", "synth")
+                .unwrap_or_else(|| panic!("no transformers golden for seeded encoder {id}"));
+            assert_eq!(t.model_sha256, sha, "{}", t.path);
+            assert!(
+                t.is_encoder() && t.arrays.contains_key("pooled"),
+                "{}",
+                t.path
+            );
+            continue;
+        }
         assert!(g.n_prompt_tokens > 8, "{}", g.path);
         assert_eq!(g.n_decode_steps, 8, "{}", g.path);
         assert_eq!(g.capture_changes_logits, 0.0, "{}", g.path);
@@ -413,6 +453,13 @@ fn arrays_read_back_consistently() {
         let tokens = read_tokens(&dir, g).unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(tokens.len(), g.n_prompt_tokens, "{}", g.path);
         let mut f = GoldenFile::open(&dir, g).unwrap();
+        if g.is_encoder() {
+            // no logits, no decode: the pooled embedding, one finite row
+            let pooled = f.read_f32("pooled").unwrap();
+            assert_eq!(pooled.nrows(), 1, "{}", g.path);
+            assert!(pooled.iter().all(|v| v.is_finite()), "{}", g.path);
+            continue;
+        }
         let decode = f.read_tokens("decode.tokens").unwrap();
         assert_eq!(decode.len(), g.n_decode_steps, "{}", g.path);
 
@@ -489,14 +536,22 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// A copy of golden/ in a tempdir and the entry of its smallest golden.
+/// A copy of golden/ in a tempdir and the entry of its smallest golden of a decoder (an encoder's golden
+/// has no logits to damage: [`an_encoder_golden_is_held_to_its_own_contract`]).
 fn scratch() -> (tempfile::TempDir, Manifest, GoldenEntry) {
+    scratch_where(|g| !g.is_encoder())
+}
+
+fn scratch_where(
+    keep: impl Fn(&GoldenEntry) -> bool,
+) -> (tempfile::TempDir, Manifest, GoldenEntry) {
     let tmp = tempfile::tempdir().unwrap();
     copy_dir(&golden_dir(), tmp.path());
     let m = load_manifest(tmp.path()).unwrap();
     let g = m
         .goldens
         .iter()
+        .filter(|g| keep(g))
         .min_by_key(|g| fs::metadata(tmp.path().join(&g.path)).unwrap().len())
         .unwrap()
         .clone();
@@ -904,4 +959,25 @@ fn an_oversized_member_is_refused_before_it_is_decompressed() {
     });
     let err = err_of(verify_golden(tmp.path(), &g3));
     assert!(err.contains("larger than"), "{err}");
+}
+
+#[test]
+fn an_encoder_golden_is_held_to_its_own_contract() {
+    // a pooled embedding of two rows for one sequence
+    let (tmp, _m, g) = scratch_where(|g| g.is_encoder());
+    let data = vec![0u8; 2 * 256 * 4];
+    let pooled = npy(Dtype::F32.npy_descr(), &[2, 256], &data);
+    let mut g2 = rewrite(tmp.path(), &g, Some(("pooled", Some(pooled))), None);
+    g2.arrays.get_mut("pooled").unwrap().shape = vec![2, 256];
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(&g.path) && err.contains("`pooled`") && err.contains("one pooled row"),
+        "{err}"
+    );
+    // decode steps claimed for an encoder
+    let mut g3 = g.clone();
+    g3.n_decode_steps = 1;
+    let (tmp, _m, _) = scratch_where(|g| g.is_encoder());
+    let err = err_of(verify_golden(tmp.path(), &g3));
+    assert!(err.contains("an encoder has no decode step"), "{err}");
 }

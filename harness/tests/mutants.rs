@@ -65,6 +65,9 @@ struct Subject {
     first_rope_base_not_10k: Option<usize>,
     /// The first matmul in forward order whose weight is Q4_1 or Q4_K (whose min the fault misreads).
     first_min_quant: Option<Site>,
+    /// An encoder (BERT): post-norms from the embedding LayerNorm on, bidirectional attention, token types,
+    /// a pooled output; no RoPE, no KV cache, no output norm.
+    encoder: bool,
     /// The arrays the golden stores (`blk.0.q`, `decode.blk.0.out`, ...): bisect can only name a stage the
     /// golden stores, so where it lacks the stage a bug enters at, the right answer is the layer's `out`.
     stored: Vec<String>,
@@ -97,10 +100,12 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
     let n_decode = entry.n_decode_steps;
     let path = lockstep::fetch::resolve_model(id).unwrap();
     let model = lockstep_engine::Model::load(&path).unwrap();
-    let layers = &model.decoder().layers;
+    let layers: &[lockstep_engine::models::blocks::DecoderLayer] =
+        model.decoder().map_or(&[], |d| &d.layers);
     let g = GgufFile::open(&path).unwrap();
     let arch = g.get_str("general.architecture").unwrap().to_string();
     let key = |k: &str| g.get_u64(&format!("{arch}.{k}")).unwrap() as usize;
+    let key_or = |k: &str, d: usize| g.get_u64(&format!("{arch}.{k}")).map_or(d, |v| v as usize);
     let mut first: Option<(usize, usize, StageKind)> = None;
     for t in g.tensors() {
         if !matches!(t.ggml_type, GgmlType::Q4_1 | GgmlType::Q4_K) {
@@ -123,21 +128,29 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
         prompt,
         n_prompt,
         n_layer: key("block_count"),
-        n_head: layers[0].attn.shape.n_head,
-        n_kv_head: layers[0].attn.shape.n_kv_head,
+        n_head: key("attention.head_count"),
+        n_kv_head: key_or("attention.head_count_kv", key("attention.head_count")),
         has_bias: g.tensor("blk.0.attn_q.bias").is_ok() || g.tensor("blk.0.attn_qkv.bias").is_ok(),
         fused_qkv: g.tensor("blk.0.attn_qkv.weight").is_ok(),
-        has_embed_scale: model.decoder().embed.scale.is_some(),
+        has_embed_scale: model.decoder().is_some_and(|d| d.embed.scale.is_some()),
         has_softcap: layers.iter().any(|l| l.attn.shape.softcap.is_some()),
         window: layers
             .iter()
             .find_map(|l| Some((l.attn.shape.window?, l.layer))),
         n_decode,
-        gated_ffn: layers[0].ffn.gate.is_some() || layers[0].ffn.fused,
-        has_norm_bias: g.tensor("blk.0.attn_norm.bias").is_ok(),
-        partial_rotary: layers[0].attn.rope.dim < layers[0].attn.shape.head_dim,
-        has_rope: layers[0].attn.rope.kind != RopeKind::None,
-        has_pos_embd: model.decoder().embed.positions.is_some(),
+        gated_ffn: layers
+            .first()
+            .is_some_and(|l| l.ffn.gate.is_some() || l.ffn.fused),
+        has_norm_bias: g.tensor("blk.0.attn_norm.bias").is_ok()
+            || g.tensor("token_embd_norm.bias").is_ok(),
+        partial_rotary: layers
+            .first()
+            .is_some_and(|l| l.attn.rope.dim < l.attn.shape.head_dim),
+        encoder: model.encoder().is_some(),
+        has_rope: layers
+            .first()
+            .is_some_and(|l| l.attn.rope.kind != RopeKind::None),
+        has_pos_embd: model.decoder().is_some_and(|d| d.embed.positions.is_some()),
         first_rope_freqs: layers.iter().position(|l| l.attn.rope_freqs.is_some()),
         first_min_quant: first.map(|(l, _, k)| Site {
             layer: Some(l),
@@ -190,6 +203,9 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
         Phase::Decode
     };
     let mid = s.n_layer / 2;
+    if s.encoder {
+        return expected_encoder(fault, s).map(|x| as_stored(x, s));
+    }
     let site = Some(match fault {
         // no rotation to get wrong where positions are a learned table (GPT-2)
         Fault::RopePairing
@@ -260,8 +276,51 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
         Fault::FusedQkvSplit => site(Some(0), &[K::K, K::V, K::KRope], Phase::Prefill),
         // reference mode only: its own test below, not the two-mode suite
         Fault::ReferenceUnpack => return None,
+        // an encoder's blocks: a decoder has no token types, no pooling, no encoder attention
+        Fault::EncoderCausalMask | Fault::TokenTypeDropped | Fault::PoolingWrong => return None,
     });
     site.map(|x| as_stored(x, s))
+}
+
+/// [`expected`] for an encoder (BERT): its first norm is the embedding LayerNorm (`embed` is its output),
+/// its attention sees the whole prompt, its output is `pooled`. Faults of blocks it does not have (RoPE,
+/// KV cache, causal mask, gate, output norm, soft-cap, window, fused QKV) cannot change anything.
+fn expected_encoder(fault: Fault, s: &Subject) -> Option<Site> {
+    use StageKind as K;
+    let site = |layer: Option<usize>, kinds: &[StageKind]| Site {
+        layer,
+        kinds: kinds.to_vec(),
+        phase: Phase::Prefill,
+    };
+    let mid = s.n_layer / 2;
+    Some(match fault {
+        Fault::NormEps | Fault::LayerNormBiasDropped | Fault::TokenTypeDropped => {
+            site(None, &[K::Embed])
+        }
+        Fault::GqaHeadMap if s.n_kv_head == 1 || s.n_kv_head == s.n_head => return None,
+        Fault::GqaHeadMap | Fault::AttnScale => site(Some(0), &[K::AttnOut]),
+        Fault::EncoderCausalMask if s.n_prompt == 1 => return None,
+        Fault::EncoderCausalMask => site(Some(0), &[K::AttnOut]),
+        Fault::MissingResidual { .. } => site(Some(mid), &[K::Out]),
+        Fault::QuantMinMisread => s.first_min_quant.clone()?,
+        Fault::QkvBiasMissing if !s.has_bias => return None,
+        Fault::QkvBiasMissing => site(Some(0), &[K::Q]),
+        Fault::PoolingWrong => site(None, &[K::Pooled]),
+        Fault::RopePairing
+        | Fault::RopeBase
+        | Fault::RopeDecodePosition
+        | Fault::PartialRotaryDims
+        | Fault::KvWritePosition
+        | Fault::CausalMaskOff
+        | Fault::GateUpSwapped
+        | Fault::WrongActivation { .. }
+        | Fault::FinalNormSkipped
+        | Fault::EmbedScaleMissing
+        | Fault::SoftcapMissing
+        | Fault::WindowOffByOne
+        | Fault::FusedQkvSplit
+        | Fault::ReferenceUnpack => return None,
+    })
 }
 
 fn mutants(s: &Subject) -> Vec<Fault> {
@@ -289,6 +348,9 @@ fn mutants(s: &Subject) -> Vec<Fault> {
         Fault::PartialRotaryDims,
         Fault::PosEmbdOffset,
         Fault::RopeFreqFactorsIgnored,
+        Fault::EncoderCausalMask,
+        Fault::TokenTypeDropped,
+        Fault::PoolingWrong,
     ]
 }
 
@@ -491,6 +553,11 @@ fn synth_gemma4_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
 #[test]
 fn synth_gpt2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
     suite("synth-gpt2", &[subject("synth-gpt2", "synth")]);
+}
+
+#[test]
+fn synth_bert_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
+    suite("synth-bert", &[subject("synth-bert", "synth")]);
 }
 
 /// A bug in code only reference mode runs (its matmuls' Q4_1 dequantization) while ggml mode stays bit

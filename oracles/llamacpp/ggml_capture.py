@@ -473,6 +473,38 @@ GEMMA4_STAGES: tuple[Stage, ...] = (
 )
 GEMMA4_NOT_EXPOSED: tuple[str, ...] = ()
 
+# The bert graph of the vendored src/models/bert.cpp + src/llama-graph.cpp (embeddings mode: no KV cache,
+# build_attn_inp_no_cache, build_pooling), in forward order:
+# - "inp_embd" is token + token_types[0] + position (an ADD); the LayerNorm's bias ADD "inp_norm-0" (bert.cpp
+#   names it with il = 0) is the input of block 0: canonical "embed";
+# - Q/K/V are the bias ADDs "Qcur-N" / "Kcur-N" / "Vcur-N" (no RoPE for BERT); "kqv_out-N" names two nodes: the
+#   heads' CONT (attn_out) and, renamed by bert.cpp's cb after build_attn, the output projection's bias ADD
+#   (attn_proj);
+# - "ffn_inp-N" is the attention LayerNorm's bias ADD (post-norm: LN(x + attn)); the FFN as starcoder2's
+#   (ffn_up_b, ffn_gelu, ffn_out); the layer output LN(ffn_inp + ffn_out) is the ADD of the
+#   "blk.N.layer_output_norm.bias" (unnamed, or "result_embd" in the last layer);
+# - "result_embd_pooled" is the pooled embedding, [n_embd, n_seqs]: MUL_MAT with inp_mean (mean) or GET_ROWS
+#   (cls, last); one row ("seq" layout). No output norm, no logits.
+BERT_STAGES: tuple[Stage, ...] = (
+    Stage("inp_norm-0", "ADD", "embed", "2d"),
+    Stage("Qcur-{N}", "ADD", "blk.{N}.q", "2d"),
+    Stage("Kcur-{N}", "ADD", "blk.{N}.k", "2d"),
+    Stage("Vcur-{N}", "ADD", "blk.{N}.v", "2d"),
+    Stage("kqv_out-{N}", "CONT", "blk.{N}.attn_out", "2d"),
+    Stage("kqv_out-{N}", "ADD", "blk.{N}.attn_proj", "2d"),
+    Stage("ffn_inp-{N}", "ADD", "blk.{N}.ffn_inp", "2d"),
+    Stage("ffn_up_b-{N}", "ADD", "blk.{N}.ffn_up", "2d"),
+    Stage("ffn_gelu-{N}", "GELU", "blk.{N}.ffn_act", "2d"),
+    Stage("ffn_out-{N}", "ADD", "blk.{N}.ffn_out", "2d"),
+    Stage(UNNAMED, "ADD", "blk.{N}.out", "2d", input="blk.{N}.layer_output_norm.bias"),
+    Stage("result_embd_pooled", "MUL_MAT", "pooled", "seq"),
+    Stage("result_embd_pooled", "GET_ROWS", "pooled", "seq"),
+)
+BERT_NOT_EXPOSED: tuple[str, ...] = ()
+
+# The encoder architectures: run in embeddings mode (Oracle.run(embeddings=True)), no decode steps.
+ENCODER_ARCHS = ("bert",)
+
 # architecture (GGUF general.architecture) -> (stage map, canonical stages without a node)
 ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
     "llama": (LLAMA_STAGES, LLAMA_NOT_EXPOSED),
@@ -485,6 +517,7 @@ ARCH_STAGES: dict[str, tuple[tuple[Stage, ...], tuple[str, ...]]] = {
     "phi3": (PHI3_STAGES, PHI3_NOT_EXPOSED),
     "gpt2": (GPT2_STAGES, GPT2_NOT_EXPOSED),
     "gemma4": (GEMMA4_STAGES, GEMMA4_NOT_EXPOSED),
+    "bert": (BERT_STAGES, BERT_NOT_EXPOSED),
 }
 
 
@@ -498,7 +531,8 @@ def canonical_ids(stages: Sequence[Stage], n_layer: int) -> list[str]:
     for n in range(n_layer):
         out += [s.canonical.replace("{N}", str(n)) for s in stages if s.per_layer]
     out += [s.canonical for s in post]
-    return out
+    # a stage matched by more than one (name, op) row (bert's pooled: MUL_MAT or GET_ROWS) is one id
+    return list(dict.fromkeys(out))
 
 
 def tensor_rows(t: GgmlTensor, addr: int, n_tokens: int, layout: str) -> np.ndarray:
@@ -514,6 +548,10 @@ def tensor_rows(t: GgmlTensor, addr: int, n_tokens: int, layout: str) -> np.ndar
         ok = ne[1] == n_tokens and ne[2] == 1 and ne[3] == 1
     elif layout == "3d":
         ok = ne[2] == n_tokens and ne[3] == 1
+    elif layout == "seq":
+        # one row per sequence (an encoder's pooled embedding, ne = [width, n_seqs]); one sequence here
+        ok = ne[1] == 1 and ne[2] == 1 and ne[3] == 1
+        n_tokens = 1
     else:
         raise ValueError(f"unknown layout {layout!r}")
     if not ok:
@@ -774,6 +812,8 @@ class RunResult:
     decode_logits: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))  # [N, V]
     decode_stages: dict[str, np.ndarray] = field(default_factory=dict)  # canonical -> [N, D]
     inventory: list = field(default_factory=list)
+    # an encoder (embeddings mode): llama_get_embeddings_seq(ctx, 0), [1, n_embd]; logits is then [T, 0]
+    pooled: Optional[np.ndarray] = None
 
 
 _LOG_KEEP = {3, 4}  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
@@ -847,14 +887,22 @@ class Oracle:
         capture: bool,
         inventory: bool = False,
         stages: Sequence[Stage] = LLAMA_STAGES,
+        embeddings: bool = False,
     ) -> RunResult:
         """Prefill ``tokens`` in one batch (logits at every position), then decode one token per
         ``llama_decode`` call: ``decode`` is either a step count (greedy: each fed token is the
-        argmax of the previous logits) or the exact tokens to feed (teacher forcing)."""
+        argmax of the previous logits) or the exact tokens to feed (teacher forcing).
+
+        ``embeddings``: an encoder (BERT): the context is made with ``embeddings = true`` and the
+        model's own pooling type (``LLAMA_POOLING_TYPE_UNSPECIFIED``), there is no KV cache and no
+        decode step (``decode`` must be 0), ``RunResult.pooled`` is ``llama_get_embeddings_seq(ctx, 0)``
+        and ``RunResult.logits`` is ``[T, 0]``."""
         s = self.settings
         if len(tokens) > s.n_batch or len(tokens) > s.n_ubatch:
             raise ValueError(f"prompt of {len(tokens)} tokens does not fit one batch of {s.n_ubatch}")
         n_steps = decode if isinstance(decode, int) else len(decode)
+        if embeddings and n_steps:
+            raise ValueError("an encoder has no decode steps (no KV cache): decode must be 0")
         if len(tokens) + n_steps > s.n_ctx:
             raise ValueError(f"{len(tokens)} + {n_steps} tokens exceed n_ctx = {s.n_ctx}")
         cap = (
@@ -873,7 +921,9 @@ class Oracle:
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.type_k = KV_TYPES[kv]
         cp.type_v = KV_TYPES[kv]
-        cp.embeddings = False
+        cp.embeddings = embeddings
+        if embeddings:
+            cp.pooling_type = L.LLAMA_POOLING_TYPE_UNSPECIFIED  # the model's bert.pooling_type
         cp.no_perf = True
         if cap is not None:
             cp.cb_eval = cap.cfunc
@@ -900,6 +950,8 @@ class Oracle:
                 if rc != 0:
                     raise RuntimeError(f"llama_decode returned {rc}")
                 got = cap.finish() if cap is not None else {}
+                if embeddings:
+                    return np.zeros((len(toks), 0), np.float32), got
                 rows = np.empty((len(toks), self.n_vocab), np.float32)
                 for i in range(len(toks)):
                     ptr = L.llama_get_logits_ith(ctx, i)
@@ -908,6 +960,11 @@ class Oracle:
 
             logits, got = step(tokens, 0)
             res = RunResult(tokens=np.asarray(tokens, np.int32), logits=logits, stages=got)
+            if embeddings:
+                ptr = L.llama_get_embeddings_seq(ctx, 0)
+                if not ptr:
+                    raise RuntimeError("llama_get_embeddings_seq returned NULL: no pooled embedding")
+                res.pooled = np.array(np.ctypeslib.as_array(ptr, shape=(self.n_embd,)), np.float32).reshape(1, -1)
             if cap is not None and cap.inventory is not None:
                 res.inventory = list(cap.inventory)
                 cap.inventory = None

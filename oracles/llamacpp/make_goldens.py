@@ -166,6 +166,11 @@ SYNTH_POLICY = {"f32": {"default": {"prefill": ALL, "decode": RESIDUAL, "exact":
 SYNTH_VARIANT_POLICY = {
     "f32": {"default": {"prefill": ("blk.{N}.out",), "decode": (), "exact": (), "decode_logits": "full"}}
 }
+# An encoder (bert): no decode steps and no logits; its output, the pooled embedding `pooled` [1, n_embd], is
+# always stored f32 (variants too: see ENCODER_ALWAYS). Its norms are post-norms: embed, ffn_inp and out
+# are the LayerNorm outputs, kept f32 so an epsilon bug shows at the norm that has it.
+SYNTH_ENCODER_POLICY = {"f32": {"default": {"prefill": ALL, "decode": (), "exact": ("embed", "blk.{N}.ffn_inp", "blk.{N}.out", "pooled"), "decode_logits": "full"}}}
+ENCODER_ALWAYS = ("pooled",)
 
 
 def load_synth(models_toml: Path = ROOT / "models.toml") -> dict:
@@ -179,7 +184,7 @@ def load_synth(models_toml: Path = ROOT / "models.toml") -> dict:
         out[m["id"]] = {
             "sha256": m["sha256"],
             "arch": m["arch"],
-            "policy": SYNTH_POLICY,
+            "policy": SYNTH_ENCODER_POLICY if m["arch"] in G.ENCODER_ARCHS else SYNTH_POLICY,
             "prompts": SYNTH_PROMPTS,
             "kv": SYNTH_KV,
             "synth": {
@@ -479,6 +484,75 @@ def dump_manifest(manifest: dict) -> str:
     return text + "\n"
 
 
+def encoder_entry(args, oracle, meta, settings, host, res, p, rendered, kv, n_layer, all_ids, want_sha, model_path, arch, delta) -> dict:
+    """Write the golden of an encoder (bert) run and return its manifest entry: ``tokens``, the stages of
+    the policy (``pooled`` always, f32) and no logits and no decode arrays (``n_decode_steps = 0``,
+    ``output = pooled``)."""
+    pid = p["id"]
+    pol = policy(args.model_id, kv, pid)
+    prefill_ids = [c for c in expand(pol["prefill"], n_layer, all_ids) if c != "logits"]
+    prefill_ids += [c for c in ENCODER_ALWAYS if c not in prefill_ids]
+    exact = set(expand(pol["exact"], n_layer, all_ids)) | set(ENCODER_ALWAYS)
+    raw = [("tokens", res.tokens, False)] + [(c, res.stages[c], c not in exact) for c in prefill_ids]
+    arrays, listed = {}, {}
+    for name, x, allow_f16 in raw:
+        a, info = store(x, allow_f16)
+        arrays[name] = a
+        listed[name] = {"shape": list(a.shape), **info}
+    rel = Path(args.model_id) / f"llama.cpp-{kv}kv" / f"{pid}.npz"
+    write_npz(args.out / rel, arrays)
+    T = len(res.tokens)
+    entry = {
+        "path": rel.as_posix(),
+        "sha256": sha256_file(args.out / rel),
+        "bytes": (args.out / rel).stat().st_size,
+        "model_id": args.model_id,
+        "model_sha256": want_sha,
+        "model_file": model_path.name,
+        "model_general_name": meta["general.name"],
+        "arch": arch,
+        "prompt_id": pid,
+        "prompt_kind": p["kind"],
+        "prompt": rendered[pid]["text"],
+        "add_special": p["add_special"],
+        "parse_special": p["parse_special"],
+        "tokenizer": {"add_bos": oracle.add_bos, "bos_id": oracle.bos, "eos_id": oracle.eos},
+        "oracle": {
+            "name": ORACLE_NAME,
+            "llama_cpp_python": G.LLAMA_CPP_PYTHON_VERSION,
+            "llama_cpp_commit": G.LLAMA_CPP_COMMIT,
+            "ggml_commit": G.GGML.commit(),
+            "ggml_version": G.GGML.version(),
+            "numpy": np.__version__,
+            **host,
+        },
+        "kv_type": kv,
+        "settings": {**settings.as_dict(kv), "embeddings": True,
+                     "pooling_type": "LLAMA_POOLING_TYPE_UNSPECIFIED (the model's bert.pooling_type)",
+                     "logits_requested": "none: embeddings mode (an encoder has no output head)",
+                     "kv_cache": "none: llama.cpp builds no KV cache for an encoder (build_attn_inp_no_cache); type_k/type_v unused"},
+        "n_prompt_tokens": T,
+        "n_decode_steps": 0,
+        "decode_source": "none: an encoder has no KV cache and no decode step",
+        "continuation": "",
+        "output": "pooled",
+        "capture_changes_logits": delta,
+        "capture_changes_note": "an encoder: max |Δ| of the pooled embedding between the runs with and without the capture hooks",
+        "stages_prefill": list(pol["prefill"]) + list(ENCODER_ALWAYS),
+        "stages_decode": [],
+        "stages_exact_f32": list(pol["exact"]) + list(ENCODER_ALWAYS),
+        "logits_storage": "none: an encoder has no logits; `pooled` [1, n_embd] f32 is llama_get_embeddings_seq(ctx, 0), "
+        "bit-equal to the graph's result_embd_pooled (not normalised)",
+        "model_hparams": {"n_layer": n_layer, "n_embd": oracle.n_embd, "n_vocab": oracle.n_vocab},
+        "arrays": listed,
+    }
+    for key in ("variant", "synth"):
+        if key in MODELS[args.model_id]:
+            entry[key] = MODELS[args.model_id][key]
+    print(f"{rel.as_posix():55s} T={T:3d} {entry['bytes'] / 2**20:6.2f} MiB  capture Δpooled={delta:.3g}", flush=True)
+    return entry
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     here = Path(__file__).resolve().parent
@@ -584,7 +658,11 @@ def main() -> int:
         toks = rendered[pid]["tokens"]
         for kv in kv_order:
             listing = not inventory_summary
-            if kv == "f32":
+            encoder = arch in G.ENCODER_ARCHS
+            if encoder:
+                decode = 0
+                decode_source = "none: an encoder has no KV cache and no decode step"
+            elif kv == "f32":
                 decode: int | list[int] = N_DECODE
                 decode_source = "greedy: each fed token is the argmax of the previous step's logits"
             else:
@@ -593,13 +671,23 @@ def main() -> int:
                     "teacher-forced with the llama.cpp-f32kv golden's greedy continuation, so both "
                     "KV-cache types are compared on the same tokens"
                 )
-            res = oracle.run(toks, kv, decode, capture=True, inventory=listing, stages=stages)
+            res = oracle.run(toks, kv, decode, capture=True, inventory=listing, stages=stages, embeddings=encoder)
             if listing:
                 inventory_summary = G.summarize_inventory(res.inventory, n_layer)
                 if args.list_nodes:
                     for name, op, typ, ne, srcs in res.inventory:
                         print(f"{name:40s} {op:10s} {typ:5s} {str(list(ne)):24s} <- {', '.join(srcs)}")
-            plain = oracle.run(toks, kv, [int(t) for t in res.decode_tokens], capture=False, stages=stages)
+            plain = oracle.run(toks, kv, [int(t) for t in res.decode_tokens], capture=False, stages=stages, embeddings=encoder)
+            if encoder:
+                # the output is the pooled embedding: capture must not change it, and the graph's node is
+                # what llama_get_embeddings_seq hands out, bit for bit
+                delta = float(np.max(np.abs(plain.pooled - res.pooled)))
+                cb_vs_api = float(np.max(np.abs(res.stages["pooled"] - res.pooled)))
+                if cb_vs_api != 0.0:
+                    raise SystemExit(f"{pid}/{kv}: result_embd_pooled differs from llama_get_embeddings_seq by {cb_vs_api}")
+                results[(pid, kv)] = res
+                entries.append(encoder_entry(args, oracle, meta, settings, host, res, p, rendered, kv, n_layer, all_ids, want_sha, model_path, arch, delta))
+                continue
             delta = max(
                 float(np.max(np.abs(plain.logits - res.logits))),
                 float(np.max(np.abs(plain.decode_logits - res.decode_logits))) if len(res.decode_tokens) else 0.0,

@@ -301,7 +301,8 @@ def dump_manifest(manifest: dict) -> str:
 def stage_map_json(arch: str) -> dict:
     rows = []
     for cid, path, kind in C.ARCH_STAGES[arch]:
-        op = {"out": "forward_hook", "in": "forward_pre_hook", "attn": "attention_function", "result": "model_output"}[kind]
+        op = {"out": "forward_hook", "in": "forward_pre_hook", "attn": "attention_function", "result": "model_output",
+              "pooled": "computed_from_output"}[kind]
         rows.append({"oracle_name": path, "op": op, "canonical": cid})
     about = (
         "transformers module (path in the model, {N} = layer) -> canonical stage id. op: forward_hook = the "
@@ -756,10 +757,176 @@ def check_against_llamacpp(arch: str, res: C.RunResult, src_npz: dict, where: st
     return worst
 
 
+# An encoder (bert): the F32 model stores every stage (its post-norm outputs embed / ffn_inp / out and the pooled
+# embedding f32), a variant blk.N.out and pooled; no logits, no decode steps.
+ENCODER_POLICY = {"prefill": ("*",), "exact": ("embed", "blk.{N}.ffn_inp", "blk.{N}.out", "pooled")}
+ENCODER_VARIANT_POLICY = {"prefill": ("blk.{N}.out", "pooled"), "exact": ("blk.{N}.out", "pooled")}
+
+
+def check_hf_copy(model, gguf_path: Path) -> str:
+    """The Hugging Face copy lockstep wrote holds the GGUF's weights: every BertModel parameter equals the
+    `gguf` package's dequantization of its tensor, bit for bit (a mismatch stops the run)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    names = {
+        "token_embd.weight": "embeddings.word_embeddings.weight",
+        "position_embd.weight": "embeddings.position_embeddings.weight",
+        "token_types.weight": "embeddings.token_type_embeddings.weight",
+        "token_embd_norm.weight": "embeddings.LayerNorm.weight",
+        "token_embd_norm.bias": "embeddings.LayerNorm.bias",
+    }
+    per_layer = {
+        "attn_q": "attention.self.query", "attn_k": "attention.self.key", "attn_v": "attention.self.value",
+        "attn_output": "attention.output.dense", "attn_output_norm": "attention.output.LayerNorm",
+        "ffn_up": "intermediate.dense", "ffn_down": "output.dense", "layer_output_norm": "output.LayerNorm",
+    }
+    sd = model.state_dict()
+    n = 0
+    for t in GGUFReader(str(gguf_path)).tensors:
+        if t.name in names:
+            hf = names[t.name]
+        else:
+            _, layer, tensor, suffix = t.name.split(".")
+            hf = f"encoder.layer.{layer}.{per_layer[tensor]}.{suffix}"
+        want = np.asarray(dequantize(t.data, t.tensor_type), np.float32).reshape(sd[hf].shape)
+        if not np.array_equal(sd[hf].numpy(), want):
+            raise SystemExit(f"{gguf_path}: {t.name} -> {hf}: the Hugging Face copy differs from the GGUF's dequantization")
+        n += 1
+    if n != len(sd):
+        raise SystemExit(f"{gguf_path}: {n} GGUF tensors for {len(sd)} BertModel parameters")
+    return f"all {n} BertModel parameters equal the gguf package's dequantization of the GGUF, bit for bit"
+
+
+def main_encoder(args, mid: str, arch: str, path: Path) -> int:
+    """The transformers-f32 goldens of an encoder (bert): BertModel (f32, eager attention) loaded from lockstep's
+    Hugging Face copy of the GGUF (`lockstep export-hf`; transformers' GGUF loader has no bert), fed the
+    llama.cpp-f32kv golden's token ids; every stage and the pooled embedding; the f32-vs-f64 floor."""
+    hf_dir = (args.hf_dir or path.parent / "hf" / mid).resolve()
+    if not (hf_dir / "config.json").is_file():
+        raise SystemExit(f"{hf_dir}: no Hugging Face copy (cargo run --release -p lockstep -- export-hf --model {mid} --out {hf_dir})")
+    manifest, src = load_source_goldens(args.out, mid)
+    src = sorted(src, key=lambda g: g["path"])
+    t0 = time.time()
+    model = C.load_hf_encoder(hf_dir, torch.float32)
+    traps = {"hf_copy": check_hf_copy(model, path)}
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    all_f32 = all(t.tensor_type == GGMLQuantizationType.F32 for t in GGUFReader(str(path)).tensors)
+    limit = F32_FILE_LIMIT if all_f32 else 3e-2
+    cfg = model.config
+    n_layer = cfg.num_hidden_layers
+    all_ids = C.canonical_ids(arch, n_layer)
+    variant = "variant" in src[0] if src else False
+    pol = ENCODER_VARIANT_POLICY if variant else ENCODER_POLICY
+    runs32, vs = {}, {}
+    for g in src:
+        z = np.load(args.out / g["path"])
+        toks = [int(t) for t in z["tokens"]]
+        r = C.run_encoder(model, arch, toks)
+        missing = [c for c in all_ids if c not in r.stages]
+        if missing:
+            raise SystemExit(f"{g['prompt_id']}: stages not captured: {missing[:5]}")
+        vs[g["prompt_id"]] = check_against_llamacpp(arch, r, z, f"{mid}/{g['prompt_id']}", limit)
+        runs32[g["prompt_id"]] = r
+        print(f"  f32 {g['prompt_id']}: vs llama.cpp {json.dumps({k: float(f'{v:.3g}') for k, v in vs[g['prompt_id']].items()})}", flush=True)
+    del model
+    floor = None
+    if not args.no_f64:
+        model64 = C.load_hf_encoder(hf_dir, torch.float64)
+        per_kind: dict[str, list[float]] = {}
+        for g in src:
+            z = np.load(args.out / g["path"])
+            r64 = C.run_encoder(model64, arch, [int(t) for t in z["tokens"]])
+            r32 = runs32[g["prompt_id"]]
+            for c in all_ids:
+                per_kind.setdefault(kind_of(c), []).extend(row_nmse(r32.stages[c], r64.stages[c]).tolist())
+        del model64
+        floor = {
+            "about": "transformers float32 vs the same BertModel in float64 (weights widened exactly) on this model's "
+            "goldens' token ids: NMSE (reference = float64) per (layer, position) row of each stage kind",
+            "f64_patches": [],
+            "nmse": {k: {"median": float(np.median(v)), "p99": float(np.percentile(v, 99)), "max": float(np.max(v)), "rows": len(v)}
+                     for k, v in per_kind.items()},
+        }
+        print(json.dumps(floor["nmse"])[:1500], flush=True)
+    d = args.out / mid / DIR_NAME
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    host = C.versions() | host_info()
+    entries = []
+    exact = set(expand(pol["exact"], n_layer, all_ids))
+    for g in src:
+        pid = g["prompt_id"]
+        r = runs32[pid]
+        z = np.load(args.out / g["path"])
+        raw = [("tokens", z["tokens"].astype(np.int32), False)]
+        raw += [(c, r.stages[c], c not in exact) for c in expand(pol["prefill"], n_layer, all_ids)]
+        arrays, listed = {}, {}
+        for name, x, allow in raw:
+            a, info = store(x, allow)
+            arrays[name] = a
+            listed[name] = {"shape": list(a.shape), **info}
+        rel = Path(mid) / DIR_NAME / f"{pid}.npz"
+        write_npz(args.out / rel, arrays)
+        entry = {
+            "path": rel.as_posix(),
+            "sha256": sha256_file(args.out / rel),
+            "bytes": (args.out / rel).stat().st_size,
+            **{k: g[k] for k in ("model_id", "model_sha256", "model_file", "model_general_name", "arch", "prompt_id",
+                                 "prompt_kind", "prompt", "add_special", "parse_special", "tokenizer") if k in g},
+            "oracle": {
+                "name": ORACLE_NAME,
+                **host,
+                "dtype": "float32",
+                "attn_implementation": "eager (BertModel, attn_implementation='eager')",
+                "loader": "BertModel.from_pretrained(hf_dir, add_pooling_layer=False): lockstep export-hf's copy of the "
+                "GGUF (config.json + model.safetensors, f32), checked against the gguf package's dequantization",
+            },
+            "kv_type": "f32",
+            "settings": {
+                "n_threads": torch.get_num_threads(),
+                "seed": None,
+                "cache": "none: an encoder",
+                "prefill": "one forward call over the prompt (attention_mask ones, token_type_ids zeros)",
+                "decode": "none: an encoder has no decode step",
+                "sampling": "none",
+            },
+            "n_prompt_tokens": len(z["tokens"]),
+            "n_decode_steps": 0,
+            "decode_source": "none: an encoder has no KV cache and no decode step",
+            "continuation": "",
+            "output": "pooled",
+            "capture_changes_logits": 0.0,
+            "capture_note": "forward hooks only read tensors; an encoder has no logits: `pooled` is the mean of "
+            "last_hidden_state over the sequence (checked equal to blk.{last}.out's rows)",
+            "stages_prefill": list(pol["prefill"]),
+            "stages_decode": [],
+            "stages_exact_f32": list(pol["exact"]),
+            "logits_storage": "none: an encoder has no logits; `pooled` [1, n_embd] f32",
+            "model_hparams": {"n_layer": n_layer, "n_embd": cfg.hidden_size, "n_vocab": cfg.vocab_size},
+            "loader_checks": traps,
+            "vs_llamacpp_f32kv_max_nmse": vs[pid],
+            "arrays": listed,
+        }
+        for key in ("synth", "variant"):
+            if key in g:
+                entry[key] = g[key]
+        if floor is not None:
+            entry["floor_f32_vs_f64"] = floor
+        entries.append(entry)
+        print(f"{rel.as_posix():55s} {entry['bytes'] / 2**20:6.2f} MiB", flush=True)
+    write_manifest(args, arch, mid, entries)
+    print(f"wrote {len(entries)} goldens, {sum(e['bytes'] for e in entries) / 2**20:.2f} MiB; {time.time() - t0:.0f}s")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-id", required=True, choices=sorted(MODELS))
     ap.add_argument("--model", type=Path, help="the GGUF (default: the lockstep cache)")
+    ap.add_argument("--hf-dir", type=Path, help="an encoder's Hugging Face copy (default: hf/<id> beside the GGUF; lockstep export-hf)")
     ap.add_argument("--out", type=Path, default=ROOT / "golden")
     ap.add_argument("--no-f64", action="store_true", help="skip the float64 run (no floor recorded)")
     args = ap.parse_args()
@@ -774,6 +941,8 @@ def main() -> int:
         raise SystemExit(f"{path}: no such model file (cargo run --release -p lockstep -- fetch {mid})")
     if sha256_file(path) != MODELS[mid]["sha256"]:
         raise SystemExit(f"{path}: sha256 is not {MODELS[mid]['sha256']}")
+    if arch in C.ENCODER_ARCHS:
+        return main_encoder(args, mid, arch, path)
     manifest, src = load_source_goldens(args.out, mid)
     src = sorted(src, key=lambda g: g["path"])
 
@@ -952,6 +1121,13 @@ def main() -> int:
         entries.append(entry)
         print(f"{rel.as_posix():55s} {entry['bytes'] / 2**20:6.2f} MiB", flush=True)
 
+    write_manifest(args, arch, mid, entries)
+    print(f"wrote {len(entries)} goldens, {sum(e['bytes'] for e in entries) / 2**20:.2f} MiB; {time.time() - t0:.0f}s")
+    return 0
+
+
+def write_manifest(args, arch: str, mid: str, entries: list[dict]) -> None:
+    """This model's entries (and the architecture's stage map) into golden/manifest.json, under a lock."""
     import fcntl
 
     lock = open(Path(os.environ.get("TMPDIR", "/tmp")) / "lockstep-transformers-manifest.lock", "w")
@@ -972,8 +1148,6 @@ def main() -> int:
     tmp.write_text(dump_manifest(out))
     os.replace(tmp, args.out / "manifest.json")
     fcntl.flock(lock, fcntl.LOCK_UN)
-    print(f"wrote {len(entries)} goldens, {sum(e['bytes'] for e in entries) / 2**20:.2f} MiB; {time.time() - t0:.0f}s")
-    return 0
 
 
 if __name__ == "__main__":

@@ -447,6 +447,72 @@ ARCH_STAGES = {
     "gemma2": COMMON_HEAD + GEMMA2_LAYER + GEMMA2_TAIL,
     "gemma3": COMMON_HEAD + GEMMA3_LAYER + COMMON_TAIL,
 }
+# BERT (modeling_bert.py BertModel, loaded from lockstep's Hugging Face copy: `lockstep export-hf`): module paths
+# of BertModel itself (no `model.` prefix). Post-norm layers: ffn_inp is BertSelfOutput's output
+# (LayerNorm(dense(ctx) + x)), out is BertLayer's (LayerNorm(output.dense(act) + ffn_inp)); attn_out is the
+# heads' context (output.dense's input), attn_proj output.dense's output (bias added, before the residual);
+# ffn_act is BertIntermediate's output (intermediate.dense, then the activation). `pooled` is no module: the
+# mean of last_hidden_state over the sequence (llama.cpp's mean pooling, bert.pooling_type = 1), computed
+# by run_encoder in the model's dtype.
+BERT_STAGES = [
+    ("embed", "embeddings", "out"),
+    ("blk.{N}.q", "encoder.layer.{N}.attention.self.query", "out"),
+    ("blk.{N}.k", "encoder.layer.{N}.attention.self.key", "out"),
+    ("blk.{N}.v", "encoder.layer.{N}.attention.self.value", "out"),
+    ("blk.{N}.attn_out", "encoder.layer.{N}.attention.output.dense", "in"),
+    ("blk.{N}.attn_proj", "encoder.layer.{N}.attention.output.dense", "out"),
+    ("blk.{N}.ffn_inp", "encoder.layer.{N}.attention.output", "out"),
+    ("blk.{N}.ffn_up", "encoder.layer.{N}.intermediate.dense", "out"),
+    ("blk.{N}.ffn_act", "encoder.layer.{N}.intermediate", "out"),
+    ("blk.{N}.ffn_out", "encoder.layer.{N}.output.dense", "out"),
+    ("blk.{N}.out", "encoder.layer.{N}", "out"),
+    ("pooled", "mean over the sequence of BertModel's last_hidden_state (torch.mean; llama.cpp pooling_type 1)", "pooled"),
+]
+ARCH_STAGES["bert"] = BERT_STAGES
+# Encoders: loaded from a Hugging Face directory (load_hf_encoder), run once over the prompt (run_encoder): no
+# logits, no cache, no decode steps.
+ENCODER_ARCHS = ("bert",)
+
+
+def load_hf_encoder(hf_dir: Path, dtype=torch.float32):
+    """BertModel from lockstep's Hugging Face copy (config.json + model.safetensors), without the pooler
+    (llama.cpp's converter drops it), eager attention, in `dtype` (float64: every weight widened exactly)."""
+    from transformers import BertModel
+
+    model = BertModel.from_pretrained(str(hf_dir), add_pooling_layer=False, attn_implementation="eager",
+                                      dtype=torch.float32)
+    model.eval()
+    if dtype == torch.float64:
+        model = model.double()
+    return model
+
+
+def run_encoder(model, arch: str, tokens: list[int]) -> RunResult:
+    """One forward call of an encoder over `tokens` (attention mask all ones, token types 0, positions 0..T-1,
+    as llama.cpp feeds them), recording every stage; `pooled` = the mean of the last hidden state over the
+    sequence, [1, D]. The RunResult has no logits ([T, 0]) and no decode rows."""
+    global _RECORDER
+    cfg = model.config
+    handles = attach(model, arch, lambda: _RECORDER)
+    try:
+        with torch.no_grad():
+            _RECORDER = Recorder(arch, cfg.num_attention_heads, cfg.num_attention_heads)
+            ids = torch.tensor([tokens])
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
+            last = out.last_hidden_state[0]
+            if not torch.equal(last, _RECORDER.rows[f"blk.{cfg.num_hidden_layers - 1}.out"]):
+                raise AssertionError("the last layer's output is not BertModel's last_hidden_state")
+            _RECORDER.put("pooled", last.mean(dim=0, keepdim=True))
+            rec = _RECORDER
+    finally:
+        _RECORDER = None
+        for h in handles:
+            h.remove()
+    np_dtype = np.float64 if model.dtype == torch.float64 else np.float32
+    pre = {k: v.numpy().astype(np_dtype) for k, v in rec.rows.items()}
+    return RunResult(pre, {}, np.zeros((len(tokens), 0), np_dtype), np.zeros((0, 0), np_dtype))
+
+
 # The layout of q_norm/k_norm's input (and output): True = [B, H, T, D] (gemma3), False = [B, T, H, D] (qwen3).
 QK_NORM_HEADS_FIRST = {"gemma3": True, "qwen3": False}
 
@@ -473,7 +539,7 @@ def attach(model, arch: str, rec_getter) -> list:
             rec_getter().lm_head = out[0].detach().clone()
         handles.append(model.lm_head.register_forward_hook(head_hook))
     for cid, path, kind in ARCH_STAGES[arch]:
-        if kind in ("attn", "result"):
+        if kind in ("attn", "result", "pooled"):
             continue
         for n in range(n_layer) if "{N}" in cid else [None]:
             c = cid.replace("{N}", str(n)) if n is not None else cid

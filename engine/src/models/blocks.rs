@@ -81,7 +81,7 @@ pub(crate) fn sized(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
 }
 
 /// `x[t, :] += bias` for every row (`ggml_add` with a broadcast `[width]` bias: one rounding per element).
-fn add_bias(x: &mut [f32], bias: &[f32]) {
+pub(crate) fn add_bias(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {
         ops::add_in_place(row, bias);
     }

@@ -7,11 +7,16 @@
 //!   layer, output head) that compute and emit every stage;
 //! - one module per architecture ([`llama`], [`qwen2`], [`qwen3`], [`gemma2`], [`gemma3`], [`gemma4`], [`phi3`],
 //!   [`starcoder2`], [`stablelm`], [`gpt2`]): hyperparameters and wiring, no
-//!   arithmetic. A new architecture is a new module plus a line in [`ARCHITECTURES`].
+//!   arithmetic. A new architecture is a new module plus a line in [`ARCHITECTURES`];
+//! - encoders ([`bert`]): the blocks of [`encoder`] (bidirectional attention, post-norms, pooling), a line
+//!   in [`ENCODER_ARCHITECTURES`]. An encoder's session has no KV cache: one forward pass per sequence, its
+//!   output the pooled embedding ([`Output::Pooled`]).
 //!
 //! The public surface the harness uses is [`Model`] and [`Session`].
 
+pub mod bert;
 pub mod blocks;
+pub mod encoder;
 pub mod gemma2;
 pub mod gemma3;
 pub mod gemma4;
@@ -37,6 +42,7 @@ use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
 pub use blocks::Decoder;
+pub use encoder::Encoder;
 pub use hparams::DecoderDims;
 pub use weights::{load_vector, Weight};
 
@@ -57,6 +63,28 @@ pub const ARCHITECTURES: &[(&str, ArchLoader)] = &[
 
 /// Reads an architecture's hyperparameters and builds its blocks.
 pub type ArchLoader = fn(&GgufFile) -> Result<(DecoderDims, Decoder)>;
+
+/// The encoder-only architectures: `general.architecture` → the module that wires its [`Encoder`].
+pub const ENCODER_ARCHITECTURES: &[(&str, EncoderLoader)] = &[("bert", bert::load)];
+
+/// Reads an encoder architecture's hyperparameters and builds its blocks.
+pub type EncoderLoader = fn(&GgufFile) -> Result<(DecoderDims, Encoder)>;
+
+/// What [`Model::forward`] returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// A decoder's logits, `[rows, n_vocab]`.
+    Logits,
+    /// An encoder's pooled embedding, `[1, d_model]` (the stage `pooled`).
+    Pooled,
+}
+
+/// The blocks of a loaded model.
+#[derive(Debug)]
+enum Net {
+    Decoder(Decoder),
+    Encoder(Encoder),
+}
 
 /// What the harness and the CLI need to know about a loaded model.
 #[derive(Clone, Debug, PartialEq)]
@@ -80,7 +108,7 @@ pub struct Model {
     gguf: GgufFile,
     tokenizer: Tokenizer,
     info: ModelInfo,
-    decoder: Decoder,
+    net: Net,
     stages: OnceLock<Vec<(Stage, usize)>>,
 }
 
@@ -105,15 +133,30 @@ impl Model {
     /// Prepare a model from an already parsed file (tests build synthetic files in memory).
     pub fn from_gguf(gguf: GgufFile) -> Result<Model> {
         let arch = gguf.get_str("general.architecture")?.to_string();
-        let Some((_, loader)) = ARCHITECTURES.iter().find(|(name, _)| *name == arch) else {
-            let known: Vec<&str> = ARCHITECTURES.iter().map(|(n, _)| *n).collect();
-            return Err(Error::Unsupported(format!(
-                "{}: architecture {arch:?} is not supported yet (supported: {})",
-                gguf.path().display(),
-                known.join(", ")
-            )));
+        let decoder = ARCHITECTURES.iter().find(|(name, _)| *name == arch);
+        let encoder = ENCODER_ARCHITECTURES.iter().find(|(name, _)| *name == arch);
+        let (dims, net) = match (decoder, encoder) {
+            (Some((_, loader)), _) => {
+                let (dims, d) = loader(&gguf)?;
+                (dims, Net::Decoder(d))
+            }
+            (None, Some((_, loader))) => {
+                let (dims, e) = loader(&gguf)?;
+                (dims, Net::Encoder(e))
+            }
+            (None, None) => {
+                let known: Vec<&str> = ARCHITECTURES
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .chain(ENCODER_ARCHITECTURES.iter().map(|(n, _)| *n))
+                    .collect();
+                return Err(Error::Unsupported(format!(
+                    "{}: architecture {arch:?} is not supported yet (supported: {})",
+                    gguf.path().display(),
+                    known.join(", ")
+                )));
+            }
         };
-        let (dims, decoder) = loader(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         if tokenizer.vocab_size() != dims.n_vocab {
             return Err(Error::Model {
@@ -136,7 +179,7 @@ impl Model {
                 d_model: dims.d_model,
                 dims,
             },
-            decoder,
+            net,
             stages: OnceLock::new(),
         })
     }
@@ -151,9 +194,37 @@ impl Model {
         &self.info
     }
 
-    /// The blocks of the model (weights, per-layer options).
-    pub fn decoder(&self) -> &Decoder {
-        &self.decoder
+    /// The blocks of a decoder-only model (weights, per-layer options); `None` for an encoder.
+    pub fn decoder(&self) -> Option<&Decoder> {
+        match &self.net {
+            Net::Decoder(d) => Some(d),
+            Net::Encoder(_) => None,
+        }
+    }
+
+    /// The blocks of an encoder-only model (BERT); `None` for a decoder.
+    pub fn encoder(&self) -> Option<&Encoder> {
+        match &self.net {
+            Net::Encoder(e) => Some(e),
+            Net::Decoder(_) => None,
+        }
+    }
+
+    /// What [`Model::forward`] returns: logits (decoders) or the pooled embedding (encoders).
+    pub fn output(&self) -> Output {
+        match self.net {
+            Net::Decoder(_) => Output::Logits,
+            Net::Encoder(_) => Output::Pooled,
+        }
+    }
+
+    /// The width of a row [`Model::forward`] returns: `n_vocab` for logits, `d_model` for a pooled
+    /// embedding.
+    pub fn output_width(&self) -> usize {
+        match self.output() {
+            Output::Logits => self.info.n_vocab,
+            Output::Pooled => self.info.d_model,
+        }
     }
 
     /// The parsed file (metadata, tensor table).
@@ -215,12 +286,17 @@ impl Model {
 
     /// A fresh session (empty KV cache) for up to `n_ctx` positions with the numerics `numerics`: a whole
     /// [`Numerics`], or a bare [`NumericsMode`] (then the default target [`GgmlTarget::Avx512`] and the
-    /// scalar kernels, [`Simd::Off`]).
+    /// scalar kernels, [`Simd::Off`]). An encoder's session has no KV cache (a zero-layer one: nothing is
+    /// allocated or kept between forward passes).
     pub fn session(&self, n_ctx: usize, numerics: impl Into<Numerics>) -> Session {
         let numerics = numerics.into();
-        let shapes: Vec<(usize, usize)> = (self.decoder.layers.iter())
-            .map(|l| (l.attn.shape.n_kv_head, l.attn.shape.head_dim))
-            .collect();
+        // one (n_kv_head, head_dim) per cached layer (Gemma 4's differ); an encoder caches nothing
+        let shapes: Vec<(usize, usize)> = match &self.net {
+            Net::Decoder(dec) => (dec.layers.iter())
+                .map(|l| (l.attn.shape.n_kv_head, l.attn.shape.head_dim))
+                .collect(),
+            Net::Encoder(_) => Vec::new(),
+        };
         Session {
             kv: KvCache::with_layers(&shapes, n_ctx),
             n_past: 0,
@@ -229,6 +305,7 @@ impl Model {
             backend: Box::new(CpuBackend::new(numerics.simd)),
             mm: MatmulScratch::default(),
             act: blocks::Activations::default(),
+            enc: encoder::EncoderBufs::default(),
         }
     }
 
@@ -236,7 +313,12 @@ impl Model {
     /// return the logits `[tokens.len(), n_vocab]` (row-major). Every stage is handed to `sink`, which may
     /// replace it.
     ///
-    /// Errors: an empty batch, a token id outside the vocabulary, the context overflowing the session.
+    /// An encoder ([`Output::Pooled`]) runs the whole sequence in one call from position 0 and returns its
+    /// pooled embedding `[1, d_model]`; it has no KV cache, so a second call on the same session (a decode
+    /// step) is an error, never a silent re-run: [`Session::reset`] first.
+    ///
+    /// Errors: an empty batch, a token id outside the vocabulary, the context overflowing the session, a
+    /// decode step on an encoder.
     pub fn forward<'s>(
         &self,
         session: &'s mut Session,
@@ -296,8 +378,38 @@ impl Model {
             backend,
             mm,
             act,
+            enc,
             ..
         } = session;
+        let encoder = match &self.net {
+            Net::Decoder(decoder) => Err(decoder),
+            Net::Encoder(e) => Ok(e),
+        };
+        let decoder = match encoder {
+            Err(decoder) => decoder,
+            Ok(e) => {
+                if *n_past > 0 {
+                    return Err(Error::Invalid(format!(
+                    "{} is an encoder without a KV cache: a sequence is one forward pass from position 0, \
+                     so there is no decode step after the {} positions already run (reset the session \
+                     and run the whole sequence)",
+                    self.info.arch, *n_past
+                )));
+                }
+                let mut f = blocks::Fwd {
+                    g: &self.gguf,
+                    num: *numerics,
+                    backend: backend.as_ref(),
+                    mm,
+                    sink,
+                    p0: 0,
+                    n: tokens.len(),
+                };
+                e.forward(&mut f, enc, tokens)?;
+                *n_past += tokens.len();
+                return Ok(&enc.pooled[..self.info.d_model]);
+            }
+        };
         let mut f = blocks::Fwd {
             g: &self.gguf,
             num: *numerics,
@@ -307,7 +419,7 @@ impl Model {
             p0: *n_past,
             n: tokens.len(),
         };
-        self.decoder.forward(&mut f, kv, act, tokens, last_only)?;
+        decoder.forward(&mut f, kv, act, tokens, last_only)?;
         *n_past += tokens.len();
         let rows = if last_only { 1 } else { tokens.len() };
         Ok(&act.logits[..rows * n_vocab])
@@ -325,6 +437,7 @@ pub struct Session {
     backend: Box<dyn Backend>,
     mm: MatmulScratch,
     act: blocks::Activations,
+    enc: encoder::EncoderBufs,
 }
 
 impl Session {

@@ -751,3 +751,92 @@ pub(super) fn kqv_all_d<F: Fma>(
         }
     }
 }
+
+/// Bidirectional multi-head attention over one batch without a KV cache: every query sees every key of
+/// the batch (an encoder; `causal` restricts query `t` to keys `0..=t`, which no encoder does — the
+/// mutation suite's fault). `q`, `k`, `v`, `out` are `[n, n_head·head_dim]` (`k`, `v`: `n_kv_head` heads);
+/// `shape.window` and `shape.softcap` are not read.
+///
+/// llama.cpp's graph (`build_attn` with `llm_graph_input_attn_no_cache` → `build_attn_mha`, flash
+/// attention off): `kq = mul_mat(k, q)` over the permuted Kcur/Qcur, `ggml_soft_max_ext(kq, mask,
+/// kq_scale, 0)` with an `n_tokens`-wide F32 mask of zeros (no causal mask: `cparams.causal_attn` is false
+/// for BERT), `kqv = mul_mat(cont(transpose(v)), kq)`. The rows are exactly `n` wide: no KV cache pads them.
+///
+/// Reference mode: [`dot_f32`], [`softmax_scaled`], sequential f32 sums of `p · v`. Ggml mode: every score
+/// one [`ggml_cpu::vec_dot_f32`] (`q` is a permuted view: never tinyBLAS); the softmax row
+/// [`ggml_cpu::soft_max_row`] over `n` values (vector blocks, then libm `expf` for the `n % lanes` rest);
+/// each KQV output `Σ_i p[i]·v[i][d]` by llamafile's tinyBLAS when `llamafile_sgemm` takes the product
+/// (`n ≥ 2` query columns and `n` a multiple of the target's lanes: `tinyBLAS::matmul` refuses `k % KN ≠ 0`),
+/// else `ggml_vec_dot_f32` over the `n` positions ([`ggml_cpu::vec_dot_f32_by`], with its leftovers).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_no_cache(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    shape: &AttnShape,
+    causal: bool,
+    out: &mut [f32],
+    num: Numerics,
+) {
+    let AttnShape {
+        n_head,
+        n_kv_head,
+        head_dim: hd,
+        kq_scale,
+        ..
+    } = *shape;
+    let (qw, kvw) = (n_head * hd, n_kv_head * hd);
+    assert!(
+        q.len() >= n * qw && out.len() >= n * qw && k.len() >= n * kvw && v.len() >= n * kvw,
+        "attention_no_cache shapes"
+    );
+    let group = n_head / n_kv_head;
+    let target = num.target;
+    let tinyblas = n >= 2 && n.is_multiple_of(target.lanes());
+    let one = |t: usize, h: usize, scores: &mut Vec<f32>, oh: &mut [f32]| {
+        let kvh = kv_head(h, group, n_kv_head);
+        let n_keys = if causal { t + 1 } else { n };
+        let qh = &q[t * qw + h * hd..][..hd];
+        let key = |i: usize| &k[i * kvw + kvh * hd..][..hd];
+        let val = |i: usize, d: usize| v[i * kvw + kvh * hd + d];
+        scores.clear();
+        match num.mode {
+            NumericsMode::Reference => {
+                scores.extend((0..n_keys).map(|i| dot_f32(qh, key(i))));
+                softmax_scaled(scores, kq_scale);
+                oh.fill(0.0);
+                for (i, &p) in scores.iter().enumerate() {
+                    for (d, o) in oh.iter_mut().enumerate() {
+                        *o += p * val(i, d);
+                    }
+                }
+            }
+            NumericsMode::Ggml => {
+                // the mask row of a causal fault: −∞ past t (llama.cpp's row stays n wide)
+                scores.extend((0..n).map(|i| {
+                    if i < n_keys {
+                        ggml_cpu::vec_dot_f32(target, key(i), qh)
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                }));
+                ggml_cpu::soft_max_row(target, scores, None, kq_scale);
+                for (d, o) in oh.iter_mut().enumerate() {
+                    *o = if tinyblas {
+                        ggml_cpu::tinyblas_dot_f32_by::<Emulated>(target, n, |i| val(i, d), scores)
+                    } else {
+                        ggml_cpu::vec_dot_f32_by::<Emulated>(target, n, |i| val(i, d), scores)
+                    };
+                }
+            }
+        }
+    };
+    // every (query, head) pair computed by one thread in one fixed order: the split changes no bit
+    out[..n * qw]
+        .par_chunks_mut(hd)
+        .enumerate()
+        .for_each_init(Vec::new, |scores, (i, oh)| {
+            one(i / n_head, i % n_head, scores, oh)
+        });
+}

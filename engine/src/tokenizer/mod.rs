@@ -7,6 +7,9 @@
 //!   regexes llama.cpp uses for `tokenizer.ggml.pre` (SmolLM2: `smollm`, Qwen2.5: `qwen2`, ...); see [`bpe`].
 //! - `tokenizer.ggml.model = "llama"`: SentencePiece-style vocabularies with scores and `<0xXX>` byte tokens
 //!   (Gemma 3, LLaMA 2, ...), llama.cpp's `llm_tokenizer_spm` bigram algorithm; see [`spm`].
+//! - `tokenizer.ggml.model = "bert"`: WordPiece in the converter's phantom-space form (BERT), llama.cpp's
+//!   `llm_tokenizer_wpm_session`, for ASCII text; see [`wpm`]. With `add_special` it adds the CLS token
+//!   (`tokenizer.ggml.bos_token_id`) before and the SEP token (`tokenizer.ggml.seperator_token_id`) after.
 //!
 //! Encoding (`llama_vocab::impl::tokenize`):
 //! 1. the text is partitioned on the exact strings of the special tokens, longest first
@@ -25,6 +28,7 @@
 mod bpe;
 pub(crate) use bpe::bytes_to_unicode;
 mod spm;
+mod wpm;
 
 use std::collections::HashMap;
 
@@ -170,6 +174,11 @@ enum Model {
     },
     /// SentencePiece-style (`LLAMA_VOCAB_TYPE_SPM`).
     Spm(spm::SpmVocab),
+    /// WordPiece (`LLAMA_VOCAB_TYPE_WPM`), with the separator token appended by `add_special`.
+    Wpm {
+        vocab: wpm::WpmVocab,
+        sep: Option<u32>,
+    },
 }
 
 /// A tokenizer for one model file: encode text to token ids and decode ids to text.
@@ -199,6 +208,7 @@ impl std::fmt::Debug for Tokenizer {
                 &match self.model {
                     Model::Bpe { .. } => "bpe",
                     Model::Spm(_) => "spm",
+                    Model::Wpm { .. } => "wpm",
                 },
             )
             .field("vocab", &self.tokens.len())
@@ -219,13 +229,14 @@ impl Tokenizer {
     pub fn from_gguf(gguf: &GgufFile) -> Result<Tokenizer> {
         let path = || gguf.path().to_path_buf();
         let model_name = gguf.get_str("tokenizer.ggml.model")?;
-        let is_spm = match model_name {
-            "gpt2" => false,
-            "llama" => true,
+        let (is_spm, is_wpm) = match model_name {
+            "gpt2" => (false, false),
+            "llama" => (true, false),
+            "bert" => (false, true),
             other => {
                 return Err(Error::Unsupported(format!(
                     "{}: tokenizer.ggml.model = {other:?} is not supported yet (supported: \"gpt2\" byte-level \
-                     BPE, \"llama\" SentencePiece)",
+                     BPE, \"llama\" SentencePiece, \"bert\" WordPiece)",
                     gguf.path().display()
                 )))
             }
@@ -276,8 +287,11 @@ impl Tokenizer {
 
         // llama.cpp's per-type defaults (`llama_vocab::impl::load`); a default id outside the vocabulary is
         // disabled.
+        // WPM: bos 101 ([CLS]), no eos, add_bos (llama.cpp's WPM path adds BOS with add_special anyway)
         let (default_bos, default_eos, mut add_bos, mut add_space_prefix) = if is_spm {
             (1, 2, true, true)
+        } else if is_wpm {
+            (101, u32::MAX, true, false)
         } else {
             (11, 11, false, false)
         };
@@ -367,7 +381,40 @@ impl Tokenizer {
             .collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
 
-        let model = if is_spm {
+        let model = if is_wpm {
+            // llama.cpp's WPM defaults: unk 100, sep 102, unless the file says otherwise
+            let mut ids = [
+                Some(100u32).filter(|&i| in_vocab(i)),
+                Some(102).filter(|&i| in_vocab(i)),
+            ];
+            for (key, slot) in [
+                ("tokenizer.ggml.unknown_token_id", 0),
+                ("tokenizer.ggml.seperator_token_id", 1),
+            ] {
+                if let Some(id) = opt_u32(key)? {
+                    if !in_vocab(id) {
+                        return Err(Error::Model {
+                            path: path(),
+                            what: format!("{key} = {id} is outside the vocabulary ({n_vocab})"),
+                        });
+                    }
+                    ids[slot] = Some(id);
+                }
+            }
+            Model::Wpm {
+                vocab: wpm::WpmVocab {
+                    token_to_id: tokens
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| (t.clone(), i as u32))
+                        .collect(),
+                    max_token_len: tokens.iter().map(String::len).max().unwrap_or(0),
+                    unk: ids[0],
+                    lowercase: opt_bool("tokenizer.ggml.normalizer.lowercase")?.unwrap_or(true),
+                },
+                sep: ids[1],
+            }
+        } else if is_spm {
             let scores = match gguf.get("tokenizer.ggml.scores") {
                 None => vec![0.0; n_vocab],
                 Some(_) => match gguf.get_f32_array("tokenizer.ggml.scores") {
@@ -489,7 +536,9 @@ impl Tokenizer {
                 Error::Tokenizer(format!("the model asks for {what} but has no {what} token"))
             })
         };
-        if add_special && self.add_bos {
+        // llama.cpp's WPM path adds BOS (the CLS token) with add_special whatever add_bos says
+        let wpm = matches!(self.model, Model::Wpm { .. });
+        if add_special && (self.add_bos || wpm) {
             ids.push(special(self.bos, "BOS")?);
         }
         match &self.model {
@@ -514,6 +563,17 @@ impl Tokenizer {
                             is_prev_special = true;
                         }
                     }
+                }
+            }
+            Model::Wpm { vocab, sep } => {
+                for f in frags {
+                    match f {
+                        Fragment::Text(t) => wpm::tokenize(vocab, t, &mut ids)?,
+                        Fragment::Special(id) => ids.push(id),
+                    }
+                }
+                if add_special {
+                    ids.push(special(*sep, "SEP")?);
                 }
             }
             Model::Bpe { inner, missing, .. } => {
@@ -586,7 +646,7 @@ impl Tokenizer {
         if attr & ATTR_NORMAL != 0 {
             return match &self.model {
                 // llama_unescape_whitespace
-                Model::Spm(_) => text.replace('\u{2581}', " ").into_bytes(),
+                Model::Spm(_) | Model::Wpm { .. } => text.replace('\u{2581}', " ").into_bytes(),
                 Model::Bpe {
                     unicode_to_byte, ..
                 } => {
@@ -829,10 +889,10 @@ mod tests {
     #[test]
     fn unsupported_vocabularies_are_named() {
         let mut w = GgufWriter::new();
-        w.add_metadata("tokenizer.ggml.model", s("bert"));
+        w.add_metadata("tokenizer.ggml.model", s("rwkv"));
         let g = GgufFile::from_bytes(w.to_bytes(), "t").unwrap();
         let e = Tokenizer::from_gguf(&g).unwrap_err().to_string();
-        assert!(e.contains("\"bert\""), "{e}");
+        assert!(e.contains("\"rwkv\""), "{e}");
         assert!(bpe::pre_tokenizer(Some("llama3")).is_err());
         assert!(bpe::pre_tokenizer(Some("qwen2")).is_ok());
         assert!(bpe::pre_tokenizer(None).is_ok());

@@ -123,10 +123,12 @@ impl CellMetrics {
     }
 }
 
-/// Whether a stage id is a layer output (`blk.N.out`) or the final norm — the stages `min_cosine_out`
-/// covers.
+/// Whether a stage id is a layer output (`blk.N.out`), the final norm or an encoder's pooled embedding —
+/// the stages `min_cosine_out` covers.
 pub fn is_out_stage(stage: &str) -> bool {
-    Stage::parse(stage).is_some_and(|s| s.is_layer_output() || s.kind == StageKind::OutputNorm)
+    Stage::parse(stage).is_some_and(|s| {
+        s.is_layer_output() || matches!(s.kind, StageKind::OutputNorm | StageKind::Pooled)
+    })
 }
 
 /// Sequence position of row `row` of a stage in `phase` (decode rows start at the prompt length).
@@ -288,8 +290,37 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
         );
     }
 
+    // An encoder has no logits: top-1, KL and top-5 do not exist for it. Its output, the pooled embedding,
+    // must have been compared; it is held to min_cosine_out (below, with the layer outputs), to
+    // stage_max_nmse when the cell has one, and to stage_exact like every stage.
+    let encoder = cmp.is_encoder();
+    if encoder {
+        match cmp.pooled() {
+            None => fail(
+                "pooled",
+                f64::NAN,
+                th.min_cosine_out,
+                "an encoder's pooled embedding (`pooled`) was not compared".into(),
+            ),
+            Some(p) => {
+                if let Some(limit) = th.stage_max_nmse {
+                    let nmse = p.max_nmse();
+                    if nmse > limit || nmse.is_nan() {
+                        fail(
+                            "pooled_nmse",
+                            nmse,
+                            limit,
+                            format!("pooled embedding, cosine {}", fmt_fixed(p.cosine.min, 8)),
+                        );
+                    }
+                }
+            }
+        }
+    }
     let agreement = m.top1_agreement();
-    if m.positions == 0 {
+    if encoder {
+        // no logits positions: nothing to agree on (the pooled embedding is held above)
+    } else if m.positions == 0 {
         fail(
             "top1_agreement",
             f64::NAN,
@@ -324,6 +355,7 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
     }
 
     match m.mean_kl {
+        _ if encoder => {}
         None => fail(
             "mean_kl",
             f64::NAN,
@@ -352,6 +384,7 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
     }
 
     match (m.top5_mean, m.worst_top5) {
+        _ if encoder => {}
         (Some(t5), Some((w, ph, pos))) if t5 < th.min_top5_mean => fail(
             "top5_mean",
             t5,
@@ -550,4 +583,76 @@ pub fn failure_line(cell: &Cell, verdict: &Verdict) -> Option<String> {
         None => "first divergent stage: none".to_string(),
     };
     Some(format!("FAIL {}: {failures}; {divergent}", cell.id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::{compare_stage, NotCompared, ENCODER_NO_LOGITS};
+    use ndarray::array;
+
+    fn thresholds() -> CellThresholds {
+        CellThresholds {
+            tokens_must_match: true,
+            min_top1_agreement: 1.0,
+            max_mean_kl: 1e-3,
+            max_kl: None,
+            min_top5_mean: 0.9,
+            min_cosine_out: 0.9999,
+            stage_min_cosine: 0.999,
+            stage_max_nmse: Some(1e-4),
+            margin_tolerance: 0.01,
+            stage_exact: false,
+            stage_floor_headroom: None,
+        }
+    }
+
+    fn encoder_cmp(pooled_engine: Option<ndarray::Array2<f32>>) -> CellComparison {
+        let golden = array![[1.0f32, 2.0, 3.0]];
+        CellComparison {
+            golden_tokens: vec![2, 5, 3],
+            engine_tokens: vec![2, 5, 3],
+            stages: pooled_engine
+                .map(|e| compare_stage("pooled", Phase::Prefill, &e, &golden, "g.npz").unwrap())
+                .into_iter()
+                .collect(),
+            not_compared: vec![NotCompared {
+                stage: "logits".into(),
+                phase: Phase::Prefill,
+                reason: ENCODER_NO_LOGITS.into(),
+            }],
+            logits: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_encoder_cell_is_held_to_its_pooled_embedding_not_to_logits() {
+        let cell = Cell {
+            model: "synth-bert".into(),
+            prompt: "synth".into(),
+            quant: "F32".into(),
+            mode: lockstep_engine::NumericsMode::Ggml,
+            simd: "off".into(),
+            oracle: "llama.cpp-f32kv".into(),
+            engine: "lockstep".into(),
+        };
+        let th = thresholds();
+        // equal pooled embedding: no logits metric is asked for
+        let v = evaluate(&cell, &encoder_cmp(Some(array![[1.0f32, 2.0, 3.0]])), &th);
+        assert!(v.pass, "{:?}", v.failures);
+        // a wrong pooled embedding fails min_cosine_out and its NMSE
+        let v = evaluate(&cell, &encoder_cmp(Some(array![[3.0f32, 2.0, 1.0]])), &th);
+        let metrics: Vec<&str> = v.failures.iter().map(|f| f.metric.as_str()).collect();
+        assert!(
+            metrics.contains(&"pooled_nmse") && metrics.contains(&"min_cosine_out"),
+            "{metrics:?}"
+        );
+        // no pooled embedding compared: a failure, never a silent pass
+        let v = evaluate(&cell, &encoder_cmp(None), &th);
+        assert!(
+            v.failures.iter().any(|f| f.metric == "pooled"),
+            "{:?}",
+            v.failures
+        );
+    }
 }

@@ -321,7 +321,10 @@ pub fn capture(
     let prefill_logits = engine.forward(tokens, &mut sink)?;
     let prefill_seconds = t0.elapsed().as_secs_f64();
     let mut prefill = recorded_arrays(sink.rec)?;
-    prefill.insert("logits".into(), prefill_logits);
+    // an encoder's output is its pooled embedding, already recorded as the stage `pooled`
+    if !engine.is_encoder() {
+        prefill.insert("logits".into(), prefill_logits);
+    }
     let mut sink = InjectingSink::new(inject.map_or(&empty, |i| &i.decode), tokens.len());
     let mut decode_logits = Vec::new();
     let mut decode_seconds = 0.0;

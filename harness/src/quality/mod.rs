@@ -288,6 +288,7 @@ fn score_variant(
     progress: &mut dyn FnMut(&str),
 ) -> Result<(QualityStats, Option<KlGap>)> {
     let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+    crate::session::require_logits(&model, "quality")?;
     let v = model.info().n_vocab;
     if v != base.header.n_vocab {
         bail!(
@@ -382,6 +383,7 @@ pub fn compute_base(
     progress: &mut dyn FnMut(&str),
 ) -> Result<BaseLogits> {
     let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
+    crate::session::require_logits(&model, "quality")?;
     let (tokens, n_tokens) = chunk_tokens(&model, &corpus.text, params.n_ctx, params.n_chunks)?;
     let n_ctx = params.n_ctx;
     let n_chunks = tokens.len() / n_ctx;
