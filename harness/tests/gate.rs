@@ -610,7 +610,12 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     }) {
         let t = th.for_cell(c).unwrap_or_else(|e| panic!("{e:#}"));
         assert!(t.max_mean_kl <= 1e-8, "{}: {}", c.id(), t.max_mean_kl);
-        assert!(t.min_cosine_out >= 1.0 - 1e-6, "{}: {}", c.id(), t.min_cosine_out);
+        assert!(
+            t.min_cosine_out >= 1.0 - 1e-6,
+            "{}: {}",
+            c.id(),
+            t.min_cosine_out
+        );
     }
     // The values are tuned from measured data; what must hold whatever they are: every cell has
     // thresholds, tokens must match everywhere, and against llama.cpp ggml mode (which reproduces llama.cpp's
