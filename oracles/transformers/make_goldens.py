@@ -1118,6 +1118,11 @@ def main() -> int:
         missing = [c for c in all_ids if c != "logits" and c not in r.stages]
         if missing:
             raise SystemExit(f"{g['prompt_id']}: stages not captured: {missing[:5]}")
+        # every stage llama.cpp's golden holds must have a place in this map, or check_against_llamacpp would skip it
+        lc_only = sorted({k.removeprefix("decode.") for k in z.files if not k.startswith(("logits", "tokens", "decode.tokens",
+                          "decode.logits"))} - set(all_ids))
+        if lc_only:
+            raise SystemExit(f"{g['prompt_id']}: llama.cpp's golden has stages this map lacks: {lc_only[:5]}")
         vs_llamacpp[g["prompt_id"]] = check_against_llamacpp(arch, r, z, f"{mid}/{g['prompt_id']}", limit)
         mask_note = check_masks(model, r, f"{mid}/{g['prompt_id']}")
         if arch in ("phi3", "gpt2"):
