@@ -545,17 +545,44 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     // off, avx2 and `auto` (this CPU's best: avx512 adds a third setting, avx2 none)
     let n_simd = matrix.simd_values().len();
     assert!(n_simd >= 2 && matrix.simd_values()[..2] == ["off", "avx2"]);
-    // the default matrix holds every model to llama.cpp; the transformers-f32 cells (the three downloaded
-    // models) are in ci/matrix-transformers.toml until they fit the default run's budget
+    // the default matrix holds every model to llama.cpp, and every seeded model and seeded variant to
+    // transformers-f32 as well; the three downloaded models' transformers-f32 cells are in
+    // ci/matrix-transformers.toml until they fit the default run's budget.
     // ggml mode: every setting; reference mode: off and avx2 (its avx512 runs the avx2 kernels,
     // Simd::for_mode)
-    let want: usize = pairs.len() * (n_simd + 2);
+    let per_pair = n_simd + 2;
+    let (lc, tf_default): (Vec<_>, Vec<_>) =
+        cells.iter().partition(|c| c.oracle == "llama.cpp-f32kv");
     assert_eq!(
-        cells.len(),
-        want,
-        "ggml × {n_simd} SIMD settings + reference × 2 per model and prompt"
+        lc.len(),
+        pairs.len() * per_pair,
+        "llama.cpp: ggml × {n_simd} SIMD settings + reference × 2 per model and prompt"
     );
-    assert!(cells.iter().all(|c| c.oracle == "llama.cpp-f32kv"));
+    assert!(tf_default.iter().all(|c| c.oracle == "transformers-f32"));
+    let seeded = |m: &str| {
+        reg.synth(m).is_some()
+            || reg
+                .variant(m)
+                .is_some_and(|v| reg.synth(&v.source).is_some())
+    };
+    let seeded_models: std::collections::BTreeSet<&str> =
+        models.iter().copied().filter(|m| seeded(m)).collect();
+    assert!(
+        seeded_models.len() >= 9 * 7,
+        "nine seeded architectures, F32 + six variants each: {}",
+        seeded_models.len()
+    );
+    let tf_default_models: std::collections::BTreeSet<&str> =
+        tf_default.iter().map(|c| c.model.as_str()).collect();
+    assert_eq!(
+        tf_default_models, seeded_models,
+        "the default matrix holds exactly the seeded models and their variants to transformers-f32"
+    );
+    assert_eq!(
+        tf_default.len(),
+        seeded_models.len() * per_pair,
+        "transformers-f32: one prompt × (ggml × {n_simd} + reference × 2) per seeded model"
+    );
     let tf = Matrix::load(&root.join("ci/matrix-transformers.toml"))
         .unwrap_or_else(|e| panic!("{e:#}"))
         .expand(&manifest, &Filters::default())
@@ -594,6 +621,21 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     let mut cells = cells;
     cells.extend(tf);
     let th = Thresholds::load(&root.join("ci/thresholds.toml")).unwrap_or_else(|e| panic!("{e:#}"));
+    // thresholds of the seeded models against transformers-f32 (ci/thresholds.toml): reference mode at the
+    // float32 floor -- KL below 1e-8 and min_cosine_out above 1 - 1e-6, orders below llama.cpp's noise --
+    // whatever the weight type, since both sides compute in f32 on the same dequantized weights
+    for c in cells.iter().filter(|c| {
+        c.oracle == "transformers-f32" && c.mode == NumericsMode::Reference && seeded(&c.model)
+    }) {
+        let t = th.for_cell(c).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(t.max_mean_kl <= 1e-8, "{}: {}", c.id(), t.max_mean_kl);
+        assert!(
+            t.min_cosine_out >= 1.0 - 1e-6,
+            "{}: {}",
+            c.id(),
+            t.min_cosine_out
+        );
+    }
     // The values are tuned from measured data; what must hold whatever they are: every cell has
     // thresholds, tokens must match everywhere, and against llama.cpp ggml mode (which reproduces llama.cpp's
     // quantization) is held at least as tightly as reference mode; against transformers (f32 on the same

@@ -22,12 +22,14 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 ATTN = "lockstep_eager"
 
 # --- the attention function ----------------------------------------------------------------------------
-# A copy of transformers' eager_attention_forward (models/{llama,qwen2,qwen3,gemma2,gemma3}/modeling_*.py, 5.23.0:
-# identical bodies up to gemma2/gemma3's softcap, which this copy takes and applies as they do: scores * scaling,
-# then softcap * tanh(scores / softcap), then the mask), with two changes: the softmax runs in the query's dtype
-# instead of a forced float32 (identical for a float32 model; PATCH 3 of the float64 run), and Q and K after RoPE
-# are handed to the active recorder (the K of the current step only: during decode `key` also holds the cached
-# positions), with the mask, scaling and softcap each layer was called with (make_goldens checks them).
+# A copy of transformers' eager_attention_forward (models/{llama,qwen2,qwen3,gemma2,gemma3,phi3,starcoder2,stablelm}/
+# modeling_*.py, 5.23.0: identical bodies up to gemma2/gemma3's softcap, which this copy takes and applies as they
+# do: scores * scaling, then softcap * tanh(scores / softcap), then the mask; gpt2's own copy differs only in that
+# its softmax runs in the scores' dtype, which is what this one does), with two changes: the softmax runs in the
+# query's dtype instead of a forced float32 (identical for a float32 model; PATCH 3 of the float64 run), and Q and
+# K as attention receives them (after RoPE where the architecture has one) are handed to the active recorder (the
+# K of the current step only: during decode `key` also holds the cached positions), with the mask, scaling and
+# softcap each layer was called with (make_goldens checks them).
 
 _RECORDER: "Recorder | None" = None
 
@@ -47,8 +49,10 @@ def lockstep_eager(module, query, key, value, attention_mask, dropout=0.0, scali
         _RECORDER.attn_args[module.layer_idx] = (scaling, softcap)
     if scaling is None:
         scaling = module.head_dim**-0.5
-    k = _repeat_kv(key, module.num_key_value_groups)
-    v = _repeat_kv(value, module.num_key_value_groups)
+    # GPT2Attention has no num_key_value_groups (no GQA): one K/V head per Q head
+    groups = getattr(module, "num_key_value_groups", 1)
+    k = _repeat_kv(key, groups)
+    v = _repeat_kv(value, groups)
     w = torch.matmul(query, k.transpose(2, 3)) * scaling
     if softcap is not None:
         # gemma2 (attn_logit_softcapping) / gemma3 (None): HF's `w / softcap; tanh; * softcap`, the same ops in the
@@ -129,7 +133,16 @@ def install_patches() -> list[str]:
     from transformers.models.llama import modeling_llama as ll
     from transformers.models.qwen2 import modeling_qwen2 as q2
     from transformers.models.qwen3 import modeling_qwen3 as q3
+    from transformers.models.phi3 import modeling_phi3 as p3
+    from transformers.models.stablelm import modeling_stablelm as sl
+    from transformers.models.starcoder2 import modeling_starcoder2 as s2
 
+    # phi3, starcoder2, stablelm (issue 25): Phi3RMSNorm.forward is Llama's body; their RotaryEmbedding.forward
+    # Llama's (stablelm's inv_freq covers the rotary dims only: to_float64 recomputes it for those); starcoder2 and
+    # stablelm normalize with torch's nn.LayerNorm and gpt2 has no RoPE -- both follow the dtype already
+    p3.Phi3RMSNorm.forward = _llama_rmsnorm_forward
+    for rot in (p3.Phi3RotaryEmbedding, s2.Starcoder2RotaryEmbedding, sl.StableLmRotaryEmbedding):
+        rot.forward = torch.no_grad()(_rotary_forward_single)
     ll.LlamaRMSNorm.forward = _llama_rmsnorm_forward
     q2.Qwen2RMSNorm.forward = _llama_rmsnorm_forward
     q3.Qwen3RMSNorm.forward = _llama_rmsnorm_forward  # the same body as Llama's (q_norm/k_norm too)
@@ -155,6 +168,8 @@ def patch_notes(arch: str) -> list[str]:
     (unchanged for the architectures made before gemma2, so their reruns give the same manifest entries), with
     Gemma2's classes named for gemma2."""
     notes = install_patches()
+    if arch in NEW_PATCH_NOTES:
+        return NEW_PATCH_NOTES[arch] + [notes[2]]
     if arch == "gemma2":
         notes = [
             "Gemma2RMSNorm.forward (Gemma3RMSNorm's body): compute in float64 for float64 input (PATCH 1)",
@@ -164,25 +179,55 @@ def patch_notes(arch: str) -> list[str]:
     return notes
 
 
+# What PATCH 1-2 mean for the architectures added with issue 25's seeded models (patch_notes).
+NEW_PATCH_NOTES = {
+    "phi3": [
+        "Phi3RMSNorm.forward (Llama's body): compute in float64 for float64 input (PATCH 1)",
+        "Phi3RotaryEmbedding.forward (Llama's body): angles in float64 for float64 input (PATCH 2)",
+    ],
+    "starcoder2": [
+        "LayerNorm: torch's nn.LayerNorm computes in the input's dtype (no patch needed)",
+        "Starcoder2RotaryEmbedding.forward (Llama's body): angles in float64 for float64 input (PATCH 2)",
+    ],
+    "stablelm": [
+        "LayerNorm: torch's nn.LayerNorm computes in the input's dtype (no patch needed)",
+        "StableLmRotaryEmbedding.forward (Llama's body; inv_freq over the rotary dims only): angles in float64 for "
+        "float64 input (PATCH 2)",
+    ],
+    "gpt2": [
+        "LayerNorm: torch's nn.LayerNorm computes in the input's dtype (no patch needed)",
+        "no RoPE (learned absolute positions: wpe, widened exactly like every weight)",
+    ],
+}
+
+
 def to_float64(model) -> list[str]:
     """Convert a loaded float32 model to float64 (weights widen exactly) and redo in float64 what init
     computed in float32: RoPE inverse frequencies (PATCH 2) and Gemma3's embedding scale (PATCH 4)."""
     model.to(torch.float64)
     cfg = model.config
     done = []
-    rot = model.model.rotary_emb
+    rot = getattr(model.base_model, "rotary_emb", None)
     dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    if hasattr(rot, "inv_freq"):
+    # partial rotary (stablelm; phi3's factor is 1.0): the rotary embedding covers int(head_dim * factor) dims
+    rp = getattr(cfg, "rope_parameters", None) or {}
+    dim_full = dim
+    if "partial_rotary_factor" in rp:
+        dim = int(dim * rp["partial_rotary_factor"])
+    if rot is None:
+        done.append("no rotary embedding (learned absolute positions)")
+    elif hasattr(rot, "inv_freq"):
         assert rot.rope_type == "default", rot.rope_type
         rot.inv_freq = _rope64(cfg.rope_parameters["rope_theta"], dim)
-        done.append(f"inv_freq float64 (theta {cfg.rope_parameters['rope_theta']})")
+        part = f", the first {dim} of {dim_full} dims of each head" if dim != dim_full else ""
+        done.append(f"inv_freq float64 (theta {cfg.rope_parameters['rope_theta']}{part})")
     else:
         for lt in rot.layer_types:
             params = cfg.rope_parameters[lt]
             assert params["rope_type"] == "default", params
             setattr(rot, f"{lt}_inv_freq", _rope64(params["rope_theta"], dim))
             done.append(f"{lt}_inv_freq float64 (theta {params['rope_theta']})")
-    emb = model.model.embed_tokens
+    emb = model.get_input_embeddings()
     if hasattr(emb, "embed_scale"):
         emb.embed_scale = torch.tensor(math.sqrt(cfg.hidden_size), dtype=torch.float64)
         done.append(f"embed_scale = float64 sqrt({cfg.hidden_size})")
@@ -214,6 +259,11 @@ def gguf_hparams(gguf: Path) -> dict:
         "attn_logit_softcapping": get("attn_logit_softcapping"),
         "final_logit_softcapping": get("final_logit_softcapping"),
         "rope_freq_base_swa": get("rope.freq_base_swa"),
+        # phi3, starcoder2, stablelm, gpt2 (load_new_arch_fixes)
+        "rope_freq_base": get("rope.freq_base"),
+        "rope_dimension_count": get("rope.dimension_count"),
+        "context_length": get("context_length"),
+        "feed_forward_length": get("feed_forward_length"),
     }
 
 
@@ -247,6 +297,73 @@ def llamacpp_gemma2_layer_types(hp: dict) -> list[str]:
     unless the file says otherwise, load_swa_pattern(ml, 2)): layer il local iff il % 2 == 0 (layer 0 local, 1
     global, ...) unless the file has a pattern. SWA is on whether or not the file has a sliding_window."""
     return llamacpp_swa_layer_types(hp, 2)
+
+
+def load_new_arch_fixes(cfg, hp: dict, gguf: Path) -> list[str]:
+    """LOADER FIXES (phi3, starcoder2, stablelm, gpt2; issue 25's seeded models): what transformers 5.23's GGUF
+    config maps (integrations/ggml.py GGUF_CONFIG_MAPPING) leave at a config default while llama.cpp reads it from
+    the file. Each is set here from the file before the model is built (the config is read at init) and returned as
+    a note (`loader_config_fixes`); make_goldens.check_new_arch checks the loaded model against the file.
+
+    - RoPE base (starcoder2, stablelm): their maps have no `rope.freq_base` entry, so rope_theta stays at the
+      config default 10000 whatever the file says (the seeded files say 10000: no change, but not by design).
+    - stablelm partial rotary: the map sends `rope.dimension_count` nowhere (None), so partial_rotary_factor stays
+      at StableLmConfig's default 0.25; llama.cpp rotates the first rope.dimension_count dims of each head
+      (n_rot): the factor is set to dimension_count / head_dim (synth-stablelm: 16 / 64 = 0.25, the default again,
+      by coincidence).
+    - starcoder2 rotary dims: Starcoder2 rotates the whole head; a file whose rope.dimension_count is not head_dim
+      is refused.
+    - phi3 pad_token_id: the map reads no padding id and Phi3Config's default is 32000 (Phi-3's tokenizer), out of
+      range for a 263-token vocabulary: nn.Embedding(padding_idx=32000) refuses to build ("Padding_idx must be
+      within num_embeddings"). It is set to None (the padding row only matters to gradients; llama.cpp has none).
+    - phi3 sliding window: the map reads none (sliding_window stays None), which is what llama.cpp does too --
+      "Phi SWA is currently disabled" (src/models/phi3.cpp, LLAMA_SWA_TYPE_NONE) although the converter writes
+      `phi3.attention.sliding_window` (synth-phi3: 4, which the 11-token prompt would cross). Asserted None here, so
+      that a loader which starts reading it cannot silently mask differently from llama.cpp.
+    - gpt2 n_positions / n_inner: the map sends `context_length` to `n_ctx` and `feed_forward_length` to an unused
+      key, so GPT2Config keeps n_positions 1024 (wpe's rows) and n_inner None (= 4 * n_embd): the seeded file's
+      position_embd [256 rows] and ffn_up [512] do not load ("size mismatch"). Both are set from the file.
+    """
+    notes = []
+    mt = cfg.model_type
+
+    def put(key, value, why):
+        have = getattr(cfg, key, None)
+        if have != value:
+            notes.append(f"{key} {have} -> {value} ({why})")
+            setattr(cfg, key, value)
+
+    if mt in ("phi3", "starcoder2", "stablelm"):
+        rp = dict(cfg.rope_parameters)
+        base = float(hp["rope_freq_base"]) if hp["rope_freq_base"] is not None else 10000.0
+        if rp.get("rope_theta") != base:
+            notes.append(f"rope_theta {rp.get('rope_theta')} -> {base} (the file's rope.freq_base)")
+            rp["rope_theta"] = base
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        n_rot = int(hp["rope_dimension_count"]) if hp["rope_dimension_count"] is not None else head_dim
+        if mt == "stablelm":
+            factor = n_rot / head_dim
+            if int(head_dim * factor) != n_rot:
+                raise SystemExit(f"{gguf}: rope.dimension_count {n_rot} is no whole fraction of head_dim {head_dim}")
+            if rp.get("partial_rotary_factor") != factor:
+                notes.append(f"partial_rotary_factor {rp.get('partial_rotary_factor')} -> {factor} "
+                             f"(the file's rope.dimension_count {n_rot} / head_dim {head_dim})")
+                rp["partial_rotary_factor"] = factor
+        elif n_rot != head_dim:
+            raise SystemExit(f"{gguf}: {mt} with rope.dimension_count {n_rot} != head_dim {head_dim}: transformers' "
+                             f"{mt} rotates the whole head")
+        cfg.rope_parameters = rp
+    if mt == "phi3":
+        if cfg.pad_token_id is not None and not 0 <= cfg.pad_token_id < cfg.vocab_size:
+            put("pad_token_id", None, f"Phi3Config's default is out of the file's vocabulary of {cfg.vocab_size}")
+        if cfg.sliding_window is not None:
+            raise SystemExit(f"{gguf}: phi3 config has sliding_window {cfg.sliding_window}; llama.cpp disables Phi SWA")
+    if mt == "starcoder2" and cfg.sliding_window is not None:
+        raise SystemExit(f"{gguf}: starcoder2 config has sliding_window {cfg.sliding_window}; llama.cpp's starcoder2 has none")
+    if mt == "gpt2":
+        put("n_positions", int(hp["context_length"]), "the file's context_length: position_embd's rows")
+        put("n_inner", int(hp["feed_forward_length"]), "the file's feed_forward_length")
+    return notes
 
 
 def load(gguf: Path, dtype=torch.float32):
@@ -311,6 +428,8 @@ def load(gguf: Path, dtype=torch.float32):
                     k, "the file's" if hp.get(k) is not None else "llama.cpp's default")
                 load_notes.append(f"{k} {have} -> {v} ({src})")
                 setattr(cfg, k, v)
+    if cfg.model_type in ("phi3", "starcoder2", "stablelm", "gpt2"):
+        load_notes += load_new_arch_fixes(cfg, hp, gguf)
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, config=cfg, dtype=torch.float32, attn_implementation=ATTN
     )
@@ -352,6 +471,7 @@ class Recorder:
     masks: dict = field(default_factory=dict)  # layer -> bool [T, S]: which keys each query may see (None: no mask)
     attn_args: dict = field(default_factory=dict)  # layer -> (scaling, softcap) lockstep_eager was called with
     lm_head: torch.Tensor | None = None  # lm_head's output [T, V] (before gemma2's final soft-capping)
+    attn_in: dict = field(default_factory=dict)  # layer -> (Q [T, H*D], K [T, Hkv*D]) as attention received them
 
     def put(self, cid: str, x: torch.Tensor) -> None:
         # x: [T, ...] (the batch dimension already dropped) -> [T, W]
@@ -372,9 +492,14 @@ class Recorder:
             self.masks[layer] = (m[0, 0] == 0).numpy() if m.dtype != torch.bool else m[0, 0].numpy()
 
     def rope(self, layer: int, q: torch.Tensor, k: torch.Tensor) -> None:
-        # [1, H, T, D] -> [T, H*D], head-major (ggml [D, H, T] flattened)
-        self.put(f"blk.{layer}.q_rope", q[0].transpose(0, 1))
-        self.put(f"blk.{layer}.k_rope", k[0].transpose(0, 1))
+        # [1, H, T, D] -> [T, H*D], head-major (ggml [D, H, T] flattened); kept aside as `attn_in` for every
+        # architecture (make_goldens.check_fused_views), stored as q_rope/k_rope where the architecture has RoPE
+        # (not gpt2: learned absolute positions)
+        qf, kf = q[0].transpose(0, 1), k[0].transpose(0, 1)
+        self.attn_in[layer] = (qf.reshape(qf.shape[0], -1).detach().clone(), kf.reshape(kf.shape[0], -1).detach().clone())
+        if has_rope(self.arch):
+            self.put(f"blk.{layer}.q_rope", qf)
+            self.put(f"blk.{layer}.k_rope", kf)
 
 
 # Where each canonical stage is read (module path relative to model.model.layers[N] unless absolute;
@@ -513,8 +638,116 @@ def run_encoder(model, arch: str, tokens: list[int]) -> RunResult:
     return RunResult(pre, {}, np.zeros((len(tokens), 0), np_dtype), np.zeros((0, 0), np_dtype))
 
 
+# --- issue 25's seeded architectures: phi3, starcoder2, stablelm, gpt2 ---------------------------------------
+# Canonical ids as lockstep's engine emits them (engine/src/models/blocks.rs) and as the llama.cpp goldens name
+# them (oracles/llamacpp/ggml_capture.py PHI3/STARCODER2/STABLELM/GPT2_STAGES); stages llama.cpp cannot expose
+# (phi3's q/k/v/ffn_gate/ffn_up/ffn_inp, gpt2's q/k/v: views of fused matmuls, an unnamed ADD) are captured here.
+# kind "cols" = columns of the module's output, given by COLUMNS (fused projections: transformers splits them the
+# way llama.cpp's build_qkv / ggml_swiglu do: [q | k | v] and [gate | up]).
+#
+# Phi-3 (modeling_phi3.py): Q/K/V are the column ranges of self_attn.qkv_proj's output, gate and up the two halves
+# of mlp.gate_up_proj's (`chunk(2)`: the first half is the gate, as ggml_swiglu's); ffn_act = down_proj's input
+# (up * silu(gate)); the residual after attention is post_attention_layernorm's input. NeoX RoPE on the whole head;
+# Q is scaled by 1/sqrt(head_dim) inside attention (llama.cpp: after RoPE, a SCALE node after q_rope).
+PHI3_LAYER = [
+    ("blk.{N}.attn_norm", "model.layers.{N}.input_layernorm", "out"),
+    ("blk.{N}.q", "model.layers.{N}.self_attn.qkv_proj", "cols"),
+    ("blk.{N}.k", "model.layers.{N}.self_attn.qkv_proj", "cols"),
+    ("blk.{N}.v", "model.layers.{N}.self_attn.qkv_proj", "cols"),
+    ("blk.{N}.q_rope", "model.layers.{N}.self_attn (lockstep_eager: query)", "attn"),
+    ("blk.{N}.k_rope", "model.layers.{N}.self_attn (lockstep_eager: key, this step's rows)", "attn"),
+    ("blk.{N}.attn_out", "model.layers.{N}.self_attn.o_proj", "in"),
+    ("blk.{N}.attn_proj", "model.layers.{N}.self_attn.o_proj", "out"),
+    ("blk.{N}.ffn_inp", "model.layers.{N}.post_attention_layernorm", "in"),
+    ("blk.{N}.ffn_norm", "model.layers.{N}.post_attention_layernorm", "out"),
+    ("blk.{N}.ffn_gate", "model.layers.{N}.mlp.gate_up_proj", "cols"),
+    ("blk.{N}.ffn_up", "model.layers.{N}.mlp.gate_up_proj", "cols"),
+    ("blk.{N}.ffn_act", "model.layers.{N}.mlp.down_proj", "in"),
+    ("blk.{N}.ffn_out", "model.layers.{N}.mlp.down_proj", "out"),
+]
+# StarCoder2 (modeling_starcoder2.py): LayerNorm with bias (input_layernorm, post_attention_layernorm, model.norm:
+# nn.LayerNorm), Q/K/V/O with biases, the non-gated FFN mlp.c_fc -> act (tanh GELU) -> mlp.c_proj, both with
+# biases: ffn_up = c_fc's output (llama.cpp's "ffn_up_b", after the bias), ffn_act = c_proj's input, ffn_out =
+# c_proj's output (after its bias, llama.cpp's "ffn_out"). The dropouts are the identity in eval mode.
+STARCODER2_LAYER = LLAMA_LAYER[:10] + [
+    ("blk.{N}.ffn_up", "model.layers.{N}.mlp.c_fc", "out"),
+    ("blk.{N}.ffn_act", "model.layers.{N}.mlp.c_proj", "in"),
+    ("blk.{N}.ffn_out", "model.layers.{N}.mlp.c_proj", "out"),
+]
+# StableLM (modeling_stablelm.py): Llama's module names (q/k/v_proj with biases, SwiGLU gate/up/down), LayerNorms
+# with bias; partial rotary: RoPE (NeoX) on the first rotary_ndims dims of each head, the rest passed through --
+# q_rope/k_rope are the whole heads attention receives (rotated part, then the rest), as llama.cpp's ROPE node
+# with n_dims = rope.dimension_count.
+STABLELM_LAYER = list(LLAMA_LAYER)
+# GPT-2 (modeling_gpt2.py, GPT2LMHeadModel: `transformer.*`): the embedding is wte(tokens) + wpe(positions), the
+# input of block 0 -- read at transformer.drop's output (dropout: the identity in eval mode), llama.cpp's "inpL";
+# c_attn is one Conv1D [q | k | v] with a bias (the GGUF loader transposes Conv1D weights back: checked); no RoPE,
+# so no q_rope/k_rope; ln_1/ln_2/ln_f LayerNorms with bias; FFN c_fc -> gelu_new (tanh GELU) -> c_proj.
+GPT2_HEAD = [("embed", "transformer.drop (wte(tokens) + wpe(positions))", "out")]
+GPT2_LAYER = [
+    ("blk.{N}.attn_norm", "transformer.h.{N}.ln_1", "out"),
+    ("blk.{N}.q", "transformer.h.{N}.attn.c_attn", "cols"),
+    ("blk.{N}.k", "transformer.h.{N}.attn.c_attn", "cols"),
+    ("blk.{N}.v", "transformer.h.{N}.attn.c_attn", "cols"),
+    ("blk.{N}.attn_out", "transformer.h.{N}.attn.c_proj", "in"),
+    ("blk.{N}.attn_proj", "transformer.h.{N}.attn.c_proj", "out"),
+    ("blk.{N}.ffn_inp", "transformer.h.{N}.ln_2", "in"),
+    ("blk.{N}.ffn_norm", "transformer.h.{N}.ln_2", "out"),
+    ("blk.{N}.ffn_up", "transformer.h.{N}.mlp.c_fc", "out"),
+    ("blk.{N}.ffn_act", "transformer.h.{N}.mlp.c_proj", "in"),
+    ("blk.{N}.ffn_out", "transformer.h.{N}.mlp.c_proj", "out"),
+]
+GPT2_TAIL = [
+    ("blk.{N}.out", "transformer.h.{N}", "out"),
+    ("output_norm", "transformer.ln_f", "out"),
+    ("logits", "lm_head", "out"),
+]
+ARCH_STAGES.update({
+    "phi3": COMMON_HEAD + PHI3_LAYER + COMMON_TAIL,
+    "starcoder2": COMMON_HEAD + STARCODER2_LAYER + COMMON_TAIL,
+    "stablelm": COMMON_HEAD + STABLELM_LAYER + COMMON_TAIL,
+    "gpt2": GPT2_HEAD + GPT2_LAYER + GPT2_TAIL,
+})
+
+
+def _qkv_widths(cfg) -> tuple[int, int]:
+    n_q = cfg.num_attention_heads
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_q
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_q
+    return n_q * hd, n_kv * hd
+
+
+def _ff(cfg) -> int:
+    return cfg.intermediate_size
+
+
+# "cols" stages: canonical kind -> (columns [lo, hi) of the module output given the config, description)
+COLUMNS = {
+    "q": (lambda c: (0, _qkv_widths(c)[0]), "columns [0, n_head*head_dim)"),
+    "k": (lambda c: (_qkv_widths(c)[0], sum(_qkv_widths(c))), "columns [n_head*head_dim, +n_kv_head*head_dim)"),
+    "v": (lambda c: (sum(_qkv_widths(c)), sum(_qkv_widths(c)) + _qkv_widths(c)[1]), "the last n_kv_head*head_dim columns"),
+    "ffn_gate": (lambda c: (0, _ff(c)), "columns [0, n_ff) (the first half: chunk(2)[0])"),
+    "ffn_up": (lambda c: (_ff(c), 2 * _ff(c)), "columns [n_ff, 2*n_ff) (the second half: chunk(2)[1])"),
+}
+
+
+def has_rope(arch: str) -> bool:
+    return any(s[0].endswith("q_rope") for s in ARCH_STAGES[arch])
+
+
+def _module_path(path: str) -> str:
+    # a stage-map path may carry an explanation in parentheses after the module path
+    return path.split(" ")[0]
+
+
 # The layout of q_norm/k_norm's input (and output): True = [B, H, T, D] (gemma3), False = [B, T, H, D] (qwen3).
 QK_NORM_HEADS_FIRST = {"gemma3": True, "qwen3": False}
+
+
+def kind_of_id(cid: str) -> str:
+    """blk.3.ffn_up -> ffn_up; embed -> embed."""
+    parts = cid.split(".")
+    return ".".join(parts[2:]) if parts[0] == "blk" else cid
 
 
 def canonical_ids(arch: str, n_layer: int) -> list[str]:
@@ -543,9 +776,17 @@ def attach(model, arch: str, rec_getter) -> list:
             continue
         for n in range(n_layer) if "{N}" in cid else [None]:
             c = cid.replace("{N}", str(n)) if n is not None else cid
-            p = path.replace("{N}", str(n)) if n is not None else path
+            p = _module_path(path.replace("{N}", str(n)) if n is not None else path)
             mod = model.get_submodule(p)
-            if kind == "out":
+            if kind == "cols":
+                lo, hi = COLUMNS[kind_of_id(c)][0](model.config)
+
+                def cols(m, args, out, c=c, lo=lo, hi=hi):
+                    o = out[0] if isinstance(out, tuple) else out
+                    assert o.shape[0] == 1 and o.shape[-1] >= hi, (c, o.shape, lo, hi)
+                    rec_getter().put(c, o[0][..., lo:hi])
+                handles.append(mod.register_forward_hook(cols))
+            elif kind == "out":
                 heads_first = c.endswith(("q_norm", "k_norm")) and QK_NORM_HEADS_FIRST[arch]  # gemma3: [B, H, T, D]
 
                 def hook(m, args, out, c=c, heads_first=heads_first):
@@ -577,6 +818,7 @@ class RunResult:
     attn_args: list = field(default_factory=list)  # per call: {layer: (scaling, softcap)} lockstep_eager was given
     lm_head_logits: np.ndarray | None = None  # "result" logits only: lm_head's output [T, V], before the final cap
     lm_head_decode_logits: np.ndarray | None = None  # [N, V]
+    attn_in: list = field(default_factory=list)  # per call: {layer: (Q, K)} as attention received them (np)
 
 
 def run(model, arch: str, tokens: list[int], decode_tokens: list[int]) -> RunResult:
@@ -584,7 +826,8 @@ def run(model, arch: str, tokens: list[int], decode_tokens: list[int]) -> RunRes
     KV cache (DynamicCache), recording every stage of every call."""
     global _RECORDER
     cfg = model.config
-    n_q, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    n_q = cfg.num_attention_heads
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_q  # GPT2Config has none (no GQA)
     recs: list[Recorder] = []
     handles = attach(model, arch, lambda: _RECORDER)
     from_output = any(kind == "result" for _, _, kind in ARCH_STAGES[arch])
@@ -621,6 +864,8 @@ def run(model, arch: str, tokens: list[int], decode_tokens: list[int]) -> RunRes
     logits = pre.pop("logits")
     dlog = dec.pop("logits") if decode_tokens else np.zeros((0, logits.shape[1]), np_dtype)
     res = RunResult(pre, dec, logits, dlog, dict(recs[0].masks), [dict(r.attn_args) for r in recs])
+    res.attn_in = [{l: (q.numpy().astype(np_dtype), k.numpy().astype(np_dtype)) for l, (q, k) in r.attn_in.items()}
+                   for r in recs]
     if from_output:
         res.lm_head_logits = recs[0].lm_head.numpy().astype(np_dtype)
         res.lm_head_decode_logits = (
