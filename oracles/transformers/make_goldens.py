@@ -94,6 +94,20 @@ SYNTH_POLICY = {
     "default": {"prefill": ("*",), "decode": RESIDUAL, "exact": ("blk.{N}.out",), "decode_exact": (), "f16_ok": (),
                 "decode_logits": "full"},
 }
+# gemma4 (synth-gemma4: layer 1 has heads of 128, so its q/q_norm/q_rope/attn_out rows are 512 wide and k/v/k_norm/
+# k_rope 256): SYNTH_POLICY gives 283610 B for the base golden, 431519 B with the six variants -- over the 0.4 MiB
+# (419430 B) this architecture may add. Trimmed, least informative first:
+# - blk.N.v on the layers without attn_v (V = K): the same array as blk.N.k (the same node in llama.cpp's graph, the
+#   same k_proj output here; check_gemma4 asserts V = K on exactly those layers) -- nothing lost (5.3 KB);
+# - output_norm at the prompt positions and at the decode steps: lm_head's input, gated through the f32 logits
+#   (top-64 at every prompt position, the full rows at T-1 and at every decode step); a fault there is localized to
+#   `logits`, the next stage (9.2 KB).
+# Measured in README "Budget".
+SYNTH_POLICY_GEMMA4 = {
+    "default": {"prefill": ("*",), "decode": ("embed", "blk.{N}.out"), "exact": ("blk.{N}.out",), "decode_exact": (),
+                "f16_ok": (), "decode_logits": "full", "prefill_skip": ("output_norm",), "skip_v_eq_k": True},
+}
+SYNTH_POLICY_BY_ARCH = {"gemma4": SYNTH_POLICY_GEMMA4}
 SYNTH_VARIANT_POLICY = {
     "default": {"prefill": ("blk.{N}.out",), "decode": (), "exact": (), "f16_ok": (), "decode_logits": "full"},
 }
@@ -132,7 +146,7 @@ def load_registry(models_toml: Path = ROOT / "models.toml") -> dict:
     synth = {m["id"]: m for m in reg.get("synth", [])}
     out = {}
     for m in synth.values():
-        pol = SYNTH_POLICY_COMPACT if m["arch"] in COMPACT_ARCHS else SYNTH_POLICY
+        pol = SYNTH_POLICY_BY_ARCH.get(m["arch"], SYNTH_POLICY_COMPACT if m["arch"] in COMPACT_ARCHS else SYNTH_POLICY)
         out[m["id"]] = {"sha256": m["sha256"], "arch": m["arch"], "policy": pol,
                         "default_file": f"models/{m['id']}.gguf"}
     for v in reg.get("variants", []):
@@ -154,6 +168,15 @@ def policy_of(mid: str, pid: str) -> dict:
 
 def full_decode_logits(mid: str, pid: str) -> bool:
     return (mid, pid) in FULL_DECODE_LOGITS or policy_of(mid, pid).get("decode_logits") == "full"
+
+
+def prefill_skip(pol: dict, n_layer: int, ids: list[str], gguf: Path) -> set[str]:
+    """The prefill ids a policy leaves out of a golden: "prefill_skip" (patterns), and with "skip_v_eq_k" (gemma4)
+    blk.N.v of every layer without attn_v, whose V is the K projection (the same array as blk.N.k)."""
+    skip = set(expand(pol.get("prefill_skip", ()), n_layer, ids))
+    if pol.get("skip_v_eq_k"):
+        skip |= {f"blk.{il}.v" for il, has in enumerate(C.gemma4_file(gguf)["has_attn_v"]) if not has}
+    return skip
 
 
 def exact_ids(pol: dict, n_layer: int, ids: list[str], decode: bool = False) -> set[str]:
@@ -362,11 +385,16 @@ def dump_manifest(manifest: dict) -> str:
     return text + "\n"
 
 
+# The causal-LM class whose forward applies the final logit soft-capping after lm_head (stage maps with a "result"
+# row read the logits from its output).
+CAUSAL_LM_CLASS = {"gemma2": "Gemma2ForCausalLM", "gemma4": "Gemma4ForCausalLM"}
+
+
 def stage_map_json(arch: str) -> dict:
     rows = []
     for cid, path, kind in C.ARCH_STAGES[arch]:
         op = {"out": "forward_hook", "in": "forward_pre_hook", "attn": "attention_function", "result": "model_output",
-              "pooled": "computed_from_output", "cols": "forward_hook_columns"}[kind]
+              "pooled": "computed_from_output", "cols": "forward_hook_columns", "v_or_k": "forward_hook"}[kind]
         if kind == "cols":
             path = f"{path} output, {C.COLUMNS[C.kind_of_id(cid)][1]}"
         rows.append({"oracle_name": path, "op": op, "canonical": cid})
@@ -380,8 +408,13 @@ def stage_map_json(arch: str) -> dict:
     )
     if any(kind == "result" for _, _, kind in C.ARCH_STAGES[arch]):
         about += (
-            " model_output = the model's forward output (Gemma2ForCausalLM applies the final logit soft-capping after "
+            f" model_output = the model's forward output ({CAUSAL_LM_CLASS[arch]} applies the final logit soft-capping after "
             "lm_head, so logits are read there, as llama.cpp's result_output is after its final cap)."
+        )
+    if any(kind == "v_or_k" for _, _, kind in C.ARCH_STAGES[arch]):
+        about += (
+            " gemma4 blk.N.v: v_proj's output, or k_proj's on the full-attention layers that have no v_proj "
+            "(attention_k_eq_v: V = the K projection, as llama.cpp's Vcur = Kcur there)."
         )
     return {
         "about": about,
@@ -480,6 +513,8 @@ def check_traps(model, arch: str, gguf_path: Path, golden: Path, src_entries: li
         checks["gemma_norm_plus_one"] = f"1 + (w_file - 1) == w_file bit for bit for all {total} norm weights (float32)"
     if arch == "gemma2":
         check_gemma2(model, fields, tensors, deq, src_entries, checks)
+    if arch == "gemma4":
+        check_gemma4(model, gguf_path, tensors, deq, src_entries, checks)
     if arch == "gemma3":
         # query_pre_attn_scalar: llama.cpp scales Q by 1/sqrt(head_dim) (gemma3 270m); transformers by
         # query_pre_attn_scalar**-0.5
@@ -566,7 +601,7 @@ def check_traps(model, arch: str, gguf_path: Path, golden: Path, src_entries: li
     eps = float(fields[f"{a}.attention.layer_norm_rms_epsilon"])
     if abs(cfg.rms_norm_eps - eps) > 0:
         raise SystemExit(f"rms_norm_eps {cfg.rms_norm_eps} != file {eps}")
-    if arch != "gemma3":
+    if arch not in ("gemma3", "gemma4"):  # gemma4: per layer type, check_gemma4
         base = float(fields[f"{a}.rope.freq_base"])
         if cfg.rope_parameters["rope_theta"] != base or cfg.rope_parameters["rope_type"] != "default":
             raise SystemExit(f"rope {cfg.rope_parameters} != file base {base}")
@@ -911,6 +946,172 @@ def check_gemma2(model, fields: dict, tensors: dict, deq, src_entries: list[dict
     checks["gemma2_geglu"] = (
         "hidden_activation gelu_pytorch_tanh: mlp.act_fn equals torch gelu(approximate='tanh') bit for bit; ffn_act = "
         "act(gate) * up (down_proj's input), as llama.cpp's GEGLU node"
+    )
+
+
+# gemma4: transformers state_dict name (layer part after model.layers.N.) -> the file's tensor (llama.cpp gemma4.cpp
+# load_arch_tensors / gguf-py constants), written out here rather than taken from gguf's name map (which the loader
+# uses), so the two are checked against each other
+GEMMA4_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "layer_scalar": "layer_output_scale.weight",
+}
+
+
+def gemma4_gguf_name(name: str, tied: bool) -> str:
+    if name == "model.embed_tokens.weight" or (name == "lm_head.weight" and tied):
+        return "token_embd.weight"
+    if name == "lm_head.weight":
+        return "output.weight"
+    if name == "model.norm.weight":
+        return "output_norm.weight"
+    parts = name.split(".")
+    if parts[:2] != ["model", "layers"] or ".".join(parts[3:]) not in GEMMA4_TENSORS:
+        raise SystemExit(f"gemma4: model tensor {name} has no place in llama.cpp's gemma4 (not expected here)")
+    return f"blk.{parts[2]}.{GEMMA4_TENSORS['.'.join(parts[3:])]}"
+
+
+def check_gemma4(model, gguf_path: Path, tensors: dict, deq, src_entries: list[dict], checks: dict) -> None:
+    """Gemma 4 as llama.cpp 0c1e570 runs it (src/models/gemma4.cpp), on the model tf_capture.load built (its LOADER
+    FIXES: gemma4_config, gemma4_layer_scalars): per-layer head widths, V = K, V's weightless norm, the Q scale 1,
+    every weight (norms without offset, layer_output_scale) bit for bit, both RoPEs against llama.cpp's angles,
+    the window, the final cap, the embedding scale, GeGLU; no per-layer embeddings, KV sharing or MoE. Adds to checks."""
+    cfg = model.config
+    f = C.gemma4_file(gguf_path)
+    layers = model.model.layers
+    n_layer = cfg.num_hidden_layers
+    types = ["sliding_attention" if bool(x) else "full_attention" for x in f["sliding_window_pattern"]]
+    sw = int(f["sliding_window"])
+    n_embd, n_head, n_kv = cfg.hidden_size, int(f["n_head"]), int(f["n_head_kv"])
+    if list(cfg.layer_types) != types or cfg.sliding_window != sw:
+        raise SystemExit(f"gemma4 layer_types {cfg.layer_types} / window {cfg.sliding_window} != the file's {types} / {sw}")
+    if cfg.num_attention_heads != n_head or cfg.num_key_value_heads != n_kv:
+        raise SystemExit(f"gemma4 heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} != the file's {n_head}/{n_kv}")
+    per_layer = []
+    for il, layer in enumerate(layers):
+        at = layer.self_attn
+        local = types[il] == "sliding_attention"
+        hd = int(f["key_length_swa"] if local else f["key_length"])
+        kv = cfg.per_layer_config[il].num_key_value_heads
+        shapes = {
+            "q_proj": (tuple(at.q_proj.weight.shape), (n_head * hd, n_embd)),
+            "k_proj": (tuple(at.k_proj.weight.shape), (n_kv * hd, n_embd)),
+            "o_proj": (tuple(at.o_proj.weight.shape), (n_embd, n_head * hd)),
+            "q_norm": (tuple(at.q_norm.weight.shape), (hd,)),
+            "k_norm": (tuple(at.k_norm.weight.shape), (hd,)),
+        }
+        if at.head_dim != hd or cfg.per_layer_config[il].head_dim != hd or kv != n_kv or any(a != b for a, b in shapes.values()):
+            raise SystemExit(f"gemma4 layer {il} ({types[il]}): head_dim {at.head_dim}, kv heads {kv}, shapes {shapes} "
+                             f"!= llama.cpp's head width {hd} (key_length{'_swa' if local else ''})")
+        if (at.v_proj is None) != (not f["has_attn_v"][il]):
+            raise SystemExit(f"gemma4 layer {il}: v_proj {'absent' if at.v_proj is None else 'present'} but the file "
+                             f"{'has' if f['has_attn_v'][il] else 'has no'} attn_v (llama.cpp: V = K without it)")
+        if at.v_norm.with_scale or hasattr(at.v_norm, "weight") or not at.q_norm.with_scale or not at.k_norm.with_scale:
+            raise SystemExit(f"gemma4 layer {il}: V's norm must be weightless (llama.cpp ggml_rms_norm), Q/K's weighted")
+        # llama.cpp: f_attention_scale = 1.0 (gemma4.cpp); transformers: self.scaling = 1.0
+        if at.scaling != 1.0:
+            raise SystemExit(f"gemma4 layer {il}: scaling {at.scaling} != llama.cpp's 1.0")
+        if at.sliding_window != (sw if local else None) or at.is_sliding != local or not at.is_causal:
+            raise SystemExit(f"gemma4 layer {il}: sliding_window {at.sliding_window}, causal {at.is_causal} ({types[il]})")
+        if at.is_kv_shared_layer or at.store_full_length_kv or getattr(layer, "per_layer_input_gate", None) is not None \
+                or layer.enable_moe_block:
+            raise SystemExit(f"gemma4 layer {il}: KV sharing / per-layer input / MoE on (llama.cpp: none in this file)")
+        per_layer.append(f"{il}: {types[il].split('_')[0]} head {hd}, V {'= K' if at.v_proj is None else 'own'}")
+    if cfg.hidden_size_per_layer_input or hasattr(model.model, "embed_tokens_per_layer") or cfg.num_kv_shared_layers \
+            or cfg.enable_moe_block or f["embedding_length_per_layer_input"] or f["shared_kv_layers"] or f["has_moe"]:
+        raise SystemExit("gemma4: per-layer embeddings / KV sharing / MoE in the model or the file")
+    checks["gemma4_attention"] = (
+        f"per layer ({'; '.join(per_layer)}): head widths = the file's key_length_swa / key_length (transformers' GGUF "
+        f"config: head_dim 256 and no V = K; set by tf_capture.gemma4_config: loader_config_fixes); q/k/o_proj and q/k_norm "
+        "shaped by them; V = the K projection (before k_norm) exactly on the layers whose attn_v the file lacks "
+        "(attention_k_eq_v); v_norm weightless, q/k_norm weighted; every layer's scaling 1.0 = llama.cpp's "
+        "f_attention_scale (checked at every lockstep_eager call: attention_calls); no per-layer embeddings "
+        "(hidden_size_per_layer_input 0 = embedding_length_per_layer_input), no KV sharing, no MoE"
+    )
+    # every tensor the model holds (parameters and the layer_scalar buffers) = the file's, dequantized, bit for bit:
+    # the name mapping, no Gemma +1 norm offset (llama.cpp's converter: Gemma4Model.norm_shift 0; Gemma4RMSNorm
+    # multiplies by the weight as is; transformers uses the plain TensorProcessor for gemma4), layer_output_scale
+    tied = "output.weight" not in tensors
+    used, n_norm, scalars = set(), 0, []
+    for name, t in model.state_dict().items():
+        gname = gemma4_gguf_name(name, tied)
+        want = deq(gname)
+        got = t.detach().to(torch.float32).numpy()
+        if want.size != got.size or not np.array_equal(got.reshape(-1), want.reshape(-1)) or (got.ndim == 2 and want.shape != got.shape):
+            raise SystemExit(f"gemma4 {name} != the file's {gname} (dequantized)")
+        used.add(gname)
+        if "norm" in name:
+            n_norm += got.size
+        if name.endswith("layer_scalar"):
+            scalars.append(float(got.reshape(-1)[0]))
+    unused = sorted(set(tensors) - used)
+    if unused != ["rope_freqs.weight"]:
+        raise SystemExit(f"gemma4: file tensors the model does not hold: {unused} (only rope_freqs.weight is expected)")
+    checks["gemma4_weights"] = (
+        f"all {len(model.state_dict())} model tensors equal the file's dequantized tensors bit for bit (explicit "
+        f"name map GEMMA4_TENSORS; every file tensor but rope_freqs.weight used); the {n_norm} norm weights with no "
+        f"offset (llama.cpp's Gemma4Model.norm_shift 0, Gemma4RMSNorm: x * w); layer_scalar = the file's "
+        f"layer_output_scale {scalars} (transformers' loader leaves it 1.0: tf_capture.gemma4_layer_scalars)"
+    )
+    # RoPE vs llama.cpp's angles: theta_i = pos * base^(-2i/n_rot) / freq_factor_i (ggml_rope_ext, NEOX); sliding
+    # layers: base rope.freq_base_swa (10000 default), n_rot_swa, no factors; full layers: rope.freq_base, n_rot,
+    # rope_freqs (factor 1 turns, 1e30 does not: transformers' proportional RoPE has frequency 0 there)
+    rot = model.model.rotary_emb
+    base_swa = float(10000.0 if f["rope_freq_base_swa"] is None else f["rope_freq_base_swa"])
+    base = float(f["rope_freq_base"])
+    ff = f["rope_freqs"].astype(np.float64)
+    rope_notes = []
+    for lt, b, n_rot, fac in (("sliding_attention", base_swa, int(f["rope_dim_swa"]), None),
+                              ("full_attention", base, int(f["rope_dim"]), ff)):
+        if lt not in types:
+            continue
+        inv = getattr(rot, f"{lt}_inv_freq").detach().to(torch.float64).numpy()
+        want = b ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+        turning = np.ones(len(want), bool) if fac is None else fac == 1.0
+        if fac is not None:
+            want = want / fac
+        if inv.shape != want.shape or getattr(rot, f"{lt}_attention_scaling") != 1.0:
+            raise SystemExit(f"gemma4 {lt} RoPE: {inv.shape[0]} frequencies (want {want.shape[0]} = n_rot/2), scaling "
+                             f"{getattr(rot, f'{lt}_attention_scaling')}")
+        rel = np.max(np.abs(inv[turning] - want[turning]) / want[turning])
+        if not rel <= 1e-6 or np.any(inv[~turning] != 0.0) or np.any(want[~turning] > 1e-20):
+            raise SystemExit(f"gemma4 {lt} RoPE frequencies != llama.cpp's: max rel {rel:.3g}, non-turning {inv[~turning]}")
+        rope_notes.append(f"{lt}: base {b}, {int(turning.sum())} of {len(want)} pairs turn (max rel diff of the "
+                          f"frequency {rel:.1e}){'' if fac is None else ', the other pairs frequency 0 (llama.cpp: factor 1e30)'}")
+    checks["gemma4_rope"] = (
+        "NEOX RoPE, transformers' inv_freq vs llama.cpp's base^(-2i/n_rot)/freq_factor: " + "; ".join(rope_notes)
+        + f" (config rope_parameters {cfg.rope_parameters}; transformers' GGUF config: full_attention theta 1e6)"
+    )
+    # final soft-capping (checked per run: final_softcap), embedding scale, GeGLU, window
+    cap = f["final_logit_softcapping"]
+    if cfg.final_logit_softcapping != (float(cap) if cap else None):
+        raise SystemExit(f"gemma4 final_logit_softcapping {cfg.final_logit_softcapping} != the file's {cap}")
+    es = float(model.model.embed_tokens.embed_scale.to(torch.float32))
+    if es != float(np.float32(np.sqrt(n_embd))):
+        raise SystemExit(f"gemma embed scale {es} != float32 sqrt({n_embd})")
+    act = layers[0].mlp.act_fn
+    x = torch.linspace(-8, 8, 4097, dtype=torch.float32)
+    if cfg.hidden_activation != "gelu_pytorch_tanh" or any(not torch.equal(lay.mlp.act_fn(x), nn_gelu_tanh(x)) for lay in layers):
+        raise SystemExit(f"gemma4 activation {cfg.hidden_activation} ({act}) is not the tanh-approximated GELU")
+    longest = max(g["n_prompt_tokens"] + g["n_decode_steps"] for g in src_entries)
+    checks["gemma4_softcap_embed_geglu_window"] = (
+        f"final_logit_softcapping {cfg.final_logit_softcapping} = the file's (transformers' GGUF config: None); "
+        f"embed_tokens output x {es} (float32 sqrt({n_embd})); gelu_pytorch_tanh = torch's tanh GELU bit for bit "
+        f"(llama.cpp GEGLU); window {sw} on layers {[i for i, t in enumerate(types) if t == 'sliding_attention']} "
+        f"(the file's sliding_window_pattern), causal; the longest sequence here is {longest} positions"
+        + (f" > {sw}: the prefill masks are checked against llama.cpp's rule (attention_masks)" if longest > sw else "")
     )
 
 
@@ -1295,7 +1496,7 @@ def main() -> int:
         mask_note = check_masks(model, r, f"{mid}/{g['prompt_id']}")
         if arch in ("phi3", "gpt2"):
             traps["fused_views"] = check_fused_views(arch, model, r, f"{mid}/{g['prompt_id']}")
-        if arch == "gemma2":
+        if arch in ("gemma2", "gemma4"):
             traps["attention_calls"] = check_attention_calls(model, r, f"{mid}/{g['prompt_id']}")
             traps["final_softcap"] = check_final_softcap(model, r, z, f"{mid}/{g['prompt_id']}")
         print(f"  vs llama.cpp {g['prompt_id']}: {summary_vs_llamacpp(r, z, n_layer)}", flush=True)
@@ -1367,7 +1568,8 @@ def main() -> int:
         exact = exact_ids(pol, n_layer, all_ids)
         exact_dec = exact_ids(pol, n_layer, all_ids, decode=True)
         raw = [("tokens", toks, False)]
-        raw += [(c, r.stages[c], c not in exact) for c in expand(pol["prefill"], n_layer, all_ids) if c != "logits"]
+        skip = prefill_skip(pol, n_layer, all_ids, path)
+        raw += [(c, r.stages[c], c not in exact) for c in expand(pol["prefill"], n_layer, all_ids) if c != "logits" and c not in skip]
         raw += [
             ("logits", r.logits[positions], False),
             ("logits_positions", positions, False),
@@ -1419,9 +1621,10 @@ def main() -> int:
             "decode_own_argmax_agreement": float(np.mean(own_argmax == dec_toks)) if len(dec_toks) else 1.0,
             "capture_changes_logits": 0.0,
             "capture_note": "forward hooks only read tensors; the logits are "
-            + ("the model's output logits (Gemma2ForCausalLM: lm_head, then the final soft-capping)"
+            + (f"the model's output logits ({CAUSAL_LM_CLASS.get(arch)}: lm_head, then the final soft-capping)"
                if any(k == "result" for _, _, k in C.ARCH_STAGES[arch]) else "lm_head's output itself"),
             "stages_prefill": list(pol["prefill"]),
+            **({"stages_prefill_skipped": sorted(skip, key=all_ids.index)} if skip else {}),
             "stages_decode": list(pol["decode"]),
             "stages_exact_f32": list(pol["exact"]),
             "stages_f16_allowed": list(pol["f16_ok"]),

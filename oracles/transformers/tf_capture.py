@@ -102,6 +102,16 @@ def _gemma3_rmsnorm_forward(self, x):
     return output.type_as(x)
 
 
+def _gemma4_rmsnorm_forward(self, hidden_states):
+    # Gemma4RMSNorm.forward (modeling_gemma4.py 5.23): `self._norm(hidden_states.float())`, `* self.weight.float()`
+    # when with_scale (V's norm has no weight), `.type_as(hidden_states)`; _norm is x * pow(mean(x^2) + eps, -0.5)
+    c = _compute_dtype(hidden_states)
+    normed_output = self._norm(hidden_states.to(c))
+    if self.with_scale:
+        normed_output = normed_output * self.weight.to(c)
+    return normed_output.type_as(hidden_states)
+
+
 def _rope64(inv_base: float, dim: int) -> torch.Tensor:
     return 1.0 / (inv_base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
 
@@ -130,6 +140,7 @@ def install_patches() -> list[str]:
     """Patch the classes (PATCH 1, 2); returns what was patched."""
     from transformers.models.gemma2 import modeling_gemma2 as g2
     from transformers.models.gemma3 import modeling_gemma3 as g3
+    from transformers.models.gemma4 import modeling_gemma4 as g4
     from transformers.models.llama import modeling_llama as ll
     from transformers.models.qwen2 import modeling_qwen2 as q2
     from transformers.models.qwen3 import modeling_qwen3 as q3
@@ -153,6 +164,11 @@ def install_patches() -> list[str]:
     q3.Qwen3RotaryEmbedding.forward = torch.no_grad()(_rotary_forward_single)
     g2.Gemma2RotaryEmbedding.forward = torch.no_grad()(_rotary_forward_single)  # one RoPE base (Llama's forward)
     g3.Gemma3RotaryEmbedding.forward = torch.no_grad()(_rotary_forward_gemma3)
+    # gemma4 (named in patch_notes("gemma4") only, so the other architectures' recorded notes stay as they were):
+    # Gemma4TextRotaryEmbedding.forward has Gemma3's body (per layer type inv_freq / attention_scaling; its
+    # dynamic_rope_update decorator does nothing for the default and proportional types)
+    g4.Gemma4RMSNorm.forward = _gemma4_rmsnorm_forward
+    g4.Gemma4TextRotaryEmbedding.forward = torch.no_grad()(_rotary_forward_gemma3)
     return [
         "LlamaRMSNorm/Qwen2RMSNorm/Qwen3RMSNorm.forward, Gemma3RMSNorm.forward: compute in float64 for float64 input (PATCH 1)",
         "Llama/Qwen2/Qwen3/Gemma3RotaryEmbedding.forward: angles in float64 for float64 input (PATCH 2)",
@@ -174,6 +190,12 @@ def patch_notes(arch: str) -> list[str]:
         notes = [
             "Gemma2RMSNorm.forward (Gemma3RMSNorm's body): compute in float64 for float64 input (PATCH 1)",
             "Gemma2RotaryEmbedding.forward (Llama's body, one RoPE base): angles in float64 for float64 input (PATCH 2)",
+            notes[2],
+        ]
+    if arch == "gemma4":
+        notes = [
+            "Gemma4RMSNorm.forward (Q/K/V norms included): compute in float64 for float64 input (PATCH 1)",
+            "Gemma4TextRotaryEmbedding.forward (Gemma3's body, per layer type): angles in float64 for float64 input (PATCH 2)",
             notes[2],
         ]
     return notes
@@ -201,6 +223,26 @@ NEW_PATCH_NOTES = {
 }
 
 
+def _gemma4_inv_freq64(cfg, rot) -> list[str]:
+    """PATCH 2 for gemma4, per layer type: the sliding layers' default RoPE over their head width, the full layers'
+    proportional RoPE (transformers' _compute_proportional_rope_parameters: the first int(factor * D // 2) pairs turn
+    with base^(-2i/D), the others have frequency 0), recomputed in float64."""
+    done = []
+    for lt in rot.layer_types:
+        params = cfg.rope_parameters[lt]
+        d = cfg.per_layer_config[lt].head_dim
+        inv = _rope64(params["rope_theta"], d)
+        if params["rope_type"] == "proportional":
+            inv[int(params["partial_rotary_factor"] * d // 2):] = 0.0
+        else:
+            assert params["rope_type"] == "default", params
+        old = getattr(rot, f"{lt}_inv_freq")
+        assert old.shape == inv.shape and torch.equal(old == 0, inv == 0), (lt, old, inv)
+        setattr(rot, f"{lt}_inv_freq", inv)
+        done.append(f"{lt}_inv_freq float64 ({params['rope_type']}, theta {params['rope_theta']}, head {d})")
+    return done
+
+
 def to_float64(model) -> list[str]:
     """Convert a loaded float32 model to float64 (weights widen exactly) and redo in float64 what init
     computed in float32: RoPE inverse frequencies (PATCH 2) and Gemma3's embedding scale (PATCH 4)."""
@@ -216,12 +258,15 @@ def to_float64(model) -> list[str]:
         dim = int(dim * rp["partial_rotary_factor"])
     if rot is None:
         done.append("no rotary embedding (learned absolute positions)")
+    elif cfg.model_type == "gemma4_text":
+        done += _gemma4_inv_freq64(cfg, rot)
     elif hasattr(rot, "inv_freq"):
         assert rot.rope_type == "default", rot.rope_type
         rot.inv_freq = _rope64(cfg.rope_parameters["rope_theta"], dim)
         part = f", the first {dim} of {dim_full} dims of each head" if dim != dim_full else ""
         done.append(f"inv_freq float64 (theta {cfg.rope_parameters['rope_theta']}{part})")
     else:
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         for lt in rot.layer_types:
             params = cfg.rope_parameters[lt]
             assert params["rope_type"] == "default", params
@@ -366,6 +411,191 @@ def load_new_arch_fixes(cfg, hp: dict, gguf: Path) -> list[str]:
     return notes
 
 
+# --- gemma4 (the seeded synth-gemma4 and its variants) ---------------------------------------------------------
+
+
+def gemma4_file(gguf: Path) -> dict:
+    """What llama.cpp 0c1e570 reads of a gemma4 file (src/models/gemma4.cpp load_arch_hparams / load_arch_tensors),
+    for gemma4_config and make_goldens.check_gemma4: the metadata keys (None where absent), which layers have an
+    attn_v / ffn_gate_inp tensor, the rope_freqs values and each layer's layer_output_scale (dequantized, float32)."""
+    from gguf import GGUFReader, dequantize
+
+    r = GGUFReader(str(gguf))
+
+    def get(key):
+        f = r.fields.get(f"gemma4.{key}")
+        return None if f is None else f.contents()
+
+    tensors = {t.name: t for t in r.tensors}
+
+    def deq(name):
+        t = tensors[name]
+        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1)
+
+    n_layer = int(get("block_count"))
+    return {
+        "n_layer": n_layer,
+        "n_embd": int(get("embedding_length")),
+        "n_head": get("attention.head_count"),
+        "n_head_kv": get("attention.head_count_kv"),
+        "key_length": get("attention.key_length"),
+        "value_length": get("attention.value_length"),
+        "key_length_swa": get("attention.key_length_swa"),
+        "value_length_swa": get("attention.value_length_swa"),
+        "rope_dim": get("rope.dimension_count"),
+        "rope_dim_swa": get("rope.dimension_count_swa"),
+        "rope_freq_base": get("rope.freq_base"),
+        "rope_freq_base_swa": get("rope.freq_base_swa"),
+        "rope_scaling": get("rope.scaling.type"),
+        "sliding_window": get("attention.sliding_window"),
+        "sliding_window_pattern": get("attention.sliding_window_pattern"),
+        "shared_kv_layers": get("attention.shared_kv_layers"),
+        "embedding_length_per_layer_input": get("embedding_length_per_layer_input"),
+        "final_logit_softcapping": get("final_logit_softcapping"),
+        "feed_forward_length": get("feed_forward_length"),
+        "rms_eps": get("attention.layer_norm_rms_epsilon"),
+        "has_attn_v": [f"blk.{il}.attn_v.weight" in tensors for il in range(n_layer)],
+        "has_attn_qkv": any(f"blk.{il}.attn_qkv.weight" in tensors for il in range(n_layer)),
+        "has_moe": any(f"blk.{il}.ffn_gate_inp.weight" in tensors for il in range(n_layer)),
+        "rope_freqs": deq("rope_freqs.weight") if "rope_freqs.weight" in tensors else None,
+        "layer_output_scale": [
+            deq(f"blk.{il}.layer_output_scale.weight") if f"blk.{il}.layer_output_scale.weight" in tensors else None
+            for il in range(n_layer)
+        ],
+    }
+
+
+# llama.cpp's rope_freqs factor of a pair that must not turn (conversion/gemma.py Gemma4Model.generate_extra_tensors:
+# [1.0] * n_rot + [1e30] * n_unrot): anything this large makes pos * theta / factor < 1e-20 rad at every position.
+GEMMA4_UNROTATED_FACTOR_MIN = 1e20
+
+
+def gemma4_rope_rotated_pairs(f: dict) -> int:
+    """The number of leading RoPE pairs a full-attention layer turns: rope_freqs must be n ones then only
+    factors >= GEMMA4_UNROTATED_FACTOR_MIN (the converter's proportional RoPE; transformers' `proportional` rope type
+    can express nothing else). Refuses any other shape."""
+    ff = f["rope_freqs"]
+    if ff is None:
+        raise SystemExit("gemma4 without rope_freqs.weight: the full-attention layers' RoPE would turn every pair; "
+                         "transformers' Gemma 4 full-attention RoPE is `proportional` (not supported here)")
+    n = int(np.sum(ff == 1.0))
+    if not (np.all(ff[:n] == 1.0) and np.all(ff[n:] >= GEMMA4_UNROTATED_FACTOR_MIN)):
+        raise SystemExit(f"gemma4 rope_freqs {ff.tolist()} is not [1]*n + [>= 1e20]*m: transformers' proportional RoPE cannot express it")
+    return n
+
+
+def gemma4_config(cfg, gguf: Path):
+    """LOADER FIXES (gemma4): a Gemma4TextConfig holding what llama.cpp reads from the file; returns (config, notes).
+
+    transformers 5.23's GGUF config map for gemma4 (integrations/ggml.py, modeling_gguf_pytorch_utils.py) reads
+    block_count, context_length, embedding_length, feed_forward_length, head counts, rms eps, sliding_window and
+    `attention.key_length -> global_head_dim`, and nothing else of Gemma 4's; Gemma4TextConfig's defaults (those of
+    the released models) fill the rest. For synth-gemma4 (and any file unlike gemma-4's released sizes) they are
+    wrong:
+    - head_dim (the sliding layers' head width): default 256; llama.cpp: attention.key_length_swa (64);
+    - the full layers' head width (per_layer_config[il].head_dim): from key_length (128) -- right as loaded, set here
+      anyway (with layer_types, which per_layer_config is keyed on);
+    - attention_k_eq_v: default False; llama.cpp: a layer without attn_v takes V = the K projection (gemma4.cpp:
+      `wv ? wv*cur : Kcur`); transformers does so on every full-attention layer iff attention_k_eq_v, so it is set
+      from the file, which must have attn_v on every sliding layer and on no full layer or on all of them;
+    - final_logit_softcapping: default None; llama.cpp: the file's (30);
+    - hidden_size_per_layer_input: default 256 (per-layer embeddings on); the file's
+      embedding_length_per_layer_input (0: none, and llama.cpp has no per_layer tensors);
+    - rope_parameters: default sliding {default, theta 1e4}, full {proportional, 0.25, theta 1e6}; llama.cpp: the
+      sliding layers' base rope.freq_base_swa (default 10000), the full layers' rope.freq_base (10000 in the file),
+      and the full layers' turning pairs from rope_freqs.weight (n ones of key_length/2: partial_rotary_factor =
+      2n / key_length; 16 of 64 -> 0.25, the converter's inverse);
+    - layer_types: Gemma4TextConfig's default pattern of 6 with the last layer forced global; llama.cpp: the
+      file's attention.sliding_window_pattern array (here [True, False] -- the same, not relied upon);
+    - num_kv_shared_layers (the file's attention.shared_kv_layers, 0) and enable_moe_block (no ffn_gate_inp):
+      checked, as they are what the defaults give.
+    Refused (no config of transformers' Gemma 4 expresses them): a sliding layer whose RoPE does not cover its
+    whole head (rope.dimension_count_swa < key_length_swa: transformers' default RoPE turns every pair), full layers
+    whose rope.dimension_count is not their head width, rope_freqs of another shape than ones-then-1e30, a file
+    whose last layer is sliding (Gemma4TextConfig forces it global), attn_v on some full layers only, fused QKV,
+    per-layer head counts, RoPE scaling, key/value widths that differ. make_goldens.check_gemma4 checks each value
+    on the built model."""
+    from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig
+
+    f = gemma4_file(gguf)
+    n_layer = f["n_layer"]
+    pat = f["sliding_window_pattern"]
+    if not isinstance(pat, list) or len(pat) != n_layer:
+        raise SystemExit(f"{gguf}: gemma4.attention.sliding_window_pattern {pat!r} is not one bool per layer (llama.cpp requires it)")
+    layer_types = ["sliding_attention" if bool(x) else "full_attention" for x in pat]
+    if layer_types[-1] != "full_attention":
+        raise SystemExit(f"{gguf}: the last layer is sliding: Gemma4TextConfig forces it to full attention")
+    for k in ("n_head", "n_head_kv", "feed_forward_length"):
+        if isinstance(f[k], list):
+            raise SystemExit(f"{gguf}: per-layer {k} {f[k]}: not supported here")
+    if f["value_length"] not in (None, f["key_length"]) or f["value_length_swa"] not in (None, f["key_length_swa"]):
+        raise SystemExit(f"{gguf}: key and value widths differ (llama.cpp refuses them too)")
+    if f["rope_scaling"] not in (None, "none") or f["has_attn_qkv"]:
+        raise SystemExit(f"{gguf}: RoPE scaling {f['rope_scaling']} / fused attn_qkv: not supported here")
+    hd, hd_swa = int(f["key_length"]), int(f["key_length_swa"])
+    rope_dim_swa = int(f["rope_dim_swa"] if f["rope_dim_swa"] is not None else f["rope_dim"])
+    if rope_dim_swa != hd_swa or int(f["rope_dim"]) != hd:
+        raise SystemExit(f"{gguf}: rope.dimension_count(_swa) {f['rope_dim']}/{rope_dim_swa} != key_length(_swa) {hd}/{hd_swa}: "
+                         "transformers' Gemma 4 RoPE covers the whole head")
+    full = [il for il, t in enumerate(layer_types) if t == "full_attention"]
+    sliding = [il for il, t in enumerate(layer_types) if t == "sliding_attention"]
+    if not all(f["has_attn_v"][il] for il in sliding):
+        raise SystemExit(f"{gguf}: a sliding layer without attn_v: transformers' Gemma 4 has V = K on full layers only")
+    v_from_k = {not f["has_attn_v"][il] for il in full}
+    if len(v_from_k) > 1:
+        raise SystemExit(f"{gguf}: attn_v on some full-attention layers only: transformers' attention_k_eq_v is global")
+    n_rot = gemma4_rope_rotated_pairs(f)
+    want = {
+        "head_dim": hd_swa,
+        "per_layer_config": {il: {"head_dim": hd} for il in full},
+        "layer_types": layer_types,
+        "attention_k_eq_v": bool(v_from_k.pop()) if full else False,
+        "final_logit_softcapping": None if not f["final_logit_softcapping"] else float(f["final_logit_softcapping"]),
+        "hidden_size_per_layer_input": int(f["embedding_length_per_layer_input"] or 0),
+        "num_kv_shared_layers": int(f["shared_kv_layers"] or 0),
+        "enable_moe_block": bool(f["has_moe"]),
+        "sliding_window": int(f["sliding_window"]),
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": float(10000.0 if f["rope_freq_base_swa"] is None else f["rope_freq_base_swa"])},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 2 * n_rot / hd,
+                               "rope_theta": float(f["rope_freq_base"])},
+        },
+    }
+    if want["num_kv_shared_layers"] or want["enable_moe_block"] or want["hidden_size_per_layer_input"]:
+        raise SystemExit(f"{gguf}: gemma4 with KV sharing / MoE / per-layer embeddings: not supported here (nor by lockstep's engine)")
+    d = cfg.to_dict()
+    notes = []
+    for k, v in want.items():
+        have = d.get(k)
+        if k == "per_layer_config":
+            have = {int(i): c for i, c in (have or {}).items()}
+        if have != v:
+            notes.append(f"{k} {have} -> {v}")
+        d[k] = v
+    return Gemma4TextConfig(**d), notes
+
+
+def gemma4_layer_scalars(model, gguf: Path) -> list[str]:
+    """LOADER FIX (gemma4): transformers' GGUF tensor map never loads `layer_scalar`. get_gguf_hf_weights_map maps
+    the buffer `model.layers.N.layer_scalar` (no `.weight` suffix) to `blk.N.layer_output_scale`, while the file's
+    tensor is `blk.N.layer_output_scale.weight`, so the name lookup misses and the buffer keeps its init value 1.0
+    (from_pretrained reports it MISSING). llama.cpp multiplies each block's output by it (gemma4.cpp `out_scaled`).
+    Set here from the file (dequantized); make_goldens.check_gemma4 checks every layer's."""
+    f = gemma4_file(gguf)
+    notes = []
+    for il, layer in enumerate(model.model.layers):
+        s = f["layer_output_scale"][il]
+        if s is None:  # llama.cpp: TENSOR_NOT_REQUIRED, no multiply
+            s = np.ones(1, np.float32)
+        old = layer.layer_scalar.detach().clone()
+        with torch.no_grad():
+            layer.layer_scalar.copy_(torch.from_numpy(s.copy()).reshape(layer.layer_scalar.shape))
+        if not torch.equal(old, layer.layer_scalar):
+            notes.append(f"layers.{il}.layer_scalar {old.tolist()} -> {layer.layer_scalar.tolist()} (blk.{il}.layer_output_scale)")
+    return notes
+
+
 def load(gguf: Path, dtype=torch.float32):
     gguf = Path(gguf)
     # LOADER FIX (qwen3): transformers 5.23's GGUF config map for qwen3 (integrations/ggml.py) has no
@@ -378,7 +608,12 @@ def load(gguf: Path, dtype=torch.float32):
     load_notes = []
     hp = gguf_hparams(gguf)
     key_length = hp["key_length"]
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if cfg.model_type == "gemma4_text":
+        # gemma4: two head widths (key_length_swa, key_length) -- gemma4_config, not the generic head_dim fix below
+        cfg, g4_notes = gemma4_config(cfg, gguf)
+        load_notes += g4_notes
+        key_length = None
+    head_dim = None if key_length is None else getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     if key_length is not None and head_dim != int(key_length):
         load_notes.append(f"head_dim {head_dim} (transformers' GGUF config) -> {key_length} (the file's attention.key_length)")
         cfg.head_dim = int(key_length)
@@ -434,6 +669,8 @@ def load(gguf: Path, dtype=torch.float32):
         str(gguf.parent), gguf_file=gguf.name, config=cfg, dtype=torch.float32, attn_implementation=ATTN
     )
     model.eval()
+    if model.config.model_type == "gemma4_text":
+        load_notes += gemma4_layer_scalars(model, gguf)
     model.lockstep_load_notes = load_notes
     notes = []
     cfg = model.config
@@ -565,12 +802,32 @@ QWEN3_LAYER = LLAMA_LAYER[:4] + [
 # ffn_post_norm has a place here though llama.cpp's graph cannot expose it for gemma2 (its node is named with
 # layer -1); lockstep's engine emits it.
 GEMMA2_LAYER = [s for s in GEMMA3_LAYER if not s[0].endswith(("q_norm", "k_norm"))]
+# Gemma 4 (modeling_gemma4.py Gemma4TextDecoderLayer / Gemma4TextAttention, dense layers, no per-layer
+# embeddings): Gemma 3's layer, with
+# - blk.N.v: v_proj's output, or -- on a full-attention layer of an attention_k_eq_v model, which has no v_proj
+#   (V = the K projection, before k_norm; llama.cpp: `Vcur = wv ? wv*cur : Kcur`, the same node captured as both
+#   k and v) -- k_proj's output again (kind "v_or_k": attach picks the module per layer);
+# - q_norm / k_norm normed as [B, T, H, D] before the transpose (as qwen3; QK_NORM_HEADS_FIRST False); V's
+#   weightless v_norm has no canonical id (llama.cpp's "Vcur_normed" has none either);
+# - blk.N.out: the decoder layer's output, i.e. after `hidden_states *= self.layer_scalar` (llama.cpp's
+#   l_out = out_scaled);
+# - logits: the model's output (Gemma4ForCausalLM.forward applies final_logit_softcapping after lm_head, as
+#   Gemma 2's does; llama.cpp's result_output is after the cap).
+GEMMA4_LAYER = [
+    ("blk.{N}.v", "model.layers.{N}.self_attn.v_proj (k_proj on the layers without one: attention_k_eq_v, V = K)", "v_or_k")
+    if s[0] == "blk.{N}.v" else s
+    for s in GEMMA3_LAYER
+]
+GEMMA4_TAIL = COMMON_TAIL[:2] + [
+    ("logits", "Gemma4ForCausalLM.forward output .logits (lm_head, then final_logit_softcapping: cap * tanh(x / cap))", "result"),
+]
 ARCH_STAGES = {
     "llama": COMMON_HEAD + LLAMA_LAYER + COMMON_TAIL,
     "qwen2": COMMON_HEAD + LLAMA_LAYER + COMMON_TAIL,
     "qwen3": COMMON_HEAD + QWEN3_LAYER + COMMON_TAIL,
     "gemma2": COMMON_HEAD + GEMMA2_LAYER + GEMMA2_TAIL,
     "gemma3": COMMON_HEAD + GEMMA3_LAYER + COMMON_TAIL,
+    "gemma4": COMMON_HEAD + GEMMA4_LAYER + GEMMA4_TAIL,
 }
 # BERT (modeling_bert.py BertModel, loaded from lockstep's Hugging Face copy: `lockstep export-hf`): module paths
 # of BertModel itself (no `model.` prefix). Post-norm layers: ffn_inp is BertSelfOutput's output
@@ -741,7 +998,7 @@ def _module_path(path: str) -> str:
 
 
 # The layout of q_norm/k_norm's input (and output): True = [B, H, T, D] (gemma3), False = [B, T, H, D] (qwen3).
-QK_NORM_HEADS_FIRST = {"gemma3": True, "qwen3": False}
+QK_NORM_HEADS_FIRST = {"gemma3": True, "qwen3": False, "gemma4": False}
 
 
 def kind_of_id(cid: str) -> str:
@@ -777,7 +1034,11 @@ def attach(model, arch: str, rec_getter) -> list:
         for n in range(n_layer) if "{N}" in cid else [None]:
             c = cid.replace("{N}", str(n)) if n is not None else cid
             p = _module_path(path.replace("{N}", str(n)) if n is not None else path)
-            mod = model.get_submodule(p)
+            if kind == "v_or_k":  # gemma4: v_proj, or k_proj where the layer has none (V = K)
+                attn = model.get_submodule(f"model.layers.{n}.self_attn")
+                mod = attn.v_proj if attn.v_proj is not None else attn.k_proj
+            else:
+                mod = model.get_submodule(p)
             if kind == "cols":
                 lo, hi = COLUMNS[kind_of_id(c)][0](model.config)
 
@@ -786,7 +1047,7 @@ def attach(model, arch: str, rec_getter) -> list:
                     assert o.shape[0] == 1 and o.shape[-1] >= hi, (c, o.shape, lo, hi)
                     rec_getter().put(c, o[0][..., lo:hi])
                 handles.append(mod.register_forward_hook(cols))
-            elif kind == "out":
+            elif kind in ("out", "v_or_k"):
                 heads_first = c.endswith(("q_norm", "k_norm")) and QK_NORM_HEADS_FIRST[arch]  # gemma3: [B, H, T, D]
 
                 def hook(m, args, out, c=c, heads_first=heads_first):
