@@ -188,7 +188,11 @@ impl SynthModel {
             n_head: 4,
             // GPT-2 and BERT have no grouped-query attention (transformers' GPT2Attention and BertSelfAttention
             // have one head count; llama.cpp's converters write no head_count_kv)
-            n_kv_head: if matches!(arch, "gpt2" | "bert") { 4 } else { 2 },
+            n_kv_head: if matches!(arch, "gpt2" | "bert") {
+                4
+            } else {
+                2
+            },
             d_ff: 512,
             matrix_type: GgmlType::F32,
             embd_type: GgmlType::F32,

@@ -463,25 +463,11 @@ def stage_map_json(arch: str, inventory_summary: list[dict]) -> dict:
 
 
 def dump_manifest(manifest: dict) -> str:
-    """JSON with one line per array spec and per observed node (the bulk of the file)."""
-    compact: dict[str, str] = {}
+    """golden/manifest.json's text layout: oracles/manifest_format.py (shared by both oracles)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import manifest_format  # noqa: E402
 
-    def mark(obj: dict) -> str:
-        key = f"@@compact{len(compact)}@@"
-        compact[key] = json.dumps(obj, ensure_ascii=False)
-        return key
-
-    doc = json.loads(json.dumps(manifest))
-    for per_arch in doc.get("stage_map", {}).values():
-        for sm in per_arch.values():
-            sm["stages"] = [mark(x) for x in sm.get("stages", [])]
-            sm["observed_nodes"] = [mark(x) for x in sm.get("observed_nodes", [])]
-    for g in doc.get("goldens", []):
-        g["arrays"] = {k: mark(v) for k, v in g.get("arrays", {}).items()}
-    text = json.dumps(doc, indent=1, ensure_ascii=False)
-    for key, value in compact.items():
-        text = text.replace(f'"{key}"', value, 1)
-    return text + "\n"
+    return manifest_format.dump_manifest(manifest)
 
 
 def encoder_entry(args, oracle, meta, settings, host, res, p, rendered, kv, n_layer, all_ids, want_sha, model_path, arch, delta) -> dict:

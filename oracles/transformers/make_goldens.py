@@ -363,26 +363,11 @@ def kind_of(cid: str) -> str:
 
 
 def dump_manifest(manifest: dict) -> str:
-    """The llama.cpp oracle's layout: one line per array spec and per stage-map row."""
-    compact: dict[str, str] = {}
+    """golden/manifest.json's text layout: oracles/manifest_format.py (shared by both oracles)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import manifest_format  # noqa: E402
 
-    def mark(obj) -> str:
-        key = f"@@compact{len(compact)}@@"
-        compact[key] = json.dumps(obj, ensure_ascii=False)
-        return key
-
-    doc = json.loads(json.dumps(manifest))
-    for per_arch in doc.get("stage_map", {}).values():
-        for sm in per_arch.values():
-            sm["stages"] = [mark(x) for x in sm.get("stages", [])]
-            if "observed_nodes" in sm:
-                sm["observed_nodes"] = [mark(x) for x in sm.get("observed_nodes", [])]
-    for g in doc.get("goldens", []):
-        g["arrays"] = {k: mark(v) for k, v in g.get("arrays", {}).items()}
-    text = json.dumps(doc, indent=1, ensure_ascii=False)
-    for key, value in compact.items():
-        text = text.replace(f'"{key}"', value, 1)
-    return text + "\n"
+    return manifest_format.dump_manifest(manifest)
 
 
 # The causal-LM class whose forward applies the final logit soft-capping after lm_head (stage maps with a "result"
