@@ -413,7 +413,7 @@ impl SynthModel {
                 false => (head_dim, qw, kvw),
             };
             // and take their values from the key projection (no attn_v: attention_k_eq_v)
-            let has_v = !(self.arch == "gemma4" && !gemma4_is_swa(l));
+            let has_v = self.arch != "gemma4" || gemma4_is_swa(l);
             let proj = 2.0 / (d as f32).sqrt();
             tensor(&mut w, &n("attn_norm"), 1, d, f32t, 1.0, 0.2)?;
             if fused_qkv {
