@@ -43,6 +43,17 @@ if [ -z "${LOCKSTEP_PYTHON:-}" ] && ! python3 -c 'import numpy' 2>/dev/null; the
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
+echo "== chromium for the site test (harness/tests/publish_browser.rs)"
+# `lockstep publish`'s pages are loaded in headless Chromium (Debian's package). Installed when missing and
+# running as root (LOCKSTEP_NO_INSTALL=1 forbids it); otherwise that test fails saying what to install.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && [ -z "${LOCKSTEP_NO_INSTALL:-}" ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get install -y chromium >/dev/null || { apt-get update >/dev/null && apt-get install -y chromium >/dev/null; }
+  else
+    echo "chromium is missing: apt-get install -y chromium (the site test will fail without it)"
+  fi
+fi
+
 echo "== tests (including real-model tests)"
 # Two ignored tests stay out of CI: the 1.9 GB fetch of every registered model (run it by hand after
 # editing models.toml) and a kernel-throughput printout for humans (speed is measured, never asserted).

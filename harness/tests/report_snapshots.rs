@@ -374,6 +374,57 @@ fn results_csv_snapshot() {
 }
 
 #[test]
+fn junit_xml_snapshot() {
+    insta::assert_snapshot!(
+        "junit_xml",
+        lockstep::report::render_junit(&report(), "lockstep run").unwrap()
+    );
+}
+
+#[test]
+fn step_summary_snapshot() {
+    insta::assert_snapshot!(
+        "step_summary",
+        lockstep::report::render_step_summary(&report(), "lockstep run", "reports/x/report.json")
+    );
+}
+
+/// The site's index and run page for the fixture run (the report's own files are not copied: its
+/// directory is empty, so the page links none).
+#[test]
+fn published_html_snapshot() {
+    use lockstep::publish::{render_site, run_dir_name, Inputs, RunInput};
+    let dir = tempfile::tempdir().unwrap();
+    let r = report();
+    let run = format!("runs/{}/index.html", run_dir_name(&r.run_id));
+    let files = render_site(&Inputs {
+        runs: vec![RunInput {
+            report: r,
+            dir: dir.path().to_path_buf(),
+        }],
+        ..Inputs::default()
+    })
+    .unwrap();
+    let page = |name: &str| {
+        let (_, bytes) = files
+            .iter()
+            .find(|(p, _)| p == name)
+            .unwrap_or_else(|| panic!("{name} not in the site"));
+        String::from_utf8(bytes.clone()).unwrap()
+    };
+    insta::assert_snapshot!("site_index_html", page("index.html"));
+    insta::assert_snapshot!("site_run_html", page(&run));
+    insta::assert_snapshot!("site_bench_html", page("bench.html"));
+    // every plot the run page shows is in the site
+    let html = page(&run);
+    for src in html.split("<img src=\"").skip(1) {
+        let src = &src[..src.find('"').unwrap()];
+        let want = format!("{}/{src}", run.trim_end_matches("/index.html"));
+        assert!(files.iter().any(|(p, _)| *p == want), "{want}");
+    }
+}
+
+#[test]
 fn report_json_round_trips_with_infinities() {
     let dir = tempfile::tempdir().unwrap();
     let r = report();
@@ -516,10 +567,11 @@ fn every_cell_gets_an_error_vs_depth_svg_linked_from_report_md() {
             svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
             "{name}"
         );
-        // one line per stage kind, the residual stream's decode steps, the axis and its floor label
+        // the stage kinds by family, the residual stream's decode steps, the axis and its floor label
         for needle in [
-            "blk.N.out",
-            "blk.N.attn_norm",
+            "residual:",
+            "norms:",
+            "attn_norm",
             "blk.N.out (decode)",
             "layer",
             "NMSE",

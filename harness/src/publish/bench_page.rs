@@ -113,14 +113,18 @@ fn chart_svg(title: &str, points: &[Point]) -> Result<String> {
             ))
             .map_err(err)?;
         chart
-            .draw_series(points.iter().enumerate().filter_map(|(i, p)| {
-                (finite(p.low) && finite(p.high)).then(|| {
-                    PathElement::new(
-                        vec![(i as f64, p.low), (i as f64, p.high)],
-                        ShapeStyle::from(&blue).stroke_width(1),
-                    )
-                })
-            }))
+            .draw_series(
+                points
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| finite(p.low) && finite(p.high))
+                    .map(|(i, p)| {
+                        PathElement::new(
+                            vec![(i as f64, p.low), (i as f64, p.high)],
+                            ShapeStyle::from(&blue).stroke_width(1),
+                        )
+                    }),
+            )
             .map_err(err)?;
         chart
             .draw_series(pts.iter().map(|&p| Circle::new(p, 3, blue.filled())))

@@ -12,7 +12,8 @@
 //!
 //! Readable at a glance: the stage kinds are coloured by *family* — attention (Q/K/V, RoPE, attention
 //! output and projection), FFN (gate, up, activation, output), norms (every RMSNorm/LayerNorm output),
-//! residual (`ffn_inp`, `out`) — so twenty kinds read as four colours, and the worst kind (the largest
+//! residual (`ffn_inp`, `out`) — so twenty kinds read as four colours (the legend lists each family's
+//! kinds), and the worst kind (the largest
 //! NMSE at any layer) is drawn thick and named in the legend. Layer ticks are integers. A cell whose
 //! golden stores no per-layer stage (logits only, as the `chinese` goldens) gets no plot at all
 //! ([`has_depth`]): report.md says in a sentence what its golden stores and which prompt of the model has
@@ -217,7 +218,8 @@ pub fn error_vs_depth_svg(c: &CellReport) -> Result<String> {
             .filter(|(_, v)| *v > EXACT_Y)
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(k, _)| k.clone());
-        let mut families: Vec<&'static str> = Vec::new();
+        // family → its prefill kinds, in order
+        let mut families: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
         for ((phase, kind), points) in &data {
             let (fam, rgb) = family(kind);
             let is_worst = worst.as_ref() == Some(&(*phase, kind.clone()));
@@ -248,23 +250,23 @@ pub fn error_vs_depth_svg(c: &CellReport) -> Result<String> {
             }
             if *phase == Phase::Decode {
                 legend.push((format!("blk.N.{kind} (decode)"), color, width, true));
-            } else if !families.contains(&fam) {
-                families.push(fam);
+            } else {
+                families.entry(fam).or_default().push(kind.clone());
             }
         }
         for fam in ["attention", "FFN", "norms", "residual"] {
-            if families.contains(&fam) {
+            if let Some(kinds) = families.get(fam) {
                 let kind = match fam {
                     "attention" => "q",
                     "FFN" => "ffn_up",
                     "norms" => "attn_norm",
                     _ => "out",
                 };
-                let label = match fam {
-                    "residual" => "residual: ffn_inp, out".to_string(),
-                    f => format!("{f} stages"),
-                };
-                legend.push((label, family(kind).1.to_rgba(), 2, false));
+                legend.push((format!("{fam}:"), family(kind).1.to_rgba(), 2, false));
+                // the family's kinds, a few per line, without a swatch
+                for chunk in kinds.chunks(3) {
+                    legend.push((format!("  {}", chunk.join(", ")), WHITE.to_rgba(), 0, false));
+                }
             }
         }
         if !c.local_nmse_by_layer.is_empty() {
@@ -301,6 +303,12 @@ pub fn error_vs_depth_svg(c: &CellReport) -> Result<String> {
         for (i, (label, color, width, dashed)) in legend.iter().enumerate() {
             let y = 40 + 17 * i as i32;
             let style = ShapeStyle::from(color).stroke_width(*width);
+            if *width == 0 {
+                legend_area
+                    .draw(&Text::new(label.clone(), (30, y - 6), font.clone()))
+                    .map_err(err)?;
+                continue;
+            }
             let line = if *dashed {
                 vec![(8, y), (14, y), (18, y), (24, y)]
             } else {
