@@ -1124,6 +1124,8 @@ def check_final_softcap(model, res: C.RunResult, src_npz, where: str) -> str:
     comparison with llama.cpp sees the cap (on synth-gemma2 the cap moves the logits by NMSE ~2e-2 only: below
     check_against_llamacpp's generic 3e-2)."""
     cap = model.config.final_logit_softcapping
+    if cap is None:
+        raise SystemExit(f"{where}: the config has no final_logit_softcapping, but llama.cpp's logits are after a final cap")
     raw = np.vstack([res.lm_head_logits, res.lm_head_decode_logits])
     got = np.vstack([res.logits, res.decode_logits])
     want = (torch.tanh(torch.from_numpy(raw) / cap) * cap).numpy()
