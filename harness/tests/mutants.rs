@@ -319,6 +319,9 @@ fn expected_encoder(fault: Fault, s: &Subject) -> Option<Site> {
         | Fault::SoftcapMissing
         | Fault::WindowOffByOne
         | Fault::FusedQkvSplit
+        // learned positions are only offset in a decode step, which an encoder never takes
+        | Fault::PosEmbdOffset
+        | Fault::RopeFreqFactorsIgnored
         | Fault::ReferenceUnpack => return None,
     })
 }

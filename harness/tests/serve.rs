@@ -50,6 +50,7 @@ fn options(reports: &Path, models: &[&str], mode: Option<&str>) -> RunOptions {
         threads: rayon::current_num_threads(),
         ggml_target: None,
         floors: root().join("ci/floors.json"),
+        shard: None,
     }
 }
 
