@@ -137,7 +137,14 @@ pub fn export_hf(model: &Path, out: &Path) -> Result<Exported> {
     meta.insert("format".to_string(), "pt".to_string());
     meta.insert(
         "source".to_string(),
-        format!("lockstep export-hf of {}", model.display()),
+        // the file name, not the path: the same GGUF gives the same bytes wherever it lies
+        format!(
+            "lockstep export-hf of {}",
+            model.file_name().map_or_else(
+                || model.display().to_string(),
+                |n| n.to_string_lossy().into_owned()
+            )
+        ),
     );
     let st = safetensors::serialize(views, &Some(meta)).context("serializing safetensors")?;
     let config = serde_json::json!({
