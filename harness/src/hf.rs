@@ -133,12 +133,9 @@ pub fn export_hf(model: &Path, out: &Path) -> Result<Exported> {
             Ok((name.clone(), v))
         })
         .collect::<Result<_>>()?;
-    let mut meta = std::collections::HashMap::new();
-    meta.insert("format".to_string(), "pt".to_string());
-    meta.insert(
-        "source".to_string(),
-        format!("lockstep export-hf of {}", model.display()),
-    );
+    // one metadata key: safetensors writes a HashMap's keys in no fixed order, and the same GGUF must give
+    // the same bytes
+    let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     let st = safetensors::serialize(views, &Some(meta)).context("serializing safetensors")?;
     let config = serde_json::json!({
         "architectures": ["BertModel"],
@@ -203,6 +200,12 @@ mod tests {
         let want = lockstep_engine::synth::bert::bert_tensors(&m);
         assert_eq!(e.n_tensors, want.len());
         let bytes = std::fs::read(&e.safetensors).unwrap();
+        let again = export_hf(&gguf, &dir.path().join("hf-again")).unwrap();
+        assert_eq!(
+            bytes,
+            std::fs::read(&again.safetensors).unwrap(),
+            "deterministic bytes"
+        );
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         for t in &want {
             let v = st.tensor(&bert_hf_name(&t.name).unwrap()).unwrap();
