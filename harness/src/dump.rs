@@ -79,6 +79,19 @@ pub fn run(
 /// never replaced), the directory is missing or unwritable, the disk is full (the temporary file is
 /// removed).
 pub fn write(path: &Path, dump: &Dump) -> Result<()> {
+    write_with(path, dump, true)
+}
+
+/// [`write`] without the `fsync`: for a dump that lives only as long as the process reading it (a
+/// `lockstep serve` step in the session's scratch directory, read once and deleted), where flushing
+/// tens of megabytes per step to the disk buys nothing. Still written under a temporary name and renamed.
+///
+/// Errors: as [`write`].
+pub fn write_scratch(path: &Path, dump: &Dump) -> Result<()> {
+    write_with(path, dump, false)
+}
+
+fn write_with(path: &Path, dump: &Dump, durable: bool) -> Result<()> {
     crate::output::check_file_target(path, "dump output")?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -87,7 +100,8 @@ pub fn write(path: &Path, dump: &Dump) -> Result<()> {
     let tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
     {
-        let mut npz = NpzWriter::new(tmp.as_file());
+        // buffered: the zip writer's many small writes would each be a system call
+        let mut npz = NpzWriter::new(std::io::BufWriter::new(tmp.as_file()));
         let ctx = || format!("writing {}", path.display());
         npz.add_array(
             "lockstep_dump_version",
@@ -100,11 +114,14 @@ pub fn write(path: &Path, dump: &Dump) -> Result<()> {
         for (name, arr) in &dump.stages {
             npz.add_array(name.as_str(), arr).with_context(ctx)?;
         }
-        npz.finish().with_context(ctx)?;
+        let mut out = npz.finish().with_context(ctx)?;
+        std::io::Write::flush(&mut out).with_context(ctx)?;
     }
-    tmp.as_file()
-        .sync_all()
-        .with_context(|| format!("writing {}", path.display()))?;
+    if durable {
+        tmp.as_file()
+            .sync_all()
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     std::fs::set_permissions(
         tmp.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o644),

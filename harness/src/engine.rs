@@ -94,13 +94,6 @@ pub trait Engine {
         Vec::new()
     }
 
-    /// False for an engine whose decode steps do not run through its own KV cache (a one-shot external
-    /// command re-runs the whole sequence from position 0 for each step): its report says the KV cache
-    /// was not exercised.
-    fn kv_cache_exercised(&self) -> bool {
-        true
-    }
-
     /// From the next [`Engine::reset`] on, in reference mode, round every matmul input as llama.cpp does
     /// before the f32 dot products (the rounding probe, [`crate::probe`]). Returns false, and changes
     /// nothing, when the engine cannot (an external engine).
@@ -396,10 +389,6 @@ impl Engine for ExternalEngine {
 
     fn stages(&self) -> Vec<(String, usize)> {
         self.stages.clone()
-    }
-
-    fn kv_cache_exercised(&self) -> bool {
-        false
     }
 
     fn reset(&mut self, mode: NumericsMode, target: GgmlTarget, _n_ctx: usize) -> Result<()> {

@@ -148,7 +148,7 @@ impl SessionEngine {
     /// Send a request, read its answer; an `ok: false` answer is an error with the engine's message.
     fn call(&mut self, req: &Request) -> Result<Reply> {
         let line = serde_json::to_string(req)?;
-        let op = line.split('"').nth(3).unwrap_or("request").to_string();
+        let op = req.op();
         let answer = self.child.request(&line, self.cmd.timeout)?;
         let r: Reply = serde_json::from_str(&answer).with_context(|| {
             format!(

@@ -119,6 +119,21 @@ pub enum Request {
     Shutdown,
 }
 
+impl Request {
+    /// The request's `op`, for messages.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::Load { .. } => "load",
+            Request::Tokenize { .. } => "tokenize",
+            Request::Reset { .. } => "reset",
+            Request::Prefill { .. } => "prefill",
+            Request::Decode { .. } => "decode",
+            Request::Inject { .. } => "inject",
+            Request::Shutdown => "shutdown",
+        }
+    }
+}
+
 /// An engine's answer. Fields a request does not answer with are absent.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Reply {
@@ -182,6 +197,7 @@ mod tests {
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(s, r#"{"op":"decode","token":7,"stages":"all"}"#);
         assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
+        assert!(s.contains(&format!("\"op\":\"{}\"", r.op())));
         assert_eq!(
             serde_json::to_string(&Request::Shutdown).unwrap(),
             r#"{"op":"shutdown"}"#

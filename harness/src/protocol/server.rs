@@ -245,7 +245,7 @@ impl Loaded {
         stages.remove(&Stage::global(StageKind::Logits).to_string());
         let path = self.scratch.join(format!("step-{}.npz", self.steps));
         self.steps += 1;
-        crate::dump::write(
+        crate::dump::write_scratch(
             &path,
             &Dump {
                 tokens: tokens.to_vec(),
