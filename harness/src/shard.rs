@@ -18,7 +18,7 @@
 //! # The merge
 //!
 //! [`merge`] takes the reports of shards 1..N of one split (each exactly once), checks that they ran the
-//! same inputs (golden manifest, matrix and thresholds files, engine, environment) and together cover the
+//! same inputs (golden manifest, matrix and thresholds files, engine, build) and together cover the
 //! whole matrix each shard recorded ([`ShardInfo::matrix_cells`]), and puts their cells back in matrix
 //! order. The result equals the unsharded run's report except for the run id, the start time, and the
 //! measured times (cell speed and wall seconds).
@@ -198,7 +198,7 @@ pub fn assign(cells: &[Cell], spec: ShardSpec, costs: Option<&CostTable>) -> Vec
 /// shards' run ids in `merged_from`.
 ///
 /// Errors (naming the run ids): a report that is not a shard; shards of different splits, matrices,
-/// inputs, environments or schema versions; a shard missing or given twice; a cell outside the recorded
+/// inputs, builds or schema versions (the machines may differ: see [`merged_environment`]); a shard missing or given twice; a cell outside the recorded
 /// matrix or run by two shards; cells of the matrix that no shard ran while no shard stopped early.
 pub fn merge(shards: Vec<Report>) -> Result<Report> {
     if shards.is_empty() {
@@ -242,9 +242,19 @@ pub fn merge(shards: Vec<Report>) -> Result<Report> {
             "inputs (golden manifest, matrix, thresholds, engine)",
             r.inputs == first.inputs,
         )?;
+        // the build must be one; the machines may differ (a CI job matrix draws runners from a fleet)
+        let build = |e: &crate::report::Environment| {
+            (
+                e.git_commit.clone(),
+                e.git_dirty,
+                e.lockstep_version.clone(),
+                e.rustc.clone(),
+                e.golden_manifest_sha256.clone(),
+            )
+        };
         same(
-            "environment (machine, build, threads)",
-            r.environment == first.environment,
+            "build (commit, lockstep version, rustc, golden manifest)",
+            build(&r.environment) == build(&first.environment),
         )?;
         same(
             "thresholds file",
@@ -338,7 +348,7 @@ pub fn merge(shards: Vec<Report>) -> Result<Report> {
         schema_version: first.schema_version,
         run_id: crate::report::new_run_id(),
         created_unix: shards.iter().map(|r| r.created_unix).min().unwrap_or(0),
-        environment: first.environment.clone(),
+        environment: merged_environment(&shards),
         metric_definitions: first.metric_definitions.clone(),
         thresholds_file: first.thresholds_file.clone(),
         inputs: first.inputs.clone(),
@@ -347,6 +357,27 @@ pub fn merge(shards: Vec<Report>) -> Result<Report> {
         merged_from: merged_from.into_iter().map(|(_, id)| id).collect(),
         cells: placed.into_iter().map(|(_, c)| c).collect(),
     })
+}
+
+/// The merged report's environment: shard 1's; when the shards ran on different CPUs (a CI fleet), the
+/// CPU models joined with ` | ` in shard order and only the flags every shard had, so the report does
+/// not claim one machine.
+fn merged_environment(shards: &[Report]) -> crate::report::Environment {
+    let mut ordered: Vec<&Report> = shards.iter().collect();
+    ordered.sort_by_key(|r| r.shard.as_ref().map_or(0, |s| s.index));
+    let mut env = ordered[0].environment.clone();
+    let mut models: Vec<&str> = Vec::new();
+    for r in &ordered {
+        if !models.contains(&r.environment.cpu_model.as_str()) {
+            models.push(&r.environment.cpu_model);
+        }
+    }
+    if models.len() > 1 {
+        env.cpu_model = models.join(" | ");
+        env.cpu_flags
+            .retain(|f| ordered.iter().all(|r| r.environment.cpu_flags.contains(f)));
+    }
+    env
 }
 
 /// `lockstep merge`: read every shard's report.json, [`merge`] them and write the merged report into
