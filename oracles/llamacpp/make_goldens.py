@@ -470,25 +470,12 @@ def dump_manifest(manifest: dict) -> str:
     return manifest_format.dump_manifest(manifest)
 
 
-def encoder_entry(args, oracle, meta, settings, host, res, p, rendered, kv, n_layer, all_ids, want_sha, model_path, arch, delta) -> dict:
-    """Write the golden of an encoder (bert) run and return its manifest entry: ``tokens``, the stages of
-    the policy (``pooled`` always, f32) and no logits and no decode arrays (``n_decode_steps = 0``,
-    ``output = pooled``)."""
+def entry_head(args, rel, want_sha, model_path, meta, arch, p, rendered, oracle, host, kv) -> dict:
+    """The first fields of a golden's manifest entry, the same for a decoder's and an encoder's golden: the file
+    (path under --out, sha256, bytes), the model, the prompt, the tokenizer, this oracle's build and host, the KV
+    type."""
     pid = p["id"]
-    pol = policy(args.model_id, kv, pid)
-    prefill_ids = [c for c in expand(pol["prefill"], n_layer, all_ids) if c != "logits"]
-    prefill_ids += [c for c in ENCODER_ALWAYS if c not in prefill_ids]
-    exact = set(expand(pol["exact"], n_layer, all_ids)) | set(ENCODER_ALWAYS)
-    raw = [("tokens", res.tokens, False)] + [(c, res.stages[c], c not in exact) for c in prefill_ids]
-    arrays, listed = {}, {}
-    for name, x, allow_f16 in raw:
-        a, info = store(x, allow_f16)
-        arrays[name] = a
-        listed[name] = {"shape": list(a.shape), **info}
-    rel = Path(args.model_id) / f"llama.cpp-{kv}kv" / f"{pid}.npz"
-    write_npz(args.out / rel, arrays)
-    T = len(res.tokens)
-    entry = {
+    return {
         "path": rel.as_posix(),
         "sha256": sha256_file(args.out / rel),
         "bytes": (args.out / rel).stat().st_size,
@@ -513,6 +500,29 @@ def encoder_entry(args, oracle, meta, settings, host, res, p, rendered, kv, n_la
             **host,
         },
         "kv_type": kv,
+    }
+
+
+def encoder_entry(args, oracle, meta, settings, host, res, p, rendered, kv, n_layer, all_ids, want_sha, model_path, arch, delta) -> dict:
+    """Write the golden of an encoder (bert) run and return its manifest entry: ``tokens``, the stages of
+    the policy (``pooled`` always, f32) and no logits and no decode arrays (``n_decode_steps = 0``,
+    ``output = pooled``)."""
+    pid = p["id"]
+    pol = policy(args.model_id, kv, pid)
+    prefill_ids = [c for c in expand(pol["prefill"], n_layer, all_ids) if c != "logits"]
+    prefill_ids += [c for c in ENCODER_ALWAYS if c not in prefill_ids]
+    exact = set(expand(pol["exact"], n_layer, all_ids)) | set(ENCODER_ALWAYS)
+    raw = [("tokens", res.tokens, False)] + [(c, res.stages[c], c not in exact) for c in prefill_ids]
+    arrays, listed = {}, {}
+    for name, x, allow_f16 in raw:
+        a, info = store(x, allow_f16)
+        arrays[name] = a
+        listed[name] = {"shape": list(a.shape), **info}
+    rel = Path(args.model_id) / f"llama.cpp-{kv}kv" / f"{pid}.npz"
+    write_npz(args.out / rel, arrays)
+    T = len(res.tokens)
+    entry = {
+        **entry_head(args, rel, want_sha, model_path, meta, arch, p, rendered, oracle, host, kv),
         "settings": {**settings.as_dict(kv), "embeddings": True,
                      "pooling_type": "LLAMA_POOLING_TYPE_UNSPECIFIED (the model's bert.pooling_type)",
                      "logits_requested": "none: embeddings mode (an encoder has no output head)",
@@ -725,30 +735,7 @@ def main() -> int:
             write_npz(args.out / rel, arrays)
 
             entry = {
-                "path": rel.as_posix(),
-                "sha256": sha256_file(args.out / rel),
-                "bytes": (args.out / rel).stat().st_size,
-                "model_id": args.model_id,
-                "model_sha256": want_sha,
-                "model_file": model_path.name,
-                "model_general_name": meta["general.name"],
-                "arch": arch,
-                "prompt_id": pid,
-                "prompt_kind": p["kind"],
-                "prompt": rendered[pid]["text"],
-                "add_special": p["add_special"],
-                "parse_special": p["parse_special"],
-                "tokenizer": {"add_bos": oracle.add_bos, "bos_id": oracle.bos, "eos_id": oracle.eos},
-                "oracle": {
-                    "name": ORACLE_NAME,
-                    "llama_cpp_python": G.LLAMA_CPP_PYTHON_VERSION,
-                    "llama_cpp_commit": G.LLAMA_CPP_COMMIT,
-                    "ggml_commit": G.GGML.commit(),
-                    "ggml_version": G.GGML.version(),
-                    "numpy": np.__version__,
-                    **host,
-                },
-                "kv_type": kv,
+                **entry_head(args, rel, want_sha, model_path, meta, arch, p, rendered, oracle, host, kv),
                 "settings": settings.as_dict(kv),
                 "n_prompt_tokens": T,
                 "n_decode_steps": len(res.decode_tokens),
