@@ -64,11 +64,12 @@ fn serve_cmd(fault: Option<Fault>) -> ServeCommand {
 }
 
 /// A cell's report as data, without what legitimately differs between two engines running the same
-/// code: the wall-clock speed, and the engine field of the cell id.
+/// code: the wall-clock speed and seconds, and the engine field of the cell id.
 fn comparable(c: &CellReport) -> serde_json::Value {
     let mut v = serde_json::to_value(c).unwrap();
     let o = v.as_object_mut().unwrap();
     o.remove("speed");
+    o.remove("seconds");
     o["cell"]["engine"] = serde_json::Value::Null;
     v
 }

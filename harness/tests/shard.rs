@@ -181,7 +181,8 @@ fn a_shard_with_nothing_to_run_writes_an_empty_report() {
     let mut opts = options(dir.path(), Some(ShardSpec { index: 7, count: 7 }));
     opts.filters.model = vec!["synth-llama".into()];
     opts.filters.mode = vec!["reference".into()];
-    // one unit (reference, its SIMD twins): shards 2..7 are empty
+    opts.filters.oracle = vec!["llama.cpp-f32kv".into()];
+    // one unit (reference against llama.cpp, its SIMD twins): shards 2..7 are empty
     let (d, r) = lockstep::run::run(&opts).unwrap();
     assert!(r.cells.is_empty());
     assert_eq!(r.shard.as_ref().unwrap().matrix_cells.len(), 2);
