@@ -129,7 +129,8 @@ fn serve_gives_the_in_process_verdicts_and_metrics_on_every_seeded_architecture(
         std::fs::read_dir(reports.path())
             .unwrap()
             .map(|e| e.unwrap().path())
-            .find(|p| p.join("report.json").exists() && p.join("report.md").exists())
+            // the serve run's own report (the in-process run wrote another one beside it)
+            .find(|p| p.file_name().and_then(|n| n.to_str()) == Some(r.run_id.as_str()))
             .unwrap()
             .join("report.md"),
     )
