@@ -126,7 +126,7 @@ pub const FAULT_ENV: &str = "LOCKSTEP_FAULT";
 
 impl Fault {
     /// Every fault without a parameter, and the parameterised ones at layer 0, for [`Fault::parse`].
-    const NAMED: [Fault; 21] = [
+    const NAMED: [Fault; 26] = [
         Fault::RopePairing,
         Fault::RopeBase,
         Fault::RopeDecodePosition,
@@ -148,6 +148,11 @@ impl Fault {
         Fault::FusedQkvSplit,
         Fault::LayerNormBiasDropped,
         Fault::PartialRotaryDims,
+        Fault::PosEmbdOffset,
+        Fault::RopeFreqFactorsIgnored,
+        Fault::EncoderCausalMask,
+        Fault::TokenTypeDropped,
+        Fault::PoolingWrong,
     ];
 
     /// The fault's name as [`Fault::parse`] reads it: the variant's name, and `:L` for the layer of
