@@ -82,6 +82,10 @@ pub enum Command {
         /// With --speed: the limits file (default ci/speed.toml).
         #[arg(long, requires = "speed")]
         speed_limits: Option<PathBuf>,
+        /// With --speed: also hold each lockstep row's share of the machine (prefill: of the FMA peak;
+        /// decode: of the read bandwidth) to this speed floors file (e.g. ci/speed-floors.toml).
+        #[arg(long, requires = "speed")]
+        speed_floors: Option<PathBuf>,
         /// Also write the verdicts as JUnit XML to this file (one testcase per cell, the failure line as
         /// its message).
         #[arg(long, conflicts_with = "speed")]
@@ -330,8 +334,16 @@ pub struct DumpArgs {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Model ids or GGUF paths (repeatable).
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "matrix")]
     pub model: Vec<String>,
+    /// Every model of a matrix file (default ci/matrix.toml), after the --model ones; an encoder runs
+    /// the prompt tests only.
+    #[arg(long, num_args = 0..=1, default_missing_value = "ci/matrix.toml")]
+    pub matrix: Option<PathBuf>,
+    /// Also write the speed floors of this bench's lockstep rows to this file (e.g.
+    /// ci/speed-floors.toml, which `lockstep gate --speed BENCH --speed-floors FILE` holds later benches to).
+    #[arg(long)]
+    pub write_speed_floors: Option<PathBuf>,
     /// Prompt sizes (llama-bench's -p), comma-separated; 0 = none.
     #[arg(
         short = 'p',
@@ -701,8 +713,13 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
     Ok(exit_code(n_fail == 0))
 }
 
-fn gate_speed(bench: &Path, baseline: Option<&Path>, limits: &Path) -> Result<ExitCode> {
-    let checks = crate::bench::gate_speed_files(bench, baseline, limits)?;
+fn gate_speed(
+    bench: &Path,
+    baseline: Option<&Path>,
+    floors: Option<&Path>,
+    limits: &Path,
+) -> Result<ExitCode> {
+    let checks = crate::bench::gate_speed_files(bench, baseline, floors, limits)?;
     let n_fail = checks.iter().filter(|c| !c.pass).count();
     for c in &checks {
         println!("{}", c.line());
@@ -859,6 +876,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             speed,
             baseline,
             speed_limits,
+            speed_floors,
             junit,
         } => {
             // clap's `requires = "speed"` is not enforced beside the positional report: refuse here
@@ -866,6 +884,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 for (flag, given) in [
                     ("--baseline", baseline.is_some()),
                     ("--speed-limits", speed_limits.is_some()),
+                    ("--speed-floors", speed_floors.is_some()),
                 ] {
                     if given {
                         bail!(
@@ -877,7 +896,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             }
             if let Some(b) = speed {
                 let limits = defaults.path(speed_limits, "ci/speed.toml", "--speed-limits")?;
-                return gate_speed(&b, baseline.as_deref(), &limits);
+                return gate_speed(&b, baseline.as_deref(), speed_floors.as_deref(), &limits);
             }
             let report = report.context("give a report.json, or --speed BENCH.json")?;
             return gate(&report, thresholds.as_deref(), junit.as_deref());
@@ -937,21 +956,42 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             };
             // every option checked before a model is fetched or a sample measured
             crate::bench::check_options(&opts)?;
-            for m in &a.model {
+            if let Some(f) = &a.write_speed_floors {
+                crate::output::check_file_target(f, "--write-speed-floors")?;
+            }
+            let mut ids = a.model.clone();
+            if let Some(m) = &a.matrix {
+                // a relative path names a file of the checkout (the default ci/matrix.toml)
+                let path = if m.is_relative() && !m.exists() {
+                    defaults.path(None, &m.to_string_lossy(), "--matrix")?
+                } else {
+                    m.clone()
+                };
+                let matrix = crate::matrix::Matrix::load(&path)?;
+                ids.extend(matrix.models.into_iter().map(|m| m.id));
+            }
+            for m in &ids {
                 opts.models.push((m.clone(), fetch::resolve_model(m)?));
             }
             let (dir, r) = crate::bench::bench(&opts)?;
             print!("{}", crate::bench::render_bench_markdown(&r));
             println!("\nwrote {}", dir.display());
+            if let Some(f) = &a.write_speed_floors {
+                let floors = crate::bench::SpeedFloors::from_bench(&r)?;
+                crate::output::write_atomic(f, floors.to_toml()?.as_bytes())?;
+                println!("wrote {} ({} floors)", f.display(), floors.floor.len());
+            }
         }
         Command::BenchSample(a) => {
             let model = load_model(&a.model.model)?;
-            crate::session::require_logits(&model, "bench-sample")?;
             let test = crate::bench::Test {
                 n_prompt: a.n_prompt,
                 n_gen: a.n_gen,
                 n_depth: a.n_depth,
             };
+            // an encoder runs prompt tests without depth only (no decode step, no KV cache)
+            crate::bench::runner::tests_for_model(&model, &[test])
+                .with_context(|| format!("--model {}", a.model.model))?;
             println!(
                 "{}",
                 crate::bench::sample(&model, test, a.mode, a.simd.simd)?

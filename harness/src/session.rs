@@ -23,7 +23,7 @@ pub fn load_model(spec: &str) -> Result<Model> {
     Model::load(&path).with_context(|| format!("loading model {}", path.display()))
 }
 
-/// Refuse an encoder (BERT) for a command that needs logits (`generate`, `dump`, `bench-sample`,
+/// Refuse an encoder (BERT) for a command that needs logits (`generate`, `dump`,
 /// `quality`): its forward pass returns the pooled embedding, which no such command may read as logits.
 ///
 /// Errors: `model` is an encoder, naming its architecture and the command.

@@ -96,6 +96,78 @@ fn the_speed_gate_passes_a_build_against_itself_and_fails_a_slowed_one() {
     );
 }
 
+/// The speed floors end to end: a bench of SmolLM2 with its SIMD kernels writes the floors, and holds
+/// itself to them; the same model with the portable scalar kernels (several times slower in prefill)
+/// fails its prefill floor — on this machine, whatever its speed, as the floors are shares of the
+/// machine's limits measured in each run.
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn the_speed_floors_hold_a_build_to_its_share_of_the_machine() {
+    if !lockstep_engine::Simd::Avx2.available() {
+        eprintln!("skipping: without AVX2 there is no faster kernel to slow down");
+        return;
+    }
+    let exe = env!("CARGO_BIN_EXE_lockstep");
+    let dir = tempfile::tempdir().unwrap();
+    let floors = dir.path().join("speed-floors.toml");
+    let bench = |simd: &str, reports: &str, write: bool| -> PathBuf {
+        let reports = dir.path().join(reports);
+        let mut cmd = Command::new(exe);
+        cmd.current_dir(root())
+            .args(["bench", "--model", MODEL, "-p", "32", "-n", "8", "-r", "3"])
+            .args(["--simd", simd, "--no-llama", "--reports"])
+            .arg(&reports);
+        if write {
+            cmd.arg("--write-speed-floors").arg(&floors);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let d = std::fs::read_dir(&reports)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        d.path()
+    };
+    let fast = bench("avx2", "fast", true);
+    let f = lockstep::bench::SpeedFloors::load(&floors).unwrap();
+    assert_eq!(f.floor.len(), 2, "{f:?}");
+    assert!(f.fma_peak > 0.0 && f.read_bandwidth > 0.0);
+    let gate = |b: &Path| {
+        Command::new(exe)
+            .current_dir(root())
+            .args(["gate", "--speed"])
+            .arg(b)
+            .arg("--speed-floors")
+            .arg(&floors)
+            .output()
+            .unwrap()
+    };
+    let out = gate(&fast);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "a bench against its own floors:\n{text}"
+    );
+    assert!(text.contains("2 checks, 0 failed"), "{text}");
+    let slow = bench("off", "slow", false);
+    let out = gate(&slow);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "scalar kernels must fail:\n{text}"
+    );
+    assert!(
+        text.contains("FAIL smollm2-135m-q4_1 pp32: lockstep fraction of FMA peak / floor"),
+        "{text}"
+    );
+}
+
 // ---- hostile input to `gate --speed` and `bench`: synthetic files and a fake llama-bench, no download ----
 
 use std::path::PathBuf;
@@ -201,7 +273,30 @@ fn bench_of(tests: &[Test], ours: &[f64], llama: &[f64]) -> BenchReport {
         llama_cpp_build: None,
         read_bandwidth: 1e10,
         read_bandwidth_samples: vec![1e10],
+        fma_peak: 1e11,
+        fma_peak_samples: vec![1e11],
         comparisons: comparisons(&results),
+        // every prompt row's share of the FMA peak, at 1 GFLOP per test
+        compute: results
+            .iter()
+            .filter(|x| x.n_prompt > 0)
+            .map(|x| {
+                let gflops = x.median_ts / x.n_prompt as f64;
+                lockstep::bench::ComputeUse {
+                    engine: x.engine.clone(),
+                    model: x.model.clone(),
+                    test: Test {
+                        n_prompt: x.n_prompt,
+                        n_gen: x.n_gen,
+                        n_depth: x.n_depth,
+                    }
+                    .name(),
+                    flops: 1e9,
+                    gflops,
+                    fraction: gflops * 1e9 / 1e11,
+                }
+            })
+            .collect(),
         results,
         bandwidth: Vec::new(),
     }
@@ -231,7 +326,7 @@ fn gate_flags_of_the_other_mode_are_usage_errors() {
     let limits = dir.path().join("speed.toml");
     std::fs::write(
         &limits,
-        "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.5\n",
+        "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdown_vs_floors = 0.5\n",
     )
     .unwrap();
     let limits = limits.to_str().unwrap();
@@ -399,23 +494,23 @@ fn speed_limits_out_of_range_or_unknown_are_refused() {
     );
     for (text, needle) in [
         (
-            "max_slowdown = nan\nmin_ratio_to_llama_cpp = 0.5\n",
+            "max_slowdown = nan\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdown_vs_floors = 0.5\n",
             "max_slowdown: NaN",
         ),
         (
-            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = inf\n",
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = inf\nmax_slowdown_vs_floors = 0.5\n",
             "min_ratio_to_llama_cpp: inf",
         ),
         (
-            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0\n",
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0\nmax_slowdown_vs_floors = 0.5\n",
             "min_ratio_to_llama_cpp: 0",
         ),
         (
-            "max_slowdown = 1.5\nmin_ratio_to_llama_cpp = 0.5\n",
+            "max_slowdown = 1.5\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdown_vs_floors = 0.5\n",
             "max_slowdown: 1.5",
         ),
         (
-            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.5\nmin_ratio = 9\n",
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdown_vs_floors = 0.5\nmin_ratio = 9\n",
             "unknown field",
         ),
     ] {
@@ -568,8 +663,9 @@ fn bench_passes_the_documented_llama_bench_args_and_refuses_wrong_records() {
     let md = std::fs::read_to_string(bench_dir.join("bench.md")).unwrap();
     assert!(!md.contains("<script>"), "{md}");
     let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
-    // results: header + 2 rows; ratios: header + 1 row — no row split or added by the model path
-    assert_eq!(rows.len(), 5, "{md}");
+    // results: header + 2 rows; ratios: header + 1 row; prefill and the FMA peak: header + 2 rows — no
+    // row split or added by the model path
+    assert_eq!(rows.len(), 8, "{md}");
     assert!(rows.iter().all(|l| l.ends_with(" |")), "{md}");
     assert!(md.contains("a\\|b &lt;script&gt;"), "{md}");
     assert!(md.contains("fake\\|&lt;script&gt;"), "{md}");

@@ -388,6 +388,59 @@ fn an_engine_without_inject_cannot_be_bisected_and_says_so() {
     assert!(r.cells[0].local_nmse_by_layer.is_empty(), "no local pass");
 }
 
+/// A session engine that answers every request with `answer` (a shell loop).
+fn answering_engine(dir: &Path, answer: &str) -> ServeCommand {
+    let script = dir.join("engine.sh");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nwhile read -r line; do echo '{answer}'; done\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut cmd = serve_cmd(None);
+    cmd.command = script.display().to_string();
+    cmd
+}
+
+#[test]
+fn an_engine_that_cannot_run_a_model_fails_its_cells_and_the_run_goes_on() {
+    // `"unsupported": true`: the engine has no kernels for this model — each cell fails as engine_error
+    // with the engine's message, every cell is still run and reported, the report is complete
+    let work = tempfile::tempdir().unwrap();
+    let reports = tempfile::tempdir().unwrap();
+    let mut opts = options(
+        reports.path(),
+        &["synth-llama", "synth-qwen2"],
+        Some("ggml"),
+    );
+    opts.serve = Some(answering_engine(
+        work.path(),
+        r#"{"ok": false, "error": "no kernels for Q8_0", "unsupported": true}"#,
+    ));
+    let (_, r) = run(&opts).unwrap();
+    assert!(r.incomplete.is_none());
+    let models: std::collections::BTreeSet<&str> =
+        r.cells.iter().map(|c| c.cell.model.as_str()).collect();
+    assert_eq!(models.len(), 2, "both models' cells are reported");
+    for c in &r.cells {
+        assert!(!c.verdict.pass);
+        assert_eq!(c.verdict.failures[0].metric, "engine_error");
+        let e = c.error.as_deref().unwrap();
+        assert!(
+            e.contains("no kernels for Q8_0") && e.contains("failed `load`"),
+            "{e}"
+        );
+    }
+    // any other failure stops the run, naming the engine's message
+    let work = tempfile::tempdir().unwrap();
+    opts.serve = Some(answering_engine(
+        work.path(),
+        r#"{"ok": false, "error": "out of memory"}"#,
+    ));
+    let e = format!("{:#}", run(&opts).unwrap_err());
+    assert!(e.contains("out of memory"), "{e}");
+}
+
 #[test]
 fn names_outside_the_stage_map_are_listed_as_not_compared() {
     let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());

@@ -117,7 +117,7 @@ def read_gguf(path):
     for name, dims, t, off in infos:
         dtype = {0: np.float32, 1: np.float16}.get(t)
         if dtype is None:
-            raise ValueError(f"{path}: tensor {name} has ggml type {t}; read_gguf reads F32 and F16 only")
+            raise NotImplementedError(f"{path}: tensor {name} has ggml type {t}; read_gguf reads F32 and F16 only")
         n = int(np.prod(dims))
         a = np.frombuffer(buf, dtype=dtype, count=n, offset=base + off)
         tensors[name] = a.reshape(list(reversed(dims)))
@@ -126,7 +126,9 @@ def read_gguf(path):
 
 def serve(engine, stdin=None, stdout=None):
     """Answer protocol requests from `stdin` on `stdout` until `shutdown` or end of input. A request
-    the engine fails is answered {"ok": false, "error": ...} and serving goes on."""
+    the engine fails is answered {"ok": false, "error": ...} and serving goes on; a NotImplementedError
+    (a model or setting the engine cannot run at all) adds "unsupported": true, so lockstep fails that
+    cell as engine_error and runs the others."""
     stdin = stdin or sys.stdin
     out = stdout or sys.stdout
     state = {"scratch": None, "pos": 0, "steps": 0, "caps": set()}
@@ -180,5 +182,8 @@ def serve(engine, stdin=None, stdout=None):
                     reply = {"ok": True, **handle(req)}
             except Exception as e:  # the engine's failure is the answer, not the end of the session
                 reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+                if isinstance(e, NotImplementedError):
+                    # the engine cannot run this model or setting: lockstep fails the cell, goes on
+                    reply["unsupported"] = True
         out.write(json.dumps(reply) + "\n")
         out.flush()

@@ -133,13 +133,17 @@ pub(crate) const ENGINES: &[&str] = &["lockstep", "baseline", "llama.cpp"];
 ///   a `lockstep` row;
 /// - `comparisons` are exactly [`comparisons`] of the results (ratios and intervals recomputed);
 /// - each `bandwidth` entry names a result and its `fraction` is that result's
-///   `median_ts × bytes_per_token ÷ read_bandwidth`.
+///   `median_ts × bytes_per_token ÷ read_bandwidth`;
+/// - version 2: `fma_peak` the largest of its samples, each finite and above 0; every prompt row has one
+///   `compute` entry, whose `gflops` is `flops × median_ts ÷ n_prompt ÷ 10⁹` and `fraction`
+///   `gflops ÷ fma_peak` (its `flops` is what the bench counted; the speed floors hold it to theirs).
+///   Version 1 (before the FMA peak) has neither.
 ///
 /// Errors name the field and what is wrong (the caller adds the file).
 pub fn validate_bench(r: &BenchReport) -> Result<()> {
-    if r.schema_version != BENCH_SCHEMA_VERSION {
+    if !(1..=BENCH_SCHEMA_VERSION).contains(&r.schema_version) {
         bail!(
-            "schema_version: {} (this lockstep reads {BENCH_SCHEMA_VERSION})",
+            "schema_version: {} (this lockstep reads 1 to {BENCH_SCHEMA_VERSION})",
             r.schema_version
         );
     }
@@ -161,6 +165,24 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
     }
     for (i, &x) in r.read_bandwidth_samples.iter().enumerate() {
         positive(&format!("read_bandwidth_samples[{i}]"), x)?;
+    }
+    if r.schema_version >= 2 {
+        positive("fma_peak", r.fma_peak)?;
+        if r.fma_peak_samples.is_empty() {
+            bail!("fma_peak_samples: empty");
+        }
+        for (i, &x) in r.fma_peak_samples.iter().enumerate() {
+            positive(&format!("fma_peak_samples[{i}]"), x)?;
+        }
+        let max = r.fma_peak_samples.iter().copied().fold(0.0, f64::max);
+        if !agrees(r.fma_peak, max) {
+            bail!(
+                "fma_peak: recorded {:?}, the largest of its samples is {max:?}",
+                r.fma_peak
+            );
+        }
+    } else if r.fma_peak != 0.0 || !r.fma_peak_samples.is_empty() || !r.compute.is_empty() {
+        bail!("schema_version 1 has no fma_peak, fma_peak_samples or compute; this file has them");
     }
     if r.results.is_empty() {
         bail!("results: empty; a bench without results has nothing to gate");
@@ -291,6 +313,46 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
                 "{at}.fraction: recorded {:?}, median_ts × bytes_per_token ÷ read_bandwidth gives {want:?}",
                 b.fraction
             );
+        }
+    }
+    let mut computed = std::collections::HashSet::new();
+    for (i, c) in r.compute.iter().enumerate() {
+        let at = format!("compute[{i}] ({} {} {})", c.engine, c.model, c.test);
+        let Some(x) = rows.get(&(c.engine.as_str(), c.model.as_str(), c.test.as_str())) else {
+            bail!("{at}: no result of this engine, model and test");
+        };
+        if x.n_prompt == 0 {
+            bail!("{at}: not a prompt test (only prefill rows have a compute entry)");
+        }
+        if !computed.insert((c.engine.as_str(), c.model.as_str(), c.test.as_str())) {
+            bail!("{at}: a second entry of this engine, model and test");
+        }
+        positive(&format!("{at}.flops"), c.flops)?;
+        let gflops = c.flops * x.median_ts / x.n_prompt as f64 / 1e9;
+        if !(c.gflops.is_finite() && agrees(c.gflops, gflops)) {
+            bail!(
+                "{at}.gflops: recorded {:?}, flops × median_ts ÷ n_prompt gives {gflops:?}",
+                c.gflops
+            );
+        }
+        let want = gflops * 1e9 / r.fma_peak;
+        if !(c.fraction.is_finite() && agrees(c.fraction, want)) {
+            bail!(
+                "{at}.fraction: recorded {:?}, gflops ÷ fma_peak gives {want:?}",
+                c.fraction
+            );
+        }
+    }
+    if r.schema_version >= 2 {
+        for x in r.results.iter().filter(|x| x.n_prompt > 0) {
+            let name = Test::of(x).name();
+            if !computed.contains(&(x.engine.as_str(), x.model.as_str(), name.as_str())) {
+                bail!(
+                    "compute: no entry for {} {} {name}, a prompt test of the results",
+                    x.engine,
+                    x.model
+                );
+            }
         }
     }
     Ok(())

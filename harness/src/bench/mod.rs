@@ -18,7 +18,10 @@
 //! median tokens/s with a 95% percentile-bootstrap interval ([`bootstrap_ratio`]: both sides resampled
 //! with replacement, 2000 times, fixed seed). Decode's bandwidth fraction is `tokens/s × bytes read per
 //! token ÷ read bandwidth`, the bandwidth measured in the same run ([`measure_read_bandwidth`]) and the
-//! bytes the weights a decode step reads ([`decode_bytes_per_token`]).
+//! bytes the weights a decode step reads ([`decode_bytes_per_token`]). Prefill's is its GFLOP/s as a
+//! fraction of the machine's f32 FMA peak, measured in the same run too ([`measure_fma_peak`]), the work
+//! counted as a dense implementation does it ([`test_flops`]): every row says how far it is from the
+//! physical limit.
 //!
 //! # The speed gate
 //! [`gate_speed`]: a comparison fails when the upper end of its interval is below what
@@ -26,6 +29,7 @@
 
 mod child;
 pub mod file;
+pub mod floors;
 pub mod llama;
 pub mod render;
 pub mod runner;
@@ -43,17 +47,21 @@ pub use self::file::{
     parse_bench_json, read_bench, validate_bench, write_bench, MAX_BENCH_JSON_BYTES,
     MAX_BUILD_INFO_BYTES, MAX_REPETITIONS, MAX_SPEED_LIMITS_BYTES,
 };
+pub use self::floors::{gate_floors, SpeedFloor, SpeedFloors};
 pub use self::llama::{cached_llama_bench, parse_llama_bench_output, LLAMA_BENCH_OWN_FLAGS};
 pub use self::render::{render_bench_csv, render_bench_markdown};
 pub use self::runner::{bench, check_options, BenchOptions};
-pub use self::sample::{decode_bytes_per_token, measure_read_bandwidth, sample};
+pub use self::sample::{
+    decode_bytes_per_token, measure_fma_peak, measure_read_bandwidth, sample, test_flops,
+};
 pub use self::speed::{gate_speed, gate_speed_files, parse_speed_limits, SpeedCheck, SpeedLimits};
 pub use self::stats::{bootstrap_ratio, comparisons, double_ratio, median};
 use self::stats::{mean_sd, tokens_per_second};
 use crate::report::Environment;
 
-/// Version of `bench.json`'s layout.
-pub const BENCH_SCHEMA_VERSION: u32 = 1;
+/// Version of `bench.json`'s layout. 2 added the FMA peak (`fma_peak`, `fma_peak_samples`) and the
+/// prefill rows' use of it (`compute`); a version-1 file (without them) is still read.
+pub const BENCH_SCHEMA_VERSION: u32 = 2;
 
 /// One llama-bench test: `n_prompt` tokens as one batch, or `n_gen` decoded one by one, after `n_depth`
 /// tokens already in the context.
@@ -268,6 +276,23 @@ pub struct BandwidthUse {
     pub fraction: f64,
 }
 
+/// Prefill's use of the machine's FMA peak.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ComputeUse {
+    /// Engine.
+    pub engine: String,
+    /// Model id or path.
+    pub model: String,
+    /// Test name (a pp test).
+    pub test: String,
+    /// Floating-point operations of the test's timed part ([`sample::test_flops`]).
+    pub flops: f64,
+    /// `flops × median_ts ÷ n_prompt ÷ 10⁹`: GFLOP/s at the row's median speed.
+    pub gflops: f64,
+    /// `gflops × 10⁹ ÷ fma_peak`.
+    pub fraction: f64,
+}
+
 /// A whole bench run (`bench.json`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BenchReport {
@@ -288,10 +313,21 @@ pub struct BenchReport {
     pub read_bandwidth: f64,
     /// Each bandwidth sample, bytes/s.
     pub read_bandwidth_samples: Vec<f64>,
+    /// Measured f32 FMA peak, FLOP/s (the largest of its samples, [`sample::measure_fma_peak`]); 0 in a
+    /// version-1 file.
+    #[serde(default)]
+    pub fma_peak: f64,
+    /// Each FMA peak sample, FLOP/s (empty in a version-1 file).
+    #[serde(default)]
+    pub fma_peak_samples: Vec<f64>,
     /// One per engine × model × test.
     pub results: Vec<BenchResult>,
     /// lockstep against each other engine, per model and test.
     pub comparisons: Vec<Comparison>,
     /// Decode's bandwidth fraction per engine, model and tg test.
     pub bandwidth: Vec<BandwidthUse>,
+    /// Prefill's GFLOP/s and fraction of the FMA peak per engine, model and pp test (empty in a
+    /// version-1 file).
+    #[serde(default)]
+    pub compute: Vec<ComputeUse>,
 }

@@ -16,7 +16,7 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
     let _ = writeln!(
         md,
         "CPU {} ({}) · {} threads · lockstep {} at {} · {} repetitions per engine and test, engines interleaved · \
-         read bandwidth {:.1} GB/s (median of {})\n",
+         read bandwidth {:.1} GB/s (median of {}){}\n",
         crate::format::md_text(&e.cpu_model),
         crate::format::md_text(&e.cpu_flags.join(" ")),
         e.threads,
@@ -24,7 +24,16 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
         crate::format::md_text(&e.git_commit.chars().take(12).collect::<String>()),
         r.repetitions,
         r.read_bandwidth / 1e9,
-        r.read_bandwidth_samples.len()
+        r.read_bandwidth_samples.len(),
+        if r.fma_peak > 0.0 {
+            format!(
+                " · f32 FMA peak {:.1} GFLOP/s (fastest of {})",
+                r.fma_peak / 1e9,
+                r.fma_peak_samples.len()
+            )
+        } else {
+            String::new()
+        }
     );
     for s in &r.engines {
         let _ = writeln!(
@@ -135,6 +144,32 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
                 b.bytes_per_token as f64 / 1e6,
                 r.read_bandwidth / b.bytes_per_token as f64,
                 100.0 * b.fraction
+            );
+        }
+    }
+    if !r.compute.is_empty() {
+        let _ = writeln!(md, "\n## Prefill and the FMA peak\n");
+        let _ = writeln!(
+            md,
+            "FLOPs: the weight matrices of the blocks per token, the output matrix once (last position's \
+             logits), attention's KQ and KQV over the causal pairs — the work of a dense implementation. \
+             Fraction = GFLOP/s ÷ the f32 FMA peak measured in this run.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| engine | model | test | GFLOP per test | GFLOP/s | fraction of FMA peak |"
+        );
+        let _ = writeln!(md, "|---|---|---|--:|--:|--:|");
+        for c in &r.compute {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.2} | {:.1} | {:.1}% |",
+                crate::format::md_text(&c.engine),
+                crate::format::md_text(&c.model),
+                crate::format::md_text(&c.test),
+                c.flops / 1e9,
+                c.gflops,
+                100.0 * c.fraction
             );
         }
     }

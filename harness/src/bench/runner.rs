@@ -11,9 +11,9 @@ use super::file::{
     read_capped, validate_bench, write_bench, MAX_BUILD_INFO_BYTES, MAX_REPETITIONS,
 };
 use super::llama::{llama_sampler, model_type, LLAMA_BENCH_OWN_FLAGS};
-use super::sample::{decode_bytes_per_token, measure_read_bandwidth};
+use super::sample::{decode_bytes_per_token, measure_fma_peak, measure_read_bandwidth, test_flops};
 use super::stats::{comparisons, median};
-use super::{BandwidthUse, BenchReport, BenchResult, Test, BENCH_SCHEMA_VERSION};
+use super::{BandwidthUse, BenchReport, BenchResult, ComputeUse, Test, BENCH_SCHEMA_VERSION};
 use crate::report::Environment;
 
 /// What `bench` needs to run.
@@ -148,34 +148,55 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
             &setup,
         ));
     }
-    // every model loads and holds every test's context before anything is measured
+    // every model loads and holds every test's context before anything is measured; an encoder (no KV
+    // cache, no decode step) runs the prompt tests without depth only, and says so
     let mut facts = Vec::new();
     for (id, path) in &opts.models {
         let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
-        for t in &opts.tests {
+        let tests =
+            tests_for_model(&model, &opts.tests).with_context(|| format!("--model {id}"))?;
+        if tests.len() < opts.tests.len() && opts.progress {
+            eprintln!(
+                "[bench] {id}: an encoder ({}) has no decode step: its prompt tests without depth only",
+                model.info().arch
+            );
+        }
+        let mut flops = Vec::new();
+        for t in &tests {
             let n_ctx = t.n_ctx().context("the test's context size overflows")?;
             model
                 .check_context(n_ctx)
                 .with_context(|| format!("--model {id}: test {}", t.name()))?;
+            flops.push(test_flops(&model, *t));
         }
         let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements).sum();
         facts.push((
+            tests,
+            flops,
             n_params,
             decode_bytes_per_token(&model),
             model.gguf().file_size(),
             model_type(&model, n_params),
         ));
     }
-    let bw = measure_read_bandwidth(5);
+    // the machine's limits, with the engines' thread count
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.threads.max(1))
+        .build()
+        .context("cannot start the probes' thread pool")?;
+    let (bw, peak) = pool.install(|| (measure_read_bandwidth(5), measure_fma_peak(5)));
     let read_bandwidth = median(&bw);
+    // the peak: the fastest pass (other load only ever slows one down)
+    let fma_peak = peak.iter().copied().fold(0.0, f64::max);
 
     let mut results = Vec::new();
     let mut bandwidth = Vec::new();
-    for ((id, path), (n_params, bytes_per_token, model_size, ours_type)) in
+    let mut compute = Vec::new();
+    for ((id, path), (tests, flops, n_params, bytes_per_token, model_size, ours_type)) in
         opts.models.iter().zip(facts)
     {
         let filename = path.display().to_string();
-        for &test in &opts.tests {
+        for (&test, &flops) in tests.iter().zip(&flops) {
             let mut ns: Vec<Vec<u64>> = vec![Vec::new(); samplers.len()];
             let mut llama_rec = None;
             for rep in 0..opts.repetitions {
@@ -234,6 +255,19 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
                 row.fill_stats();
                 results.push(row);
             }
+            if test.n_prompt > 0 {
+                for r in &results[results.len() - samplers.len()..] {
+                    let gflops = flops * r.median_ts / test.n_prompt as f64 / 1e9;
+                    compute.push(ComputeUse {
+                        engine: r.engine.clone(),
+                        model: id.clone(),
+                        test: test.name(),
+                        flops,
+                        gflops,
+                        fraction: gflops * 1e9 / fma_peak,
+                    });
+                }
+            }
             if test.n_gen > 0 {
                 for r in &results[results.len() - samplers.len()..] {
                     bandwidth.push(BandwidthUse {
@@ -272,11 +306,37 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
         llama_cpp_build,
         read_bandwidth,
         read_bandwidth_samples: bw,
+        fma_peak,
+        fma_peak_samples: peak,
         results,
         comparisons,
         bandwidth,
+        compute,
     };
     validate_bench(&report).context("the bench just measured is not a valid bench.json")?;
     let dir = write_bench(&opts.reports_root, &report)?;
     Ok((dir, report))
+}
+
+/// The tests of `tests` that `model` runs: all of them for a decoder; for an encoder (pooled output, no KV
+/// cache) the prompt tests without depth — a sequence is one forward pass from position 0.
+///
+/// Errors: an encoder and no such test (there would be nothing to measure).
+pub(crate) fn tests_for_model(model: &Model, tests: &[Test]) -> Result<Vec<Test>> {
+    if model.output() != lockstep_engine::models::Output::Pooled {
+        return Ok(tests.to_vec());
+    }
+    let kept: Vec<Test> = tests
+        .iter()
+        .filter(|t| t.n_gen == 0 && t.n_depth == 0)
+        .copied()
+        .collect();
+    if kept.is_empty() {
+        bail!(
+            "a {} model is an encoder: it has no decode step and no KV cache, so only prompt tests without \
+             depth (-p N -d 0) measure it, and none was asked for",
+            model.info().arch
+        );
+    }
+    Ok(kept)
 }

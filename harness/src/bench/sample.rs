@@ -1,5 +1,6 @@
-//! One sample of our engine in process (what `lockstep bench-sample` prints), and what decode's bandwidth
-//! fraction needs: the bytes a decode step reads and this machine's read bandwidth.
+//! One sample of our engine in process (what `lockstep bench-sample` prints), and what the fractions of
+//! the physical limits need: the bytes a decode step reads and this machine's read bandwidth (decode), the
+//! floating-point work of a prompt batch and this machine's FMA peak (prefill).
 
 use std::time::Instant;
 
@@ -42,6 +43,150 @@ pub fn measure_read_bandwidth(reps: usize) -> Vec<f64> {
             (words * 8) as f64 / secs
         })
         .collect()
+}
+
+/// Floating-point operations of one test's timed part on `model` (multiply and add counted apart, as
+/// GFLOP/s figures do), for the prefill row's fraction of the FMA peak:
+/// - every weight matrix of the blocks (2-D `blk.*` tensors): `2 · rows · cols` per prompt token;
+/// - the output matrix (`output.weight`, else the tied `token_embd.weight`) once: the bench asks for the
+///   last position's logits only (none for an encoder, whose output is the pooled embedding);
+/// - attention's `KQ` and `KQV`: `4 · n_head · head_dim` per (query, key) pair, every query of the batch
+///   against the `n_depth` cached positions and the batch's own (causal: its earlier ones and itself;
+///   an encoder: all of them), sliding windows counted in full;
+/// - a generation test: the same for each of its `n_gen` one-token steps.
+///
+/// Norms, RoPE, softmax and activations are left out (a few FLOPs per element, not per weight). The count
+/// is the work of a dense implementation: it measures how far a row is from what the machine can do,
+/// not what an engine happened to skip.
+pub fn test_flops(model: &Model, test: Test) -> f64 {
+    let gguf = model.gguf();
+    let info = model.info();
+    let block: f64 = gguf
+        .tensors()
+        .iter()
+        .filter(|t| t.name.starts_with("blk.") && t.dims.len() == 2 && t.dims[1] > 1)
+        .map(|t| t.n_elements as f64)
+        .sum();
+    let encoder = model.output() == lockstep_engine::models::Output::Pooled;
+    let output = if encoder {
+        0.0
+    } else {
+        gguf.tensor("output.weight")
+            .or_else(|_| gguf.tensor("token_embd.weight"))
+            .map_or(0.0, |t| t.n_elements as f64)
+    };
+    let per_pair = 4.0 * (info.dims.n_head * info.dims.head_dim * info.n_layer) as f64;
+    // a batch of n tokens after `past` cached ones: every query sees the cached keys and its batch's
+    let batch = |n: usize, past: usize| -> f64 {
+        let (n, past) = (n as f64, past as f64);
+        let pairs = if encoder {
+            n * n
+        } else {
+            n * past + n * (n + 1.0) / 2.0
+        };
+        2.0 * n * block + 2.0 * output + per_pair * pairs
+    };
+    if test.n_prompt > 0 {
+        batch(test.n_prompt, test.n_depth)
+    } else {
+        (0..test.n_gen).map(|i| batch(1, test.n_depth + i)).sum()
+    }
+}
+
+/// This machine's single-precision FMA throughput with the engine's thread pool: `reps` measurements,
+/// FLOP/s (an FMA counted as two operations), each the sum over the pool's threads (all running at once,
+/// `rayon::broadcast`) of independent FMA chains on the widest vectors the CPU has — 16 chains of
+/// 16-lane `vfmadd` (AVX-512 F), else 12 of 8-lane (AVX2 + FMA), else 8 scalar `mul_add` — enough
+/// chains to cover the FMA latency on two ports, so the rate is the ports' throughput. One unmeasured
+/// pass first (clock and AVX-512 frequency settle). The fastest pass is the peak the prefill rows are a
+/// fraction of (a busy machine only slows a pass down).
+pub fn measure_fma_peak(reps: usize) -> Vec<f64> {
+    // ~50 ms per pass on a core that retires two 16-lane FMAs per cycle at 2.5 GHz
+    const ITERS: u64 = 1 << 24;
+    let pass = || -> f64 {
+        rayon::broadcast(|_| {
+            let t0 = Instant::now();
+            let flops = fma_chains(ITERS);
+            flops / t0.elapsed().as_secs_f64()
+        })
+        .into_iter()
+        .sum()
+    };
+    pass();
+    (0..reps).map(|_| pass()).collect()
+}
+
+/// Run `iters` rounds of independent FMA chains on this thread ([`measure_fma_peak`]); the FLOPs done.
+fn fma_chains(iters: u64) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512 F (checked above).
+            let r = unsafe { fma_chains_avx512(iters) };
+            std::hint::black_box(r);
+            return (iters * 16 * 16 * 2) as f64;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            let r = unsafe { fma_chains_avx2(iters) };
+            std::hint::black_box(r);
+            return (iters * 12 * 8 * 2) as f64;
+        }
+    }
+    let mut acc = [1.0f32; 8];
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = a.mul_add(0.999_999, 1e-7);
+        }
+        acc = std::hint::black_box(acc);
+    }
+    std::hint::black_box(acc);
+    (iters * 8 * 2) as f64
+}
+
+/// 16 chains of 16-lane FMAs, `iters` rounds; returns a value of the chains (kept alive).
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_chains_avx512(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let (m, a) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+    let mut acc = [_mm512_set1_ps(1.0); 16];
+    for _ in 0..iters {
+        for x in &mut acc {
+            *x = _mm512_fmadd_ps(*x, m, a);
+        }
+    }
+    let s = acc
+        .iter()
+        .fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x));
+    _mm512_reduce_add_ps(s)
+}
+
+/// 12 chains of 8-lane FMAs, `iters` rounds; returns a value of the chains (kept alive).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_chains_avx2(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let (m, a) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    for _ in 0..iters {
+        for x in &mut acc {
+            *x = _mm256_fmadd_ps(*x, m, a);
+        }
+    }
+    let s = acc
+        .iter()
+        .fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x));
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), s);
+    out.iter().sum()
 }
 
 /// Pseudo-random token ids below `n_vocab` (llama-bench draws `std::rand() % n_vocab`).

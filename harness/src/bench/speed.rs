@@ -19,6 +19,10 @@ pub struct SpeedLimits {
     pub max_slowdown: f64,
     /// Against llama.cpp in the same bench: fail when the interval's upper end is below this.
     pub min_ratio_to_llama_cpp: f64,
+    /// Against the speed floors (`--speed-floors`, [`super::floors`]): fail when the interval's upper end
+    /// of the row's share of the machine over its floor is below `1 − max_slowdown_vs_floors`. Wider than
+    /// `max_slowdown`: the floors come from another machine and day.
+    pub max_slowdown_vs_floors: f64,
 }
 
 impl SpeedLimits {
@@ -29,14 +33,21 @@ impl SpeedLimits {
         parse_speed_limits(&text, path)
     }
 
-    /// Check that every limit is finite and in range: `max_slowdown` in [0, 1) (the baseline limit
-    /// `1 − max_slowdown` stays above 0, so a check can fail), `min_ratio_to_llama_cpp` in (0, 1000]
+    /// Check that every limit is finite and in range: `max_slowdown` and `max_slowdown_vs_floors` in
+    /// [0, 1) (the limits `1 − max_slowdown…` stay above 0, so a check can fail), `min_ratio_to_llama_cpp` in (0, 1000]
     /// (0 would pass any speed). Errors name the field and its value.
     pub fn validate(&self) -> Result<()> {
         let m = self.max_slowdown;
         if !(m.is_finite() && (0.0..1.0).contains(&m)) {
             bail!(
                 "max_slowdown: {m:?} is not in [0, 1) (a fraction of the baseline's speed; 1 or more would \
+                 pass any slowdown)"
+            );
+        }
+        let m = self.max_slowdown_vs_floors;
+        if !(m.is_finite() && (0.0..1.0).contains(&m)) {
+            bail!(
+                "max_slowdown_vs_floors: {m:?} is not in [0, 1) (a fraction of the floor; 1 or more would \
                  pass any slowdown)"
             );
         }
@@ -93,28 +104,41 @@ impl SpeedCheck {
 }
 
 /// [`gate_speed`] on files: the bench.json at `bench` ([`read_bench`]), the optional `baseline`
-/// bench.json, and the limits file at `limits` ([`SpeedLimits::load`]).
+/// bench.json, the limits file at `limits` ([`SpeedLimits::load`]), and with `floors` also
+/// [`super::floors::gate_floors`] against that speed floors file.
 ///
-/// Errors: any file unreadable or invalid; [`gate_speed`]'s (naming the bench file, and the baseline
-/// when there is one); no check at all (a bench without llama.cpp or a baseline binary, and no
-/// `baseline`).
+/// Errors: any file unreadable or invalid; [`gate_speed`]'s and `gate_floors`' (naming the bench file,
+/// and the baseline or floors file when there is one); no check at all (a bench without llama.cpp or a
+/// baseline binary, and neither `baseline` nor `floors`).
 pub fn gate_speed_files(
     bench: &Path,
     baseline: Option<&Path>,
+    floors: Option<&Path>,
     limits: &Path,
 ) -> Result<Vec<SpeedCheck>> {
     let limits = SpeedLimits::load(limits)?;
     let r = read_bench(bench)?;
     let base = baseline.map(read_bench).transpose()?;
-    let checks = gate_speed(&r, base.as_ref(), &limits).map_err(|e| {
+    let floor_file = floors.map(super::floors::SpeedFloors::load).transpose()?;
+    let mut checks = gate_speed(&r, base.as_ref(), &limits).map_err(|e| {
         let against = baseline.map_or_else(String::new, |b| {
             format!(" against the baseline {}", b.display())
         });
         anyhow::anyhow!("{}{against}: {e:#}", bench.display())
     })?;
+    if let (Some(f), Some(path)) = (&floor_file, floors) {
+        checks.extend(super::floors::gate_floors(&r, f, &limits).map_err(|e| {
+            anyhow::anyhow!(
+                "{} against the speed floors {}: {e:#}",
+                bench.display(),
+                path.display()
+            )
+        })?);
+    }
     if checks.is_empty() {
         bail!(
-            "{} holds no comparison to gate (bench with llama.cpp or --baseline-bin, or give --baseline)",
+            "{} holds no comparison to gate (bench with llama.cpp or --baseline-bin, or give --baseline or \
+             --speed-floors)",
             bench.display()
         );
     }

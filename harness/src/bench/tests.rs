@@ -92,7 +92,25 @@ fn report_of(results: Vec<BenchResult>) -> BenchReport {
         llama_cpp_build: None,
         read_bandwidth: 1e10,
         read_bandwidth_samples: vec![1e10],
+        fma_peak: 1e11,
+        fma_peak_samples: vec![1e11],
         comparisons: comparisons(&results),
+        // every prompt row's share of the FMA peak, at 1 GFLOP per test
+        compute: results
+            .iter()
+            .filter(|x| x.n_prompt > 0)
+            .map(|x| {
+                let gflops = x.median_ts / x.n_prompt as f64;
+                ComputeUse {
+                    engine: x.engine.clone(),
+                    model: x.model.clone(),
+                    test: Test::of(x).name(),
+                    flops: 1e9,
+                    gflops,
+                    fraction: gflops * 1e9 / 1e11,
+                }
+            })
+            .collect(),
         results,
         bandwidth: Vec::new(),
     }
@@ -105,6 +123,7 @@ fn report(ours: &[f64], llama: &[f64]) -> BenchReport {
 const LIMITS: SpeedLimits = SpeedLimits {
     max_slowdown: 0.1,
     min_ratio_to_llama_cpp: 0.5,
+    max_slowdown_vs_floors: 0.5,
 };
 
 /// The error of `r`'s validation, with its causes.
@@ -117,6 +136,7 @@ fn the_gate_fails_a_slowdown_beyond_the_spread_and_passes_noise() {
     let limits = SpeedLimits {
         max_slowdown: 0.1,
         min_ratio_to_llama_cpp: 0.5,
+        max_slowdown_vs_floors: 0.5,
     };
     let base = report(
         &[100.0, 98.0, 102.0, 99.0, 101.0],
@@ -327,34 +347,46 @@ fn speed_limits_are_finite_in_range_and_known() {
     assert!(l.max_slowdown > 0.0 && l.min_ratio_to_llama_cpp > 0.0);
     for (text, needle) in [
         (
-            "max_slowdown = nan\nmin_ratio_to_llama_cpp = 0.5",
+            "max_slowdown = nan\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdown_vs_floors = 0.5",
             "max_slowdown: NaN",
         ),
         (
-            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = inf",
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = inf\nmax_slowdown_vs_floors = 0.5",
             "min_ratio_to_llama_cpp: inf",
         ),
         (
-            "max_slowdown = -0.1\nmin_ratio_to_llama_cpp = 0.5",
+            "max_slowdown = -0.1\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdown_vs_floors = 0.5",
             "max_slowdown: -0.1",
         ),
         (
-            "max_slowdown = 1.0\nmin_ratio_to_llama_cpp = 0.5",
+            "max_slowdown = 1.0\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdown_vs_floors = 0.5",
             "max_slowdown: 1",
         ),
         (
-            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.0",
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.0\nmax_slowdown_vs_floors = 0.5",
             "min_ratio_to_llama_cpp: 0",
         ),
         (
-            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = -inf",
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = -inf\nmax_slowdown_vs_floors = 0.5",
             "min_ratio_to_llama_cpp: -inf",
         ),
         (
-            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdwn = 0.5",
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdown_vs_floors = 0.5\nmax_slowdwn = 0.5",
             "unknown field",
         ),
         ("max_slowdown = 0.1", "missing field"),
+        (
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.5",
+            "missing field `max_slowdown_vs_floors`",
+        ),
+        (
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdown_vs_floors = 1.0",
+            "max_slowdown_vs_floors: 1",
+        ),
+        (
+            "max_slowdown = 0.1\nmin_ratio_to_llama_cpp = 0.5\nmax_slowdown_vs_floors = nan",
+            "max_slowdown_vs_floors: NaN",
+        ),
         (
             "max_slowdown = \"0.1\"\nmin_ratio_to_llama_cpp = 0.5",
             "speed limits",
@@ -371,6 +403,7 @@ fn speed_limits_are_finite_in_range_and_known() {
     let bad = SpeedLimits {
         max_slowdown: 0.1,
         min_ratio_to_llama_cpp: f64::NAN,
+        max_slowdown_vs_floors: 0.5,
     };
     assert!(gate_speed(&r, None, &bad).is_err());
 }
@@ -520,4 +553,190 @@ fn files_that_cannot_be_bounded_or_are_too_big_are_not_read() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("missing.json"), "{e}");
+}
+
+// ---- the FMA peak, prefill's compute entries and the speed floors ----
+
+const PP16: Test = Test {
+    n_prompt: 16,
+    n_gen: 0,
+    n_depth: 0,
+};
+
+/// A version-2 report of lockstep on a pp16 and a tg8 row at about `pp` and `tg` tokens/s, with the
+/// compute and bandwidth entries the bench records (1 GFLOP per pp16, 1 MB per decode step).
+fn report_v2(pp: &[f64], tg: &[f64]) -> BenchReport {
+    let mut r = report_of(vec![
+        result_of("lockstep", PP16, pp),
+        result_of("lockstep", TG8, tg),
+    ]);
+    let (x, y) = (&r.results[0], &r.results[1]);
+    let gflops = 1e9 * x.median_ts / 16.0 / 1e9;
+    r.compute = vec![ComputeUse {
+        engine: "lockstep".into(),
+        model: "m".into(),
+        test: "pp16".into(),
+        flops: 1e9,
+        gflops,
+        fraction: gflops * 1e9 / r.fma_peak,
+    }];
+    r.bandwidth = vec![BandwidthUse {
+        engine: "lockstep".into(),
+        model: "m".into(),
+        test: "tg8".into(),
+        bytes_per_token: 1_000_000,
+        fraction: y.median_ts * 1e6 / r.read_bandwidth,
+    }];
+    r
+}
+
+#[test]
+fn compute_entries_are_recomputed_and_required_from_version_2() {
+    let r = report_v2(&[400.0, 410.0, 395.0], &[50.0, 51.0, 49.0]);
+    validate_bench(&r).unwrap();
+    let mut bad = r.clone();
+    bad.compute[0].gflops *= 2.0;
+    assert!(invalid(&bad).contains("compute[0] (lockstep m pp16).gflops: recorded"));
+    let mut bad = r.clone();
+    bad.compute[0].fraction = 0.9;
+    assert!(invalid(&bad).contains(".fraction: recorded 0.9, gflops ÷ fma_peak gives"));
+    let mut bad = r.clone();
+    bad.compute.clear();
+    assert!(invalid(&bad).contains("compute: no entry for lockstep m pp16"));
+    let mut bad = r.clone();
+    bad.compute.push(bad.compute[0].clone());
+    assert!(invalid(&bad).contains("a second entry"));
+    let mut bad = r.clone();
+    bad.compute[0].test = "tg8".into();
+    assert!(invalid(&bad).contains("not a prompt test"));
+    let mut bad = r.clone();
+    bad.fma_peak_samples = vec![f64::NAN];
+    assert!(invalid(&bad).contains("fma_peak_samples[0]: NaN"));
+    let mut bad = r.clone();
+    bad.fma_peak *= 1.5;
+    assert!(invalid(&bad).contains("fma_peak: recorded"));
+    // version 1: no peak, no compute entries; a version-1 file that has them is refused
+    let mut v1 = r.clone();
+    v1.schema_version = 1;
+    v1.fma_peak = 0.0;
+    v1.fma_peak_samples.clear();
+    v1.compute.clear();
+    validate_bench(&v1).unwrap();
+    v1.compute = r.compute.clone();
+    assert!(invalid(&v1).contains("schema_version 1 has no fma_peak"));
+}
+
+fn floors_limits() -> SpeedLimits {
+    SpeedLimits {
+        max_slowdown_vs_floors: 0.5,
+        ..LIMITS
+    }
+}
+
+#[test]
+fn the_floors_gate_passes_the_same_share_and_fails_a_halved_one() {
+    let r = report_v2(&[400.0, 410.0, 395.0], &[50.0, 51.0, 49.0]);
+    let floors = SpeedFloors::from_bench(&r).unwrap();
+    assert_eq!(floors.floor.len(), 2);
+    // the file round-trips through its TOML
+    let text = floors.to_toml().unwrap();
+    assert!(text.starts_with("# Speed floors"), "{text}");
+    let back: SpeedFloors = toml::from_str(&text).unwrap();
+    assert_eq!(back, floors);
+    // the same speed on a machine twice as fast in both limits: the same share, passes
+    let mut fast = report_v2(&[800.0, 820.0, 790.0], &[100.0, 102.0, 98.0]);
+    fast.fma_peak *= 2.0;
+    fast.fma_peak_samples = vec![fast.fma_peak];
+    fast.read_bandwidth *= 2.0;
+    fast.read_bandwidth_samples = vec![fast.read_bandwidth];
+    fast.compute[0].fraction /= 2.0;
+    fast.bandwidth[0].fraction /= 2.0;
+    let checks = gate_floors(&fast, &floors, &floors_limits()).unwrap();
+    assert_eq!(checks.len(), 2);
+    assert!(checks.iter().all(|c| c.pass), "{checks:?}");
+    // prefill three times slower on the same machine: its check fails, decode's passes
+    let slow = report_v2(&[130.0, 135.0, 128.0], &[50.0, 51.0, 49.5]);
+    let checks = gate_floors(&slow, &floors, &floors_limits()).unwrap();
+    assert!(!checks[0].pass && checks[1].pass, "{checks:?}");
+    assert!(checks[0]
+        .line()
+        .starts_with("FAIL m pp16: lockstep fraction of FMA peak / floor = 0.3"));
+}
+
+#[test]
+fn the_floors_gate_drops_and_invents_no_check() {
+    let r = report_v2(&[400.0, 410.0, 395.0], &[50.0, 51.0, 49.0]);
+    let floors = SpeedFloors::from_bench(&r).unwrap();
+    let l = floors_limits();
+    let err =
+        |r: &BenchReport, f: &SpeedFloors| format!("{:#}", gate_floors(r, f, &l).unwrap_err());
+    // a floor the bench did not measure
+    let mut more = floors.clone();
+    more.floor.push(SpeedFloor {
+        model: "other".into(),
+        ..floors.floor[0].clone()
+    });
+    assert!(err(&r, &more).contains("the floors hold other pp16, which the bench did not measure"));
+    // a row without a floor
+    let mut fewer = floors.clone();
+    fewer.floor.remove(1);
+    assert!(err(&r, &fewer).contains("no speed floor for m tg8"));
+    // another FLOP count or another model size: the floor does not apply
+    let mut other = floors.clone();
+    other.floor[0].flops = Some(2e9);
+    assert!(
+        err(&r, &other).contains("the bench counts 1000000000 FLOPs, the floor Some(2000000000.0)")
+    );
+    let mut other = floors.clone();
+    other.floor[1].bytes_per_token = Some(7);
+    assert!(err(&r, &other).contains("a decode step reads 1000000 bytes, the floor's Some(7)"));
+    // a version-1 bench has no peak
+    let mut v1 = r.clone();
+    v1.schema_version = 1;
+    v1.fma_peak = 0.0;
+    v1.fma_peak_samples.clear();
+    v1.compute.clear();
+    assert!(err(&v1, &floors).contains("version-1 bench"));
+}
+
+#[test]
+fn speed_floors_files_are_checked_entry_by_entry() {
+    let r = report_v2(&[400.0, 410.0, 395.0], &[50.0, 51.0, 49.0]);
+    let floors = SpeedFloors::from_bench(&r).unwrap();
+    let msg = |f: &SpeedFloors| format!("{:#}", f.validate().unwrap_err());
+    let mut f = floors.clone();
+    f.floor[0].fraction_of_fma_peak = Some(0.0);
+    assert!(msg(&f).contains("floor[0] (m pp16).fraction_of_fma_peak: 0.0 is not a fraction"));
+    let mut f = floors.clone();
+    f.floor[1].fraction_of_bandwidth = Some(f64::NAN);
+    assert!(msg(&f).contains("fraction_of_bandwidth: NaN"));
+    let mut f = floors.clone();
+    f.floor[1].fraction_of_bandwidth = None;
+    assert!(msg(&f).contains("fraction_of_bandwidth: missing"));
+    let mut f = floors.clone();
+    f.floor[0].bytes_per_token = Some(3);
+    assert!(msg(&f).contains("a prompt test has no bytes_per_token"));
+    let mut f = floors.clone();
+    f.floor.push(f.floor[0].clone());
+    assert!(msg(&f).contains("a second floor of this model and test"));
+    let mut f = floors.clone();
+    f.floor[0].test = "xx16".into();
+    assert!(msg(&f).contains("neither a pp nor a tg test"));
+    let mut f = floors.clone();
+    f.floor.clear();
+    assert!(msg(&f).contains("floor: empty"));
+    let mut f = floors.clone();
+    f.schema_version = 9;
+    assert!(msg(&f).contains("schema_version: 9"));
+    // on disk: unknown keys and non-TOML are refused, naming the file
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("speed-floors.toml");
+    std::fs::write(&p, floors.to_toml().unwrap() + "\nextra = 1\n").unwrap();
+    let e = format!("{:#}", SpeedFloors::load(&p).unwrap_err());
+    assert!(
+        e.contains("speed-floors.toml is not a speed floors file") && e.contains("unknown field"),
+        "{e}"
+    );
+    std::fs::write(&p, floors.to_toml().unwrap()).unwrap();
+    assert_eq!(SpeedFloors::load(&p).unwrap(), floors);
 }

@@ -159,11 +159,16 @@ impl SessionEngine {
             )
         })?;
         if !r.ok {
-            bail!(
+            let msg = format!(
                 "the session engine failed `{op}`: {}: {}",
                 r.error.as_deref().unwrap_or("(no error message)"),
                 self.child.shown()
             );
+            if r.unsupported {
+                // the engine cannot run this model or setting: the cell fails, the run goes on
+                return Err(lockstep_engine::Error::Unsupported(msg).into());
+            }
+            bail!(msg);
         }
         Ok(r)
     }

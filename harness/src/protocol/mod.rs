@@ -142,6 +142,11 @@ pub struct Reply {
     /// What went wrong (`ok: false`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// `ok: false`: the engine cannot run this model or setting at all (a weight type or architecture
+    /// it has no kernels for) — the cell fails as `engine_error` and the run goes on to the next cell,
+    /// as for lockstep's own `Error::Unsupported`. Any other failure stops the run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unsupported: bool,
     /// `load`: [`PROTOCOL_VERSION`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<u32>,
@@ -180,6 +185,21 @@ impl Reply {
             ok: false,
             error: Some(e.into()),
             ..Reply::default()
+        }
+    }
+
+    /// The answer to a request that failed with `e`: `{"ok": false, "error": ...}`, with
+    /// `"unsupported": true` when `e` is (or is caused by) the engine's [`lockstep_engine::Error::Unsupported`].
+    pub fn failure(e: &anyhow::Error) -> Reply {
+        let unsupported = e.chain().any(|c| {
+            matches!(
+                c.downcast_ref::<lockstep_engine::Error>(),
+                Some(lockstep_engine::Error::Unsupported(_))
+            )
+        });
+        Reply {
+            unsupported,
+            ..Reply::error(format!("{e:#}"))
         }
     }
 }

@@ -80,9 +80,7 @@ pub fn serve(input: impl BufRead, mut output: impl Write, simd: Simd) -> Result<
         let (reply, stop) = match serde_json::from_str::<Request>(line.trim()) {
             Ok(Request::Shutdown) => (Reply::ok(), true),
             Ok(req) => (
-                server
-                    .handle(req)
-                    .unwrap_or_else(|e| Reply::error(format!("{e:#}"))),
+                server.handle(req).unwrap_or_else(|e| Reply::failure(&e)),
                 false,
             ),
             Err(e) => (Reply::error(format!("not a protocol request: {e}")), false),
