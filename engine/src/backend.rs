@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use crate::numerics::{Numerics, NumericsMode, Simd};
-use crate::quant::{self, GgmlType, PreparedRow};
+use crate::quant::{self, ktile, GgmlType, PreparedRow};
 
 /// A weight matrix `[rows, cols]` (ggml `ne = [cols, rows]`) stored as ggml blocks, row-major.
 #[derive(Clone, Copy, Debug)]
@@ -46,6 +46,9 @@ pub struct MatmulScratch {
     /// The transposed scales of each full token group of a batch, for kernels that read them
     /// ([`quant::SimdKernel::uses_tiles`]): made once per matmul instead of once per task.
     tiles: Vec<f32>,
+    /// The K-quant tiles of each group of [`quant::ktile::TOKENS`] tokens of a batch, for kernels that
+    /// have them ([`quant::SimdKernel::k_tile_type`]): made once per matmul.
+    ktiles: Vec<quant::ktile::Line>,
 }
 
 /// Computes quantized-weight × f32-activation products.
@@ -229,6 +232,36 @@ impl Backend for CpuBackend {
                 });
         }
         let tiles = &scratch.tiles;
+        // the K-quant tiles: the leading groups of 16 tokens whose rows all take one path the tile has
+        // (all but a repacked batch's last `B % 4` rows); the rest go through the kernels below
+        let k16 = ktile::TOKENS;
+        let k_ty = kernel.and_then(|k| k.k_tile_type());
+        let mut kfull = 0;
+        if let Some(ty) = k_ty {
+            while kfull + k16 <= n_tokens
+                && (kfull..kfull + k16).all(|t| path(t) == path(kfull))
+                && ktile::handles(ty, path(kfull))
+            {
+                kfull += k16;
+            }
+        }
+        let k_len = ktile::tile_lines(prepared.first().map_or(0, |p| p.n_blocks()));
+        if let Some(ty) = k_ty.filter(|_| kfull > 0) {
+            scratch
+                .ktiles
+                .resize(kfull / k16 * k_len, ktile::Line::default());
+            scratch
+                .ktiles
+                .par_chunks_mut(k_len)
+                .enumerate()
+                .for_each(|(g, t)| {
+                    let xs = std::array::from_fn(|j| &prepared[g * k16 + j]);
+                    ktile::build_tile(ty, xs, t);
+                });
+        }
+        let ktiles = &scratch.ktiles;
+        // the 8-token groups after the K-quant tiles
+        let full = kfull + (n_tokens - kfull) / TOKENS_PER_CALL * TOKENS_PER_CALL;
         let chunk_rows = batch_chunk_rows(w.rows, rayon::current_num_threads());
         let n_chunks = w.rows.div_ceil(chunk_rows);
         let base = OutPtr(out.as_mut_ptr());
@@ -281,7 +314,13 @@ impl Backend for CpuBackend {
             };
             // token groups outermost: the group's activations stay in L1 across the chunk's rows
             let rows = &w.data[r0 * rb..];
-            for t0 in (0..full).step_by(TOKENS_PER_CALL) {
+            for t0 in (0..kfull).step_by(k16) {
+                let outs = std::array::from_fn(|j| token_out(t0 + j));
+                let g = t0 / k16;
+                let tile = &ktiles[g * k_len..(g + 1) * k_len];
+                k.dot_rows_k16(rows, rb, n_rows, tile, path(t0), outs);
+            }
+            for t0 in (kfull..full).step_by(TOKENS_PER_CALL) {
                 let xs: [&PreparedRow; TOKENS_PER_CALL] =
                     std::array::from_fn(|j| &prepared[t0 + j]);
                 let paths = std::array::from_fn(|j| path(t0 + j));

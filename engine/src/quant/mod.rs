@@ -142,6 +142,7 @@ mod fp;
 mod iq4_nl;
 mod iq4_xs;
 mod kquant_ref;
+pub(crate) mod ktile;
 mod prepared;
 mod q2_k;
 mod q3_k;

@@ -5,7 +5,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx2_float, avx512, iq4_nl, q4_0};
-use super::{dots, effective_path, vec_dot_path, GgmlPath, GgmlType, PreparedRow};
+use super::{dots, effective_path, ktile, vec_dot_path, GgmlPath, GgmlType, PreparedRow};
 use crate::numerics::{Numerics, NumericsMode, Simd};
 
 /// A SIMD kernel chosen for one matmul ([`simd_kernel`]): computes `N` outputs of one weight row at once,
@@ -43,6 +43,12 @@ pub(crate) enum SimdKernel {
     Q8_0Avx512,
     /// `ggml_vec_dot_q5_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q5_0_q8_0`).
     Q5_0Avx512,
+    /// Q4_K's repacked gemm and tiled paths on sixteen tokens at once (`ktile::dot_rows_q4_k`); any
+    /// other call runs [`SimdKernel::Q4_KAvx2`].
+    Q4_KAvx512,
+    /// Q6_K's tiled path on sixteen tokens at once (`ktile::dot_rows_q6_k`); any other call runs
+    /// [`SimdKernel::Q6_KAvx2`].
+    Q6_KAvx512,
 }
 
 /// The SIMD kernel for weights of `ty` in `num.mode` under `num.simd`, or `None` where only the scalar
@@ -114,6 +120,68 @@ impl SimdKernel {
         )
     }
 
+    /// The AVX2 kernel an AVX-512 one runs where it has no tile (itself for the AVX2 kernels).
+    fn avx2(self) -> SimdKernel {
+        use SimdKernel::*;
+        match self {
+            Q4_1Avx512 => Q4_1Avx2,
+            Q8_0Avx512 => Q8_0Avx2,
+            Q5_0Avx512 => Q5_0Avx2,
+            Q4_KAvx512 => Q4_KAvx2,
+            Q6_KAvx512 => Q6_KAvx2,
+            k => k,
+        }
+    }
+
+    /// The weight type whose outputs [`SimdKernel::dot_rows_k16`] computes on some paths (Q4_K, Q6_K:
+    /// the K-quant tiles, [`super::ktile`]), or `None` for a kernel without them.
+    pub(crate) fn k_tile_type(self) -> Option<GgmlType> {
+        match self {
+            SimdKernel::Q4_KAvx512 => Some(GgmlType::Q4_K),
+            SimdKernel::Q6_KAvx512 => Some(GgmlType::Q6_K),
+            _ => None,
+        }
+    }
+
+    /// `outs[t][i] = vec_dot_path(rows[i], xs[t], path)` for `i < n_rows` weight rows and the
+    /// [`ktile::TOKENS`] activation rows `xs` whose tile ([`ktile::build_tile`]) is `tile`, bit for
+    /// bit, through the K-quant tiles.
+    ///
+    /// # Panics
+    /// If this kernel has no tile for `path` (`ktile::handles` of [`SimdKernel::k_tile_type`]), or the
+    /// shapes do not match.
+    pub(crate) fn dot_rows_k16(
+        self,
+        rows: &[u8],
+        row_bytes: usize,
+        n_rows: usize,
+        tile: &[ktile::Line],
+        path: GgmlPath,
+        mut outs: [&mut [f32]; ktile::TOKENS],
+    ) {
+        let ty = self.k_tile_type();
+        assert!(
+            ty.is_some_and(|t| ktile::handles(t, path)),
+            "{self:?} has no K-quant tile for {path:?}"
+        );
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `SimdKernel` of the Avx512 kind exists only where `simd_kernel` found AVX2, FMA, F16C
+        // and AVX-512 F/BW/VL/VNNI on this CPU; the kernels check the shapes.
+        unsafe {
+            match self {
+                SimdKernel::Q4_KAvx512 => {
+                    ktile::dot_rows_q4_k(rows, row_bytes, n_rows, tile, path, &mut outs)
+                }
+                _ => ktile::dot_rows_q6_k(rows, row_bytes, n_rows, tile, &mut outs),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (rows, row_bytes, n_rows, tile, outs);
+            unreachable!("no SIMD kernel is selected off x86-64")
+        }
+    }
+
     /// [`SimdKernel::dot_rows`] with the activation rows' transposed scales made beforehand by
     /// [`tile_scales`] (`tiles`, for these `xs`), or made here (`None`). Same bits either way.
     #[allow(clippy::too_many_arguments)]
@@ -141,12 +209,7 @@ impl SimdKernel {
             if vnni && N > 1 && !xs.iter().any(|x| x.has_min_quant) {
                 dot_rows_avx512(self, rows, row_bytes, n_rows, xs, &mut outs, tiles)
             } else {
-                let k = match self {
-                    Q4_1Avx512 => Q4_1Avx2,
-                    Q8_0Avx512 => Q8_0Avx2,
-                    Q5_0Avx512 => Q5_0Avx2,
-                    k => k,
-                };
+                let k = self.avx2();
                 dot_rows_avx2(k, rows, row_bytes, n_rows, xs, paths, &mut outs, tiles)
             }
         }
@@ -271,8 +334,12 @@ unsafe fn dot_rows_avx2<const N: usize>(
             outs,
             tiles,
         ),
-        SimdKernel::Q4_1Avx512 | SimdKernel::Q8_0Avx512 | SimdKernel::Q5_0Avx512 => {
-            unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512")
+        SimdKernel::Q4_1Avx512
+        | SimdKernel::Q8_0Avx512
+        | SimdKernel::Q5_0Avx512
+        | SimdKernel::Q4_KAvx512
+        | SimdKernel::Q6_KAvx512 => {
+            unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512 or dot_rows_k16")
         }
     }
 }
