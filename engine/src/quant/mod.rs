@@ -143,6 +143,7 @@ mod iq4_nl;
 mod iq4_xs;
 mod kquant_ref;
 pub(crate) mod ktile;
+mod pair_tile;
 mod prepared;
 mod q2_k;
 mod q3_k;
@@ -165,7 +166,7 @@ pub use prepared::PreparedRow;
 
 pub use types::GgmlType;
 
-pub(crate) use simd_rows::{simd_kernel, tile_scales, SimdKernel};
+pub(crate) use simd_rows::{simd_kernel, tile_scales, SimdKernel, Wide};
 
 use crate::numerics::{GgmlTarget, NumericsMode};
 

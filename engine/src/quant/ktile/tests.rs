@@ -2,7 +2,7 @@
 //! (f16 scales sometimes random bit patterns: NaN, infinities, subnormals), activations quantized by
 //! ggml mode's own `from_float` (NaN inputs included: they quantize to −128), and the extremes of every
 //! integer (all quants at their largest, scales and mins at 63 / −128, activations at ±127 and −128).
-use super::super::{simd_kernel, vec_dot_path, GgmlPath, GgmlType, PreparedRow, SimdKernel};
+use super::super::{simd_kernel, vec_dot_path, GgmlPath, GgmlType, PreparedRow, SimdKernel, Wide};
 use super::{build_tile, handles, tile_lines, Line, TOKENS};
 use crate::numerics::{GgmlTarget, Numerics, NumericsMode, Simd};
 
@@ -89,11 +89,11 @@ fn kernel(ty: GgmlType) -> Option<SimdKernel> {
         Numerics::ggml(GgmlTarget::default()).with_simd(Simd::Avx512),
         ty,
     )?;
-    assert_eq!(k.k_tile_type(), Some(ty));
+    assert_eq!(k.wide(), Some(Wide::K(ty)));
     Some(k)
 }
 
-/// Every output of `dot_rows_k16` for the rows `w` (one buffer) and `xs` against `vec_dot_path`;
+/// Every output of `dot_rows_wide` for the rows `w` (one buffer) and `xs` against `vec_dot_path`;
 /// returns the number of outputs compared.
 fn check(
     k: SimdKernel,
@@ -110,7 +110,7 @@ fn check(
     let mut out = vec![vec![f32::NAN; n_rows]; TOKENS];
     let mut it = out.iter_mut();
     let outs: [&mut [f32]; TOKENS] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
-    k.dot_rows_k16(w, rb, n_rows, &tile, path, outs);
+    k.dot_rows_wide(w, rb, n_rows, &tile, path, outs);
     for (t, o) in out.iter().enumerate() {
         for (i, &got) in o.iter().enumerate() {
             let want = vec_dot_path(ty, &w[i * rb..(i + 1) * rb], &xs[t], path);
