@@ -152,15 +152,25 @@ mod kernels {
         (i32::from(hi) << 16) | i32::from(lo as u16)
     }
 
-    /// The integer dot of the `steps` lines from `first` of super-block `xt` with the unpacked quants
-    /// `w[4·first ..]`: lane `t` = `Σ w·q8` of token `t` over those `4·steps` quants (exact).
+    /// The integer dots of the `steps` lines from `first` of super-block `xt` with the unpacked quants
+    /// `w[r][4·first ..]` of `R` weight rows: lane `t` of row `r`'s = `Σ w·q8` of token `t` over those
+    /// `4·steps` quants (exact). Each line is loaded once for all rows.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    unsafe fn dot_lines(w: &Unpacked, xt: *const Line, first: usize, steps: usize) -> __m512i {
-        let mut a = _mm512_setzero_si512();
+    unsafe fn dot_lines<const R: usize>(
+        w: &[Unpacked; R],
+        xt: *const Line,
+        first: usize,
+        steps: usize,
+    ) -> [__m512i; R] {
+        let mut a = [_mm512_setzero_si512(); R];
         for s in first..first + steps {
-            let wv = _mm512_set1_epi32((w.0.as_ptr().add(4 * s) as *const i32).read_unaligned());
-            a = _mm512_dpbusd_epi32(a, wv, _mm512_load_si512(xt.add(s) as *const _));
+            let x = _mm512_load_si512(xt.add(s) as *const _);
+            for r in 0..R {
+                let wv =
+                    _mm512_set1_epi32((w[r].0.as_ptr().add(4 * s) as *const i32).read_unaligned());
+                a[r] = _mm512_dpbusd_epi32(a[r], wv, x);
+            }
         }
         a
     }
@@ -187,9 +197,24 @@ mod kernels {
         }
     }
 
+    /// The nibbles of the Q4_K super-block `blk` into `w`: run `c` of 32 bytes holds sub-block `2c` in
+    /// its low nibbles and `2c+1` in its high ones.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn unpack_q4(blk: &[u8], w: &mut Unpacked) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        for c in 0..4 {
+            let q = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * c) as *const __m256i);
+            let out = w.0.as_mut_ptr().add(64 * c) as *mut __m256i;
+            _mm256_store_si256(out, _mm256_and_si256(q, m4));
+            _mm256_store_si256(out.add(1), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+        }
+    }
+
     /// `outs[t][i]` = the Q4_K output of weight row `i < n_rows` (rows of `row_bytes` bytes in `rows`)
     /// and token `t` of `tile` ([`super::build_tile`]) on `path` (`RepackGemm` or `Tiled`): the bits of
-    /// `q4_k::dot_q8_k_repacked(.., gemm = true)` resp. `q4_k::dot_q8_k_tiled` (module docs).
+    /// `q4_k::dot_q8_k_repacked(.., gemm = true)` resp. `q4_k::dot_q8_k_tiled` (module docs). Two rows
+    /// per step (each tile line loaded once for both), an odd last one alone.
     ///
     /// # Safety
     /// The CPU must have AVX2, FMA, F16C and AVX-512 F, BW, VL, VNNI. Shapes are checked.
@@ -208,58 +233,99 @@ mod kernels {
             GgmlPath::Tiled => false,
             p => panic!("the Q4_K tile has no {p:?} path"),
         };
-        let m4 = _mm256_set1_epi8(0x0F);
-        let mut w = Unpacked([0; QK_K]);
-        for i in 0..n_rows {
-            let row = &rows[i * row_bytes..(i + 1) * row_bytes];
-            let mut acc = _mm512_setzero_ps();
-            let mut accm = _mm512_setzero_ps();
-            for (ib, blk) in row.chunks_exact(q4_k::BYTES).enumerate() {
-                let (dw, dminw) = f16x2(blk.as_ptr());
-                let (sc, m) = q4_k::scales_mins(&blk[4..16]);
-                // run c of 32 bytes: sub-block 2c in the low nibbles, 2c+1 in the high ones
-                for c in 0..4 {
-                    let q = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * c) as *const __m256i);
-                    let out = w.0.as_mut_ptr().add(64 * c) as *mut __m256i;
-                    _mm256_store_si256(out, _mm256_and_si256(q, m4));
-                    _mm256_store_si256(out.add(1), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
-                }
-                let xt = tile.as_ptr().add(ib * LINES_PER_BLOCK);
-                let dy = _mm512_load_ps(xt.add(D_LINE) as *const f32);
-                if gemm {
-                    let dsc = _mm512_mul_ps(_mm512_set1_ps(dw), dy);
-                    let dmn = _mm512_mul_ps(_mm512_set1_ps(dminw), dy);
-                    for p in 0..4 {
-                        let d0 = _mm512_cvtepi32_ps(dot_lines(&w, xt, 16 * p, 8));
-                        let d1 = _mm512_cvtepi32_ps(dot_lines(&w, xt, 16 * p + 8, 8));
+        let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
+        let mut i = 0;
+        while i + 2 <= n_rows {
+            rows_q4_k::<2>([row(i), row(i + 1)], tile, gemm, outs, i);
+            i += 2;
+        }
+        if i < n_rows {
+            rows_q4_k::<1>([row(i)], tile, gemm, outs, i);
+        }
+    }
+
+    /// [`dot_rows_q4_k`] for the `R` rows `w` (outputs `i ..`).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn rows_q4_k<const R: usize>(
+        w: [&[u8]; R],
+        tile: &[Line],
+        gemm: bool,
+        outs: &mut [&mut [f32]; TOKENS],
+        i: usize,
+    ) {
+        let mut u = [const { Unpacked([0; QK_K]) }; R];
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut accm = [_mm512_setzero_ps(); R];
+        let nb = w[0].len() / q4_k::BYTES;
+        for ib in 0..nb {
+            let blk: [&[u8]; R] =
+                std::array::from_fn(|r| &w[r][ib * q4_k::BYTES..(ib + 1) * q4_k::BYTES]);
+            let mut dw = [0f32; R];
+            let mut dminw = [0f32; R];
+            let mut sc = [[0u8; 8]; R];
+            let mut m = [[0u8; 8]; R];
+            for r in 0..R {
+                (dw[r], dminw[r]) = f16x2(blk[r].as_ptr());
+                (sc[r], m[r]) = q4_k::scales_mins(&blk[r][4..16]);
+                unpack_q4(blk[r], &mut u[r]);
+            }
+            let xt = tile.as_ptr().add(ib * LINES_PER_BLOCK);
+            let dy = _mm512_load_ps(xt.add(D_LINE) as *const f32);
+            if gemm {
+                let dsc: [__m512; R] =
+                    std::array::from_fn(|r| _mm512_mul_ps(_mm512_set1_ps(dw[r]), dy));
+                let dmn: [__m512; R] =
+                    std::array::from_fn(|r| _mm512_mul_ps(_mm512_set1_ps(dminw[r]), dy));
+                for p in 0..4 {
+                    let d0 = dot_lines(&u, xt, 16 * p, 8);
+                    let d1 = dot_lines(&u, xt, 16 * p + 8, 8);
+                    for r in 0..R {
                         // sc₀·D₀ + sc₁·D₁, exact (module docs)
-                        let lo = _mm512_mul_ps(_mm512_set1_ps(f32::from(sc[2 * p])), d0);
-                        let s = _mm512_fmadd_ps(_mm512_set1_ps(f32::from(sc[2 * p + 1])), d1, lo);
-                        acc = _mm512_fmadd_ps(s, dsc, acc);
-                        accm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins(xt, &m, p)), dmn, accm);
-                    }
-                } else {
-                    let mut s1 = _mm512_setzero_si512();
-                    for g in 0..8 {
-                        let d = dot_lines(&w, xt, 8 * g, 8);
-                        s1 = _mm512_add_epi32(
-                            s1,
-                            _mm512_mullo_epi32(d, _mm512_set1_epi32(i32::from(sc[g]))),
+                        let lo = _mm512_mul_ps(
+                            _mm512_set1_ps(f32::from(sc[r][2 * p])),
+                            _mm512_cvtepi32_ps(d0[r]),
                         );
+                        let s = _mm512_fmadd_ps(
+                            _mm512_set1_ps(f32::from(sc[r][2 * p + 1])),
+                            _mm512_cvtepi32_ps(d1[r]),
+                            lo,
+                        );
+                        acc[r] = _mm512_fmadd_ps(s, dsc[r], acc[r]);
+                        let mn = _mm512_cvtepi32_ps(mins(xt, &m[r], p));
+                        accm[r] = _mm512_fmadd_ps(mn, dmn[r], accm[r]);
                     }
+                }
+            } else {
+                let mut s1 = [_mm512_setzero_si512(); R];
+                for g in 0..8 {
+                    let d = dot_lines(&u, xt, 8 * g, 8);
+                    for r in 0..R {
+                        let scv = _mm512_set1_epi32(i32::from(sc[r][g]));
+                        s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(d[r], scv));
+                    }
+                }
+                for r in 0..R {
                     let mut s2 = _mm512_setzero_si512();
                     for p in 0..4 {
-                        s2 = _mm512_add_epi32(s2, mins(xt, &m, p));
+                        s2 = _mm512_add_epi32(s2, mins(xt, &m[r], p));
                     }
                     let res = _mm512_fmadd_ps(
-                        _mm512_set1_ps(-dminw),
+                        _mm512_set1_ps(-dminw[r]),
                         _mm512_cvtepi32_ps(s2),
-                        _mm512_mul_ps(_mm512_set1_ps(dw), _mm512_cvtepi32_ps(s1)),
+                        _mm512_mul_ps(_mm512_set1_ps(dw[r]), _mm512_cvtepi32_ps(s1[r])),
                     );
-                    acc = _mm512_fmadd_ps(res, dy, acc);
+                    acc[r] = _mm512_fmadd_ps(res, dy, acc[r]);
                 }
             }
-            store(if gemm { _mm512_sub_ps(acc, accm) } else { acc }, outs, i);
+        }
+        for r in 0..R {
+            let out = if gemm {
+                _mm512_sub_ps(acc[r], accm[r])
+            } else {
+                acc[r]
+            };
+            store(out, outs, i + r);
         }
     }
 
@@ -293,7 +359,8 @@ mod kernels {
 
     /// `outs[t][i]` = the Q6_K output of weight row `i < n_rows` and token `t` of `tile` on the tiled
     /// path: the bits of `q6_k::dot_q8_k_tiled` (module docs). The quants are unsigned (`q + 32`), so
-    /// `s1 = Σ_k sc_k·D_k − 32·Σ_k sc_k·bsum_k`, the integer of the spec.
+    /// `s1 = Σ_k sc_k·D_k − 32·Σ_k sc_k·bsum_k`, the integer of the spec. Two rows per step, as
+    /// [`dot_rows_q4_k`].
     ///
     /// # Safety
     /// As [`dot_rows_q4_k`].
@@ -306,32 +373,65 @@ mod kernels {
         outs: &mut [&mut [f32]; TOKENS],
     ) {
         check(rows, row_bytes, n_rows, q6_k::BYTES, tile, outs);
-        let mut w = Unpacked([0; QK_K]);
-        for i in 0..n_rows {
-            let row = &rows[i * row_bytes..(i + 1) * row_bytes];
-            let mut acc = _mm512_setzero_ps();
-            for (ib, blk) in row.chunks_exact(q6_k::BYTES).enumerate() {
-                let dw = f16x1(blk.as_ptr().add(208));
-                let sc: [i16; 16] = std::array::from_fn(|k| i16::from(blk[192 + k] as i8));
-                unpack_q6(blk, &mut w);
-                let xt = tile.as_ptr().add(ib * LINES_PER_BLOCK);
-                let dy = _mm512_load_ps(xt.add(D_LINE) as *const f32);
-                let mut s = _mm512_setzero_si512();
-                for (k, &sck) in sc.iter().enumerate() {
-                    let d = dot_lines(&w, xt, 4 * k, 4);
-                    s = _mm512_add_epi32(s, _mm512_mullo_epi32(d, _mm512_set1_epi32(sck.into())));
+        let row = |i: usize| &rows[i * row_bytes..(i + 1) * row_bytes];
+        let mut i = 0;
+        while i + 2 <= n_rows {
+            rows_q6_k::<2>([row(i), row(i + 1)], tile, outs, i);
+            i += 2;
+        }
+        if i < n_rows {
+            rows_q6_k::<1>([row(i)], tile, outs, i);
+        }
+    }
+
+    /// [`dot_rows_q6_k`] for the `R` rows `w` (outputs `i ..`).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn rows_q6_k<const R: usize>(
+        w: [&[u8]; R],
+        tile: &[Line],
+        outs: &mut [&mut [f32]; TOKENS],
+        i: usize,
+    ) {
+        let mut u = [const { Unpacked([0; QK_K]) }; R];
+        let mut acc = [_mm512_setzero_ps(); R];
+        let nb = w[0].len() / q6_k::BYTES;
+        for ib in 0..nb {
+            let blk: [&[u8]; R] =
+                std::array::from_fn(|r| &w[r][ib * q6_k::BYTES..(ib + 1) * q6_k::BYTES]);
+            let mut dw = [0f32; R];
+            let mut sc = [[0i16; 16]; R];
+            for r in 0..R {
+                dw[r] = f16x1(blk[r].as_ptr().add(208));
+                for (k, s) in sc[r].iter_mut().enumerate() {
+                    *s = i16::from(blk[r][192 + k] as i8);
                 }
+                unpack_q6(blk[r], &mut u[r]);
+            }
+            let xt = tile.as_ptr().add(ib * LINES_PER_BLOCK);
+            let dy = _mm512_load_ps(xt.add(D_LINE) as *const f32);
+            let mut s = [_mm512_setzero_si512(); R];
+            for k in 0..16 {
+                let d = dot_lines(&u, xt, 4 * k, 4);
+                for r in 0..R {
+                    let scv = _mm512_set1_epi32(sc[r][k].into());
+                    s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(d[r], scv));
+                }
+            }
+            for r in 0..R {
                 let mut off = _mm512_setzero_si512();
                 for l in 0..8 {
                     let bs = _mm512_load_si512(xt.add(PAIR_LINE + l) as *const _);
-                    let scp = _mm512_set1_epi32(pair(sc[2 * l], sc[2 * l + 1]));
+                    let scp = _mm512_set1_epi32(pair(sc[r][2 * l], sc[r][2 * l + 1]));
                     off = _mm512_add_epi32(off, _mm512_madd_epi16(bs, scp));
                 }
-                let s1 = _mm512_sub_epi32(s, _mm512_slli_epi32(off, 5));
-                let res = _mm512_mul_ps(_mm512_set1_ps(dw), _mm512_cvtepi32_ps(s1));
-                acc = _mm512_fmadd_ps(res, dy, acc);
+                let s1 = _mm512_sub_epi32(s[r], _mm512_slli_epi32(off, 5));
+                let res = _mm512_mul_ps(_mm512_set1_ps(dw[r]), _mm512_cvtepi32_ps(s1));
+                acc[r] = _mm512_fmadd_ps(res, dy, acc[r]);
             }
-            store(acc, outs, i);
+        }
+        for (r, &a) in acc.iter().enumerate() {
+            store(a, outs, i + r);
         }
     }
 }

@@ -7,12 +7,14 @@
 //! integer dot of elements `4l .. 4l+4` (here `vpdpbusd` in the offset form, `Σ w·(a+128) − 128·Σ w`),
 //! and `hsum_float_8(acc)` at the end. The eight lanes of token `2P` sit in the low half of a 512-bit
 //! accumulator and those of token `2P+1` in the high half, so one `vpdpbusd`, one `vcvtdq2ps`, one
-//! `vmulps` (the two tokens' `d_w · d_x`, each lane the same f32 product as ggml's) and one fma do the
-//! block update of two outputs: half the instructions of the 256-bit tiles.
+//! `vpermps` (the two tokens' `d_w · d_x` out of the sixteen made by one `vmulps` per block and row, each
+//! lane the same f32 product as ggml's) and one fma do the block update of two outputs: half the
+//! instructions of the 256-bit tiles.
 //!
 //! The activation side is laid out once per matmul ([`build_tile`]): for each block, eight lines of the
 //! offset quants of a token pair (`q + 128` of token `2P` in bytes 0..32, of token `2P+1` in 32..64) and
-//! eight lines of their scales (`d` of token `2P` in f32 lanes 0..8, of `2P+1` in 8..16). The offset form
+//! one line of the sixteen tokens' `d` (f32 lane `t`): 576 bytes a block, so that the tile of a row of
+//! up to ~1000 elements stays in L1 while the weight rows stream past it. The offset form
 //! is exact for every activation quant but −128 (only a NaN input gives one; ggml's sign form wraps
 //! there): a group with such a row is not tiled ([`accepts`]) and runs the AVX2 kernels, which reproduce
 //! the wrap.
@@ -28,8 +30,8 @@ use super::PreparedRow;
 pub(crate) const TOKENS: usize = 16;
 /// Token pairs per tile: the lines of quants (and of scales) per block.
 const PAIRS: usize = TOKENS / 2;
-/// Lines per block of a tile: the pairs' quants, then their scales.
-const LINES_PER_BLOCK: usize = 2 * PAIRS;
+/// Lines per block of a tile: the pairs' quants, then the tokens' scales.
+const LINES_PER_BLOCK: usize = PAIRS + 1;
 
 /// Lines of the tile of activation rows of `nb` blocks of 32.
 pub(crate) fn tile_lines(nb: usize) -> usize {
@@ -59,15 +61,14 @@ pub(crate) fn build_tile(xs: [&PreparedRow; TOKENS], out: &mut [Line]) {
     }
     for (ib, lines) in out.chunks_exact_mut(LINES_PER_BLOCK).take(nb).enumerate() {
         let (quants, scales) = lines.split_at_mut(PAIRS);
-        for (p, (q, s)) in quants.iter_mut().zip(scales).enumerate() {
+        for (p, q) in quants.iter_mut().enumerate() {
             for h in 0..2 {
                 let x = xs[2 * p + h];
                 q.0[32 * h..32 * h + 32].copy_from_slice(&x.qu[ib * QK..(ib + 1) * QK]);
-                let d = x.d[ib].to_le_bytes();
-                for l in 0..8 {
-                    s.0[32 * h + 4 * l..32 * h + 4 * l + 4].copy_from_slice(&d);
-                }
             }
+        }
+        for (t, x) in xs.iter().enumerate() {
+            scales[0].0[4 * t..4 * t + 4].copy_from_slice(&x.d[ib].to_le_bytes());
         }
     }
 }
@@ -105,6 +106,14 @@ mod kernels {
     unsafe fn offset_correction(w: __m512i) -> __m512i {
         let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), w);
         _mm512_sub_epi32(_mm512_setzero_si512(), s)
+    }
+
+    /// The `vpermps` index of token pair `p`: lane `2p` in the low eight lanes, `2p + 1` in the high.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn pair_index(p: usize) -> __m512i {
+        let (a, b) = (2 * p as i32, 2 * p as i32 + 1);
+        _mm512_set_epi32(b, b, b, b, b, b, b, b, a, a, a, a, a, a, a, a)
     }
 
     /// `hsum_float_8` of both halves of every accumulator into `outs[2P][i]` and `outs[2P+1][i]`.
@@ -162,15 +171,19 @@ mod kernels {
                 let (w0, d0) = weights(ty, r0.add(ib * bb));
                 let (w1, d1) = weights(ty, r1.add(ib * bb));
                 let (c0, c1) = (offset_correction(w0), offset_correction(w1));
-                let (d0, d1) = (_mm512_set1_ps(d0), _mm512_set1_ps(d1));
                 let lines = t.add(ib * LINES_PER_BLOCK);
+                let dx = _mm512_load_ps(lines.add(PAIRS) as *const f32);
+                let (p0, p1) = (
+                    _mm512_mul_ps(_mm512_set1_ps(d0), dx),
+                    _mm512_mul_ps(_mm512_set1_ps(d1), dx),
+                );
                 for p in 0..PAIRS {
                     let qa = _mm512_load_si512(lines.add(p) as *const _);
-                    let dx = _mm512_load_ps(lines.add(PAIRS + p) as *const f32);
                     let l0 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c0, qa, w0));
                     let l1 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c1, qa, w1));
-                    acc0[p] = _mm512_fmadd_ps(_mm512_mul_ps(d0, dx), l0, acc0[p]);
-                    acc1[p] = _mm512_fmadd_ps(_mm512_mul_ps(d1, dx), l1, acc1[p]);
+                    let ix = pair_index(p);
+                    acc0[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(ix, p0), l0, acc0[p]);
+                    acc1[p] = _mm512_fmadd_ps(_mm512_permutexvar_ps(ix, p1), l1, acc1[p]);
                 }
             }
             store(&acc0, outs, i);
@@ -183,13 +196,13 @@ mod kernels {
             for ib in 0..nb {
                 let (w0, d0) = weights(ty, r0.add(ib * bb));
                 let c0 = offset_correction(w0);
-                let d0 = _mm512_set1_ps(d0);
                 let lines = t.add(ib * LINES_PER_BLOCK);
+                let dx = _mm512_load_ps(lines.add(PAIRS) as *const f32);
+                let p0 = _mm512_mul_ps(_mm512_set1_ps(d0), dx);
                 for (p, a) in acc0.iter_mut().enumerate() {
                     let qa = _mm512_load_si512(lines.add(p) as *const _);
-                    let dx = _mm512_load_ps(lines.add(PAIRS + p) as *const f32);
                     let l0 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c0, qa, w0));
-                    *a = _mm512_fmadd_ps(_mm512_mul_ps(d0, dx), l0, *a);
+                    *a = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair_index(p), p0), l0, *a);
                 }
             }
             store(&acc0, outs, i);
