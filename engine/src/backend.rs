@@ -78,8 +78,9 @@ pub trait Backend: Send + Sync {
 /// The CPU backend: ggml-mode and reference-mode kernels from [`crate::quant`], the SIMD ones where
 /// [`Simd`] selects them (scalar elsewhere), output rows split across rayon threads.
 ///
-/// With SIMD on, batched products run four activation rows against each weight row at once (the weight
-/// row is decoded once); every output is still computed by one kernel call in one fixed order, so results
+/// With SIMD on, batched products run several activation rows against each weight row at once (the weight
+/// row is decoded once): groups of 16 tokens through the kernel's 16-token tiles where it has them
+/// ([`quant::Wide`]), of 8 otherwise, the rest one by one; every output is still computed by one kernel call in one fixed order, so results
 /// are bit-identical for any thread count and, in ggml mode, to [`Simd::Off`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend {
