@@ -157,6 +157,7 @@ mod kernels {
     /// `4·steps` quants (exact). Each line is loaded once for all rows.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
+    #[allow(clippy::needless_range_loop)] // r indexes the rows' weights, scales and accumulators alike
     unsafe fn dot_lines<const R: usize>(
         w: &[Unpacked; R],
         xt: *const Line,
@@ -247,6 +248,7 @@ mod kernels {
     /// [`dot_rows_q4_k`] for the `R` rows `w` (outputs `i ..`).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
+    #[allow(clippy::needless_range_loop)] // r indexes the rows' weights, scales and accumulators alike
     unsafe fn rows_q4_k<const R: usize>(
         w: [&[u8]; R],
         tile: &[Line],
@@ -387,6 +389,7 @@ mod kernels {
     /// [`dot_rows_q6_k`] for the `R` rows `w` (outputs `i ..`).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
+    #[allow(clippy::needless_range_loop)] // r indexes the rows' weights, scales and accumulators alike
     unsafe fn rows_q6_k<const R: usize>(
         w: [&[u8]; R],
         tile: &[Line],
