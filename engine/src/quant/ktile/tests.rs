@@ -132,7 +132,7 @@ const CASES: [(GgmlType, GgmlPath); 3] = [
 
 #[test]
 fn k_tiles_give_the_scalar_bits_on_random_blocks() {
-    let mut rng = Rng(0x5eed_0f_c0ffee);
+    let mut rng = Rng(0x5eed_0fc0_ffee);
     let mut n = 0;
     for (ty, path) in CASES {
         assert!(handles(ty, path));

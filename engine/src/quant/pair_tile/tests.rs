@@ -88,7 +88,7 @@ fn check(k: SimdKernel, ty: GgmlType, w: &[u8], n_rows: usize, xs: &[PreparedRow
 
 #[test]
 fn pair_tiles_give_the_scalar_bits_on_random_blocks() {
-    let mut rng = Rng(0x9a1f_0f_7153);
+    let mut rng = Rng(0x009a_1f0f_7153);
     let mut n = 0;
     for ty in [GgmlType::Q5_0, GgmlType::Q8_0] {
         let Some(k) = kernel(ty) else { return };
