@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use crate::numerics::{Numerics, NumericsMode, Simd};
-use crate::quant::{self, GgmlType, PreparedRow};
+use crate::quant::{self, ktile, GgmlType, PreparedRow, Wide};
 
 /// A weight matrix `[rows, cols]` (ggml `ne = [cols, rows]`) stored as ggml blocks, row-major.
 #[derive(Clone, Copy, Debug)]
@@ -46,6 +46,10 @@ pub struct MatmulScratch {
     /// The transposed scales of each full token group of a batch, for kernels that read them
     /// ([`quant::SimdKernel::uses_tiles`]): made once per matmul instead of once per task.
     tiles: Vec<f32>,
+    /// The 16-token tiles of a batch's groups of 16 tokens, for kernels that have them
+    /// ([`quant::SimdKernel::wide`]): made once per matmul; `wide_ok[g]` says whether group `g` has one.
+    wide_tiles: Vec<quant::ktile::Line>,
+    wide_ok: Vec<bool>,
 }
 
 /// Computes quantized-weight × f32-activation products.
@@ -74,8 +78,9 @@ pub trait Backend: Send + Sync {
 /// The CPU backend: ggml-mode and reference-mode kernels from [`crate::quant`], the SIMD ones where
 /// [`Simd`] selects them (scalar elsewhere), output rows split across rayon threads.
 ///
-/// With SIMD on, batched products run four activation rows against each weight row at once (the weight
-/// row is decoded once); every output is still computed by one kernel call in one fixed order, so results
+/// With SIMD on, batched products run several activation rows against each weight row at once (the weight
+/// row is decoded once): groups of 16 tokens through the kernel's 16-token tiles where it has them
+/// ([`quant::Wide`]), of 8 otherwise, the rest one by one; every output is still computed by one kernel call in one fixed order, so results
 /// are bit-identical for any thread count and, in ggml mode, to [`Simd::Off`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend {
@@ -229,6 +234,35 @@ impl Backend for CpuBackend {
                 });
         }
         let tiles = &scratch.tiles;
+        // the 16-token tiles (quant::Wide) of each group of 16 tokens whose rows the tile accepts (one
+        // path the tile has, all rows on it; no −128 quant for the pair tiles), once for every task;
+        // the other groups run as two 8-token calls below
+        let w16 = Wide::TOKENS;
+        let wide = kernel.and_then(|k| k.wide());
+        let w_len = wide.map_or(0, |wd| {
+            wd.lines(prepared.first().map_or(0, |p| p.n_blocks()))
+        });
+        scratch.wide_ok.clear();
+        if let Some(wd) = wide.filter(|_| w_len > 0) {
+            scratch.wide_ok.extend((0..n_tokens / w16).map(|g| {
+                let t0 = g * w16;
+                let xs: [&PreparedRow; Wide::TOKENS] = std::array::from_fn(|j| &prepared[t0 + j]);
+                (t0..t0 + w16).all(|t| path(t) == path(t0)) && wd.accepts(&xs, path(t0))
+            }));
+            scratch
+                .wide_tiles
+                .resize(scratch.wide_ok.len() * w_len, ktile::Line::default());
+            let ok = &scratch.wide_ok;
+            scratch
+                .wide_tiles
+                .par_chunks_mut(w_len)
+                .enumerate()
+                .filter(|(g, _)| ok[*g])
+                .for_each(|(g, t)| {
+                    wd.build(std::array::from_fn(|j| &prepared[g * w16 + j]), t);
+                });
+        }
+        let (wide_ok, wide_tiles) = (&scratch.wide_ok, &scratch.wide_tiles);
         let chunk_rows = batch_chunk_rows(w.rows, rayon::current_num_threads());
         let n_chunks = w.rows.div_ceil(chunk_rows);
         let base = OutPtr(out.as_mut_ptr());
@@ -281,7 +315,7 @@ impl Backend for CpuBackend {
             };
             // token groups outermost: the group's activations stay in L1 across the chunk's rows
             let rows = &w.data[r0 * rb..];
-            for t0 in (0..full).step_by(TOKENS_PER_CALL) {
+            let group8 = |t0: usize| {
                 let xs: [&PreparedRow; TOKENS_PER_CALL] =
                     std::array::from_fn(|j| &prepared[t0 + j]);
                 let paths = std::array::from_fn(|j| path(t0 + j));
@@ -289,6 +323,22 @@ impl Backend for CpuBackend {
                 let g = t0 / TOKENS_PER_CALL;
                 let tile = tiled.then(|| &tiles[g * tile_len..(g + 1) * tile_len]);
                 k.dot_rows_tiled(rows, rb, n_rows, xs, paths, outs, tile);
+            };
+            // the 16-token groups with a tile, the others as two groups of 8; then the last group of 8
+            // and the tokens after it one by one
+            for (g, &ok) in wide_ok.iter().enumerate() {
+                let t0 = g * w16;
+                if ok {
+                    let outs = std::array::from_fn(|j| token_out(t0 + j));
+                    let tile = &wide_tiles[g * w_len..(g + 1) * w_len];
+                    k.dot_rows_wide(rows, rb, n_rows, tile, path(t0), outs);
+                } else {
+                    group8(t0);
+                    group8(t0 + TOKENS_PER_CALL);
+                }
+            }
+            for t0 in (wide_ok.len() * w16..full).step_by(TOKENS_PER_CALL) {
+                group8(t0);
             }
             for (t, x) in prepared.iter().enumerate().skip(full) {
                 k.dot_rows(rows, rb, n_rows, [x], [path(t)], [token_out(t)]);

@@ -7,7 +7,8 @@
 //! `q2_k`, `q3_k`, `q4_k`, `q5_k`, `q6_k`, `iq4_xs`, `float` = F32/F16/BF16); `fp` holds ggml's f16/bf16 conversions, `x86` the scalar replicas of the SIMD
 //! reduction steps, `reference` the reference-mode dot products, `prepared` the [`PreparedRow`]; `avx2`
 //! and `avx512` the SIMD kernels of ggml mode ([`crate::numerics::Simd`]), each bit-identical to the scalar
-//! replicas.
+//! replicas, and the 16-token AVX-512 tiles of prompt batches: `pair_tile` (Q5_0, Q8_0) and `ktile`
+//! (Q4_K, Q6_K), chosen per token group by `simd_rows` ([`Wide`]).
 //!
 //! | type | dequantize | quantize (`_ref`) | dot (both modes) | `vec_dot_type` |
 //! |---|---|---|---|---|
@@ -142,6 +143,8 @@ mod fp;
 mod iq4_nl;
 mod iq4_xs;
 mod kquant_ref;
+pub(crate) mod ktile;
+mod pair_tile;
 mod prepared;
 mod q2_k;
 mod q3_k;
@@ -164,7 +167,7 @@ pub use prepared::PreparedRow;
 
 pub use types::GgmlType;
 
-pub(crate) use simd_rows::{simd_kernel, tile_scales, SimdKernel};
+pub(crate) use simd_rows::{simd_kernel, tile_scales, SimdKernel, Wide};
 
 use crate::numerics::{GgmlTarget, NumericsMode};
 

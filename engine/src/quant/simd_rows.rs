@@ -5,7 +5,9 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx2_float, avx512, iq4_nl, q4_0};
-use super::{dots, effective_path, vec_dot_path, GgmlPath, GgmlType, PreparedRow};
+use super::{
+    dots, effective_path, ktile, pair_tile, vec_dot_path, GgmlPath, GgmlType, PreparedRow,
+};
 use crate::numerics::{Numerics, NumericsMode, Simd};
 
 /// A SIMD kernel chosen for one matmul ([`simd_kernel`]): computes `N` outputs of one weight row at once,
@@ -43,6 +45,12 @@ pub(crate) enum SimdKernel {
     Q8_0Avx512,
     /// `ggml_vec_dot_q5_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q5_0_q8_0`).
     Q5_0Avx512,
+    /// Q4_K's repacked gemm and tiled paths on sixteen tokens at once (`ktile::dot_rows_q4_k`); any
+    /// other call runs [`SimdKernel::Q4_KAvx2`].
+    Q4_KAvx512,
+    /// Q6_K's tiled path on sixteen tokens at once (`ktile::dot_rows_q6_k`); any other call runs
+    /// [`SimdKernel::Q6_KAvx2`].
+    Q6_KAvx512,
 }
 
 /// The SIMD kernel for weights of `ty` in `num.mode` under `num.simd`, or `None` where only the scalar
@@ -114,6 +122,73 @@ impl SimdKernel {
         )
     }
 
+    /// The AVX2 kernel an AVX-512 one runs where it has no tile (itself for the AVX2 kernels).
+    fn avx2(self) -> SimdKernel {
+        use SimdKernel::*;
+        match self {
+            Q4_1Avx512 => Q4_1Avx2,
+            Q8_0Avx512 => Q8_0Avx2,
+            Q5_0Avx512 => Q5_0Avx2,
+            Q4_KAvx512 => Q4_KAvx2,
+            Q6_KAvx512 => Q6_KAvx2,
+            k => k,
+        }
+    }
+
+    /// The 16-token tiles of this kernel, if it has them (the K-quant tiles of Q4_K and Q6_K, the pair
+    /// tiles of Q5_0 and Q8_0).
+    pub(crate) fn wide(self) -> Option<Wide> {
+        match self {
+            SimdKernel::Q4_KAvx512 => Some(Wide::K(GgmlType::Q4_K)),
+            SimdKernel::Q6_KAvx512 => Some(Wide::K(GgmlType::Q6_K)),
+            SimdKernel::Q5_0Avx512 => Some(Wide::Pairs(GgmlType::Q5_0)),
+            SimdKernel::Q8_0Avx512 => Some(Wide::Pairs(GgmlType::Q8_0)),
+            _ => None,
+        }
+    }
+
+    /// `outs[t][i] = vec_dot_path(rows[i], xs[t], path)` for `i < n_rows` weight rows and the
+    /// [`Wide::TOKENS`] activation rows `xs` whose tile ([`Wide::build`]) is `tile`, bit for bit.
+    ///
+    /// # Panics
+    /// If this kernel has no tile for these rows and `path` ([`Wide::accepts`]), or the shapes do not
+    /// match.
+    pub(crate) fn dot_rows_wide(
+        self,
+        rows: &[u8],
+        row_bytes: usize,
+        n_rows: usize,
+        tile: &[ktile::Line],
+        path: GgmlPath,
+        mut outs: [&mut [f32]; Wide::TOKENS],
+    ) {
+        let wide = self.wide();
+        assert!(
+            wide.is_some_and(|w| w.path_ok(path)),
+            "{self:?} has no 16-token tile for {path:?}"
+        );
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `SimdKernel` of the Avx512 kind exists only where `simd_kernel` found AVX2, FMA, F16C
+        // and AVX-512 F/BW/VL/VNNI on this CPU; the kernels check the shapes.
+        unsafe {
+            match wide {
+                Some(Wide::K(GgmlType::Q4_K)) => {
+                    ktile::dot_rows_q4_k(rows, row_bytes, n_rows, tile, path, &mut outs)
+                }
+                Some(Wide::K(_)) => ktile::dot_rows_q6_k(rows, row_bytes, n_rows, tile, &mut outs),
+                Some(Wide::Pairs(ty)) => {
+                    pair_tile::dot_rows(ty, rows, row_bytes, n_rows, tile, &mut outs)
+                }
+                None => unreachable!("checked above"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (rows, row_bytes, n_rows, tile, outs);
+            unreachable!("no SIMD kernel is selected off x86-64")
+        }
+    }
+
     /// [`SimdKernel::dot_rows`] with the activation rows' transposed scales made beforehand by
     /// [`tile_scales`] (`tiles`, for these `xs`), or made here (`None`). Same bits either way.
     #[allow(clippy::too_many_arguments)]
@@ -141,12 +216,7 @@ impl SimdKernel {
             if vnni && N > 1 && !xs.iter().any(|x| x.has_min_quant) {
                 dot_rows_avx512(self, rows, row_bytes, n_rows, xs, &mut outs, tiles)
             } else {
-                let k = match self {
-                    Q4_1Avx512 => Q4_1Avx2,
-                    Q8_0Avx512 => Q8_0Avx2,
-                    Q5_0Avx512 => Q5_0Avx2,
-                    k => k,
-                };
+                let k = self.avx2();
                 dot_rows_avx2(k, rows, row_bytes, n_rows, xs, paths, &mut outs, tiles)
             }
         }
@@ -154,6 +224,56 @@ impl SimdKernel {
         {
             let _ = (rows, row_bytes, n_rows, xs, paths, outs, tiles);
             unreachable!("no SIMD kernel is selected off x86-64")
+        }
+    }
+}
+
+/// The 16-token tiles of a SIMD kernel ([`SimdKernel::wide`]): the activation rows of a group of
+/// [`Wide::TOKENS`] prompt tokens laid out once per matmul ([`Wide::build`]) for all its weight rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wide {
+    /// The K-quant tiles of this weight type (Q4_K, Q6_K; `quant::ktile`).
+    K(GgmlType),
+    /// The pair tiles of this weight type (Q5_0, Q8_0; `quant::pair_tile`).
+    Pairs(GgmlType),
+}
+
+impl Wide {
+    /// Tokens per tile.
+    pub(crate) const TOKENS: usize = 16;
+
+    /// Lines of one tile of activation rows of `nb` blocks (as [`PreparedRow::n_blocks`] counts them).
+    pub(crate) fn lines(self, nb: usize) -> usize {
+        match self {
+            Wide::K(_) => ktile::tile_lines(nb),
+            Wide::Pairs(_) => pair_tile::tile_lines(nb),
+        }
+    }
+
+    /// True if the tile computes outputs on ggml path `path` (the K-quant tiles: Q4_K's repacked gemm
+    /// and tiled paths, Q6_K's tiled one; the pair tiles: every path, all the same kernel).
+    fn path_ok(self, path: GgmlPath) -> bool {
+        match self {
+            Wide::K(ty) => ktile::handles(ty, path),
+            Wide::Pairs(_) => true,
+        }
+    }
+
+    /// True if the activation rows `xs`, all on ggml path `path`, can be one tile: the path is one the
+    /// tile has, and (pair tiles) no row holds a −128 quant.
+    pub(crate) fn accepts(self, xs: &[&PreparedRow; Self::TOKENS], path: GgmlPath) -> bool {
+        self.path_ok(path)
+            && match self {
+                Wide::K(_) => true,
+                Wide::Pairs(_) => pair_tile::accepts(xs),
+            }
+    }
+
+    /// The tile of the activation rows `xs` in `out` ([`Wide::lines`] lines).
+    pub(crate) fn build(self, xs: [&PreparedRow; Self::TOKENS], out: &mut [ktile::Line]) {
+        match self {
+            Wide::K(ty) => ktile::build_tile(ty, xs, out),
+            Wide::Pairs(_) => pair_tile::build_tile(xs, out),
         }
     }
 }
@@ -271,8 +391,12 @@ unsafe fn dot_rows_avx2<const N: usize>(
             outs,
             tiles,
         ),
-        SimdKernel::Q4_1Avx512 | SimdKernel::Q8_0Avx512 | SimdKernel::Q5_0Avx512 => {
-            unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512")
+        SimdKernel::Q4_1Avx512
+        | SimdKernel::Q8_0Avx512
+        | SimdKernel::Q5_0Avx512
+        | SimdKernel::Q4_KAvx512
+        | SimdKernel::Q6_KAvx512 => {
+            unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512 or dot_rows_k16")
         }
     }
 }

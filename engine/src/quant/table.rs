@@ -451,6 +451,7 @@ const Q4_K_TRAITS: TypeTraits = TypeTraits {
         }),
         tiled: Some(|w, x| q4_k::dot_q8_k_tiled(w, &x.qs, &x.d, &x.bsums)),
         simd_avx2: Some(SimdKernel::Q4_KAvx2),
+        simd_avx512: Some(SimdKernel::Q4_KAvx512),
         ..plain(
             GgmlType::Q8_K,
             reference_blocks!(256, q4_k::BYTES, q4_k::dequantize_block),
@@ -480,6 +481,7 @@ const Q6_K_TRAITS: TypeTraits = TypeTraits {
     dot: Some(Dots {
         tiled: Some(|w, x| q6_k::dot_q8_k_tiled(w, &x.qs, &x.d)),
         simd_avx2: Some(SimdKernel::Q6_KAvx2),
+        simd_avx512: Some(SimdKernel::Q6_KAvx512),
         ..plain(
             GgmlType::Q8_K,
             reference_blocks!(256, q6_k::BYTES, q6_k::dequantize_block),
