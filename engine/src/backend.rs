@@ -135,6 +135,7 @@ impl CpuBackend {
         let base = OutPtr(out.as_mut_ptr());
         let (rows_total, cols) = (w.rows, w.cols);
         let xs: Vec<&[f32]> = prepared.iter().map(|p| p.x()).collect();
+        let n_tokens = prepared.len();
         (0..n_chunks).into_par_iter().for_each(|c| {
             let r0 = c * chunk_rows;
             let n_rows = chunk_rows.min(rows_total - r0);
@@ -143,42 +144,62 @@ impl CpuBackend {
                 // the chunks' row ranges are disjoint, so each element is written by one task.
                 unsafe { *base.get().add(t * rows_total + r0 + i) = v }
             };
-            // rows dequantized a few at a time: enough for the tiles, few enough to stay in cache
-            let group = (REFERENCE_ROW_BYTES / (4 * cols)).clamp(4, 64);
-            let mut deq = vec![0f32; group * cols];
-            let mut i0 = 0;
-            while i0 < n_rows {
-                let g = group.min(n_rows - i0);
-                let mut ok = true;
-                for i in 0..g {
-                    let d = &mut deq[i * cols..(i + 1) * cols];
-                    ok &= quant::dequantize_row(w.ty, w.row(r0 + i0 + i), d).is_ok();
-                    if fault {
-                        d.chunks_exact_mut(32).for_each(|b| b.rotate_left(16));
-                    }
+            // rows dequantized a few at a time: a decode step's four (the 4 × 1 tile, read back from
+            // L1), a batch's enough to amortise the token groups, few enough to stay in L2
+            let group = if n_tokens < 8 {
+                4
+            } else {
+                (REFERENCE_ROW_BYTES / (4 * cols)).clamp(4, 64)
+            };
+            DEQ_SCRATCH.with(|buf| {
+                let deq = &mut *buf.borrow_mut();
+                if deq.len() < group * cols {
+                    deq.resize(group * cols, 0.0);
                 }
-                if !ok {
-                    for i in i0..i0 + g {
-                        for (t, p) in prepared.iter().enumerate() {
-                            put(i, t, quant::vec_dot_path(w.ty, w.row(r0 + i), p, path(t)));
-                        }
-                    }
-                } else if let Some(lanes) = lanes {
-                    quant::reference_fma_matmul(lanes, &deq[..g * cols], cols, &xs, |i, t, v| {
-                        put(i0 + i, t, v)
-                    });
-                } else {
+                let mut i0 = 0;
+                while i0 < n_rows {
+                    let g = group.min(n_rows - i0);
+                    let mut ok = true;
                     for i in 0..g {
-                        let d = &deq[i * cols..(i + 1) * cols];
-                        for (t, p) in prepared.iter().enumerate() {
-                            put(i0 + i, t, quant::dot_dequantized(d, p));
+                        let d = &mut deq[i * cols..(i + 1) * cols];
+                        ok &= quant::dequantize_row(w.ty, w.row(r0 + i0 + i), d).is_ok();
+                        if fault {
+                            d.chunks_exact_mut(32).for_each(|b| b.rotate_left(16));
                         }
                     }
+                    if !ok {
+                        for i in i0..i0 + g {
+                            for (t, p) in prepared.iter().enumerate() {
+                                put(i, t, quant::vec_dot_path(w.ty, w.row(r0 + i), p, path(t)));
+                            }
+                        }
+                    } else if let Some(lanes) = lanes {
+                        quant::reference_fma_matmul(
+                            lanes,
+                            &deq[..g * cols],
+                            cols,
+                            &xs,
+                            |i, t, v| put(i0 + i, t, v),
+                        );
+                    } else {
+                        for i in 0..g {
+                            let d = &deq[i * cols..(i + 1) * cols];
+                            for (t, p) in prepared.iter().enumerate() {
+                                put(i0 + i, t, quant::dot_dequantized(d, p));
+                            }
+                        }
+                    }
+                    i0 += g;
                 }
-                i0 += g;
-            }
+            });
         });
     }
+}
+
+thread_local! {
+    /// Each worker's buffer of dequantized weight rows (`CpuBackend::dequantized_matmul`), kept across
+    /// matmuls so that a task neither allocates nor zeroes pages.
+    static DEQ_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Bytes of dequantized f32 weight rows a reference-mode task holds at once (the rows its tiles read for

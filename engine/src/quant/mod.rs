@@ -137,6 +137,8 @@ pub(crate) mod avx2;
 mod avx2_float;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod dequantize_simd;
 mod float;
 mod fp;
 mod iq4_nl;
@@ -228,7 +230,9 @@ fn check_len(ty: GgmlType, n_bytes: usize, n_elements: usize) -> crate::Result<(
 
 /// Dequantize a row: `src` holds the ggml blocks of `dst.len()` elements of `ty`.
 ///
-/// Bit for bit ggml's `dequantize_row_<type>` (ggml-quants.c) and the `gguf` package's `dequantize`.
+/// Bit for bit ggml's `dequantize_row_<type>` (ggml-quants.c) and the `gguf` package's `dequantize`
+/// (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K through their AVX2 forms where the CPU has AVX2,
+/// `dequantize_simd.rs`: the same values).
 ///
 /// Errors: [`Error::Invalid`] if `src.len() != ty.bytes_for(dst.len())`; [`Error::Unsupported`] for types
 /// without a kernel.
@@ -236,6 +240,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> crate::Resul
     let t = table::traits(ty)
         .ok_or_else(|| Error::Unsupported(format!("no dequantization kernel for {ty}")))?;
     check_len(ty, src.len(), dst.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if dequantize_simd::dequantize_row(ty, src, dst) {
+        return Ok(());
+    }
     (t.dequantize)(src, dst);
     Ok(())
 }
