@@ -297,10 +297,12 @@ impl Backend for CpuBackend {
         }
         // float weights in a batch on llama.cpp's tinyBLAS whose arithmetic is the 16-lane fma order:
         // widened once per row, tiles of rows × tokens (see `dequantized_matmul`)
-        let tinyblas16 = |t: usize| match (w.ty, path(t)) {
-            (GgmlType::F32 | GgmlType::F16, quant::GgmlPath::TinyBlas) => true,
-            (GgmlType::BF16, quant::GgmlPath::TinyBlasNoBf16) => true,
-            _ => false,
+        let tinyblas16 = |t: usize| {
+            matches!(
+                (w.ty, path(t)),
+                (GgmlType::F32 | GgmlType::F16, quant::GgmlPath::TinyBlas)
+                    | (GgmlType::BF16, quant::GgmlPath::TinyBlasNoBf16)
+            )
         };
         if self.simd != Simd::Off
             && n_tokens >= 2
