@@ -675,5 +675,7 @@ pub(crate) unsafe fn dot_q6_k_q8_k<const N: usize>(
     out
 }
 
+pub(crate) mod kquant;
+
 #[cfg(test)]
 mod tests;

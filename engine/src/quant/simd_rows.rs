@@ -37,6 +37,15 @@ pub(crate) enum SimdKernel {
     BF16Avx2,
     /// `ggml_vec_dot_q6_K_q8_K` and the tiled path, AVX2 (`avx2::dot_q6_k_q8_k`).
     Q6_KAvx2,
+    /// `ggml_vec_dot_q2_K_q8_K`, the tiled path and the repacked `q2_K_8x8_q8_K` gemv/gemm, AVX2
+    /// (`avx2::kquant::dot_q2_k_q8_k`).
+    Q2_KAvx2,
+    /// `ggml_vec_dot_q3_K_q8_K` and the tiled path, AVX2 (`avx2::kquant::dot_q3_k_q8_k`).
+    Q3_KAvx2,
+    /// `ggml_vec_dot_q5_K_q8_K` and the tiled path, AVX2 (`avx2::kquant::dot_q5_k_q8_k`).
+    Q5_KAvx2,
+    /// `ggml_vec_dot_iq4_xs_q8_K` and the tiled path, AVX2 (`avx2::kquant::dot_iq4_xs_q8_k`).
+    IQ4_XSAvx2,
     /// `ggml_vec_dot_q4_1_q8_1` with VNNI block products (`avx512::dot_q4_1_q8_1`).
     Q4_1Avx512,
     /// `ggml_vec_dot_q8_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q8_0_q8_0`).
@@ -196,6 +205,10 @@ unsafe fn dot_rows_avx2<const N: usize>(
     let ty = match k {
         SimdKernel::Q4_KAvx2 => Some(GgmlType::Q4_K),
         SimdKernel::Q6_KAvx2 => Some(GgmlType::Q6_K),
+        SimdKernel::Q2_KAvx2 => Some(GgmlType::Q2_K),
+        SimdKernel::Q3_KAvx2 => Some(GgmlType::Q3_K),
+        SimdKernel::Q5_KAvx2 => Some(GgmlType::Q5_K),
+        SimdKernel::IQ4_XSAvx2 => Some(GgmlType::IQ4_XS),
         SimdKernel::Q4_0Avx2 => Some(GgmlType::Q4_0),
         SimdKernel::IQ4_NLAvx2 => Some(GgmlType::IQ4_NL),
         _ => None,
@@ -256,6 +269,10 @@ unsafe fn dot_rows_avx2<const N: usize>(
             each!(w => avx2_float::dot_float(ty, w, xf, paths))
         }
         SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k(w, q8k, paths)),
+        SimdKernel::Q2_KAvx2 => each!(w => avx2::kquant::dot_q2_k_q8_k(w, q8k, paths)),
+        SimdKernel::Q3_KAvx2 => each!(w => avx2::kquant::dot_q3_k_q8_k(w, q8k, paths)),
+        SimdKernel::Q5_KAvx2 => each!(w => avx2::kquant::dot_q5_k_q8_k(w, q8k, paths)),
+        SimdKernel::IQ4_XSAvx2 => each!(w => avx2::kquant::dot_iq4_xs_q8_k(w, q8k, paths)),
         SimdKernel::Q5_1Avx2 => each!(w => avx2::dot_q5_1_q8_1(w, q8)),
         SimdKernel::IQ4_NLAvx2 if !repacked => {
             each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::IQ4_NL, w, xs[t], paths[t])))
