@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 
 use super::super::q8_k::QK_K;
 use super::super::{iq4_nl, iq4_xs, q2_k, q3_k, q4_k, q5_k, GgmlPath};
-use super::{bytes_from_nibbles_32, f16x1, f16x2, hsum_float_8, hsum_i32_8, Q8kRow};
+use super::{bytes_from_nibbles_32, f16x1, f16x2, hsum_float_8, hsum_i32_8, hsum_i32_8x8, Q8kRow};
 
 /// `maddubs(q, y)` then `madd` with the scales `sc`: lane `l` = `sc_l · Σ_{e<4} q[4l+e]·y[4l+e]`, exact
 /// for unsigned codes `q ≤ 127` (no i16 pair saturates against a Q8_K quant, |y| ≤ 128).
@@ -50,6 +50,61 @@ unsafe fn y32(r: &Q8kRow<'_>, ib: usize, g: usize) -> __m256i {
 #[inline]
 unsafe fn bsums16(r: &Q8kRow<'_>, ib: usize) -> __m256i {
     _mm256_loadu_si256(r.bsums.as_ptr().add(ib * QK_K / 16) as *const __m256i)
+}
+
+/// True if every activation row of a call of eight takes the tiled path: then the kernels reduce the
+/// eight rows' integer lanes at once ([`hsum_i32_8x8`]) and run the tiled f32 steps on one vector whose
+/// lane `j` is row `j`'s chain (the same mul and fmas per lane, so the same bits).
+fn all_tiled<const N: usize>(paths: &[GgmlPath; N]) -> bool {
+    N == 8 && paths.iter().all(|&p| p == GgmlPath::Tiled)
+}
+
+/// The eight rows' `d` of super-block `ib`, row `j` in lane `j`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn d8<const N: usize>(x: &[Q8kRow<'_>; N], ib: usize) -> __m256 {
+    let d: [f32; 8] = std::array::from_fn(|j| *x[j % N].d.get_unchecked(ib));
+    _mm256_loadu_ps(d.as_ptr())
+}
+
+/// `v` as eight lane vectors (`N` is 8 where this is called: [`all_tiled`]).
+fn eight<const N: usize>(v: &[__m256i; N]) -> [__m256i; 8] {
+    std::array::from_fn(|j| v[j % N])
+}
+
+/// One super-block of the tiled path for eight activation rows: `s1` (and `s2`, for the types with
+/// mins) are the rows' integer lanes summed, `res = d_w·s1` (`res = fma(−dmin_w, s2, res)`),
+/// `acc = fma(res, d_x, acc)` lane by lane.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn tiled8(
+    s1: &[__m256i; 8],
+    s2: Option<(&[__m256i; 8], f32)>,
+    dw: f32,
+    dy: __m256,
+    acc: __m256,
+) -> __m256 {
+    let mut res = _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_cvtepi32_ps(hsum_i32_8x8(s1)));
+    if let Some((s2, dminw)) = s2 {
+        let s2 = _mm256_cvtepi32_ps(hsum_i32_8x8(s2));
+        res = _mm256_fmadd_ps(_mm256_set1_ps(-dminw), s2, res);
+    }
+    _mm256_fmadd_ps(res, dy, acc)
+}
+
+/// The outputs of a kernel: `tiled` (lane `j` = row `j`) where every row took the eight-row tiled
+/// steps, else `each(j)` per row.
+fn results<const N: usize>(tiled: Option<__m256>, each: impl Fn(usize) -> f32) -> [f32; N] {
+    match tiled {
+        Some(v) => {
+            let mut out = [0f32; 8];
+            // SAFETY: `out` holds eight floats; `_mm256_storeu_ps` has no alignment requirement and
+            // needs only AVX, which every caller's CPU has (a `__m256` exists).
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+            std::array::from_fn(|j| out[j])
+        }
+        None => std::array::from_fn(each),
+    }
 }
 
 /// Checks shared by the kernels: `w` holds whole blocks of `bytes`, every activation row as many Q8_K
@@ -95,6 +150,8 @@ pub(crate) unsafe fn dot_q5_k_q8_k<const N: usize>(
     let mut acc = [_mm256_setzero_ps(); N];
     let mut summs = [0f32; N];
     let mut acc1 = [0f32; N];
+    let tiled8_on = all_tiled(&paths);
+    let mut acc8 = _mm256_setzero_ps();
     for ib in 0..nb {
         let blk = &w[ib * q5_k::BYTES..(ib + 1) * q5_k::BYTES];
         let p = blk.as_ptr();
@@ -115,29 +172,38 @@ pub(crate) unsafe fn dot_q5_k_q8_k<const N: usize>(
         let scv: [__m256i; 8] = std::array::from_fn(|g| _mm256_set1_epi16(i16::from(sc[g])));
         let mins: [i16; 16] = std::array::from_fn(|i| i16::from(m[i / 2]));
         let mins = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
+        let mut lanes = [_mm256_setzero_si256(); N];
+        let mut mlanes = [_mm256_setzero_si256(); N];
         for j in 0..N {
             let r = &x[j];
-            let dy = *r.d.get_unchecked(ib);
-            let mut lanes = _mm256_setzero_si256();
             for (g, (&q, &s)) in q.iter().zip(&scv).enumerate() {
-                lanes = _mm256_add_epi32(lanes, scaled(q, y32(r, ib, g), s));
+                lanes[j] = _mm256_add_epi32(lanes[j], scaled(q, y32(r, ib, g), s));
             }
-            let msum = hsum_i32_8(_mm256_madd_epi16(mins, bsums16(r, ib))) as f32;
+            mlanes[j] = _mm256_madd_epi16(mins, bsums16(r, ib));
+        }
+        if tiled8_on {
+            let s2 = eight(&mlanes);
+            acc8 = tiled8(&eight(&lanes), Some((&s2, dminw)), dw, d8(&x, ib), acc8);
+            continue;
+        }
+        for j in 0..N {
+            let dy = *x[j].d.get_unchecked(ib);
+            let msum = hsum_i32_8(mlanes[j]) as f32;
             match paths[j] {
                 Tiled => {
-                    let s1 = hsum_i32_8(lanes) as f32;
+                    let s1 = hsum_i32_8(lanes[j]) as f32;
                     let res = (-dminw).mul_add(msum, dw * s1);
                     acc1[j] = res.mul_add(dy, acc1[j]);
                 }
                 _ => {
                     summs[j] = (-dy * dminw).mul_add(msum, summs[j]);
                     let d = _mm256_set1_ps(dy * dw);
-                    acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes[j]), acc[j]);
                 }
             }
         }
     }
-    std::array::from_fn(|j| match paths[j] {
+    results(tiled8_on.then_some(acc8), |j| match paths[j] {
         Tiled => acc1[j],
         _ => hsum_float_8(acc[j]) + summs[j],
     })
@@ -163,6 +229,8 @@ pub(crate) unsafe fn dot_q3_k_q8_k<const N: usize>(
     let four = _mm256_set1_epi8(4);
     let mut acc = [_mm256_setzero_ps(); N];
     let mut acc1 = [0f32; N];
+    let tiled8_on = all_tiled(&paths);
+    let mut acc8 = _mm256_setzero_ps();
     for ib in 0..nb {
         let blk = &w[ib * q3_k::BYTES..(ib + 1) * q3_k::BYTES];
         let p = blk.as_ptr();
@@ -185,31 +253,36 @@ pub(crate) unsafe fn dot_q3_k_q8_k<const N: usize>(
         }
         let scv: [__m256i; 8] =
             std::array::from_fn(|g| scale_pair(sc[2 * g] as i16, sc[2 * g + 1] as i16));
+        let mut lanes = [_mm256_setzero_si256(); N];
         for j in 0..N {
-            let r = &x[j];
-            let dy = *r.d.get_unchecked(ib);
-            let mut lanes = _mm256_setzero_si256();
             for g in 0..8 {
-                let y = y32(r, ib, g);
+                let y = y32(&x[j], ib, g);
                 let v = _mm256_sub_epi16(
                     _mm256_maddubs_epi16(low[g], y),
                     _mm256_maddubs_epi16(bias[g], y),
                 );
-                lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(v, scv[g]));
+                lanes[j] = _mm256_add_epi32(lanes[j], _mm256_madd_epi16(v, scv[g]));
             }
+        }
+        if tiled8_on {
+            acc8 = tiled8(&eight(&lanes), None, dw, d8(&x, ib), acc8);
+            continue;
+        }
+        for j in 0..N {
+            let dy = *x[j].d.get_unchecked(ib);
             match paths[j] {
                 Tiled => {
-                    let s1 = hsum_i32_8(lanes) as f32;
+                    let s1 = hsum_i32_8(lanes[j]) as f32;
                     acc1[j] = (dw * s1).mul_add(dy, acc1[j]);
                 }
                 _ => {
                     let d = _mm256_set1_ps(dy * dw);
-                    acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes[j]), acc[j]);
                 }
             }
         }
     }
-    std::array::from_fn(|j| match paths[j] {
+    results(tiled8_on.then_some(acc8), |j| match paths[j] {
         Tiled => acc1[j],
         _ => hsum_float_8(acc[j]),
     })
@@ -247,6 +320,8 @@ pub(crate) unsafe fn dot_q2_k_q8_k<const N: usize>(
     let mut acc = [_mm256_setzero_ps(); N];
     let mut acc1 = [0f32; N];
     let mut accm = [0f32; N];
+    let tiled8_on = all_tiled(&paths);
+    let mut acc8 = _mm256_setzero_ps();
     for ib in 0..nb {
         let p = w.as_ptr().add(ib * q2_k::BYTES);
         let (dw, dminw) = f16x2(p.add(80));
@@ -265,14 +340,25 @@ pub(crate) unsafe fn dot_q2_k_q8_k<const N: usize>(
                 qs = _mm256_srli_epi16(qs, 2);
             }
         }
+        let mut halves = [[_mm256_setzero_si256(); 2]; N];
+        let mut prods = [_mm256_setzero_si256(); N];
         for j in 0..N {
             let r = &x[j];
-            let dy = *r.d.get_unchecked(ib);
-            let mut half = [_mm256_setzero_si256(); 2];
             for (g, (&q, &s)) in q.iter().zip(&scv).enumerate() {
-                half[g / 4] = _mm256_add_epi32(half[g / 4], scaled(q, y32(r, ib, g), s));
+                let h = &mut halves[j][g / 4];
+                *h = _mm256_add_epi32(*h, scaled(q, y32(r, ib, g), s));
             }
-            let prod = _mm256_madd_epi16(mins, bsums16(r, ib));
+            prods[j] = _mm256_madd_epi16(mins, bsums16(r, ib));
+        }
+        if tiled8_on {
+            let s1: [__m256i; 8] =
+                std::array::from_fn(|j| _mm256_add_epi32(halves[j % N][0], halves[j % N][1]));
+            acc8 = tiled8(&s1, Some((&eight(&prods), dminw)), dw, d8(&x, ib), acc8);
+            continue;
+        }
+        for j in 0..N {
+            let dy = *x[j].d.get_unchecked(ib);
+            let (half, prod) = (halves[j], prods[j]);
             match paths[j] {
                 VecDot => {
                     let dmin = _mm256_set1_ps(-dy * dminw);
@@ -308,7 +394,7 @@ pub(crate) unsafe fn dot_q2_k_q8_k<const N: usize>(
             }
         }
     }
-    std::array::from_fn(|j| match paths[j] {
+    results(tiled8_on.then_some(acc8), |j| match paths[j] {
         VecDot => hsum_float_8(acc[j]),
         Tiled => acc1[j],
         _ => acc1[j] - accm[j],
@@ -347,6 +433,8 @@ pub(crate) unsafe fn dot_iq4_xs_q8_k<const N: usize>(
     let lut = _mm256_set_m128i(lut128, lut128);
     let mut acc = [_mm256_setzero_ps(); N];
     let mut acc1 = [0f32; N];
+    let tiled8_on = all_tiled(&paths);
+    let mut acc8 = _mm256_setzero_ps();
     for ib in 0..nb {
         let blk = &w[ib * iq4_xs::BYTES..(ib + 1) * iq4_xs::BYTES];
         let p = blk.as_ptr();
@@ -358,30 +446,39 @@ pub(crate) unsafe fn dot_iq4_xs_q8_k<const N: usize>(
         });
         let av: [__m256i; 8] = std::array::from_fn(|s| _mm256_sign_epi8(v[s], v[s]));
         let scv: [__m256i; 8] = std::array::from_fn(|s| _mm256_set1_epi16(ls[s] as i16));
+        let mut lanes = [_mm256_setzero_si256(); N];
         for j in 0..N {
             let r = &x[j];
-            let dy = *r.d.get_unchecked(ib);
-            let mut lanes = _mm256_setzero_si256();
             if paths[j] == Tiled {
                 for s in 0..8 {
                     let y = y32(r, ib, s);
                     let prod = _mm256_maddubs_epi16(_mm256_abs_epi8(y), _mm256_sign_epi8(v[s], y));
-                    lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(prod, scv[s]));
+                    lanes[j] = _mm256_add_epi32(lanes[j], _mm256_madd_epi16(prod, scv[s]));
                 }
-                let s1 = hsum_i32_8(lanes) as f32;
-                acc1[j] = (dw * s1).mul_add(dy, acc1[j]);
             } else {
                 for s in 0..8 {
                     let y = y32(r, ib, s);
                     let prod = _mm256_maddubs_epi16(av[s], _mm256_sign_epi8(y, v[s]));
-                    lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(prod, scv[s]));
+                    lanes[j] = _mm256_add_epi32(lanes[j], _mm256_madd_epi16(prod, scv[s]));
                 }
+            }
+        }
+        if tiled8_on {
+            acc8 = tiled8(&eight(&lanes), None, dw, d8(&x, ib), acc8);
+            continue;
+        }
+        for j in 0..N {
+            let dy = *x[j].d.get_unchecked(ib);
+            if paths[j] == Tiled {
+                let s1 = hsum_i32_8(lanes[j]) as f32;
+                acc1[j] = (dw * s1).mul_add(dy, acc1[j]);
+            } else {
                 let d = _mm256_set1_ps(dw * dy);
-                acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[j]);
+                acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes[j]), acc[j]);
             }
         }
     }
-    std::array::from_fn(|j| match paths[j] {
+    results(tiled8_on.then_some(acc8), |j| match paths[j] {
         Tiled => acc1[j],
         _ => hsum_float_8(acc[j]),
     })

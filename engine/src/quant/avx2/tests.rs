@@ -272,7 +272,7 @@ fn k_quant_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
         for nb in [1, 2, 3, 4, 7, 19] {
             for _ in 0..6 {
                 let w = k_quant_row(ty, nb, &mut rng);
-                let xs: Vec<PreparedRow> = (0..4)
+                let xs: Vec<PreparedRow> = (0..8)
                     .map(|_| {
                         let x: Vec<f32> = (0..nb * 256).map(|_| rng.activation()).collect();
                         let mut p = PreparedRow::new();
@@ -284,6 +284,19 @@ fn k_quant_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
                 // every path in one call (as in a batch whose tail rows take another kernel), and
                 // each path on its own for every row
                 let mixed = k.dot([&w, &w], xs4, paths);
+                // eight rows on one path (a prompt's group of tokens), each row its own bits
+                let x8: [&PreparedRow; 8] = std::array::from_fn(|j| &xs[j]);
+                for p in [Tiled, VecDot, RepackGemm] {
+                    let got = k.dot([&w], x8, [p; 8])[0];
+                    for (j, x) in xs.iter().enumerate() {
+                        let want = vec_dot_path(ty, &w, x, p);
+                        assert!(
+                            same(got[j], want),
+                            "{ty} nb {nb} {p:?} x8 row {j}: simd {:e} vs scalar {want:e}",
+                            got[j]
+                        );
+                    }
+                }
                 for (j, &p) in paths.iter().enumerate() {
                     let want = vec_dot_path(ty, &w, &xs[j], p);
                     for (r, row) in mixed.iter().enumerate() {
