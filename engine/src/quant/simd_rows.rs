@@ -46,6 +46,15 @@ pub(crate) enum SimdKernel {
     Q5_KAvx2,
     /// `ggml_vec_dot_iq4_xs_q8_K` and the tiled path, AVX2 (`avx2::kquant::dot_iq4_xs_q8_k`).
     IQ4_XSAvx2,
+    /// Q2_K with AVX-512 BW for groups of eight tokens on the tiled or repacked gemm path
+    /// (`avx512::kquant::dot_x8`), [`SimdKernel::Q2_KAvx2`] otherwise.
+    Q2_KAvx512,
+    /// Q3_K with AVX-512 BW for groups of eight tokens on the tiled path (`avx512::kquant::dot_x8`),
+    /// [`SimdKernel::Q3_KAvx2`] otherwise.
+    Q3_KAvx512,
+    /// Q5_K with AVX-512 BW for groups of eight tokens on the tiled path (`avx512::kquant::dot_x8`),
+    /// [`SimdKernel::Q5_KAvx2`] otherwise.
+    Q5_KAvx512,
     /// `ggml_vec_dot_q4_1_q8_1` with VNNI block products (`avx512::dot_q4_1_q8_1`).
     Q4_1Avx512,
     /// `ggml_vec_dot_q8_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q8_0_q8_0`).
@@ -143,6 +152,12 @@ impl SimdKernel {
         // (AVX2+FMA+F16C, and AVX-512 F/BW/VL/VNNI for the `Avx512` ones); the bounds were checked above.
         unsafe {
             use SimdKernel::*;
+            if let Some(tile) = self.tile8(&paths) {
+                // `tile8` returns a tile only for eight activation rows
+                let x8: [&PreparedRow; 8] = std::array::from_fn(|j| xs[j % N]);
+                kquant_rows_avx512(tile, rows, row_bytes, n_rows, x8, &mut outs);
+                return;
+            }
             let vnni = matches!(self, Q4_1Avx512 | Q8_0Avx512 | Q5_0Avx512);
             // a −128 activation quant needs ggml's `sign` form, which the AVX2 kernels have; a single
             // activation row (decode) is faster there too (the tile's transposed scales and products
@@ -154,6 +169,9 @@ impl SimdKernel {
                     Q4_1Avx512 => Q4_1Avx2,
                     Q8_0Avx512 => Q8_0Avx2,
                     Q5_0Avx512 => Q5_0Avx2,
+                    Q2_KAvx512 => Q2_KAvx2,
+                    Q3_KAvx512 => Q3_KAvx2,
+                    Q5_KAvx512 => Q5_KAvx2,
                     k => k,
                 };
                 dot_rows_avx2(k, rows, row_bytes, n_rows, xs, paths, &mut outs, tiles)
@@ -163,6 +181,62 @@ impl SimdKernel {
         {
             let _ = (rows, row_bytes, n_rows, xs, paths, outs, tiles);
             unreachable!("no SIMD kernel is selected off x86-64")
+        }
+    }
+}
+
+impl SimdKernel {
+    /// The AVX-512 K-quant tile ([`avx512::kquant::Tile8`]) that computes a call of this kernel on
+    /// `paths`, if there is one: eight activation rows, all on the tiled path (Q2_K, Q3_K, Q5_K) or all on
+    /// the repacked gemm (Q2_K).
+    #[cfg(target_arch = "x86_64")]
+    fn tile8<const N: usize>(self, paths: &[GgmlPath; N]) -> Option<avx512::kquant::Tile8> {
+        use avx512::kquant::Tile8;
+        let ty = match self {
+            SimdKernel::Q2_KAvx512 => GgmlType::Q2_K,
+            SimdKernel::Q3_KAvx512 => GgmlType::Q3_K,
+            SimdKernel::Q5_KAvx512 => GgmlType::Q5_K,
+            _ => return None,
+        };
+        let p0 = effective_path(ty, paths[0]);
+        if N != 8 || paths.iter().any(|&p| effective_path(ty, p) != p0) {
+            return None;
+        }
+        match (ty, p0) {
+            (GgmlType::Q2_K, GgmlPath::Tiled) => Some(Tile8::Q2_KTiled),
+            (GgmlType::Q2_K, GgmlPath::RepackGemm) => Some(Tile8::Q2_KGemm),
+            (GgmlType::Q3_K, GgmlPath::Tiled) => Some(Tile8::Q3_KTiled),
+            (GgmlType::Q5_K, GgmlPath::Tiled) => Some(Tile8::Q5_KTiled),
+            _ => None,
+        }
+    }
+}
+
+/// The row loop of the AVX-512 K-quant tiles: `outs[t][i]` = `avx512::kquant::dot_x8(tile, row(i),
+/// xs)[t]`.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C and AVX-512 F, BW, VL; `rows` holds `n_rows` rows of `row_bytes`
+/// and every output `n_rows` floats (checked by the caller).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn kquant_rows_avx512<const N: usize>(
+    tile: avx512::kquant::Tile8,
+    rows: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    xs: [&PreparedRow; 8],
+    outs: &mut [&mut [f32]; N],
+) {
+    let q8k = xs.map(|x| avx2::Q8kRow {
+        qs: &x.qs,
+        d: &x.d,
+        bsums: &x.bsums,
+    });
+    for i in 0..n_rows {
+        let r = avx512::kquant::dot_x8(tile, &rows[i * row_bytes..(i + 1) * row_bytes], q8k);
+        for (o, r) in outs.iter_mut().zip(r) {
+            o[i] = r;
         }
     }
 }
@@ -288,8 +362,13 @@ unsafe fn dot_rows_avx2<const N: usize>(
             outs,
             tiles,
         ),
-        SimdKernel::Q4_1Avx512 | SimdKernel::Q8_0Avx512 | SimdKernel::Q5_0Avx512 => {
-            unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512")
+        SimdKernel::Q4_1Avx512
+        | SimdKernel::Q8_0Avx512
+        | SimdKernel::Q5_0Avx512
+        | SimdKernel::Q2_KAvx512
+        | SimdKernel::Q3_KAvx512
+        | SimdKernel::Q5_KAvx512 => {
+            unreachable!("dot_rows_tiled hands the AVX2 kernels their AVX2 names")
         }
     }
 }

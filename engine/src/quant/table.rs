@@ -419,6 +419,7 @@ const Q2_K_TRAITS: TypeTraits = TypeTraits {
         }),
         tiled: Some(|w, x| q2_k::dot_q8_k_tiled(w, &x.qs, &x.d, &x.bsums)),
         simd_avx2: Some(SimdKernel::Q2_KAvx2),
+        simd_avx512: Some(SimdKernel::Q2_KAvx512),
         ..plain(
             GgmlType::Q8_K,
             reference_blocks!(256, q2_k::BYTES, q2_k::dequantize_block),
@@ -434,6 +435,7 @@ const Q3_K_TRAITS: TypeTraits = TypeTraits {
     dot: Some(Dots {
         tiled: Some(|w, x| q3_k::dot_q8_k_tiled(w, &x.qs, &x.d)),
         simd_avx2: Some(SimdKernel::Q3_KAvx2),
+        simd_avx512: Some(SimdKernel::Q3_KAvx512),
         ..plain(
             GgmlType::Q8_K,
             reference_blocks!(256, q3_k::BYTES, q3_k::dequantize_block),
@@ -468,6 +470,7 @@ const Q5_K_TRAITS: TypeTraits = TypeTraits {
     dot: Some(Dots {
         tiled: Some(|w, x| q5_k::dot_q8_k_tiled(w, &x.qs, &x.d, &x.bsums)),
         simd_avx2: Some(SimdKernel::Q5_KAvx2),
+        simd_avx512: Some(SimdKernel::Q5_KAvx512),
         ..plain(
             GgmlType::Q8_K,
             reference_blocks!(256, q5_k::BYTES, q5_k::dequantize_block),

@@ -41,14 +41,14 @@ unsafe fn scale_pair(a: i16, b: i16) -> __m256i {
 /// The 32 Q8_K quants of group `g` (elements `32g .. 32g + 32`) of super-block `ib`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn y32(r: &Q8kRow<'_>, ib: usize, g: usize) -> __m256i {
+pub(crate) unsafe fn y32(r: &Q8kRow<'_>, ib: usize, g: usize) -> __m256i {
     _mm256_loadu_si256(r.qs.as_ptr().add(ib * QK_K + 32 * g) as *const __m256i)
 }
 
 /// The 16 Q8_K `bsums` (sums of 16 quants) of super-block `ib`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn bsums16(r: &Q8kRow<'_>, ib: usize) -> __m256i {
+pub(crate) unsafe fn bsums16(r: &Q8kRow<'_>, ib: usize) -> __m256i {
     _mm256_loadu_si256(r.bsums.as_ptr().add(ib * QK_K / 16) as *const __m256i)
 }
 
@@ -62,7 +62,7 @@ fn all_tiled<const N: usize>(paths: &[GgmlPath; N]) -> bool {
 /// The eight rows' `d` of super-block `ib`, row `j` in lane `j`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn d8<const N: usize>(x: &[Q8kRow<'_>; N], ib: usize) -> __m256 {
+pub(crate) unsafe fn d8<const N: usize>(x: &[Q8kRow<'_>; N], ib: usize) -> __m256 {
     let d: [f32; 8] = std::array::from_fn(|j| *x[j % N].d.get_unchecked(ib));
     _mm256_loadu_ps(d.as_ptr())
 }
@@ -77,7 +77,7 @@ fn eight<const N: usize>(v: &[__m256i; N]) -> [__m256i; 8] {
 /// `acc = fma(res, d_x, acc)` lane by lane.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn tiled8(
+pub(crate) unsafe fn tiled8(
     s1: &[__m256i; 8],
     s2: Option<(&[__m256i; 8], f32)>,
     dw: f32,
@@ -125,6 +125,118 @@ fn check<const N: usize>(
     nb
 }
 
+/// One super-block unpacked for the `maddubs`/`madd` steps: `q[g]` the unsigned codes of group `g`
+/// (elements `32g .. 32g + 32`), `sc[g]` the i16 scales of its lanes (a [`scaled`] operand), `mins` the
+/// sixteen i16 factors whose `madd` with the Q8_K `bsums` gives the min lanes, `dw` / `dmin` the f16
+/// super-block scales widened.
+pub(crate) struct Codes {
+    pub dw: f32,
+    pub dmin: f32,
+    pub q: [__m256i; 8],
+    pub sc: [__m256i; 8],
+    pub mins: __m256i,
+}
+
+/// Q5_K's codes: 5-bit quants (run 2c: low nibbles of `qs[32c..]` with bit 2c of `qh`, run 2c+1: high
+/// nibbles with bit 2c+1), the scale of each run on all its lanes, `mins[i] = m[i / 2]`.
+///
+/// # Safety
+/// AVX2 must be available; `p` points at one whole Q5_K block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn q5_k_codes(p: *const u8) -> Codes {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let one = _mm256_set1_epi8(1);
+    let (dw, dmin) = f16x2(p);
+    let (sc, m) = q4_k::scales_mins(std::slice::from_raw_parts(p.add(4), 12));
+    let mut q = [_mm256_setzero_si256(); 8];
+    let mut qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+    for c in 0..4 {
+        let qs = _mm256_loadu_si256(p.add(48 + 32 * c) as *const __m256i);
+        let h0 = _mm256_slli_epi16(_mm256_and_si256(qh, one), 4);
+        let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4);
+        q[2 * c] = _mm256_or_si256(_mm256_and_si256(qs, m4), h0);
+        q[2 * c + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m4), h1);
+        qh = _mm256_srli_epi16(qh, 2);
+    }
+    let mins: [i16; 16] = std::array::from_fn(|i| i16::from(m[i / 2]));
+    Codes {
+        dw,
+        dmin,
+        q,
+        sc: std::array::from_fn(|g| _mm256_set1_epi16(i16::from(sc[g]))),
+        mins: _mm256_loadu_si256(mins.as_ptr() as *const __m256i),
+    }
+}
+
+/// Q2_K's codes: 2-bit quants (group `4h + k`: bits `2k..` of `qs[32h + b]`), the scales of the two
+/// sub-blocks of 16 in each group (lanes 0..4, 4..8), the sixteen mins.
+///
+/// # Safety
+/// AVX2 must be available; `p` points at one whole Q2_K block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn q2_k_codes(p: *const u8) -> Codes {
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0x0F);
+    let (dw, dmin) = f16x2(p.add(80));
+    let sm = _mm_loadu_si128(p as *const __m128i);
+    let scales = _mm256_cvtepu8_epi16(_mm_and_si128(sm, m4));
+    let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
+    let mut sc = [0i16; 16];
+    _mm256_storeu_si256(sc.as_mut_ptr() as *mut __m256i, scales);
+    let mut q = [_mm256_setzero_si256(); 8];
+    for h in 0..2 {
+        let mut qs = _mm256_loadu_si256(p.add(16 + 32 * h) as *const __m256i);
+        for k in 0..4 {
+            q[4 * h + k] = _mm256_and_si256(qs, m3);
+            qs = _mm256_srli_epi16(qs, 2);
+        }
+    }
+    Codes {
+        dw,
+        dmin,
+        q,
+        sc: std::array::from_fn(|g| scale_pair(sc[2 * g], sc[2 * g + 1])),
+        mins,
+    }
+}
+
+/// Q3_K's codes as the tiled path takes them: the unsigned 3-bit codes `q = v + 4` (low bits `2k..` of
+/// `qs[32h + b]`, plus 4 where bit `4h + k` of `hmask[b]` is set), the scales `sc − 32` per sub-block of
+/// 16, and `mins[s] = 4·(sc[s] − 32)` (|·| ≤ 128), so that `Σ sc·Σ v·q8 = lanes − madd(mins, bsums)`
+/// exactly (ggml's tile takes the bias out through the sums likewise). `dmin` is 0.
+///
+/// # Safety
+/// AVX2 must be available; `p` points at one whole Q3_K block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn q3_k_tiled_codes(p: *const u8) -> Codes {
+    let m3 = _mm256_set1_epi8(3);
+    let four = _mm256_set1_epi8(4);
+    let sc = q3_k::scales(std::slice::from_raw_parts(p, q3_k::BYTES));
+    let hm = _mm256_loadu_si256(p as *const __m256i);
+    let mut q = [_mm256_setzero_si256(); 8];
+    for h in 0..2 {
+        let mut qs = _mm256_loadu_si256(p.add(32 + 32 * h) as *const __m256i);
+        for k in 0..4 {
+            let g = 4 * h + k;
+            let bit = _mm256_set1_epi8((1u8 << g) as i8);
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+            q[g] = _mm256_or_si256(_mm256_and_si256(qs, m3), _mm256_and_si256(set, four));
+            qs = _mm256_srli_epi16(qs, 2);
+        }
+    }
+    let mins: [i16; 16] = std::array::from_fn(|s| (4 * sc[s]) as i16);
+    Codes {
+        dw: f16x1(p.add(108)),
+        dmin: 0.0,
+        q,
+        sc: std::array::from_fn(|g| scale_pair(sc[2 * g] as i16, sc[2 * g + 1] as i16)),
+        mins: _mm256_loadu_si256(mins.as_ptr() as *const __m256i),
+    }
+}
+
 /// Q5_K weights against Q8_K activations: `ggml_vec_dot_q5_K_q8_K` (AVX2 branch) for `paths[j] =
 /// VecDot`, the tiled matmul for `Tiled`. Per super-block the lanes
 /// `Σ_j sc[2j]·Σ q5·q8 (low run) + sc[2j+1]·Σ q5·q8 (high run)` and the mins integer
@@ -145,33 +257,19 @@ pub(crate) unsafe fn dot_q5_k_q8_k<const N: usize>(
 ) -> [f32; N] {
     use GgmlPath::{Tiled, VecDot};
     let nb = check(w, q5_k::BYTES, &x, &paths, &[VecDot, Tiled]);
-    let m4 = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); N];
     let mut summs = [0f32; N];
     let mut acc1 = [0f32; N];
     let tiled8_on = all_tiled(&paths);
     let mut acc8 = _mm256_setzero_ps();
     for ib in 0..nb {
-        let blk = &w[ib * q5_k::BYTES..(ib + 1) * q5_k::BYTES];
-        let p = blk.as_ptr();
-        let (dw, dminw) = f16x2(p);
-        let (sc, m) = q4_k::scales_mins(&blk[4..16]);
-        // the 5-bit codes of the eight runs of 32 (run 2c: low nibbles of qs[32c..], bit 2c of qh;
-        // run 2c+1: high nibbles, bit 2c+1)
-        let mut q = [_mm256_setzero_si256(); 8];
-        let mut qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
-        for c in 0..4 {
-            let qs = _mm256_loadu_si256(p.add(48 + 32 * c) as *const __m256i);
-            let h0 = _mm256_slli_epi16(_mm256_and_si256(qh, one), 4);
-            let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4);
-            q[2 * c] = _mm256_or_si256(_mm256_and_si256(qs, m4), h0);
-            q[2 * c + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m4), h1);
-            qh = _mm256_srli_epi16(qh, 2);
-        }
-        let scv: [__m256i; 8] = std::array::from_fn(|g| _mm256_set1_epi16(i16::from(sc[g])));
-        let mins: [i16; 16] = std::array::from_fn(|i| i16::from(m[i / 2]));
-        let mins = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
+        let Codes {
+            dw,
+            dmin: dminw,
+            q,
+            sc: scv,
+            mins,
+        } = q5_k_codes(w.as_ptr().add(ib * q5_k::BYTES));
         let mut lanes = [_mm256_setzero_si256(); N];
         let mut mlanes = [_mm256_setzero_si256(); N];
         for j in 0..N {
@@ -315,31 +413,19 @@ pub(crate) unsafe fn dot_q2_k_q8_k<const N: usize>(
         &paths,
         &[VecDot, Tiled, RepackGemv, RepackGemm],
     );
-    let m3 = _mm256_set1_epi8(3);
-    let m4 = _mm_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); N];
     let mut acc1 = [0f32; N];
     let mut accm = [0f32; N];
     let tiled8_on = all_tiled(&paths);
     let mut acc8 = _mm256_setzero_ps();
     for ib in 0..nb {
-        let p = w.as_ptr().add(ib * q2_k::BYTES);
-        let (dw, dminw) = f16x2(p.add(80));
-        let sm = _mm_loadu_si128(p as *const __m128i);
-        let scales = _mm256_cvtepu8_epi16(_mm_and_si128(sm, m4));
-        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
-        let mut sc = [0i16; 16];
-        _mm256_storeu_si256(sc.as_mut_ptr() as *mut __m256i, scales);
-        let scv: [__m256i; 8] = std::array::from_fn(|g| scale_pair(sc[2 * g], sc[2 * g + 1]));
-        // group g = 4h + k (elements 32g ..): bits 2k.. of qs[32h + b]
-        let mut q = [_mm256_setzero_si256(); 8];
-        for h in 0..2 {
-            let mut qs = _mm256_loadu_si256(p.add(16 + 32 * h) as *const __m256i);
-            for k in 0..4 {
-                q[4 * h + k] = _mm256_and_si256(qs, m3);
-                qs = _mm256_srli_epi16(qs, 2);
-            }
-        }
+        let Codes {
+            dw,
+            dmin: dminw,
+            q,
+            sc: scv,
+            mins,
+        } = q2_k_codes(w.as_ptr().add(ib * q2_k::BYTES));
         let mut halves = [[_mm256_setzero_si256(); 2]; N];
         let mut prods = [_mm256_setzero_si256(); N];
         for j in 0..N {
