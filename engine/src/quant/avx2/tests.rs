@@ -263,6 +263,12 @@ fn k_quant_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
             [Tiled, RepackGemm, VecDot, RepackGemv],
             Simd::Avx512,
         ),
+        (GgmlType::Q3_K, [Tiled, VecDot, Tiled, VecDot], Simd::Avx512),
+        (
+            GgmlType::IQ4_XS,
+            [Tiled, VecDot, Tiled, VecDot],
+            Simd::Avx512,
+        ),
     ] {
         if !simd.available() {
             continue;
