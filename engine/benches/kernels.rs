@@ -122,6 +122,10 @@ const ALL_TYPES: &[GgmlType] = &[
     GgmlType::Q8_0,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q5_K,
+    GgmlType::IQ4_XS,
 ];
 
 /// The 32-element block types (for rows not a multiple of 256, which rules out K-quants).
@@ -218,7 +222,7 @@ fn k_quant_row(
 }
 
 /// A `[rows, cols]` weight matrix of `ty`: rows quantized from random f32 with ggml's reference
-/// quantizer ([`quant::quantize_row`]); the K-quants, which have none, as random valid blocks.
+/// quantizer ([`quant::quantize_row`]); Q4_K and Q6_K as random valid blocks.
 fn weight_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let mut data = Vec::with_capacity(rows * ty.bytes_for(cols as u64).expect("whole blocks"));
     for _ in 0..rows {

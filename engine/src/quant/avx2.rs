@@ -329,7 +329,7 @@ pub(crate) unsafe fn dot_q4_0_repacked<const N: usize>(
 /// matter; wrapping as `_mm256_add_epi32`): eight horizontal sums for the price of about one each.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn hsum_i32_8x8(v: &[__m256i; 8]) -> __m256i {
+pub(super) unsafe fn hsum_i32_8x8(v: &[__m256i; 8]) -> __m256i {
     let h01 = _mm256_hadd_epi32(v[0], v[1]);
     let h23 = _mm256_hadd_epi32(v[2], v[3]);
     let h45 = _mm256_hadd_epi32(v[4], v[5]);
@@ -674,6 +674,8 @@ pub(crate) unsafe fn dot_q6_k_q8_k<const N: usize>(
     }
     out
 }
+
+pub(crate) mod kquant;
 
 #[cfg(test)]
 mod tests;

@@ -326,3 +326,5 @@ pub(crate) unsafe fn dot_q4_1_q8_1<const N: usize>(
     }
     out
 }
+
+pub(crate) mod kquant;

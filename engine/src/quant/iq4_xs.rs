@@ -16,7 +16,7 @@ pub(crate) const BYTES: usize = 136;
 
 /// The eight sub-block scales minus 32 (`ls - 32`, `-32..32`), as `dequantize_row_iq4_xs` extracts them.
 #[inline]
-fn scales(blk: &[u8]) -> [i32; 8] {
+pub(super) fn scales(blk: &[u8]) -> [i32; 8] {
     let sh = u32::from(read_u16(blk, 2));
     core::array::from_fn(|s| {
         let lo = u32::from(blk[4 + s / 2] >> (4 * (s % 2))) & 0xF;

@@ -19,7 +19,7 @@ const D_AT: usize = 108;
 /// The 16 sub-block scales minus 32 (`-32..32`), unpacked as `dequantize_row_q3_K` / the AVX2 kernel do
 /// (`kmask1 = 0x03030303`, `kmask2 = 0x0f0f0f0f` over three little-endian u32).
 #[inline]
-fn scales(blk: &[u8]) -> [i32; 16] {
+pub(super) fn scales(blk: &[u8]) -> [i32; 16] {
     let s = &blk[96..108];
     let aux = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
     let (a0, a1, tmp) = (aux(0), aux(1), aux(2));

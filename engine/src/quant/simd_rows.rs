@@ -39,6 +39,24 @@ pub(crate) enum SimdKernel {
     BF16Avx2,
     /// `ggml_vec_dot_q6_K_q8_K` and the tiled path, AVX2 (`avx2::dot_q6_k_q8_k`).
     Q6_KAvx2,
+    /// `ggml_vec_dot_q2_K_q8_K`, the tiled path and the repacked `q2_K_8x8_q8_K` gemv/gemm, AVX2
+    /// (`avx2::kquant::dot_q2_k_q8_k`).
+    Q2_KAvx2,
+    /// `ggml_vec_dot_q3_K_q8_K` and the tiled path, AVX2 (`avx2::kquant::dot_q3_k_q8_k`).
+    Q3_KAvx2,
+    /// `ggml_vec_dot_q5_K_q8_K` and the tiled path, AVX2 (`avx2::kquant::dot_q5_k_q8_k`).
+    Q5_KAvx2,
+    /// `ggml_vec_dot_iq4_xs_q8_K` and the tiled path, AVX2 (`avx2::kquant::dot_iq4_xs_q8_k`).
+    IQ4_XSAvx2,
+    /// Q2_K with AVX-512 BW for groups of eight tokens on the tiled or repacked gemm path
+    /// (`avx512::kquant::dot_x8`), [`SimdKernel::Q2_KAvx2`] otherwise.
+    Q2_KAvx512,
+    /// Q3_K with AVX-512 BW for groups of eight tokens on the tiled path (`avx512::kquant::dot_x8`),
+    /// [`SimdKernel::Q3_KAvx2`] otherwise.
+    Q3_KAvx512,
+    /// Q5_K with AVX-512 BW for groups of eight tokens on the tiled path (`avx512::kquant::dot_x8`),
+    /// [`SimdKernel::Q5_KAvx2`] otherwise.
+    Q5_KAvx512,
     /// `ggml_vec_dot_q4_1_q8_1` with VNNI block products (`avx512::dot_q4_1_q8_1`).
     Q4_1Avx512,
     /// `ggml_vec_dot_q8_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q8_0_q8_0`).
@@ -131,6 +149,9 @@ impl SimdKernel {
             Q5_0Avx512 => Q5_0Avx2,
             Q4_KAvx512 => Q4_KAvx2,
             Q6_KAvx512 => Q6_KAvx2,
+            Q2_KAvx512 => Q2_KAvx2,
+            Q3_KAvx512 => Q3_KAvx2,
+            Q5_KAvx512 => Q5_KAvx2,
             k => k,
         }
     }
@@ -209,6 +230,12 @@ impl SimdKernel {
         // (AVX2+FMA+F16C, and AVX-512 F/BW/VL/VNNI for the `Avx512` ones); the bounds were checked above.
         unsafe {
             use SimdKernel::*;
+            if let Some(tile) = self.tile8(&paths) {
+                // `tile8` returns a tile only for eight activation rows
+                let x8: [&PreparedRow; 8] = std::array::from_fn(|j| xs[j % N]);
+                kquant_rows_avx512(tile, rows, row_bytes, n_rows, x8, &mut outs);
+                return;
+            }
             let vnni = matches!(self, Q4_1Avx512 | Q8_0Avx512 | Q5_0Avx512);
             // a −128 activation quant needs ggml's `sign` form, which the AVX2 kernels have; a single
             // activation row (decode) is faster there too (the tile's transposed scales and products
@@ -278,6 +305,62 @@ impl Wide {
     }
 }
 
+impl SimdKernel {
+    /// The AVX-512 K-quant tile ([`avx512::kquant::Tile8`]) that computes a call of this kernel on
+    /// `paths`, if there is one: eight activation rows, all on the tiled path (Q2_K, Q3_K, Q5_K) or all on
+    /// the repacked gemm (Q2_K).
+    #[cfg(target_arch = "x86_64")]
+    fn tile8<const N: usize>(self, paths: &[GgmlPath; N]) -> Option<avx512::kquant::Tile8> {
+        use avx512::kquant::Tile8;
+        let ty = match self {
+            SimdKernel::Q2_KAvx512 => GgmlType::Q2_K,
+            SimdKernel::Q3_KAvx512 => GgmlType::Q3_K,
+            SimdKernel::Q5_KAvx512 => GgmlType::Q5_K,
+            _ => return None,
+        };
+        let p0 = effective_path(ty, paths[0]);
+        if N != 8 || paths.iter().any(|&p| effective_path(ty, p) != p0) {
+            return None;
+        }
+        match (ty, p0) {
+            (GgmlType::Q2_K, GgmlPath::Tiled) => Some(Tile8::Q2_KTiled),
+            (GgmlType::Q2_K, GgmlPath::RepackGemm) => Some(Tile8::Q2_KGemm),
+            (GgmlType::Q3_K, GgmlPath::Tiled) => Some(Tile8::Q3_KTiled),
+            (GgmlType::Q5_K, GgmlPath::Tiled) => Some(Tile8::Q5_KTiled),
+            _ => None,
+        }
+    }
+}
+
+/// The row loop of the AVX-512 K-quant tiles: `outs[t][i]` = `avx512::kquant::dot_x8(tile, row(i),
+/// xs)[t]`.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C and AVX-512 F, BW, VL; `rows` holds `n_rows` rows of `row_bytes`
+/// and every output `n_rows` floats (checked by the caller).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn kquant_rows_avx512<const N: usize>(
+    tile: avx512::kquant::Tile8,
+    rows: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    xs: [&PreparedRow; 8],
+    outs: &mut [&mut [f32]; N],
+) {
+    let q8k = xs.map(|x| avx2::Q8kRow {
+        qs: &x.qs,
+        d: &x.d,
+        bsums: &x.bsums,
+    });
+    for i in 0..n_rows {
+        let r = avx512::kquant::dot_x8(tile, &rows[i * row_bytes..(i + 1) * row_bytes], q8k);
+        for (o, r) in outs.iter_mut().zip(r) {
+            o[i] = r;
+        }
+    }
+}
+
 /// `outs[t][i] = dot(row(i))[t]` for every weight row `i < n_rows`: the row loop of the SIMD dispatchers,
 /// written out in each (a closure or `dyn` call would keep the kernel from inlining).
 #[cfg(target_arch = "x86_64")]
@@ -316,6 +399,10 @@ unsafe fn dot_rows_avx2<const N: usize>(
     let ty = match k {
         SimdKernel::Q4_KAvx2 => Some(GgmlType::Q4_K),
         SimdKernel::Q6_KAvx2 => Some(GgmlType::Q6_K),
+        SimdKernel::Q2_KAvx2 => Some(GgmlType::Q2_K),
+        SimdKernel::Q3_KAvx2 => Some(GgmlType::Q3_K),
+        SimdKernel::Q5_KAvx2 => Some(GgmlType::Q5_K),
+        SimdKernel::IQ4_XSAvx2 => Some(GgmlType::IQ4_XS),
         SimdKernel::Q4_0Avx2 => Some(GgmlType::Q4_0),
         SimdKernel::IQ4_NLAvx2 => Some(GgmlType::IQ4_NL),
         _ => None,
@@ -376,6 +463,10 @@ unsafe fn dot_rows_avx2<const N: usize>(
             each!(w => avx2_float::dot_float(ty, w, xf, paths))
         }
         SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k(w, q8k, paths)),
+        SimdKernel::Q2_KAvx2 => each!(w => avx2::kquant::dot_q2_k_q8_k(w, q8k, paths)),
+        SimdKernel::Q3_KAvx2 => each!(w => avx2::kquant::dot_q3_k_q8_k(w, q8k, paths)),
+        SimdKernel::Q5_KAvx2 => each!(w => avx2::kquant::dot_q5_k_q8_k(w, q8k, paths)),
+        SimdKernel::IQ4_XSAvx2 => each!(w => avx2::kquant::dot_iq4_xs_q8_k(w, q8k, paths)),
         SimdKernel::Q5_1Avx2 => each!(w => avx2::dot_q5_1_q8_1(w, q8)),
         SimdKernel::IQ4_NLAvx2 if !repacked => {
             each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::IQ4_NL, w, xs[t], paths[t])))
@@ -395,8 +486,14 @@ unsafe fn dot_rows_avx2<const N: usize>(
         | SimdKernel::Q8_0Avx512
         | SimdKernel::Q5_0Avx512
         | SimdKernel::Q4_KAvx512
-        | SimdKernel::Q6_KAvx512 => {
-            unreachable!("the AVX-512 kernels are dispatched by dot_rows_avx512 or dot_rows_k16")
+        | SimdKernel::Q6_KAvx512
+        | SimdKernel::Q2_KAvx512
+        | SimdKernel::Q3_KAvx512
+        | SimdKernel::Q5_KAvx512 => {
+            unreachable!(
+                "the AVX-512 kernels are dispatched by dot_rows_avx512, dot_rows_k16 or kquant_rows_avx512; \
+                 dot_rows_tiled hands the others their AVX2 names"
+            )
         }
     }
 }

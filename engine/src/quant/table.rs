@@ -377,6 +377,8 @@ const Q2_K_TRAITS: TypeTraits = TypeTraits {
             dot: |w, x, gemm| q2_k::dot_q8_k_repacked(w, &x.qs, &x.d, &x.bsums, gemm),
         }),
         tiled: Some(|w, x| q2_k::dot_q8_k_tiled(w, &x.qs, &x.d, &x.bsums)),
+        simd_avx2: Some(SimdKernel::Q2_KAvx2),
+        simd_avx512: Some(SimdKernel::Q2_KAvx512),
         ..plain(
             GgmlType::Q8_K,
             reference_blocks!(256, q2_k::BYTES, q2_k::dequantize_block),
@@ -391,6 +393,8 @@ const Q3_K_TRAITS: TypeTraits = TypeTraits {
     quantize: q3_k::quantize_row_ref,
     dot: Some(Dots {
         tiled: Some(|w, x| q3_k::dot_q8_k_tiled(w, &x.qs, &x.d)),
+        simd_avx2: Some(SimdKernel::Q3_KAvx2),
+        simd_avx512: Some(SimdKernel::Q3_KAvx512),
         ..plain(
             GgmlType::Q8_K,
             reference_blocks!(256, q3_k::BYTES, q3_k::dequantize_block),
@@ -425,6 +429,8 @@ const Q5_K_TRAITS: TypeTraits = TypeTraits {
     quantize: q5_k::quantize_row_ref,
     dot: Some(Dots {
         tiled: Some(|w, x| q5_k::dot_q8_k_tiled(w, &x.qs, &x.d, &x.bsums)),
+        simd_avx2: Some(SimdKernel::Q5_KAvx2),
+        simd_avx512: Some(SimdKernel::Q5_KAvx512),
         ..plain(
             GgmlType::Q8_K,
             reference_blocks!(256, q5_k::BYTES, q5_k::dequantize_block),
@@ -455,6 +461,7 @@ const IQ4_XS_TRAITS: TypeTraits = TypeTraits {
     quantize: iq4_xs::quantize_row_ref,
     dot: Some(Dots {
         tiled: Some(|w, x| iq4_xs::dot_q8_k_tiled(w, &x.qs, &x.d)),
+        simd_avx2: Some(SimdKernel::IQ4_XSAvx2),
         ..plain(
             GgmlType::Q8_K,
             reference_blocks!(256, iq4_xs::BYTES, iq4_xs::dequantize_block),

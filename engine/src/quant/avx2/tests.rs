@@ -216,13 +216,17 @@ fn k_quant_row(ty: GgmlType, nb: usize, rng: &mut Rng) -> Vec<u8> {
             let mut f16 = |lo: f32| {
                 half::f16::from_f32(((rng.next() % 1000) as f32 + lo) * 1e-5).to_le_bytes()
             };
-            match ty {
-                GgmlType::Q4_K => {
-                    let (d, m) = (f16(1.0), f16(0.0));
-                    blk[0..2].copy_from_slice(&d);
-                    blk[2..4].copy_from_slice(&m);
-                }
-                _ => blk[208..210].copy_from_slice(&f16(1.0)),
+            // where each type keeps `d` (and `dmin`, for the types with mins)
+            let (d_at, dmin_at) = match ty {
+                GgmlType::Q4_K | GgmlType::Q5_K => (0, Some(2)),
+                GgmlType::Q2_K => (80, Some(82)),
+                GgmlType::Q3_K => (108, None),
+                GgmlType::IQ4_XS => (0, None),
+                _ => (208, None),
+            };
+            blk[d_at..d_at + 2].copy_from_slice(&f16(1.0));
+            if let Some(m) = dmin_at {
+                blk[m..m + 2].copy_from_slice(&f16(0.0));
             }
         }
     }
@@ -245,13 +249,36 @@ fn k_quant_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
             Simd::Avx2,
         ),
         (GgmlType::Q6_K, [VecDot, Tiled, VecDot, Tiled], Simd::Avx2),
+        (
+            GgmlType::Q2_K,
+            [RepackGemv, RepackGemm, Tiled, VecDot],
+            Simd::Avx2,
+        ),
+        (GgmlType::Q3_K, [VecDot, Tiled, Tiled, VecDot], Simd::Avx2),
+        (GgmlType::Q5_K, [Tiled, VecDot, VecDot, Tiled], Simd::Avx2),
+        (GgmlType::IQ4_XS, [VecDot, Tiled, VecDot, Tiled], Simd::Avx2),
+        (GgmlType::Q5_K, [Tiled, VecDot, VecDot, Tiled], Simd::Avx512),
+        (
+            GgmlType::Q2_K,
+            [Tiled, RepackGemm, VecDot, RepackGemv],
+            Simd::Avx512,
+        ),
+        (GgmlType::Q3_K, [Tiled, VecDot, Tiled, VecDot], Simd::Avx512),
+        (
+            GgmlType::IQ4_XS,
+            [Tiled, VecDot, Tiled, VecDot],
+            Simd::Avx512,
+        ),
     ] {
+        if !simd.available() {
+            continue;
+        }
         let k = simd_kernel(Numerics::ggml(GgmlTarget::default()).with_simd(simd), ty)
             .expect("a SIMD kernel");
         for nb in [1, 2, 3, 4, 7, 19] {
             for _ in 0..6 {
                 let w = k_quant_row(ty, nb, &mut rng);
-                let xs: Vec<PreparedRow> = (0..4)
+                let xs: Vec<PreparedRow> = (0..8)
                     .map(|_| {
                         let x: Vec<f32> = (0..nb * 256).map(|_| rng.activation()).collect();
                         let mut p = PreparedRow::new();
@@ -263,6 +290,19 @@ fn k_quant_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
                 // every path in one call (as in a batch whose tail rows take another kernel), and
                 // each path on its own for every row
                 let mixed = k.dot([&w, &w], xs4, paths);
+                // eight rows on one path (a prompt's group of tokens), each row its own bits
+                let x8: [&PreparedRow; 8] = std::array::from_fn(|j| &xs[j]);
+                for p in [Tiled, VecDot, RepackGemm] {
+                    let got = k.dot([&w], x8, [p; 8])[0];
+                    for (j, x) in xs.iter().enumerate() {
+                        let want = vec_dot_path(ty, &w, x, p);
+                        assert!(
+                            same(got[j], want),
+                            "{ty} nb {nb} {p:?} x8 row {j}: simd {:e} vs scalar {want:e}",
+                            got[j]
+                        );
+                    }
+                }
                 for (j, &p) in paths.iter().enumerate() {
                     let want = vec_dot_path(ty, &w, &xs[j], p);
                     for (r, row) in mixed.iter().enumerate() {
@@ -273,9 +313,8 @@ fn k_quant_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
                         );
                     }
                     for p in [VecDot, Tiled, RepackGemv, RepackGemm] {
-                        if ty == GgmlType::Q6_K && matches!(p, RepackGemv | RepackGemm) {
-                            continue; // Q6_K is not repacked on x86
-                        }
+                        // a path without a kernel of its own for the type (the repacked ones but for
+                        // Q4_K and Q2_K) is the vec_dot kernel, in SIMD and scalar alike
                         let want = vec_dot_path(ty, &w, &xs[j], p);
                         let one = k.dot([&w], [&xs[j]], [p])[0][0];
                         assert!(same(one, want), "{ty} nb {nb} {p:?}: {one:e} vs {want:e}");
@@ -286,6 +325,103 @@ fn k_quant_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
         }
     }
     assert!(cases > 500, "{cases}");
+}
+
+/// The K-quant kernels at the edges of their integer steps: every weight code at its largest (bytes
+/// 0xFF: Q5_K's 31, Q3_K's 3, IQ4_XS's 113 and the largest scales) or smallest (0x00: Q3_K's −4, IQ4_XS's
+/// −127, scales −32) against activation rows whose Q8_K quants are all −127 (a constant row) or
+/// alternate −127 / 127, and a row with NaN inputs, so that a saturating `maddubs` pair would show.
+/// (`quantize_row_q8_K` never writes −128: `iscale = −127/max`, and a NaN gives a code ≥ 0.)
+#[test]
+fn k_quant_simd_kernels_give_the_scalar_bits_on_extreme_blocks() {
+    use GgmlPath::*;
+    let mut rng = Rng(0xed6e_0001_1234_5678);
+    let mut cases = 0;
+    for simd in simd_settings() {
+        for ty in [
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
+            GgmlType::Q5_K,
+            GgmlType::IQ4_XS,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
+            let k = simd_kernel(Numerics::ggml(GgmlTarget::default()).with_simd(simd), ty)
+                .expect("a SIMD kernel");
+            let nb = 3;
+            let n = nb * 256;
+            let xs: Vec<PreparedRow> = [
+                (0..n).map(|_| 1.5).collect::<Vec<f32>>(),
+                (0..n).map(|_| -0.25).collect(),
+                (0..n)
+                    .map(|i| if i % 2 == 0 { 2.0 } else { -2.0 })
+                    .collect(),
+                (0..n)
+                    .map(|i| if i % 3 == 0 { -3.0 } else { 3.0 })
+                    .collect(),
+                (0..n).map(|_| 0.0).collect(),
+                (0..n).map(|_| rng.activation()).collect(),
+                (0..n)
+                    .map(|i| if i % 16 < 8 { 1.0 } else { -1.0 })
+                    .collect(),
+                (0..n).map(|i| (i % 7) as f32 - 3.0).collect(),
+                (0..n)
+                    .map(|i| if i % 5 == 0 { f32::NAN } else { -1.0 })
+                    .collect(),
+            ]
+            .iter()
+            .map(|x| {
+                let mut p = PreparedRow::new();
+                p.prepare(ty, NumericsMode::Ggml, x).unwrap();
+                p
+            })
+            .collect();
+            assert!(
+                xs[0].qs.iter().all(|&q| q == -127),
+                "a constant row quantizes to -127"
+            );
+            let x8: [&PreparedRow; 8] = std::array::from_fn(|j| &xs[j]);
+            for fill in [0xFFu8, 0x00, 0xAA, 0x55, 0x0F, 0xF0] {
+                // the codes and scales from `fill`, the f16 scales ordinary (k_quant_row's places)
+                let mut w = k_quant_row(ty, nb, &mut rng);
+                let d = w.clone();
+                w.fill(fill);
+                for (blk, src) in w
+                    .chunks_exact_mut(ty.type_size())
+                    .zip(d.chunks_exact(ty.type_size()))
+                {
+                    let at: &[usize] = match ty {
+                        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 1, 2, 3],
+                        GgmlType::Q2_K => &[80, 81, 82, 83],
+                        GgmlType::Q3_K => &[108, 109],
+                        GgmlType::IQ4_XS => &[0, 1],
+                        _ => &[208, 209],
+                    };
+                    for &i in at {
+                        blk[i] = src[i];
+                    }
+                }
+                for p in [VecDot, Tiled, RepackGemv, RepackGemm] {
+                    let got = k.dot([&w], x8, [p; 8])[0];
+                    let got = got
+                        .iter()
+                        .copied()
+                        .chain([k.dot([&w], [&xs[8]], [p])[0][0]]);
+                    for (j, (x, got)) in xs.iter().zip(got).enumerate() {
+                        let want = vec_dot_path(ty, &w, x, p);
+                        let one = k.dot([&w], [x], [p])[0][0];
+                        assert!(
+                            same(got, want) && same(one, want),
+                            "{simd} {ty} fill {fill:#x} {p:?} row {j}: x8 {got:e}, x1 {one:e}, \
+                             scalar {want:e}"
+                        );
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases >= 6 * 6 * 4 * 9, "{cases}");
 }
 
 /// A float weight row of `n` elements: ordinary magnitudes, with one element in eight a random bit
