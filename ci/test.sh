@@ -66,3 +66,13 @@ else
   cargo test --workspace --no-fail-fast -- --include-ignored \
     --skip real_fetch_every_registry_model --skip bench_vec_dot_throughput
 fi
+
+echo "== speed: every model of the default matrix against its floor (ci/speed-floors.toml)"
+# After the tests, so nothing else runs beside the samples. pp64 and tg16, 5 repetitions, each sample its own
+# process: each row's share of this machine's own limits (prefill: of the f32 FMA peak; decode: of the read
+# bandwidth; both measured in the same run), held to the floors measured on the reference host. No llama.cpp
+# needed; `lockstep gate --speed` exits 1 on a row below its floor, 2 on a missing floor or row.
+speed_dir="$(mktemp -d)"
+trap 'rm -rf "$speed_dir"' EXIT
+cargo run --quiet --release -p lockstep -- bench --matrix -p 64 -n 16 -r 5 --no-llama --reports "$speed_dir" >/dev/null
+cargo run --quiet --release -p lockstep -- gate --speed "$speed_dir"/bench-* --speed-floors ci/speed-floors.toml

@@ -168,6 +168,28 @@ fn the_speed_floors_hold_a_build_to_its_share_of_the_machine() {
     );
 }
 
+/// The committed speed floors cover exactly the models of the default matrix, each with CI's tests (pp64,
+/// and tg16 for a decoder: the encoder's floor is its prompt test only), so that CI's speed step neither
+/// drops a model nor fails on a floor it no longer benches.
+#[test]
+fn the_committed_speed_floors_cover_the_default_matrix() {
+    let floors = lockstep::bench::SpeedFloors::load(&root().join("ci/speed-floors.toml")).unwrap();
+    let matrix = lockstep::matrix::Matrix::load(&root().join("ci/matrix.toml")).unwrap();
+    let mut want = std::collections::BTreeSet::new();
+    for m in &matrix.models {
+        want.insert((m.id.clone(), "pp64".to_string()));
+        if !m.id.starts_with("synth-bert") {
+            want.insert((m.id.clone(), "tg16".to_string()));
+        }
+    }
+    let have: std::collections::BTreeSet<(String, String)> = floors
+        .floor
+        .iter()
+        .map(|f| (f.model.clone(), f.test.clone()))
+        .collect();
+    assert_eq!(have, want);
+}
+
 // ---- hostile input to `gate --speed` and `bench`: synthetic files and a fake llama-bench, no download ----
 
 use std::path::PathBuf;
