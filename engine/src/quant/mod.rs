@@ -517,4 +517,6 @@ pub fn vec_dot_path(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow, path: Gg
 }
 
 #[cfg(test)]
+pub(crate) mod test_rng;
+#[cfg(test)]
 mod tests;

@@ -1,27 +1,10 @@
 //! Each SIMD kernel against its scalar replica, in the style of llama.cpp's test-backend-ops: many
 //! shapes, random block bytes (any f16 scale bit pattern: NaN, infinities, subnormals) and
 //! activations quantized by ggml mode's own `from_float`, NaN inputs included.
+use super::super::test_rng::{same, Rng};
 use super::super::{simd_kernel, vec_dot_path, GgmlPath, GgmlType, PreparedRow};
 use crate::numerics::NumericsMode;
 use crate::numerics::{GgmlTarget, Numerics, Simd};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn activation(&mut self) -> f32 {
-        let u = (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-        match self.next() % 512 {
-            0 => f32::NAN,
-            1..=8 => u * 30.0,
-            _ => u,
-        }
-    }
-}
 
 /// Random block bytes whose f16 scales are random bit patterns half of the time and ordinary
 /// magnitudes otherwise (so that most results are finite and every rounding shows).
@@ -54,7 +37,7 @@ fn activation_rows(
     (0..count)
         .map(|_| {
             let x: Vec<f32> = (0..n)
-                .map(|_| match rng.activation() {
+                .map(|_| match rng.activation(512, true) {
                     v if v.is_nan() && !nan => 0.5,
                     v => v,
                 })
@@ -87,7 +70,7 @@ fn avx2_quantizer_writes_the_scalar_bytes() {
     ];
     for case in 0..200 {
         let n = 32 * (1 + case % 9);
-        let mut x: Vec<f32> = (0..n).map(|_| rng.activation()).collect();
+        let mut x: Vec<f32> = (0..n).map(|_| rng.activation(512, true)).collect();
         match case % 4 {
             // a whole block of zeros (max 0 → id 0), and single specials
             0 => x[..32].fill(0.0),
@@ -113,10 +96,6 @@ fn avx2_quantizer_writes_the_scalar_bytes() {
         assert_eq!(bits(&a.d), bits(&b.d), "case {case}: scales");
         assert_eq!(a.has_min_quant, b.has_min_quant, "case {case}: −128 flag");
     }
-}
-
-fn same(a: f32, b: f32) -> bool {
-    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
 }
 
 /// Every SIMD setting this CPU runs besides `off`.
@@ -280,7 +259,8 @@ fn k_quant_simd_kernels_give_the_scalar_bits_on_every_ggml_path() {
                 let w = k_quant_row(ty, nb, &mut rng);
                 let xs: Vec<PreparedRow> = (0..8)
                     .map(|_| {
-                        let x: Vec<f32> = (0..nb * 256).map(|_| rng.activation()).collect();
+                        let x: Vec<f32> =
+                            (0..nb * 256).map(|_| rng.activation(512, true)).collect();
                         let mut p = PreparedRow::new();
                         p.prepare(ty, NumericsMode::Ggml, &x).unwrap();
                         p
@@ -360,7 +340,7 @@ fn k_quant_simd_kernels_give_the_scalar_bits_on_extreme_blocks() {
                     .map(|i| if i % 3 == 0 { -3.0 } else { 3.0 })
                     .collect(),
                 (0..n).map(|_| 0.0).collect(),
-                (0..n).map(|_| rng.activation()).collect(),
+                (0..n).map(|_| rng.activation(512, true)).collect(),
                 (0..n)
                     .map(|i| if i % 16 < 8 { 1.0 } else { -1.0 })
                     .collect(),

@@ -2,32 +2,10 @@
 //! (f16 scales sometimes random bit patterns: NaN, infinities, subnormals), activations quantized by
 //! ggml mode's own `from_float` (NaN inputs included: they quantize to −128), and the extremes of every
 //! integer (all quants at their largest, scales and mins at 63 / −128, activations at ±127 and −128).
+use super::super::test_rng::{same, Rng};
 use super::super::{simd_kernel, vec_dot_path, GgmlPath, GgmlType, PreparedRow, SimdKernel, Wide};
 use super::{build_tile, handles, tile_lines, Line, TOKENS};
 use crate::numerics::{GgmlTarget, Numerics, NumericsMode, Simd};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Mostly in [−1, 1), some large, one in 256 NaN.
-    fn activation(&mut self) -> f32 {
-        let u = (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-        match self.next() % 256 {
-            0 => f32::NAN,
-            1..=8 => u * 30.0,
-            _ => u,
-        }
-    }
-}
-
-fn same(a: f32, b: f32) -> bool {
-    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
-}
 
 /// Random super-blocks of `ty`; their f16 scales ordinary magnitudes seven times in eight.
 fn k_quant_row(ty: GgmlType, nb: usize, rng: &mut Rng) -> Vec<u8> {
@@ -145,7 +123,8 @@ fn k_tiles_give_the_scalar_bits_on_random_blocks() {
                     .collect();
                 let xs: Vec<PreparedRow> = (0..TOKENS)
                     .map(|_| {
-                        let x: Vec<f32> = (0..nb * 256).map(|_| rng.activation()).collect();
+                        let x: Vec<f32> =
+                            (0..nb * 256).map(|_| rng.activation(256, true)).collect();
                         prepared(ty, &x)
                     })
                     .collect();
@@ -214,7 +193,9 @@ fn matmul_with_k_tiles_gives_the_avx2_and_scalar_bits() {
                 data: &w,
             };
             for n_tokens in [16, 19, 35, 42] {
-                let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.activation()).collect();
+                let x: Vec<f32> = (0..n_tokens * cols)
+                    .map(|_| rng.activation(256, true))
+                    .collect();
                 let run = |simd: Simd| {
                     let mut out = vec![0f32; n_tokens * rows];
                     let num = Numerics::ggml(GgmlTarget::default()).with_simd(simd);

@@ -2,32 +2,10 @@
 //! scales sometimes random bit patterns), activations quantized by ggml mode's own `from_float`, the
 //! integer extremes, a group with a −128 quant refused, and whole matmuls with SIMD off, AVX2 and
 //! AVX-512 giving the same bits (NaN inputs included).
+use super::super::test_rng::{same, Rng};
 use super::super::{simd_kernel, vec_dot_path, GgmlPath, GgmlType, PreparedRow, SimdKernel, Wide};
 use super::{accepts, build_tile, tile_lines, Line, TOKENS};
 use crate::numerics::{GgmlTarget, Numerics, NumericsMode, Simd};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Mostly in [−1, 1), some large; NaN one in 256 if `nan`.
-    fn activation(&mut self, nan: bool) -> f32 {
-        let u = (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-        match self.next() % 256 {
-            0 if nan => f32::NAN,
-            1..=8 => u * 30.0,
-            _ => u,
-        }
-    }
-}
-
-fn same(a: f32, b: f32) -> bool {
-    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
-}
 
 /// Random blocks of `ty` (Q5_0 or Q8_0); their f16 scales ordinary magnitudes half of the time.
 fn weight_row(ty: GgmlType, nb: usize, rng: &mut Rng) -> Vec<u8> {
@@ -101,7 +79,8 @@ fn pair_tiles_give_the_scalar_bits_on_random_blocks() {
                     .collect();
                 let xs: Vec<PreparedRow> = (0..TOKENS)
                     .map(|_| {
-                        let x: Vec<f32> = (0..nb * 32).map(|_| rng.activation(false)).collect();
+                        let x: Vec<f32> =
+                            (0..nb * 32).map(|_| rng.activation(256, false)).collect();
                         prepared(ty, &x)
                     })
                     .collect();
@@ -177,7 +156,9 @@ fn matmul_with_pair_tiles_gives_the_avx2_and_scalar_bits() {
             data: &w,
         };
         for (n_tokens, nan) in [(16, false), (35, false), (48, true), (57, true)] {
-            let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.activation(nan)).collect();
+            let x: Vec<f32> = (0..n_tokens * cols)
+                .map(|_| rng.activation(256, nan))
+                .collect();
             let run = |simd: Simd| {
                 let mut out = vec![0f32; n_tokens * rows];
                 let num = Numerics::ggml(GgmlTarget::default()).with_simd(simd);
