@@ -30,6 +30,7 @@
 mod child;
 pub mod file;
 pub mod floors;
+pub mod gate;
 pub mod llama;
 pub mod render;
 pub mod runner;
@@ -48,13 +49,14 @@ pub use self::file::{
     MAX_BUILD_INFO_BYTES, MAX_REPETITIONS, MAX_SPEED_LIMITS_BYTES,
 };
 pub use self::floors::{gate_floors, SpeedFloor, SpeedFloors};
+pub use self::gate::gate_speed_files;
 pub use self::llama::{cached_llama_bench, parse_llama_bench_output, LLAMA_BENCH_OWN_FLAGS};
 pub use self::render::{render_bench_csv, render_bench_markdown};
 pub use self::runner::{bench, check_options, BenchOptions};
 pub use self::sample::{
     decode_bytes_per_token, measure_fma_peak, measure_read_bandwidth, sample, test_flops,
 };
-pub use self::speed::{gate_speed, gate_speed_files, parse_speed_limits, SpeedCheck, SpeedLimits};
+pub use self::speed::{gate_speed, parse_speed_limits, SpeedCheck, SpeedLimits};
 pub use self::stats::{bootstrap_ratio, comparisons, double_ratio, median};
 use self::stats::{mean_sd, tokens_per_second};
 use crate::report::Environment;
