@@ -574,3 +574,69 @@ fn a_numpy_engine_through_the_python_helper_passes_and_its_kv_bug_is_caught() {
         .filter(|s| s.phase == Phase::Prefill)
         .all(|s| s.cosine_by_position.iter().all(|&x| x > 0.99999)));
 }
+
+#[test]
+fn ctrl_c_during_a_serve_run_saves_the_cells_finished_before_it() {
+    // the first session engine is `lockstep serve`; the second (the next cell's) hangs before it answers
+    // `load`: the reference cell finishes, then Ctrl-C arrives while the ggml cell waits
+    let work = tempfile::tempdir().unwrap();
+    let pids = work.path().join("pids");
+    let started = work.path().join("started");
+    let script = work.path().join("engine.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             if [ -e {st} ]; then sleep 300 & echo $$ $! >> {p}; wait; fi\n\
+             touch {st}\n\
+             exec {exe} serve --simd off\n",
+            st = started.display(),
+            p = pids.display(),
+            exe = exe().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let reports = work.path().join("reports");
+    let child = std::process::Command::new(exe())
+        .current_dir(root())
+        .args([
+            "run",
+            "--model",
+            "synth-llama",
+            "--oracle",
+            "llama.cpp-f32kv",
+        ])
+        .args(["--simd", "off", "--reports", reports.to_str().unwrap()])
+        .args(["--engine-serve", script.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_for_start(&pids, 120);
+    // SAFETY: sending SIGINT to our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("saved in"), "{stderr}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let left = common::still_running(&pids);
+    assert!(left.is_empty(), "processes {left:?} outlived Ctrl-C");
+    let dirs: Vec<PathBuf> = std::fs::read_dir(&reports)
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let r = lockstep::report::read_report(&dirs[0]).unwrap();
+    assert_eq!(r.cells.len(), 1, "the cell finished before Ctrl-C is saved");
+    assert_eq!(r.cells[0].cell.mode, NumericsMode::Reference);
+    assert!(r.cells[0].cell.engine.starts_with("lockstep@"));
+    let inc = r.incomplete.as_ref().expect("marked incomplete");
+    assert!(
+        inc.failed_cell.contains("/ggml/") && inc.error.contains("interrupted"),
+        "{inc:?}"
+    );
+}
