@@ -33,9 +33,10 @@ pub const DUMP_FORMAT_VERSION: i32 = 1;
 pub struct Dump {
     /// Token ids `[T]`.
     pub tokens: Vec<u32>,
-    /// Logits `[T, V]`.
-    pub logits: Array2<f32>,
-    /// Stages by canonical id, each `[T, D]`.
+    /// Logits `[T, V]`; `None` in an encoder's dump, whose output is the stage `pooled` (`[1, D]`: one
+    /// row, at the step's last position, as `engine/src/models/encoder.rs` emits it).
+    pub logits: Option<Array2<f32>>,
+    /// Stages by canonical id, each `[T, D]` (`pooled`: `[1, D]`).
     pub stages: BTreeMap<String, Array2<f32>>,
 }
 
@@ -68,7 +69,7 @@ pub fn run(
     crate::capture::check_finite_logits(&logits, &stages)?;
     Ok(Dump {
         tokens: tokens.to_vec(),
-        logits,
+        logits: Some(logits),
         stages,
     })
 }
@@ -110,7 +111,9 @@ fn write_with(path: &Path, dump: &Dump, durable: bool) -> Result<()> {
         .with_context(ctx)?;
         let toks: Array1<i32> = dump.tokens.iter().map(|&t| t as i32).collect();
         npz.add_array("tokens", &toks).with_context(ctx)?;
-        npz.add_array("logits", &dump.logits).with_context(ctx)?;
+        if let Some(logits) = &dump.logits {
+            npz.add_array("logits", logits).with_context(ctx)?;
+        }
         for (name, arr) in &dump.stages {
             npz.add_array(name.as_str(), arr).with_context(ctx)?;
         }
@@ -139,8 +142,12 @@ pub const MAX_DUMP_BYTES: u64 = 4 << 30;
 
 /// Read a dump written by [`write`] or by any engine following the format.
 ///
-/// Errors name the file: unreadable archive, missing `tokens` / `logits`, a version this build does not
-/// read, wrong dtypes or ranks, shapes that disagree (`logits` rows ≠ T, a stage with T' ≠ T rows),
+/// A dump without `logits` is an encoder's: it must hold the stage `pooled` with one row (the output at the
+/// step's last position); every other stage has T rows.
+///
+/// Errors name the file: unreadable archive, missing `tokens`, missing both `logits` and `pooled`, a
+/// version this build does not read, wrong dtypes or ranks, shapes that disagree (`logits` rows ≠ T, a
+/// stage with T' ≠ T rows, an encoder's `pooled` with more than one row),
 /// negative token ids, arrays beyond the size bounds (checked before decompressing). NaN is *not* checked
 /// here: the comparison reports it against the stage that holds it.
 pub fn read(path: &Path) -> Result<Dump> {
@@ -185,10 +192,13 @@ fn read_npz(mut npz: Npz, max_bytes: u64) -> Result<Dump> {
             );
         }
     }
-    for needed in ["tokens", "logits"] {
-        if !npz.has(needed) {
-            bail!("{path}: the dump has no `{needed}` array");
-        }
+    if !npz.has("tokens") {
+        bail!("{path}: the dump has no `tokens` array");
+    }
+    let pooled = Stage::global(StageKind::Pooled).to_string();
+    let encoder = !npz.has("logits");
+    if encoder && !npz.has(&pooled) {
+        bail!("{path}: the dump has no `logits` array (nor `{pooled}`, an encoder's output)");
     }
     let raw = npz.read("tokens", max_bytes)?;
     if raw.dtype != Dtype::I32 || raw.shape.len() != 1 {
@@ -206,20 +216,32 @@ fn read_npz(mut npz: Npz, max_bytes: u64) -> Result<Dump> {
         })
         .collect::<Result<Vec<u32>>>()?;
     let t = tokens.len();
-    let logits = float_2d(&mut npz, "logits")?;
-    if logits.nrows() != t || logits.ncols() == 0 {
-        bail!(
-            "{path}: `logits` is {:?}, expected [{t}, V] with V ≥ 1 (T from `tokens`)",
-            logits.dim()
-        );
-    }
+    let logits = if encoder {
+        None
+    } else {
+        let logits = float_2d(&mut npz, "logits")?;
+        if logits.nrows() != t || logits.ncols() == 0 {
+            bail!(
+                "{path}: `logits` is {:?}, expected [{t}, V] with V ≥ 1 (T from `tokens`)",
+                logits.dim()
+            );
+        }
+        Some(logits)
+    };
     let mut stages = BTreeMap::new();
     for name in &names {
         if matches!(name.as_str(), "tokens" | "logits" | "lockstep_dump_version") {
             continue;
         }
         let arr = float_2d(&mut npz, name)?;
-        if arr.nrows() != t {
+        if encoder && *name == pooled {
+            if arr.nrows() != 1 || t == 0 {
+                bail!(
+                    "{path}: an encoder's `{name}` is {:?}, expected [1, D] (the last position's row)",
+                    arr.dim()
+                );
+            }
+        } else if arr.nrows() != t {
             bail!(
                 "{path}: stage `{name}` has {} rows but `tokens` has {t}",
                 arr.nrows()

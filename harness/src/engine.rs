@@ -414,7 +414,14 @@ impl Engine for ExternalEngine {
             ],
         )?;
         self.run(c, "forward")?;
-        let d = crate::dump::read(&out)?;
+        let mut d = crate::dump::read(&out)?;
+        let logits = d.logits.take().with_context(|| {
+            format!(
+                "{}: the dump has no logits (an encoder's): the one-shot path runs decoders; run an \
+                 encoder through --engine-serve",
+                out.display()
+            )
+        })?;
         if d.tokens != self.history {
             bail!(
                 "the external engine's dump {} holds tokens {:?}, expected {:?}",
@@ -448,6 +455,6 @@ impl Engine for ExternalEngine {
                 sink.on_stage(*stage, start..end, w, data);
             }
         }
-        Ok(d.logits.slice(ndarray::s![start..end, ..]).to_owned())
+        Ok(logits.slice(ndarray::s![start..end, ..]).to_owned())
     }
 }

@@ -220,7 +220,10 @@ fn hostile_dumps_from_an_external_engine_are_refused_naming_the_file() {
     let label = Path::new("engine-out.npz");
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (b"not a zip".to_vec(), "not a valid .npz"),
-        (npz(&[("tokens.npy", tokens.clone())]), "no `logits`"),
+        (
+            npz(&[("tokens.npy", tokens.clone())]),
+            "no `logits` array (nor `pooled`",
+        ),
         (
             // a zip bomb: 256 MiB of logits (~256 KiB compressed) against a 16 MiB bound
             npz(&[
@@ -257,6 +260,14 @@ fn hostile_dumps_from_an_external_engine_are_refused_naming_the_file() {
             ]),
             "stage `blk.0.out` has 2 rows",
         ),
+        (
+            // an encoder's dump (no logits): its `pooled` is the last position's one row
+            npz(&[
+                ("tokens.npy", npy_bytes(Dtype::I32, &[2], &[0; 8])),
+                ("pooled.npy", npy_bytes(Dtype::F32, &[2, 2], &[0; 16])),
+            ]),
+            "an encoder's `pooled` is (2, 2), expected [1, D]",
+        ),
     ];
     for (bytes, needle) in cases {
         let e = format!(
@@ -268,4 +279,17 @@ fn hostile_dumps_from_an_external_engine_are_refused_naming_the_file() {
             "{needle}: {e}"
         );
     }
+    // a well-formed encoder dump reads: no logits, `pooled` [1, D], the other stages [T, D]
+    let d = lockstep::dump::read_bytes(
+        npz(&[
+            ("tokens.npy", npy_bytes(Dtype::I32, &[2], &[0; 8])),
+            ("pooled.npy", npy_bytes(Dtype::F32, &[1, 2], &[0; 8])),
+            ("blk.0.out.npy", npy_bytes(Dtype::F32, &[2, 2], &[0; 16])),
+        ]),
+        label,
+        16 << 20,
+    )
+    .unwrap();
+    assert!(d.logits.is_none());
+    assert_eq!(d.stages["pooled"].dim(), (1, 2));
 }

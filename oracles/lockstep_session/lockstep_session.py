@@ -3,10 +3,12 @@
 An engine under test is an object with these methods (README, "Plugging in another engine"):
 
     load(model_path, mode, target) -> dict     # {"engine": "name@version", "capabilities": [...],
-                                               #  optional "n_vocab", "stages" (its names in forward order)}
+                                               #  optional "n_vocab", "stages" (its names in forward order),
+                                               #  "output": "pooled" for an encoder}
     reset(mode, target, n_ctx) -> None         # a new sequence: empty KV cache, next position 0
     step(tokens, start) -> (logits, stages)    # run tokens at positions start.., through its KV cache;
-                                               # logits float32 [n, V]; stages {name: float32 [n, D]}
+                                               # logits float32 [n, V]; stages {name: float32 [n, D]};
+                                               # an encoder: logits None, stages["pooled"] [1, D]
     tokenize(text, add_special, parse_special) -> list[int]   # only with the capability "tokenize"
     inject(stage, value) -> None               # only with "inject": use value [n, D] in place of the
                                                # stage in the next step, after recording its own value
@@ -32,22 +34,29 @@ DUMP_FORMAT_VERSION = 1
 def write_dump(path, tokens, logits, stages):
     """Write one step's dump: tokens int32 [n], logits float32 [n, V], each stage float32 [n, D].
 
-    Written to a temporary name in the same directory and renamed, so a reader never sees half a file.
+    An encoder's dump (`logits` None) has no logits; its output is the stage `pooled`, float32 [1, D] (the
+    row of the step's last position). Written to a temporary name in the same directory and renamed, so a
+    reader never sees half a file.
     """
     tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
     arrays = {
         "lockstep_dump_version": np.array([DUMP_FORMAT_VERSION], dtype=np.int32),
         "tokens": tokens,
-        "logits": np.ascontiguousarray(logits, dtype=np.float32),
     }
+    encoder = logits is None
+    if not encoder:
+        arrays["logits"] = np.ascontiguousarray(logits, dtype=np.float32)
+    elif "pooled" not in stages:
+        raise ValueError("an encoder's dump (no logits) needs the stage 'pooled' [1, D]")
     for name, a in stages.items():
         if name in arrays:
             raise ValueError(f"stage name {name!r} collides with a reserved array")
         a = np.ascontiguousarray(a, dtype=np.float32)
-        if a.ndim != 2 or a.shape[0] != len(tokens):
-            raise ValueError(f"stage {name!r} is {a.shape}, expected [{len(tokens)}, D]")
+        rows = 1 if encoder and name == "pooled" else len(tokens)
+        if a.ndim != 2 or a.shape[0] != rows:
+            raise ValueError(f"stage {name!r} is {a.shape}, expected [{rows}, D]")
         arrays[name] = a
-    if arrays["logits"].shape[0] != len(tokens):
+    if not encoder and arrays["logits"].shape[0] != len(tokens):
         raise ValueError(f"logits are {arrays['logits'].shape}, expected [{len(tokens)}, V]")
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:

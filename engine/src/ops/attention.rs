@@ -622,7 +622,7 @@ fn kqv_reduce8(target: GgmlTarget, order: KqvOrder, acc: &[f32], hd: usize, d0: 
 const KQV_DIMS: usize = 64;
 
 /// Accumulator `a` of [`kqv_all_d`] for dimensions `d0 .. d0 + D` (the scalar walk; the AVX2 kernel is
-/// `ggml_cpu::kqv_heads_avx2`): `acc[k] = fma(v[i][d0 + k], p[i], acc[k])` for `i = a, a + n_acc, ...`
+/// `ggml_cpu::kqv_heads_avx2`, `kqv_heads_avx512`, `kqv_heads64_avx512`): `acc[k] = fma(v[i][d0 + k], p[i], acc[k])` for `i = a, a + n_acc, ...`
 /// below `p.len()` (rows past `n_pos` are zeros), from 0.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -703,6 +703,9 @@ pub(super) fn kqv_all_d<F: Fma>(
             if F::AVX512 && hd == 64 {
                 // SAFETY: `F::AVX512` holds only where the CPU has AVX2, FMA and AVX-512 F/VL
                 unsafe { ggml_cpu::kqv_heads64_avx512(h, values, n_pos, p, n_acc, a) };
+            } else if F::AVX512 && hd.is_multiple_of(16) {
+                // SAFETY: as above
+                unsafe { ggml_cpu::kqv_heads_avx512(h, values, n_pos, hd, p, n_acc, a) };
             } else {
                 // SAFETY: `F::AVX2` holds only where the CPU has AVX2 and FMA (`Fma::AVX2`)
                 unsafe { ggml_cpu::kqv_heads_avx2(h, values, n_pos, hd, p, n_acc, a) };

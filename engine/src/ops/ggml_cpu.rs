@@ -994,6 +994,95 @@ unsafe fn kqv_heads64<const H: usize>(
     }
 }
 
+/// [`kqv_heads_avx2`] on 512-bit registers, for head dimensions that are a multiple of 16 (128, 256):
+/// each zmm accumulator holds two of the eight-dimension accumulators of one slot side by side, so a
+/// lane takes the same fmas in the same order as in [`kqv_heads_avx2`] (same bits) with half the
+/// instructions and V loads. The 64-wide heads have their own all-in-registers kernel
+/// ([`kqv_heads64_avx512`]).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and AVX-512 F. `1 ≤ h ≤ KQV_HEADS`, `n_acc` a multiple of 4, `p_len` of
+/// `n_acc`, `hd` of 16; the slices are checked.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub(crate) unsafe fn kqv_heads_avx512(
+    h: usize,
+    values: &[f32],
+    n_pos: usize,
+    hd: usize,
+    p: (&[f32], usize, usize),
+    n_acc: usize,
+    acc: &mut [f32],
+) {
+    let wide = n_acc.is_multiple_of(8);
+    match (h, wide) {
+        (1, true) => kqv_heads_zmm::<1, 8>(values, n_pos, hd, p, n_acc, acc),
+        (1, false) => kqv_heads_zmm::<1, 4>(values, n_pos, hd, p, n_acc, acc),
+        (2, true) => kqv_heads_zmm::<2, 8>(values, n_pos, hd, p, n_acc, acc),
+        (2, false) => kqv_heads_zmm::<2, 4>(values, n_pos, hd, p, n_acc, acc),
+        (3, _) => kqv_heads_zmm::<3, 4>(values, n_pos, hd, p, n_acc, acc),
+        _ => unreachable!("kqv_heads_avx512 takes 1 to {KQV_HEADS} heads"),
+    }
+}
+
+/// [`kqv_heads_avx512`] for `H` heads, `S` slots per pass (`H · S ≤ 16` zmm accumulators).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn kqv_heads_zmm<const H: usize, const S: usize>(
+    values: &[f32],
+    n_pos: usize,
+    hd: usize,
+    (p, stride, p_len): (&[f32], usize, usize),
+    n_acc: usize,
+    acc: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    assert!(n_acc.is_multiple_of(S) && p_len.is_multiple_of(n_acc) && hd.is_multiple_of(16));
+    assert!(values.len() >= n_pos * hd && p.len() >= (H - 1) * stride + p_len);
+    assert!(acc.len() >= H * n_acc * hd);
+    let real = n_pos.min(p_len);
+    for a0 in (0..n_acc).step_by(S) {
+        for d0 in (0..hd).step_by(16) {
+            let mut r = [[_mm512_setzero_ps(); S]; H];
+            let mut base = 0;
+            // every row of the step is a real one
+            while base + n_acc <= real {
+                for s in 0..S {
+                    let i = base + a0 + s;
+                    let v = _mm512_loadu_ps(values.as_ptr().add(i * hd + d0));
+                    for (j, r) in r.iter_mut().enumerate() {
+                        let pj = _mm512_set1_ps(*p.get_unchecked(j * stride + i));
+                        r[s] = _mm512_fmadd_ps(v, pj, r[s]);
+                    }
+                }
+                base += n_acc;
+            }
+            // the steps past `n_pos`: real rows, then zeros
+            while base < p_len {
+                for s in 0..S {
+                    let i = base + a0 + s;
+                    let v = if i < n_pos {
+                        _mm512_loadu_ps(values.as_ptr().add(i * hd + d0))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    for (j, r) in r.iter_mut().enumerate() {
+                        let pj = _mm512_set1_ps(p[j * stride + i]);
+                        r[s] = _mm512_fmadd_ps(v, pj, r[s]);
+                    }
+                }
+                base += n_acc;
+            }
+            for (j, r) in r.iter().enumerate() {
+                for (s, r) in r.iter().enumerate() {
+                    let at = (j * n_acc + a0 + s) * hd + d0;
+                    _mm512_storeu_ps(acc.as_mut_ptr().add(at), *r);
+                }
+            }
+        }
+    }
+}
+
 /// [`kqv_heads_avx2`] for `H` heads, `S` slots per pass.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]

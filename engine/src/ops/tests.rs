@@ -292,7 +292,22 @@ fn simd_attention_gives_the_scalar_bits_for_every_target_order_and_shape() {
 fn kqv_for_every_output_at_once_equals_the_per_output_ggml_dot_products() {
     // kqv_all_d claims each output sees exactly the operations of ggml_vec_dot_f32 (decode) or of
     // tinyBLAS (prompt batch) over a strided V column: hold it to those replicas, for every target,
-    // bit for bit (the AVX2 reductions of the two kernels differ in their order)
+    // bit for bit (the AVX2 reductions of the two kernels differ in their order) — the portable walk,
+    // and the AVX2 and AVX-512 kernels where this CPU has them (64-wide heads, 128, 256, 8)
+    kqv_case::<Emulated>();
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::quant::x86::{Hardware, HardwareAvx512};
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            kqv_case::<Hardware>();
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
+                kqv_case::<HardwareAvx512>();
+            }
+        }
+    }
+}
+
+fn kqv_case<F: crate::quant::x86::Fma>() {
     let mut s = 0x9e37_79b9_7f4a_7c15u64;
     let mut rnd = || {
         s ^= s << 13;
@@ -301,7 +316,7 @@ fn kqv_for_every_output_at_once_equals_the_per_output_ggml_dot_products() {
         ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
     };
     let mut acc = Vec::new();
-    for hd in [8, 64, 256] {
+    for hd in [8, 64, 128, 256] {
         for n_pos in [1, 17, 64, 100] {
             let values: Vec<f32> = (0..n_pos * hd).map(|_| rnd()).collect();
             let v = |i: usize, d: usize| if i < n_pos { values[i * hd + d] } else { 0.0 };
@@ -311,38 +326,48 @@ fn kqv_for_every_output_at_once_equals_the_per_output_ggml_dot_products() {
                         KqvOrder::VecDot => attention_scratch_len(n_pos),
                         KqvOrder::TinyBlas => n_pos.div_ceil(ggml_cpu::LANES) * ggml_cpu::LANES,
                     };
-                    let p: Vec<f32> = (0..k)
-                        .map(|i| if i < n_pos { rnd().abs() } else { 0.0 })
-                        .collect();
-                    let mut out = vec![0.0; hd];
-                    kqv_all_d::<Emulated>(
-                        target,
-                        order,
-                        &values,
-                        n_pos,
-                        hd,
-                        (&p, k, k),
-                        1,
-                        &mut out,
-                        &mut acc,
-                    );
-                    for (d, &o) in out.iter().enumerate() {
-                        let want = match order {
-                            KqvOrder::VecDot => {
-                                ggml_cpu::vec_dot_f32_by::<Emulated>(target, k, |i| v(i, d), &p)
-                            }
-                            KqvOrder::TinyBlas => ggml_cpu::tinyblas_dot_f32_by::<Emulated>(
-                                target,
-                                k,
-                                |i| v(i, d),
-                                &p,
-                            ),
-                        };
-                        assert_eq!(
-                            o.to_bits(),
-                            want.to_bits(),
-                            "hd {hd} n_pos {n_pos} {target} {order:?} d {d}: {o} vs {want}"
+                    // one to three query heads sharing this V (a run of the kernels' heads)
+                    for run in 1..=3 {
+                        let p: Vec<f32> = (0..run * k)
+                            .map(|i| if i % k < n_pos { rnd().abs() } else { 0.0 })
+                            .collect();
+                        let mut out = vec![0.0; run * hd];
+                        kqv_all_d::<F>(
+                            target,
+                            order,
+                            &values,
+                            n_pos,
+                            hd,
+                            (&p, k, k),
+                            run,
+                            &mut out,
+                            &mut acc,
                         );
+                        for (j, out) in out.chunks_exact(hd).enumerate() {
+                            let p = &p[j * k..][..k];
+                            for (d, &o) in out.iter().enumerate() {
+                                let want =
+                                    match order {
+                                        KqvOrder::VecDot => ggml_cpu::vec_dot_f32_by::<Emulated>(
+                                            target,
+                                            k,
+                                            |i| v(i, d),
+                                            p,
+                                        ),
+                                        KqvOrder::TinyBlas => ggml_cpu::tinyblas_dot_f32_by::<
+                                            Emulated,
+                                        >(
+                                            target, k, |i| v(i, d), p
+                                        ),
+                                    };
+                                assert_eq!(
+                                    o.to_bits(),
+                                    want.to_bits(),
+                                    "hd {hd} n_pos {n_pos} {target} {order:?} run {run} head {j} d {d}: \
+                                     {o} vs {want}"
+                                );
+                            }
+                        }
                     }
                 }
             }

@@ -60,6 +60,8 @@ pub struct SessionEngine {
     name: String,
     capabilities: BTreeSet<String>,
     n_vocab: Option<usize>,
+    /// `load` answered `"output": "pooled"`: an encoder, whose steps' output is the stage `pooled`.
+    encoder: bool,
     /// Forward order the engine announced (its own names), if any.
     order: Vec<String>,
     stages: Vec<(String, usize)>,
@@ -102,6 +104,7 @@ impl SessionEngine {
             name: String::new(),
             capabilities: BTreeSet::new(),
             n_vocab: None,
+            encoder: false,
             order: Vec::new(),
             stages: Vec::new(),
             unmapped: BTreeSet::new(),
@@ -136,6 +139,17 @@ impl SessionEngine {
         e.name = name;
         e.capabilities = r.capabilities.into_iter().collect();
         e.n_vocab = r.n_vocab;
+        e.encoder = match r.output.as_deref() {
+            None | Some(super::OUTPUT_LOGITS) => false,
+            Some(super::OUTPUT_POOLED) => true,
+            Some(o) => bail!(
+                "the session engine's `load` answer says `output` {o:?}; the protocol knows \
+                 \"{}\" and \"{}\": {}",
+                super::OUTPUT_LOGITS,
+                super::OUTPUT_POOLED,
+                e.child.shown()
+            ),
+        };
         e.order = r.stages;
         Ok(e)
     }
@@ -279,6 +293,10 @@ impl Engine for SessionEngine {
         self.capabilities.contains(CAP_INJECT)
     }
 
+    fn is_encoder(&self) -> bool {
+        self.encoder
+    }
+
     fn set_input_rounding(&mut self, on: bool) -> bool {
         if !self.capabilities.contains(CAP_INPUT_ROUNDING) {
             return false;
@@ -329,8 +347,21 @@ impl Engine for SessionEngine {
             r.dump
                 .context("the session engine's answer names no `dump`")?,
         );
-        let d = crate::dump::read(&path)
+        let mut d = crate::dump::read(&path)
             .with_context(|| format!("the session engine's dump of step {}", self.steps))?;
+        let logits = d.logits.take();
+        if logits.is_some() == self.encoder {
+            bail!(
+                "the session engine's dump {} {} a `logits` array, but its `load` answer said it is {}",
+                path.display(),
+                if self.encoder { "holds" } else { "has no" },
+                if self.encoder {
+                    "an encoder (`output`: \"pooled\")"
+                } else {
+                    "a decoder (no `output`: \"pooled\")"
+                }
+            );
+        }
         if path.starts_with(self.scratch.path()) {
             let _ = std::fs::remove_file(&path);
         }
@@ -376,16 +407,38 @@ impl Engine for SessionEngine {
                 .collect();
         }
         let range = self.pos..self.pos + tokens.len();
+        let pooled = Stage::global(lockstep_engine::StageKind::Pooled);
         for (stage, name) in &found {
             if sink.wants(*stage) {
                 let mut rows = d.stages[*name].clone();
                 let w = rows.ncols();
+                // an encoder's pooled row belongs to the step's last position (as ours emits it)
+                let at = if self.encoder && *stage == pooled {
+                    range.end - 1..range.end
+                } else {
+                    range.clone()
+                };
                 let data = rows.as_slice_mut().context("contiguous rows")?;
-                sink.on_stage(*stage, range.clone(), w, data);
+                sink.on_stage(*stage, at, w, data);
             }
         }
         self.pos = range.end;
-        Ok(d.logits)
+        match logits {
+            Some(l) => Ok(l),
+            None => {
+                let name = found
+                    .iter()
+                    .find(|(s, _)| *s == pooled)
+                    .map(|(_, n)| (*n).clone())
+                    .with_context(|| {
+                        format!(
+                            "the session engine's dump {} (an encoder's) has no `pooled` stage",
+                            path.display()
+                        )
+                    })?;
+                Ok(d.stages[&name].clone())
+            }
+        }
     }
 }
 

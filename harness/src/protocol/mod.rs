@@ -8,7 +8,7 @@
 //!
 //! | op | fields | answer |
 //! |---|---|---|
-//! | `load` | `protocol` (1), `model` (GGUF path), `mode`, `target`, `scratch` (a directory to write dumps in) | `engine` (name@version), `protocol`, `capabilities`, optional `n_vocab`, optional `stages` (its stage names in forward order) |
+//! | `load` | `protocol` (1), `model` (GGUF path), `mode`, `target`, `scratch` (a directory to write dumps in) | `engine` (name@version), `protocol`, `capabilities`, optional `n_vocab`, optional `stages` (its stage names in forward order), optional `output` (`"logits"`, the default, or `"pooled"` for an encoder) |
 //! | `tokenize` | `text`, `add_special`, `parse_special` | `tokens` (capability `tokenize`) |
 //! | `reset` | `mode`, `target`, `n_ctx`, optional `input_rounding` | — (a new sequence: empty KV cache, position 0) |
 //! | `prefill` | `tokens`, `stages` (`"all"`) | `dump`: the path of an `.npz` in the dump format for this step |
@@ -18,7 +18,10 @@
 //!
 //! Every answer carries `"ok": true`, or `"ok": false` with `"error": "..."`. A step's dump holds the
 //! step's rows only: `tokens` `[n]` (the step's token ids), `logits` `[n, V]`, each stage `[n, D]` under its
-//! canonical id or under the engine's own name mapped by a stage map file ([`stage_map`]). `prefill` runs
+//! canonical id or under the engine's own name mapped by a stage map file ([`stage_map`]). An encoder
+//! (`load` answered `"output": "pooled"`, e.g. BERT) has no logits and no decode step: its `prefill` dump
+//! holds no `logits` array, and its output is the stage `pooled`, `[1, D]` (the row of the step's last
+//! position). `prefill` runs
 //! its tokens at the next positions (from 0 after `reset`); `decode` runs one token at the next position,
 //! through the engine's KV cache. `inject` (only if `load` announced the capability `inject`) replaces the
 //! stage's value in the *next* `prefill` or `decode` — row `i` at that step's `i`-th position — after the
@@ -51,6 +54,13 @@ pub const CAP_INJECT: &str = "inject";
 
 /// Capability: `reset` takes `input_rounding` (lockstep's rounding probe).
 pub const CAP_INPUT_ROUNDING: &str = "input_rounding";
+
+/// `load`'s `output` of a decoder: logits `[n, V]` per step (the default).
+pub const OUTPUT_LOGITS: &str = "logits";
+
+/// `load`'s `output` of an encoder (BERT): no logits; the pooled embedding, the stage `pooled` `[1, D]`
+/// (`engine/src/models/encoder.rs`; llama.cpp's `LLAMA_POOLING_TYPE_*`, transformers' pooler input).
+pub const OUTPUT_POOLED: &str = "pooled";
 
 /// Which stages a step's dump should hold. Version 1 always asks for every stage the engine has.
 pub const ALL_STAGES: &str = "all";
@@ -162,6 +172,10 @@ pub struct Reply {
     /// `load`: the engine's stage names in forward order (optional; default: canonical order).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<String>,
+    /// `load`: what the model outputs, [`OUTPUT_LOGITS`] (absent means that) or [`OUTPUT_POOLED`] (an
+    /// encoder: dumps without `logits`, the output is the stage `pooled` `[1, D]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
     /// `tokenize`: the ids.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<Vec<u32>>,

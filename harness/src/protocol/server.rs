@@ -133,6 +133,8 @@ impl Server {
                     .map(|(s, _)| s.to_string())
                     .collect();
                 let n_vocab = m.info().n_vocab;
+                let output = (m.output() == lockstep_engine::models::Output::Pooled)
+                    .then(|| super::OUTPUT_POOLED.to_string());
                 self.loaded = Some(Loaded {
                     model: m,
                     scratch: PathBuf::from(scratch),
@@ -152,6 +154,7 @@ impl Server {
                     ],
                     n_vocab: Some(n_vocab),
                     stages,
+                    output,
                     ..Reply::ok()
                 })
             }
@@ -237,8 +240,12 @@ impl Loaded {
         }
         let mut sink = InjectingSink::new(&pending, start);
         let v = self.model.info().n_vocab;
-        let logits = self.model.forward(session, tokens, Some(&mut sink))?;
-        let logits = Array2::from_shape_vec((tokens.len(), v), logits.to_vec())?;
+        let out = self.model.forward(session, tokens, Some(&mut sink))?;
+        // an encoder's output is its stage `pooled`, recorded with the others: its dump has no logits
+        let logits = match self.model.output() {
+            lockstep_engine::models::Output::Pooled => None,
+            _ => Some(Array2::from_shape_vec((tokens.len(), v), out.to_vec())?),
+        };
         let mut stages = recorded_arrays(sink.rec)?;
         stages.remove(&Stage::global(StageKind::Logits).to_string());
         let path = self.scratch.join(format!("step-{}.npz", self.steps));
