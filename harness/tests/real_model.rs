@@ -106,10 +106,10 @@ fn smollm2_dump_writes_every_stage_for_a_20_token_prompt() {
         if mode == NumericsMode::Ggml {
             // SIMD on gives the scalar ggml mode's bits in every stage and the logits
             let simd = dump::run(&m, &tokens, mode, GgmlTarget::host(), Simd::detect()).unwrap();
-            let bits = |a: &Option<ndarray::Array2<f32>>| a.as_ref().unwrap().mapv(f32::to_bits);
+            let bits = |a: &ndarray::Array2<f32>| a.mapv(f32::to_bits);
             assert_eq!(
-                bits(&simd.logits),
-                bits(&d.logits),
+                bits(simd.logits.as_ref().unwrap()),
+                bits(d.logits.as_ref().unwrap()),
                 "logits differ with SIMD {}",
                 Simd::detect()
             );

@@ -803,24 +803,7 @@ fn ctrl_c_during_a_run_saves_the_cells_finished_before_it() {
         libc::kill(child.id() as i32, libc::SIGINT);
     }
     let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{stderr}");
-    assert!(stderr.contains("saved in"), "{stderr}");
-    let left = common::still_running(&pids);
-    assert!(left.is_empty(), "processes {left:?} outlived Ctrl-C");
-    let dirs: Vec<PathBuf> = std::fs::read_dir(&reports)
-        .unwrap()
-        .map(|d| d.unwrap().path())
-        .collect();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
-    let r = lockstep::report::read_report(&dirs[0]).unwrap();
-    assert_eq!(r.cells.len(), 1);
-    assert_eq!(r.cells[0].cell.mode, NumericsMode::Reference);
-    let inc = r.incomplete.as_ref().expect("marked incomplete");
-    assert!(
-        inc.failed_cell.contains("/ggml/") && inc.error.contains("interrupted"),
-        "{inc:?}"
-    );
+    common::assert_saved_before_the_interrupt(&out, &pids, &reports);
 }
 
 #[test]

@@ -1025,121 +1025,87 @@ pub(crate) unsafe fn kqv_heads_avx512(
     }
 }
 
-/// [`kqv_heads_avx512`] for `H` heads, `S` slots per pass (`H · S ≤ 16` zmm accumulators).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512f")]
-unsafe fn kqv_heads_zmm<const H: usize, const S: usize>(
-    values: &[f32],
-    n_pos: usize,
-    hd: usize,
-    (p, stride, p_len): (&[f32], usize, usize),
-    n_acc: usize,
-    acc: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    assert!(n_acc.is_multiple_of(S) && p_len.is_multiple_of(n_acc) && hd.is_multiple_of(16));
-    assert!(values.len() >= n_pos * hd && p.len() >= (H - 1) * stride + p_len);
-    assert!(acc.len() >= H * n_acc * hd);
-    let real = n_pos.min(p_len);
-    for a0 in (0..n_acc).step_by(S) {
-        for d0 in (0..hd).step_by(16) {
-            let mut r = [[_mm512_setzero_ps(); S]; H];
-            let mut base = 0;
-            // every row of the step is a real one
-            while base + n_acc <= real {
-                for s in 0..S {
-                    let i = base + a0 + s;
-                    let v = _mm512_loadu_ps(values.as_ptr().add(i * hd + d0));
-                    for (j, r) in r.iter_mut().enumerate() {
-                        let pj = _mm512_set1_ps(*p.get_unchecked(j * stride + i));
-                        r[s] = _mm512_fmadd_ps(v, pj, r[s]);
+/// The body of [`kqv_heads_avx2`] and [`kqv_heads_avx512`] for `H` heads, `S` slots per pass, on vectors
+/// of `$w` lanes: `acc` slot `a`'s accumulator of dimensions `d0 .. d0 + $w` takes
+/// `fma(v[i][d0 ..], p_j[i], ·)` for `i = a, a + n_acc, ...` in increasing order, from 0. A lane's fmas do
+/// not depend on the vector width, so both widths give the same bits.
+macro_rules! kqv_heads_kernel {
+    ($(#[$doc:meta])* $name:ident, $feat:literal, $w:literal,
+     $zero:path, $load:path, $set1:path, $fmadd:path, $store:path) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<const H: usize, const S: usize>(
+            values: &[f32],
+            n_pos: usize,
+            hd: usize,
+            (p, stride, p_len): (&[f32], usize, usize),
+            n_acc: usize,
+            acc: &mut [f32],
+        ) {
+            assert!(n_acc.is_multiple_of(S) && p_len.is_multiple_of(n_acc) && hd.is_multiple_of($w));
+            assert!(values.len() >= n_pos * hd && p.len() >= (H - 1) * stride + p_len);
+            assert!(acc.len() >= H * n_acc * hd);
+            let real = n_pos.min(p_len);
+            for a0 in (0..n_acc).step_by(S) {
+                for d0 in (0..hd).step_by($w) {
+                    let mut r = [[$zero(); S]; H];
+                    let mut base = 0;
+                    // every row of the step is a real one
+                    while base + n_acc <= real {
+                        for s in 0..S {
+                            let i = base + a0 + s;
+                            let v = $load(values.as_ptr().add(i * hd + d0));
+                            for (j, r) in r.iter_mut().enumerate() {
+                                let pj = $set1(*p.get_unchecked(j * stride + i));
+                                r[s] = $fmadd(v, pj, r[s]);
+                            }
+                        }
+                        base += n_acc;
                     }
-                }
-                base += n_acc;
-            }
-            // the steps past `n_pos`: real rows, then zeros
-            while base < p_len {
-                for s in 0..S {
-                    let i = base + a0 + s;
-                    let v = if i < n_pos {
-                        _mm512_loadu_ps(values.as_ptr().add(i * hd + d0))
-                    } else {
-                        _mm512_setzero_ps()
-                    };
-                    for (j, r) in r.iter_mut().enumerate() {
-                        let pj = _mm512_set1_ps(p[j * stride + i]);
-                        r[s] = _mm512_fmadd_ps(v, pj, r[s]);
+                    // the steps past `n_pos`: real rows, then zeros
+                    while base < p_len {
+                        for s in 0..S {
+                            let i = base + a0 + s;
+                            let v = if i < n_pos {
+                                $load(values.as_ptr().add(i * hd + d0))
+                            } else {
+                                $zero()
+                            };
+                            for (j, r) in r.iter_mut().enumerate() {
+                                let pj = $set1(p[j * stride + i]);
+                                r[s] = $fmadd(v, pj, r[s]);
+                            }
+                        }
+                        base += n_acc;
                     }
-                }
-                base += n_acc;
-            }
-            for (j, r) in r.iter().enumerate() {
-                for (s, r) in r.iter().enumerate() {
-                    let at = (j * n_acc + a0 + s) * hd + d0;
-                    _mm512_storeu_ps(acc.as_mut_ptr().add(at), *r);
+                    for (j, r) in r.iter().enumerate() {
+                        for (s, r) in r.iter().enumerate() {
+                            let at = (j * n_acc + a0 + s) * hd + d0;
+                            $store(acc.as_mut_ptr().add(at), *r);
+                        }
+                    }
                 }
             }
         }
-    }
+    };
 }
 
-/// [`kqv_heads_avx2`] for `H` heads, `S` slots per pass.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn kqv_heads<const H: usize, const S: usize>(
-    values: &[f32],
-    n_pos: usize,
-    hd: usize,
-    (p, stride, p_len): (&[f32], usize, usize),
-    n_acc: usize,
-    acc: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    assert!(n_acc.is_multiple_of(S) && p_len.is_multiple_of(n_acc) && hd.is_multiple_of(8));
-    assert!(values.len() >= n_pos * hd && p.len() >= (H - 1) * stride + p_len);
-    assert!(acc.len() >= H * n_acc * hd);
-    let real = n_pos.min(p_len);
-    for a0 in (0..n_acc).step_by(S) {
-        for d0 in (0..hd).step_by(8) {
-            let mut r = [[_mm256_setzero_ps(); S]; H];
-            let mut base = 0;
-            // every row of the step is a real one
-            while base + n_acc <= real {
-                for s in 0..S {
-                    let i = base + a0 + s;
-                    let v = _mm256_loadu_ps(values.as_ptr().add(i * hd + d0));
-                    for (j, r) in r.iter_mut().enumerate() {
-                        let pj = _mm256_set1_ps(*p.get_unchecked(j * stride + i));
-                        r[s] = _mm256_fmadd_ps(v, pj, r[s]);
-                    }
-                }
-                base += n_acc;
-            }
-            // the steps past `n_pos`: real rows, then zeros
-            while base < p_len {
-                for s in 0..S {
-                    let i = base + a0 + s;
-                    let v = if i < n_pos {
-                        _mm256_loadu_ps(values.as_ptr().add(i * hd + d0))
-                    } else {
-                        _mm256_setzero_ps()
-                    };
-                    for (j, r) in r.iter_mut().enumerate() {
-                        let pj = _mm256_set1_ps(p[j * stride + i]);
-                        r[s] = _mm256_fmadd_ps(v, pj, r[s]);
-                    }
-                }
-                base += n_acc;
-            }
-            for (j, r) in r.iter().enumerate() {
-                for (s, r) in r.iter().enumerate() {
-                    let at = (j * n_acc + a0 + s) * hd + d0;
-                    _mm256_storeu_ps(acc.as_mut_ptr().add(at), *r);
-                }
-            }
-        }
-    }
-}
+kqv_heads_kernel!(
+    /// [`kqv_heads_avx512`] for `H` heads, `S` slots per pass (`H · S ≤ 16` zmm accumulators).
+    kqv_heads_zmm, "avx2,fma,avx512f", 16,
+    std::arch::x86_64::_mm512_setzero_ps, std::arch::x86_64::_mm512_loadu_ps,
+    std::arch::x86_64::_mm512_set1_ps, std::arch::x86_64::_mm512_fmadd_ps,
+    std::arch::x86_64::_mm512_storeu_ps
+);
+
+kqv_heads_kernel!(
+    /// [`kqv_heads_avx2`] for `H` heads, `S` slots per pass.
+    kqv_heads, "avx2,fma", 8,
+    std::arch::x86_64::_mm256_setzero_ps, std::arch::x86_64::_mm256_loadu_ps,
+    std::arch::x86_64::_mm256_set1_ps, std::arch::x86_64::_mm256_fmadd_ps,
+    std::arch::x86_64::_mm256_storeu_ps
+);
 
 #[cfg(test)]
 mod tests;

@@ -115,3 +115,35 @@ pub fn still_running(pids: &Path) -> Vec<i32> {
         })
         .collect()
 }
+
+/// The end of a Ctrl-C test: `lockstep run` (its output `out`) was interrupted while its second cell (a
+/// ggml one) hung in an engine whose processes `pids` lists. The run exits 130 saying where it saved, no
+/// engine process outlives it, and `reports` holds one report with the finished reference cell, marked
+/// incomplete at the ggml cell. Returns that report.
+#[allow(dead_code)] // not every test binary that includes `common` interrupts a run
+pub fn assert_saved_before_the_interrupt(
+    out: &std::process::Output,
+    pids: &Path,
+    reports: &Path,
+) -> lockstep::report::Report {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("saved in"), "{stderr}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let left = still_running(pids);
+    assert!(left.is_empty(), "processes {left:?} outlived Ctrl-C");
+    let dirs: Vec<PathBuf> = std::fs::read_dir(reports)
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let r = lockstep::report::read_report(&dirs[0]).unwrap();
+    assert_eq!(r.cells.len(), 1, "the cell finished before Ctrl-C is saved");
+    assert_eq!(r.cells[0].cell.mode, NumericsMode::Reference);
+    let inc = r.incomplete.as_ref().expect("marked incomplete");
+    assert!(
+        inc.failed_cell.contains("/ggml/") && inc.error.contains("interrupted"),
+        "{inc:?}"
+    );
+    r
+}
