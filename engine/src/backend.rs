@@ -139,7 +139,18 @@ impl CpuBackend {
         let n_chunks = w.rows.div_ceil(chunk_rows);
         let base = OutPtr(out.as_mut_ptr());
         let (rows_total, cols) = (w.rows, w.cols);
-        let xs: Vec<&[f32]> = prepared.iter().map(|p| p.x()).collect();
+        // the activation rows; a decode step's few on the stack (a decode step allocates nothing)
+        let mut few: [&[f32]; 8] = [&[]; 8];
+        let many: Vec<&[f32]>;
+        let xs: &[&[f32]] = if prepared.len() <= few.len() {
+            for (x, p) in few.iter_mut().zip(prepared) {
+                *x = p.x();
+            }
+            &few[..prepared.len()]
+        } else {
+            many = prepared.iter().map(|p| p.x()).collect();
+            &many
+        };
         let n_tokens = prepared.len();
         (0..n_chunks).into_par_iter().for_each(|c| {
             let r0 = c * chunk_rows;
@@ -183,7 +194,7 @@ impl CpuBackend {
                             lanes,
                             &deq[..g * cols],
                             cols,
-                            &xs,
+                            xs,
                             |i, t, v| put(i0 + i, t, v),
                         );
                     } else {
