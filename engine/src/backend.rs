@@ -124,6 +124,8 @@ impl CpuBackend {
     ///   accumulator over chunks of 16 then `_mm512_reduce_add_ps` is exactly the 16-lane order, and
     ///   widening f16/bf16 to f32 is exact, so the tiles give [`quant::vec_dot_path`]'s bits.
     ///
+    /// Fewer than 8 tokens with the AVX-512 lanes, on the types of [`quant::reference_fused_matmul`]: each
+    /// block dequantized in registers and fused into the same order (the same bits, no row written out).
     /// A row that cannot be dequantized falls back to [`quant::vec_dot_path`]. `fault`: the
     /// [`crate::faults::Fault::ReferenceUnpack`] probe (reference mode only).
     fn dequantized_matmul(
@@ -152,6 +154,14 @@ impl CpuBackend {
             &many
         };
         let n_tokens = prepared.len();
+        // a decode step's few tokens: each block dequantized in registers and fused into the same 16-lane
+        // order (`quant::reference_fused_matmul`), rather than rows written out and read back
+        let rb = w.row_bytes();
+        let fused = lanes == Some(quant::Lanes16::Avx512)
+            && n_tokens < 8
+            && !fault
+            && quant::reference_fused_supported(w.ty)
+            && w.ty.bytes_for(cols as u64) == Some(rb);
         (0..n_chunks).into_par_iter().for_each(|c| {
             let r0 = c * chunk_rows;
             let n_rows = chunk_rows.min(rows_total - r0);
@@ -160,6 +170,11 @@ impl CpuBackend {
                 // the chunks' row ranges are disjoint, so each element is written by one task.
                 unsafe { *base.get().add(t * rows_total + r0 + i) = v }
             };
+            if fused {
+                let rows = &w.data[r0 * rb..(r0 + n_rows) * rb];
+                quant::reference_fused_matmul(w.ty, rows, rb, cols, xs, put);
+                return;
+            }
             // rows dequantized a few at a time: a decode step's four (the 4 × 1 tile, read back from
             // L1), a batch's enough to amortise the token groups, few enough to stay in L2
             let group = if n_tokens < 8 {

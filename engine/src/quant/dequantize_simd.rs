@@ -35,7 +35,7 @@ pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool 
 /// The 32 low then high nibbles of 16 bytes at `p`, as bytes.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn nibbles(p: *const u8) -> (__m128i, __m128i) {
+pub(super) unsafe fn nibbles(p: *const u8) -> (__m128i, __m128i) {
     let q = _mm_loadu_si128(p as *const __m128i);
     let m = _mm_set1_epi8(0x0F);
     (
@@ -96,6 +96,20 @@ unsafe fn q4_1(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// Byte `j` of the result is 16 where bit `j` of `h` (bits 0..16) is set, else 0: byte `j / 8` of `h`
+/// broadcast to byte `j`, tested against the bit `1 << (j % 8)` (integer operations, exact).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn high_bits(h: u32) -> __m128i {
+    let spread = _mm_shuffle_epi8(
+        _mm_cvtsi32_si128(h as i32),
+        _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+    );
+    let bit = _mm_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm_cmpeq_epi8(_mm_and_si128(spread, bit), bit);
+    _mm_and_si128(set, _mm_set1_epi8(16))
+}
+
 /// `q5_0::dequantize_block`: `(q | h << 4) − 16`, times `d`.
 #[target_feature(enable = "avx2")]
 unsafe fn q5_0(src: &[u8], dst: &mut [f32]) {
@@ -106,13 +120,9 @@ unsafe fn q5_0(src: &[u8], dst: &mut [f32]) {
         let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
         let (lo, hi) = nibbles(blk.as_ptr().add(6));
         // the fifth bit of element j is bit j of qh: spread it to bit 4 of byte j
-        let bits = |h: u32| -> __m128i {
-            let b: [u8; 16] = std::array::from_fn(|j| (((h >> j) & 1) << 4) as u8);
-            _mm_loadu_si128(b.as_ptr() as *const __m128i)
-        };
         let sixteen = _mm_set1_epi8(16);
-        let lo = _mm_sub_epi8(_mm_or_si128(lo, bits(qh)), sixteen);
-        let hi = _mm_sub_epi8(_mm_or_si128(hi, bits(qh >> 16)), sixteen);
+        let lo = _mm_sub_epi8(_mm_or_si128(lo, high_bits(qh)), sixteen);
+        let hi = _mm_sub_epi8(_mm_or_si128(hi, high_bits(qh >> 16)), sixteen);
         store16::<true>(out.as_mut_ptr(), lo, |v| _mm256_mul_ps(v, d));
         store16::<true>(out.as_mut_ptr().add(16), hi, |v| _mm256_mul_ps(v, d));
     }

@@ -161,6 +161,7 @@ mod q8;
 mod q8_k;
 mod reference;
 mod reference_fma;
+mod reference_fused;
 mod simd_rows;
 mod table;
 mod types;
@@ -184,6 +185,27 @@ pub(crate) fn reference_fma_matmul(
     put: impl FnMut(usize, usize, f32),
 ) {
     reference_fma::matmul(lanes, w, cols, xs, put)
+}
+
+/// True when [`reference_fused_matmul`] has a kernel for weights of `ty` on this CPU
+/// (`reference_fused.rs`: AVX-512 F; Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
+pub(crate) fn reference_fused_supported(ty: GgmlType) -> bool {
+    reference_fused::supported(ty)
+}
+
+/// Reference mode with SIMD on, few tokens: the products of the quantized weight rows `w` (whole rows of
+/// `row_bytes` bytes, `cols` elements of `ty`) with `xs`, each block dequantized in registers and fused
+/// into the 16-lane order — the bits of [`reference_fma_matmul`] on the dequantized rows, without writing
+/// them out. Panics where [`reference_fused_supported`] is false or the lengths disagree.
+pub(crate) fn reference_fused_matmul(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    cols: usize,
+    xs: &[&[f32]],
+    put: impl FnMut(usize, usize, f32),
+) {
+    reference_fused::matmul(ty, w, row_bytes, cols, xs, put)
 }
 
 use crate::numerics::{GgmlTarget, NumericsMode};
