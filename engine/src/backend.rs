@@ -111,6 +111,132 @@ impl CpuBackend {
     }
 }
 
+impl CpuBackend {
+    /// A matmul on weight rows dequantized to f32 ([`quant::dequantize_row`], each row once for all
+    /// tokens) against `prepared[t].x` (`out` as [`Backend::matmul`]'s). `lanes` `None`: the portable
+    /// reference dot ([`quant::dot_dequantized`]) per output; `Some`: register tiles of rows × tokens in the
+    /// 16-lane fma order (`quant::reference_fma`). Either way every output has one fixed order, so the bits
+    /// do not depend on the batch size, the chunking or the thread count. Runs
+    ///
+    /// - reference mode (`lanes` from the SIMD setting): the bits of [`quant::vec_dot`] per token;
+    /// - ggml mode's tinyBLAS of float weights (F32/F16 [`quant::GgmlPath::TinyBlas`], BF16
+    ///   [`quant::GgmlPath::TinyBlasNoBf16`], rows of a multiple of 16): that path's one 16-lane fma
+    ///   accumulator over chunks of 16 then `_mm512_reduce_add_ps` is exactly the 16-lane order, and
+    ///   widening f16/bf16 to f32 is exact, so the tiles give [`quant::vec_dot_path`]'s bits.
+    ///
+    /// Fewer than 8 tokens with the AVX-512 lanes, on the types of [`quant::reference_fused_matmul`]: each
+    /// block dequantized in registers and fused into the same order (the same bits, no row written out).
+    /// A row that cannot be dequantized falls back to [`quant::vec_dot_path`]. `fault`: the
+    /// [`crate::faults::Fault::ReferenceUnpack`] probe (reference mode only).
+    fn dequantized_matmul(
+        &self,
+        w: &QMatrix<'_>,
+        prepared: &[PreparedRow],
+        out: &mut [f32],
+        path: &(dyn Fn(usize) -> quant::GgmlPath + Sync),
+        lanes: Option<quant::Lanes16>,
+        fault: bool,
+    ) {
+        let chunk_rows = batch_chunk_rows(w.rows, rayon::current_num_threads());
+        let n_chunks = w.rows.div_ceil(chunk_rows);
+        let base = OutPtr(out.as_mut_ptr());
+        let (rows_total, cols) = (w.rows, w.cols);
+        // the activation rows; a decode step's few on the stack (a decode step allocates nothing)
+        let mut few: [&[f32]; 8] = [&[]; 8];
+        let many: Vec<&[f32]>;
+        let xs: &[&[f32]] = if prepared.len() <= few.len() {
+            for (x, p) in few.iter_mut().zip(prepared) {
+                *x = p.x();
+            }
+            &few[..prepared.len()]
+        } else {
+            many = prepared.iter().map(|p| p.x()).collect();
+            &many
+        };
+        let n_tokens = prepared.len();
+        // a decode step's few tokens: each block dequantized in registers and fused into the same 16-lane
+        // order (`quant::reference_fused_matmul`), rather than rows written out and read back
+        let rb = w.row_bytes();
+        let fused = lanes == Some(quant::Lanes16::Avx512)
+            && n_tokens < 8
+            && !fault
+            && quant::reference_fused_supported(w.ty)
+            && w.ty.bytes_for(cols as u64) == Some(rb);
+        (0..n_chunks).into_par_iter().for_each(|c| {
+            let r0 = c * chunk_rows;
+            let n_rows = chunk_rows.min(rows_total - r0);
+            let put = |i: usize, t: usize, v: f32| {
+                // SAFETY: `out` holds n_tokens·rows floats (checked by `matmul`) and outlives this scope;
+                // the chunks' row ranges are disjoint, so each element is written by one task.
+                unsafe { *base.get().add(t * rows_total + r0 + i) = v }
+            };
+            if fused {
+                let rows = &w.data[r0 * rb..(r0 + n_rows) * rb];
+                quant::reference_fused_matmul(w.ty, rows, rb, cols, xs, put);
+                return;
+            }
+            // rows dequantized a few at a time: a decode step's four (the 4 × 1 tile, read back from
+            // L1), a batch's enough to amortise the token groups, few enough to stay in L2
+            let group = if n_tokens < 8 {
+                4
+            } else {
+                (REFERENCE_ROW_BYTES / (4 * cols)).clamp(4, 64)
+            };
+            DEQ_SCRATCH.with(|buf| {
+                let deq = &mut *buf.borrow_mut();
+                if deq.len() < group * cols {
+                    deq.resize(group * cols, 0.0);
+                }
+                let mut i0 = 0;
+                while i0 < n_rows {
+                    let g = group.min(n_rows - i0);
+                    let mut ok = true;
+                    for i in 0..g {
+                        let d = &mut deq[i * cols..(i + 1) * cols];
+                        ok &= quant::dequantize_row(w.ty, w.row(r0 + i0 + i), d).is_ok();
+                        if fault {
+                            d.chunks_exact_mut(32).for_each(|b| b.rotate_left(16));
+                        }
+                    }
+                    if !ok {
+                        for i in i0..i0 + g {
+                            for (t, p) in prepared.iter().enumerate() {
+                                put(i, t, quant::vec_dot_path(w.ty, w.row(r0 + i), p, path(t)));
+                            }
+                        }
+                    } else if let Some(lanes) = lanes {
+                        quant::reference_fma_matmul(
+                            lanes,
+                            &deq[..g * cols],
+                            cols,
+                            xs,
+                            |i, t, v| put(i0 + i, t, v),
+                        );
+                    } else {
+                        for i in 0..g {
+                            let d = &deq[i * cols..(i + 1) * cols];
+                            for (t, p) in prepared.iter().enumerate() {
+                                put(i0 + i, t, quant::dot_dequantized(d, p));
+                            }
+                        }
+                    }
+                    i0 += g;
+                }
+            });
+        });
+    }
+}
+
+thread_local! {
+    /// Each worker's buffer of dequantized weight rows (`CpuBackend::dequantized_matmul`), kept across
+    /// matmuls so that a task neither allocates nor zeroes pages.
+    static DEQ_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Bytes of dequantized f32 weight rows a reference-mode task holds at once (the rows its tiles read for
+/// every token group; about half a 1 MiB L2).
+const REFERENCE_ROW_BYTES: usize = 256 << 10;
+
 /// The output of a batched matmul shared by its row-chunk tasks, each of which writes a disjoint set of
 /// elements (see [`CpuBackend`]'s `matmul`).
 #[derive(Clone, Copy)]
@@ -193,6 +319,31 @@ impl Backend for CpuBackend {
         let path = |t: usize| quant::ggml_path(w.ty, w.rows, w.cols, n_tokens, t, target);
         // the SIMD kernel of this weight type, or none (each call is given its rows' ggml paths)
         let kernel = quant::simd_kernel(num.with_simd(self.simd), w.ty);
+        if mode == NumericsMode::Reference {
+            let lanes = (self.simd != Simd::Off).then(|| quant::Lanes16::for_simd(self.simd));
+            let fault =
+                w.ty == GgmlType::Q4_1 && crate::faults::is(crate::faults::Fault::ReferenceUnpack);
+            self.dequantized_matmul(w, prepared, out, &path, lanes, fault);
+            return Ok(());
+        }
+        // float weights in a batch on llama.cpp's tinyBLAS whose arithmetic is the 16-lane fma order:
+        // widened once per row, tiles of rows × tokens (see `dequantized_matmul`)
+        let tinyblas16 = |t: usize| {
+            matches!(
+                (w.ty, path(t)),
+                (GgmlType::F32 | GgmlType::F16, quant::GgmlPath::TinyBlas)
+                    | (GgmlType::BF16, quant::GgmlPath::TinyBlasNoBf16)
+            )
+        };
+        if self.simd != Simd::Off
+            && n_tokens >= 2
+            && w.cols.is_multiple_of(16)
+            && (0..n_tokens).all(tinyblas16)
+        {
+            let lanes = quant::Lanes16::for_simd(self.simd);
+            self.dequantized_matmul(w, prepared, out, &path, Some(lanes), false);
+            return Ok(());
+        }
         if n_tokens == 1 {
             let p = path(0);
             out.par_chunks_mut(ROWS_PER_TASK)
@@ -279,31 +430,6 @@ impl Backend for CpuBackend {
                     std::slice::from_raw_parts_mut(base.get().add(t * rows_total + r0), n_rows)
                 }
             };
-            if kernel.is_none() && mode == NumericsMode::Reference {
-                // reference mode: each weight row dequantized once for all tokens (same bits as the
-                // per-token dequantizing dot, fewer dequantizations by the batch size)
-                let mut deq = vec![0f32; w.cols];
-                let mut ok = true;
-                for i in 0..n_rows {
-                    let row = w.row(r0 + i);
-                    if ok && quant::dequantize_row(w.ty, row, &mut deq).is_ok() {
-                        if w.ty == GgmlType::Q4_1
-                            && crate::faults::is(crate::faults::Fault::ReferenceUnpack)
-                        {
-                            deq.chunks_exact_mut(32).for_each(|b| b.rotate_left(16));
-                        }
-                        for (t, p) in prepared.iter().enumerate() {
-                            token_out(t)[i] = quant::dot_dequantized(&deq, p);
-                        }
-                    } else {
-                        ok = false;
-                        for (t, p) in prepared.iter().enumerate() {
-                            token_out(t)[i] = quant::vec_dot_path(w.ty, row, p, path(t));
-                        }
-                    }
-                }
-                return;
-            }
             let Some(k) = kernel else {
                 for i in 0..n_rows {
                     let row = w.row(r0 + i);
@@ -352,9 +478,13 @@ impl Backend for CpuBackend {
 mod tests {
     use super::*;
 
-    /// A batched reference-mode matmul (each row dequantized once for all tokens) gives the bits of the
-    /// per-token dequantizing dot product, for every setting and a row length that is not a multiple of 8
-    /// for the float types.
+    /// A reference-mode matmul (each row dequantized once for all tokens; with SIMD on, register tiles in
+    /// the 16-lane fma order) gives the bits of the per-token dequantizing dot product ([`quant::vec_dot`]
+    /// of a row prepared with the same SIMD setting), for every SIMD setting this CPU has, batch sizes
+    /// below, at and above the tiles' token groups (1 = decode), row counts over several chunks with
+    /// remainders, one and two worker threads, and row lengths that are not a multiple of 8 or 16 for
+    /// the float types. So the bits depend neither on the batch size, the tiling, the chunking nor the
+    /// thread count.
     #[test]
     fn reference_batch_dequantizes_once_with_the_per_token_bits() {
         let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -364,16 +494,26 @@ mod tests {
             seed ^= seed << 17;
             (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
         };
-        for (ty, cols) in [
-            (GgmlType::Q4_0, 64),
-            (GgmlType::Q4_1, 96),
-            (GgmlType::Q5_0, 64),
-            (GgmlType::Q8_0, 64),
-            (GgmlType::F16, 36),
-            (GgmlType::BF16, 36),
-            (GgmlType::F32, 37),
+        let pools: Vec<rayon::ThreadPool> = [1, 2]
+            .into_iter()
+            .map(|n| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        for (ty, cols, rows) in [
+            (GgmlType::Q4_0, 64, 19),
+            (GgmlType::Q4_1, 96, 19),
+            (GgmlType::Q5_0, 64, 19),
+            (GgmlType::Q8_0, 64, 19),
+            (GgmlType::Q4_K, 256, 67),
+            (GgmlType::Q6_K, 512, 9),
+            (GgmlType::F16, 36, 19),
+            (GgmlType::BF16, 36, 19),
+            (GgmlType::F32, 37, 131),
         ] {
-            let rows = 19;
             let wf: Vec<f32> = (0..rows * cols).map(|_| rnd() * 0.1).collect();
             let data = quant::quantize_row(ty, &wf).unwrap();
             let w = QMatrix {
@@ -382,31 +522,106 @@ mod tests {
                 cols,
                 data: &data,
             };
-            let n_tokens = 5;
-            let x: Vec<f32> = (0..n_tokens * cols).map(|_| rnd() * 3.0).collect();
-            for simd in [Simd::Off, Simd::detect()] {
-                let mut out = vec![0f32; n_tokens * rows];
-                CpuBackend::new(simd)
-                    .matmul(
-                        &w,
-                        &x,
-                        n_tokens,
-                        &mut out,
-                        Numerics::reference(),
-                        &mut MatmulScratch::default(),
-                    )
-                    .unwrap();
-                for t in 0..n_tokens {
-                    let mut p = PreparedRow::new();
-                    p.prepare(ty, NumericsMode::Reference, &x[t * cols..(t + 1) * cols])
+            for n_tokens in [1, 5, 17] {
+                let x: Vec<f32> = (0..n_tokens * cols).map(|_| rnd() * 3.0).collect();
+                let simds = [Simd::Off, Simd::Avx2, Simd::Avx512];
+                for simd in simds.into_iter().filter(|s| s.available()) {
+                    for pool in &pools {
+                        let mut out = vec![0f32; n_tokens * rows];
+                        pool.install(|| {
+                            CpuBackend::new(simd).matmul(
+                                &w,
+                                &x,
+                                n_tokens,
+                                &mut out,
+                                Numerics::reference(),
+                                &mut MatmulScratch::default(),
+                            )
+                        })
                         .unwrap();
-                    for r in 0..rows {
-                        let want = quant::vec_dot(ty, w.row(r), &p);
-                        assert_eq!(
-                            out[t * rows + r].to_bits(),
-                            want.to_bits(),
-                            "{ty} {simd:?} token {t} row {r}"
-                        );
+                        for t in 0..n_tokens {
+                            let mut p = PreparedRow::new();
+                            let xt = &x[t * cols..(t + 1) * cols];
+                            p.prepare_simd(ty, NumericsMode::Reference, xt, simd != Simd::Off)
+                                .unwrap();
+                            for r in 0..rows {
+                                let want = quant::vec_dot(ty, w.row(r), &p);
+                                assert_eq!(
+                                    out[t * rows + r].to_bits(),
+                                    want.to_bits(),
+                                    "{ty} {simd:?} {n_tokens} tokens, token {t} row {r}, {} threads",
+                                    pool.current_num_threads()
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ggml mode, float weights: a batched matmul with SIMD on (tiles of widened rows × tokens where the
+    /// path is a 16-lane tinyBLAS, the `dot_float` kernels elsewhere) gives the scalar kernel's bits
+    /// ([`quant::vec_dot_path`] on the path llama.cpp takes) for every output, for every ggml target
+    /// (tinyBLAS, tinyBLAS without AVX512-BF16, the AVX2 build's), batch sizes around the token groups,
+    /// row counts that are (tinyBLAS) and are not (vec_dot) a multiple of 4, and values spanning many
+    /// binades, including f16 subnormals.
+    #[test]
+    fn float_batches_give_the_scalar_bits_on_every_path() {
+        use crate::numerics::GgmlTarget;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            for (rows, cols) in [(12, 64), (36, 96), (13, 64), (8, 40)] {
+                let wf: Vec<f32> = (0..rows * cols)
+                    .map(|i| rnd() * (2f32).powi((i % 29) as i32 - 20))
+                    .collect();
+                let data = quant::quantize_row(ty, &wf).unwrap();
+                let w = QMatrix {
+                    ty,
+                    rows,
+                    cols,
+                    data: &data,
+                };
+                for n_tokens in [2, 8, 13] {
+                    let x: Vec<f32> = (0..n_tokens * cols).map(|_| rnd() * 3.0).collect();
+                    for target in GgmlTarget::ALL {
+                        let num = Numerics::ggml(target);
+                        for simd in [Simd::Avx2, Simd::Avx512]
+                            .into_iter()
+                            .filter(|s| s.available())
+                        {
+                            let mut out = vec![0f32; n_tokens * rows];
+                            CpuBackend::new(simd)
+                                .matmul(
+                                    &w,
+                                    &x,
+                                    n_tokens,
+                                    &mut out,
+                                    num,
+                                    &mut MatmulScratch::default(),
+                                )
+                                .unwrap();
+                            for t in 0..n_tokens {
+                                let mut p = PreparedRow::new();
+                                let xt = &x[t * cols..(t + 1) * cols];
+                                p.prepare(ty, NumericsMode::Ggml, xt).unwrap();
+                                let path = quant::ggml_path(ty, rows, cols, n_tokens, t, target);
+                                for r in 0..rows {
+                                    let want = quant::vec_dot_path(ty, w.row(r), &p, path);
+                                    assert_eq!(
+                                        out[t * rows + r].to_bits(),
+                                        want.to_bits(),
+                                        "{ty} {target:?} {simd:?} {path:?} {rows}x{cols}, {n_tokens} tokens: ({t}, {r})"
+                                    );
+                                }
+                            }
+                        }
                     }
                 }
             }

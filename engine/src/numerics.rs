@@ -266,10 +266,10 @@ impl Simd {
         self != Simd::Off && self.available()
     }
 
-    /// The setting whose kernels run in `mode` under `self`: reference mode has AVX2 kernels (explicit
-    /// vectors for the commonest weight types, the rest compiled with AVX2) but none of AVX-512's, so its
-    /// `avx512` runs exactly what `avx2` runs and is named `avx2`; ggml mode runs each setting's own. A run
-    /// matrix gives each (mode, kernels) one cell.
+    /// The setting whose results `mode` under `self` gives: reference mode's SIMD kernels all compute one
+    /// 16-lane fma order (`quant/reference_fma.rs`: AVX-512 tiles and AVX2 tiles, the same bits), so its
+    /// `avx512` gives exactly what `avx2` gives and is named `avx2`; ggml mode runs each setting's own. A
+    /// run matrix gives each (mode, results) one cell.
     pub fn for_mode(self, mode: NumericsMode) -> Simd {
         match (mode, self) {
             (NumericsMode::Reference, Simd::Avx512) => Simd::Avx2,

@@ -56,7 +56,9 @@ pub struct BisectOptions {
     /// The measured floors (`ci/floors.json`), read when the cell's thresholds ask for them.
     pub floors: PathBuf,
     /// The kernels [`bisect`] loads our engine with. Ggml mode computes the same bits with any setting
-    /// (the `simd` axis of `lockstep run` proves it cell by cell); reference mode has no SIMD kernels.
+    /// (the `simd` axis of `lockstep run` proves it cell by cell); reference mode sums in one order with
+    /// SIMD off and in another with any SIMD setting (`engine/src/quant/reference_fma.rs`), and its measured
+    /// floors cover both (`lockstep floors` measures every setting of the matrix).
     pub simd: lockstep_engine::Simd,
 }
 

@@ -208,7 +208,8 @@ pub struct ModelArg {
 #[derive(Debug, Args)]
 pub struct SimdArg {
     /// Kernel instruction set of our engine: `off` (portable scalar), `avx2`, `avx512`, or `auto` (the best
-    /// this CPU runs). Ggml mode gives the same bits with every setting.
+    /// this CPU runs). Ggml mode gives the same bits with every setting; reference mode sums in one order
+    /// with `off` and another with any SIMD setting.
     #[arg(long, default_value = "auto", value_parser = parse_simd)]
     pub simd: Simd,
 }
@@ -393,6 +394,10 @@ pub struct BenchArgs {
     /// The baseline's SIMD setting.
     #[arg(long, default_value = "auto", value_parser = parse_simd)]
     pub baseline_simd: Simd,
+    /// The baseline's numerics mode (default: `--mode`); e.g. `--mode reference --baseline-bin <this
+    /// binary> --baseline-mode ggml` times reference mode against ggml mode side by side.
+    #[arg(long, requires = "baseline_bin")]
+    pub baseline_mode: Option<NumericsMode>,
     /// Where bench-<run id>/ goes.
     #[arg(long)]
     pub reports: Option<PathBuf>,
@@ -943,7 +948,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 mode: a.mode,
                 simd: a.simd.simd,
                 lockstep_bin: std::env::current_exe().context("cannot find this binary")?,
-                baseline: a.baseline_bin.map(|b| (b, a.baseline_simd)),
+                baseline: a
+                    .baseline_bin
+                    .map(|b| (b, a.baseline_simd, a.baseline_mode.unwrap_or(a.mode))),
                 llama_bench,
                 llama_bench_args: a
                     .llama_bench_args

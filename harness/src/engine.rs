@@ -256,12 +256,15 @@ pub struct ExternalCommands {
 
 impl ExternalCommands {
     /// `lockstep dump` / `lockstep tokenize` of this very binary, as an external engine (used by tests
-    /// to prove the external path gives the same verdicts).
+    /// to prove the external path gives the same verdicts). The dump runs `--simd off`, like
+    /// [`crate::protocol::client::ServeCommand::lockstep_itself`]: an external engine's cell is labelled
+    /// `simd-off`, and reference mode's SIMD kernels sum in another order than its scalar code, so any
+    /// other setting would compare unlike with like.
     pub fn lockstep_itself(exe: &Path) -> ExternalCommands {
         let exe = exe.display();
         ExternalCommands {
             forward: format!(
-                "{exe} dump --model {{model}} --tokens {{tokens}} --mode {{mode}} --ggml-target {{target}} --out {{out}}"
+                "{exe} dump --model {{model}} --tokens {{tokens}} --mode {{mode}} --ggml-target {{target}} --simd off --out {{out}}"
             ),
             tokenize: format!(
                 "{exe} tokenize --model {{model}} --prompt-file {{prompt_file}} {{parse_special}}"

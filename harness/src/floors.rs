@@ -7,13 +7,14 @@
 //! ([`crate::measure`]); `lockstep run` and `lockstep bisect` read it ([`crate::judge::floor_set`]). Per (model, oracle, mode) and stage kind it records:
 //!
 //! - `nmse_p99`, the 99th percentile of the local NMSE over every stored row (prompt positions and decode
-//!   steps, every layer, every golden of the model): the floor is `stage_floor_headroom` (thresholds) times
+//!   steps, every layer, every golden of the model, each SIMD setting of the matrix whose results differ —
+//!   reference mode's scalar order and its 16-lane SIMD order, [`crate::measure::simd_settings_of`]): the floor is `stage_floor_headroom` (thresholds) times
 //!   it. The percentile rather than the maximum: the maximum is set by a few rows where llama.cpp's own 8-bit
 //!   activation rounding (Q8_1, Q8_K) of an extreme input moves its result far from f32 — rows bisect
 //!   classifies as oracle-side rounding by checking them against ggml mode, which reproduces that rounding.
 //! - `exact_at`: the stages (e.g. `blk.0.attn_norm`, `embed`) where every row equalled the golden at the
-//!   golden's storage precision whenever the injected input was the oracle's exact value — computations
-//!   both sides do identically (norms, lookups). There the floor is bit equality, as in ggml mode: a wrong
+//!   golden's storage precision whenever the injected input was the oracle's exact value, with every SIMD
+//!   setting measured — computations both sides do identically (norms, lookups). There the floor is bit equality, as in ggml mode: a wrong
 //!   RMSNorm epsilon moves `blk.0.attn_norm` by NMSE ~4e-7, far below any percentile, and is still caught.
 //!
 //! The floor is llama.cpp's disagreement with *our* f32 computation, measured, not a constant. llama.cpp's
@@ -98,7 +99,7 @@ where
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KindFloor {
-    /// Rows (positions × layers × goldens) measured.
+    /// Rows (positions × layers × goldens × SIMD settings with their own results) measured.
     pub rows: usize,
     /// Median local NMSE.
     pub nmse_median: f64,

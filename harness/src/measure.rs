@@ -7,6 +7,8 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+use lockstep_engine::Simd;
+
 use crate::floors::{FloorBuilder, FloorSet, Floors, FLOORS_SCHEMA_VERSION};
 
 /// What `lockstep floors` measures.
@@ -36,8 +38,31 @@ pub fn goldens_of(cells: &[crate::matrix::Cell]) -> Vec<String> {
     out
 }
 
+/// The SIMD settings whose results `cells` (one model, oracle and mode) hold the engine to, each once, in
+/// cell order: each cell's `simd` as the setting that gives its results in its mode ([`Simd::for_mode`]:
+/// reference mode's `avx512` gives its `avx2` bits). Reference mode's SIMD kernels sum in another order
+/// than its scalar code (`engine/src/quant/reference_fma.rs`), so a floor measured with one setting only
+/// would not describe the other: a stage exact with one order can be off by a rounding with the other.
+///
+/// Errors: a cell's `simd` that is not a setting ([`Simd::parse`]) or that this CPU cannot run.
+pub fn simd_settings_of(cells: &[crate::matrix::Cell]) -> Result<Vec<Simd>> {
+    let mut out: Vec<Simd> = Vec::new();
+    for c in cells {
+        let simd = Simd::parse(&c.simd)
+            .map_err(|e| anyhow::anyhow!("cell {}/{}: {e}", c.model, c.prompt))?
+            .for_mode(c.mode);
+        if !out.contains(&simd) {
+            out.push(simd);
+        }
+    }
+    Ok(out)
+}
+
 /// Measure the floors of every (model, oracle, mode) of the matrix whose thresholds set
-/// `stage_floor_headroom`: bisect's local pass of our engine on every golden of it.
+/// `stage_floor_headroom`: bisect's local pass of our engine on every golden of it, once per SIMD setting
+/// of its cells that gives other results ([`simd_settings_of`]). The rows of every setting make one
+/// distribution per stage kind, and a stage is exact only where it was exact with every setting, so the
+/// floors hold the engine however the matrix runs it.
 ///
 /// Errors: as `lockstep bisect` (missing model, stale golden, ...); no cell asking for floors.
 pub fn measure(opts: &MeasureOptions, progress: &mut dyn FnMut(&str)) -> Result<Floors> {
@@ -70,13 +95,19 @@ pub fn measure(opts: &MeasureOptions, progress: &mut dyn FnMut(&str)) -> Result<
     for ((model, oracle, mode), cells) in groups {
         let path = crate::fetch::resolve_model(&model)?;
         let sha = crate::hash::sha256_file(&path)?;
-        let mut engine = LockstepEngine::load(&path)?;
+        let model_file = LockstepEngine::load_model(&path)?;
         let m: lockstep_engine::NumericsMode =
             mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
         let mut builder = FloorBuilder::default();
         let mut goldens = BTreeMap::new();
-        for gpath in goldens_of(&cells) {
-            progress(&gpath);
+        let settings = simd_settings_of(&cells)?;
+        for (simd, gpath) in settings
+            .iter()
+            .flat_map(|&simd| goldens_of(&cells).into_iter().map(move |g| (simd, g)))
+        {
+            progress(&format!("{gpath} (simd {})", simd.name()));
+            let mut engine =
+                LockstepEngine::shared(model_file.clone(), path.clone()).with_simd(simd);
             let entry = manifest.entry(&opts.golden_dir, &gpath)?.clone();
             crate::golden::verify_golden(&opts.golden_dir, &entry)?;
             crate::golden::check_model(&opts.golden_dir, &entry, &sha)?;
@@ -181,6 +212,36 @@ mod tests {
             cell("b", "avx2"),
         ];
         assert_eq!(goldens_of(&cells), ["m/o/a.npz", "m/o/b.npz"]);
+    }
+
+    #[test]
+    fn each_simd_setting_with_other_results_is_measured_once() {
+        let cell = |simd: &str, mode| crate::matrix::Cell {
+            model: "m".into(),
+            prompt: "a".into(),
+            quant: "Q4_1".into(),
+            mode,
+            simd: simd.into(),
+            oracle: "o".into(),
+            engine: "lockstep".into(),
+        };
+        let (r, g) = (
+            lockstep_engine::NumericsMode::Reference,
+            lockstep_engine::NumericsMode::Ggml,
+        );
+        let offs = [cell("off", r), cell("off", r)];
+        assert_eq!(simd_settings_of(&offs).unwrap(), [Simd::Off]);
+        if Simd::Avx512.available() {
+            let all = |m| [cell("off", m), cell("avx512", m), cell("avx2", m)];
+            // reference mode's avx512 gives its avx2 bits: one measurement for both
+            assert_eq!(simd_settings_of(&all(r)).unwrap(), [Simd::Off, Simd::Avx2]);
+            assert_eq!(
+                simd_settings_of(&all(g)).unwrap(),
+                [Simd::Off, Simd::Avx512, Simd::Avx2]
+            );
+        }
+        let err = simd_settings_of(&[cell("fast", r)]).unwrap_err();
+        assert!(format!("{err:#}").contains("m/a"), "{err:#}");
     }
 
     fn set(model: &str, mode: &str) -> FloorSet {

@@ -1,7 +1,8 @@
 //! `lockstep floors` and the files it writes and reads (issue 29): the default paths come from the
 //! checkout the command runs in (or `--root` / `$LOCKSTEP_ROOT`), never from the directory the binary was
 //! built in; result targets that are not regular files are refused before any work and never replaced;
-//! each golden is measured once, whatever the SIMD axis of the matrix.
+//! each golden is measured once per SIMD setting of the matrix that gives other results (reference mode: its
+//! scalar order and its 16-lane SIMD order), never once per cell.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -257,16 +258,33 @@ fn stored_rows(manifest: &lockstep::golden::Manifest, golden: &str) -> BTreeMap<
     rows
 }
 
+/// How many times `lockstep floors` measures each golden of `mode` with the default matrix on this CPU:
+/// once per SIMD setting whose results differ in that mode (`lockstep::measure::simd_settings_of`; the
+/// matrix's `auto` resolved here, as where the committed file was measured: an AVX2 or AVX-512 host).
+fn settings_measured(root: &Path, mode: &str) -> usize {
+    let mode: lockstep_engine::NumericsMode = mode.parse().unwrap();
+    let matrix = lockstep::matrix::Matrix::load(&root.join("ci/matrix.toml")).unwrap();
+    let mut seen = Vec::new();
+    for v in matrix.simd_values() {
+        let s = lockstep_engine::Simd::parse(&v).unwrap().for_mode(mode);
+        if !seen.contains(&s) {
+            seen.push(s);
+        }
+    }
+    seen.len()
+}
+
 #[test]
-fn the_committed_floors_count_each_stored_row_once() {
+fn the_committed_floors_count_each_stored_row_once_per_simd_order() {
     let root = checkout();
     let manifest = lockstep::golden::load_manifest(&root.join("golden")).unwrap();
     let floors = Floors::load(&root.join("ci/floors.json")).unwrap_or_else(|e| panic!("{e:#}"));
     for s in &floors.sets {
+        let times = settings_measured(&root, &s.mode);
         let mut want: BTreeMap<String, usize> = BTreeMap::new();
         for g in s.goldens.keys() {
             for (k, n) in stored_rows(&manifest, g) {
-                *want.entry(k).or_insert(0) += n;
+                *want.entry(k).or_insert(0) += n * times;
             }
         }
         for (k, f) in &s.kinds {
@@ -284,7 +302,7 @@ fn the_committed_floors_count_each_stored_row_once() {
 
 #[test]
 #[ignore = "real model: run by ci/test.sh (makes SmolLM2's Q8_0 variant on first use)"]
-fn floors_run_from_anywhere_with_the_root_named_and_measure_each_golden_once() {
+fn floors_run_from_anywhere_with_the_root_named_and_measure_each_golden_once_per_simd_order() {
     let dir = tempfile::tempdir().unwrap();
     let root = checkout();
     let out = dir.path().join("floors.json");
@@ -297,13 +315,15 @@ fn floors_run_from_anywhere_with_the_root_named_and_measure_each_golden_once() {
     assert_eq!(code, 0, "{stderr}");
     let f = Floors::load(&out).unwrap();
     let s = f.sets.iter().find(|s| s.model == model).unwrap();
-    // the default matrix runs reference mode at two or more SIMD settings; the golden counts once
+    // the default matrix runs reference mode at three SIMD settings (off, avx2, auto) that give two
+    // orders: the golden counts once per order, not once per cell
     let manifest = lockstep::golden::load_manifest(&root.join("golden")).unwrap();
     let (g, _) = s.goldens.iter().next().unwrap();
     let stored = stored_rows(&manifest, g);
+    let times = settings_measured(&root, &s.mode);
     assert!(!s.kinds.is_empty());
     for (k, kf) in &s.kinds {
-        assert_eq!(Some(&kf.rows), stored.get(k), "kind {k}");
+        assert_eq!(Some(kf.rows), stored.get(k).map(|n| n * times), "kind {k}");
     }
     // and it is what ci/floors.json holds for that model
     let committed = Floors::load(&root.join("ci/floors.json")).unwrap();

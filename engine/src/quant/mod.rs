@@ -138,6 +138,8 @@ pub(crate) mod avx2;
 mod avx2_float;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod dequantize_simd;
 mod float;
 mod fp;
 mod iq4_nl;
@@ -158,6 +160,8 @@ mod q6_k;
 mod q8;
 mod q8_k;
 mod reference;
+mod reference_fma;
+mod reference_fused;
 mod simd_rows;
 mod table;
 mod types;
@@ -167,7 +171,42 @@ pub use prepared::PreparedRow;
 
 pub use types::GgmlType;
 
+pub(crate) use reference_fma::Lanes16;
 pub(crate) use simd_rows::{simd_kernel, tile_scales, SimdKernel, Wide};
+
+/// Reference mode with SIMD on: every product of the dequantized weight rows `w` (`[w.len() / cols,
+/// cols]`) with the activation rows `xs` in the 16-lane fma order of `reference_fma.rs`, through
+/// `put(row, token, value)`. Panics if a row is shorter than `cols` (the caller's contract).
+pub(crate) fn reference_fma_matmul(
+    lanes: Lanes16,
+    w: &[f32],
+    cols: usize,
+    xs: &[&[f32]],
+    put: impl FnMut(usize, usize, f32),
+) {
+    reference_fma::matmul(lanes, w, cols, xs, put)
+}
+
+/// True when [`reference_fused_matmul`] has a kernel for weights of `ty` on this CPU
+/// (`reference_fused.rs`: AVX-512 F; Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
+pub(crate) fn reference_fused_supported(ty: GgmlType) -> bool {
+    reference_fused::supported(ty)
+}
+
+/// Reference mode with SIMD on, few tokens: the products of the quantized weight rows `w` (whole rows of
+/// `row_bytes` bytes, `cols` elements of `ty`) with `xs`, each block dequantized in registers and fused
+/// into the 16-lane order — the bits of [`reference_fma_matmul`] on the dequantized rows, without writing
+/// them out. Panics where [`reference_fused_supported`] is false or the lengths disagree.
+pub(crate) fn reference_fused_matmul(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    cols: usize,
+    xs: &[&[f32]],
+    put: impl FnMut(usize, usize, f32),
+) {
+    reference_fused::matmul(ty, w, row_bytes, cols, xs, put)
+}
 
 use crate::numerics::{GgmlTarget, NumericsMode};
 
@@ -216,7 +255,9 @@ fn check_len(ty: GgmlType, n_bytes: usize, n_elements: usize) -> crate::Result<(
 
 /// Dequantize a row: `src` holds the ggml blocks of `dst.len()` elements of `ty`.
 ///
-/// Bit for bit ggml's `dequantize_row_<type>` (ggml-quants.c) and the `gguf` package's `dequantize`.
+/// Bit for bit ggml's `dequantize_row_<type>` (ggml-quants.c) and the `gguf` package's `dequantize`
+/// (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K through their AVX2 forms where the CPU has AVX2,
+/// `dequantize_simd.rs`: the same values).
 ///
 /// Errors: [`Error::Invalid`] if `src.len() != ty.bytes_for(dst.len())`; [`Error::Unsupported`] for types
 /// without a kernel.
@@ -224,6 +265,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> crate::Resul
     let t = table::traits(ty)
         .ok_or_else(|| Error::Unsupported(format!("no dequantization kernel for {ty}")))?;
     check_len(ty, src.len(), dst.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if dequantize_simd::dequantize_row(ty, src, dst) {
+        return Ok(());
+    }
     (t.dequantize)(src, dst);
     Ok(())
 }
@@ -264,7 +309,8 @@ pub fn quantize_into(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> crate::Result
 }
 
 /// Reference mode's dot product of a weight row already dequantized to f32 ([`dequantize_row`]) with a
-/// prepared reference row: the bits [`vec_dot`] gives for the same row (`reference.rs` states the order).
+/// prepared reference row: the bits [`vec_dot`] gives for the same row (`reference.rs` states the order with
+/// SIMD off, `reference_fma.rs` with SIMD on).
 /// `w.len()` equals `x.len()` (the caller's contract).
 pub fn dot_dequantized(w: &[f32], x: &PreparedRow) -> f32 {
     debug_assert_eq!(x.mode(), NumericsMode::Reference);
@@ -273,7 +319,8 @@ pub fn dot_dequantized(w: &[f32], x: &PreparedRow) -> f32 {
 
 /// Dot product of one weight row (raw block bytes straight from the mmap, unaligned) with a prepared row.
 ///
-/// - Reference mode: dequantize each block and f32 multiply-accumulate (order in `reference.rs`).
+/// - Reference mode: dequantize and f32 multiply-accumulate, in the order of `reference.rs` with SIMD off,
+///   of `reference_fma.rs` with SIMD on (the row's `simd`).
 /// - Ggml mode: the x86 `ggml_vec_dot_<type>_<vec_dot_type>` of this machine's llama.cpp build, step for
 ///   step (see the module docs): `ggml_vec_dot_q4_0_q8_0`, `ggml_vec_dot_q4_1_q8_1`,
 ///   `ggml_vec_dot_q5_0_q8_0`, `ggml_vec_dot_q5_1_q8_1`, `ggml_vec_dot_q8_0_q8_0`,
@@ -297,7 +344,15 @@ pub fn vec_dot(weight_ty: GgmlType, w_row: &[u8], x: &PreparedRow) -> f32 {
     );
     let d = dots_of(weight_ty);
     match x.mode() {
-        NumericsMode::Reference => (d.reference)(w_row, &x.x, x.simd),
+        NumericsMode::Reference if x.simd => {
+            // the 16-lane fma order (reference_fma.rs) on the dequantized row, as the batched matmul
+            let mut deq = vec![0f32; x.len()];
+            (table::traits(weight_ty)
+                .expect("a type with dots")
+                .dequantize)(w_row, &mut deq);
+            reference::dot_dequantized(&deq, &x.x, true)
+        }
+        NumericsMode::Reference => (d.reference)(w_row, &x.x),
         NumericsMode::Ggml => {
             debug_assert_eq!(
                 vec_dot_type(weight_ty),

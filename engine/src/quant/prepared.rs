@@ -43,7 +43,7 @@ pub struct PreparedRow {
     /// `_mm256_sign_epi8` product.
     pub(super) has_min_quant: bool,
     /// Prepared for a session that runs SIMD kernels (`prepare_simd`'s `simd`): reference mode's dot
-    /// products then take their AVX2 build too (`reference::dot`), the portable one otherwise.
+    /// products then take the 16-lane fma order (`reference_fma.rs`), the portable one otherwise.
     pub(super) simd: bool,
 }
 
@@ -198,6 +198,12 @@ impl PreparedRow {
     /// mode and for float activation types).
     pub(crate) fn n_blocks(&self) -> usize {
         self.d.len()
+    }
+
+    /// Reference mode: the activation as given (`len()` f32). Ggml mode with an F32/F16/BF16
+    /// `vec_dot_type`: the activation rounded to that type and widened; otherwise empty.
+    pub(crate) fn x(&self) -> &[f32] {
+        &self.x[..self.x.len().min(self.len)]
     }
 
     /// Number of activation elements prepared.

@@ -16,7 +16,7 @@ pub(crate) const BYTES: usize = 210;
 
 /// The 256 unsigned 6-bit quants (0..64, before the -32 offset) of one block, in element order.
 #[inline]
-fn quants(blk: &[u8]) -> [u8; QK_K] {
+pub(super) fn quants(blk: &[u8]) -> [u8; QK_K] {
     let mut q = [0u8; QK_K];
     for half in 0..2 {
         let ql = &blk[64 * half..64 * half + 64];

@@ -41,9 +41,9 @@ pub(crate) struct TypeTraits {
 pub(crate) struct Dots {
     /// `type_traits_cpu[ty].vec_dot_type`: the type ggml-cpu converts the activation to.
     pub vec_dot_type: GgmlType,
-    /// Reference mode ([`reference::dot`]): `(weight row, f32 activation, simd) → Σ w·x` in the fixed
-    /// order of `reference.rs`; `simd` runs the AVX2 build (same bits).
-    pub reference: fn(&[u8], &[f32], bool) -> f32,
+    /// Reference mode with SIMD off: `(weight row, f32 activation) → Σ w·x` in the portable order of
+    /// `reference.rs` (with SIMD on, [`super::vec_dot`] dequantizes and takes `reference_fma.rs`'s order).
+    pub reference: fn(&[u8], &[f32]) -> f32,
     /// Ggml mode, `ggml_vec_dot_<type>_<vec_dot_type>` (arch/x86/quants.c; vec.cpp for floats).
     pub ggml: fn(&[u8], &PreparedRow) -> f32,
     /// The repacked layout (`CPU_REPACK`, ggml-cpu/repack.cpp), if llama.cpp repacks this type on x86.
@@ -119,57 +119,50 @@ pub(crate) fn traits(ty: GgmlType) -> Option<&'static TypeTraits> {
     Some(row)
 }
 
-/// `dequantize_block` of a `QK`-element, `BYTES`-byte block applied to a whole row.
+/// `dequantize_block` of a `QK`-element, `BYTES`-byte block applied to a whole row; on a CPU with AVX2
+/// the same loop compiled with AVX2 enabled (the block function inlined into it: wider vectors for the
+/// same operations, and Rust never contracts `a * b + c` into an fma, so the same values).
 macro_rules! blocks {
     ($qk:expr, $bytes:expr, $deq:path) => {{
-        fn dequantize(src: &[u8], dst: &mut [f32]) {
+        #[inline(always)]
+        fn each(src: &[u8], dst: &mut [f32]) {
             for (blk, out) in src.chunks_exact($bytes).zip(dst.chunks_exact_mut($qk)) {
                 let out: &mut [f32; $qk] = out.try_into().expect("chunks_exact gives QK elements");
                 $deq(blk, out);
             }
         }
+        fn dequantize(src: &[u8], dst: &mut [f32]) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2(src: &[u8], dst: &mut [f32]) {
+                    each(src, dst)
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2 (checked above)
+                    return unsafe { avx2(src, dst) };
+                }
+            }
+            each(src, dst)
+        }
         dequantize
     }};
 }
 
-/// The reference dot of a block type: [`reference::dot_blocks`] over its `dequantize_block`, with the
-/// explicit AVX2 form `$vectors` (`reference::vectors`) where there is one.
+/// The portable reference dot of a block type: [`reference::dot_blocks`] over its `dequantize_block`.
 macro_rules! reference_blocks {
-    ($qk:expr, $bytes:expr, $deq:path) => {
-        reference_blocks!($qk, $bytes, $deq, None)
-    };
-    ($qk:expr, $bytes:expr, $deq:path, $vectors:expr) => {{
-        fn dot(w: &[u8], x: &[f32], simd: bool) -> f32 {
-            reference::dot(
-                w,
-                x,
-                simd,
-                |w, x| reference::dot_blocks::<$qk>(w, $bytes, x, $deq),
-                $vectors,
-            )
+    ($qk:expr, $bytes:expr, $deq:path) => {{
+        fn dot(w: &[u8], x: &[f32]) -> f32 {
+            reference::dot_blocks::<$qk>(w, $bytes, x, $deq)
         }
         dot
     }};
 }
 
-/// `Some(reference::vectors::$f)` on x86-64, `None` elsewhere.
-#[cfg(target_arch = "x86_64")]
-macro_rules! vectors {
-    ($f:ident) => {
-        Some(reference::vectors::$f as reference::VectorDot)
-    };
-}
-#[cfg(not(target_arch = "x86_64"))]
-macro_rules! vectors {
-    ($f:ident) => {
-        None
-    };
-}
-
 /// A descriptor's [`Dots`] with no special path and no SIMD kernel (the fields rows override).
 const fn plain(
     vec_dot_type: GgmlType,
-    reference: fn(&[u8], &[f32], bool) -> f32,
+    reference: fn(&[u8], &[f32]) -> f32,
     ggml: fn(&[u8], &PreparedRow) -> f32,
 ) -> Dots {
     Dots {
@@ -201,15 +194,7 @@ const F32_TRAITS: TypeTraits = TypeTraits {
         simd_avx2: Some(SimdKernel::F32Avx2),
         ..plain(
             GgmlType::F32,
-            |w, x, simd| {
-                reference::dot(
-                    w,
-                    x,
-                    simd,
-                    |w, x| reference::dot_elems(w, 4, x, |b| fp::read_f32(b, 0)),
-                    None,
-                )
-            },
+            |w, x| reference::dot_elems(w, 4, x, |b| fp::read_f32(b, 0)),
             |w, x| float::dot_f32(w, &x.x),
         )
     }),
@@ -229,15 +214,7 @@ const F16_TRAITS: TypeTraits = TypeTraits {
         simd_avx2: Some(SimdKernel::F16Avx2),
         ..plain(
             GgmlType::F16,
-            |w, x, simd| {
-                reference::dot(
-                    w,
-                    x,
-                    simd,
-                    |w, x| reference::dot_elems(w, 2, x, |b| fp::f16_to_f32(fp::read_u16(b, 0))),
-                    vectors!(f16),
-                )
-            },
+            |w, x| reference::dot_elems(w, 2, x, |b| fp::f16_to_f32(fp::read_u16(b, 0))),
             |w, x| float::dot_f16(w, &x.x),
         )
     }),
@@ -260,15 +237,7 @@ const BF16_TRAITS: TypeTraits = TypeTraits {
         simd_avx2: Some(SimdKernel::BF16Avx2),
         ..plain(
             GgmlType::BF16,
-            |w, x, simd| {
-                reference::dot(
-                    w,
-                    x,
-                    simd,
-                    |w, x| reference::dot_elems(w, 2, x, |b| fp::bf16_to_f32(fp::read_u16(b, 0))),
-                    vectors!(bf16),
-                )
-            },
+            |w, x| reference::dot_elems(w, 2, x, |b| fp::bf16_to_f32(fp::read_u16(b, 0))),
             |w, x| float::dot_bf16(w, &x.x),
         )
     }),
@@ -288,7 +257,7 @@ const Q4_0_TRAITS: TypeTraits = TypeTraits {
         simd_avx2: Some(SimdKernel::Q4_0Avx2),
         ..plain(
             GgmlType::Q8_0,
-            reference_blocks!(32, q4_0::BYTES, q4_0::dequantize_block, vectors!(q4_0)),
+            reference_blocks!(32, q4_0::BYTES, q4_0::dequantize_block),
             |w, x| match x.has_min_quant {
                 true => q4_0::dot_q8_0::<true>(w, &x.qs, &x.d),
                 false => q4_0::dot_q8_0::<false>(w, &x.qs, &x.d),
@@ -306,7 +275,7 @@ const Q4_1_TRAITS: TypeTraits = TypeTraits {
         simd_avx512: Some(SimdKernel::Q4_1Avx512),
         ..plain(
             GgmlType::Q8_1,
-            reference_blocks!(32, q4_1::BYTES, q4_1::dequantize_block, vectors!(q4_1)),
+            reference_blocks!(32, q4_1::BYTES, q4_1::dequantize_block),
             |w, x| q4_1::dot_q8_1(w, &x.qs, &x.d, &x.s),
         )
     }),
@@ -321,7 +290,7 @@ const Q5_0_TRAITS: TypeTraits = TypeTraits {
         simd_avx512: Some(SimdKernel::Q5_0Avx512),
         ..plain(
             GgmlType::Q8_0,
-            reference_blocks!(32, q5_0::BYTES, q5_0::dequantize_block, vectors!(q5_0)),
+            reference_blocks!(32, q5_0::BYTES, q5_0::dequantize_block),
             |w, x| match x.has_min_quant {
                 true => q5_0::dot_q8_0::<true>(w, &x.qs, &x.d),
                 false => q5_0::dot_q8_0::<false>(w, &x.qs, &x.d),
@@ -353,12 +322,7 @@ const Q8_0_TRAITS: TypeTraits = TypeTraits {
         simd_avx512: Some(SimdKernel::Q8_0Avx512),
         ..plain(
             GgmlType::Q8_0,
-            reference_blocks!(
-                32,
-                q8::Q8_0_BYTES,
-                q8::dequantize_block_q8_0,
-                vectors!(q8_0)
-            ),
+            reference_blocks!(32, q8::Q8_0_BYTES, q8::dequantize_block_q8_0),
             |w, x| match x.has_min_quant {
                 true => q8::dot_q8_0_q8_0::<true>(w, &x.qs, &x.d),
                 false => q8::dot_q8_0_q8_0::<false>(w, &x.qs, &x.d),
@@ -391,12 +355,7 @@ const IQ4_NL_TRAITS: TypeTraits = TypeTraits {
         simd_avx2: Some(SimdKernel::IQ4_NLAvx2),
         ..plain(
             GgmlType::Q8_0,
-            reference_blocks!(
-                32,
-                iq4_nl::BYTES,
-                iq4_nl::dequantize_block,
-                vectors!(iq4_nl)
-            ),
+            reference_blocks!(32, iq4_nl::BYTES, iq4_nl::dequantize_block),
             |w, x| match x.has_min_quant {
                 true => iq4_nl::dot_q8_0::<true>(w, &x.qs, &x.d),
                 false => iq4_nl::dot_q8_0::<false>(w, &x.qs, &x.d),

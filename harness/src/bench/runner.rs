@@ -33,8 +33,9 @@ pub struct BenchOptions {
     pub simd: Simd,
     /// This lockstep binary (runs `bench-sample`).
     pub lockstep_bin: PathBuf,
-    /// A baseline lockstep binary and its SIMD setting, interleaved with ours.
-    pub baseline: Option<(PathBuf, Simd)>,
+    /// A baseline lockstep binary, its SIMD setting and its numerics mode, interleaved with ours (the
+    /// mode may differ from ours: reference mode timed against ggml mode with one binary).
+    pub baseline: Option<(PathBuf, Simd, NumericsMode)>,
     /// llama-bench, interleaved with ours.
     pub llama_bench: Option<PathBuf>,
     /// Extra llama-bench arguments (e.g. `-fa 0`), recorded.
@@ -92,7 +93,7 @@ pub fn check_options(opts: &BenchOptions) -> Result<()> {
         bail!("--engine-timeout must be above 0 seconds");
     }
     let mut bins = vec![("this lockstep", &opts.lockstep_bin)];
-    if let Some((b, _)) = &opts.baseline {
+    if let Some((b, _, _)) = &opts.baseline {
         bins.push(("--baseline-bin", b));
     }
     if let Some(b) = &opts.llama_bench {
@@ -130,11 +131,11 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
         opts.threads,
         &setup,
     )];
-    if let Some((bin, simd)) = &opts.baseline {
+    if let Some((bin, simd, mode)) = &opts.baseline {
         samplers.push(lockstep_sampler(
             "baseline",
             bin,
-            opts.mode,
+            *mode,
             *simd,
             opts.threads,
             &setup,
