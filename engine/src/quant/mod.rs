@@ -144,6 +144,7 @@ mod iq4_nl;
 mod iq4_xs;
 mod kquant_ref;
 pub(crate) mod ktile;
+mod nibble_tile;
 mod pair_tile;
 mod prepared;
 mod q2_k;
