@@ -1,4 +1,4 @@
-//! AVX-512 VNNI tiles: the AVX2 kernels of [`super::avx2`] for Q4_1, Q5_1, Q5_0 and Q8_0 weights with the
+//! AVX-512 VNNI tiles: the AVX2 kernels of [`super::avx2`] for Q4_1, Q5_0 and Q8_0 weights with the
 //! integer block products done by `vpdpbusd` on 256-bit vectors (AVX-512 F, BW, VL, VNNI), for
 //! [`crate::numerics::Simd::Avx512`].
 //!
@@ -17,8 +17,8 @@
 //!   `vpdpbusd` accumulator's starting value. Both are exact for every quant except an activation quant of
 //!   −128 (only a NaN input produces one), where ggml's `sign` form wraps; rows with one go to the AVX2
 //!   kernel, which reproduces the wrap.
-//! - **Unsigned nibbles × signed activations (Q4_1, Q5_1)**: `vpdpbusd` takes them as they are (4·31·128
-//!   fits an i32), as ggml's own `mul_sum_us8_pairs_float` does in a VNNI build.
+//! - **Unsigned nibbles × signed activations (Q4_1)**: `vpdpbusd` takes them as they are (4·15·127 fits
+//!   an i32; `maddubs` could not saturate either: 2·15·127 < 2¹⁵).
 //!
 //! The scales `d_w · d_x` of one weight block and the call's (up to eight) activation rows are one
 //! `vmulps` on the rows' transposed scales ([`Tile`]; every lane the same f32 product as ggml's
@@ -35,7 +35,7 @@ use std::arch::x86_64::*;
 use super::avx2::{bytes_from_bits_32, bytes_from_nibbles_32, f16x1, f16x2, hsum_float_8};
 use super::fp::read_f16;
 use super::q8::{Q8_0_BYTES, QK};
-use super::{q4_1, q5_0, q5_1};
+use super::{q4_1, q5_0};
 
 /// The activation rows of one kernel call, as the tiles read them: up to [`LANES`] rows of quants (offset
 /// to unsigned, `q + 128`, for the signed-weight tiles; as stored for Q4_1) and their per-block scales
@@ -308,53 +308,6 @@ pub(crate) unsafe fn dot_q4_1_q8_1<const N: usize>(
         let sv = _mm256_loadu_ps(x.s.as_ptr().add(ib * LANES));
         summs = _mm256_fmadd_ps(_mm256_set1_ps(mw), sv, summs);
         let qw = bytes_from_nibbles_32(blk.add(4));
-        #[allow(clippy::needless_range_loop)]
-        // j indexes the rows, their accumulators and scales alike
-        for j in 0..N {
-            let qa = _mm256_loadu_si256(x.qs[j].as_ptr().add(ib * QK) as *const __m256i);
-            let l = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), qw, qa));
-            let d = _mm256_set1_ps(*prod.get_unchecked(ib * LANES + j));
-            acc[j] = _mm256_fmadd_ps(d, l, acc[j]);
-        }
-    }
-    let mut s = [0f32; LANES];
-    _mm256_storeu_ps(s.as_mut_ptr(), summs);
-    let mut out = [0f32; N];
-    #[allow(clippy::needless_range_loop)] // j indexes the rows, their accumulators and scales alike
-    for j in 0..N {
-        out[j] = hsum_float_8(acc[j]) + s[j];
-    }
-    out
-}
-
-/// `ggml_vec_dot_q5_1_q8_1` for one Q5_1 weight row against the tile's `N` Q8_1 activation rows:
-/// [`dot_q4_1_q8_1`] with the fifth bit of every quant (`qh`) OR'd into the nibbles, as
-/// `avx2::dot_q5_1_q8_1` does; unsigned 5-bit quants × signed activations go to `vpdpbusd` as they are
-/// (exact: 4·31·128 fits an i32). Per block `summs = fma(m_w, s_x, summs)` (one lane per row),
-/// `acc = fma(d_w · d_x, lane, acc)`; result `hsum_float_8(acc) + summs`: every output has the bits of
-/// `avx2::dot_q5_1_q8_1` and `q5_1::dot_q8_1`.
-///
-/// # Safety
-/// [`available`] must be true; `w` holds `nb` Q5_1 blocks and the tile `nb` Q8_1 blocks (checked).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn dot_q5_1_q8_1<const N: usize>(
-    w: &[u8],
-    x: &Tile<'_, N>,
-    prod: &mut [f32],
-) -> [f32; N] {
-    let nb = w.len() / q5_1::BYTES;
-    assert_eq!(w.len(), nb * q5_1::BYTES);
-    check_tile(x, nb, true);
-    scale_products(|ib| f16x1(w.as_ptr().add(ib * q5_1::BYTES)), x.d, nb, prod);
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut summs = _mm256_setzero_ps();
-    for ib in 0..nb {
-        let blk = w.as_ptr().add(ib * q5_1::BYTES);
-        let mw = f16x2(blk).1;
-        let sv = _mm256_loadu_ps(x.s.as_ptr().add(ib * LANES));
-        summs = _mm256_fmadd_ps(_mm256_set1_ps(mw), sv, summs);
-        let bxhi = _mm256_and_si256(bytes_from_bits_32(blk.add(4)), _mm256_set1_epi8(0x10));
-        let qw = _mm256_or_si256(bytes_from_nibbles_32(blk.add(8)), bxhi);
         #[allow(clippy::needless_range_loop)]
         // j indexes the rows, their accumulators and scales alike
         for j in 0..N {

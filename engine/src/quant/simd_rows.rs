@@ -62,8 +62,6 @@ pub(crate) enum SimdKernel {
     Q4_1Avx512,
     /// `ggml_vec_dot_q8_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q8_0_q8_0`).
     Q8_0Avx512,
-    /// `ggml_vec_dot_q5_1_q8_1` with VNNI block products (`avx512::dot_q5_1_q8_1`).
-    Q5_1Avx512,
     /// `ggml_vec_dot_q5_0_q8_0` / `tinyBLAS_Q0_AVX`, VNNI offset form (`avx512::dot_q5_0_q8_0`).
     Q5_0Avx512,
     /// Q4_K's repacked gemm and tiled paths on sixteen tokens at once (`ktile::dot_rows_q4_k`); any
@@ -144,7 +142,6 @@ impl SimdKernel {
             SimdKernel::Q4_1Avx512
                 | SimdKernel::Q8_0Avx512
                 | SimdKernel::Q5_0Avx512
-                | SimdKernel::Q5_1Avx512
                 | SimdKernel::Q4_0Avx2
                 | SimdKernel::IQ4_NLAvx2
                 | SimdKernel::Q4_0Avx512
@@ -157,7 +154,6 @@ impl SimdKernel {
         use SimdKernel::*;
         match self {
             Q4_1Avx512 => Q4_1Avx2,
-            Q5_1Avx512 => Q5_1Avx2,
             Q8_0Avx512 => Q8_0Avx2,
             Q5_0Avx512 => Q5_0Avx2,
             Q4_KAvx512 => Q4_KAvx2,
@@ -256,7 +252,7 @@ impl SimdKernel {
                 kquant_rows_avx512(tile, rows, row_bytes, n_rows, x8, &mut outs);
                 return;
             }
-            let vnni = matches!(self, Q4_1Avx512 | Q8_0Avx512 | Q5_0Avx512 | Q5_1Avx512);
+            let vnni = matches!(self, Q4_1Avx512 | Q8_0Avx512 | Q5_0Avx512);
             // a −128 activation quant needs ggml's `sign` form, which the AVX2 kernels have; a single
             // activation row (decode) is faster there too (the tile's transposed scales and products
             // cost more than they save for one row: criterion `matmul/q8_0/*/ggml/decode`)
@@ -512,7 +508,6 @@ unsafe fn dot_rows_avx2<const N: usize>(
         SimdKernel::Q4_1Avx512
         | SimdKernel::Q8_0Avx512
         | SimdKernel::Q5_0Avx512
-        | SimdKernel::Q5_1Avx512
         | SimdKernel::Q4_KAvx512
         | SimdKernel::Q6_KAvx512
         | SimdKernel::Q2_KAvx512
@@ -723,7 +718,6 @@ unsafe fn dot_rows_tiles<const N: usize>(
     }
     match k {
         SimdKernel::Q4_1Avx512 => each!(w => avx512::dot_q4_1_q8_1(w, &q4_1, prod)),
-        SimdKernel::Q5_1Avx512 => each!(w => avx512::dot_q5_1_q8_1(w, &q4_1, prod)),
         // two weight rows per step: each activation block loaded once for both
         SimdKernel::Q8_0Avx512 => pairs!(avx512::dot_q8_0_q8_0_x2, avx512::dot_q8_0_q8_0),
         SimdKernel::Q5_0Avx512 => pairs!(avx512::dot_q5_0_q8_0_x2, avx512::dot_q5_0_q8_0),

@@ -337,7 +337,6 @@ const Q5_1_TRAITS: TypeTraits = TypeTraits {
     quantize: q5_1::quantize_row_ref,
     dot: Some(Dots {
         simd_avx2: Some(SimdKernel::Q5_1Avx2),
-        simd_avx512: Some(SimdKernel::Q5_1Avx512),
         ..plain(
             GgmlType::Q8_1,
             reference_blocks!(32, q5_1::BYTES, q5_1::dequantize_block),
