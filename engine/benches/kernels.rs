@@ -120,6 +120,9 @@ const ALL_TYPES: &[GgmlType] = &[
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::IQ4_NL,
+    GgmlType::Q5_1,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
     GgmlType::Q2_K,
@@ -134,6 +137,9 @@ const BLOCK32_TYPES: &[GgmlType] = &[
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::IQ4_NL,
+    GgmlType::Q5_1,
 ];
 
 /// Decode and a prefill batch.

@@ -7,8 +7,9 @@
 //! `q2_k`, `q3_k`, `q4_k`, `q5_k`, `q6_k`, `iq4_xs`, `float` = F32/F16/BF16); `fp` holds ggml's f16/bf16 conversions, `x86` the scalar replicas of the SIMD
 //! reduction steps, `reference` the reference-mode dot products, `prepared` the [`PreparedRow`]; `avx2`
 //! and `avx512` the SIMD kernels of ggml mode ([`crate::numerics::Simd`]), each bit-identical to the scalar
-//! replicas, and the 16-token AVX-512 tiles of prompt batches: `pair_tile` (Q5_0, Q8_0) and `ktile`
-//! (Q4_K, Q6_K), chosen per token group by `simd_rows` ([`Wide`]).
+//! replicas, and the 16-token AVX-512 tiles of prompt batches: `pair_tile` (Q5_0, Q8_0), `ktile`
+//! (Q4_K, Q6_K) and `nibble_tile` (the repacked Q4_0 / IQ4_NL gemm, sixteen weight rows at once),
+//! chosen per token group by `simd_rows` ([`Wide`]).
 //!
 //! | type | dequantize | quantize (`_ref`) | dot (both modes) | `vec_dot_type` |
 //! |---|---|---|---|---|
@@ -146,6 +147,7 @@ mod iq4_nl;
 mod iq4_xs;
 mod kquant_ref;
 pub(crate) mod ktile;
+mod nibble_tile;
 mod pair_tile;
 mod prepared;
 mod q2_k;

@@ -6,7 +6,8 @@
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx2_float, avx512, iq4_nl, q4_0};
 use super::{
-    dots, effective_path, ktile, pair_tile, vec_dot_path, GgmlPath, GgmlType, PreparedRow,
+    dots, effective_path, ktile, nibble_tile, pair_tile, vec_dot_path, GgmlPath, GgmlType,
+    PreparedRow,
 };
 use crate::numerics::{Numerics, NumericsMode, Simd};
 
@@ -69,6 +70,12 @@ pub(crate) enum SimdKernel {
     /// Q6_K's tiled path on sixteen tokens at once (`ktile::dot_rows_q6_k`); any other call runs
     /// [`SimdKernel::Q6_KAvx2`].
     Q6_KAvx512,
+    /// Q4_0's repacked gemm on sixteen rows and sixteen tokens at once (`nibble_tile::dot_rows`); any
+    /// other call runs [`SimdKernel::Q4_0Avx2`].
+    Q4_0Avx512,
+    /// IQ4_NL's repacked gemm on sixteen rows and sixteen tokens at once (`nibble_tile::dot_rows`); any
+    /// other call runs [`SimdKernel::IQ4_NLAvx2`].
+    IQ4_NLAvx512,
 }
 
 /// The SIMD kernel for weights of `ty` in `num.mode` under `num.simd`, or `None` where only the scalar
@@ -137,6 +144,8 @@ impl SimdKernel {
                 | SimdKernel::Q5_0Avx512
                 | SimdKernel::Q4_0Avx2
                 | SimdKernel::IQ4_NLAvx2
+                | SimdKernel::Q4_0Avx512
+                | SimdKernel::IQ4_NLAvx512
         )
     }
 
@@ -152,18 +161,22 @@ impl SimdKernel {
             Q2_KAvx512 => Q2_KAvx2,
             Q3_KAvx512 => Q3_KAvx2,
             Q5_KAvx512 => Q5_KAvx2,
+            Q4_0Avx512 => Q4_0Avx2,
+            IQ4_NLAvx512 => IQ4_NLAvx2,
             k => k,
         }
     }
 
     /// The 16-token tiles of this kernel, if it has them (the K-quant tiles of Q4_K and Q6_K, the pair
-    /// tiles of Q5_0 and Q8_0).
+    /// tiles of Q5_0 and Q8_0, the nibble tiles of Q4_0 and IQ4_NL).
     pub(crate) fn wide(self) -> Option<Wide> {
         match self {
             SimdKernel::Q4_KAvx512 => Some(Wide::K(GgmlType::Q4_K)),
             SimdKernel::Q6_KAvx512 => Some(Wide::K(GgmlType::Q6_K)),
             SimdKernel::Q5_0Avx512 => Some(Wide::Pairs(GgmlType::Q5_0)),
             SimdKernel::Q8_0Avx512 => Some(Wide::Pairs(GgmlType::Q8_0)),
+            SimdKernel::Q4_0Avx512 => Some(Wide::Nibbles(GgmlType::Q4_0)),
+            SimdKernel::IQ4_NLAvx512 => Some(Wide::Nibbles(GgmlType::IQ4_NL)),
             _ => None,
         }
     }
@@ -199,6 +212,9 @@ impl SimdKernel {
                 Some(Wide::K(_)) => ktile::dot_rows_q6_k(rows, row_bytes, n_rows, tile, &mut outs),
                 Some(Wide::Pairs(ty)) => {
                     pair_tile::dot_rows(ty, rows, row_bytes, n_rows, tile, &mut outs)
+                }
+                Some(Wide::Nibbles(ty)) => {
+                    nibble_tile::dot_rows(ty, rows, row_bytes, n_rows, tile, &mut outs)
                 }
                 None => unreachable!("checked above"),
             }
@@ -263,6 +279,9 @@ pub(crate) enum Wide {
     K(GgmlType),
     /// The pair tiles of this weight type (Q5_0, Q8_0; `quant::pair_tile`).
     Pairs(GgmlType),
+    /// The nibble tiles of this weight type (Q4_0, IQ4_NL; `quant::nibble_tile`): sixteen weight rows
+    /// at once as well.
+    Nibbles(GgmlType),
 }
 
 impl Wide {
@@ -274,15 +293,18 @@ impl Wide {
         match self {
             Wide::K(_) => ktile::tile_lines(nb),
             Wide::Pairs(_) => pair_tile::tile_lines(nb),
+            Wide::Nibbles(_) => nibble_tile::tile_lines(nb),
         }
     }
 
     /// True if the tile computes outputs on ggml path `path` (the K-quant tiles: Q4_K's repacked gemm
-    /// and tiled paths, Q6_K's tiled one; the pair tiles: every path, all the same kernel).
+    /// and tiled paths, Q6_K's tiled one; the pair tiles: every path, all the same kernel; the nibble
+    /// tiles: the repacked gemm).
     fn path_ok(self, path: GgmlPath) -> bool {
         match self {
             Wide::K(ty) => ktile::handles(ty, path),
             Wide::Pairs(_) => true,
+            Wide::Nibbles(ty) => nibble_tile::handles(ty, path),
         }
     }
 
@@ -291,7 +313,7 @@ impl Wide {
     pub(crate) fn accepts(self, xs: &[&PreparedRow; Self::TOKENS], path: GgmlPath) -> bool {
         self.path_ok(path)
             && match self {
-                Wide::K(_) => true,
+                Wide::K(_) | Wide::Nibbles(_) => true,
                 Wide::Pairs(_) => pair_tile::accepts(xs),
             }
     }
@@ -301,6 +323,7 @@ impl Wide {
         match self {
             Wide::K(ty) => ktile::build_tile(ty, xs, out),
             Wide::Pairs(_) => pair_tile::build_tile(xs, out),
+            Wide::Nibbles(ty) => nibble_tile::build_tile(ty, xs, out),
         }
     }
 }
@@ -489,7 +512,9 @@ unsafe fn dot_rows_avx2<const N: usize>(
         | SimdKernel::Q6_KAvx512
         | SimdKernel::Q2_KAvx512
         | SimdKernel::Q3_KAvx512
-        | SimdKernel::Q5_KAvx512 => {
+        | SimdKernel::Q5_KAvx512
+        | SimdKernel::Q4_0Avx512
+        | SimdKernel::IQ4_NLAvx512 => {
             unreachable!(
                 "the AVX-512 kernels are dispatched by dot_rows_avx512, dot_rows_k16 or kquant_rows_avx512; \
                  dot_rows_tiled hands the others their AVX2 names"

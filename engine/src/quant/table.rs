@@ -255,6 +255,7 @@ const Q4_0_TRAITS: TypeTraits = TypeTraits {
             dot: |w, x, gemm| q4_0::dot_q8_0_repacked(w, &x.qs, &x.d, !gemm),
         }),
         simd_avx2: Some(SimdKernel::Q4_0Avx2),
+        simd_avx512: Some(SimdKernel::Q4_0Avx512),
         ..plain(
             GgmlType::Q8_0,
             reference_blocks!(32, q4_0::BYTES, q4_0::dequantize_block),
@@ -353,6 +354,7 @@ const IQ4_NL_TRAITS: TypeTraits = TypeTraits {
             false => iq4_nl::dot_q8_0_tinyblas::<false>(w, &x.qs, &x.d),
         }),
         simd_avx2: Some(SimdKernel::IQ4_NLAvx2),
+        simd_avx512: Some(SimdKernel::IQ4_NLAvx512),
         ..plain(
             GgmlType::Q8_0,
             reference_blocks!(32, iq4_nl::BYTES, iq4_nl::dequantize_block),
