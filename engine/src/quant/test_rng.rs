@@ -30,3 +30,77 @@ impl Rng {
 pub(crate) fn same(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
 }
+
+/// Random blocks of a 32-element type whose block starts with its f16 scale `d` (Q4_0, Q5_0, Q8_0,
+/// IQ4_NL): random bytes, and in half of the blocks (drawn at random) `d` replaced by an ordinary
+/// magnitude in `(0, 1000·scale]`; the others keep random bits (NaN, inf, subnormal included).
+pub(crate) fn blocks_with_f16_scale(
+    ty: super::GgmlType,
+    nb: usize,
+    scale: f32,
+    rng: &mut Rng,
+) -> Vec<u8> {
+    let per = ty.type_size();
+    let mut w: Vec<u8> = (0..nb * per).map(|_| rng.next() as u8).collect();
+    for blk in w.chunks_exact_mut(per) {
+        if rng.next().is_multiple_of(2) {
+            let d = half::f16::from_f32(((rng.next() % 1000) as f32 + 1.0) * scale);
+            blk[0..2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    w
+}
+
+/// `x` quantized as ggml mode prepares an activation row for `ty`'s vec_dot type.
+pub(crate) fn ggml_prepared(ty: super::GgmlType, x: &[f32]) -> super::PreparedRow {
+    let mut p = super::PreparedRow::new();
+    p.prepare(ty, crate::numerics::NumericsMode::Ggml, x)
+        .unwrap();
+    p
+}
+
+/// The AVX-512 kernel of `ty`, which must run the 16-token tile `wide`; `None` (and a note) without
+/// AVX-512 VNNI on this CPU.
+pub(crate) fn avx512_tile_kernel(
+    ty: super::GgmlType,
+    wide: super::Wide,
+) -> Option<super::SimdKernel> {
+    use crate::numerics::{GgmlTarget, Numerics, Simd};
+    if !Simd::Avx512.available() {
+        eprintln!("skipping: this CPU has no AVX-512 VNNI");
+        return None;
+    }
+    let k = super::simd_kernel(
+        Numerics::ggml(GgmlTarget::default()).with_simd(Simd::Avx512),
+        ty,
+    )?;
+    assert_eq!(k.wide(), Some(wide));
+    Some(k)
+}
+
+/// Run the whole ggml-mode matmul of `m` on `x` (`[n_tokens, m.cols]`) through the backend with SIMD
+/// off, AVX2 and AVX-512, and require the same bits in every output (`what` names the case).
+pub(crate) fn assert_matmul_same_bits_on_every_simd(
+    m: &crate::backend::QMatrix<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    what: &str,
+) {
+    use crate::backend::{Backend, CpuBackend, MatmulScratch};
+    use crate::numerics::{GgmlTarget, Numerics, Simd};
+    let run = |simd: Simd| {
+        let mut out = vec![0f32; n_tokens * m.rows];
+        let num = Numerics::ggml(GgmlTarget::default()).with_simd(simd);
+        CpuBackend::new(simd)
+            .matmul(m, x, n_tokens, &mut out, num, &mut MatmulScratch::default())
+            .unwrap();
+        out
+    };
+    let (off, avx2, avx512) = (run(Simd::Off), run(Simd::Avx2), run(Simd::Avx512));
+    for (i, ((a, b), c)) in off.iter().zip(&avx2).zip(&avx512).enumerate() {
+        assert!(
+            same(*a, *b) && same(*a, *c),
+            "{what} tokens {n_tokens} output {i}: off {a:e} avx2 {b:e} avx512 {c:e}"
+        );
+    }
+}

@@ -2,10 +2,12 @@
 //! (f16 scales sometimes random bit patterns: NaN, infinities, subnormals), activations quantized by
 //! ggml mode's own `from_float` (NaN inputs included: they quantize to −128), and the extremes of every
 //! integer (all quants at their largest, scales and mins at 63 / −128, activations at ±127 and −128).
-use super::super::test_rng::{same, Rng};
-use super::super::{simd_kernel, vec_dot_path, GgmlPath, GgmlType, PreparedRow, SimdKernel, Wide};
+use super::super::test_rng::{
+    assert_matmul_same_bits_on_every_simd, avx512_tile_kernel, ggml_prepared, same, Rng,
+};
+use super::super::{vec_dot_path, GgmlPath, GgmlType, PreparedRow, SimdKernel, Wide};
 use super::{build_tile, handles, tile_lines, Line, TOKENS};
-use crate::numerics::{GgmlTarget, Numerics, NumericsMode, Simd};
+use crate::numerics::Simd;
 
 /// Random super-blocks of `ty`; their f16 scales ordinary magnitudes seven times in eight.
 fn k_quant_row(ty: GgmlType, nb: usize, rng: &mut Rng) -> Vec<u8> {
@@ -52,23 +54,12 @@ fn extreme_row(ty: GgmlType, nb: usize) -> Vec<u8> {
 }
 
 fn prepared(ty: GgmlType, x: &[f32]) -> PreparedRow {
-    let mut p = PreparedRow::new();
-    p.prepare(ty, NumericsMode::Ggml, x).unwrap();
-    p
+    ggml_prepared(ty, x)
 }
 
 /// The tile kernel of `ty` (None without AVX-512 VNNI on this CPU).
 fn kernel(ty: GgmlType) -> Option<SimdKernel> {
-    if !Simd::Avx512.available() {
-        eprintln!("skipping: this CPU has no AVX-512 VNNI");
-        return None;
-    }
-    let k = simd_kernel(
-        Numerics::ggml(GgmlTarget::default()).with_simd(Simd::Avx512),
-        ty,
-    )?;
-    assert_eq!(k.wide(), Some(Wide::K(ty)));
-    Some(k)
+    avx512_tile_kernel(ty, Wide::K(ty))
 }
 
 /// Every output of `dot_rows_wide` for the rows `w` (one buffer) and `xs` against `vec_dot_path`;
@@ -173,7 +164,7 @@ fn k_tiles_give_the_scalar_bits_at_the_integer_extremes() {
 /// matmul (batch sizes with K-quant tiles, a repacked batch's gemv tail, and leftovers of 8 and 1).
 #[test]
 fn matmul_with_k_tiles_gives_the_avx2_and_scalar_bits() {
-    use crate::backend::{Backend, CpuBackend, MatmulScratch, QMatrix};
+    use crate::backend::QMatrix;
     if !Simd::Avx512.available() {
         eprintln!("skipping: this CPU has no AVX-512 VNNI");
         return;
@@ -196,28 +187,12 @@ fn matmul_with_k_tiles_gives_the_avx2_and_scalar_bits() {
                 let x: Vec<f32> = (0..n_tokens * cols)
                     .map(|_| rng.activation(256, true))
                     .collect();
-                let run = |simd: Simd| {
-                    let mut out = vec![0f32; n_tokens * rows];
-                    let num = Numerics::ggml(GgmlTarget::default()).with_simd(simd);
-                    CpuBackend::new(simd)
-                        .matmul(
-                            &m,
-                            &x,
-                            n_tokens,
-                            &mut out,
-                            num,
-                            &mut MatmulScratch::default(),
-                        )
-                        .unwrap();
-                    out
-                };
-                let (off, avx2, avx512) = (run(Simd::Off), run(Simd::Avx2), run(Simd::Avx512));
-                for (i, ((a, b), c)) in off.iter().zip(&avx2).zip(&avx512).enumerate() {
-                    assert!(
-                        same(*a, *b) && same(*a, *c),
-                        "{ty} rows {rows} tokens {n_tokens} output {i}: off {a:e} avx2 {b:e} avx512 {c:e}"
-                    );
-                }
+                assert_matmul_same_bits_on_every_simd(
+                    &m,
+                    &x,
+                    n_tokens,
+                    &format!("{ty} rows {rows}"),
+                );
             }
         }
     }

@@ -3,45 +3,29 @@
 //! by ggml mode's own `from_float` (NaN inputs give −128 quants, which the tile takes exactly), the
 //! integer extremes, row counts around the sixteen-row step, and whole matmuls with SIMD off, AVX2 and
 //! AVX-512 giving the same bits.
-use super::super::test_rng::{same, Rng};
-use super::super::{simd_kernel, vec_dot_path, GgmlPath, GgmlType, PreparedRow, SimdKernel, Wide};
+use super::super::test_rng::{
+    assert_matmul_same_bits_on_every_simd, avx512_tile_kernel, blocks_with_f16_scale,
+    ggml_prepared, same, Rng,
+};
+use super::super::{vec_dot_path, GgmlPath, GgmlType, PreparedRow, SimdKernel, Wide};
 use super::{build_tile, handles, tile_lines, Line, TOKENS};
-use crate::numerics::{GgmlTarget, Numerics, NumericsMode, Simd};
+use crate::numerics::Simd;
 
 const TYPES: [GgmlType; 2] = [GgmlType::Q4_0, GgmlType::IQ4_NL];
 
 /// Random blocks of `ty` (Q4_0 or IQ4_NL: 18 bytes); their f16 scales ordinary magnitudes half of the
 /// time, random bits (NaN, inf, subnormal included) otherwise.
 fn weight_row(ty: GgmlType, nb: usize, rng: &mut Rng) -> Vec<u8> {
-    let per = ty.type_size();
-    let mut w: Vec<u8> = (0..nb * per).map(|_| rng.next() as u8).collect();
-    for blk in w.chunks_exact_mut(per) {
-        if rng.next().is_multiple_of(2) {
-            let d = half::f16::from_f32(((rng.next() % 1000) as f32 + 1.0) * 1e-4);
-            blk[0..2].copy_from_slice(&d.to_le_bytes());
-        }
-    }
-    w
+    blocks_with_f16_scale(ty, nb, 1e-4, rng)
 }
 
 fn prepared(ty: GgmlType, x: &[f32]) -> PreparedRow {
-    let mut p = PreparedRow::new();
-    p.prepare(ty, NumericsMode::Ggml, x).unwrap();
-    p
+    ggml_prepared(ty, x)
 }
 
 /// The nibble-tile kernel of `ty` (None without AVX-512 VNNI on this CPU).
 fn kernel(ty: GgmlType) -> Option<SimdKernel> {
-    if !Simd::Avx512.available() {
-        eprintln!("skipping: this CPU has no AVX-512 VNNI");
-        return None;
-    }
-    let k = simd_kernel(
-        Numerics::ggml(GgmlTarget::default()).with_simd(Simd::Avx512),
-        ty,
-    )?;
-    assert_eq!(k.wide(), Some(Wide::Nibbles(ty)));
-    Some(k)
+    avx512_tile_kernel(ty, Wide::Nibbles(ty))
 }
 
 /// Every output of `dot_rows_wide` for the rows `w` (one buffer) and `xs` against `vec_dot_path` on
@@ -152,7 +136,7 @@ fn nibble_tiles_give_the_scalar_bits_at_the_integer_extremes() {
 /// are and are not repacked) give the same bits, NaN inputs included.
 #[test]
 fn matmul_with_nibble_tiles_gives_the_avx2_and_scalar_bits() {
-    use crate::backend::{Backend, CpuBackend, MatmulScratch, QMatrix};
+    use crate::backend::QMatrix;
     if !Simd::Avx512.available() {
         eprintln!("skipping: this CPU has no AVX-512 VNNI");
         return;
@@ -174,29 +158,12 @@ fn matmul_with_nibble_tiles_gives_the_avx2_and_scalar_bits() {
                 let x: Vec<f32> = (0..n_tokens * cols)
                     .map(|_| rng.activation(256, nan))
                     .collect();
-                let run = |simd: Simd| {
-                    let mut out = vec![0f32; n_tokens * rows];
-                    let num = Numerics::ggml(GgmlTarget::default()).with_simd(simd);
-                    CpuBackend::new(simd)
-                        .matmul(
-                            &m,
-                            &x,
-                            n_tokens,
-                            &mut out,
-                            num,
-                            &mut MatmulScratch::default(),
-                        )
-                        .unwrap();
-                    out
-                };
-                let (off, avx2, avx512) = (run(Simd::Off), run(Simd::Avx2), run(Simd::Avx512));
-                for (i, ((a, b), c)) in off.iter().zip(&avx2).zip(&avx512).enumerate() {
-                    assert!(
-                        same(*a, *b) && same(*a, *c),
-                        "{ty} {rows}x{cols} tokens {n_tokens} output {i}: off {a:e} avx2 {b:e} \
-                         avx512 {c:e}"
-                    );
-                }
+                assert_matmul_same_bits_on_every_simd(
+                    &m,
+                    &x,
+                    n_tokens,
+                    &format!("{ty} {rows}x{cols}"),
+                );
             }
         }
     }
