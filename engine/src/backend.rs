@@ -487,13 +487,8 @@ mod tests {
     /// thread count.
     #[test]
     fn reference_batch_dequantizes_once_with_the_per_token_bits() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut rng = crate::quant::test_rng::Rng(0x2545_f491_4f6c_dd1du64);
+        let mut rnd = move || rng.uniform();
         let pools: Vec<rayon::ThreadPool> = [1, 2]
             .into_iter()
             .map(|n| {
@@ -569,13 +564,8 @@ mod tests {
     #[test]
     fn float_batches_give_the_scalar_bits_on_every_path() {
         use crate::numerics::GgmlTarget;
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut rng = crate::quant::test_rng::Rng(0x9e37_79b9_7f4a_7c15u64);
+        let mut rnd = move || rng.uniform();
         for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
             for (rows, cols) in [(12, 64), (36, 96), (13, 64), (8, 40)] {
                 let wf: Vec<f32> = (0..rows * cols)

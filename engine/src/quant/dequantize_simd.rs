@@ -203,13 +203,8 @@ mod tests {
         if !std::arch::is_x86_feature_detected!("avx2") {
             return;
         }
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = crate::quant::test_rng::Rng(0x2545_f491_4f6c_dd1du64);
+        let mut next = move || rng.next();
         // (type, block bytes, elements, offsets of f16 fields)
         for (ty, bytes, qk, f16_at) in [
             (GgmlType::Q4_0, super::super::q4_0::BYTES, 32, &[0usize][..]),

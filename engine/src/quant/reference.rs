@@ -122,13 +122,8 @@ mod tests {
     /// multiple of 8 or 16 for the floats.
     #[test]
     fn per_token_and_dequantized_dots_agree_in_both_orders() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut rng = crate::quant::test_rng::Rng(0x9e37_79b9_7f4a_7c15u64);
+        let mut rnd = move || rng.uniform();
         for (ty, n) in [
             (GgmlType::Q4_0, 256),
             (GgmlType::Q4_1, 256),
@@ -161,13 +156,8 @@ mod tests {
     /// finite values at lengths with and without a tail.
     #[test]
     fn both_orders_agree_on_random_blocks() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = crate::quant::test_rng::Rng(0x2545_f491_4f6c_dd1du64);
+        let mut next = move || rng.next();
         let scale =
             |r: u64| half::f16::from_f32(((r >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2);
         // (type, block bytes, offsets of f16 fields)

@@ -297,13 +297,9 @@ mod x86 {
 mod tests {
     use super::*;
 
-    fn rng(mut seed: u64) -> impl FnMut() -> f32 {
-        move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-        }
+    fn rng(seed: u64) -> impl FnMut() -> f32 {
+        let mut rng = crate::quant::test_rng::Rng(seed);
+        move || ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
     }
 
     /// Every kernel kind this CPU has gives [`dot_scalar`]'s bits for every output, whatever the tile

@@ -269,13 +269,8 @@ mod tests {
         if !supported(GgmlType::Q8_0) {
             return;
         }
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = crate::quant::test_rng::Rng(0x9e37_79b9_7f4a_7c15u64);
+        let mut next = move || rng.next();
         for (ty, f16_at) in types {
             let (qk, bytes) = (
                 ty.block_size(),

@@ -13,6 +13,11 @@ impl Rng {
         self.0
     }
 
+    /// Uniform in [−1, 1): the top 24 bits of [`Rng::next`] scaled (the float tests' values).
+    pub(crate) fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+
     /// An activation: uniform in [−1, 1), except that of every `m` draws about 8 are 30× larger
     /// (outlier channels) and, if `nan`, one is NaN (which ggml's Q8 quantizers turn into −128 or 0).
     pub(crate) fn activation(&mut self, m: u64, nan: bool) -> f32 {
