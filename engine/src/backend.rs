@@ -475,6 +475,34 @@ impl Backend for CpuBackend {
 }
 
 #[cfg(test)]
+/// Run the whole ggml-mode matmul of `m` on `x` (`[n_tokens, m.cols]`) through the backend with SIMD
+/// off, AVX2 and AVX-512, and require the same bits in every output (`what` names the case).
+pub(crate) fn assert_matmul_same_bits_on_every_simd(
+    m: &QMatrix<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    what: &str,
+) {
+    use crate::numerics::{GgmlTarget, Numerics, Simd};
+    use crate::quant::test_rng::same;
+    let run = |simd: Simd| {
+        let mut out = vec![0f32; n_tokens * m.rows];
+        let num = Numerics::ggml(GgmlTarget::default()).with_simd(simd);
+        CpuBackend::new(simd)
+            .matmul(m, x, n_tokens, &mut out, num, &mut MatmulScratch::default())
+            .unwrap();
+        out
+    };
+    let (off, avx2, avx512) = (run(Simd::Off), run(Simd::Avx2), run(Simd::Avx512));
+    for (i, ((a, b), c)) in off.iter().zip(&avx2).zip(&avx512).enumerate() {
+        assert!(
+            same(*a, *b) && same(*a, *c),
+            "{what} tokens {n_tokens} output {i}: off {a:e} avx2 {b:e} avx512 {c:e}"
+        );
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -2,9 +2,7 @@
 //! (f16 scales sometimes random bit patterns: NaN, infinities, subnormals), activations quantized by
 //! ggml mode's own `from_float` (NaN inputs included: they quantize to −128), and the extremes of every
 //! integer (all quants at their largest, scales and mins at 63 / −128, activations at ±127 and −128).
-use super::super::test_rng::{
-    assert_matmul_same_bits_on_every_simd, avx512_tile_kernel, ggml_prepared, same, Rng,
-};
+use super::super::test_rng::{avx512_tile_kernel, ggml_prepared, same, Rng};
 use super::super::{vec_dot_path, GgmlPath, GgmlType, PreparedRow, SimdKernel, Wide};
 use super::{build_tile, handles, tile_lines, Line, TOKENS};
 use crate::numerics::Simd;
@@ -164,7 +162,7 @@ fn k_tiles_give_the_scalar_bits_at_the_integer_extremes() {
 /// matmul (batch sizes with K-quant tiles, a repacked batch's gemv tail, and leftovers of 8 and 1).
 #[test]
 fn matmul_with_k_tiles_gives_the_avx2_and_scalar_bits() {
-    use crate::backend::QMatrix;
+    use crate::backend::{assert_matmul_same_bits_on_every_simd, QMatrix};
     if !Simd::Avx512.available() {
         eprintln!("skipping: this CPU has no AVX-512 VNNI");
         return;

@@ -3,10 +3,7 @@
 //! by ggml mode's own `from_float` (NaN inputs give −128 quants, which the tile takes exactly), the
 //! integer extremes, row counts around the sixteen-row step, and whole matmuls with SIMD off, AVX2 and
 //! AVX-512 giving the same bits.
-use super::super::test_rng::{
-    assert_matmul_same_bits_on_every_simd, avx512_tile_kernel, blocks_with_f16_scale,
-    ggml_prepared, same, Rng,
-};
+use super::super::test_rng::{avx512_tile_kernel, blocks_with_f16_scale, ggml_prepared, same, Rng};
 use super::super::{vec_dot_path, GgmlPath, GgmlType, PreparedRow, SimdKernel, Wide};
 use super::{build_tile, handles, tile_lines, Line, TOKENS};
 use crate::numerics::Simd;
@@ -136,7 +133,7 @@ fn nibble_tiles_give_the_scalar_bits_at_the_integer_extremes() {
 /// are and are not repacked) give the same bits, NaN inputs included.
 #[test]
 fn matmul_with_nibble_tiles_gives_the_avx2_and_scalar_bits() {
-    use crate::backend::QMatrix;
+    use crate::backend::{assert_matmul_same_bits_on_every_simd, QMatrix};
     if !Simd::Avx512.available() {
         eprintln!("skipping: this CPU has no AVX-512 VNNI");
         return;

@@ -2,10 +2,7 @@
 //! scales sometimes random bit patterns), activations quantized by ggml mode's own `from_float`, the
 //! integer extremes, a group with a −128 quant refused, and whole matmuls with SIMD off, AVX2 and
 //! AVX-512 giving the same bits (NaN inputs included).
-use super::super::test_rng::{
-    assert_matmul_same_bits_on_every_simd, avx512_tile_kernel, blocks_with_f16_scale,
-    ggml_prepared, same, Rng,
-};
+use super::super::test_rng::{avx512_tile_kernel, blocks_with_f16_scale, ggml_prepared, same, Rng};
 use super::super::{vec_dot_path, GgmlPath, GgmlType, PreparedRow, SimdKernel, Wide};
 use super::{accepts, build_tile, tile_lines, Line, TOKENS};
 use crate::numerics::Simd;
@@ -122,7 +119,7 @@ fn pair_tiles_give_the_scalar_bits_at_the_integer_extremes_and_refuse_a_min_quan
 /// groups, the last group of 8 and single tokens) give the same bits, NaN inputs included.
 #[test]
 fn matmul_with_pair_tiles_gives_the_avx2_and_scalar_bits() {
-    use crate::backend::QMatrix;
+    use crate::backend::{assert_matmul_same_bits_on_every_simd, QMatrix};
     if !Simd::Avx512.available() {
         eprintln!("skipping: this CPU has no AVX-512 VNNI");
         return;
