@@ -72,7 +72,25 @@ echo "== speed: every model of the default matrix against its floor (ci/speed-fl
 # process: each row's share of this machine's own limits (prefill: of the f32 FMA peak; decode: of the read
 # bandwidth; both measured in the same run), held to the floors measured on the reference host. No llama.cpp
 # needed; `lockstep gate --speed` exits 1 on a row below its floor, 2 on a missing floor or row.
+# The samples of the seeded models last a few milliseconds, so a stall of the machine (the tests' gigabytes of
+# model files still being written back, a neighbour's burst) can halve one: a row fails only if it fails in two
+# independent runs (`sync` first, so the write-back is done). A build that is really 2x slower fails both;
+# any other gate error (exit 2: a missing floor or row) fails at once.
 speed_dir="$(mktemp -d)"
 trap 'rm -rf "$speed_dir"' EXIT
-cargo run --quiet --release -p lockstep -- bench --matrix -p 64 -n 16 -r 5 --no-llama --reports "$speed_dir" >/dev/null
-cargo run --quiet --release -p lockstep -- gate --speed "$speed_dir"/bench-* --speed-floors ci/speed-floors.toml
+speed_run() {
+  rm -rf "$speed_dir"/bench-*
+  sync
+  cargo run --quiet --release -p lockstep -- bench --matrix -p 64 -n 16 -r 5 --no-llama --reports "$speed_dir" >/dev/null
+  cargo run --quiet --release -p lockstep -- gate --speed "$speed_dir"/bench-* --speed-floors ci/speed-floors.toml
+}
+set +e
+speed_run
+rc=$?
+set -e
+if [ "$rc" -eq 1 ]; then
+  echo "== speed: rows below their floors; a second, independent run decides"
+  speed_run
+elif [ "$rc" -ne 0 ]; then
+  exit "$rc"
+fi
