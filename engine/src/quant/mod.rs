@@ -140,6 +140,8 @@ mod avx2_float;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod bf16_dp;
+#[cfg(target_arch = "x86_64")]
 mod dequantize_simd;
 mod float;
 mod fp;

@@ -4,7 +4,7 @@
 //! [`vec_dot_path`] gives per output.
 
 #[cfg(target_arch = "x86_64")]
-use super::{avx2, avx2_float, avx512, iq4_nl, q4_0};
+use super::{avx2, avx2_float, avx512, bf16_dp, iq4_nl, q4_0};
 use super::{
     dots, effective_path, ktile, nibble_tile, pair_tile, vec_dot_path, GgmlPath, GgmlType,
     PreparedRow,
@@ -76,6 +76,10 @@ pub(crate) enum SimdKernel {
     /// IQ4_NL's repacked gemm on sixteen rows and sixteen tokens at once (`nibble_tile::dot_rows`); any
     /// other call runs [`SimdKernel::IQ4_NLAvx2`].
     IQ4_NLAvx512,
+    /// BF16 weights on a CPU with AVX512-BF16: the `__AVX512BF16__` paths (`ggml_vec_dot_bf16`, tinyBLAS
+    /// `<32, __m512bh>`) on `vdpbf16ps` itself (`bf16_dp::dot_rows`); any other path runs
+    /// [`SimdKernel::BF16Avx2`]. Chosen only where the CPU has the instruction.
+    BF16Avx512,
 }
 
 /// The SIMD kernel for weights of `ty` in `num.mode` under `num.simd`, or `None` where only the scalar
@@ -88,7 +92,7 @@ pub(crate) fn simd_kernel(num: Numerics, ty: GgmlType) -> Option<SimdKernel> {
     }
     let d = dots(ty)?;
     match simd {
-        Simd::Avx512 => d.simd_avx512.or(d.simd_avx2),
+        Simd::Avx512 => d.simd_avx512.filter(|k| k.cpu_has()).or(d.simd_avx2),
         Simd::Avx2 | Simd::Off => d.simd_avx2,
     }
 }
@@ -116,6 +120,18 @@ impl SimdKernel {
 }
 
 impl SimdKernel {
+    /// True if this CPU has the instructions of this kernel beyond those of its `Simd` setting (which
+    /// `Simd::available` checks): AVX512-BF16 for [`SimdKernel::BF16Avx512`].
+    fn cpu_has(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            SimdKernel::BF16Avx512 => bf16_dp::available(),
+            #[cfg(not(target_arch = "x86_64"))]
+            SimdKernel::BF16Avx512 => false,
+            _ => true,
+        }
+    }
+
     /// `outs[t][i] = vec_dot_path(rows[i], xs[t], paths[t])` for `i < n_rows` consecutive weight rows of
     /// `row_bytes` bytes each in `rows` and the `N` activation rows `xs`, bit for bit: one dispatch for a
     /// whole run of rows (a decode step's matrix-vector product with `N = 1`, a group of `N` prompt
@@ -163,6 +179,7 @@ impl SimdKernel {
             Q5_KAvx512 => Q5_KAvx2,
             Q4_0Avx512 => Q4_0Avx2,
             IQ4_NLAvx512 => IQ4_NLAvx2,
+            BF16Avx512 => BF16Avx2,
             k => k,
         }
     }
@@ -243,13 +260,19 @@ impl SimdKernel {
         assert!(outs.iter().all(|o| o.len() >= n_rows));
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a `SimdKernel` exists only where `simd_kernel` found its features on this CPU
-        // (AVX2+FMA+F16C, and AVX-512 F/BW/VL/VNNI for the `Avx512` ones); the bounds were checked above.
+        // (AVX2+FMA+F16C, AVX-512 F/BW/VL/VNNI for the `Avx512` ones, and AVX512-BF16 for `BF16Avx512`); the
+        // bounds were checked above.
         unsafe {
             use SimdKernel::*;
             if let Some(tile) = self.tile8(&paths) {
                 // `tile8` returns a tile only for eight activation rows
                 let x8: [&PreparedRow; 8] = std::array::from_fn(|j| xs[j % N]);
                 kquant_rows_avx512(tile, rows, row_bytes, n_rows, x8, &mut outs);
+                return;
+            }
+            if self == BF16Avx512 && bf16_dp::handles(&paths) {
+                // `simd_kernel` chose it only where the CPU has AVX512-BF16
+                bf16_dp::dot_rows(rows, row_bytes, n_rows, xs, paths, &mut outs);
                 return;
             }
             let vnni = matches!(self, Q4_1Avx512 | Q8_0Avx512 | Q5_0Avx512);
@@ -514,7 +537,8 @@ unsafe fn dot_rows_avx2<const N: usize>(
         | SimdKernel::Q3_KAvx512
         | SimdKernel::Q5_KAvx512
         | SimdKernel::Q4_0Avx512
-        | SimdKernel::IQ4_NLAvx512 => {
+        | SimdKernel::IQ4_NLAvx512
+        | SimdKernel::BF16Avx512 => {
             unreachable!(
                 "the AVX-512 kernels are dispatched by dot_rows_avx512, dot_rows_k16 or kquant_rows_avx512; \
                  dot_rows_tiled hands the others their AVX2 names"

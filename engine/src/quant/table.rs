@@ -235,6 +235,7 @@ const BF16_TRAITS: TypeTraits = TypeTraits {
             }),
         }),
         simd_avx2: Some(SimdKernel::BF16Avx2),
+        simd_avx512: Some(SimdKernel::BF16Avx512),
         ..plain(
             GgmlType::BF16,
             |w, x| reference::dot_elems(w, 2, x, |b| fp::bf16_to_f32(fp::read_u16(b, 0))),
