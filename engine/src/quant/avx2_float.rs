@@ -21,7 +21,7 @@
 use std::arch::x86_64::*;
 
 use super::float::{f32_leftovers, f32x8_reduce_tail};
-use super::x86::{hsum_float_8, reduce_add_16};
+use super::x86::{hsum_float_8, reduce_add_16_halves};
 use super::{GgmlPath, GgmlType};
 
 /// One activation row as the float kernels read it: `x` the activation converted to the weight's type and
@@ -59,10 +59,7 @@ unsafe fn hsum8(a: __m256) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn reduce16(lo: __m256, hi: __m256) -> f32 {
-    let mut a = [0f32; 16];
-    _mm256_storeu_ps(a.as_mut_ptr(), lo);
-    _mm256_storeu_ps(a.as_mut_ptr().add(8), hi);
-    reduce_add_16(&a)
+    reduce_add_16_halves(lo, hi)
 }
 
 /// Denormals to (signed) zero: `vdpbf16ps`'s DAZ on inputs and FTZ on results.

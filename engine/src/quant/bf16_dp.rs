@@ -15,14 +15,14 @@
 //!
 //! The activation is the row rounded to bf16 by ggml mode's `prepare` (`ggml_cpu_fp32_to_bf16`), read
 //! from its bf16 bytes (`PreparedRow::blocks`). `_mm512_reduce_add_ps` is the scalar tree
-//! `x86::reduce_add_16`; `vdpbf16ps` itself — odd pair then even pair, DAZ in, FTZ out, round to nearest
+//! `x86::reduce_add_16` (in registers: `x86::reduce_add_16_512`); `vdpbf16ps` itself — odd pair then even pair, DAZ in, FTZ out, round to nearest
 //! even (Intel SDM) — is the hardware's, so these kernels give the bits of the llama.cpp build they mirror
 //! by construction, and the tests hold them to the scalar emulation as well.
 
 use std::arch::x86_64::*;
 
 use super::fp::{bf16_to_f32, read_u16};
-use super::x86::reduce_add_16;
+use super::x86::reduce_add_16_512 as reduce;
 use super::{GgmlPath, PreparedRow};
 
 /// True if this CPU has the instructions of these kernels (AVX-512 F and BW, and AVX512-BF16).
@@ -45,15 +45,6 @@ pub(crate) fn handles(paths: &[GgmlPath]) -> bool {
 unsafe fn load_bh(p: *const u8) -> __m512bh {
     // SAFETY (of the transmute): `__m512i` and `__m512bh` are both 64 plain bytes
     std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p as *const __m512i))
-}
-
-/// `_mm512_reduce_add_ps` as GCC expands it (`x86::reduce_add_16`).
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn reduce(v: __m512) -> f32 {
-    let mut l = [0f32; 16];
-    _mm512_storeu_ps(l.as_mut_ptr(), v);
-    reduce_add_16(&l)
 }
 
 /// tinyBLAS outputs of `R` weight rows × `T` activation rows (bf16 bytes, `n` elements each): chunks

@@ -116,14 +116,14 @@ pub(crate) fn matmul(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::x86::{fma, reduce_add_16};
+    use super::super::x86::{fma, reduce_add_16, reduce_add_16_512, reduce_add_16_halves};
 
     /// Declares a tile kernel and the matmul that walks a weight block with it, for one register kind.
     macro_rules! kernels {
         (
             $feat:literal, $tile:ident, $matmul:ident, $v:ty,
             zero: $zero:expr, load: $load:ident, fma: $fmav:ident, store: $store:ident,
-            big: ($br:literal, $bt:literal), one: $or:literal
+            reduce: $reduce:ident, big: ($br:literal, $bt:literal), one: $or:literal
         ) => {
             /// `R` weight rows × `T` activation rows over `n` elements, each output in the 16-lane order.
             ///
@@ -151,6 +151,11 @@ mod x86 {
                 let mut out = [[0f32; T]; R];
                 for r in 0..R {
                     for t in 0..T {
+                        if full == n {
+                            // in registers (`x86::reduce_add_16_halves`: the same additions)
+                            out[r][t] = $reduce(acc[r][t]);
+                            continue;
+                        }
                         let mut l = [0f32; 16];
                         $store(l.as_mut_ptr(), acc[r][t]);
                         for i in full..n {
@@ -280,16 +285,21 @@ mod x86 {
         _mm256_storeu_ps(p.add(8), v.1);
     }
 
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn reduce_pair(v: Pair) -> f32 {
+        reduce_add_16_halves(v.0, v.1)
+    }
+
     kernels!(
         "avx512f", tile_avx512, matmul_avx512, __m512,
         zero: _mm512_setzero_ps(), load: load512, fma: fma512, store: store512,
-        big: (2, 8), one: 4
+        reduce: reduce_add_16_512, big: (2, 8), one: 4
     );
     kernels!(
         "avx2,fma", tile_avx2, matmul_avx2, Pair,
         zero: (_mm256_setzero_ps(), _mm256_setzero_ps()), load: load_pair, fma: fma_pair,
-        store: store_pair,
-        big: (2, 2), one: 4
+        store: store_pair, reduce: reduce_pair, big: (2, 2), one: 4
     );
 }
 

@@ -200,6 +200,41 @@ pub(crate) fn reduce_add_16(a: &[f32; 16]) -> f32 {
     hsum_float_4(&t4)
 }
 
+/// [`reduce_add_16`] in registers, on a 16-lane sum held as two 8-lane halves (`lo`: lanes 0..8, `hi`:
+/// 8..16): the same additions in the same order (GCC's `_mm512_reduce_add_ps`: `vextractf`, `vaddps`
+/// 256 then 128 bits, `movhlps` + `addps`, `movshdup` + `addss`), without the round trip through memory
+/// that the tiles' per-output reductions otherwise pay. Same bits as [`reduce_add_16`] (a NaN's payload
+/// aside).
+///
+/// # Safety
+/// The CPU must have AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+pub(crate) unsafe fn reduce_add_16_halves(
+    lo: std::arch::x86_64::__m256,
+    hi: std::arch::x86_64::__m256,
+) -> f32 {
+    use std::arch::x86_64::*;
+    let t8 = _mm256_add_ps(hi, lo);
+    let t4 = _mm_add_ps(_mm256_extractf128_ps::<1>(t8), _mm256_castps256_ps128(t8));
+    let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+    _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)))
+}
+
+/// [`reduce_add_16`] of a `__m512` in registers ([`reduce_add_16_halves`] of its two halves).
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn reduce_add_16_512(v: std::arch::x86_64::__m512) -> f32 {
+    use std::arch::x86_64::*;
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    reduce_add_16_halves(_mm512_castps512_ps256(v), hi)
+}
+
 /// The eight i32 lanes of one 256-element super-block in the AVX2 K-quant kernels whose sub-blocks of 16
 /// carry their own scale (`ggml_vec_dot_q2_K_q8_K`, `ggml_vec_dot_q3_K_q8_K`, arch/x86/quants.c): for half
 /// `h` and 32-element group `k`, lane `l` adds `sc(8h + 2k + l/4) · Σ v[e]·qy[e]` over elements
@@ -244,6 +279,48 @@ pub(crate) fn sign_trick_mul(x: i32, y: i8) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn register_reductions_add_as_reduce_add_16() {
+        use std::arch::x86_64::*;
+        if !std::arch::is_x86_feature_detected!("avx") {
+            eprintln!("skipping: this CPU has no AVX");
+            return;
+        }
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        for trial in 0..20_000 {
+            let v: [f32; 16] = std::array::from_fn(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let u = (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+                // cancellations, mixed magnitudes, signed zeros, subnormals, now and then inf/NaN
+                match (s >> 8) % 16 {
+                    0 => u * 1e30,
+                    1 => u * 1e-40,
+                    2 => -0.0,
+                    3 if trial % 7 == 0 => f32::from_bits(0x7f80_0000 | (s as u32 & 0x8040_0000)),
+                    _ => u * ((s >> 4) % 64) as f32,
+                }
+            });
+            let want = reduce_add_16(&v);
+            // SAFETY: AVX checked above, AVX-512 F where used
+            let halves = unsafe {
+                reduce_add_16_halves(
+                    _mm256_loadu_ps(v.as_ptr()),
+                    _mm256_loadu_ps(v.as_ptr().add(8)),
+                )
+            };
+            let same = |a: f32| a.to_bits() == want.to_bits() || (a.is_nan() && want.is_nan());
+            assert!(same(halves), "{v:?}: {halves:e} vs {want:e}");
+            if avx512 {
+                let z = unsafe { reduce_add_16_512(_mm512_loadu_ps(v.as_ptr())) };
+                assert!(same(z), "{v:?}: {z:e} vs {want:e}");
+            }
+        }
+    }
 
     #[test]
     fn absmax_agrees_with_plain_max_without_nan() {
