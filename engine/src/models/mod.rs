@@ -353,6 +353,26 @@ impl Model {
         sink: Option<&mut dyn StageSink>,
         last_only: bool,
     ) -> Result<&'s [f32]> {
+        // Called from outside rayon's pool (the usual caller), each of a forward's parallel loops — a few
+        // hundred per decode step: every matmul, norm, RoPE and attention — would inject a job into the
+        // pool and block the caller on it until a worker finished it. Run from a pool worker instead (one
+        // injection per forward), they fork and join inside the pool, as ggml's threads meet at a
+        // barrier. A forward with a stage sink (not `Send`) stays on the caller's thread. The split of
+        // the work is the same either way, and so are the results.
+        if sink.is_none() && rayon::current_thread_index().is_none() {
+            return rayon::scope(|_| self.forward_rows_here(session, tokens, None, last_only));
+        }
+        self.forward_rows_here(session, tokens, sink, last_only)
+    }
+
+    /// [`Model::forward_rows`] on the calling thread.
+    fn forward_rows_here<'s>(
+        &self,
+        session: &'s mut Session,
+        tokens: &[u32],
+        sink: Option<&mut dyn StageSink>,
+        last_only: bool,
+    ) -> Result<&'s [f32]> {
         if tokens.is_empty() {
             return Err(Error::Invalid("forward called with no tokens".into()));
         }

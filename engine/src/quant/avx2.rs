@@ -325,6 +325,62 @@ pub(crate) unsafe fn dot_q4_0_repacked<const N: usize>(
     acc
 }
 
+/// [`dot_q4_0_repacked`] for eight weight rows against one activation row (a decode step's matrix-vector
+/// product, `path` its ggml path): the eight rows' block sums become one vector ([`hsum_i32_8x8`]) and
+/// the eight rows' accumulators its lanes, each lane the scalar kernel's `fma(isum, d_w·d_x, acc)` in
+/// block order — as llama.cpp's `ggml_gemv_q4_0_8x8_q8_0` keeps eight interleaved rows in the lanes of
+/// one vector. Same bits as [`dot_q4_0_repacked`] row by row, without its serial chain of one scalar
+/// fma per block. The rows are `w[r]`, and the caller passes eight consecutive rows of one matrix: the
+/// kernel prefetches the eight that follow them.
+///
+/// # Safety
+/// As [`dot_q4_0_repacked`]; every row holds the same `nb` blocks (checked).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_0_repacked_rows8(
+    w: [&[u8]; 8],
+    x: Q8Row<'_>,
+    path: GgmlPath,
+    values: &[i8; 16],
+) -> [f32; 8] {
+    let nb = w[0].len() / q4_0::BYTES;
+    let row_bytes = nb * q4_0::BYTES;
+    assert!(w.iter().all(|r| r.len() == row_bytes));
+    assert!(x.qs.len() >= nb * QK && x.d.len() >= nb);
+    let ones = _mm256_set1_epi16(1);
+    let lut128 = _mm_loadu_si128(values.as_ptr() as *const __m128i);
+    let lut = _mm256_set_m128i(lut128, lut128);
+    let gemv = path == GgmlPath::RepackGemv;
+    let mut acc = _mm256_setzero_ps();
+    let mut m = [_mm256_setzero_si256(); 8];
+    for ib in 0..nb {
+        let qy = _mm256_loadu_si256(x.qs.as_ptr().add(ib * QK) as *const __m256i);
+        // the eight rows' f16 scales in one register (built in registers: eight 2-byte stores read back
+        // as one 16-byte load would miss store forwarding)
+        let dw: [i16; 8] = std::array::from_fn(|r| {
+            (w[r].as_ptr().add(ib * q4_0::BYTES) as *const i16).read_unaligned()
+        });
+        let dw = _mm_set_epi16(dw[7], dw[6], dw[5], dw[4], dw[3], dw[2], dw[1], dw[0]);
+        for r in 0..8 {
+            let blk = w[r].as_ptr().add(ib * q4_0::BYTES);
+            // the same block of the next group of eight rows (which follows these in memory) requested
+            // now: eight rows read a block from each in turn are an order the hardware prefetchers follow
+            // poorly (without it this kernel ran a SmolLM2 Q4_0 decode 20-30% slower than the row-by-row
+            // one; with it, 18% faster). A prefetch past the matrix reads nothing and cannot fault.
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(8 * row_bytes) as *const i8);
+            let qw = _mm256_shuffle_epi8(lut, bytes_from_nibbles_32(blk.add(2)));
+            let (a, b) = if gemv { (qw, qy) } else { (qy, qw) };
+            let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+            m[r] = _mm256_madd_epi16(dot, ones);
+        }
+        let isum = _mm256_cvtepi32_ps(hsum_i32_8x8(&m));
+        let d = _mm256_mul_ps(_mm256_cvtph_ps(dw), _mm256_set1_ps(*x.d.get_unchecked(ib)));
+        acc = _mm256_fmadd_ps(isum, d, acc);
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
 /// Lane `j` = the sum of the eight i32 lanes of `v[j]` (exact integers, so the order of the adds does not
 /// matter; wrapping as `_mm256_add_epi32`): eight horizontal sums for the price of about one each.
 #[target_feature(enable = "avx2,fma")]
