@@ -330,22 +330,23 @@ pub(crate) unsafe fn dot_q4_0_repacked<const N: usize>(
 /// the eight rows' accumulators its lanes, each lane the scalar kernel's `fma(isum, d_w·d_x, acc)` in
 /// block order — as llama.cpp's `ggml_gemv_q4_0_8x8_q8_0` keeps eight interleaved rows in the lanes of
 /// one vector. Same bits as [`dot_q4_0_repacked`] row by row, without its serial chain of one scalar
-/// fma per block. The rows are `w[r]`, and the caller passes eight consecutive rows of one matrix: the
-/// kernel prefetches the eight that follow them.
+/// fma per block. `w` holds the eight rows one after another (eight consecutive rows of a matrix: the
+/// kernel prefetches the eight that follow them in memory).
 ///
 /// # Safety
-/// As [`dot_q4_0_repacked`]; every row holds the same `nb` blocks (checked).
+/// As [`dot_q4_0_repacked`]; `w` holds eight rows of `nb` blocks (checked).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4_0_repacked_rows8(
-    w: [&[u8]; 8],
+    w: &[u8],
     x: Q8Row<'_>,
     path: GgmlPath,
     values: &[i8; 16],
 ) -> [f32; 8] {
-    let nb = w[0].len() / q4_0::BYTES;
-    let row_bytes = nb * q4_0::BYTES;
-    assert!(w.iter().all(|r| r.len() == row_bytes));
+    let row_bytes = w.len() / 8;
+    let nb = row_bytes / q4_0::BYTES;
+    assert_eq!(w.len(), 8 * nb * q4_0::BYTES);
     assert!(x.qs.len() >= nb * QK && x.d.len() >= nb);
+    let w: [*const u8; 8] = std::array::from_fn(|r| w.as_ptr().add(r * row_bytes));
     let ones = _mm256_set1_epi16(1);
     let lut128 = _mm_loadu_si128(values.as_ptr() as *const __m128i);
     let lut = _mm256_set_m128i(lut128, lut128);
@@ -356,12 +357,11 @@ pub(crate) unsafe fn dot_q4_0_repacked_rows8(
         let qy = _mm256_loadu_si256(x.qs.as_ptr().add(ib * QK) as *const __m256i);
         // the eight rows' f16 scales in one register (built in registers: eight 2-byte stores read back
         // as one 16-byte load would miss store forwarding)
-        let dw: [i16; 8] = std::array::from_fn(|r| {
-            (w[r].as_ptr().add(ib * q4_0::BYTES) as *const i16).read_unaligned()
-        });
+        let dw: [i16; 8] =
+            std::array::from_fn(|r| (w[r].add(ib * q4_0::BYTES) as *const i16).read_unaligned());
         let dw = _mm_set_epi16(dw[7], dw[6], dw[5], dw[4], dw[3], dw[2], dw[1], dw[0]);
         for r in 0..8 {
-            let blk = w[r].as_ptr().add(ib * q4_0::BYTES);
+            let blk = w[r].add(ib * q4_0::BYTES);
             // the same block of the next group of eight rows (which follows these in memory) requested
             // now: eight rows read a block from each in turn are an order the hardware prefetchers follow
             // poorly (without it this kernel ran a SmolLM2 Q4_0 decode 20-30% slower than the row-by-row

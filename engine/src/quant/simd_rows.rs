@@ -600,7 +600,7 @@ unsafe fn repacked_rows<const N: usize>(
     if N == 1 {
         // a decode step: eight weight rows at once in the lanes of one vector
         while i + 8 <= n_rows {
-            let w8: [&[u8]; 8] = std::array::from_fn(|k| row(i + k));
+            let w8 = &rows[i * row_bytes..(i + 8) * row_bytes];
             let r = avx2::dot_q4_0_repacked_rows8(w8, q8[0], paths[0], values);
             outs[0][i..i + 8].copy_from_slice(&r);
             i += 8;
