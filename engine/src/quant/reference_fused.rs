@@ -100,11 +100,21 @@ mod x86 {
                 rows: [*const u8; R],
                 x: *const f32,
                 n_blocks: usize,
+                ahead: usize,
             ) -> [f32; R] {
                 let mut accs = [_mm512_setzero_ps(); R];
                 for b in 0..n_blocks {
                     let $x = x.add(b * $qk);
                     for (row, $acc) in rows.iter().zip(accs.iter_mut()) {
+                        // the same block `ahead` bytes on (the rows of the next tile) requested now: rows
+                        // read a block from each in turn are an order the hardware prefetchers follow
+                        // poorly. A prefetch past the matrix reads nothing and cannot fault.
+                        let next = row.add(b * $bytes).wrapping_add(ahead);
+                        let mut o = 0;
+                        while o < $bytes {
+                            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(o) as *const i8);
+                            o += 64;
+                        }
                         let $p = std::slice::from_raw_parts(row.add(b * $bytes), $bytes);
                         $body
                     }
@@ -224,14 +234,19 @@ mod x86 {
                 for (t, xt) in xs.iter().enumerate() {
                     let mut r = 0;
                     while r + 4 <= n_rows {
-                        let o = $k::<4>(std::array::from_fn(|i| row(r + i)), xt.as_ptr(), n_blocks);
+                        let o = $k::<4>(
+                            std::array::from_fn(|i| row(r + i)),
+                            xt.as_ptr(),
+                            n_blocks,
+                            4 * row_bytes,
+                        );
                         for (i, v) in o.into_iter().enumerate() {
                             put(r + i, t, v);
                         }
                         r += 4;
                     }
                     for r in r..n_rows {
-                        put(r, t, $k::<1>([row(r)], xt.as_ptr(), n_blocks)[0]);
+                        put(r, t, $k::<1>([row(r)], xt.as_ptr(), n_blocks, row_bytes)[0]);
                     }
                 }
             }};
