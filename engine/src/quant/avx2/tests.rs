@@ -511,18 +511,21 @@ fn repacked_4_bit_kernels_give_the_scalar_bits_one_or_eight_tokens_at_a_time() {
     use GgmlPath::*;
     let mut rng = Rng(0x4e9a_c4ed_0000_0008);
     let mut cases = 0;
+    let mut with_min_quant = 0;
     for simd in simd_settings() {
         for ty in [GgmlType::Q4_0, GgmlType::IQ4_NL] {
             let k = simd_kernel(Numerics::ggml(GgmlTarget::default()).with_simd(simd), ty)
                 .expect("a SIMD kernel");
             for nb in [1, 2, 18, 48] {
                 let n = nb * 32;
-                let w: Vec<Vec<u8>> = (0..11).map(|_| weight_row(ty, nb, &mut rng)).collect();
+                let w: Vec<Vec<u8>> = (0..35).map(|_| weight_row(ty, nb, &mut rng)).collect();
                 let nan = rng.next().is_multiple_of(3);
                 let xs = activation_rows(ty, n, 8, nan, &mut rng);
-                // a decode step: eleven rows against one token
+                with_min_quant += usize::from(xs[0].has_min_quant);
+                // a decode step: 35 rows against one token (the eight-row gemv's four groups and the
+                // three rows after them)
                 for p in [RepackGemv, RepackGemm] {
-                    let rows: [&[u8]; 11] = std::array::from_fn(|r| &w[r][..]);
+                    let rows: [&[u8]; 35] = std::array::from_fn(|r| &w[r][..]);
                     let got = k.dot(rows, [&xs[0]], [p]);
                     for (r, row) in rows.iter().enumerate() {
                         let want = vec_dot_path(ty, row, &xs[0], p);
@@ -551,7 +554,7 @@ fn repacked_4_bit_kernels_give_the_scalar_bits_one_or_eight_tokens_at_a_time() {
             }
         }
     }
-    assert!(cases > 100, "{cases}");
+    assert!(cases > 100 && with_min_quant > 0, "{cases} {with_min_quant}");
 }
 
 /// Another random row of the same type and length as `w`.
