@@ -554,7 +554,10 @@ fn repacked_4_bit_kernels_give_the_scalar_bits_one_or_eight_tokens_at_a_time() {
             }
         }
     }
-    assert!(cases > 100 && with_min_quant > 0, "{cases} {with_min_quant}");
+    assert!(
+        cases > 100 && with_min_quant > 0,
+        "{cases} {with_min_quant}"
+    );
 }
 
 /// Another random row of the same type and length as `w`.
