@@ -289,20 +289,18 @@ mod tests {
             return;
         }
         let avx512 = std::arch::is_x86_feature_detected!("avx512f");
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = crate::quant::test_rng::Rng(0x9e37_79b9_7f4a_7c15);
         for trial in 0..20_000 {
             let v: [f32; 16] = std::array::from_fn(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let u = (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+                let u = rng.uniform();
+                let r = rng.next();
                 // cancellations, mixed magnitudes, signed zeros, subnormals, now and then inf/NaN
-                match (s >> 8) % 16 {
+                match r % 16 {
                     0 => u * 1e30,
                     1 => u * 1e-40,
                     2 => -0.0,
-                    3 if trial % 7 == 0 => f32::from_bits(0x7f80_0000 | (s as u32 & 0x8040_0000)),
-                    _ => u * ((s >> 4) % 64) as f32,
+                    3 if trial % 7 == 0 => f32::from_bits(0x7f80_0000 | (r as u32 & 0x8040_0000)),
+                    _ => u * ((r >> 8) % 64) as f32,
                 }
             });
             let want = reduce_add_16(&v);
@@ -313,7 +311,7 @@ mod tests {
                     _mm256_loadu_ps(v.as_ptr().add(8)),
                 )
             };
-            let same = |a: f32| a.to_bits() == want.to_bits() || (a.is_nan() && want.is_nan());
+            let same = |a: f32| crate::quant::test_rng::same(a, want);
             assert!(same(halves), "{v:?}: {halves:e} vs {want:e}");
             if avx512 {
                 let z = unsafe { reduce_add_16_512(_mm512_loadu_ps(v.as_ptr())) };
