@@ -117,6 +117,8 @@ struct MatShape {
 /// The weight types with a matmul kernel that models ship in (every one `quant::supports`).
 const ALL_TYPES: &[GgmlType] = &[
     GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q8_0,

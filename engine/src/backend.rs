@@ -227,6 +227,33 @@ impl CpuBackend {
     }
 }
 
+impl CpuBackend {
+    /// Ggml mode, F16 weights, every token on the AVX-512 build's tinyBLAS, AVX-512 kernels: the rows in
+    /// chunks of about [`ROWS_PER_TASK`] (`batch_chunk_rows`), each chunk through
+    /// [`quant::f16_tinyblas_matmul`] on the rows in the memory map and the activations' f16 bytes (`out`
+    /// as [`Backend::matmul`]'s). Every output has tinyBLAS's one order, so the split changes no bits.
+    fn f16_tinyblas_matmul(&self, w: &QMatrix<'_>, prepared: &[PreparedRow], out: &mut [f32]) {
+        let xs: Vec<&[u8]> = prepared
+            .iter()
+            .map(|p| p.ggml_blocks().map_or(&[][..], |(_, b)| b))
+            .collect();
+        let chunk_rows = batch_chunk_rows(w.rows, rayon::current_num_threads());
+        let n_chunks = w.rows.div_ceil(chunk_rows);
+        let base = OutPtr(out.as_mut_ptr());
+        let (rows_total, rb) = (w.rows, w.row_bytes());
+        (0..n_chunks).into_par_iter().for_each(|c| {
+            let r0 = c * chunk_rows;
+            let n_rows = chunk_rows.min(rows_total - r0);
+            let rows = &w.data[r0 * rb..(r0 + n_rows) * rb];
+            quant::f16_tinyblas_matmul(rows, rb, n_rows, &xs, |i, t, v| {
+                // SAFETY: `out` holds n_tokens·rows floats (checked by `matmul`) and outlives this
+                // scope; the chunks' row ranges are disjoint, so each element is written by one task.
+                unsafe { *base.get().add(t * rows_total + r0 + i) = v }
+            });
+        });
+    }
+}
+
 thread_local! {
     /// Each worker's buffer of dequantized weight rows (`CpuBackend::dequantized_matmul`), kept across
     /// matmuls so that a task neither allocates nor zeroes pages.
@@ -341,6 +368,13 @@ impl Backend for CpuBackend {
             && (0..n_tokens).all(tinyblas16)
         {
             let lanes = quant::Lanes16::for_simd(self.simd);
+            if w.ty == GgmlType::F16
+                && lanes == quant::Lanes16::Avx512
+                && quant::f16_tiles_available()
+            {
+                self.f16_tinyblas_matmul(w, prepared, out);
+                return Ok(());
+            }
             self.dequantized_matmul(w, prepared, out, &path, Some(lanes), false);
             return Ok(());
         }

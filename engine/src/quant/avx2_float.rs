@@ -307,3 +307,28 @@ unsafe fn vec_dot_bf16_avx512f(w: *const u8, x: &[f32], n: usize) -> f32 {
     }
     sumf as f32
 }
+
+/// `ggml_cpu_fp32_to_fp16` (ggml-cpu.c) on F16C: `src` rounded to f16 eight at a time by
+/// `_mm256_cvtps_ph(x, 0)` (round to nearest even, NaN kept quiet with its payload, as the scalar
+/// `fp::f32_to_f16_cpu`), written to `dst` as little-endian bytes, and widened back into `widened`
+/// (exact), the row ggml mode's float kernels read (`PreparedRow`).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C. Panics unless `dst` holds `2·src.len()` bytes and `widened`
+/// `src.len()` floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn round_row_f16(src: &[f32], dst: &mut [u8], widened: &mut [f32]) {
+    let n = src.len();
+    assert!(dst.len() == 2 * n && widened.len() == n, "f16 row of {n}");
+    let full = n - n % 8;
+    for i in (0..full).step_by(8) {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+        _mm_storeu_si128(dst.as_mut_ptr().add(2 * i) as *mut __m128i, h);
+        _mm256_storeu_ps(widened.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+    }
+    for i in full..n {
+        let h = super::fp::f32_to_f16_cpu(src[i]);
+        dst[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes());
+        widened[i] = super::fp::f16_to_f32(h);
+    }
+}

@@ -144,6 +144,8 @@ pub(crate) mod avx512;
 mod bf16_dp;
 #[cfg(target_arch = "x86_64")]
 mod dequantize_simd;
+#[cfg(target_arch = "x86_64")]
+mod f16_tile;
 mod float;
 mod fp;
 mod iq4_nl;
@@ -190,6 +192,38 @@ pub(crate) fn reference_fma_matmul(
     put: impl FnMut(usize, usize, f32),
 ) {
     reference_fma::matmul(lanes, w, cols, xs, put)
+}
+
+/// True when [`f16_tinyblas_matmul`] can run on this CPU (AVX-512 F).
+pub(crate) fn f16_tiles_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return f16_tile::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Ggml mode, F16 weights on the AVX-512 build's tinyBLAS ([`GgmlPath::TinyBlas`]), AVX-512 kernels:
+/// `put(i, t, ·)` for each of the `n_rows` F16 rows of `row_bytes` bytes in `rows` and each activation
+/// row's f16 bytes `xs[t]` ([`PreparedRow::ggml_blocks`]), in tinyBLAS's order with the f16 widened
+/// inside the tile (`f16_tile.rs`): the bits of [`vec_dot_path`] on that path.
+///
+/// # Panics
+/// If [`f16_tiles_available`] is false, `row_bytes` is not a multiple of 32, or a row is short.
+pub(crate) fn f16_tinyblas_matmul(
+    rows: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    xs: &[&[u8]],
+    put: impl FnMut(usize, usize, f32),
+) {
+    assert!(f16_tiles_available(), "the F16 tiles need AVX-512 F");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX-512 F checked just above.
+    unsafe {
+        f16_tile::matmul(rows, row_bytes, n_rows, xs, put)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (rows, row_bytes, n_rows, xs, put);
 }
 
 /// True when [`reference_fused_matmul`] has a kernel for weights of `ty` on this CPU

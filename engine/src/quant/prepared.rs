@@ -111,11 +111,17 @@ impl PreparedRow {
             }
             (NumericsMode::Ggml, GgmlType::F16) => {
                 resize(&mut self.blocks, nbytes, 0);
+                resize(&mut self.x, n, 0.0);
+                #[cfg(target_arch = "x86_64")]
+                if simd && crate::numerics::avx2_available() {
+                    // SAFETY: AVX2, FMA and F16C were detected just above; the buffers are sized for x.
+                    unsafe { super::avx2_float::round_row_f16(x, &mut self.blocks, &mut self.x) };
+                    return Ok(());
+                }
                 // ggml_cpu_fp32_to_fp16: F16C with round to nearest even, as `half` (see fp.rs)
                 for (b, &v) in self.blocks.chunks_exact_mut(2).zip(x) {
                     b.copy_from_slice(&super::fp::f32_to_f16_cpu(v).to_le_bytes());
                 }
-                resize(&mut self.x, n, 0.0);
                 float::dequantize_f16(&self.blocks, &mut self.x);
             }
             (NumericsMode::Ggml, GgmlType::BF16) => {
@@ -247,8 +253,9 @@ fn set<T: Copy>(v: &mut Vec<T>, src: &[T]) {
     v.extend_from_slice(src);
 }
 
-/// Resize without shrinking the allocation (contents are overwritten by the caller).
+/// Resize without shrinking the allocation. The contents are left as they were (only elements added
+/// past the old length are written): every caller overwrites all `n`, so clearing first would only
+/// write each buffer twice per token and matmul.
 fn resize<T: Copy>(v: &mut Vec<T>, n: usize, fill: T) {
-    v.clear();
     v.resize(n, fill);
 }
