@@ -22,7 +22,7 @@
 use std::arch::x86_64::*;
 
 use super::fp::{bf16_to_f32, read_u16};
-use super::x86::reduce_add_16_512 as reduce;
+use super::x86::{reduce_add_16_512 as reduce, reduce_tile_512 as reduce_tile};
 use super::{GgmlPath, PreparedRow};
 
 /// True if this CPU has the instructions of these kernels (AVX-512 F and BW, and AVX512-BF16).
@@ -73,13 +73,7 @@ unsafe fn tinyblas_tile<const R: usize, const T: usize>(
         }
         k += 32;
     }
-    let mut out = [[0f32; T]; R];
-    for r in 0..R {
-        for t in 0..T {
-            out[r][t] = reduce(acc[r][t]);
-        }
-    }
-    out
+    reduce_tile(&acc)
 }
 
 /// `ggml_vec_dot_bf16`'s `__AVX512BF16__` branch on one weight row `w` and one activation row (`x_bh` its

@@ -5,7 +5,7 @@
 //! vector registers).
 //!
 //! Every output is one 16-lane accumulator, `acc = fma(w[k..k+16], x[k..k+16], acc)` over chunks of 16
-//! elements in increasing `k`, then `hsum` = `_mm512_reduce_add_ps` (sixteen outputs at a time: `x86::reduce_add_16x16`). Widening
+//! elements in increasing `k`, then `hsum` = `_mm512_reduce_add_ps` (sixteen outputs at a time: `x86::reduce_tile_512`). Widening
 //! f16 to f32 is exact, so this is the 16-lane order of `reference_fma.rs` on the widened rows, and the
 //! tile shape, the token blocking and the thread split change no output's bits (the tests compare with
 //! `reference_fma::dot_scalar`). The activation is the row rounded to f16 by ggml mode's `prepare`
@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::reduce_add_16x16 as reduce16;
+use super::x86::reduce_tile_512 as reduce_tile;
 
 /// True if this CPU has the instructions of these kernels (AVX-512 F: `vcvtph2ps` on 512 bits and the
 /// 32 vector registers the 4 × 6 tile needs).
@@ -47,27 +47,8 @@ unsafe fn tile<const R: usize, const T: usize>(
     n: usize,
 ) -> [[f32; T]; R] {
     let acc = accumulate::<R, T>(ws, xs, n);
-    // the 24 reductions sixteen at a time (the second batch padded with zeros)
-    let z = _mm512_setzero_ps();
-    let flat = |i: usize| {
-        if i < ROWS * TOKENS {
-            acc[i / TOKENS][i % TOKENS]
-        } else {
-            z
-        }
-    };
-    let lo = reduce16(&std::array::from_fn(flat));
-    let hi = reduce16(&std::array::from_fn(|i| flat(16 + i)));
-    std::array::from_fn(|r| {
-        std::array::from_fn(|t| {
-            let i = r * TOKENS + t;
-            if i < 16 {
-                lo[i]
-            } else {
-                hi[i - 16]
-            }
-        })
-    })
+    let sums = reduce_tile(&acc);
+    std::array::from_fn(|r| std::array::from_fn(|t| sums[r][t]))
 }
 
 /// The 16-lane accumulators of [`tile`] (rows ≥ `R` or tokens ≥ `T` left zero). Kept out of line:

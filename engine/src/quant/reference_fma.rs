@@ -116,7 +116,7 @@ pub(crate) fn matmul(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::x86::{fma, reduce_add_16, reduce_add_16_512, reduce_add_16_halves};
+    use super::super::x86::{fma, reduce_add_16, reduce_add_16_halves, reduce_tile_512};
 
     /// Declares a tile kernel and the matmul that walks a weight block with it, for one register kind.
     macro_rules! kernels {
@@ -148,14 +148,13 @@ mod x86 {
                     }
                     k += 16;
                 }
+                if full == n {
+                    // in registers (`x86::reduce_add_16_halves`: the same additions)
+                    return $reduce(&acc);
+                }
                 let mut out = [[0f32; T]; R];
                 for r in 0..R {
                     for t in 0..T {
-                        if full == n {
-                            // in registers (`x86::reduce_add_16_halves`: the same additions)
-                            out[r][t] = $reduce(acc[r][t]);
-                            continue;
-                        }
                         let mut l = [0f32; 16];
                         $store(l.as_mut_ptr(), acc[r][t]);
                         for i in full..n {
@@ -285,21 +284,24 @@ mod x86 {
         _mm256_storeu_ps(p.add(8), v.1);
     }
 
+    /// Every accumulator of a tile, one by one.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn reduce_pair(v: Pair) -> f32 {
-        reduce_add_16_halves(v.0, v.1)
+    unsafe fn reduce_pairs<const R: usize, const T: usize>(acc: &[[Pair; T]; R]) -> [[f32; T]; R] {
+        std::array::from_fn(|r| {
+            std::array::from_fn(|t| reduce_add_16_halves(acc[r][t].0, acc[r][t].1))
+        })
     }
 
     kernels!(
         "avx512f", tile_avx512, matmul_avx512, __m512,
         zero: _mm512_setzero_ps(), load: load512, fma: fma512, store: store512,
-        reduce: reduce_add_16_512, big: (2, 8), one: 4
+        reduce: reduce_tile_512, big: (2, 8), one: 4
     );
     kernels!(
         "avx2,fma", tile_avx2, matmul_avx2, Pair,
         zero: (_mm256_setzero_ps(), _mm256_setzero_ps()), load: load_pair, fma: fma_pair,
-        store: store_pair, reduce: reduce_pair, big: (2, 2), one: 4
+        store: store_pair, reduce: reduce_pairs, big: (2, 2), one: 4
     );
 }
 

@@ -289,6 +289,45 @@ pub(crate) unsafe fn reduce_add_16x16(v: &[std::arch::x86_64::__m512; 16]) -> [f
     std::array::from_fn(|a| lanes[4 * (a % 4) + a / 4])
 }
 
+/// `out[r][t] = reduce_add_16_512(acc[r][t])` for a register tile's accumulators: sixteen at a time
+/// through [`reduce_add_16x16`] (the last batch padded with zeros) when the tile has at least eight,
+/// one by one otherwise. Same bits either way.
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn reduce_tile_512<const R: usize, const T: usize>(
+    acc: &[[std::arch::x86_64::__m512; T]; R],
+) -> [[f32; T]; R] {
+    use std::arch::x86_64::*;
+    let mut out = [[0f32; T]; R];
+    if R * T < 8 {
+        for (o, a) in out.iter_mut().zip(acc) {
+            for (v, &c) in o.iter_mut().zip(a) {
+                *v = reduce_add_16_512(c);
+            }
+        }
+        return out;
+    }
+    let z = _mm512_setzero_ps();
+    for b in (0..R * T).step_by(16) {
+        let sums = reduce_add_16x16(&std::array::from_fn(|j| {
+            let i = b + j;
+            if i < R * T {
+                acc[i / T][i % T]
+            } else {
+                z
+            }
+        }));
+        for (j, &v) in sums.iter().enumerate().take(R * T - b) {
+            out[(b + j) / T][(b + j) % T] = v;
+        }
+    }
+    out
+}
+
 /// The eight i32 lanes of one 256-element super-block in the AVX2 K-quant kernels whose sub-blocks of 16
 /// carry their own scale (`ggml_vec_dot_q2_K_q8_K`, `ggml_vec_dot_q3_K_q8_K`, arch/x86/quants.c): for half
 /// `h` and 32-element group `k`, lane `l` adds `sc(8h + 2k + l/4) · Σ v[e]·qy[e]` over elements
