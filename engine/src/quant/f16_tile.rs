@@ -299,7 +299,7 @@ mod tests {
                 for n_tok in [1usize, 2, 5, 6, 7, 12, 13] {
                     let mut draw = |i: usize| {
                         let r = rng.next();
-                        if r % 97 == 0 {
+                        if r.is_multiple_of(97) {
                             special[(r >> 8) as usize % special.len()]
                         } else {
                             ((r >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * (1 << (i % 11)) as f32
