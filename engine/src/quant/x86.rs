@@ -302,27 +302,39 @@ pub(crate) unsafe fn reduce_tile_512<const R: usize, const T: usize>(
     acc: &[[std::arch::x86_64::__m512; T]; R],
 ) -> [[f32; T]; R] {
     use std::arch::x86_64::*;
+    const { assert!(R * T <= 32) };
     let mut out = [[0f32; T]; R];
     if R * T < 8 {
-        for (o, a) in out.iter_mut().zip(acc) {
-            for (v, &c) in o.iter_mut().zip(a) {
-                *v = reduce_add_16_512(c);
+        for r in 0..R {
+            for t in 0..T {
+                out[r][t] = reduce_add_16_512(acc[r][t]);
             }
         }
         return out;
     }
-    let z = _mm512_setzero_ps();
-    for b in (0..R * T).step_by(16) {
-        let sums = reduce_add_16x16(&std::array::from_fn(|j| {
-            let i = b + j;
-            if i < R * T {
-                acc[i / T][i % T]
-            } else {
-                z
-            }
-        }));
-        for (j, &v) in sums.iter().enumerate().take(R * T - b) {
-            out[(b + j) / T][(b + j) % T] = v;
+    // constant trip counts throughout, so that everything unrolls and stays in registers
+    let mut flat = [_mm512_setzero_ps(); 32];
+    for r in 0..R {
+        for t in 0..T {
+            flat[r * T + t] = acc[r][t];
+        }
+    }
+    let lo = reduce_add_16x16(&[
+        flat[0], flat[1], flat[2], flat[3], flat[4], flat[5], flat[6], flat[7], flat[8], flat[9],
+        flat[10], flat[11], flat[12], flat[13], flat[14], flat[15],
+    ]);
+    let hi = if R * T > 16 {
+        reduce_add_16x16(&[
+            flat[16], flat[17], flat[18], flat[19], flat[20], flat[21], flat[22], flat[23],
+            flat[24], flat[25], flat[26], flat[27], flat[28], flat[29], flat[30], flat[31],
+        ])
+    } else {
+        [0f32; 16]
+    };
+    for r in 0..R {
+        for t in 0..T {
+            let i = r * T + t;
+            out[r][t] = if i < 16 { lo[i] } else { hi[i - 16] };
         }
     }
     out
