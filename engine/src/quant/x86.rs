@@ -298,6 +298,8 @@ pub(crate) unsafe fn reduce_add_16x16(v: &[std::arch::x86_64::__m512; 16]) -> [f
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
+// index loops on purpose: with iterators LLVM kept this out of line and slow (see the body's comment)
+#[allow(clippy::needless_range_loop)]
 pub(crate) unsafe fn reduce_tile_512<const R: usize, const T: usize>(
     acc: &[[std::arch::x86_64::__m512; T]; R],
 ) -> [[f32; T]; R] {
