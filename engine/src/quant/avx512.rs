@@ -328,3 +328,63 @@ pub(crate) unsafe fn dot_q4_1_q8_1<const N: usize>(
 }
 
 pub(crate) mod kquant;
+
+/// [`super::avx2::dot_q4_0_repacked_rows8`] (Q4_0 / IQ4_NL, `values` the nibble table; a decode step's
+/// eight weight rows against one activation row) with each row-block's eight i32 lanes from one
+/// `vpdpbusd` instead of ggml's `sign` / `maddubs` / `madd` sequence: the table shifted to unsigned
+/// (`v + 128`) times the activation quants, on an accumulator started at `-128 ·` the same lanes'
+/// activation sums — lane by lane the exact integer `Σ v·y` of those four elements, which the
+/// `maddubs` + `madd` form also computes exactly (its i16 pair sums, at most 2·127·127, cannot saturate).
+/// Where `sign` would wrap — a −128 activation quant, which only a NaN input produces — the two forms
+/// differ, so the caller must not pass such a row (`PreparedRow::has_min_quant`). The rest (the
+/// eight-row horizontal sums, `fma(isum, d_w·d_x, acc)` per block in block order) is that kernel's:
+/// the same bits.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI; `w` holds eight rows of `nb` blocks and `x`
+/// `nb` blocks (checked).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_q4_0_repacked_rows8(
+    w: &[u8],
+    x: super::avx2::Q8Row<'_>,
+    values: &[i8; 16],
+) -> [f32; 8] {
+    use super::q4_0;
+    let row_bytes = w.len() / 8;
+    let nb = row_bytes / q4_0::BYTES;
+    assert_eq!(w.len(), 8 * nb * q4_0::BYTES);
+    assert!(x.qs.len() >= nb * QK && x.d.len() >= nb);
+    let w: [*const u8; 8] = std::array::from_fn(|r| w.as_ptr().add(r * row_bytes));
+    let lut128 = _mm_xor_si128(
+        _mm_loadu_si128(values.as_ptr() as *const __m128i),
+        _mm_set1_epi8(-128),
+    );
+    let lut = _mm256_set_m128i(lut128, lut128);
+    let k128 = _mm256_set1_epi8(-128);
+    let mut acc = _mm256_setzero_ps();
+    let mut m = [_mm256_setzero_si256(); 8];
+    for ib in 0..nb {
+        let qy = _mm256_loadu_si256(x.qs.as_ptr().add(ib * QK) as *const __m256i);
+        // -128 · (the four-element sums of qy), lane by lane
+        let corr = _mm256_sub_epi32(
+            _mm256_setzero_si256(),
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), k128, qy),
+        );
+        let dw: [i16; 8] =
+            std::array::from_fn(|r| (w[r].add(ib * q4_0::BYTES) as *const i16).read_unaligned());
+        let dw = _mm_set_epi16(dw[7], dw[6], dw[5], dw[4], dw[3], dw[2], dw[1], dw[0]);
+        for r in 0..8 {
+            let blk = w[r].add(ib * q4_0::BYTES);
+            // the same block of the next eight rows, as the AVX2 kernel does (see there)
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(8 * row_bytes) as *const i8);
+            let qw = _mm256_shuffle_epi8(lut, bytes_from_nibbles_32(blk.add(2)));
+            m[r] = _mm256_dpbusd_epi32(corr, qw, qy);
+        }
+        let isum = _mm256_cvtepi32_ps(super::avx2::hsum_i32_8x8(&m));
+        let d = _mm256_mul_ps(_mm256_cvtph_ps(dw), _mm256_set1_ps(*x.d.get_unchecked(ib)));
+        acc = _mm256_fmadd_ps(isum, d, acc);
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}

@@ -275,6 +275,23 @@ impl SimdKernel {
                 bf16_dp::dot_rows(rows, row_bytes, n_rows, xs, paths, &mut outs);
                 return;
             }
+            if N == 1 && matches!(self, Q4_0Avx512 | IQ4_NLAvx512) && !xs[0].has_min_quant {
+                let (ty, values) = if self == Q4_0Avx512 {
+                    (GgmlType::Q4_0, &q4_0::VALUES)
+                } else {
+                    (GgmlType::IQ4_NL, &iq4_nl::KVALUES)
+                };
+                let path = effective_path(ty, paths[0]);
+                if matches!(path, GgmlPath::RepackGemv | GgmlPath::RepackGemm) {
+                    let x = avx2::Q8Row {
+                        qs: &xs[0].qs,
+                        d: &xs[0].d,
+                        s: &xs[0].s,
+                    };
+                    repacked_gemv_vnni(rows, row_bytes, n_rows, x, path, values, &mut outs[0]);
+                    return;
+                }
+            }
             let vnni = matches!(self, Q4_1Avx512 | Q8_0Avx512 | Q5_0Avx512);
             // a −128 activation quant needs ggml's `sign` form, which the AVX2 kernels have; a single
             // activation row (decode) is faster there too (the tile's transposed scales and products
@@ -611,6 +628,36 @@ unsafe fn repacked_rows<const N: usize>(
         for (o, r) in outs.iter_mut().zip(r) {
             o[i] = r;
         }
+    }
+}
+
+/// A decode step's repacked Q4_0 / IQ4_NL matrix-vector product on AVX-512 VNNI: eight rows at a time
+/// through `avx512::dot_q4_0_repacked_rows8` (`vpdpbusd` for ggml's `sign`/`maddubs`/`madd`; the same
+/// bits where no activation quant is −128), the rows past a multiple of eight through
+/// `avx2::dot_q4_0_repacked`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI; `x` has no −128 quant.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn repacked_gemv_vnni(
+    rows: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    x: avx2::Q8Row<'_>,
+    path: GgmlPath,
+    values: &[i8; 16],
+    out: &mut [f32],
+) {
+    let mut i = 0;
+    while i + 8 <= n_rows {
+        let w8 = &rows[i * row_bytes..(i + 8) * row_bytes];
+        out[i..i + 8].copy_from_slice(&avx512::dot_q4_0_repacked_rows8(w8, x, values));
+        i += 8;
+    }
+    for i in i..n_rows {
+        let w = &rows[i * row_bytes..(i + 1) * row_bytes];
+        out[i] = avx2::dot_q4_0_repacked(w, [x], [path], values)[0];
     }
 }
 

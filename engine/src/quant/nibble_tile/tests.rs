@@ -151,7 +151,15 @@ fn matmul_with_nibble_tiles_gives_the_avx2_and_scalar_bits() {
                 cols,
                 data: &w,
             };
-            for (n_tokens, nan) in [(16, false), (35, false), (48, true), (57, true)] {
+            // one token: a decode step's eight-row gemv (`vpdpbusd` on AVX-512 unless a quant is −128)
+            for (n_tokens, nan) in [
+                (1, false),
+                (1, true),
+                (16, false),
+                (35, false),
+                (48, true),
+                (57, true),
+            ] {
                 let x: Vec<f32> = (0..n_tokens * cols)
                     .map(|_| rng.activation(256, nan))
                     .collect();
