@@ -288,7 +288,7 @@ impl SimdKernel {
                         d: &xs[0].d,
                         s: &xs[0].s,
                     };
-                    repacked_gemv_vnni(rows, row_bytes, n_rows, x, path, values, &mut outs[0]);
+                    repacked_gemv_vnni(rows, row_bytes, n_rows, x, path, values, outs[0]);
                     return;
                 }
             }
