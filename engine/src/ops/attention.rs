@@ -233,16 +233,20 @@ fn attention_reference(
         let kvh = kv_head(h, group, n_kv_head);
         let qh = &q[h * head_dim..(h + 1) * head_dim];
         let keys = cache.keys(layer, kvh, n_pos);
-        for (i, (s, k)) in scores
+        scores[..first].fill(f32::NEG_INFINITY);
+        // eight keys at a time: eight independent chains instead of one key's chain of dependent adds
+        let mut i = first;
+        while i + 8 <= n_pos {
+            let ks: [&[f32]; 8] =
+                std::array::from_fn(|j| &keys[(i + j) * head_dim..(i + j + 1) * head_dim]);
+            scores[i..i + 8].copy_from_slice(&dot_f32_x8(qh, ks));
+            i += 8;
+        }
+        for (s, k) in scores[i..]
             .iter_mut()
-            .zip(keys.chunks_exact(head_dim))
-            .enumerate()
+            .zip(keys[i * head_dim..].chunks_exact(head_dim))
         {
-            *s = if i < first {
-                f32::NEG_INFINITY
-            } else {
-                dot_f32(qh, k)
-            };
+            *s = dot_f32(qh, k);
         }
         shape.cap(&mut scores[first..]);
         softmax_scaled(scores, kq_scale);
@@ -255,6 +259,20 @@ fn attention_reference(
             }
         }
     }
+}
+
+/// [`dot_f32`] of `q` with each of eight rows `ks` (each at least `q.len()` long): every row's sum in
+/// [`dot_f32`]'s order — rounded products added one by one in element order onto `-0.0` (the neutral
+/// element `f32`'s `Sum` folds from) — so the same bits, with the eight chains interleaved.
+fn dot_f32_x8(q: &[f32], ks: [&[f32]; 8]) -> [f32; 8] {
+    let ks: [&[f32]; 8] = ks.map(|k| &k[..q.len()]);
+    let mut acc = [-0.0f32; 8];
+    for (d, &qd) in q.iter().enumerate() {
+        for (a, k) in acc.iter_mut().zip(&ks) {
+            *a += qd * k[d];
+        }
+    }
+    acc
 }
 
 /// Ggml-mode [`attention`] with an explicit [`KqvOrder`] (the fixture tests check both orders against
@@ -860,4 +878,42 @@ pub fn attention_no_cache(
         .for_each_init(Vec::new, |scores, (i, oh)| {
             one(i / n_head, i % n_head, scores, oh)
         });
+}
+
+#[cfg(test)]
+mod kq_tests {
+    use super::*;
+
+    /// [`dot_f32_x8`] gives [`dot_f32`]'s bits for every row: random rows of several widths, rows whose
+    /// products are all `-0.0` (the sum's starting value shows), and NaN / infinite elements.
+    #[test]
+    fn eight_keys_at_once_give_the_one_key_bits() {
+        let mut rng = crate::quant::test_rng::Rng(0x6b65_7973_0008);
+        for hd in [1usize, 7, 64, 256] {
+            for trial in 0..200 {
+                let q: Vec<f32> = (0..hd).map(|_| rng.uniform() * 4.0 - 2.0).collect();
+                let rows: Vec<Vec<f32>> = (0..8)
+                    .map(|j| {
+                        (0..hd)
+                            .map(|d| match (trial + j + d) % 23 {
+                                0 if trial % 5 == 0 => f32::NAN,
+                                1 if trial % 7 == 0 => f32::INFINITY,
+                                _ if j == 3 => -0.0 * q[d].signum(),
+                                _ => (rng.uniform() - 0.5) * 1e3,
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let got = dot_f32_x8(&q, std::array::from_fn(|j| &rows[j][..]));
+                for (j, row) in rows.iter().enumerate() {
+                    let want = dot_f32(&q, row);
+                    assert!(
+                        got[j].to_bits() == want.to_bits() || (got[j].is_nan() && want.is_nan()),
+                        "hd {hd} trial {trial} row {j}: {:e} vs {want:e}",
+                        got[j]
+                    );
+                }
+            }
+        }
+    }
 }
