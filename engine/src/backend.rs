@@ -137,8 +137,6 @@ impl CpuBackend {
         lanes: Option<quant::Lanes16>,
         fault: bool,
     ) {
-        let chunk_rows = batch_chunk_rows(w.rows, rayon::current_num_threads());
-        let n_chunks = w.rows.div_ceil(chunk_rows);
         let base = OutPtr(out.as_mut_ptr());
         let (rows_total, cols) = (w.rows, w.cols);
         // the activation rows; a decode step's few on the stack (a decode step allocates nothing)
@@ -162,9 +160,7 @@ impl CpuBackend {
             && !fault
             && quant::reference_fused_supported(w.ty)
             && w.ty.bytes_for(cols as u64) == Some(rb);
-        (0..n_chunks).into_par_iter().for_each(|c| {
-            let r0 = c * chunk_rows;
-            let n_rows = chunk_rows.min(rows_total - r0);
+        par_row_chunks(rows_total, |r0, n_rows| {
             let put = |i: usize, t: usize, v: f32| {
                 // SAFETY: `out` holds n_tokens·rows floats (checked by `matmul`) and outlives this scope;
                 // the chunks' row ranges are disjoint, so each element is written by one task.
@@ -237,13 +233,9 @@ impl CpuBackend {
             .iter()
             .map(|p| p.ggml_blocks().map_or(&[][..], |(_, b)| b))
             .collect();
-        let chunk_rows = batch_chunk_rows(w.rows, rayon::current_num_threads());
-        let n_chunks = w.rows.div_ceil(chunk_rows);
         let base = OutPtr(out.as_mut_ptr());
         let (rows_total, rb) = (w.rows, w.row_bytes());
-        (0..n_chunks).into_par_iter().for_each(|c| {
-            let r0 = c * chunk_rows;
-            let n_rows = chunk_rows.min(rows_total - r0);
+        par_row_chunks(rows_total, |r0, n_rows| {
             let rows = &w.data[r0 * rb..(r0 + n_rows) * rb];
             quant::f16_tinyblas_matmul(rows, rb, n_rows, &xs, |i, t, v| {
                 // SAFETY: `out` holds n_tokens·rows floats (checked by `matmul`) and outlives this
@@ -277,6 +269,15 @@ impl OutPtr {
     fn get(self) -> *mut f32 {
         self.0
     }
+}
+
+/// `f(r0, n_rows)` for every chunk of a batched matmul's `rows` weight rows ([`batch_chunk_rows`]), the
+/// chunks as parallel tasks.
+fn par_row_chunks(rows: usize, f: impl Fn(usize, usize) + Sync + Send) {
+    let chunk_rows = batch_chunk_rows(rows, rayon::current_num_threads());
+    (0..rows.div_ceil(chunk_rows))
+        .into_par_iter()
+        .for_each(|c| f(c * chunk_rows, chunk_rows.min(rows - c * chunk_rows)));
 }
 
 /// Rows per rayon task: large enough to amortise scheduling, small enough to balance two cores.
@@ -448,13 +449,9 @@ impl Backend for CpuBackend {
                 });
         }
         let (wide_ok, wide_tiles) = (&scratch.wide_ok, &scratch.wide_tiles);
-        let chunk_rows = batch_chunk_rows(w.rows, rayon::current_num_threads());
-        let n_chunks = w.rows.div_ceil(chunk_rows);
         let base = OutPtr(out.as_mut_ptr());
         let (rows_total, rb) = (w.rows, w.row_bytes());
-        (0..n_chunks).into_par_iter().for_each(|c| {
-            let r0 = c * chunk_rows;
-            let n_rows = chunk_rows.min(rows_total - r0);
+        par_row_chunks(rows_total, |r0, n_rows| {
             // token t's outputs of this chunk: out[t·rows + r0 .. + n_rows]
             let token_out = |t: usize| -> &mut [f32] {
                 // SAFETY: `out` holds n_tokens·rows floats (checked above) and outlives this scope; the

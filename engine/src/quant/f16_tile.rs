@@ -71,100 +71,41 @@ unsafe fn accumulate<const R: usize, const T: usize>(
     let (mut c30, mut c31, mut c32, mut c33, mut c34, mut c35) = (z, z, z, z, z, z);
     let mut k = 0;
     while k < n {
-        let w0 = load16(ws[0].add(2 * k));
-        let w1 = if R > 1 {
-            load16(ws[1 % R].add(2 * k))
-        } else {
-            z
-        };
-        let w2 = if R > 2 {
-            load16(ws[2 % R].add(2 * k))
-        } else {
-            z
-        };
-        let w3 = if R > 3 {
-            load16(ws[3 % R].add(2 * k))
-        } else {
-            z
-        };
-        if T > 0 {
-            let x = load16(xs[0 % T].add(2 * k));
-            c00 = _mm512_fmadd_ps(w0, x, c00);
-            if R > 1 {
-                c10 = _mm512_fmadd_ps(w1, x, c10);
-            }
-            if R > 2 {
-                c20 = _mm512_fmadd_ps(w2, x, c20);
-            }
-            if R > 3 {
-                c30 = _mm512_fmadd_ps(w3, x, c30);
-            }
+        // weight row `r`'s sixteen values (zero for a row the tile does not have)
+        macro_rules! weight {
+            ($r:literal) => {
+                if R > $r {
+                    load16(ws[$r % R].add(2 * k))
+                } else {
+                    z
+                }
+            };
         }
-        if T > 1 {
-            let x = load16(xs[1 % T].add(2 * k));
-            c01 = _mm512_fmadd_ps(w0, x, c01);
-            if R > 1 {
-                c11 = _mm512_fmadd_ps(w1, x, c11);
-            }
-            if R > 2 {
-                c21 = _mm512_fmadd_ps(w2, x, c21);
-            }
-            if R > 3 {
-                c31 = _mm512_fmadd_ps(w3, x, c31);
-            }
+        let (w0, w1, w2, w3) = (weight!(0), weight!(1), weight!(2), weight!(3));
+        // token `t`'s sixteen values into the accumulators of rows 0..R
+        macro_rules! token {
+            ($t:literal: $c0:ident $c1:ident $c2:ident $c3:ident) => {
+                if T > $t {
+                    let x = load16(xs[$t % T].add(2 * k));
+                    $c0 = _mm512_fmadd_ps(w0, x, $c0);
+                    if R > 1 {
+                        $c1 = _mm512_fmadd_ps(w1, x, $c1);
+                    }
+                    if R > 2 {
+                        $c2 = _mm512_fmadd_ps(w2, x, $c2);
+                    }
+                    if R > 3 {
+                        $c3 = _mm512_fmadd_ps(w3, x, $c3);
+                    }
+                }
+            };
         }
-        if T > 2 {
-            let x = load16(xs[2 % T].add(2 * k));
-            c02 = _mm512_fmadd_ps(w0, x, c02);
-            if R > 1 {
-                c12 = _mm512_fmadd_ps(w1, x, c12);
-            }
-            if R > 2 {
-                c22 = _mm512_fmadd_ps(w2, x, c22);
-            }
-            if R > 3 {
-                c32 = _mm512_fmadd_ps(w3, x, c32);
-            }
-        }
-        if T > 3 {
-            let x = load16(xs[3 % T].add(2 * k));
-            c03 = _mm512_fmadd_ps(w0, x, c03);
-            if R > 1 {
-                c13 = _mm512_fmadd_ps(w1, x, c13);
-            }
-            if R > 2 {
-                c23 = _mm512_fmadd_ps(w2, x, c23);
-            }
-            if R > 3 {
-                c33 = _mm512_fmadd_ps(w3, x, c33);
-            }
-        }
-        if T > 4 {
-            let x = load16(xs[4 % T].add(2 * k));
-            c04 = _mm512_fmadd_ps(w0, x, c04);
-            if R > 1 {
-                c14 = _mm512_fmadd_ps(w1, x, c14);
-            }
-            if R > 2 {
-                c24 = _mm512_fmadd_ps(w2, x, c24);
-            }
-            if R > 3 {
-                c34 = _mm512_fmadd_ps(w3, x, c34);
-            }
-        }
-        if T > 5 {
-            let x = load16(xs[5 % T].add(2 * k));
-            c05 = _mm512_fmadd_ps(w0, x, c05);
-            if R > 1 {
-                c15 = _mm512_fmadd_ps(w1, x, c15);
-            }
-            if R > 2 {
-                c25 = _mm512_fmadd_ps(w2, x, c25);
-            }
-            if R > 3 {
-                c35 = _mm512_fmadd_ps(w3, x, c35);
-            }
-        }
+        token!(0: c00 c10 c20 c30);
+        token!(1: c01 c11 c21 c31);
+        token!(2: c02 c12 c22 c32);
+        token!(3: c03 c13 c23 c33);
+        token!(4: c04 c14 c24 c34);
+        token!(5: c05 c15 c25 c35);
         k += 16;
     }
     // named variables in the loop, not an array: LLVM kept an array of them on the stack (a load and a

@@ -387,6 +387,20 @@ pub(crate) fn sign_trick_mul(x: i32, y: i8) -> i32 {
 mod tests {
     use super::*;
 
+    /// A lane of the reduction tests: cancellations, mixed magnitudes, signed zeros, subnormals, and in
+    /// one trial in seven now and then an infinity or a NaN.
+    fn lane_value(rng: &mut crate::quant::test_rng::Rng, trial: usize) -> f32 {
+        let u = rng.uniform();
+        let r = rng.next();
+        match r % 16 {
+            0 => u * 1e30,
+            1 => u * 1e-40,
+            2 => -0.0,
+            3 if trial.is_multiple_of(7) => f32::from_bits(0x7f80_0000 | (r as u32 & 0x8040_0000)),
+            _ => u * ((r >> 8) % 64) as f32,
+        }
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn register_reductions_add_as_reduce_add_16() {
@@ -398,18 +412,7 @@ mod tests {
         let avx512 = std::arch::is_x86_feature_detected!("avx512f");
         let mut rng = crate::quant::test_rng::Rng(0x9e37_79b9_7f4a_7c15);
         for trial in 0..20_000 {
-            let v: [f32; 16] = std::array::from_fn(|_| {
-                let u = rng.uniform();
-                let r = rng.next();
-                // cancellations, mixed magnitudes, signed zeros, subnormals, now and then inf/NaN
-                match r % 16 {
-                    0 => u * 1e30,
-                    1 => u * 1e-40,
-                    2 => -0.0,
-                    3 if trial % 7 == 0 => f32::from_bits(0x7f80_0000 | (r as u32 & 0x8040_0000)),
-                    _ => u * ((r >> 8) % 64) as f32,
-                }
-            });
+            let v: [f32; 16] = std::array::from_fn(|_| lane_value(&mut rng, trial));
             let want = reduce_add_16(&v);
             // SAFETY: AVX checked above, AVX-512 F where used
             let halves = unsafe {
@@ -439,21 +442,8 @@ mod tests {
         }
         let mut rng = crate::quant::test_rng::Rng(0x2545_f491_4f6c_dd1d);
         for trial in 0..2_000 {
-            let vs: [[f32; 16]; 16] = std::array::from_fn(|_| {
-                std::array::from_fn(|_| {
-                    let u = rng.uniform();
-                    let r = rng.next();
-                    match r % 16 {
-                        0 => u * 1e30,
-                        1 => u * 1e-40,
-                        2 => -0.0,
-                        3 if trial % 7 == 0 => {
-                            f32::from_bits(0x7f80_0000 | (r as u32 & 0x8040_0000))
-                        }
-                        _ => u * ((r >> 8) % 64) as f32,
-                    }
-                })
-            });
+            let vs: [[f32; 16]; 16] =
+                std::array::from_fn(|_| std::array::from_fn(|_| lane_value(&mut rng, trial)));
             // SAFETY: AVX-512 F checked above
             let got = unsafe {
                 reduce_add_16x16(&std::array::from_fn(|j| _mm512_loadu_ps(vs[j].as_ptr())))
