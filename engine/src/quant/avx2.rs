@@ -355,11 +355,7 @@ pub(crate) unsafe fn dot_q4_0_repacked_rows8(
     let mut m = [_mm256_setzero_si256(); 8];
     for ib in 0..nb {
         let qy = _mm256_loadu_si256(x.qs.as_ptr().add(ib * QK) as *const __m256i);
-        // the eight rows' f16 scales in one register (built in registers: eight 2-byte stores read back
-        // as one 16-byte load would miss store forwarding)
-        let dw: [i16; 8] =
-            std::array::from_fn(|r| (w[r].add(ib * q4_0::BYTES) as *const i16).read_unaligned());
-        let dw = _mm_set_epi16(dw[7], dw[6], dw[5], dw[4], dw[3], dw[2], dw[1], dw[0]);
+        let dw = rows8_scales(&w, ib);
         for r in 0..8 {
             let blk = w[r].add(ib * q4_0::BYTES);
             // the same block of the next group of eight rows (which follows these in memory) requested
@@ -372,13 +368,43 @@ pub(crate) unsafe fn dot_q4_0_repacked_rows8(
             let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
             m[r] = _mm256_madd_epi16(dot, ones);
         }
-        let isum = _mm256_cvtepi32_ps(hsum_i32_8x8(&m));
-        let d = _mm256_mul_ps(_mm256_cvtph_ps(dw), _mm256_set1_ps(*x.d.get_unchecked(ib)));
-        acc = _mm256_fmadd_ps(isum, d, acc);
+        acc = rows8_block_fma(&m, dw, *x.d.get_unchecked(ib), acc);
     }
     let mut out = [0f32; 8];
     _mm256_storeu_ps(out.as_mut_ptr(), acc);
     out
+}
+
+/// Block `ib`'s f16 scales of eight Q4_0 / IQ4_NL rows `w` in one register, row `r` in 16-bit lane `r`
+/// (built in registers: eight 2-byte stores read back as one 16-byte load would miss store forwarding).
+///
+/// # Safety
+/// The CPU has AVX2; every row holds more than `ib` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn rows8_scales(w: &[*const u8; 8], ib: usize) -> __m128i {
+    let dw: [i16; 8] =
+        std::array::from_fn(|r| (w[r].add(ib * q4_0::BYTES) as *const i16).read_unaligned());
+    _mm_set_epi16(dw[7], dw[6], dw[5], dw[4], dw[3], dw[2], dw[1], dw[0])
+}
+
+/// One block of the eight-row gemv kernels: `acc[r] = fma(Σ m[r], d_w[r]·d_x, acc[r])`, the eight rows'
+/// i32 lane sums `m` reduced by [`hsum_i32_8x8`], `dw` their f16 scales ([`rows8_scales`]), `dx` the
+/// activation block's scale — each lane the scalar kernel's step.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn rows8_block_fma(
+    m: &[__m256i; 8],
+    dw: __m128i,
+    dx: f32,
+    acc: __m256,
+) -> __m256 {
+    let isum = _mm256_cvtepi32_ps(hsum_i32_8x8(m));
+    let d = _mm256_mul_ps(_mm256_cvtph_ps(dw), _mm256_set1_ps(dx));
+    _mm256_fmadd_ps(isum, d, acc)
 }
 
 /// Lane `j` = the sum of the eight i32 lanes of `v[j]` (exact integers, so the order of the adds does not

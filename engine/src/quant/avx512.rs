@@ -370,9 +370,7 @@ pub(crate) unsafe fn dot_q4_0_repacked_rows8(
             _mm256_setzero_si256(),
             _mm256_dpbusd_epi32(_mm256_setzero_si256(), k128, qy),
         );
-        let dw: [i16; 8] =
-            std::array::from_fn(|r| (w[r].add(ib * q4_0::BYTES) as *const i16).read_unaligned());
-        let dw = _mm_set_epi16(dw[7], dw[6], dw[5], dw[4], dw[3], dw[2], dw[1], dw[0]);
+        let dw = super::avx2::rows8_scales(&w, ib);
         for r in 0..8 {
             let blk = w[r].add(ib * q4_0::BYTES);
             // the same block of the next eight rows, as the AVX2 kernel does (see there)
@@ -380,9 +378,7 @@ pub(crate) unsafe fn dot_q4_0_repacked_rows8(
             let qw = _mm256_shuffle_epi8(lut, bytes_from_nibbles_32(blk.add(2)));
             m[r] = _mm256_dpbusd_epi32(corr, qw, qy);
         }
-        let isum = _mm256_cvtepi32_ps(super::avx2::hsum_i32_8x8(&m));
-        let d = _mm256_mul_ps(_mm256_cvtph_ps(dw), _mm256_set1_ps(*x.d.get_unchecked(ib)));
-        acc = _mm256_fmadd_ps(isum, d, acc);
+        acc = super::avx2::rows8_block_fma(&m, dw, *x.d.get_unchecked(ib), acc);
     }
     let mut out = [0f32; 8];
     _mm256_storeu_ps(out.as_mut_ptr(), acc);
