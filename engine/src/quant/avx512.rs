@@ -336,8 +336,13 @@ pub(crate) mod kquant;
 /// activation sums — lane by lane the exact integer `Σ v·y` of those four elements, which the
 /// `maddubs` + `madd` form also computes exactly (its i16 pair sums, at most 2·127·127, cannot saturate).
 /// Where `sign` would wrap — a −128 activation quant, which only a NaN input produces — the two forms
-/// differ, so the caller must not pass such a row (`PreparedRow::has_min_quant`). The rest (the
-/// eight-row horizontal sums, `fma(isum, d_w·d_x, acc)` per block in block order) is that kernel's:
+/// differ, so the caller must not pass such a row (`PreparedRow::has_min_quant`).
+///
+/// Two blocks of every row go through one 512-bit `vpdpbusd` (the two blocks' 64 activation quants are
+/// adjacent), and the sixteen row-block sums of a block pair come out of one transpose-and-add tree
+/// ([`hsum_i32_8x8x2`]) — about half the instructions per row-block of the 256-bit form, which bounds
+/// this kernel more than the memory does. The float steps are that kernel's: per row
+/// `acc = fma(isum, d_w·d_x, acc)` once per block, in block order (an odd last block on its own), so
 /// the same bits.
 ///
 /// # Safety
@@ -349,10 +354,11 @@ pub(crate) unsafe fn dot_q4_0_repacked_rows8(
     x: super::avx2::Q8Row<'_>,
     values: &[i8; 16],
 ) -> [f32; 8] {
-    use super::q4_0;
+    use super::avx2::{rows8_block_fma, rows8_scales};
+    use super::q4_0::BYTES;
     let row_bytes = w.len() / 8;
-    let nb = row_bytes / q4_0::BYTES;
-    assert_eq!(w.len(), 8 * nb * q4_0::BYTES);
+    let nb = row_bytes / BYTES;
+    assert_eq!(w.len(), 8 * nb * BYTES);
     assert!(x.qs.len() >= nb * QK && x.d.len() >= nb);
     let w: [*const u8; 8] = std::array::from_fn(|r| w.as_ptr().add(r * row_bytes));
     let lut128 = _mm_xor_si128(
@@ -360,27 +366,92 @@ pub(crate) unsafe fn dot_q4_0_repacked_rows8(
         _mm_set1_epi8(-128),
     );
     let lut = _mm256_set_m128i(lut128, lut128);
-    let k128 = _mm256_set1_epi8(-128);
+    let lut512 = _mm512_broadcast_i32x4(lut128);
+    let m4 = _mm512_set1_epi8(0x0F);
+    // [qs0, qs0 >> 4, qs1, qs1 >> 4] in 128-bit lanes, from `q` = [qs0, qs1] and `q >> 4` (qwords 8..)
+    let spread = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
     let mut acc = _mm256_setzero_ps();
-    let mut m = [_mm256_setzero_si256(); 8];
-    for ib in 0..nb {
+    let mut ib = 0;
+    while ib + 2 <= nb {
+        let qy = _mm512_loadu_si512(x.qs.as_ptr().add(ib * QK) as *const __m512i);
+        // -128 · (the four-element sums of both blocks' quants), lane by lane
+        let corr = _mm512_sub_epi32(
+            _mm512_setzero_si512(),
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), qy),
+        );
+        let dw = _mm256_set_m128i(rows8_scales(&w, ib + 1), rows8_scales(&w, ib));
+        let m: [__m512i; 8] = std::array::from_fn(|r| {
+            let blk = w[r].add(ib * BYTES);
+            // the same blocks of the next eight rows, as the AVX2 kernel does (see there); 36 bytes a
+            // step, so every cache line of them is asked for
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(8 * row_bytes) as *const i8);
+            let q = _mm256_loadu2_m128i(
+                blk.add(BYTES + 2) as *const __m128i,
+                blk.add(2) as *const __m128i,
+            );
+            let h = _mm256_srli_epi16(q, 4);
+            let z = _mm512_permutex2var_epi64(
+                _mm512_castsi256_si512(q),
+                spread,
+                _mm512_castsi256_si512(h),
+            );
+            let qw = _mm512_shuffle_epi8(lut512, _mm512_and_si512(z, m4));
+            _mm512_dpbusd_epi32(corr, qw, qy)
+        });
+        let isum = _mm512_cvtepi32_ps(hsum_i32_8x8x2(&m));
+        let dx = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+            _mm512_castps_pd(_mm512_set1_ps(*x.d.get_unchecked(ib))),
+            _mm256_castps_pd(_mm256_set1_ps(*x.d.get_unchecked(ib + 1))),
+        ));
+        let d = _mm512_mul_ps(_mm512_cvtph_ps(dw), dx);
+        acc = _mm256_fmadd_ps(_mm512_castps512_ps256(isum), _mm512_castps512_ps256(d), acc);
+        acc = _mm256_fmadd_ps(upper_ps(isum), upper_ps(d), acc);
+        ib += 2;
+    }
+    if ib < nb {
+        let k128 = _mm256_set1_epi8(-128);
         let qy = _mm256_loadu_si256(x.qs.as_ptr().add(ib * QK) as *const __m256i);
-        // -128 · (the four-element sums of qy), lane by lane
         let corr = _mm256_sub_epi32(
             _mm256_setzero_si256(),
             _mm256_dpbusd_epi32(_mm256_setzero_si256(), k128, qy),
         );
-        let dw = super::avx2::rows8_scales(&w, ib);
-        for r in 0..8 {
-            let blk = w[r].add(ib * q4_0::BYTES);
-            // the same block of the next eight rows, as the AVX2 kernel does (see there)
-            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(8 * row_bytes) as *const i8);
-            let qw = _mm256_shuffle_epi8(lut, bytes_from_nibbles_32(blk.add(2)));
-            m[r] = _mm256_dpbusd_epi32(corr, qw, qy);
-        }
-        acc = super::avx2::rows8_block_fma(&m, dw, *x.d.get_unchecked(ib), acc);
+        let m: [__m256i; 8] = std::array::from_fn(|r| {
+            let qw = _mm256_shuffle_epi8(lut, bytes_from_nibbles_32(w[r].add(ib * BYTES + 2)));
+            _mm256_dpbusd_epi32(corr, qw, qy)
+        });
+        acc = rows8_block_fma(&m, rows8_scales(&w, ib), *x.d.get_unchecked(ib), acc);
     }
     let mut out = [0f32; 8];
     _mm256_storeu_ps(out.as_mut_ptr(), acc);
     out
+}
+
+/// The upper eight lanes of `v`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn upper_ps(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+}
+
+/// Two blocks' row sums at once: `m[r]` holds row `r`'s eight i32 lanes of block 0 in its lower half and
+/// of block 1 in its upper half; lane `b·8 + r` of the result is the sum of block `b`'s lanes of row `r`
+/// (exact integers: the order of the adds does not matter; wrapping as `vpaddd`). A transpose-and-add
+/// tree: rows paired within 128-bit lanes (`unpack*_epi32`, then `unpack*_epi64`), then the 128-bit
+/// halves of each block added across rows 0–3 and 4–7 (`vpermt2q`) — 21 instructions for 16 sums.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn hsum_i32_8x8x2(m: &[__m512i; 8]) -> __m512i {
+    // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+    let pair32 = |a, b| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    // per 128-bit lane: the four rows' sums of that lane's four elements
+    let pair64 = |a, b| _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    let r0123 = pair64(pair32(m[0], m[1]), pair32(m[2], m[3]));
+    let r4567 = pair64(pair32(m[4], m[5]), pair32(m[6], m[7]));
+    // 128-bit lanes of r0123 / r4567: block 0's elements 0-3 and 4-7, block 1's 0-3 and 4-7
+    let even = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
+    let odd = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    _mm512_add_epi32(
+        _mm512_permutex2var_epi64(r0123, even, r4567),
+        _mm512_permutex2var_epi64(r0123, odd, r4567),
+    )
 }
