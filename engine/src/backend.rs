@@ -73,6 +73,29 @@ pub trait Backend: Send + Sync {
         num: Numerics,
         scratch: &mut MatmulScratch,
     ) -> crate::Result<()>;
+
+    /// [`Backend::matmul`] of several matrices with one input: `outs[i]` = `x · ws[i]ᵀ` (`x`:
+    /// `[n_tokens, cols]`, every `ws[i]` `cols` wide; `outs[i]`: `[n_tokens, ws[i].rows]`) — a layer's Q, K
+    /// and V projections, or its gate and up. Every output has the bits [`Backend::matmul`] gives it;
+    /// a backend may run the products together (one parallel region for all of them). The default runs
+    /// them one after another.
+    ///
+    /// Errors: as [`Backend::matmul`]. Panics if `ws` and `outs` differ in length.
+    fn matmul_shared(
+        &self,
+        ws: &[QMatrix<'_>],
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+        num: Numerics,
+        scratch: &mut MatmulScratch,
+    ) -> crate::Result<()> {
+        assert_eq!(ws.len(), outs.len(), "one output per matrix");
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(w, x, n_tokens, out, num, scratch)?;
+        }
+        Ok(())
+    }
 }
 
 /// The CPU backend: ggml-mode and reference-mode kernels from [`crate::quant`], the SIMD ones where
@@ -305,27 +328,43 @@ fn batch_chunk_rows(rows: usize, threads: usize) -> usize {
 /// unpacking K-quant blocks is dear; the same on SmolLM2 Q4_1).
 const TOKENS_PER_CALL: usize = 8;
 
-impl Backend for CpuBackend {
-    fn name(&self) -> &'static str {
-        match self.simd {
-            Simd::Off => "scalar",
-            Simd::Avx2 => "avx2",
-            Simd::Avx512 => "avx512",
-        }
-    }
+/// Most matrices [`CpuBackend::matmul_shared`] runs in one parallel region.
+const SHARED_MAX: usize = 4;
 
-    fn matmul(
+/// Rows `r0 .. r0 + out.len()` of a decode step's product (`out[i]` = row `r0 + i` · the one activation
+/// row `x`), with the type's SIMD kernel where it has one (`path` its ggml path), else the scalar
+/// `vec_dot` of that path.
+fn decode_rows(
+    w: &QMatrix<'_>,
+    kernel: Option<quant::SimdKernel>,
+    path: quant::GgmlPath,
+    x: &PreparedRow,
+    r0: usize,
+    out: &mut [f32],
+) {
+    let Some(k) = kernel else {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = quant::vec_dot_path(w.ty, w.row(r0 + i), x, path);
+        }
+        return;
+    };
+    // one dispatch per chunk of rows (the kernel takes them eight at a time where it can)
+    let rb = w.row_bytes();
+    k.dot_rows(&w.data[r0 * rb..], rb, out.len(), [x], [path], [out]);
+}
+
+impl CpuBackend {
+    /// The activation rows of a product with `w` (`x`: `[n_tokens, w.cols]`) in `scratch.prepared`:
+    /// quantized as ggml's `vec_dot_type` of `w.ty` in ggml mode, kept in f32 (or rounded, with
+    /// `input_rounding`) in reference mode ([`PreparedRow`]). Errors: the weight type has no kernel.
+    fn prepare(
         &self,
         w: &QMatrix<'_>,
         x: &[f32],
         n_tokens: usize,
-        out: &mut [f32],
-        num: Numerics,
+        mode: NumericsMode,
         scratch: &mut MatmulScratch,
     ) -> crate::Result<()> {
-        let Numerics { mode, target, .. } = num;
-        debug_assert_eq!(x.len(), n_tokens * w.cols);
-        assert_eq!(out.len(), n_tokens * w.rows, "matmul output size"); // the tasks write through a raw pointer
         if scratch.prepared.len() < n_tokens {
             scratch.prepared.resize_with(n_tokens, PreparedRow::new);
         }
@@ -341,7 +380,85 @@ impl Backend for CpuBackend {
                 } else {
                     p.prepare_simd(w.ty, mode, xt, simd)
                 }
-            })?;
+            })
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        match self.simd {
+            Simd::Off => "scalar",
+            Simd::Avx2 => "avx2",
+            Simd::Avx512 => "avx512",
+        }
+    }
+
+    /// A decode step's products in ggml mode, all of one weight type: the activation row quantized once
+    /// and every matrix's row chunks ([`batch_chunk_rows`]) in one parallel region — one fork and join
+    /// for a layer's Q, K and V instead of three (each chunk through the kernel [`Backend::matmul`]
+    /// gives it, so the same bits). Anything else goes one product at a time.
+    fn matmul_shared(
+        &self,
+        ws: &[QMatrix<'_>],
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+        num: Numerics,
+        scratch: &mut MatmulScratch,
+    ) -> crate::Result<()> {
+        assert_eq!(ws.len(), outs.len(), "one output per matrix");
+        let together = n_tokens == 1
+            && num.mode == NumericsMode::Ggml
+            && (2..=SHARED_MAX).contains(&ws.len())
+            && ws.iter().all(|w| w.ty == ws[0].ty && w.cols == ws[0].cols);
+        if !together {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul(w, x, n_tokens, out, num, scratch)?;
+            }
+            return Ok(());
+        }
+        debug_assert_eq!(x.len(), ws[0].cols);
+        self.prepare(&ws[0], x, 1, num.mode, scratch)?;
+        let prepared = &scratch.prepared[0];
+        let kernel = quant::simd_kernel(num.with_simd(self.simd), ws[0].ty);
+        let threads = rayon::current_num_threads();
+        // matrix i's chunks are tasks first[i] .. first[i + 1], of chunk_rows[i] rows each
+        let mut chunk_rows = [1usize; SHARED_MAX];
+        let mut first = [0usize; SHARED_MAX + 1];
+        let mut paths = [quant::GgmlPath::VecDot; SHARED_MAX];
+        let mut ptrs = [OutPtr(std::ptr::null_mut()); SHARED_MAX];
+        for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+            assert_eq!(out.len(), w.rows, "matmul output size"); // the tasks write through a raw pointer
+            chunk_rows[i] = batch_chunk_rows(w.rows, threads);
+            first[i + 1] = first[i] + w.rows.div_ceil(chunk_rows[i]);
+            paths[i] = quant::ggml_path(w.ty, w.rows, w.cols, 1, 0, num.target);
+            ptrs[i] = OutPtr(out.as_mut_ptr());
+        }
+        (0..first[ws.len()]).into_par_iter().for_each(|c| {
+            let i = (0..ws.len()).rev().find(|&i| first[i] <= c).unwrap_or(0);
+            let r0 = (c - first[i]) * chunk_rows[i];
+            let n = chunk_rows[i].min(ws[i].rows - r0);
+            // SAFETY: task c alone writes rows r0 .. r0 + n of outs[i] (in bounds: r0 + n <= rows =
+            // outs[i].len()), and outs outlive this loop
+            let out = unsafe { std::slice::from_raw_parts_mut(ptrs[i].get().add(r0), n) };
+            decode_rows(&ws[i], kernel, paths[i], prepared, r0, out);
+        });
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        w: &QMatrix<'_>,
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        num: Numerics,
+        scratch: &mut MatmulScratch,
+    ) -> crate::Result<()> {
+        let Numerics { mode, target, .. } = num;
+        debug_assert_eq!(x.len(), n_tokens * w.cols);
+        assert_eq!(out.len(), n_tokens * w.rows, "matmul output size"); // the tasks write through a raw pointer
+        self.prepare(w, x, n_tokens, mode, scratch)?;
         let prepared = &scratch.prepared[..n_tokens];
         // the ggml kernel of each batch row (llama.cpp's choice depends on the batch size)
         let path = |t: usize| quant::ggml_path(w.ty, w.rows, w.cols, n_tokens, t, target);
@@ -387,18 +504,7 @@ impl Backend for CpuBackend {
             out.par_chunks_mut(chunk_rows)
                 .enumerate()
                 .for_each(|(c, chunk)| {
-                    let r0 = c * chunk_rows;
-                    let Some(k) = kernel else {
-                        for (i, o) in chunk.iter_mut().enumerate() {
-                            *o = quant::vec_dot_path(w.ty, w.row(r0 + i), &prepared[0], p);
-                        }
-                        return;
-                    };
-                    // one weight row per kernel step: measured faster here than 2 or 4 rows at once
-                    // (more concurrent streams from memory); one dispatch per chunk of rows
-                    let rb = w.row_bytes();
-                    let rows = &w.data[r0 * rb..];
-                    k.dot_rows(rows, rb, chunk.len(), [&prepared[0]], [p], [chunk]);
+                    decode_rows(w, kernel, p, &prepared[0], c * chunk_rows, chunk)
                 });
             return Ok(());
         }
@@ -670,6 +776,101 @@ mod tests {
                                         out[t * rows + r].to_bits(),
                                         want.to_bits(),
                                         "{ty} {target:?} {simd:?} {path:?} {rows}x{cols}, {n_tokens} tokens: ({t}, {r})"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Several products with one input ([`Backend::matmul_shared`]: a decode step's Q, K and V in one
+    /// parallel region) give each product's own [`Backend::matmul`] bits, in ggml mode for every SIMD
+    /// setting this CPU has, on one and two workers; with row counts that are (repacked gemv) and are
+    /// not a multiple of 8, one chunk and several; and where the products cannot run together (a batch,
+    /// mixed weight types, reference mode).
+    #[test]
+    fn shared_products_give_each_products_own_bits() {
+        use crate::numerics::GgmlTarget;
+        let mut rng = crate::quant::test_rng::Rng(0x6a09_e667_f3bc_c908u64);
+        let mut rnd = move || rng.uniform();
+        let pools: Vec<rayon::ThreadPool> = [1, 2]
+            .into_iter()
+            .map(|n| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let cols = 256;
+        let types = [
+            [GgmlType::Q4_0; 3],
+            [GgmlType::IQ4_NL; 3],
+            [GgmlType::Q4_1; 3],
+            [GgmlType::Q8_0; 3],
+            [GgmlType::Q4_K; 3],
+            [GgmlType::Q6_K; 3],
+            [GgmlType::F16; 3],
+            [GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K],
+        ];
+        for tys in types {
+            let rows = [200, 72, 19];
+            let data: Vec<Vec<u8>> = tys
+                .iter()
+                .zip(rows)
+                .map(|(&ty, r)| {
+                    let wf: Vec<f32> = (0..r * cols).map(|_| rnd() * 0.1).collect();
+                    quant::quantize_row(ty, &wf).unwrap()
+                })
+                .collect();
+            let ws: Vec<QMatrix> = (0..3)
+                .map(|i| QMatrix {
+                    ty: tys[i],
+                    rows: rows[i],
+                    cols,
+                    data: &data[i],
+                })
+                .collect();
+            for n_tokens in [1, 3] {
+                let x: Vec<f32> = (0..n_tokens * cols).map(|_| rnd() * 3.0).collect();
+                for num in [Numerics::ggml(GgmlTarget::default()), Numerics::reference()] {
+                    let simds = [Simd::Off, Simd::Avx2, Simd::Avx512];
+                    for simd in simds.into_iter().filter(|s| s.available()) {
+                        let b = CpuBackend::new(simd);
+                        let num = num.with_simd(simd);
+                        for pool in &pools {
+                            let (mut o0, mut o1, mut o2) = (
+                                vec![0f32; n_tokens * rows[0]],
+                                vec![0f32; n_tokens * rows[1]],
+                                vec![0f32; n_tokens * rows[2]],
+                            );
+                            pool.install(|| {
+                                b.matmul_shared(
+                                    &ws,
+                                    &x,
+                                    n_tokens,
+                                    &mut [&mut o0, &mut o1, &mut o2],
+                                    num,
+                                    &mut MatmulScratch::default(),
+                                )
+                            })
+                            .unwrap();
+                            for (i, got) in [o0, o1, o2].iter().enumerate() {
+                                let mut want = vec![0f32; n_tokens * rows[i]];
+                                let mut scratch = MatmulScratch::default();
+                                b.matmul(&ws[i], &x, n_tokens, &mut want, num, &mut scratch)
+                                    .unwrap();
+                                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                                    assert_eq!(
+                                        g.to_bits(),
+                                        w.to_bits(),
+                                        "{tys:?} {:?} {simd:?} {n_tokens} tokens, {} threads: \
+                                         matrix {i} output {j}",
+                                        num.mode,
+                                        pool.current_num_threads()
                                     );
                                 }
                             }

@@ -71,6 +71,19 @@ impl Fwd<'_, '_> {
         self.backend
             .matmul(&w.matrix(self.g), x, self.n, out, self.num, self.mm)
     }
+
+    /// [`Fwd::matmul`] of several weights with one input, `outs[i] = x · ws[i]ᵀ`, through
+    /// [`Backend::matmul_shared`] (which may run them together; the bits are each product's own).
+    pub fn matmul_shared<const N: usize>(
+        &mut self,
+        ws: [&Weight; N],
+        x: &[f32],
+        mut outs: [&mut [f32]; N],
+    ) -> Result<()> {
+        let ms = ws.map(|w| w.matrix(self.g));
+        self.backend
+            .matmul_shared(&ms, x, self.n, &mut outs, self.num, self.mm)
+    }
 }
 
 /// Resize a scratch buffer to `n` (contents unspecified) — allocation only when it grows past capacity.
@@ -475,13 +488,10 @@ impl Attention {
         // q = h·Wqᵀ (+ bq) [n, n_head·hd];  k, v = h·Wkᵀ (+ bk), h·Wvᵀ (+ bv) [n, n_kv_head·hd]
         match &self.qkv {
             QkvWeights::Separate { wq, wk, wv } => {
-                f.matmul(wq, h, q)?;
-                f.matmul(wk, h, k)?;
-                f.matmul(wv, h, v)?;
+                f.matmul_shared([wq, wk, wv], h, [q, k, v])?;
             }
             QkvWeights::KeyAsValue { wq, wk } => {
-                f.matmul(wq, h, q)?;
-                f.matmul(wk, h, k)?;
+                f.matmul_shared([wq, wk], h, [q, &mut *k])?;
                 v.copy_from_slice(k);
             }
             QkvWeights::Fused(w) => {
@@ -763,9 +773,9 @@ impl Ffn {
                 } else {
                     (w_gate, &self.up)
                 };
-                f.matmul(w_gate, h, gate)?;
+                // both products first: a sink that replaces the gate does not change the up projection
+                f.matmul_shared([w_gate, w_up], h, [&mut *gate, &mut *up])?;
                 f.emit(st(StageKind::FfnGate), gate);
-                f.matmul(w_up, h, up)?;
                 f.emit(st(StageKind::FfnUp), up);
             }
             None => {
