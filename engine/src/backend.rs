@@ -90,12 +90,25 @@ pub trait Backend: Send + Sync {
         num: Numerics,
         scratch: &mut MatmulScratch,
     ) -> crate::Result<()> {
-        assert_eq!(ws.len(), outs.len(), "one output per matrix");
-        for (w, out) in ws.iter().zip(outs.iter_mut()) {
-            self.matmul(w, x, n_tokens, out, num, scratch)?;
-        }
-        Ok(())
+        one_by_one(self, ws, x, n_tokens, outs, num, scratch)
     }
+}
+
+/// [`Backend::matmul_shared`] as one [`Backend::matmul`] after another.
+fn one_by_one<B: Backend + ?Sized>(
+    b: &B,
+    ws: &[QMatrix<'_>],
+    x: &[f32],
+    n_tokens: usize,
+    outs: &mut [&mut [f32]],
+    num: Numerics,
+    scratch: &mut MatmulScratch,
+) -> crate::Result<()> {
+    assert_eq!(ws.len(), outs.len(), "one output per matrix");
+    for (w, out) in ws.iter().zip(outs.iter_mut()) {
+        b.matmul(w, x, n_tokens, out, num, scratch)?;
+    }
+    Ok(())
 }
 
 /// The CPU backend: ggml-mode and reference-mode kernels from [`crate::quant`], the SIMD ones where
@@ -406,16 +419,12 @@ impl Backend for CpuBackend {
         num: Numerics,
         scratch: &mut MatmulScratch,
     ) -> crate::Result<()> {
-        assert_eq!(ws.len(), outs.len(), "one output per matrix");
         let together = n_tokens == 1
             && num.mode == NumericsMode::Ggml
             && (2..=SHARED_MAX).contains(&ws.len())
             && ws.iter().all(|w| w.ty == ws[0].ty && w.cols == ws[0].cols);
-        if !together {
-            for (w, out) in ws.iter().zip(outs.iter_mut()) {
-                self.matmul(w, x, n_tokens, out, num, scratch)?;
-            }
-            return Ok(());
+        if !together || ws.len() != outs.len() {
+            return one_by_one(self, ws, x, n_tokens, outs, num, scratch);
         }
         debug_assert_eq!(x.len(), ws[0].cols);
         self.prepare(&ws[0], x, 1, num.mode, scratch)?;
@@ -646,6 +655,19 @@ pub(crate) fn assert_matmul_same_bits_on_every_simd(
 mod tests {
     use super::*;
 
+    /// Rayon pools of one and two worker threads (a result must not depend on the split).
+    fn one_and_two_workers() -> Vec<rayon::ThreadPool> {
+        [1, 2]
+            .into_iter()
+            .map(|n| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .unwrap()
+            })
+            .collect()
+    }
+
     /// A reference-mode matmul (each row dequantized once for all tokens; with SIMD on, register tiles in
     /// the 16-lane fma order) gives the bits of the per-token dequantizing dot product ([`quant::vec_dot`]
     /// of a row prepared with the same SIMD setting), for every SIMD setting this CPU has, batch sizes
@@ -657,15 +679,7 @@ mod tests {
     fn reference_batch_dequantizes_once_with_the_per_token_bits() {
         let mut rng = crate::quant::test_rng::Rng(0x2545_f491_4f6c_dd1du64);
         let mut rnd = move || rng.uniform();
-        let pools: Vec<rayon::ThreadPool> = [1, 2]
-            .into_iter()
-            .map(|n| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .build()
-                    .unwrap()
-            })
-            .collect();
+        let pools = one_and_two_workers();
         for (ty, cols, rows) in [
             (GgmlType::Q4_0, 64, 19),
             (GgmlType::Q4_1, 96, 19),
@@ -796,15 +810,7 @@ mod tests {
         use crate::numerics::GgmlTarget;
         let mut rng = crate::quant::test_rng::Rng(0x6a09_e667_f3bc_c908u64);
         let mut rnd = move || rng.uniform();
-        let pools: Vec<rayon::ThreadPool> = [1, 2]
-            .into_iter()
-            .map(|n| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .build()
-                    .unwrap()
-            })
-            .collect();
+        let pools = one_and_two_workers();
         let cols = 256;
         let types = [
             [GgmlType::Q4_0; 3],
