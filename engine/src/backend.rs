@@ -341,7 +341,7 @@ fn batch_chunk_rows(rows: usize, threads: usize) -> usize {
 /// unpacking K-quant blocks is dear; the same on SmolLM2 Q4_1).
 const TOKENS_PER_CALL: usize = 8;
 
-/// Most matrices [`CpuBackend::matmul_shared`] runs in one parallel region.
+/// Most matrices the CPU backend's [`Backend::matmul_shared`] runs in one parallel region.
 const SHARED_MAX: usize = 4;
 
 /// Rows `r0 .. r0 + out.len()` of a decode step's product (`out[i]` = row `r0 + i` · the one activation
