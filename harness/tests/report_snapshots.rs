@@ -623,3 +623,59 @@ fn hostile_names_neither_break_the_tables_nor_lose_the_report() {
         assert!(!svg.contains("<script>"), "raw markup in {name}");
     }
 }
+
+/// report.md's `## Across oracles` table: absent while every model has one oracle; with a second oracle,
+/// one column per numerics mode × oracle and one row per stage kind holding that column's largest NMSE
+/// over layers, phases and cells — a NaN is shown, never hidden behind a finite value.
+#[test]
+fn the_cross_oracle_table_shows_each_stage_kinds_largest_nmse_per_mode_and_oracle() {
+    let mut r = report();
+    assert!(
+        !render_markdown(&r).contains("## Across oracles"),
+        "one oracle: no table"
+    );
+    // the ggml cell against a second oracle, a thousand times farther at every stage
+    let mut t = r.cells[0].clone();
+    t.cell.oracle = "transformers-f32".into();
+    for s in &mut t.comparison.stages {
+        s.nmse = Summary::of(s.nmse_by_position.iter().map(|n| n * 1000.0)).unwrap();
+        if s.stage == "blk.0.attn_norm" {
+            s.nmse.max = f64::NAN;
+        }
+    }
+    r.cells.push(t);
+    let md = render_markdown(&r);
+    let section = md
+        .split("## Across oracles")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("the section");
+    assert!(
+        section.contains(
+            "| stage kind | ggml vs llama.cpp-f32kv | ggml vs transformers-f32 | reference vs llama.cpp-f32kv |"
+        ),
+        "{section}"
+    );
+    // blk.0.out and blk.1.out, prefill and decode: the largest is blk.1.out's 3.2e-6 (the failing
+    // reference cell's 2.58e-3)
+    assert!(
+        section.contains("| out (NMSE) | 3.200e-6 | 3.200e-3 | 2.580e-3 |"),
+        "{section}"
+    );
+    assert!(section.contains("| attn_norm (NMSE) | "), "{section}");
+    let attn_norm = section
+        .lines()
+        .find(|l| l.starts_with("| attn_norm (NMSE) |"))
+        .unwrap();
+    assert_eq!(attn_norm.split(" | ").nth(2), Some("nan"), "{attn_norm}");
+    let ffn_act = section
+        .lines()
+        .find(|l| l.starts_with("| ffn_act (NMSE) |"))
+        .unwrap();
+    assert!(ffn_act.ends_with("| inf |"), "{ffn_act}");
+    assert!(section.contains("| logits (mean KL) |"), "{section}");
+    assert!(
+        section.contains("**smollm2-135m-q4_1** (Q4_1), 4 cells"),
+        "{section}"
+    );
+}

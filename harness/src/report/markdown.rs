@@ -129,9 +129,103 @@ pub(crate) fn top1_counts(cmp: &CellComparison, margin_tolerance: f64) -> (usize
     })
 }
 
+/// The `## Across oracles` section: for every model (and quant) this run held to more than one oracle, the
+/// largest NMSE of each stage kind — over its layers, positions (prefill and decode), prompts and SIMD
+/// settings — and the largest mean KL of the logits, one column per numerics mode × oracle. Where a
+/// model's ggml cells pass against llama.cpp (bit equality), its ggml column against another oracle is
+/// llama.cpp's own distance from that oracle: the cross-oracle floor per stage that a reference-mode gap
+/// is read against (DESIGN.md §9). A NaN anywhere in a column's values shows as NaN. Empty when no model
+/// has two oracles.
+fn across_oracles(r: &Report) -> String {
+    let mut oracles: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
+    for c in &r.cells {
+        oracles
+            .entry((&c.cell.model, &c.cell.quant))
+            .or_default()
+            .insert(&c.cell.oracle);
+    }
+    let held_twice: Vec<(&str, &str)> = oracles
+        .iter()
+        .filter(|(_, o)| o.len() > 1)
+        .map(|(k, _)| *k)
+        .collect();
+    let mut md = String::new();
+    if held_twice.is_empty() {
+        return md;
+    }
+    let _ = writeln!(md, "## Across oracles\n");
+    let _ = writeln!(
+        md,
+        "Per model, the largest NMSE of each stage kind (over layers, positions, prompts and SIMD settings) and \
+         the largest mean KL of the logits, per numerics mode and oracle. `ggml` mode is bit-exact with \
+         llama.cpp where its llama.cpp cells pass, so its column against another oracle is llama.cpp's own \
+         distance from that oracle: the cross-oracle floor a `reference`-mode gap is read against.\n"
+    );
+    // NaN wins: a non-finite error is never hidden behind a finite one
+    let worse = |a: f64, b: f64| {
+        if a.is_nan() || b.is_nan() {
+            f64::NAN
+        } else {
+            a.max(b)
+        }
+    };
+    for (model, quant) in held_twice {
+        let cells: Vec<&CellReport> = r
+            .cells
+            .iter()
+            .filter(|c| c.cell.model == model && c.cell.quant == quant)
+            .collect();
+        let columns: Vec<(String, &str)> = cells
+            .iter()
+            .map(|c| (c.cell.mode.to_string(), c.cell.oracle.as_str()))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut kinds: Vec<&str> = Vec::new();
+        let mut nmse: BTreeMap<(&str, usize), f64> = BTreeMap::new();
+        let mut kl: BTreeMap<usize, f64> = BTreeMap::new();
+        for c in &cells {
+            let key = (c.cell.mode.to_string(), c.cell.oracle.as_str());
+            let col = columns.iter().position(|k| *k == key).unwrap_or(0);
+            for s in &c.comparison.stages {
+                let kind = crate::floors::kind_of(&s.stage);
+                if !kinds.contains(&kind) {
+                    kinds.push(kind);
+                }
+                let v = nmse.entry((kind, col)).or_insert(f64::NEG_INFINITY);
+                *v = worse(*v, s.nmse.max);
+            }
+            if let Some(m) = cell_metrics(&c.comparison, c.verdict.margin_tolerance).mean_kl {
+                let v = kl.entry(col).or_insert(f64::NEG_INFINITY);
+                *v = worse(*v, m);
+            }
+        }
+        let _ = writeln!(md, "**{model}** ({quant}), {} cells\n", cells.len());
+        let header: Vec<String> = columns
+            .iter()
+            .map(|(mode, oracle)| format!("{mode} vs {oracle}"))
+            .collect();
+        let _ = writeln!(md, "| stage kind | {} |", header.join(" | "));
+        let _ = writeln!(md, "|---|{}", "--:|".repeat(columns.len()));
+        let cell_text = |v: Option<&f64>| v.map_or("-".to_string(), |v| fmt_e3(*v));
+        for kind in &kinds {
+            let row: Vec<String> = (0..columns.len())
+                .map(|col| cell_text(nmse.get(&(*kind, col))))
+                .collect();
+            let _ = writeln!(md, "| {kind} (NMSE) | {} |", row.join(" | "));
+        }
+        let row: Vec<String> = (0..columns.len())
+            .map(|col| cell_text(kl.get(&col)))
+            .collect();
+        let _ = writeln!(md, "| logits (mean KL) | {} |", row.join(" | "));
+        md.push('\n');
+    }
+    md
+}
+
 /// Render the report as Markdown: title and environment, metric definitions, one summary row per cell,
-/// failure lines, first divergent stages, the 10 worst stages, error vs depth per cell, near ties, stages
-/// not compared, and the model and golden hashes.
+/// failure lines, SIMD vs scalar, the stage errors across oracles, first divergent stages, the 10 worst
+/// stages, error vs depth per cell, near ties, stages not compared, and the model and golden hashes.
 pub fn render_markdown(r: &Report) -> String {
     let r = &escaped(r);
     let mut md = String::new();
@@ -307,6 +401,8 @@ pub fn render_markdown(r: &Report) -> String {
         }
         md.push('\n');
     }
+
+    md.push_str(&across_oracles(r));
 
     // First divergent stage per cell: bisect's verdict (harness/src/bisect.rs).
     let _ = writeln!(md, "## First divergent stage\n");
