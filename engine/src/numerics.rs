@@ -16,36 +16,109 @@
 
 use crate::error::{Error, Result};
 
-/// True if this CPU runs the AVX2 + FMA kernels ([`Simd::Avx2`]): AVX2, FMA and F16C, detected at run
-/// time (`is_x86_feature_detected!`). Always false off x86-64.
-pub fn avx2_available() -> bool {
+/// The environment variable that caps the CPU features lockstep sees: `avx2` runs every host-kind
+/// decision (SIMD settings available, `auto`, the ggml target of `GGML_NATIVE`, which kernels a test
+/// iterates, the bench's FMA probe) as on an AVX2-only CPU, whatever AVX-512 this one has; `scalar` as on a
+/// CPU without AVX2 either; `native` (or unset) as detected. It lets an AVX-512 machine run the suite as an
+/// AVX2-only one would (issue 41: coverage that depends on the host hides there).
+pub const CPU_CAP_ENV: &str = "LOCKSTEP_CPU";
+
+/// How far [`cpu_has`] lets the detected features through ([`CPU_CAP_ENV`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CpuCap {
+    /// No x86 SIMD feature at all: the portable scalar paths only.
+    Scalar,
+    /// Up to AVX2 (AVX, AVX2, FMA, F16C, BMI2, SSE*): every AVX-512 and AMX feature reads as absent.
+    Avx2,
+    /// Every feature the CPU has.
+    Native,
+}
+
+impl CpuCap {
+    /// The cap this process runs under: [`CPU_CAP_ENV`] read once.
+    ///
+    /// Errors: none; an unknown value is reported on stderr once and treated as `native` (the variable is
+    /// a test aid: a typo must not silently narrow a run, and the report records the cap in force).
+    pub fn current() -> CpuCap {
+        static CAP: std::sync::OnceLock<CpuCap> = std::sync::OnceLock::new();
+        *CAP.get_or_init(|| match std::env::var(CPU_CAP_ENV).ok().as_deref() {
+            None | Some("") | Some("native") => CpuCap::Native,
+            Some("avx2") => CpuCap::Avx2,
+            Some("scalar") | Some("off") => CpuCap::Scalar,
+            Some(other) => {
+                eprintln!(
+                    "warning: {CPU_CAP_ENV}={other:?} is not native, avx2 or scalar; using native"
+                );
+                CpuCap::Native
+            }
+        })
+    }
+
+    /// `native`, `avx2` or `scalar`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuCap::Scalar => "scalar",
+            CpuCap::Avx2 => "avx2",
+            CpuCap::Native => "native",
+        }
+    }
+
+    /// True if a feature of this name (as `is_x86_feature_detected!` or `/proc/cpuinfo` spells it) is
+    /// let through by the cap: everything under `native`, nothing under `scalar`, and under `avx2` every
+    /// feature but the AVX-512 and AMX families.
+    pub fn allows(self, feature: &str) -> bool {
+        match self {
+            CpuCap::Native => true,
+            CpuCap::Scalar => false,
+            CpuCap::Avx2 => !(feature.starts_with("avx512") || feature.starts_with("amx")),
+        }
+    }
+}
+
+/// True if this CPU has the x86 feature `feature` (the names of `is_x86_feature_detected!`: `avx`,
+/// `avx2`, `fma`, `f16c`, `avx512f`, `avx512dq`, `avx512bw`, `avx512vl`, `avx512vnni`, `avx512bf16`) and
+/// the cap in force ([`CpuCap::current`]) lets it through. Every host-kind decision of lockstep reads
+/// the CPU through here. Always false off x86-64 and for a name not listed.
+pub fn cpu_has(feature: &str) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
+        let detected = match feature {
+            "avx" => is_x86_feature_detected!("avx"),
+            "avx2" => is_x86_feature_detected!("avx2"),
+            "fma" => is_x86_feature_detected!("fma"),
+            "f16c" => is_x86_feature_detected!("f16c"),
+            "avx512f" => is_x86_feature_detected!("avx512f"),
+            "avx512dq" => is_x86_feature_detected!("avx512dq"),
+            "avx512bw" => is_x86_feature_detected!("avx512bw"),
+            "avx512vl" => is_x86_feature_detected!("avx512vl"),
+            "avx512vnni" => is_x86_feature_detected!("avx512vnni"),
+            "avx512bf16" => is_x86_feature_detected!("avx512bf16"),
+            _ => false,
+        };
+        detected && CpuCap::current().allows(feature)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
+        let _ = feature;
         false
     }
 }
 
+/// True if this CPU runs the AVX2 + FMA kernels ([`Simd::Avx2`]): AVX2, FMA and F16C, detected at run
+/// time ([`cpu_has`], under the cap of [`CPU_CAP_ENV`]). Always false off x86-64.
+pub fn avx2_available() -> bool {
+    cpu_has("avx2") && cpu_has("fma") && cpu_has("f16c")
+}
+
 /// True if this CPU runs the AVX-512 VNNI tiles ([`Simd::Avx512`]): the AVX2 kernels' features
-/// ([`avx2_available`]) and AVX-512 F, BW, VL and VNNI, detected at run time. Always false off x86-64.
+/// ([`avx2_available`]) and AVX-512 F, BW, VL and VNNI, detected at run time ([`cpu_has`]). Always
+/// false off x86-64.
 pub fn avx512_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        avx2_available()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    avx2_available()
+        && cpu_has("avx512f")
+        && cpu_has("avx512bw")
+        && cpu_has("avx512vl")
+        && cpu_has("avx512vnni")
 }
 
 /// How a matrix-vector product is computed.
@@ -149,21 +222,18 @@ impl GgmlTarget {
     }
 
     /// The target llama.cpp built with `GGML_NATIVE` would use on the machine running this code
-    /// (`is_x86_feature_detected!`); [`GgmlTarget::Avx512`] off x86 or on x86 without AVX2+FMA, where
+    /// ([`cpu_has`]); [`GgmlTarget::Avx512`] off x86 or on x86 without AVX2+FMA, where
     /// no target describes llama.cpp and the choice only keeps ggml mode deterministic.
     pub fn host() -> GgmlTarget {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
-                return if is_x86_feature_detected!("avx512bf16") {
-                    GgmlTarget::Avx512
-                } else {
-                    GgmlTarget::Avx512NoBf16
-                };
-            }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                return GgmlTarget::Avx2;
-            }
+        if cpu_has("avx512f") && cpu_has("avx512dq") {
+            return if cpu_has("avx512bf16") {
+                GgmlTarget::Avx512
+            } else {
+                GgmlTarget::Avx512NoBf16
+            };
+        }
+        if cpu_has("avx2") && cpu_has("fma") {
+            return GgmlTarget::Avx2;
         }
         GgmlTarget::Avx512
     }
@@ -432,9 +502,8 @@ mod tests {
         }
         let e = "avx512bf16".parse::<GgmlTarget>().unwrap_err();
         assert!(e.contains("avx512-nobf16"), "{e}");
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
-            let want = if is_x86_feature_detected!("avx512bf16") {
+        if cpu_has("avx512f") && cpu_has("avx512dq") {
+            let want = if cpu_has("avx512bf16") {
                 GgmlTarget::Avx512
             } else {
                 GgmlTarget::Avx512NoBf16

@@ -298,9 +298,9 @@ fn kqv_for_every_output_at_once_equals_the_per_output_ggml_dot_products() {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::quant::x86::{Hardware, HardwareAvx512};
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if crate::numerics::cpu_has("avx2") && crate::numerics::cpu_has("fma") {
             kqv_case::<Hardware>();
-            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
+            if crate::numerics::cpu_has("avx512f") && crate::numerics::cpu_has("avx512vl") {
                 kqv_case::<HardwareAvx512>();
             }
         }

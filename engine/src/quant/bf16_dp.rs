@@ -27,9 +27,9 @@ use super::{GgmlPath, PreparedRow};
 
 /// True if this CPU has the instructions of these kernels (AVX-512 F and BW, and AVX512-BF16).
 pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512bf16")
+    crate::numerics::cpu_has("avx512f")
+        && crate::numerics::cpu_has("avx512bw")
+        && crate::numerics::cpu_has("avx512bf16")
 }
 
 /// True if these kernels compute every path of a call: the two `__AVX512BF16__` paths of BF16 weights.

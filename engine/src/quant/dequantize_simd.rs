@@ -13,7 +13,7 @@ use super::{q4_1, q4_k, q6_k, GgmlType};
 /// `dequantize_block`, if there is one and the CPU has AVX2; returns false (nothing written) otherwise.
 /// Lengths are the caller's contract (checked by [`super::dequantize_row`]).
 pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
-    if !std::arch::is_x86_feature_detected!("avx2") {
+    if !crate::numerics::cpu_has("avx2") {
         return false;
     }
     // SAFETY: the CPU has AVX2 (checked above); every function reads whole blocks of `src` and writes
@@ -200,7 +200,7 @@ mod tests {
     /// with `-0.0`/`+0.0` told apart.
     #[test]
     fn avx2_rows_give_the_scalar_bits_on_random_blocks() {
-        if !std::arch::is_x86_feature_detected!("avx2") {
+        if !crate::numerics::cpu_has("avx2") {
             return;
         }
         let mut rng = crate::quant::test_rng::Rng(0x2545_f491_4f6c_dd1du64);

@@ -19,7 +19,7 @@ use super::x86::reduce_tile_512 as reduce_tile;
 /// True if this CPU has the instructions of these kernels (AVX-512 F: `vcvtph2ps` on 512 bits and the
 /// 32 vector registers the 4 × 6 tile needs).
 pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx512f")
+    crate::numerics::cpu_has("avx512f")
 }
 
 /// Tokens per tile (tinyBLAS's `RN` with 32 vector registers).

@@ -197,7 +197,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn f16_cpu_matches_f16c_hardware() {
-        if !std::arch::is_x86_feature_detected!("f16c") {
+        if !crate::numerics::cpu_has("f16c") {
             eprintln!("no F16C on this CPU; skipped");
             return;
         }

@@ -37,7 +37,7 @@ impl Lanes16 {
     pub(crate) fn for_simd(simd: Simd) -> Lanes16 {
         #[cfg(target_arch = "x86_64")]
         {
-            if simd == Simd::Avx512 && std::arch::is_x86_feature_detected!("avx512f") {
+            if simd == Simd::Avx512 && crate::numerics::cpu_has("avx512f") {
                 return Lanes16::Avx512;
             }
             if simd != Simd::Off && crate::numerics::avx2_available() {

@@ -26,7 +26,7 @@ pub(crate) fn supported(ty: GgmlType) -> bool {
                 | GgmlType::Q8_0
                 | GgmlType::Q4_K
                 | GgmlType::Q6_K
-        ) && std::arch::is_x86_feature_detected!("avx512f")
+        ) && crate::numerics::cpu_has("avx512f")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

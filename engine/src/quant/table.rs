@@ -138,7 +138,7 @@ macro_rules! blocks {
                 unsafe fn avx2(src: &[u8], dst: &mut [f32]) {
                     each(src, dst)
                 }
-                if std::arch::is_x86_feature_detected!("avx2") {
+                if crate::numerics::cpu_has("avx2") {
                     // SAFETY: the CPU has AVX2 (checked above)
                     return unsafe { avx2(src, dst) };
                 }

@@ -405,11 +405,11 @@ mod tests {
     #[test]
     fn register_reductions_add_as_reduce_add_16() {
         use std::arch::x86_64::*;
-        if !std::arch::is_x86_feature_detected!("avx") {
+        if !crate::numerics::cpu_has("avx") {
             eprintln!("skipping: this CPU has no AVX");
             return;
         }
-        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        let avx512 = crate::numerics::cpu_has("avx512f");
         let mut rng = crate::quant::test_rng::Rng(0x9e37_79b9_7f4a_7c15);
         for trial in 0..20_000 {
             let v: [f32; 16] = std::array::from_fn(|_| lane_value(&mut rng, trial));
@@ -436,7 +436,7 @@ mod tests {
     #[test]
     fn sixteen_reductions_at_once_add_as_reduce_add_16() {
         use std::arch::x86_64::*;
-        if !std::arch::is_x86_feature_detected!("avx512f") {
+        if !crate::numerics::cpu_has("avx512f") {
             eprintln!("skipping: this CPU has no AVX-512 F");
             return;
         }

@@ -120,14 +120,13 @@ pub fn measure_fma_peak(reps: usize) -> Vec<f64> {
 fn fma_chains(iters: u64) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if lockstep_engine::numerics::cpu_has("avx512f") {
             // SAFETY: the CPU has AVX-512 F (checked above).
             let r = unsafe { fma_chains_avx512(iters) };
             std::hint::black_box(r);
             return (iters * 16 * 16 * 2) as f64;
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if lockstep_engine::numerics::cpu_has("avx2") && lockstep_engine::numerics::cpu_has("fma") {
             // SAFETY: the CPU has AVX2 and FMA (checked above).
             let r = unsafe { fma_chains_avx2(iters) };
             std::hint::black_box(r);

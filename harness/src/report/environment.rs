@@ -9,9 +9,10 @@ use serde::{Deserialize, Serialize};
 /// The machine and build a run happened on. Facts that cannot be read are `"unknown"`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Environment {
-    /// CPU model name (`/proc/cpuinfo` `model name`).
+    /// CPU model name (`/proc/cpuinfo` `model name`), followed by `(features capped to avx2 by
+    /// LOCKSTEP_CPU)` when that variable narrowed what the run saw ([`lockstep_engine::numerics::CpuCap`]).
     pub cpu_model: String,
-    /// The SIMD-relevant CPU flags present ([`SIMD_FLAGS`], in that order).
+    /// The SIMD-relevant CPU flags present ([`SIMD_FLAGS`], in that order) and let through by the cap.
     pub cpu_flags: Vec<String>,
     /// Engine worker threads.
     pub threads: usize,
@@ -102,18 +103,28 @@ impl Environment {
                 (k.trim() == name).then(|| v.trim().to_string())
             })
         };
-        let cpu_model = field("model name")
+        let cap = lockstep_engine::numerics::CpuCap::current();
+        let mut cpu_model = field("model name")
             .or_else(|| field("Hardware"))
             .or_else(|| field("cpu model"))
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| UNKNOWN.to_string());
+        if cap != lockstep_engine::numerics::CpuCap::Native {
+            // the run saw the CPU through LOCKSTEP_CPU: say so beside the model, and record only the
+            // flags it let through
+            cpu_model.push_str(&format!(
+                " (features capped to {} by {})",
+                cap.name(),
+                lockstep_engine::numerics::CPU_CAP_ENV
+            ));
+        }
         let flags_line = field("flags")
             .or_else(|| field("Features"))
             .unwrap_or_default();
         let present: BTreeSet<&str> = flags_line.split_whitespace().collect();
         let cpu_flags = SIMD_FLAGS
             .iter()
-            .filter(|f| present.contains(*f))
+            .filter(|f| present.contains(*f) && cap.allows(f))
             .map(|f| f.to_string())
             .collect();
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok();
