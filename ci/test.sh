@@ -67,6 +67,19 @@ else
     --skip real_fetch_every_registry_model --skip bench_vec_dot_throughput
 fi
 
+echo "== the run matrix, full tier: every cell of ci/matrix.toml (lockstep run --full)"
+# The default tier (`lockstep run`, the README's main command) leaves ggml mode's SIMD twins out: they give the
+# bits of its fastest setting. The full tier runs them, and every default cell, against the committed goldens of
+# both oracles, and gates them (exit 1 on a failing cell); its report's "SIMD vs scalar" table holds every twin
+# to the scalar cell's sha256s. Before the speed samples, which need the machine alone.
+full_dir="$(mktemp -d)"
+set +e
+cargo run --quiet --release -p lockstep -- run --full --reports "$full_dir" 2>&1 | grep -v ' PASS '
+rc="${PIPESTATUS[0]}"
+set -e
+rm -rf "$full_dir"
+[ "$rc" -eq 0 ] || { echo "lockstep run --full: exit $rc"; exit "$rc"; }
+
 echo "== speed: every model of the default matrix against its floor (ci/speed-floors.toml)"
 # After the tests, so nothing else runs beside the samples. pp64 and tg16, 5 repetitions, each sample its own
 # process: each row's share of this machine's own limits (prefill: of the f32 FMA peak; decode: of the read

@@ -34,6 +34,11 @@ def dump_manifest(manifest: dict) -> str:
                 out.append(",\n".join(f"   {json.dumps(a)}: {_line(sm)}" for a, sm in value[oracle].items()))
                 out.append("  }" + ("," if oi < len(oracles) - 1 else ""))
             out.append(" }" + comma)
+        elif key == "cross_oracle":
+            # one line per model: its measured distances (oracles/yardstick/record.py)
+            out.append(' "cross_oracle": {')
+            out.append(",\n".join(f"  {json.dumps(m)}: {_line(r)}" for m, r in value.items()))
+            out.append(" }" + comma)
         else:
             out.append(f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}{comma}")
     out.append("}")

@@ -127,6 +127,10 @@ pub enum Command {
     /// Measure the stage floors of the modes that are not bit-exact (bisect's local pass of the unbroken
     /// engine on every golden of the matrix) and write them (ci/floors.json).
     Floors(FloorsArgs),
+    /// Print the `[[rule]]`s of ci/thresholds.toml that hold reference mode against llama.cpp to llama.cpp's own
+    /// measured distance from transformers, derived from golden/manifest.json's `cross_oracle` records
+    /// (oracles/yardstick/measure.sh --record), a comment per number (harness/src/gate/yardstick.rs).
+    Yardstick(YardstickArgs),
     /// Quantize a model as `llama-quantize --pure` does, byte for byte, without llama.cpp: by default
     /// lockstep's variant recipe (an exact F32 dequantization of the model, then `--pure TYPE`, the files
     /// `[[variants]]` in models.toml register); written atomically to --out.
@@ -502,6 +506,17 @@ pub struct FloorsArgs {
     pub out: Option<PathBuf>,
 }
 
+/// Arguments of `lockstep yardstick`.
+#[derive(Debug, Args)]
+pub struct YardstickArgs {
+    /// Only these models (repeatable; default: every model with a record).
+    #[arg(long)]
+    pub model: Vec<String>,
+    /// The golden directory whose manifest holds the records.
+    #[arg(long)]
+    pub golden_dir: Option<PathBuf>,
+}
+
 /// Arguments of `lockstep bisect`.
 #[derive(Debug, Args)]
 pub struct BisectArgs {
@@ -593,9 +608,14 @@ pub struct RunArgs {
     #[arg(long)]
     pub oracle: Vec<String>,
     /// Only these SIMD settings (repeatable): off, avx2, avx512 (`auto` in the matrix is resolved to one of
-    /// them; with --engine-cmd: off, the default).
+    /// them; with --engine-cmd: off, the default). Picks from the full tier.
     #[arg(long)]
     pub simd: Vec<String>,
+    /// Run the full tier: every SIMD setting of the matrix in every mode (the default tier runs each mode's
+    /// `default_simd`: ggml mode only at the fastest setting, whose bits every other setting gives too). CI
+    /// runs it (ci/test.sh).
+    #[arg(long)]
+    pub full: bool,
     /// Mirror this ggml-cpu build (`avx2`, `avx512-nobf16`, `avx512`) in ggml mode instead of the one
     /// each golden records.
     #[arg(long)]
@@ -690,6 +710,7 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
             } else {
                 a.simd
             },
+            full: a.full,
         },
         force_external: external.is_some(),
         external,
@@ -1003,6 +1024,31 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 "{}",
                 crate::bench::sample(&model, test, a.mode, a.simd.simd)?
             );
+        }
+        Command::Yardstick(a) => {
+            let dir = defaults.path(a.golden_dir, "golden", "--golden-dir")?;
+            let manifest = crate::golden::load_manifest(&dir)?;
+            for m in &a.model {
+                if !manifest.cross_oracle.contains_key(m) {
+                    anyhow::bail!(
+                        "{}: no cross_oracle record of {m} (records: {})",
+                        dir.join("manifest.json").display(),
+                        manifest
+                            .cross_oracle
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
+            }
+            for (m, rec) in &manifest.cross_oracle {
+                if a.model.is_empty() || a.model.contains(m) {
+                    let rule = crate::gate::yardstick::render_rule(m, rec)
+                        .with_context(|| format!("cross_oracle record of {m}"))?;
+                    println!("{rule}");
+                }
+            }
         }
         Command::Floors(a) => {
             let out = defaults.path(a.out, "ci/floors.json", "--out")?;

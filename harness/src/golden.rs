@@ -67,6 +67,83 @@ pub struct Manifest {
     pub stage_map: BTreeMap<String, BTreeMap<String, StageMap>>,
     /// Every golden file.
     pub goldens: Vec<GoldenEntry>,
+    /// Model id → llama.cpp's measured distance from transformers-f32 and from itself with an f16 KV cache,
+    /// per prompt (`oracles/yardstick/record.py`); the cross-oracle rules of `ci/thresholds.toml` derive from
+    /// it ([`crate::gate::yardstick`]). Empty in manifests without measurements.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cross_oracle: BTreeMap<String, CrossOracleRecord>,
+}
+
+/// One model's measured distances (`golden/manifest.json` `cross_oracle.<model id>`): how they were measured
+/// and one [`PromptRecord`] per prompt. Written by `oracles/yardstick/record.py`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct CrossOracleRecord {
+    /// The command that measured it (`oracles/yardstick/measure.sh --model ID --record`).
+    #[serde(default)]
+    pub command: String,
+    /// The prompt file measured, relative to the checkout.
+    #[serde(default)]
+    pub prompts_file: String,
+    /// sha256 of that file when it was measured.
+    #[serde(default)]
+    pub prompts_sha256: String,
+    /// Date of the measurement (YYYY-MM-DD).
+    #[serde(default)]
+    pub measured: String,
+    /// Oracle directory name → its versions and host, as its scratch goldens recorded them.
+    #[serde(default)]
+    pub oracles: BTreeMap<String, serde_json::Value>,
+    /// One row per prompt.
+    pub prompts: Vec<PromptRecord>,
+}
+
+/// The distances measured on one prompt.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct PromptRecord {
+    /// The prompt id (of the record's prompt file).
+    pub prompt_id: String,
+    /// Prompt tokens.
+    #[serde(default)]
+    pub n_prompt_tokens: usize,
+    /// Oracle directory name → sha256 of the scratch golden the distance was computed from.
+    #[serde(default)]
+    pub goldens_sha256: BTreeMap<String, String>,
+    /// llama.cpp-f32kv (reference) against transformers-f32.
+    pub cross_oracle: PromptDistance,
+    /// llama.cpp-f32kv (reference) against llama.cpp-f16kv: the F16-KV floor.
+    pub f16kv: PromptDistance,
+}
+
+/// One distance between two goldens of one prompt, in the gated metrics of a reference cell
+/// (`oracles/yardstick/distance.py`, which follows `metrics.rs` and the gate).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct PromptDistance {
+    /// max(KL at the last prompt position, mean KL over every full row), nats.
+    pub kl: f64,
+    /// KL(P_ref ‖ P_other) at the last prompt position, nats.
+    #[serde(default)]
+    pub kl_last: f64,
+    /// Mean KL over every full logits row (last prompt position and every decode step), nats.
+    #[serde(default)]
+    pub kl_mean_full: f64,
+    /// Every top-1 disagreement: [position, the reference's margin in logit units].
+    #[serde(default)]
+    pub flips: Vec<(usize, f64)>,
+    /// The largest margin among `flips` (0 without flips), logit units.
+    pub max_flip_margin: f64,
+    /// Mean top-5 overlap over every position.
+    pub top5_mean: f64,
+    /// Smallest cosine of `blk.N.out` / `output_norm` at any position.
+    pub min_cos_out: f64,
+    /// Where `min_cos_out` is (`stage@row`).
+    #[serde(default)]
+    pub min_cos_at: String,
+    /// Logits positions compared (prompt and decode).
+    #[serde(default)]
+    pub positions: usize,
+    /// Full logits rows compared.
+    #[serde(default)]
+    pub full_rows: usize,
 }
 
 impl Manifest {

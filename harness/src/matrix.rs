@@ -9,6 +9,9 @@
 //! oracles = ["llama.cpp-f32kv"]   # golden directory names under golden/<model>/
 //! engines = ["lockstep"]          # "lockstep" (in process) or "external" (dump-format adapter)
 //!
+//! [default_simd]                  # optional: the default tier's SIMD settings per mode (each in `simd`);
+//! ggml = ["auto"]                 # `lockstep run --full` (or any --simd) runs every setting in every mode
+//!
 //! [[models]]
 //! id = "smollm2-135m-q4_1"        # registry id (models.toml); also the golden directory name
 //! quant = "Q4_1"                  # the model file's weight type, for the report
@@ -139,6 +142,11 @@ pub struct Matrix {
     pub oracles: Vec<String>,
     /// Engines ([`ENGINES`]).
     pub engines: Vec<String>,
+    /// The default tier (`lockstep run` without `--full` or `--simd`): numerics mode → the SIMD settings its
+    /// cells run, each one of `simd`. A mode not listed runs every setting of `simd`. The full tier
+    /// (`--full`, and any explicit `--simd`) runs every setting in every mode.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub default_simd: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// Restrict a run to some values of each axis. An empty list does not filter. Every value given must
@@ -155,6 +163,10 @@ pub struct Filters {
     pub oracle: Vec<String>,
     /// SIMD settings.
     pub simd: Vec<String>,
+    /// Run the full tier: every SIMD setting of the matrix in every mode, not the default tier's
+    /// ([`Matrix::default_simd`]). An explicit `simd` filter selects from the full tier too.
+    #[serde(default)]
+    pub full: bool,
 }
 
 fn check_axis(origin: &str, name: &str, values: &[String], allowed: Option<&[&str]>) -> Result<()> {
@@ -228,7 +240,43 @@ impl Matrix {
             }
         }
         check_axis(origin, "engines", &m.engines, Some(ENGINES))?;
+        for (mode, settings) in &m.default_simd {
+            if !m.modes.contains(mode) {
+                bail!(
+                    "{origin}: default_simd names the mode {mode:?}, which is not one of `modes` ({})",
+                    m.modes.join(", ")
+                );
+            }
+            let what = format!("default_simd.{mode}");
+            check_axis(origin, &what, settings, Some(SIMD))?;
+            if let Some(v) = settings.iter().find(|v| !m.simd.contains(v)) {
+                bail!(
+                    "{origin}: {what}: {v:?} is not one of `simd` ({}); the default tier is part of the full one",
+                    m.simd.join(", ")
+                );
+            }
+        }
         Ok(m)
+    }
+
+    /// The SIMD settings of `mode`'s cells in the tier `full` selects, `auto` resolved, each once (in order):
+    /// the default tier's list for the mode ([`Matrix::default_simd`]) unless `full`, else every setting.
+    fn simd_values_of(&self, mode: &str, full: bool) -> Vec<String> {
+        let listed = match self.default_simd.get(mode) {
+            Some(v) if !full => v,
+            _ => &self.simd,
+        };
+        let mut out: Vec<String> = Vec::new();
+        for v in listed {
+            let v = match v.as_str() {
+                "auto" => lockstep_engine::Simd::detect().name().to_string(),
+                other => other.to_string(),
+            };
+            if !out.contains(&v) {
+                out.push(v);
+            }
+        }
+        out
     }
 
     /// The prompt ids that have a golden for `model` and `oracle` in the manifest, sorted.
@@ -368,7 +416,10 @@ impl Matrix {
                     // the settings whose kernels differ in this mode, each once (reference mode's
                     // avx512 runs its avx2 kernels: `Simd::for_mode`)
                     let mut mode_simd: Vec<String> = Vec::new();
-                    for v in simd_values.iter().filter(|v| keep(&simd_filter, v)) {
+                    // an explicit --simd picks from the full tier, as --full does
+                    let tier =
+                        self.simd_values_of(mode.name(), filters.full || !simd_filter.is_empty());
+                    for v in tier.iter().filter(|v| keep(&simd_filter, v)) {
                         let v = match Simd::parse(v) {
                             Ok(s) => s.for_mode(mode).name().to_string(),
                             _ => v.clone(), // refused with a clear error when the cell runs
@@ -458,6 +509,7 @@ prompts = ["*"]
             about: None,
             stage_map: Default::default(),
             goldens: paths.iter().map(|p| entry(p)).collect(),
+            cross_oracle: Default::default(),
         }
     }
 
@@ -489,6 +541,62 @@ prompts = ["*"]
             golden_path_for(&c),
             "smollm2-135m-q4_1/llama.cpp-f32kv/prose.npz"
         );
+    }
+
+    /// The default tier runs each mode's `default_simd`; `--full` and any explicit `--simd` pick from every
+    /// setting; `default_simd` must name matrix modes and settings of `simd`.
+    #[test]
+    fn the_default_tier_runs_each_modes_own_simd_settings() {
+        let text = MATRIX
+            .replace("simd = [\"off\"]", "simd = [\"off\", \"avx2\"]")
+            .replace(
+                "engines = [\"lockstep\"]",
+                "engines = [\"lockstep\"]\n[default_simd]\nggml = [\"avx2\"]",
+            );
+        let m = Matrix::parse(&text, "test").unwrap();
+        let f = Filters {
+            prompt: vec!["chat".into()],
+            ..Filters::default()
+        };
+        let got = |f: &Filters| -> Vec<String> {
+            m.expand(&small(), f)
+                .unwrap()
+                .iter()
+                .map(|c| format!("{}/{}", c.mode, c.simd))
+                .collect()
+        };
+        assert_eq!(got(&f), ["reference/off", "reference/avx2", "ggml/avx2"]);
+        let full = Filters {
+            full: true,
+            ..f.clone()
+        };
+        assert_eq!(
+            got(&full),
+            ["reference/off", "reference/avx2", "ggml/off", "ggml/avx2"]
+        );
+        let off = Filters {
+            simd: vec!["off".into()],
+            ..f.clone()
+        };
+        assert_eq!(got(&off), ["reference/off", "ggml/off"]);
+        for (extra, needle) in [
+            (
+                "[default_simd]\nggml = [\"avx512\"]",
+                "is not one of `simd`",
+            ),
+            ("[default_simd]\nrefrence = [\"off\"]", "not one of `modes`"),
+            ("[default_simd]\nggml = []", "default_simd.ggml"),
+        ] {
+            let t = MATRIX.replace(
+                "engines = [\"lockstep\"]",
+                &format!("engines = [\"lockstep\"]\n{extra}"),
+            );
+            let e = format!("{:#}", Matrix::parse(&t, "ci/matrix.toml").unwrap_err());
+            assert!(
+                e.contains(needle) && e.contains("ci/matrix.toml"),
+                "{extra}: {e}"
+            );
+        }
     }
 
     #[test]

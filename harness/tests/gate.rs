@@ -135,6 +135,7 @@ fn th() -> CellThresholds {
         stage_max_nmse: None,
         stage_exact: false,
         stage_floor_headroom: None,
+        yardstick: String::new(),
     }
 }
 
@@ -542,84 +543,93 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         reg.variants.len(),
         "every registered variant is in the default matrix"
     );
-    // off, avx2 and `auto` (this CPU's best: avx512 adds a third setting, avx2 none)
+    // the full tier (`--full`): off, avx2 and `auto` (this CPU's best: avx512 adds a third setting, avx2 none)
     let n_simd = matrix.simd_values().len();
     assert!(n_simd >= 2 && matrix.simd_values()[..2] == ["off", "avx2"]);
-    // the default matrix holds every model to llama.cpp, and every seeded model and seeded variant to
-    // transformers-f32 as well; the three downloaded models' transformers-f32 cells are in
-    // ci/matrix-transformers.toml until they fit the default run's budget.
-    // ggml mode: every setting; reference mode: off and avx2 (its avx512 runs the avx2 kernels,
-    // Simd::for_mode)
-    let per_pair = n_simd + 2;
-    let (lc, tf_default): (Vec<_>, Vec<_>) =
-        cells.iter().partition(|c| c.oracle == "llama.cpp-f32kv");
-    assert_eq!(
-        lc.len(),
-        pairs.len() * per_pair,
-        "llama.cpp: ggml × {n_simd} SIMD settings + reference × 2 per model and prompt"
-    );
-    assert!(tf_default.iter().all(|c| c.oracle == "transformers-f32"));
+    // every model with goldens of both oracles is held to both (the three downloaded models, every seeded model
+    // and seeded variant); SmolLM2's quantization variants have llama.cpp goldens only
     let seeded = |m: &str| {
         reg.synth(m).is_some()
             || reg
                 .variant(m)
                 .is_some_and(|v| reg.synth(&v.source).is_some())
     };
-    let seeded_models: std::collections::BTreeSet<&str> =
-        models.iter().copied().filter(|m| seeded(m)).collect();
-    assert!(
-        seeded_models.len() >= 9 * 7,
-        "nine seeded architectures, F32 + six variants each: {}",
-        seeded_models.len()
-    );
-    let tf_default_models: std::collections::BTreeSet<&str> =
+    let tf_goldens: std::collections::BTreeSet<&str> = manifest
+        .goldens
+        .iter()
+        .filter(|g| g.path.contains("/transformers-f32/"))
+        .map(|g| g.model_id.as_str())
+        .collect();
+    let (lc, tf_default): (Vec<_>, Vec<_>) =
+        cells.iter().partition(|c| c.oracle == "llama.cpp-f32kv");
+    assert!(tf_default.iter().all(|c| c.oracle == "transformers-f32"));
+    let tf_models: std::collections::BTreeSet<&str> =
         tf_default.iter().map(|c| c.model.as_str()).collect();
     assert_eq!(
-        tf_default_models, seeded_models,
-        "the default matrix holds exactly the seeded models and their variants to transformers-f32"
+        tf_models, tf_goldens,
+        "the default matrix holds every model with transformers goldens to them"
+    );
+    assert!(
+        tf_models.iter().filter(|m| seeded(m)).count() >= 9 * 7,
+        "nine seeded architectures, F32 + six variants each"
+    );
+    for m in [
+        "smollm2-135m-q4_1",
+        "gemma3-270m-q4_k_m",
+        "qwen2.5-coder-0.5b-q4_k_m",
+    ] {
+        let prompts: std::collections::BTreeSet<&str> = tf_default
+            .iter()
+            .filter(|c| c.model == m)
+            .map(|c| c.prompt.as_str())
+            .collect();
+        assert!(
+            prompts.len() >= 6,
+            "{m}: every prompt against transformers ({})",
+            prompts.len()
+        );
+    }
+    // default tier: reference mode at off and avx2 (its two orders; avx512 runs the avx2 kernels), ggml mode at
+    // this CPU's best setting only; the full tier adds ggml mode's other settings
+    let tf_pairs = tf_default
+        .iter()
+        .map(|c| (c.model.as_str(), c.prompt.as_str()))
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    assert_eq!(
+        lc.len(),
+        pairs.len() * 3,
+        "llama.cpp: reference × 2 + ggml × 1 per model and prompt"
     );
     assert_eq!(
         tf_default.len(),
-        seeded_models.len() * per_pair,
-        "transformers-f32: one prompt × (ggml × {n_simd} + reference × 2) per seeded model"
+        tf_pairs * 3,
+        "transformers: reference × 2 + ggml × 1"
     );
-    let tf = Matrix::load(&root.join("ci/matrix-transformers.toml"))
-        .unwrap_or_else(|e| panic!("{e:#}"))
-        .expand(&manifest, &Filters::default())
+    let best = lockstep_engine::Simd::detect().name();
+    assert!(cells
+        .iter()
+        .filter(|c| c.mode == NumericsMode::Ggml)
+        .all(|c| c.simd == best));
+    let full = matrix
+        .expand(
+            &manifest,
+            &Filters {
+                full: true,
+                ..Filters::default()
+            },
+        )
         .unwrap_or_else(|e| panic!("{e:#}"));
-    let tf_all: std::collections::BTreeSet<&str> = tf.iter().map(|c| c.model.as_str()).collect();
-    // the seeded encoder and its variants (synth-bert*: BertModel on lockstep's Hugging Face copy) have
-    // their one prompt; the three downloaded models every prompt
-    let is_bert =
-        |m: &str| m == "synth-bert" || reg.variant(m).is_some_and(|v| v.source == "synth-bert");
-    let bert: Vec<&str> = tf_all.iter().copied().filter(|m| is_bert(m)).collect();
-    assert_eq!(bert.len(), 7, "synth-bert and its six variants: {bert:?}");
-    for m in &bert {
-        assert_eq!(
-            tf.iter()
-                .filter(|c| c.model == *m)
-                .map(|c| &c.prompt)
-                .collect::<std::collections::BTreeSet<_>>()
-                .len(),
-            1,
-            "{m}"
-        );
-    }
-    let tf_models: std::collections::BTreeSet<&str> =
-        tf_all.iter().copied().filter(|m| !is_bert(m)).collect();
-    assert_eq!(tf_models.len(), 3, "{tf_models:?}");
-    for m in &tf_models {
-        assert!(reg.variant(m).is_none(), "{m}");
-        let prompts: std::collections::BTreeSet<&str> = tf
-            .iter()
-            .filter(|c| c.model == *m)
-            .map(|c| c.prompt.as_str())
-            .collect();
-        assert!(prompts.len() >= 6, "{m}: every prompt ({})", prompts.len());
-    }
-    assert!(tf.iter().all(|c| c.oracle == "transformers-f32"));
-    let mut cells = cells;
-    cells.extend(tf);
+    assert_eq!(
+        full.len(),
+        (pairs.len() + tf_pairs) * (n_simd + 2),
+        "full tier: ggml × {n_simd} SIMD settings + reference × 2 per model, prompt and oracle"
+    );
+    assert!(
+        cells.iter().all(|c| full.contains(c)),
+        "the default tier is part of the full tier"
+    );
+    let cells = full;
     let th = Thresholds::load(&root.join("ci/thresholds.toml")).unwrap_or_else(|e| panic!("{e:#}"));
     // thresholds of the seeded models against transformers-f32 (ci/thresholds.toml): reference mode at the
     // float32 floor -- KL below 1e-8 and min_cosine_out above 1 - 1e-6, orders below llama.cpp's noise --
@@ -758,4 +768,82 @@ fn stage_exact_fails_on_any_difference_at_storage_precision_and_marks_it_first()
     cmp.stages[i].exact_at_storage_by_position.clear();
     let v = evaluate(&c, &cmp, &th_exact);
     assert!(!v.pass && v.failures[0].value.is_nan(), "{v:#?}");
+}
+
+/// Issue 41: every rule of `ci/thresholds.toml` marked `yardstick = "cross-oracle distance"` holds a model's
+/// reference cells against llama.cpp to numbers DERIVED from that model's measured record in
+/// `golden/manifest.json` (`cross_oracle`; `lockstep::gate::yardstick::derive`): each of its four gated fields
+/// equals the derivation, the record was measured on the prompt file as it is now (sha256), every record has its
+/// rule, and every reference × llama.cpp cell of the default matrix whose model has a record is held to it.
+#[test]
+fn cross_oracle_rules_are_derived_from_the_manifest() {
+    use lockstep::gate::yardstick::{derive, LABEL};
+    let th = Thresholds::load(&repo().join("ci/thresholds.toml")).unwrap();
+    let manifest = load_manifest(&repo().join("golden")).unwrap();
+    assert!(
+        !manifest.cross_oracle.is_empty(),
+        "golden/manifest.json has no cross_oracle record"
+    );
+    let mut ruled = std::collections::BTreeSet::new();
+    for r in th
+        .rules
+        .iter()
+        .filter(|r| r.yardstick.as_deref() == Some(LABEL))
+    {
+        assert!(
+            r.mode == "reference" && r.oracle == "llama.cpp-f32kv" && r.model != "*",
+            "a cross-oracle rule holds one model's reference cells against llama.cpp-f32kv: {r:?}"
+        );
+        let rec = manifest.cross_oracle.get(&r.model).unwrap_or_else(|| {
+            panic!(
+                "{}: no cross_oracle record in golden/manifest.json (oracles/yardstick/measure.sh --record)",
+                r.model
+            )
+        });
+        let file = repo().join(&rec.prompts_file);
+        let sha = lockstep::hash::sha256_file(&file).unwrap();
+        assert_eq!(
+            sha, rec.prompts_sha256,
+            "{}: {} changed since it was measured; measure again",
+            r.model, rec.prompts_file
+        );
+        let d = derive(rec).unwrap();
+        let same =
+            |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() <= 1e-12 * b.abs().max(1.0));
+        for (name, have, want) in [
+            ("max_mean_kl", r.max_mean_kl, d.max_mean_kl),
+            ("margin_tolerance", r.margin_tolerance, d.margin_tolerance),
+            ("min_top5_mean", r.min_top5_mean, d.min_top5_mean),
+            ("min_cosine_out", r.min_cosine_out, d.min_cosine_out),
+        ] {
+            assert!(
+                same(have, want),
+                "{}: {name} = {have:?} in ci/thresholds.toml, derived from the manifest: {want}",
+                r.model
+            );
+        }
+        ruled.insert(r.model.clone());
+    }
+    for m in manifest.cross_oracle.keys() {
+        assert!(
+            ruled.contains(m),
+            "{m}: a cross_oracle record without its rule in ci/thresholds.toml"
+        );
+    }
+    let matrix = Matrix::load(&repo().join("ci/matrix.toml")).unwrap();
+    for m in matrix
+        .models
+        .iter()
+        .filter(|m| manifest.cross_oracle.contains_key(&m.id))
+    {
+        if !m.has_oracle("llama.cpp-f32kv") {
+            continue;
+        }
+        let c = Cell {
+            model: m.id.clone(),
+            quant: m.quant.clone(),
+            ..cell("reference")
+        };
+        assert_eq!(th.for_cell(&c).unwrap().yardstick, LABEL, "{}", m.id);
+    }
 }

@@ -348,11 +348,23 @@ def expand(patterns: Sequence[str], n_layer: int, all_ids: Sequence[str]) -> lis
     return [c for c in all_ids if c in wanted]
 
 
+# --measure (oracles/yardstick/measure.sh): goldens made only to MEASURE distances (llama.cpp against transformers,
+# and against itself with an f16 KV cache), written to a scratch directory and never committed. Every prompt of
+# --prompts is run whatever the model's own prompt list, and every golden keeps, in f32, what the gate of a
+# reference cell reads: the residual stream blk.N.out and output_norm at every prompt position and decode step, and
+# full logits rows at the last prompt position and at every decode step.
+MEASURE_POLICY = {"prefill": ("blk.{N}.out", "output_norm"), "decode": ("blk.{N}.out", "output_norm"),
+                  "exact": ALL, "decode_logits": "full", "logits_f16": False}
+MEASURE = False  # set by --measure
+
+
 def policy(model_id: str, kv: str, prompt_id: str) -> dict:
     """The storage policy row of one golden: stage patterns ``prefill`` / ``decode`` / ``exact``,
     ``decode_logits`` ("full": decode.logits [N, V]; "topk": logits_decode_topk{,_ids} [N, 64]
     instead) and ``logits_f16`` (logits and logits_topk stored as f16 whenever rounding keeps the
-    argmax, see unambiguous_f16_argmax; else both f32)."""
+    argmax, see unambiguous_f16_argmax; else both f32). With --measure, MEASURE_POLICY for every golden."""
+    if MEASURE:
+        return dict(MEASURE_POLICY)
     table = MODELS[model_id]["policy"][kv]
     row = dict(table.get(prompt_id, table["default"]))
     row.setdefault("decode_logits", "full")
@@ -557,7 +569,14 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=here.parent.parent / "golden", help="the golden/ directory")
     ap.add_argument("--prompts", type=Path, default=here.parent / "prompts.json")
     ap.add_argument("--list-nodes", action="store_true", help="print every graph node (name, op, type, ne) of one prefill")
+    ap.add_argument("--measure", action="store_true",
+                    help="scratch goldens for measuring distances (oracles/yardstick): every prompt of --prompts, "
+                         "MEASURE_POLICY; never for golden/")
     args = ap.parse_args()
+    global MEASURE
+    MEASURE = args.measure
+    if MEASURE and args.out.resolve() == (here.parent.parent / "golden").resolve():
+        raise SystemExit("--measure writes scratch goldens: give --out a directory other than golden/")
 
     if args.model_id not in MODELS:
         raise SystemExit(f"unknown model id {args.model_id!r}; known: {sorted(MODELS)}")
@@ -586,8 +605,10 @@ def main() -> int:
     if template != oracle.chat_template():
         raise SystemExit("gguf and llama.cpp disagree on tokenizer.chat_template")
     prompts = json.loads(args.prompts.read_text())["prompts"]
-    only = MODELS[args.model_id].get("prompts")
-    if only is None:
+    only = None if MEASURE else MODELS[args.model_id].get("prompts")
+    if MEASURE:
+        prompts = [p for p in prompts if p["id"] not in SYNTH_PROMPTS]
+    elif only is None:
         # the downloaded models: every prompt but the seeded models' own
         prompts = [p for p in prompts if p["id"] not in SYNTH_PROMPTS]
     else:
@@ -825,6 +846,8 @@ def main() -> int:
         "about": manifest["about"],
         "stage_map": manifest["stage_map"],
         "goldens": goldens,
+        # the measured cross-oracle distances (oracles/yardstick/record.py) are kept as they are
+        **({"cross_oracle": manifest["cross_oracle"]} if "cross_oracle" in manifest else {}),
     }
     manifest_path.write_text(dump_manifest(manifest))
     oracle.close()

@@ -150,7 +150,13 @@ def load_registry(models_toml: Path = ROOT / "models.toml") -> dict:
         out[m["id"]] = {"sha256": m["sha256"], "arch": m["arch"], "policy": pol,
                         "default_file": f"models/{m['id']}.gguf"}
     for v in reg.get("variants", []):
-        if v["source"] in synth:
+        if v["source"] in MODELS:
+            # a downloaded model's quantization variant (SmolLM2's quant axis): no committed goldens of this
+            # oracle (budget), but measured with --measure (oracles/yardstick: llama.cpp's distance from
+            # transformers on it)
+            out[v["id"]] = {"sha256": v["sha256"], "arch": MODELS[v["source"]]["arch"], "policy": POLICY,
+                            "default_file": f"variants/{v['source']}/{v['source']}-{v['type']}.gguf"}
+        elif v["source"] in synth:
             arch = synth[v["source"]]["arch"]
             pol = SYNTH_VARIANT_POLICY_COMPACT if arch in COMPACT_ARCHS else SYNTH_VARIANT_POLICY
             out[v["id"]] = {"sha256": v["sha256"], "arch": arch, "policy": pol,
@@ -161,12 +167,24 @@ def load_registry(models_toml: Path = ROOT / "models.toml") -> dict:
 MODELS.update(load_registry())
 
 
+# --measure (oracles/yardstick/measure.sh): scratch goldens for measuring llama.cpp's distance from transformers,
+# never committed: the residual stream (blk.N.out, output_norm) at every prompt position and decode step in f32,
+# and full f32 logits rows at every decode step, as oracles/llamacpp/make_goldens.py --measure stores them.
+MEASURE_POLICY = {"prefill": ("blk.{N}.out", "output_norm"), "decode": ("blk.{N}.out", "output_norm"),
+                  "exact": ("*",), "f16_ok": ()}
+MEASURE = False  # set by --measure
+
+
 def policy_of(mid: str, pid: str) -> dict:
+    if MEASURE:
+        return dict(MEASURE_POLICY)
     policies = MODELS[mid].get("policy", POLICY)
     return policies.get(pid, policies["default"])
 
 
 def full_decode_logits(mid: str, pid: str) -> bool:
+    if MEASURE:
+        return True
     return (mid, pid) in FULL_DECODE_LOGITS or policy_of(mid, pid).get("decode_logits") == "full"
 
 
@@ -1432,7 +1450,13 @@ def main() -> int:
     ap.add_argument("--hf-dir", type=Path, help="an encoder's Hugging Face copy (default: hf/<id> beside the GGUF; lockstep export-hf)")
     ap.add_argument("--out", type=Path, default=ROOT / "golden")
     ap.add_argument("--no-f64", action="store_true", help="skip the float64 run (no floor recorded)")
+    ap.add_argument("--measure", action="store_true",
+                    help="scratch goldens for measuring distances (oracles/yardstick): MEASURE_POLICY; never for golden/")
     args = ap.parse_args()
+    global MEASURE
+    MEASURE = args.measure
+    if MEASURE and args.out.resolve() == (ROOT / "golden").resolve():
+        raise SystemExit("--measure writes scratch goldens: give --out a directory other than golden/")
     torch.set_num_threads(int(os.environ.get("LOCKSTEP_TORCH_THREADS", "2")))
     mid = args.model_id
     arch = MODELS[mid]["arch"]
@@ -1657,7 +1681,9 @@ def write_manifest(args, arch: str, mid: str, entries: list[dict]) -> None:
     for g in manifest["goldens"]:
         order_ids.setdefault(g["model_id"], len(order_ids))
     goldens = sorted(keep + entries, key=lambda g: (order_ids.get(g["model_id"], len(order_ids)), g["path"]))
-    out = {"schema_version": SCHEMA_VERSION, "about": manifest["about"], "stage_map": manifest["stage_map"], "goldens": goldens}
+    out = {"schema_version": SCHEMA_VERSION, "about": manifest["about"], "stage_map": manifest["stage_map"], "goldens": goldens,
+           # the measured cross-oracle distances (oracles/yardstick/record.py) are kept as they are
+           **({"cross_oracle": manifest["cross_oracle"]} if "cross_oracle" in manifest else {})}
     tmp = args.out / "manifest.json.tmp"
     tmp.write_text(dump_manifest(out))
     os.replace(tmp, args.out / "manifest.json")

@@ -1,8 +1,10 @@
 //! Gates: the thresholds of `ci/thresholds.toml` ([`thresholds`]), the verdict of one cell and the one-line
-//! reasons `lockstep gate` prints for failing cells ([`verdict`]).
+//! reasons `lockstep gate` prints for failing cells ([`verdict`]), and the cross-oracle yardstick its reference rules
+//! against llama.cpp are derived from ([`yardstick`]).
 
 pub mod thresholds;
 pub mod verdict;
+pub mod yardstick;
 
 pub use thresholds::{
     CellThresholds, Rule, ThresholdRange, Thresholds, ANY, MAX_FLOOR_HEADROOM, THRESHOLD_RANGES,

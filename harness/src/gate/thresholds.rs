@@ -72,6 +72,9 @@ pub struct Rule {
     /// Free text: why this rule exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// See [`CellThresholds::yardstick`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yardstick: Option<String>,
     /// See [`CellThresholds::tokens_must_match`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_must_match: Option<bool>,
@@ -165,6 +168,12 @@ pub struct CellThresholds {
     /// `stage_floor_headroom = 0.0` to switch an earlier rule's floors off for its cells (`None` here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_floor_headroom: Option<f64>,
+    /// The yardstick the cell is held to, in a few words (the last matching rule's `yardstick`): bit
+    /// equality with llama.cpp, the f32-vs-f64 floor, llama.cpp's own F16-KV noise floor, or the measured
+    /// cross-oracle distance ([`super::yardstick`]). report.md names it per cell. Empty in reports written
+    /// before it existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub yardstick: String,
 }
 
 /// The largest `stage_floor_headroom`: the measured 99th percentiles reach NMSE ~1e-2 (ci/floors.json), so
@@ -338,6 +347,9 @@ impl Thresholds {
                     bail!("{at}: selector `{name}` {s:?} has surrounding whitespace and matches no cell");
                 }
             }
+            if r.yardstick.as_deref().is_some_and(|y| y.trim().is_empty()) {
+                bail!("{at}: `yardstick` is empty; name what the rule holds cells to, or leave it out");
+            }
             if r.mode != ANY && r.mode.parse::<lockstep_engine::NumericsMode>().is_err() {
                 bail!(
                     "{at}: selector `mode` {:?} is not a numerics mode (reference, ggml) or \"*\"; \
@@ -452,6 +464,11 @@ impl Thresholds {
                 .unwrap_or(false),
             // 0 = "no measured floors" (a later rule cannot unset a field, so it sets 0)
             stage_floor_headroom: last(|r| r.stage_floor_headroom).filter(|&h| h > 0.0),
+            yardstick: matching
+                .iter()
+                .rev()
+                .find_map(|r| r.yardstick.clone())
+                .unwrap_or_default(),
         })
     }
 }

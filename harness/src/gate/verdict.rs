@@ -604,6 +604,7 @@ mod tests {
             margin_tolerance: 0.01,
             stage_exact: false,
             stage_floor_headroom: None,
+            yardstick: String::new(),
         }
     }
 

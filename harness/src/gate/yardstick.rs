@@ -1,0 +1,323 @@
+//! The cross-oracle yardstick: `reference` mode against llama.cpp goldens is held to llama.cpp's own measured
+//! distance from transformers-f32 on the same weights and tokens (issue 41; DESIGN.md §10, "Yardsticks are
+//! measured, never guessed").
+//!
+//! Reference mode equals transformers-f32 at the f32 floor (KL ~1e-11), so its distance from llama.cpp is
+//! llama.cpp's own rounding (8-bit matmul inputs, f16 tables), not ours. That distance is measured per model ×
+//! prompt by `oracles/yardstick/measure.sh` (scratch goldens of both oracles on the prompts of
+//! `oracles/yardstick/prompts-derive.json`, never committed) and recorded in `golden/manifest.json` under
+//! `cross_oracle` ([`crate::golden::CrossOracleRecord`]). The per-model rules of `ci/thresholds.toml` marked
+//! `yardstick = "cross-oracle distance"` are [`derive`]d from those records; the test
+//! `cross_oracle_rules_are_derived_from_the_manifest` (harness/tests/gate.rs) checks every number. It is a
+//! change of yardstick, not a loosening: the number comes from a measurement of the oracle, not from what our
+//! engine gives.
+//!
+//! # Derivation, per gated metric (per-prompt values over the record's prompts)
+//!
+//! `q(x)` is the nearest-rank [`QUANTILE`] of a per-prompt distance over the record's prompts — a high quantile,
+//! so that one prompt does not set the rule alone when there are many, and the largest value when there are
+//! fewer than 20. The cross-oracle distance gets [`HEADROOM`] (×1.5) on distance-type figures; the F16-KV floor
+//! (llama.cpp against itself with an f16 KV cache, measured on the same prompts) is a lower bound that is
+//! never undercut:
+//!
+//! - `max_mean_kl` = max(1.5 · q(KL), q(KL_f16kv)), KL per prompt = max(KL at the last prompt position, mean KL
+//!   over every full row): the gate's `mean_kl` whichever rows a golden stores;
+//! - `margin_tolerance` = max(1.5 · q(largest flip margin), q(largest flip margin_f16kv)): every top-1 flip of
+//!   llama.cpp against transformers is at a margin below it;
+//! - `min_top5_mean` = 1 − max(2 · q(1 − top5), q(1 − top5_f16kv)): twice the measured top-5 misses (the same
+//!   count of extra disagreements);
+//! - `min_cosine_out` = 1 − max(1.5 · q(1 − min cos), q(1 − min cos_f16kv)), min cos per prompt over
+//!   `blk.N.out` and `output_norm`, prompt and decode positions.
+//!
+//! Each value is rounded outward to two significant digits ([`round_out`]) so that the file stays readable and
+//! the rule is never tighter than the derivation.
+
+use anyhow::{bail, Result};
+
+use crate::golden::{CrossOracleRecord, PromptDistance};
+
+/// The quantile of per-prompt distances a rule is derived from (nearest rank): with fewer than 20 prompts it is
+/// the largest.
+pub const QUANTILE: f64 = 0.95;
+
+/// The headroom on distance-type figures (KL, 1 − cosine, margins): the decided 1.5×.
+pub const HEADROOM: f64 = 1.5;
+
+/// The factor on top-5 misses: the measured count of disagreements plus the same count again.
+pub const TOP5_FACTOR: f64 = 2.0;
+
+/// The `yardstick` label of the rules derived here (ci/thresholds.toml; report.md names it per cell).
+pub const LABEL: &str = "cross-oracle distance";
+
+/// The four gated thresholds of a reference cell against llama.cpp, derived from one model's record.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Derived {
+    /// `max_mean_kl`, nats.
+    pub max_mean_kl: f64,
+    /// `margin_tolerance`, logit units.
+    pub margin_tolerance: f64,
+    /// `min_top5_mean`, fraction.
+    pub min_top5_mean: f64,
+    /// `min_cosine_out`.
+    pub min_cosine_out: f64,
+}
+
+/// The nearest-rank `p` quantile of `values` (1-based rank ⌈p·n⌉), NaN kept (a NaN distance is never below a
+/// threshold). Errors on no values.
+pub fn quantile(values: &[f64], p: f64) -> Result<f64> {
+    if values.is_empty() {
+        bail!("no values to take a quantile of");
+    }
+    if values.iter().any(|v| v.is_nan()) {
+        return Ok(f64::NAN);
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    Ok(v[rank - 1])
+}
+
+/// `x` rounded outward to two significant digits: up (`up = true`) or down, never toward a tighter rule.
+pub fn round_out(x: f64, up: bool) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let e = x.abs().log10().floor() as i32 - 1;
+    let scale = 10f64.powi(e);
+    let m = x / scale;
+    // the quotient of a decimal by a power of ten is not exact: absorb its last ulps before rounding
+    let m = if (m - m.round()).abs() < 1e-9 {
+        m.round()
+    } else {
+        m
+    };
+    let r = if up { m.ceil() } else { m.floor() } * scale;
+    // print as the shortest decimal of two significant digits
+    format!("{r:.1e}").parse().unwrap_or(r)
+}
+
+/// 1 − `x` as the decimal it is (`x` has two significant digits): 1 − 0.0045 prints 0.9955, not 0.9954999….
+fn complement(x: f64) -> f64 {
+    let y = 1.0 - x;
+    format!("{y:.12}").parse().unwrap_or(y)
+}
+
+/// Derive the four thresholds from one model's record ([module docs](self)). Errors: a record with no prompt,
+/// or a distance that is not finite (named with its prompt).
+pub fn derive(record: &CrossOracleRecord) -> Result<Derived> {
+    if record.prompts.is_empty() {
+        bail!("the record has no prompt");
+    }
+    for p in &record.prompts {
+        for (side, d) in [("cross_oracle", &p.cross_oracle), ("f16kv", &p.f16kv)] {
+            for (name, v) in [
+                ("kl", d.kl),
+                ("max_flip_margin", d.max_flip_margin),
+                ("top5_mean", d.top5_mean),
+                ("min_cos_out", d.min_cos_out),
+            ] {
+                if !v.is_finite() {
+                    bail!("prompt {}: {side}.{name} = {v} is not finite", p.prompt_id);
+                }
+            }
+        }
+    }
+    let q = |f: fn(&PromptDistance) -> f64, f16: bool| {
+        let v: Vec<f64> = record
+            .prompts
+            .iter()
+            .map(|p| f(if f16 { &p.f16kv } else { &p.cross_oracle }))
+            .collect();
+        quantile(&v, QUANTILE)
+    };
+    let kl = (HEADROOM * q(|d| d.kl, false)?).max(q(|d| d.kl, true)?);
+    let margin = (HEADROOM * q(|d| d.max_flip_margin, false)?).max(q(|d| d.max_flip_margin, true)?);
+    let top5_miss =
+        (TOP5_FACTOR * q(|d| 1.0 - d.top5_mean, false)?).max(q(|d| 1.0 - d.top5_mean, true)?);
+    let cos_miss =
+        (HEADROOM * q(|d| 1.0 - d.min_cos_out, false)?).max(q(|d| 1.0 - d.min_cos_out, true)?);
+    Ok(Derived {
+        max_mean_kl: round_out(kl, true),
+        margin_tolerance: round_out(margin, true),
+        min_top5_mean: complement(round_out(top5_miss, true)),
+        min_cosine_out: complement(round_out(cos_miss, true)),
+    })
+}
+
+/// One derived threshold with where it came from: the measured quantile of each side, the prompt that holds
+/// it, and which side bounds the value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Provenance {
+    /// The field of the rule.
+    pub field: &'static str,
+    /// The value derived ([`derive`]).
+    pub value: f64,
+    /// The [`QUANTILE`] of the cross-oracle distance, and the prompt it is measured on.
+    pub cross_oracle: (f64, String),
+    /// The same of the F16-KV floor.
+    pub f16kv: (f64, String),
+    /// The factor on the cross-oracle distance.
+    pub factor: f64,
+}
+
+/// The quantile of one per-prompt figure and the prompt that holds it.
+fn quantile_at(
+    record: &CrossOracleRecord,
+    f: fn(&PromptDistance) -> f64,
+    f16: bool,
+) -> Result<(f64, String)> {
+    let side = |p: &crate::golden::PromptRecord| f(if f16 { &p.f16kv } else { &p.cross_oracle });
+    let v: Vec<f64> = record.prompts.iter().map(side).collect();
+    let q = quantile(&v, QUANTILE)?;
+    let at = record
+        .prompts
+        .iter()
+        .find(|p| side(p) == q)
+        .map_or_else(String::new, |p| p.prompt_id.clone());
+    Ok((q, at))
+}
+
+/// [`derive`]'s four thresholds with their [`Provenance`], in rule order (`max_mean_kl`, `margin_tolerance`,
+/// `min_top5_mean`, `min_cosine_out`). Distances are as the rule reads them: KL, margin, top-5 misses
+/// (1 − top5), 1 − cosine.
+pub fn provenance(record: &CrossOracleRecord) -> Result<Vec<Provenance>> {
+    let d = derive(record)?;
+    let row = |field, value, f: fn(&PromptDistance) -> f64, factor| -> Result<Provenance> {
+        Ok(Provenance {
+            field,
+            value,
+            cross_oracle: quantile_at(record, f, false)?,
+            f16kv: quantile_at(record, f, true)?,
+            factor,
+        })
+    };
+    Ok(vec![
+        row("max_mean_kl", d.max_mean_kl, |x| x.kl, HEADROOM)?,
+        row(
+            "margin_tolerance",
+            d.margin_tolerance,
+            |x| x.max_flip_margin,
+            HEADROOM,
+        )?,
+        row(
+            "min_top5_mean",
+            d.min_top5_mean,
+            |x| 1.0 - x.top5_mean,
+            TOP5_FACTOR,
+        )?,
+        row(
+            "min_cosine_out",
+            d.min_cosine_out,
+            |x| 1.0 - x.min_cos_out,
+            HEADROOM,
+        )?,
+    ])
+}
+
+/// The `[[rule]]` of `ci/thresholds.toml` for `model`'s reference cells against llama.cpp-f32kv, derived from its
+/// record, with a comment per number (`lockstep yardstick` prints these; the test
+/// `cross_oracle_rules_are_derived_from_the_manifest` checks the file against [`derive`]).
+pub fn render_rule(model: &str, record: &CrossOracleRecord) -> Result<String> {
+    let mut out = format!(
+        "[[rule]]\nmodel = \"{model}\"\nmode = \"reference\"\noracle = \"llama.cpp-f32kv\"\nyardstick = \"{LABEL}\"\n\
+         note = \"{model}: reference mode held to llama.cpp's own measured distance from transformers-f32\"\n\
+         # {} prompts ({}), measured {} by `{}`; golden/manifest.json cross_oracle.{model}.\n\
+         # q = nearest-rank p{} over the prompts (the prompt that holds it); f16kv = llama.cpp against itself with\n\
+         # an f16 KV cache, the floor never undercut.\n",
+        record.prompts.len(),
+        record.prompts_file,
+        record.measured,
+        record.command,
+        (QUANTILE * 100.0).round()
+    );
+    for p in provenance(record)? {
+        let (what, dist) = match p.field {
+            "max_mean_kl" => ("KL", "KL"),
+            "margin_tolerance" => ("largest top-1 flip margin", "margin"),
+            "min_top5_mean" => ("top-5 misses (1 - top5)", "misses"),
+            _ => ("1 - min cosine of blk.N.out/output_norm", "1 - cos"),
+        };
+        let bound = if p.factor * p.cross_oracle.0 >= p.f16kv.0 {
+            "cross-oracle"
+        } else {
+            "f16kv floor"
+        };
+        out.push_str(&format!(
+            "# {}: {what}: q cross-oracle {:.3e} ({}) x {} vs q f16kv {:.3e} ({}) -> {bound}, {dist} rounded out\n{} = {}\n",
+            p.field, p.cross_oracle.0, p.cross_oracle.1, p.factor, p.f16kv.0, p.f16kv.1, p.field, p.value
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::golden::{CrossOracleRecord, PromptDistance, PromptRecord};
+
+    fn d(kl: f64, margin: f64, top5: f64, cos: f64) -> PromptDistance {
+        PromptDistance {
+            kl,
+            max_flip_margin: margin,
+            top5_mean: top5,
+            min_cos_out: cos,
+            ..PromptDistance::default()
+        }
+    }
+
+    fn record(rows: &[(PromptDistance, PromptDistance)]) -> CrossOracleRecord {
+        CrossOracleRecord {
+            prompts: rows
+                .iter()
+                .enumerate()
+                .map(|(i, (c, f))| PromptRecord {
+                    prompt_id: format!("p{i}"),
+                    cross_oracle: c.clone(),
+                    f16kv: f.clone(),
+                    ..PromptRecord::default()
+                })
+                .collect(),
+            ..CrossOracleRecord::default()
+        }
+    }
+
+    #[test]
+    fn quantile_is_nearest_rank_and_keeps_nan() {
+        let v: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.95).unwrap(), 19.0);
+        assert_eq!(quantile(&v[..19], 0.95).unwrap(), 19.0);
+        assert_eq!(quantile(&[3.0, 1.0, 2.0], 0.95).unwrap(), 3.0);
+        assert!(quantile(&[1.0, f64::NAN], 0.5).unwrap().is_nan());
+        assert!(quantile(&[], 0.5).is_err());
+    }
+
+    #[test]
+    fn rounding_is_outward_at_two_digits() {
+        assert_eq!(round_out(0.01234, true), 0.013);
+        assert_eq!(round_out(0.01234, false), 0.012);
+        assert_eq!(round_out(0.013, true), 0.013);
+        assert_eq!(round_out(3.01e-3, true), 3.1e-3);
+        assert_eq!(round_out(0.45, true), 0.45);
+        assert_eq!(round_out(0.0, true), 0.0);
+    }
+
+    #[test]
+    fn headroom_applies_to_the_cross_oracle_distance_and_the_f16kv_floor_bounds_it() {
+        // three prompts: the quantile is the largest
+        let r = record(&[
+            (d(1e-3, 0.1, 0.96, 0.998), d(4e-4, 0.0, 1.0, 0.9995)),
+            (d(4e-3, 0.2, 0.98, 0.999), d(1e-3, 0.05, 0.99, 0.9999)),
+            (d(2e-3, 0.0, 0.94, 0.997), d(5e-4, 0.5, 0.95, 0.9990)),
+        ]);
+        let got = derive(&r).unwrap();
+        assert_eq!(got.max_mean_kl, 6e-3); // 1.5 x 4e-3 > 1e-3
+        assert_eq!(got.margin_tolerance, 0.5); // the f16kv floor 0.5 > 1.5 x 0.2
+        assert!((got.min_top5_mean - 0.88).abs() < 1e-12, "{got:?}"); // 1 - 2 x 0.06
+        assert!((got.min_cosine_out - 0.9955).abs() < 1e-12, "{got:?}"); // 1 - 1.5 x 0.003
+        let mut bad = r.clone();
+        bad.prompts[1].f16kv.kl = f64::NAN;
+        let e = format!("{:#}", derive(&bad).unwrap_err());
+        assert!(e.contains("p1") && e.contains("f16kv.kl"), "{e}");
+        assert!(derive(&CrossOracleRecord::default()).is_err());
+    }
+}
