@@ -74,27 +74,35 @@ pub struct Manifest {
     pub cross_oracle: BTreeMap<String, CrossOracleRecord>,
 }
 
-/// One model's measured distances (`golden/manifest.json` `cross_oracle.<model id>`): how they were measured
-/// and one [`PromptRecord`] per prompt. Written by `oracles/yardstick/record.py`.
+/// One model's measured distances (`golden/manifest.json` `cross_oracle.<model id>`): how they were measured, per
+/// llama.cpp CPU build, and one [`PromptRecord`] per prompt and build. Written by `oracles/yardstick/record.py`.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 pub struct CrossOracleRecord {
-    /// The command that measured it (`oracles/yardstick/measure.sh --model ID --record`).
-    #[serde(default)]
-    pub command: String,
     /// The prompt file measured, relative to the checkout.
     #[serde(default)]
     pub prompts_file: String,
     /// sha256 of that file when it was measured.
     #[serde(default)]
     pub prompts_sha256: String,
+    /// llama.cpp CPU build (`avx2`, `avx512`) → how its rows were measured.
+    #[serde(default)]
+    pub builds: BTreeMap<String, BuildRecord>,
+    /// One row per prompt and build.
+    pub prompts: Vec<PromptRecord>,
+}
+
+/// How one llama.cpp build's rows of a [`CrossOracleRecord`] were measured.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct BuildRecord {
+    /// The command that measured them (`oracles/yardstick/measure.sh --model ID --record`).
+    #[serde(default)]
+    pub command: String,
     /// Date of the measurement (YYYY-MM-DD).
     #[serde(default)]
     pub measured: String,
     /// Oracle directory name → its versions and host, as its scratch goldens recorded them.
     #[serde(default)]
     pub oracles: BTreeMap<String, serde_json::Value>,
-    /// One row per prompt.
-    pub prompts: Vec<PromptRecord>,
 }
 
 /// The distances measured on one prompt.
@@ -102,6 +110,9 @@ pub struct CrossOracleRecord {
 pub struct PromptRecord {
     /// The prompt id (of the record's prompt file).
     pub prompt_id: String,
+    /// The llama.cpp CPU build whose goldens were measured (`avx2`, `avx512`).
+    #[serde(default)]
+    pub build: String,
     /// Prompt tokens.
     #[serde(default)]
     pub n_prompt_tokens: usize,

@@ -9,7 +9,8 @@
 # (make_goldens.py --measure) into DIR (default: a new directory under ${TMPDIR:-/tmp}), never into golden/;
 # oracles/yardstick/distance.py compares them and writes DIR/distance-ID.json. --record also writes the
 # distances, with this command and both oracles' versions, into golden/manifest.json (`cross_oracle`), from
-# which ci/thresholds.toml's cross-oracle rules are derived. Needs both oracles' environments
+# which ci/thresholds.toml's cross-oracle rules are derived; LOCKSTEP_ORACLE_CPU=avx2 measures llama.cpp's AVX2
+# build (oracles/README.md), recorded beside the native build's rows. Needs both oracles' environments
 # (oracles/llamacpp/setup.sh: compiles llama.cpp the first time; oracles/transformers/setup.sh: torch, ~5 GB).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -45,6 +46,8 @@ echo "[yardstick] $model: $path; scratch goldens in $scratch" >&2
 "$tf_py" "$here/distance.py" --golden "$scratch" --model-id "$model" --out "$scratch/distance-$model.json"
 if [ "$record" = 1 ]; then
   rel="${prompts#"$root"/}"
+  env_prefix=""
+  [ "${LOCKSTEP_ORACLE_CPU:-native}" = native ] || env_prefix="LOCKSTEP_ORACLE_CPU=$LOCKSTEP_ORACLE_CPU "
   python3 "$here/record.py" --distances "$scratch/distance-$model.json" --scratch "$scratch" --prompts "$prompts" \
-    --command "oracles/yardstick/measure.sh --model $model --prompts $rel --record"
+    --command "${env_prefix}oracles/yardstick/measure.sh --model $model --prompts $rel --record"
 fi
