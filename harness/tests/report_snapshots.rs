@@ -2,7 +2,8 @@
 //! report: two cells, one passing (ggml mode) and one failing (reference mode: a top-1 mismatch, a near
 //! tie, a layer output below the cosine gate, an NMSE of +∞, no decode timing). Also: report.json
 //! round-trips through `read_report` (infinities included), and `write_report` leaves nothing behind
-//! when it fails.
+//! when it fails. A large report (144 cells, 3 failing) pins report.md's head — verdict, rollup, failures
+//! linked to their detail — and the sample of passing cells its per-cell sections hold.
 //!
 //! Update the snapshots with `INSTA_UPDATE=always cargo test -p lockstep --test report_snapshots`, then
 //! read the `.snap` diffs before committing them.
@@ -194,58 +195,60 @@ fn comparison(bad: bool) -> CellComparison {
     }
 }
 
-fn report() -> Report {
-    let th = Thresholds::parse(THRESHOLDS, "ci/thresholds.toml").unwrap();
-    let mk = |c: Cell, bad: bool, speed: Speed| {
-        let comparison = comparison(bad);
-        let cell_th = th.for_cell(&c).unwrap();
-        let mut verdict = evaluate(&c, &comparison, &cell_th);
-        // bisect's verdict: the broken cell's bug is named with the golden's input injected
-        let finding = if bad {
-            lockstep::judge::Finding::Structural {
-                at: lockstep::gate::Divergence {
-                    stage: "blk.0.ffn_act".into(),
-                    phase: lockstep::compare::Phase::Prefill,
-                    position: 0,
-                    cosine: 0.0,
-                    nmse: 1.0,
-                },
-                floor: "measured floor NMSE 4.880e-3 (4 × p99 1.220e-3 of `ffn_act` over 690 rows)"
-                    .into(),
-                ratio: Some(204.9),
-            }
-        } else {
-            lockstep::judge::Finding::None
-        };
-        lockstep::judge::gate_finding(&mut verdict, &finding);
-        let ggml_target =
-            (c.mode == lockstep_engine::NumericsMode::Ggml).then(|| "avx512".to_string());
-        CellReport {
-            golden_path: golden_path_for(&c),
-            cell: c,
-            model_sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53".into(),
-            golden_sha256: if bad {
-                "9f0e".repeat(16)
-            } else {
-                "1a2b".repeat(16)
+/// One cell of the fixture, gated with `th`: `bad` = the failing variant of [`comparison`], with bisect's
+/// structural finding.
+fn cell_report(th: &Thresholds, c: Cell, bad: bool, speed: Speed) -> CellReport {
+    let comparison = comparison(bad);
+    let cell_th = th.for_cell(&c).unwrap();
+    let mut verdict = evaluate(&c, &comparison, &cell_th);
+    // bisect's verdict: the broken cell's bug is named with the golden's input injected
+    let finding = if bad {
+        lockstep::judge::Finding::Structural {
+            at: lockstep::gate::Divergence {
+                stage: "blk.0.ffn_act".into(),
+                phase: lockstep::compare::Phase::Prefill,
+                position: 0,
+                cosine: 0.0,
+                nmse: 1.0,
             },
-            ggml_target,
-            comparison,
-            speed,
-            verdict,
-            thresholds: Some(cell_th),
-            finding: Some(finding),
-            local_nmse_by_layer: if bad { vec![1e-4, 1.0] } else { Vec::new() },
-            output_sha256: Some(if bad {
-                "e3b0".repeat(16)
-            } else {
-                "5d41".repeat(16)
-            }),
-            error: None,
-            rounding_probe: None,
-            seconds: None,
+            floor: "measured floor NMSE 4.880e-3 (4 × p99 1.220e-3 of `ffn_act` over 690 rows)"
+                .into(),
+            ratio: Some(204.9),
         }
+    } else {
+        lockstep::judge::Finding::None
     };
+    lockstep::judge::gate_finding(&mut verdict, &finding);
+    let ggml_target = (c.mode == lockstep_engine::NumericsMode::Ggml).then(|| "avx512".to_string());
+    CellReport {
+        golden_path: golden_path_for(&c),
+        cell: c,
+        model_sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53".into(),
+        golden_sha256: if bad {
+            "9f0e".repeat(16)
+        } else {
+            "1a2b".repeat(16)
+        },
+        ggml_target,
+        comparison,
+        speed,
+        verdict,
+        thresholds: Some(cell_th),
+        finding: Some(finding),
+        local_nmse_by_layer: if bad { vec![1e-4, 1.0] } else { Vec::new() },
+        output_sha256: Some(if bad {
+            "e3b0".repeat(16)
+        } else {
+            "5d41".repeat(16)
+        }),
+        error: None,
+        rounding_probe: None,
+        seconds: None,
+    }
+}
+
+/// The fixture's report around `cells`: a fixed run id, time and machine.
+fn report_of(cells: Vec<CellReport>) -> Report {
     Report {
         schema_version: REPORT_SCHEMA_VERSION,
         run_id: "20261122-221501-53b3529".into(),
@@ -267,42 +270,48 @@ fn report() -> Report {
         incomplete: None,
         shard: None,
         merged_from: Vec::new(),
-        cells: vec![
-            mk(
-                cell("prose", "ggml"),
-                false,
-                Speed {
-                    prefill_tokens: 3,
-                    prefill_seconds: 0.012,
-                    decode_tokens: 2,
-                    decode_seconds: 0.025,
-                },
-            ),
-            mk(
-                Cell {
-                    simd: "avx2".into(),
-                    ..cell("prose", "ggml")
-                },
-                false,
-                Speed {
-                    prefill_tokens: 3,
-                    prefill_seconds: 0.003,
-                    decode_tokens: 2,
-                    decode_seconds: 0.005,
-                },
-            ),
-            mk(
-                cell("prose", "reference"),
-                true,
-                Speed {
-                    prefill_tokens: 3,
-                    prefill_seconds: 0.02,
-                    decode_tokens: 0,
-                    decode_seconds: 0.0,
-                },
-            ),
-        ],
+        cells,
     }
+}
+
+fn report() -> Report {
+    let th = Thresholds::parse(THRESHOLDS, "ci/thresholds.toml").unwrap();
+    let mk = |c: Cell, bad: bool, speed: Speed| cell_report(&th, c, bad, speed);
+    report_of(vec![
+        mk(
+            cell("prose", "ggml"),
+            false,
+            Speed {
+                prefill_tokens: 3,
+                prefill_seconds: 0.012,
+                decode_tokens: 2,
+                decode_seconds: 0.025,
+            },
+        ),
+        mk(
+            Cell {
+                simd: "avx2".into(),
+                ..cell("prose", "ggml")
+            },
+            false,
+            Speed {
+                prefill_tokens: 3,
+                prefill_seconds: 0.003,
+                decode_tokens: 2,
+                decode_seconds: 0.005,
+            },
+        ),
+        mk(
+            cell("prose", "reference"),
+            true,
+            Speed {
+                prefill_tokens: 3,
+                prefill_seconds: 0.02,
+                decode_tokens: 0,
+                decode_seconds: 0.0,
+            },
+        ),
+    ])
 }
 
 #[test]
@@ -594,9 +603,17 @@ fn hostile_names_neither_break_the_tables_nor_lose_the_report() {
     let mut r = report();
     r.cells[0].cell.model = "evil|model\nnext <script>alert(1)</script>".into();
     r.cells[1].cell.quant = format!("Q4_{}|`x`", "K".repeat(300));
+    // brackets in the failing cell's id cannot end its link to the detail early
+    r.cells[2].cell.prompt = "p](#elsewhere) [x".into();
     let out = write_report(dir.path(), &r).unwrap();
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(!md.contains("<script>"), "raw markup in report.md");
+    assert!(
+        md.contains(
+            "/p\\](#elsewhere) \\[x/Q4_1/reference/simd-off/llama.cpp-f32kv/lockstep](#cell-2): "
+        ),
+        "{md}"
+    );
     // every row of a table has the separator row's column count (escaped pipes do not count)
     let cols = |line: &str| line.replace("\\|", "").matches('|').count();
     let mut expected = None;
@@ -677,5 +694,241 @@ fn the_cross_oracle_table_shows_each_stage_kinds_largest_nmse_per_mode_and_oracl
     assert!(
         section.contains("**smollm2-135m-q4_1** (Q4_1), 4 cells"),
         "{section}"
+    );
+}
+
+/// The cells of the large fixture that fail: (model, prompt, mode, simd, oracle).
+const LARGE_FAILING: [(&str, &str, &str, &str, &str); 3] = [
+    (
+        "gemma3-270m-q4_k_m",
+        "passage",
+        "reference",
+        "auto",
+        "llama.cpp-f32kv",
+    ),
+    (
+        "qwen2.5-coder-0.5b-q4_k_m",
+        "code",
+        "ggml",
+        "avx2",
+        "transformers-f32",
+    ),
+    (
+        "smollm2-135m-q4_1",
+        "story",
+        "reference",
+        "off",
+        "transformers-f32",
+    ),
+];
+
+/// A run over a matrix as wide as the default one is per model: 3 models × 4 prompts × 2 modes × 3 SIMD
+/// settings × 2 oracles = 144 cells in matrix order, the 3 of [`LARGE_FAILING`] failing (the failing
+/// variant of [`comparison`]), the others passing.
+fn large_report() -> Report {
+    let th = Thresholds::parse(THRESHOLDS, "ci/thresholds.toml").unwrap();
+    let mut cells = Vec::new();
+    for (model, quant) in [
+        ("smollm2-135m-q4_1", "Q4_1"),
+        ("gemma3-270m-q4_k_m", "Q4_K_M"),
+        ("qwen2.5-coder-0.5b-q4_k_m", "Q4_K_M"),
+    ] {
+        for prompt in ["code", "passage", "prose", "story"] {
+            for mode in ["reference", "ggml"] {
+                for simd in ["off", "avx2", "auto"] {
+                    for oracle in ["llama.cpp-f32kv", "transformers-f32"] {
+                        let c = Cell {
+                            model: model.into(),
+                            prompt: prompt.into(),
+                            quant: quant.into(),
+                            mode: mode.parse().unwrap(),
+                            simd: simd.into(),
+                            oracle: oracle.into(),
+                            engine: "lockstep".into(),
+                        };
+                        let bad = LARGE_FAILING.contains(&(model, prompt, mode, simd, oracle));
+                        let n = cells.len() as f64;
+                        let speed = Speed {
+                            prefill_tokens: 3,
+                            prefill_seconds: 0.01 + n * 1e-4,
+                            decode_tokens: 2,
+                            decode_seconds: 0.02 + n * 1e-4,
+                        };
+                        cells.push(cell_report(&th, c, bad, speed));
+                    }
+                }
+            }
+        }
+    }
+    report_of(cells)
+}
+
+/// The lines of report.md a reader sees first (issue 41: summary first).
+const HEAD_LINES: usize = 60;
+
+fn head(md: &str) -> String {
+    md.lines().take(HEAD_LINES).collect::<Vec<_>>().join("\n")
+}
+
+/// The head of a large report: the verdict, one rollup row per model × mode × oracle with its worst gated
+/// metrics, then every failure linked to its cell's detail; the environment and metric definitions after.
+#[test]
+fn large_report_md_head_snapshot() {
+    insta::assert_snapshot!(
+        "large_report_md_head",
+        head(&render_markdown(&large_report()))
+    );
+}
+
+/// In a large report the failures are on the first screen, each linked to an anchor that exists (its cell's
+/// detail under "Error vs depth"); the per-cell sections hold the failing cells and at most
+/// PASSING_SAMPLE_PER_GROUP passing cells per model × mode × oracle, and say how many are left out.
+#[test]
+fn a_large_report_leads_with_its_failures_and_samples_its_passing_cells() {
+    use lockstep::report::{cell_anchor, shown_cells, PASSING_SAMPLE_PER_GROUP};
+    let r = large_report();
+    assert_eq!(r.cells.len(), 144);
+    let failing: Vec<usize> = (0..r.cells.len())
+        .filter(|&i| !r.cells[i].verdict.pass)
+        .collect();
+    assert_eq!(failing.len(), LARGE_FAILING.len());
+    let md = render_markdown(&r);
+    let head = head(&md);
+
+    // the verdict and every failure with its link, on the first screen
+    assert!(
+        head.contains("**FAIL**: 141 of 144 cells pass, [3 fail](#failing-cells)."),
+        "{head}"
+    );
+    for &i in &failing {
+        let id = r.cells[i].cell.id();
+        let link = format!("- [{id}](#{}): ", cell_anchor(i));
+        assert!(
+            head.contains(&link),
+            "{link} not in the first {HEAD_LINES} lines:\n{head}"
+        );
+        let detail = format!("### <a id=\"{}\"></a>{id}\n", cell_anchor(i));
+        assert!(md.contains(&detail), "no detail heading {detail}");
+    }
+    // the environment and the metric definitions come after the failures
+    let at = |needle: &str| md.find(needle).unwrap_or_else(|| panic!("no {needle}"));
+    assert!(at("</a>Failures\n") < at("## Environment"));
+    assert!(at("## Environment") < at("## Metrics"));
+    assert!(at("## Metrics") < at("## Cells"));
+
+    // every in-document link resolves to an anchor of report.md
+    let mut links = 0;
+    for part in md.split("](#").skip(1) {
+        let target = &part[..part.find(')').unwrap()];
+        assert!(
+            md.contains(&format!("<a id=\"{target}\"></a>")),
+            "the link #{target} has no anchor"
+        );
+        links += 1;
+    }
+    assert_eq!(
+        links,
+        1 + failing.len(),
+        "the verdict's link and one per failure"
+    );
+
+    // 12 groups (model × mode × oracle) of 12 cells: the failing cells and PASSING_SAMPLE_PER_GROUP passing
+    // cells of each are shown, the other passing cells left out and counted
+    let shown = shown_cells(&r);
+    let n_shown = shown.iter().filter(|s| **s).count();
+    assert_eq!(n_shown, failing.len() + 12 * PASSING_SAMPLE_PER_GROUP);
+    let left_out = r.cells.len() - n_shown;
+    assert!(
+        md.contains(&format!(
+            "the other {left_out} passing cells are left out of report.md: they are in report.json, \
+             results.csv and the HTML run page (`lockstep publish`)."
+        )),
+        "no sentence counting the {left_out} cells left out"
+    );
+    // the sample is the first cells of each group by id: `code` with SIMD auto and avx2
+    let sampled = "smollm2-135m-q4_1/code/Q4_1/ggml/simd-auto/llama.cpp-f32kv/lockstep";
+    let beyond = "smollm2-135m-q4_1/story/Q4_1/ggml/simd-off/llama.cpp-f32kv/lockstep";
+    let index = |id: &str| r.cells.iter().position(|c| c.cell.id() == id).unwrap();
+    assert!(shown[index(sampled)] && !shown[index(beyond)]);
+    assert!(md.contains(&format!(
+        "### <a id=\"{}\"></a>{sampled}\n",
+        cell_anchor(index(sampled))
+    )));
+    assert!(
+        !md.contains(beyond),
+        "a passing cell beyond the sample is in report.md"
+    );
+    assert!(
+        !md.contains(&format!("<a id=\"{}\"></a>", cell_anchor(index(beyond)))),
+        "a passing cell beyond the sample has a detail"
+    );
+    // one row per shown cell in Cells, SIMD vs scalar and Inputs
+    let section = |name: &str| {
+        md.split(&format!("\n## {name}"))
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .unwrap_or_else(|| panic!("no section {name}"))
+            .to_string()
+    };
+    let rows = |s: &str| s.lines().filter(|l| l.starts_with("| ")).count() - 1;
+    assert_eq!(rows(&section("Cells")), n_shown);
+    assert_eq!(rows(&section("Inputs")), n_shown);
+    assert_eq!(rows(&section("First divergent stage")), n_shown);
+    let simd = section("SIMD vs scalar");
+    assert!(
+        simd.contains("Of all 96 pairs, 92 are bit-identical"),
+        "{simd}"
+    );
+    // a sample that does not depend on the cells' order
+    let ids = |r: &Report| -> std::collections::BTreeSet<String> {
+        let shown = shown_cells(r);
+        r.cells
+            .iter()
+            .zip(shown)
+            .filter(|(_, s)| *s)
+            .map(|(c, _)| c.cell.id())
+            .collect()
+    };
+    let mut reversed = r.clone();
+    reversed.cells.reverse();
+    assert_eq!(ids(&reversed), ids(&r));
+}
+
+/// A run with no more passing cells per group than the sample shows every cell and says nothing is left out.
+#[test]
+fn a_small_report_shows_every_cell() {
+    let r = report();
+    assert!(lockstep::report::shown_cells(&r).iter().all(|s| *s));
+    let md = render_markdown(&r);
+    assert!(!md.contains("left out"), "{md}");
+    for (i, c) in r.cells.iter().enumerate() {
+        assert!(
+            md.contains(&format!("### <a id=\"cell-{i}\"></a>{}\n", c.cell.id())),
+            "{}",
+            c.cell.id()
+        );
+    }
+}
+
+/// An incomplete run leads with INCOMPLETE, never PASS, even when every cell it ran passes, and says where
+/// it stopped.
+#[test]
+fn an_incomplete_run_leads_with_incomplete() {
+    let mut r = report();
+    r.cells.truncate(2);
+    r.incomplete = Some(lockstep::report::Incomplete {
+        failed_cell: "smollm2-135m-q4_1/prose/Q4_1/reference/simd-off/llama.cpp-f32kv/lockstep"
+            .into(),
+        error: "boom".into(),
+        cells_not_run: 1,
+    });
+    let md = render_markdown(&r);
+    assert!(
+        md.starts_with(
+            "# lockstep report `20261122-221501-53b3529`\n\n**INCOMPLETE**: 2 of 2 cells pass.\n\n\
+             The run stopped at cell `smollm2-135m-q4_1/prose/Q4_1/reference/simd-off/llama.cpp-f32kv/lockstep` \
+             (1 cells not run): boom\n\n## By model, mode and oracle\n"
+        ),
+        "{md}"
     );
 }

@@ -27,6 +27,9 @@ fn options(golden_dir: &Path, reports: &Path, prompt: &str, mode: &str) -> RunOp
             model: vec![MODEL.into()],
             prompt: vec![prompt.into()],
             mode: vec![mode.into()],
+            // the full tier: these tests hold every SIMD setting of the matrix (the default tier runs ggml
+            // mode at the fastest only)
+            full: true,
             ..Filters::default()
         },
         external: None,
@@ -240,12 +243,13 @@ fn external_engine_path_gives_the_same_verdicts() {
 
 #[test]
 #[ignore = "real model: run by ci/test.sh"]
-fn default_matrix_run_writes_a_complete_report() {
+fn full_matrix_run_writes_a_complete_report() {
     let reports = tempfile::tempdir().unwrap();
     let mut opts = options(&root().join("golden"), reports.path(), "chat", "ggml");
     opts.filters = Filters {
         model: vec![MODEL.into()],
         prompt: vec!["chat".into()],
+        full: true,
         ..Filters::default()
     };
     let (dir, report) = run(&opts).unwrap();

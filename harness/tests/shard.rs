@@ -31,6 +31,8 @@ fn options(reports: &Path, shard: Option<ShardSpec>) -> RunOptions {
         reports_root: reports.to_path_buf(),
         filters: Filters {
             model: MODELS.iter().map(|m| m.to_string()).collect(),
+            // the full tier: the shards keep every SIMD twin with its scalar cell
+            full: true,
             ..Filters::default()
         },
         external: None,

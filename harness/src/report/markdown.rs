@@ -1,4 +1,9 @@
-//! `report.md`: the report for people.
+//! `report.md`: the report for people, summary first. Its head is the verdict, the rollup per model ×
+//! numerics mode × oracle (cells, passed, failed, the worst value of each gated metric) and every failing
+//! cell with its reason, linked to its detail; the environment, the metric definitions and the per-cell
+//! sections follow. The per-cell sections hold every failing cell and a bounded sample of the passing ones
+//! ([`shown_cells`]), so a run over the whole matrix stays readable; report.json, results.csv and the
+//! HTML run page hold every cell.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -223,15 +228,293 @@ fn across_oracles(r: &Report) -> String {
     md
 }
 
-/// Render the report as Markdown: title and environment, metric definitions, one summary row per cell,
-/// failure lines, SIMD vs scalar, the stage errors across oracles, first divergent stages, the 10 worst
-/// stages, error vs depth per cell, near ties, stages not compared, and the model and golden hashes.
+/// Passing cells report.md writes in full per model × numerics mode × oracle group (the failing cells are
+/// always all written): the per-cell sections of a run over the whole matrix stay readable, and a run of at
+/// most this many cells per group shows every cell. Which ones: [`shown_cells`].
+pub const PASSING_SAMPLE_PER_GROUP: usize = 2;
+
+/// A group of cells report.md rolls up and samples: model family ([`Families`]), numerics mode, oracle.
+type GroupKey = (String, String, String);
+
+/// The label rolling up every seeded model (`synth-*`, `lockstep synth`) and its variants: tiny fixtures, one
+/// prompt each, 77 files in the default matrix; their cells are named one by one wherever one fails.
+pub const SEEDED_FAMILY: &str = "seeded models (synth-*)";
+
+/// The model families of a report, for its rollup: a model whose id is another model's of the run followed by
+/// `-<suffix>` (a quantization variant: `smollm2-135m-q4_1-q4_k` of `smollm2-135m-q4_1`) belongs to that
+/// model's family; every seeded model to [`SEEDED_FAMILY`]. So the rollup of a run over the whole matrix is a
+/// screen long (3 downloaded families and the seeded one × modes × oracles), not one row per file.
+struct Families {
+    /// Model id → family label.
+    of: BTreeMap<String, String>,
+}
+
+impl Families {
+    fn new(r: &Report) -> Families {
+        let models: BTreeSet<&str> = r.cells.iter().map(|c| c.cell.model.as_str()).collect();
+        let mut of = BTreeMap::new();
+        for m in &models {
+            let family = if m.starts_with("synth-") {
+                SEEDED_FAMILY.to_string()
+            } else {
+                // the shortest model of the run this one extends (itself when none)
+                models
+                    .iter()
+                    .filter(|b| {
+                        m.len() > b.len() && m.starts_with(*b) && m[b.len()..].starts_with('-')
+                    })
+                    .min_by_key(|b| b.len())
+                    .map_or_else(|| m.to_string(), |b| b.to_string())
+            };
+            of.insert(m.to_string(), family);
+        }
+        // a family of several files says how many
+        let mut files: BTreeMap<String, usize> = BTreeMap::new();
+        for f in of.values() {
+            *files.entry(f.clone()).or_default() += 1;
+        }
+        for f in of.values_mut() {
+            let n = files[f.as_str()];
+            if f.as_str() != SEEDED_FAMILY && n > 1 {
+                *f = format!("{f} (+{} variants)", n - 1);
+            } else if n > 1 {
+                *f = format!("{f}, {n} files");
+            }
+        }
+        Families { of }
+    }
+
+    /// The group a cell is rolled up and sampled in: its model's family, numerics mode and oracle.
+    fn key(&self, c: &CellReport) -> GroupKey {
+        (
+            self.of
+                .get(&c.cell.model)
+                .cloned()
+                .unwrap_or_else(|| c.cell.model.clone()),
+            c.cell.mode.to_string(),
+            c.cell.oracle.clone(),
+        )
+    }
+}
+
+/// The Markdown anchor of cell `index`'s detail (its `###` heading under "Error vs depth"): `cell-<index>`,
+/// the index in the report's cell order (the plots' `NN` too), as on the HTML run page.
+pub fn cell_anchor(index: usize) -> String {
+    format!("cell-{index}")
+}
+
+/// Which cells report.md writes in its per-cell sections, by index in `r.cells`: every failing cell, and of
+/// each model × mode × oracle group's passing cells the first [`PASSING_SAMPLE_PER_GROUP`] — those that
+/// compared per-layer stages (a plot, [`super::has_depth`]) before those that did not, then by cell id. The
+/// others are in report.json, results.csv and the HTML run page.
+pub fn shown_cells(r: &Report) -> Vec<bool> {
+    let mut shown: Vec<bool> = r.cells.iter().map(|c| !c.verdict.pass).collect();
+    let mut passing: BTreeMap<GroupKey, Vec<(bool, String, usize)>> = BTreeMap::new();
+    let families = Families::new(r);
+    for (i, c) in r.cells.iter().enumerate().filter(|(_, c)| c.verdict.pass) {
+        passing
+            .entry(families.key(c))
+            .or_default()
+            .push((!super::has_depth(c), c.cell.id(), i));
+    }
+    for mut group in passing.into_values() {
+        group.sort();
+        for (_, _, i) in group.into_iter().take(PASSING_SAMPLE_PER_GROUP) {
+            shown[i] = true;
+        }
+    }
+    shown
+}
+
+/// Fold `v` into the worst value so far `acc` (the larger when `larger_is_worse`, else the smaller); a
+/// NaN wins, never hidden behind a finite value. `None` (a cell that has no such metric) changes nothing.
+pub(crate) fn fold_worst(acc: &mut Option<f64>, v: Option<f64>, larger_is_worse: bool) {
+    let Some(v) = v else { return };
+    *acc = Some(match *acc {
+        None => v,
+        Some(a) if a.is_nan() || v.is_nan() => f64::NAN,
+        Some(a) if larger_is_worse => a.max(v),
+        Some(a) => a.min(v),
+    });
+}
+
+/// The rollup table of report.md's head: one row per model × numerics mode × oracle — the groups with a
+/// failing cell first (a run over a wide matrix has hundreds of groups), each part in the order the groups
+/// first appear among the cells (matrix order) — with its cells, how many pass and fail, and the worst
+/// value over its cells of each gated metric — the smallest top-1 agreement (near ties counted as
+/// agreeing), the largest mean KL, the smallest top-5 mean and the smallest cosine of `blk.N.out` /
+/// `output_norm`. `—` where no cell of the group has the metric (an encoder has no logits). A sentence
+/// instead of the table when the run has no cell (an empty shard).
+fn rollup(r: &Report) -> String {
+    #[derive(Default)]
+    struct Row {
+        cells: usize,
+        failed: usize,
+        yardsticks: BTreeSet<String>,
+        top1: Option<f64>,
+        mean_kl: Option<f64>,
+        top5: Option<f64>,
+        cos_out: Option<f64>,
+    }
+    let mut order: Vec<GroupKey> = Vec::new();
+    let mut rows: BTreeMap<GroupKey, Row> = BTreeMap::new();
+    let families = Families::new(r);
+    for c in &r.cells {
+        let key = families.key(c);
+        if !rows.contains_key(&key) {
+            order.push(key.clone());
+        }
+        let row = rows.entry(key).or_default();
+        let m = cell_metrics(&c.comparison, c.verdict.margin_tolerance);
+        row.cells += 1;
+        row.failed += usize::from(!c.verdict.pass);
+        if let Some(y) = c.thresholds.as_ref().map(|t| t.yardstick.as_str()) {
+            if !y.is_empty() {
+                row.yardsticks.insert(y.to_string());
+            }
+        }
+        fold_worst(
+            &mut row.top1,
+            (m.positions > 0).then(|| m.top1_agreement()),
+            false,
+        );
+        fold_worst(&mut row.mean_kl, m.mean_kl, true);
+        fold_worst(&mut row.top5, m.top5_mean, false);
+        fold_worst(
+            &mut row.cos_out,
+            m.min_cosine_out.as_ref().map(|o| o.cosine),
+            false,
+        );
+    }
+    let mut md = String::new();
+    let _ = writeln!(md, "## By model, mode and oracle\n");
+    if order.is_empty() {
+        let _ = writeln!(md, "No cell was run.\n");
+        return md;
+    }
+    let _ = writeln!(
+        md,
+        "The worst value over each group's cells of every gated metric: top-1 agreement (near ties count as \
+         agreeing), mean KL, top-5 mean, and the smallest cosine of blk.N.out and output_norm; the yardstick \
+         the group's thresholds hold it to (ci/thresholds.toml). A quantization variant is rolled up with its \
+         model, the seeded models together. Groups with a failing cell first.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| model | mode | oracle | cells | passed | failed | min top-1 | max mean KL | min top-5 mean | min cos out | yardstick |"
+    );
+    let _ = writeln!(md, "|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|");
+    let fixed4 = |v: f64| {
+        if v.is_nan() {
+            "nan".to_string()
+        } else {
+            format!("{v:.4}")
+        }
+    };
+    let dash = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("—".to_string(), f);
+    // stable: matrix order within the failing and the passing groups
+    order.sort_by_key(|k| rows[k].failed == 0);
+    for key in &order {
+        let row = &rows[key];
+        let (model, mode, oracle) = key;
+        let yardstick = if row.yardsticks.is_empty() {
+            "—".to_string()
+        } else {
+            crate::format::md_text(
+                &row.yardsticks
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )
+        };
+        let _ = writeln!(
+            md,
+            "| {model} | {mode} | {oracle} | {} | {} | {} | {} | {} | {} | {} | {yardstick} |",
+            row.cells,
+            row.cells - row.failed,
+            if row.failed == 0 {
+                "0".to_string()
+            } else {
+                format!("**{}**", row.failed)
+            },
+            dash(row.top1, &fixed4),
+            dash(row.mean_kl, &fmt_e3),
+            dash(row.top5, &fixed4),
+            dash(row.cos_out, &fmt_cos),
+        );
+    }
+    md.push('\n');
+    md
+}
+
+/// `s` made safe as a Markdown link's text: `[` and `]` backslash-escaped (the rest is escaped already).
+fn link_text(s: &str) -> String {
+    s.replace('[', "\\[").replace(']', "\\]")
+}
+
+/// Render the report as Markdown, summary first: the title and verdict, the rollup per model × mode ×
+/// oracle, every failing cell with its reason and a link to its detail ([`cell_anchor`]);
+/// then the environment and inputs, the metric definitions, and the per-cell sections — one summary row
+/// per cell, SIMD vs scalar, first divergent stages, error vs depth, near ties, inputs — for the cells
+/// [`shown_cells`] picks (every failing cell, a sample of the passing ones, one sentence counting the rest),
+/// with the sections that are bounded already over every cell: the stage errors across oracles, the
+/// rounding probe of failing reference cells, the 10 worst stages and the stages not compared.
 pub fn render_markdown(r: &Report) -> String {
+    // picked on the names as given (escaping could reorder ids), so it is what `shown_cells` says
+    let shown = shown_cells(r);
     let r = &escaped(r);
     let mut md = String::new();
     let env = &r.environment;
     let n_fail = r.cells.iter().filter(|c| !c.verdict.pass).count();
+    let n_left_out = shown.iter().filter(|s| !**s).count();
     let _ = writeln!(md, "# lockstep report `{}`\n", r.run_id);
+    let verdict = if r.incomplete.is_some() {
+        "INCOMPLETE"
+    } else if n_fail == 0 {
+        "PASS"
+    } else {
+        "FAIL"
+    };
+    let fails = match n_fail {
+        0 => String::new(),
+        1 => ", [1 fails](#failing-cells)".to_string(),
+        n => format!(", [{n} fail](#failing-cells)"),
+    };
+    let _ = writeln!(
+        md,
+        "**{verdict}**: {} of {} cells pass{fails}.\n",
+        r.cells.len() - n_fail,
+        r.cells.len()
+    );
+    if let Some(inc) = &r.incomplete {
+        let _ = writeln!(
+            md,
+            "The run stopped at cell `{}` ({} cells not run): {}\n",
+            inc.failed_cell, inc.cells_not_run, inc.error
+        );
+    }
+    if let Some(note) = r.inputs.as_ref().and_then(|i| i.kv_cache_note.as_ref()) {
+        let _ = writeln!(md, "**KV cache**: {note}.\n");
+    }
+    md.push_str(&rollup(r));
+
+    // Failures, each linked to its cell's detail.
+    if n_fail > 0 {
+        let _ = writeln!(md, "## <a id=\"failing-cells\"></a>Failures\n");
+        for (i, c) in r.cells.iter().enumerate() {
+            let id = c.cell.id();
+            if let Some(line) = crate::gate::failure_line(&c.cell, &c.verdict) {
+                // the line starts with the cell id: keep the reason only
+                let why = line.strip_prefix(&format!("FAIL {id}: ")).unwrap_or(&line);
+                let _ = writeln!(md, "- [{}](#{}): {why}", link_text(&id), cell_anchor(i));
+            }
+        }
+        md.push('\n');
+    }
+
+    // The environment and inputs.
+    let _ = writeln!(md, "## Environment\n");
     let flags = if env.cpu_flags.is_empty() {
         "no SIMD flags".to_string()
     } else {
@@ -273,27 +556,6 @@ pub fn render_markdown(r: &Report) -> String {
             short(&i.thresholds.sha256),
         );
     }
-    if let Some(note) = r.inputs.as_ref().and_then(|i| i.kv_cache_note.as_ref()) {
-        let _ = writeln!(md, "**KV cache**: {note}.\n");
-    }
-    if let Some(inc) = &r.incomplete {
-        let _ = writeln!(
-            md,
-            "**INCOMPLETE**: the run stopped at cell `{}` ({} cells not run): {}\n",
-            inc.failed_cell, inc.cells_not_run, inc.error
-        );
-    }
-    let _ = writeln!(
-        md,
-        "**{}**: {} of {} cells pass.\n",
-        if n_fail == 0 && r.incomplete.is_none() {
-            "PASS"
-        } else {
-            "FAIL"
-        },
-        r.cells.len() - n_fail,
-        r.cells.len()
-    );
 
     // Metric definitions.
     let _ = writeln!(md, "## Metrics\n");
@@ -308,8 +570,17 @@ pub fn render_markdown(r: &Report) -> String {
     }
     md.push('\n');
 
-    // Summary: one row per cell.
+    // Summary: one row per cell shown.
     let _ = writeln!(md, "## Cells\n");
+    if n_left_out > 0 {
+        let _ = writeln!(
+            md,
+            "Every failing cell and at most {PASSING_SAMPLE_PER_GROUP} passing cells per model × mode × oracle \
+             (those with per-layer stages first, then by cell id) are shown here and in the per-cell sections \
+             below; the other {n_left_out} passing cells are left out of report.md: they are in report.json, \
+             results.csv and the HTML run page (`lockstep publish`).\n"
+        );
+    }
     let _ = writeln!(
         md,
         "| model | prompt | quant | mode | simd | oracle | engine | tokens | top-1 | mean KL | max KL | top-5 mean | min cos out | prefill tok/s | decode tok/s | verdict |"
@@ -318,7 +589,8 @@ pub fn render_markdown(r: &Report) -> String {
         md,
         "|---|---|---|---|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|"
     );
-    for c in &r.cells {
+    let shown_only = |i: &(usize, &CellReport)| shown[i.0];
+    for (_, c) in r.cells.iter().enumerate().filter(shown_only) {
         let m = cell_metrics(&c.comparison, c.verdict.margin_tolerance);
         let (agree, n_ties, positions) = top1_counts(&c.comparison, c.verdict.margin_tolerance);
         let ties = match n_ties {
@@ -356,16 +628,12 @@ pub fn render_markdown(r: &Report) -> String {
         );
     }
     md.push('\n');
-
-    // Failures.
-    let lines = crate::report::failure_lines(r);
-    if !lines.is_empty() {
-        let _ = writeln!(md, "## Failures\n");
-        for l in &lines {
-            let _ = writeln!(md, "- {l}");
-        }
-        md.push('\n');
-    }
+    // what the other per-cell sections say when they leave cells out
+    let left_out = if n_left_out > 0 {
+        format!(" Only the cells shown under Cells: {n_left_out} passing cells are left out.")
+    } else {
+        String::new()
+    };
 
     // SIMD vs scalar: the output digests of twin cells.
     let pairs = crate::report::simd_pairs(&r.cells);
@@ -375,14 +643,23 @@ pub fn render_markdown(r: &Report) -> String {
             md,
             "Each SIMD cell beside its `simd = off` twin: the sha256 of every stage and the logits the engine \
              computed. In `ggml` mode they must be identical (both kernel sets mirror llama.cpp's; a \
-             difference fails the cell as `simd_bits`); in `reference` mode SIMD may reorder sums.\n"
+             difference fails the cell as `simd_bits`); in `reference` mode SIMD may reorder sums.{}\n",
+            if pairs.iter().any(|p| !shown[p.simd_cell]) {
+                format!(
+                    " Of all {} pairs, {} are bit-identical; the rows of cells not shown are left out.",
+                    pairs.len(),
+                    pairs.iter().filter(|p| p.identical).count()
+                )
+            } else {
+                String::new()
+            }
         );
         let _ = writeln!(
             md,
             "| model | prompt | quant | mode | simd | output sha256 | scalar sha256 | bit-identical | decode tok/s (simd / scalar) |"
         );
         let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
-        for p in &pairs {
+        for p in pairs.iter().filter(|p| shown[p.simd_cell]) {
             let (a, b) = (&r.cells[p.simd_cell], &r.cells[p.scalar_cell]);
             let _ = writeln!(
                 md,
@@ -415,14 +692,14 @@ pub fn render_markdown(r: &Report) -> String {
          the floor), **drift** (every local error within the floor; \
          the accumulated pass first leaves the stage cutoffs here), **tokens** (the engine tokenized the prompt \
          otherwise: the first differing token, with ids and pieces), or none. \"÷ floor\" is the local NMSE \
-         over the measured floor (ci/floors.json).\n"
+         over the measured floor (ci/floors.json).{left_out}\n"
     );
     let _ = writeln!(
         md,
         "| cell | verdict | stage | phase | position | cosine | NMSE | ÷ floor |"
     );
     let _ = writeln!(md, "|---|---|---|---|--:|--:|--:|--:|");
-    for c in &r.cells {
+    for (_, c) in r.cells.iter().enumerate().filter(shown_only) {
         let row = |verdict: &str, d: &crate::gate::Divergence, ratio: Option<f64>| {
             format!(
                 "| {} | {verdict} | {} | {} | {} | {} | {} | {} |",
@@ -460,7 +737,7 @@ pub fn render_markdown(r: &Report) -> String {
     }
     md.push('\n');
     // the evidence behind each oracle-side-rounding verdict
-    for c in &r.cells {
+    for (_, c) in r.cells.iter().enumerate().filter(shown_only) {
         if let Some(Finding::OracleRounding { sites }) = &c.finding {
             let _ = writeln!(
                 md,
@@ -570,8 +847,11 @@ pub fn render_markdown(r: &Report) -> String {
 
     // Error vs depth.
     let _ = writeln!(md, "## Error vs depth (blk.N.out, output_norm)\n");
-    for (i, c) in r.cells.iter().enumerate() {
-        let _ = writeln!(md, "### {}\n", c.cell.id());
+    if n_left_out > 0 {
+        let _ = writeln!(md, "{}\n", left_out.trim_start());
+    }
+    for (i, c) in r.cells.iter().enumerate().filter(shown_only) {
+        let _ = writeln!(md, "### <a id=\"{}\"></a>{}\n", cell_anchor(i), c.cell.id());
         match super::no_plot_sentence(&r.cells, i) {
             None => {
                 let _ = writeln!(
@@ -636,8 +916,15 @@ pub fn render_markdown(r: &Report) -> String {
         "## Near ties (top-1 disagreements with a reference margin below the cell's tolerance)\n"
     );
     let mut any_tie = false;
-    for c in &r.cells {
+    let (mut ties_left_out, mut cells_left_out) = (0, 0);
+    for (i, c) in r.cells.iter().enumerate() {
         let tol = c.verdict.margin_tolerance;
+        if !shown[i] {
+            let n = top1_counts(&c.comparison, tol).1;
+            ties_left_out += n;
+            cells_left_out += usize::from(n > 0);
+            continue;
+        }
         let ties = c.comparison.logits.iter().flat_map(|lc| {
             lc.disagreements
                 .iter()
@@ -667,7 +954,21 @@ pub fn render_markdown(r: &Report) -> String {
         }
     }
     if !any_tie {
-        let _ = writeln!(md, "None.");
+        let _ = writeln!(
+            md,
+            "{}",
+            if n_left_out > 0 {
+                "None in the cells shown."
+            } else {
+                "None."
+            }
+        );
+    }
+    if ties_left_out > 0 {
+        let _ = writeln!(
+            md,
+            "\n{ties_left_out} near ties in {cells_left_out} passing cells not shown are left out."
+        );
     }
     md.push('\n');
 
@@ -733,9 +1034,12 @@ pub fn render_markdown(r: &Report) -> String {
 
     // Inputs.
     let _ = writeln!(md, "## Inputs\n");
+    if n_left_out > 0 {
+        let _ = writeln!(md, "{}\n", left_out.trim_start());
+    }
     let _ = writeln!(md, "| cell | model sha256 | golden | golden sha256 |");
     let _ = writeln!(md, "|---|---|---|---|");
-    for c in &r.cells {
+    for (_, c) in r.cells.iter().enumerate().filter(shown_only) {
         let _ = writeln!(
             md,
             "| {} | `{}` | {} | `{}` |",

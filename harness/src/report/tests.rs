@@ -2,7 +2,7 @@
 
 use super::csv::Num;
 use super::json::parse_value;
-use super::markdown::{compact_ranges, stage_pattern};
+use super::markdown::{compact_ranges, fold_worst, stage_pattern};
 use super::*;
 use crate::compare::Phase;
 use crate::format::*;
@@ -212,5 +212,33 @@ fn every_definition_names_a_metric_of_metrics_rs_or_the_gate() {
             doc.contains(&format!("**{k}**")),
             "metrics.rs no longer defines **{k}**"
         );
+    }
+}
+
+#[test]
+fn the_rollup_keeps_the_worst_value_and_a_nan_wins() {
+    let fold = |values: &[Option<f64>], larger_is_worse: bool| {
+        let mut acc = None;
+        for v in values {
+            fold_worst(&mut acc, *v, larger_is_worse);
+        }
+        acc
+    };
+    assert_eq!(fold(&[], true), None);
+    assert_eq!(fold(&[None, None], false), None, "no cell has the metric");
+    assert_eq!(
+        fold(&[Some(1e-6), None, Some(3e-3), Some(2e-4)], true),
+        Some(3e-3)
+    );
+    assert_eq!(
+        fold(&[Some(1.0), Some(0.8), None, Some(0.9)], false),
+        Some(0.8)
+    );
+    for values in [
+        [Some(f64::NAN), Some(0.5), Some(2.0)],
+        [Some(0.5), Some(2.0), Some(f64::NAN)],
+    ] {
+        assert!(fold(&values, true).unwrap().is_nan());
+        assert!(fold(&values, false).unwrap().is_nan());
     }
 }
