@@ -1047,6 +1047,16 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     let rule = crate::gate::yardstick::render_rule(m, rec)
                         .with_context(|| format!("cross_oracle record of {m}"))?;
                     println!("{rule}");
+                    // ggml mode against transformers: for a model with transformers goldens
+                    let has_tf = manifest
+                        .goldens
+                        .iter()
+                        .any(|g| &g.model_id == m && g.path.contains("/transformers-f32/"));
+                    if has_tf {
+                        let rule = crate::gate::yardstick::render_ggml_rule(m, rec)
+                            .with_context(|| format!("cross_oracle record of {m}"))?;
+                        println!("{rule}");
+                    }
                 }
             }
         }

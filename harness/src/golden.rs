@@ -123,6 +123,10 @@ pub struct PromptRecord {
     pub cross_oracle: PromptDistance,
     /// llama.cpp-f32kv (reference) against llama.cpp-f16kv: the F16-KV floor.
     pub f16kv: PromptDistance,
+    /// The roles swapped: transformers-f32 (reference) against llama.cpp-f32kv — what a ggml-mode cell (llama.cpp
+    /// bit for bit) shows against a transformers golden. Absent in records made before it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_oracle_tf_ref: Option<PromptDistance>,
 }
 
 /// One distance between two goldens of one prompt, in the gated metrics of a reference cell

@@ -196,6 +196,21 @@ fn check_axis(origin: &str, name: &str, values: &[String], allowed: Option<&[&st
     Ok(())
 }
 
+/// SIMD settings with `auto` resolved to this CPU's best setting, each value once (in order).
+fn resolve_simd(values: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for v in values {
+        let v = match v.as_str() {
+            "auto" => lockstep_engine::Simd::detect().name().to_string(),
+            other => other.to_string(),
+        };
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    out
+}
+
 impl Matrix {
     /// Read and parse a matrix file.
     pub fn load(path: &Path) -> Result<Matrix> {
@@ -262,21 +277,10 @@ impl Matrix {
     /// The SIMD settings of `mode`'s cells in the tier `full` selects, `auto` resolved, each once (in order):
     /// the default tier's list for the mode ([`Matrix::default_simd`]) unless `full`, else every setting.
     fn simd_values_of(&self, mode: &str, full: bool) -> Vec<String> {
-        let listed = match self.default_simd.get(mode) {
-            Some(v) if !full => v,
-            _ => &self.simd,
-        };
-        let mut out: Vec<String> = Vec::new();
-        for v in listed {
-            let v = match v.as_str() {
-                "auto" => lockstep_engine::Simd::detect().name().to_string(),
-                other => other.to_string(),
-            };
-            if !out.contains(&v) {
-                out.push(v);
-            }
+        match self.default_simd.get(mode) {
+            Some(v) if !full => resolve_simd(v),
+            _ => self.simd_values(),
         }
-        out
     }
 
     /// The prompt ids that have a golden for `model` and `oracle` in the manifest, sorted.
@@ -293,17 +297,7 @@ impl Matrix {
 
     /// The `simd` axis with `auto` resolved to this CPU's best setting, each value once (in order).
     pub fn simd_values(&self) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for v in &self.simd {
-            let v = match v.as_str() {
-                "auto" => lockstep_engine::Simd::detect().name().to_string(),
-                other => other.to_string(),
-            };
-            if !out.contains(&v) {
-                out.push(v);
-            }
-        }
-        out
+        resolve_simd(&self.simd)
     }
 
     /// Expand to cells, resolving `"*"` prompts from the manifest's goldens for that model and oracle.

@@ -679,8 +679,12 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
             let mut r = c.clone();
             r.mode = NumericsMode::Reference;
             let r = th.for_cell(&r).unwrap();
-            assert!(t.max_mean_kl <= r.max_mean_kl, "{}", c.id());
-            assert!(t.min_cosine_out >= r.min_cosine_out, "{}", c.id());
+            // bit equality (stage_exact: every compared stage equals the golden bit for bit) is tighter than any KL or
+            // cosine; a ggml rule without it must hold them at least as tightly as reference mode's rule
+            if !t.stage_exact {
+                assert!(t.max_mean_kl <= r.max_mean_kl, "{}", c.id());
+                assert!(t.min_cosine_out >= r.min_cosine_out, "{}", c.id());
+            }
             assert!(t.margin_tolerance <= r.margin_tolerance, "{}", c.id());
             assert!(t.min_top1_agreement >= r.min_top1_agreement, "{}", c.id());
         }

@@ -4,7 +4,9 @@
 
 Reads SCRATCH/<ID>/llama.cpp-f32kv/<prompt>.npz (the reference: what a cell's golden is) and, as the "engine"
 compared with it, SCRATCH/<ID>/transformers-f32/<prompt>.npz (the cross-oracle distance) and
-SCRATCH/<ID>/llama.cpp-f16kv/<prompt>.npz (llama.cpp against itself with an f16 KV cache: the F16-KV floor), all
+SCRATCH/<ID>/llama.cpp-f16kv/<prompt>.npz (llama.cpp against itself with an f16 KV cache: the F16-KV floor); and
+with the roles swapped, transformers-f32 as the reference and llama.cpp-f32kv as the engine (cross_oracle_tf_ref:
+what a ggml-mode cell shows against a transformers golden); all
 made with make_goldens.py --measure (full logits rows at the last prompt position and every decode step, the
 residual stream at every position, f32). numpy only.
 
@@ -31,6 +33,9 @@ import numpy as np
 
 PAIRS = {"transformers-f32": "cross_oracle", "llama.cpp-f16kv": "f16kv"}
 REFERENCE = "llama.cpp-f32kv"
+# the same two goldens with the roles swapped: transformers-f32 as the reference, llama.cpp as the engine -- what a
+# ggml-mode cell (llama.cpp bit for bit) shows against a transformers golden
+SWAPPED = ("transformers-f32", "llama.cpp-f32kv", "cross_oracle_tf_ref")
 
 
 def sha256_file(path: Path) -> str:
@@ -174,6 +179,8 @@ def main() -> int:
                 raise SystemExit(f"{eng_path}: missing (both oracles must have every prompt)")
             row[key] = distance(ref_z, np.load(eng_path))
             row["goldens_sha256"][eng_name] = sha256_file(eng_path)
+        ref_name, eng_name, key = SWAPPED
+        row[key] = distance(np.load(args.golden / args.model_id / ref_name / f"{pid}.npz"), ref_z)
         rows.append(row)
         c, f = row["cross_oracle"], row["f16kv"]
         print(f"{args.model_id:28s} {pid:12s} T={row['n_prompt_tokens']:3d}  cross-oracle KL {c['kl']:.3g} flips "

@@ -62,7 +62,8 @@ def main() -> int:
     rows = [
         {"prompt_id": r["prompt_id"], "build": build, "n_prompt_tokens": r["n_prompt_tokens"],
          "goldens_sha256": r["goldens_sha256"],
-         "cross_oracle": {k: r["cross_oracle"][k] for k in KEEP}, "f16kv": {k: r["f16kv"][k] for k in KEEP}}
+         "cross_oracle": {k: r["cross_oracle"][k] for k in KEEP}, "f16kv": {k: r["f16kv"][k] for k in KEEP},
+         **({"cross_oracle_tf_ref": {k: r["cross_oracle_tf_ref"][k] for k in KEEP}} if "cross_oracle_tf_ref" in r else {})}
         for r in d["prompts"]
     ]
     prompts_sha256 = hashlib.sha256(args.prompts.read_bytes()).hexdigest()

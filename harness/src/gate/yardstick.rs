@@ -23,8 +23,8 @@
 //!
 //! - `max_mean_kl` = max(1.5 · q(KL), q(KL_f16kv)), KL per prompt = max(KL at the last prompt position, mean KL
 //!   over every full row): the gate's `mean_kl` whichever rows a golden stores;
-//! - `margin_tolerance` = max(1.5 · q(largest flip margin), q(largest flip margin_f16kv)): every top-1 flip of
-//!   llama.cpp against transformers is at a margin below it;
+//! - `margin_tolerance` = max(1.5 · q(largest flip margin), q(largest flip margin_f16kv), [`MIN_MARGIN`]): every
+//!   top-1 flip of llama.cpp against transformers is at a margin below it;
 //! - `min_top5_mean` = 1 − max(2 · q(1 − top5), q(1 − top5_f16kv)): twice the measured top-5 misses (the same
 //!   count of extra disagreements);
 //! - `min_cosine_out` = 1 − max(1.5 · q(1 − min cos), q(1 − min cos_f16kv)), min cos per prompt over
@@ -46,6 +46,11 @@ pub const HEADROOM: f64 = 1.5;
 
 /// The factor on top-5 misses: the measured count of disagreements plus the same count again.
 pub const TOP5_FACTOR: f64 = 2.0;
+
+/// The smallest `margin_tolerance` a derived rule gets, logit units: the default rule's near-tie tolerance (a
+/// top-1 disagreement at a smaller reference margin is a coin flip any change of f32 summation order turns,
+/// ci/thresholds.toml). A record without a single flip measures no margin at all; this is its resolution.
+pub const MIN_MARGIN: f64 = 0.01;
 
 /// The `yardstick` label of the rules derived here (ci/thresholds.toml; report.md names it per cell).
 pub const LABEL: &str = "cross-oracle distance";
@@ -124,10 +129,13 @@ pub fn derive(record: &CrossOracleRecord) -> Result<Derived> {
         }
     }
     let q = |f: fn(&PromptDistance) -> f64, f16: bool| -> Result<f64> {
-        Ok(quantile_at(record, f, f16)?.0)
+        let side = if f16 { Side::F16kv } else { Side::CrossOracle };
+        Ok(quantile_at(record, f, side)?.0)
     };
     let kl = (HEADROOM * q(|d| d.kl, false)?).max(q(|d| d.kl, true)?);
-    let margin = (HEADROOM * q(|d| d.max_flip_margin, false)?).max(q(|d| d.max_flip_margin, true)?);
+    let margin = (HEADROOM * q(|d| d.max_flip_margin, false)?)
+        .max(q(|d| d.max_flip_margin, true)?)
+        .max(MIN_MARGIN);
     let top5_miss =
         (TOP5_FACTOR * q(|d| 1.0 - d.top5_mean, false)?).max(q(|d| 1.0 - d.top5_mean, true)?);
     let cos_miss =
@@ -138,6 +146,69 @@ pub fn derive(record: &CrossOracleRecord) -> Result<Derived> {
         min_top5_mean: complement(round_out(top5_miss, true)),
         min_cosine_out: complement(round_out(cos_miss, true)),
     })
+}
+
+/// The `yardstick` label of the rules that hold ggml mode against transformers-f32, derived by [`derive_ggml`].
+pub const LABEL_GGML: &str = "cross-oracle distance (llama.cpp's arithmetic against f32)";
+
+/// The four gated thresholds of a **ggml** cell against transformers-f32, derived from one model's record: ggml
+/// mode is llama.cpp bit for bit, so against transformers it shows exactly the measured distance with
+/// transformers as the reference (`cross_oracle_tf_ref`). Per figure: the [`QUANTILE`] (the larger build) ×
+/// [`HEADROOM`] (top-5 misses × [`TOP5_FACTOR`]), margins never below [`MIN_MARGIN`]; no F16-KV floor (the KV
+/// precision of llama.cpp is not what this cell varies). Errors: a record without that distance.
+pub fn derive_ggml(record: &CrossOracleRecord) -> Result<Derived> {
+    let q = |f: fn(&PromptDistance) -> f64| -> Result<f64> {
+        Ok(quantile_at(record, f, Side::TfRef)?.0)
+    };
+    Ok(Derived {
+        max_mean_kl: round_out(HEADROOM * q(|d| d.kl)?, true),
+        margin_tolerance: round_out((HEADROOM * q(|d| d.max_flip_margin)?).max(MIN_MARGIN), true),
+        min_top5_mean: complement(round_out(TOP5_FACTOR * q(|d| 1.0 - d.top5_mean)?, true)),
+        min_cosine_out: complement(round_out(HEADROOM * q(|d| 1.0 - d.min_cos_out)?, true)),
+    })
+}
+
+/// The `[[rule]]` for `model`'s ggml cells against transformers-f32 ([`derive_ggml`]), a comment per number.
+pub fn render_ggml_rule(model: &str, record: &CrossOracleRecord) -> Result<String> {
+    let d = derive_ggml(record)?;
+    let mut out = format!(
+        "[[rule]]\nmodel = \"{model}\"\nmode = \"ggml\"\noracle = \"transformers-f32\"\nyardstick = \"{LABEL_GGML}\"\n\
+         note = \"{model}: ggml mode (llama.cpp bit for bit) against transformers-f32, at their measured distance\"\n\
+         # the same record, transformers-f32 as the reference; q = p{} of each build, the larger:\n",
+        (QUANTILE * 100.0).round()
+    );
+    for (field, value, f, factor) in [
+        (
+            "max_mean_kl",
+            d.max_mean_kl,
+            (|x: &PromptDistance| x.kl) as fn(&PromptDistance) -> f64,
+            HEADROOM,
+        ),
+        (
+            "margin_tolerance",
+            d.margin_tolerance,
+            |x| x.max_flip_margin,
+            HEADROOM,
+        ),
+        (
+            "min_top5_mean",
+            d.min_top5_mean,
+            |x| 1.0 - x.top5_mean,
+            TOP5_FACTOR,
+        ),
+        (
+            "min_cosine_out",
+            d.min_cosine_out,
+            |x| 1.0 - x.min_cos_out,
+            HEADROOM,
+        ),
+    ] {
+        let (q, at) = quantile_at(record, f, Side::TfRef)?;
+        out.push_str(&format!(
+            "# {field}: q {q:.3e} ({at}) x {factor}, rounded out\n{field} = {value}\n"
+        ));
+    }
+    Ok(out)
 }
 
 /// One derived threshold with where it came from: the measured quantile of each side, the prompt that holds
@@ -156,15 +227,52 @@ pub struct Provenance {
     pub factor: f64,
 }
 
+/// Which distance of a [`crate::golden::PromptRecord`] a quantile reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    /// llama.cpp-f32kv (reference) against transformers-f32.
+    CrossOracle,
+    /// llama.cpp-f32kv against llama.cpp-f16kv.
+    F16kv,
+    /// transformers-f32 (reference) against llama.cpp-f32kv.
+    TfRef,
+}
+
+impl Side {
+    fn of(self, p: &crate::golden::PromptRecord) -> Option<&PromptDistance> {
+        match self {
+            Side::CrossOracle => Some(&p.cross_oracle),
+            Side::F16kv => Some(&p.f16kv),
+            Side::TfRef => p.cross_oracle_tf_ref.as_ref(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Side::CrossOracle => "cross_oracle",
+            Side::F16kv => "f16kv",
+            Side::TfRef => "cross_oracle_tf_ref",
+        }
+    }
+}
+
 /// The quantile of one per-prompt figure, and the prompt (`id@build`) that holds it: the [`QUANTILE`] of each
 /// llama.cpp build's rows, the largest over the builds (a golden may come from either build: their distances
 /// from transformers differ, AVX2 vs AVX-512 reductions).
 fn quantile_at(
     record: &CrossOracleRecord,
     f: fn(&PromptDistance) -> f64,
-    f16: bool,
+    which: Side,
 ) -> Result<(f64, String)> {
-    let side = |p: &crate::golden::PromptRecord| f(if f16 { &p.f16kv } else { &p.cross_oracle });
+    if let Some(p) = record.prompts.iter().find(|p| which.of(p).is_none()) {
+        bail!(
+            "prompt {}@{}: no {} distance recorded",
+            p.prompt_id,
+            p.build,
+            which.name()
+        );
+    }
+    let side = |p: &crate::golden::PromptRecord| which.of(p).map_or(f64::NAN, f);
     let builds: std::collections::BTreeSet<&str> =
         record.prompts.iter().map(|p| p.build.as_str()).collect();
     let mut best: Option<(f64, String)> = None;
@@ -193,8 +301,8 @@ pub fn provenance(record: &CrossOracleRecord) -> Result<Vec<Provenance>> {
         Ok(Provenance {
             field,
             value,
-            cross_oracle: quantile_at(record, f, false)?,
-            f16kv: quantile_at(record, f, true)?,
+            cross_oracle: quantile_at(record, f, Side::CrossOracle)?,
+            f16kv: quantile_at(record, f, Side::F16kv)?,
             factor,
         })
     };
@@ -328,6 +436,13 @@ mod tests {
         assert_eq!(got.margin_tolerance, 0.5); // the f16kv floor 0.5 > 1.5 x 0.2
         assert!((got.min_top5_mean - 0.88).abs() < 1e-12, "{got:?}"); // 1 - 2 x 0.06
         assert!((got.min_cosine_out - 0.9955).abs() < 1e-12, "{got:?}"); // 1 - 1.5 x 0.003
+                                                                         // no flip measured anywhere: the default near-tie tolerance
+        let mut none = r.clone();
+        for p in &mut none.prompts {
+            p.cross_oracle.max_flip_margin = 0.0;
+            p.f16kv.max_flip_margin = 0.0;
+        }
+        assert_eq!(derive(&none).unwrap().margin_tolerance, MIN_MARGIN);
         let mut bad = r.clone();
         bad.prompts[1].f16kv.kl = f64::NAN;
         let e = format!("{:#}", derive(&bad).unwrap_err());
