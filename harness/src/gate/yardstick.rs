@@ -145,7 +145,57 @@ pub fn derive(record: &CrossOracleRecord) -> Result<Derived> {
         margin_tolerance: round_out(margin, true),
         min_top5_mean: complement(round_out(top5_miss, true)),
         min_cosine_out: complement(round_out(cos_miss, true)),
-    })
+    }
+    .within_ranges())
+}
+
+/// The value a derived threshold takes where llama.cpp's own distance from transformers leaves its metric no
+/// yardstick (1 − cosine or the top-5 misses ×1.5/×2 reach 1, a margin or KL passes 10): the loosest value
+/// the thresholds file accepts ([`super::THRESHOLD_RANGES`]). Measured on SmolLM2's Q2_K variant: at one
+/// position of `json` llama.cpp's `output_norm` has cosine 0.158 against transformers, and the top-1 margin is
+/// 6.6 logits — a 2-bit 135M model is chaotic under llama.cpp's 8-bit input rounding.
+pub const VACUOUS: Derived = Derived {
+    max_mean_kl: 10.0,
+    margin_tolerance: 10.0,
+    min_top5_mean: 1e-6,
+    min_cosine_out: 1e-6,
+};
+
+impl Derived {
+    /// Each field clamped into its thresholds-file range, at the [`VACUOUS`] end.
+    fn within_ranges(self) -> Derived {
+        Derived {
+            max_mean_kl: self.max_mean_kl.min(VACUOUS.max_mean_kl),
+            margin_tolerance: self.margin_tolerance.min(VACUOUS.margin_tolerance),
+            min_top5_mean: self.min_top5_mean.max(VACUOUS.min_top5_mean),
+            min_cosine_out: self.min_cosine_out.max(VACUOUS.min_cosine_out),
+        }
+    }
+
+    /// The names of the fields at their [`VACUOUS`] value: metrics this model's measured distance leaves no
+    /// yardstick for.
+    pub fn vacuous(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        for (name, v, vac) in [
+            ("max_mean_kl", self.max_mean_kl, VACUOUS.max_mean_kl),
+            (
+                "margin_tolerance",
+                self.margin_tolerance,
+                VACUOUS.margin_tolerance,
+            ),
+            ("min_top5_mean", self.min_top5_mean, VACUOUS.min_top5_mean),
+            (
+                "min_cosine_out",
+                self.min_cosine_out,
+                VACUOUS.min_cosine_out,
+            ),
+        ] {
+            if v == vac {
+                out.push(name);
+            }
+        }
+        out
+    }
 }
 
 /// The `yardstick` label of the rules that hold ggml mode against transformers-f32, derived by [`derive_ggml`].
@@ -165,7 +215,8 @@ pub fn derive_ggml(record: &CrossOracleRecord) -> Result<Derived> {
         margin_tolerance: round_out((HEADROOM * q(|d| d.max_flip_margin)?).max(MIN_MARGIN), true),
         min_top5_mean: complement(round_out(TOP5_FACTOR * q(|d| 1.0 - d.top5_mean)?, true)),
         min_cosine_out: complement(round_out(HEADROOM * q(|d| 1.0 - d.min_cos_out)?, true)),
-    })
+    }
+    .within_ranges())
 }
 
 /// The `[[rule]]` for `model`'s ggml cells against transformers-f32 ([`derive_ggml`]), a comment per number.
@@ -352,6 +403,14 @@ pub fn render_rule(model: &str, record: &CrossOracleRecord) -> Result<String> {
          # llama.cpp against itself with an f16 KV cache, the floor never undercut.\n",
         (QUANTILE * 100.0).round()
     ));
+    let vacuous = derive(record)?.vacuous();
+    if !vacuous.is_empty() {
+        out.push_str(&format!(
+            "# VACUOUS here: {} — llama.cpp's own distance from transformers on this model leaves these metrics no\n\
+             # yardstick (the loosest value the file accepts); the other metrics and the transformers-f32 cells hold it.\n",
+            vacuous.join(", ")
+        ));
+    }
     for p in provenance(record)? {
         let (what, dist) = match p.field {
             "max_mean_kl" => ("KL", "KL"),
@@ -443,6 +502,13 @@ mod tests {
             p.f16kv.max_flip_margin = 0.0;
         }
         assert_eq!(derive(&none).unwrap().margin_tolerance, MIN_MARGIN);
+        // a distance past the metric's range: the loosest value the file accepts, named as vacuous
+        let mut chaos = r.clone();
+        chaos.prompts[0].cross_oracle.min_cos_out = 0.158;
+        let got = derive(&chaos).unwrap();
+        assert_eq!(got.min_cosine_out, VACUOUS.min_cosine_out);
+        assert_eq!(got.vacuous(), ["min_cosine_out"]);
+        assert!(derive(&r).unwrap().vacuous().is_empty());
         let mut bad = r.clone();
         bad.prompts[1].f16kv.kl = f64::NAN;
         let e = format!("{:#}", derive(&bad).unwrap_err());
