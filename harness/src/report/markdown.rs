@@ -575,7 +575,7 @@ pub fn render_markdown(r: &Report) -> String {
     if n_left_out > 0 {
         let _ = writeln!(
             md,
-            "Every failing cell and at most {PASSING_SAMPLE_PER_GROUP} passing cells per model × mode × oracle \
+            "Every failing cell and at most {PASSING_SAMPLE_PER_GROUP} passing cells per rollup group (model family × mode × oracle) \
              (those with per-layer stages first, then by cell id) are shown here and in the per-cell sections \
              below; the other {n_left_out} passing cells are left out of report.md: they are in report.json, \
              results.csv and the HTML run page (`lockstep publish`).\n"
