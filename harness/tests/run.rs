@@ -27,6 +27,9 @@ fn options(golden_dir: &Path, reports: &Path, prompt: &str, mode: &str) -> RunOp
             model: vec![MODEL.into()],
             prompt: vec![prompt.into()],
             mode: vec![mode.into()],
+            // llama.cpp's goldens: these tests judge the llama.cpp cells (the default matrix holds SmolLM2 to
+            // transformers-f32 too)
+            oracle: vec!["llama.cpp-f32kv".into()],
             // the full tier: these tests hold every SIMD setting of the matrix (the default tier runs ggml
             // mode at the fastest only)
             full: true,
@@ -249,6 +252,7 @@ fn full_matrix_run_writes_a_complete_report() {
     opts.filters = Filters {
         model: vec![MODEL.into()],
         prompt: vec!["chat".into()],
+        oracle: vec!["llama.cpp-f32kv".into()],
         full: true,
         ..Filters::default()
     };
@@ -787,6 +791,8 @@ fn ctrl_c_during_a_run_saves_the_cells_finished_before_it() {
         MODEL,
         "--prompt",
         "one_token",
+        "--oracle",
+        "llama.cpp-f32kv",
         "--reports",
         reports.to_str().unwrap(),
         "--engine-cmd",
@@ -878,6 +884,8 @@ fn a_run_without_a_terminal_prints_a_line_per_cell() {
             MODEL,
             "--prompt",
             "one_token",
+            "--oracle",
+            "llama.cpp-f32kv",
             "--mode",
             "ggml",
             "--simd",
