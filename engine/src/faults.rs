@@ -71,6 +71,11 @@ pub enum Fault {
     /// Learned absolute positions off by one in decode (GPT-2): a single-token batch at `n_past` adds
     /// `position_embd[n_past − 1]` instead of `position_embd[n_past]`.
     PosEmbdOffset,
+    /// The per-head Q/K RMSNorms (`attn_q_norm`, `attn_k_norm`: Qwen3, Gemma 3, Gemma 4) applied after RoPE
+    /// instead of before it. The engine then emits `q_rope`/`k_rope` (rotated, not yet normed) before
+    /// `q_norm`/`k_norm` — out of the reference's forward order, where the norms come first and already
+    /// differ from the second position on (RoPE at position 0 is the identity).
+    QkNormAfterRope,
     /// RoPE frequency factors (`rope_freqs.weight`) ignored: every pair of a Gemma 4 full-attention head
     /// turns, instead of the quarter its "proportional" RoPE turns.
     RopeFreqFactorsIgnored,
@@ -126,7 +131,7 @@ pub const FAULT_ENV: &str = "LOCKSTEP_FAULT";
 
 impl Fault {
     /// Every fault without a parameter, and the parameterised ones at layer 0, for [`Fault::parse`].
-    const NAMED: [Fault; 26] = [
+    const NAMED: [Fault; 27] = [
         Fault::RopePairing,
         Fault::RopeBase,
         Fault::RopeDecodePosition,
@@ -150,6 +155,7 @@ impl Fault {
         Fault::PartialRotaryDims,
         Fault::PosEmbdOffset,
         Fault::RopeFreqFactorsIgnored,
+        Fault::QkNormAfterRope,
         Fault::EncoderCausalMask,
         Fault::TokenTypeDropped,
         Fault::PoolingWrong,

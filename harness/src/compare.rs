@@ -408,24 +408,7 @@ fn compare_parts(
     let mut not_compared = Vec::new();
     let mut logits = Vec::new();
 
-    for (phase, engine_stages, golden_ids) in [
-        (
-            Phase::Prefill,
-            &out.prefill,
-            entry
-                .prefill_stages()
-                .map(str::to_string)
-                .collect::<Vec<_>>(),
-        ),
-        (
-            Phase::Decode,
-            &out.decode,
-            entry
-                .decode_stages()
-                .map(str::to_string)
-                .collect::<Vec<_>>(),
-        ),
-    ] {
+    for (phase, engine_stages) in [(Phase::Prefill, &out.prefill), (Phase::Decode, &out.decode)] {
         if phase == Phase::Decode && entry.n_decode_steps == 0 {
             continue;
         }
@@ -434,21 +417,32 @@ fn compare_parts(
         } else {
             ""
         };
+        // the reference's forward order, not the engine's emission order (GoldenFile::forward_order)
+        let golden_ids = golden.forward_order(phase);
+        for id in &golden_ids {
+            if !out.stage_order.contains(id) {
+                not_compared.push(NotCompared {
+                    stage: id.clone(),
+                    phase,
+                    reason: ENGINE_HAS_NO_SUCH_STAGE.into(),
+                });
+                continue;
+            }
+            let Some(e) = engine_stages.get(id) else {
+                not_compared.push(NotCompared {
+                    stage: id.clone(),
+                    phase,
+                    reason: ENGINE_DID_NOT_EMIT.into(),
+                });
+                continue;
+            };
+            let name = format!("{prefix}{id}");
+            let storage = entry.arrays[&name].dtype;
+            let g = golden.read_f32(&name)?;
+            stages.push(compare_stage_stored(id, phase, e, &g, &gname, storage)?);
+        }
         for id in &out.stage_order {
-            if golden_ids.iter().any(|g| g == id) {
-                let Some(e) = engine_stages.get(id) else {
-                    not_compared.push(NotCompared {
-                        stage: id.clone(),
-                        phase,
-                        reason: ENGINE_DID_NOT_EMIT.into(),
-                    });
-                    continue;
-                };
-                let name = format!("{prefix}{id}");
-                let storage = entry.arrays[&name].dtype;
-                let g = golden.read_f32(&name)?;
-                stages.push(compare_stage_stored(id, phase, e, &g, &gname, storage)?);
-            } else {
+            if !golden_ids.contains(id) {
                 let reason = if stage_map.is_some_and(|m| m.is_not_exposed(id)) {
                     "the oracle exposes no such node"
                 } else {
@@ -458,15 +452,6 @@ fn compare_parts(
                     stage: id.clone(),
                     phase,
                     reason: reason.into(),
-                });
-            }
-        }
-        for g in &golden_ids {
-            if !out.stage_order.contains(g) {
-                not_compared.push(NotCompared {
-                    stage: g.clone(),
-                    phase,
-                    reason: ENGINE_HAS_NO_SUCH_STAGE.into(),
                 });
             }
         }

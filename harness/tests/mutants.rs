@@ -57,6 +57,8 @@ struct Subject {
     partial_rotary: bool,
     /// RoPE at all (GPT-2 has learned absolute positions instead).
     has_rope: bool,
+    /// Per-head Q/K RMSNorms before RoPE (Qwen3, Gemma 3, Gemma 4).
+    has_qk_norm: bool,
     /// Learned absolute positions (`position_embd`, GPT-2).
     has_pos_embd: bool,
     /// The first layer whose RoPE has frequency factors (Gemma 4's full-attention layers).
@@ -151,6 +153,7 @@ fn subject(id: &'static str, prompt: &'static str) -> Subject {
             .first()
             .is_some_and(|l| l.attn.rope.kind != RopeKind::None),
         has_pos_embd: model.decoder().is_some_and(|d| d.embed.positions.is_some()),
+        has_qk_norm: layers.first().is_some_and(|l| l.attn.qk_norm.is_some()),
         first_rope_freqs: layers.iter().position(|l| l.attn.rope_freqs.is_some()),
         first_min_quant: first.map(|(l, _, k)| Site {
             layer: Some(l),
@@ -222,6 +225,10 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
             site(Some(s.first_rope_freqs?), &[K::QRope, K::KRope], multi)
         }
         Fault::RopePairing => site(Some(0), &[K::QRope, K::KRope], multi),
+        // emitted out of order (q_rope before q_norm): the reference's q_norm comes first and differs from
+        // the second position on, where RoPE stops being the identity
+        Fault::QkNormAfterRope if !s.has_qk_norm => return None,
+        Fault::QkNormAfterRope => site(Some(0), &[K::QNorm, K::KNorm], multi),
         Fault::RopeBase => site(
             Some(s.first_rope_base_not_10k?),
             &[K::QRope, K::KRope],
@@ -322,6 +329,7 @@ fn expected_encoder(fault: Fault, s: &Subject) -> Option<Site> {
         // learned positions are only offset in a decode step, which an encoder never takes
         | Fault::PosEmbdOffset
         | Fault::RopeFreqFactorsIgnored
+        | Fault::QkNormAfterRope
         | Fault::ReferenceUnpack => return None,
     })
 }
@@ -351,6 +359,7 @@ fn mutants(s: &Subject) -> Vec<Fault> {
         Fault::PartialRotaryDims,
         Fault::PosEmbdOffset,
         Fault::RopeFreqFactorsIgnored,
+        Fault::QkNormAfterRope,
         Fault::EncoderCausalMask,
         Fault::TokenTypeDropped,
         Fault::PoolingWrong,

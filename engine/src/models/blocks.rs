@@ -528,7 +528,8 @@ impl Attention {
         }
 
         // per-head RMSNorm of q and k (rows of head_dim)
-        if let Some([qn, kn]) = &self.qk_norm {
+        let norm_after_rope = faults::is(Fault::QkNormAfterRope);
+        if let Some([qn, kn]) = self.qk_norm.as_ref().filter(|_| !norm_after_rope) {
             qn.forward(f, q, st(StageKind::QNorm));
             kn.forward(f, k, st(StageKind::KNorm));
         }
@@ -543,6 +544,10 @@ impl Attention {
             self.rotate(f, q, k, &mut b.rope);
             f.emit(st(StageKind::QRope), q);
             f.emit(st(StageKind::KRope), k);
+        }
+        if let Some([qn, kn]) = self.qk_norm.as_ref().filter(|_| norm_after_rope) {
+            qn.forward(f, q, st(StageKind::QNorm));
+            kn.forward(f, k, st(StageKind::KNorm));
         }
         if let Some(s) = self.q_scale {
             ops::scale(q, s);

@@ -19,7 +19,8 @@ pub struct Verdict {
     /// Every threshold that failed.
     pub failures: Vec<Failure>,
     /// The first stage in forward order whose cosine falls below `stage_min_cosine` (informative; not a
-    /// failure by itself).
+    /// failure by itself); [`TOKENS_MARKER`] at the first differing token when the engine tokenized the
+    /// prompt otherwise.
     pub first_divergent: Option<Divergence>,
     /// The near-tie tolerance (logit units) this verdict counted top-1 disagreements with: the cell's
     /// `margin_tolerance` (reports of older versions lack it and read as 0.01, the value they all used).
@@ -268,13 +269,16 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
         });
     };
 
-    if th.tokens_must_match && !m.tokens_match {
+    // the first differing token, if the engine tokenized otherwise: then it is the marker (below)
+    let token_at = (!m.tokens_match).then(|| {
         let (g, e) = (&cmp.golden_tokens, &cmp.engine_tokens);
-        let at = g
-            .iter()
+        g.iter()
             .zip(e)
             .position(|(a, b)| a != b)
-            .unwrap_or(g.len().min(e.len()));
+            .unwrap_or(g.len().min(e.len()))
+    });
+    if let (true, Some(at)) = (th.tokens_must_match, token_at) {
+        let (g, e) = (&cmp.golden_tokens, &cmp.engine_tokens);
         let show = |v: &[u32]| v.get(at).map_or("(end)".to_string(), |t| t.to_string());
         fail(
             "tokens_match",
@@ -479,6 +483,18 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
     } else {
         first_divergent(cmp, th.stage_min_cosine, th.stage_max_nmse)
     };
+    // other tokens make every stage comparison read other inputs: the first differing token is the marker,
+    // whatever a stage shows (issue 42: a dropped BOS was marked at a later layer's ordinary drift)
+    let first = match token_at {
+        Some(at) => Some(Divergence {
+            stage: TOKENS_MARKER.to_string(),
+            phase: Phase::Prefill,
+            position: at,
+            cosine: f64::NAN,
+            nmse: f64::NAN,
+        }),
+        None => first,
+    };
     Verdict {
         pass: failures.is_empty(),
         failures,
@@ -486,6 +502,10 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
         margin_tolerance: th.margin_tolerance,
     }
 }
+
+/// The first-divergent marker of a cell whose engine tokenized the prompt otherwise than the oracle
+/// ([`Verdict::first_divergent`]'s `stage`; its `position` is the first differing token, cosine and NMSE NaN).
+pub const TOKENS_MARKER: &str = "tokens";
 
 /// The first stage in forward order (prefill stages in the order of `cmp.stages`, which is forward order;
 /// then decode) that diverges at some position — cosine below `min_cosine`, or NMSE above `max_nmse`
@@ -573,6 +593,10 @@ pub fn failure_line(cell: &Cell, verdict: &Verdict) -> Option<String> {
         failures.join("; ")
     };
     let divergent = match &verdict.first_divergent {
+        Some(d) if d.stage == TOKENS_MARKER => format!(
+            "first divergent stage: {TOKENS_MARKER} (the prompt's token {} differs)",
+            d.position
+        ),
         Some(d) => format!(
             "first divergent stage: {} ({} position {}, cosine {})",
             d.stage,
@@ -655,5 +679,44 @@ mod tests {
             "{:?}",
             v.failures
         );
+    }
+
+    /// Issue 42: a tokenization failure is the marker, even where a stage also diverges (other tokens make
+    /// every stage read another input), and the FAIL line says so.
+    #[test]
+    fn a_tokenization_failure_is_the_first_divergent_marker() {
+        let cell = Cell {
+            model: "synth-bert".into(),
+            prompt: "synth".into(),
+            quant: "F32".into(),
+            mode: lockstep_engine::NumericsMode::Reference,
+            simd: "off".into(),
+            oracle: "llama.cpp-f32kv".into(),
+            engine: "lockstep".into(),
+        };
+        let th = thresholds();
+        let mut cmp = encoder_cmp(Some(array![[3.0f32, 2.0, 1.0]]));
+        // the same tokens: the divergent stage is the marker
+        let v = evaluate(&cell, &cmp, &th);
+        assert_eq!(v.first_divergent.as_ref().unwrap().stage, "pooled");
+        // a dropped BOS: the tokens are
+        cmp.engine_tokens = vec![5, 3];
+        let v = evaluate(&cell, &cmp, &th);
+        let d = v.first_divergent.as_ref().unwrap();
+        assert_eq!((d.stage.as_str(), d.position), (TOKENS_MARKER, 0));
+        assert!(v.failures.iter().any(|f| f.metric == "tokens_match"));
+        let line = failure_line(&cell, &v).unwrap();
+        assert!(
+            line.ends_with("first divergent stage: tokens (the prompt's token 0 differs)"),
+            "{line}"
+        );
+        // also where the thresholds do not gate the tokens: the marker still says where they differ
+        let th = CellThresholds {
+            tokens_must_match: false,
+            ..thresholds()
+        };
+        cmp.engine_tokens = vec![2, 5, 4];
+        let v = evaluate(&cell, &cmp, &th);
+        assert_eq!(v.first_divergent.as_ref().unwrap().position, 2);
     }
 }
