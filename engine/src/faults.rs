@@ -76,6 +76,15 @@ pub enum Fault {
     /// `q_norm`/`k_norm` — out of the reference's forward order, where the norms come first and already
     /// differ from the second position on (RoPE at position 0 is the identity).
     QkNormAfterRope,
+    /// GELU computed exactly, `0.5·x·(1 + erf(x/√2))` (HF `gelu`), where the model's is the tanh
+    /// approximation (`gelu_pytorch_tanh`, ggml's `ggml_gelu`): GeGLU (Gemma) and the plain GELU FFN (GPT-2,
+    /// StarCoder2), in both modes. A small error (stage NMSE ~1e-7) that f16 golden storage would hide.
+    GeluErf,
+    /// The K norm skipped (Qwen3, Gemma 3, Gemma 4): K goes to RoPE un-normed and no `k_norm` is emitted.
+    KNormSkipped,
+    /// The attention soft-cap read from `final_logit_softcapping` instead of `attn_logit_softcapping`
+    /// (Gemma 2: 30 instead of the seeded model's 5, or the real models' 50).
+    AttnSoftcapFromFinal,
     /// RoPE frequency factors (`rope_freqs.weight`) ignored: every pair of a Gemma 4 full-attention head
     /// turns, instead of the quarter its "proportional" RoPE turns.
     RopeFreqFactorsIgnored,
@@ -131,7 +140,7 @@ pub const FAULT_ENV: &str = "LOCKSTEP_FAULT";
 
 impl Fault {
     /// Every fault without a parameter, and the parameterised ones at layer 0, for [`Fault::parse`].
-    const NAMED: [Fault; 27] = [
+    const NAMED: [Fault; 30] = [
         Fault::RopePairing,
         Fault::RopeBase,
         Fault::RopeDecodePosition,
@@ -156,6 +165,9 @@ impl Fault {
         Fault::PosEmbdOffset,
         Fault::RopeFreqFactorsIgnored,
         Fault::QkNormAfterRope,
+        Fault::GeluErf,
+        Fault::KNormSkipped,
+        Fault::AttnSoftcapFromFinal,
         Fault::EncoderCausalMask,
         Fault::TokenTypeDropped,
         Fault::PoolingWrong,

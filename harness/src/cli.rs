@@ -496,6 +496,10 @@ pub struct FloorsArgs {
     /// Only these models (repeatable); the other models' floors are kept from the existing file.
     #[arg(long)]
     pub model: Vec<String>,
+    /// Only the goldens of these oracles (repeatable: `llama.cpp-f32kv`, `transformers-f32`); the other
+    /// oracles' floors are kept from the existing file.
+    #[arg(long)]
+    pub oracle: Vec<String>,
     #[command(flatten)]
     pub files: MatrixFiles,
     /// The thresholds file (cells whose thresholds set `stage_floor_headroom` are measured).
@@ -1070,6 +1074,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 thresholds: defaults.path(a.thresholds, "ci/thresholds.toml", "--thresholds")?,
                 filters: crate::matrix::Filters {
                     model: a.model.clone(),
+                    oracle: a.oracle.clone(),
                     ..Default::default()
                 },
             };

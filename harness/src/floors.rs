@@ -111,6 +111,38 @@ pub struct KindFloor {
     pub exact_at: Vec<String>,
 }
 
+/// Which statistic of a stage kind's measured local NMSE its floor is `stage_floor_headroom` times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FloorStatistic {
+    /// The 99th percentile: where the rows above it can be explained otherwise — reference mode against
+    /// llama.cpp, whose rows above the floor bisect reads against ggml mode (oracle-side rounding).
+    P99,
+    /// The largest measured row: where nothing can explain a row above the floor — every other (oracle,
+    /// mode), e.g. both modes against transformers, whose float32 arithmetic ggml mode does not reproduce. A floor
+    /// below the unbroken engine's own largest row would call that engine's rounding a bug.
+    Max,
+}
+
+impl FloorStatistic {
+    /// `p99` or `max`, as the floor's description names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            FloorStatistic::P99 => "p99",
+            FloorStatistic::Max => "max",
+        }
+    }
+}
+
+impl KindFloor {
+    /// The measured NMSE the floor is a multiple of.
+    pub fn statistic(&self, s: FloorStatistic) -> f64 {
+        match s {
+            FloorStatistic::P99 => self.nmse_p99,
+            FloorStatistic::Max => self.nmse_max,
+        }
+    }
+}
+
 /// The kind part of a canonical stage id (`attn_norm` of `blk.3.attn_norm`; a global id is its own kind).
 ///
 /// Read through the engine's parser ([`lockstep_engine::Stage::parse`]); a name that is not a canonical id

@@ -311,6 +311,13 @@ impl OracleInfo {
         v.iter().map(|f| f.as_str().map(str::to_string)).collect()
     }
 
+    /// True for a llama.cpp golden: the oracle whose arithmetic ggml mode reproduces bit for bit, so that
+    /// bisect can read a reference-mode row above its floor against ggml mode (oracle-side rounding,
+    /// [`crate::judge`]). False for transformers, whose float32 arithmetic ggml mode does not reproduce.
+    pub fn is_llama_cpp(&self) -> bool {
+        self.name == "llama.cpp"
+    }
+
     /// The ggml-cpu build whose kernels made this golden, chosen from the flags it was compiled for:
     /// [`OracleInfo::ggml_cpu_flags`] where recorded (a build narrower than its host), else
     /// [`OracleInfo::host_cpu_flags`] (what `GGML_NATIVE` compiles for that CPU), through

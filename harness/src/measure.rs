@@ -148,27 +148,32 @@ pub fn measure(opts: &MeasureOptions, progress: &mut dyn FnMut(&str)) -> Result<
     })
 }
 
-/// The sets of `out` that a measurement of only `models` keeps: those of every other model. None when
-/// `models` is empty (everything is measured again) or `out` does not exist yet.
+/// The sets of `out` that a measurement of only `models` and `oracles` keeps: every set the measurement does
+/// not select (another model, when models are named; another oracle, when oracles are named). None when
+/// neither is named (everything is measured again) or `out` does not exist yet.
 ///
 /// Errors: an existing `out` that does not load ([`Floors::load`]) — read before measuring, so that a
 /// broken file fails at once.
-pub fn kept_sets(out: &Path, models: &[String]) -> Result<Vec<FloorSet>> {
-    if models.is_empty() || !out.exists() {
+pub fn kept_sets(out: &Path, models: &[String], oracles: &[String]) -> Result<Vec<FloorSet>> {
+    if (models.is_empty() && oracles.is_empty()) || !out.exists() {
         return Ok(Vec::new());
     }
     let old = Floors::load(out)?;
     Ok(old
         .sets
         .into_iter()
-        .filter(|s| !models.contains(&s.model))
+        .filter(|s| {
+            let measured = (models.is_empty() || models.contains(&s.model))
+                && (oracles.is_empty() || oracles.contains(&s.oracle));
+            !measured
+        })
         .collect())
 }
 
-/// `measured` with the `kept` sets added, when only `models` were measured: every set sorted by
-/// (model, oracle, mode). With no `models`, `measured` is the whole file and stays as it is.
-pub fn merge(measured: &mut Floors, kept: Vec<FloorSet>, models: &[String]) {
-    if models.is_empty() {
+/// `measured` with the `kept` sets added, when only part of the matrix was measured (`partial`): every set
+/// sorted by (model, oracle, mode). A full measurement is the whole file and stays as it is.
+pub fn merge(measured: &mut Floors, kept: Vec<FloorSet>, partial: bool) {
+    if !partial {
         return;
     }
     let mut sets = kept;
@@ -178,14 +183,19 @@ pub fn merge(measured: &mut Floors, kept: Vec<FloorSet>, models: &[String]) {
 }
 
 /// Measure the floors `opts` selects, merge them with the sets kept from `out` ([`kept_sets`],
-/// [`merge`]; the models are `opts.filters.model`) and write `out` ([`crate::floors::write`]).
+/// [`merge`]; the selection is `opts.filters.model` and `opts.filters.oracle`) and write `out`
+/// ([`crate::floors::write`]).
 ///
 /// Errors: a broken existing `out` (before measuring); [`measure`]'s; the write's.
 pub fn update(opts: &MeasureOptions, out: &Path, progress: &mut dyn FnMut(&str)) -> Result<()> {
-    let models = &opts.filters.model;
-    let kept = kept_sets(out, models)?;
+    let (models, oracles) = (&opts.filters.model, &opts.filters.oracle);
+    let kept = kept_sets(out, models, oracles)?;
     let mut floors = measure(opts, progress)?;
-    merge(&mut floors, kept, models);
+    merge(
+        &mut floors,
+        kept,
+        !(models.is_empty() && oracles.is_empty()),
+    );
     crate::floors::write(out, &floors)
 }
 
@@ -267,11 +277,7 @@ mod tests {
             sets: vec![set("b", "ggml")],
             ..Default::default()
         };
-        merge(
-            &mut f,
-            vec![set("c", "ggml"), set("a", "reference")],
-            &["b".into()],
-        );
+        merge(&mut f, vec![set("c", "ggml"), set("a", "reference")], true);
         let want = [("a", "reference"), ("b", "ggml"), ("c", "ggml")];
         let want: Vec<(String, String)> = want
             .iter()
@@ -286,7 +292,7 @@ mod tests {
             sets: vec![set("z", "ggml"), set("b", "ggml")],
             ..Default::default()
         };
-        merge(&mut f, vec![set("a", "ggml")], &[]);
+        merge(&mut f, vec![set("a", "ggml")], false);
         assert_eq!(
             keys(&f),
             [("z".into(), "ggml".into()), ("b".into(), "ggml".into())]
@@ -297,9 +303,51 @@ mod tests {
     fn nothing_is_kept_without_models_or_file_and_a_broken_file_fails() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("floors.json");
-        assert!(kept_sets(&out, &["m".into()]).unwrap().is_empty());
+        assert!(kept_sets(&out, &["m".into()], &[]).unwrap().is_empty());
         std::fs::write(&out, "{ not json").unwrap();
-        assert!(kept_sets(&out, &[]).unwrap().is_empty());
-        assert!(kept_sets(&out, &["m".into()]).is_err());
+        assert!(kept_sets(&out, &[], &[]).unwrap().is_empty());
+        assert!(kept_sets(&out, &["m".into()], &[]).is_err());
+        assert!(kept_sets(&out, &[], &["o".into()]).is_err());
+    }
+
+    #[test]
+    fn a_measurement_of_some_oracles_keeps_the_others_sets() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("floors.json");
+        let valid = |model: &str, oracle: &str| FloorSet {
+            model: model.into(),
+            oracle: oracle.into(),
+            mode: "reference".into(),
+            goldens: [(format!("{model}/{oracle}/p.npz"), "0".repeat(64))].into(),
+            kinds: Default::default(),
+        };
+        let (ll, tf) = ("llama.cpp-f32kv", "transformers-f32");
+        let f = Floors {
+            schema_version: FLOORS_SCHEMA_VERSION,
+            made_by: "test".into(),
+            sets: vec![
+                valid("a", ll),
+                valid("a", tf),
+                valid("b", ll),
+                valid("b", tf),
+            ],
+        };
+        std::fs::write(&out, serde_json::to_string(&f).unwrap()).unwrap();
+        let kept = |models: &[&str], oracles: &[&str]| -> Vec<(String, String)> {
+            let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+            kept_sets(&out, &s(models), &s(oracles))
+                .unwrap()
+                .into_iter()
+                .map(|s| (s.model, s.oracle))
+                .collect()
+        };
+        let pair = |m: &str, o: &str| (m.to_string(), o.to_string());
+        assert_eq!(kept(&[], &[tf]), [pair("a", ll), pair("b", ll)]);
+        assert_eq!(
+            kept(&["a"], &[tf]),
+            [pair("a", ll), pair("b", ll), pair("b", tf)]
+        );
+        assert_eq!(kept(&["a"], &[]), [pair("b", ll), pair("b", tf)]);
+        assert!(kept(&[], &[]).is_empty());
     }
 }

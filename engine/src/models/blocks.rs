@@ -531,7 +531,9 @@ impl Attention {
         let norm_after_rope = faults::is(Fault::QkNormAfterRope);
         if let Some([qn, kn]) = self.qk_norm.as_ref().filter(|_| !norm_after_rope) {
             qn.forward(f, q, st(StageKind::QNorm));
-            kn.forward(f, k, st(StageKind::KNorm));
+            if !faults::is(Fault::KNormSkipped) {
+                kn.forward(f, k, st(StageKind::KNorm));
+            }
         }
         // V's weightless norm: no stage of its own (llama.cpp's "Vcur_normed" has no canonical id)
         if let Some(vn) = &self.v_norm {

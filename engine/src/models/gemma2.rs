@@ -108,7 +108,13 @@ impl Gemma2Hparams {
             shape: AttnShape {
                 kq_scale: 1.0,
                 window: local.then_some(self.window),
-                softcap: Some(self.attn_softcap),
+                softcap: Some(
+                    if crate::faults::is(crate::faults::Fault::AttnSoftcapFromFinal) {
+                        self.final_softcap
+                    } else {
+                        self.attn_softcap
+                    },
+                ),
                 ..AttnShape::causal(c.n_head, c.n_kv_head, c.head_dim)
             },
             rope: Rope {

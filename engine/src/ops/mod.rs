@@ -289,10 +289,27 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
 }
 
+/// The exact GELU `0.5·x·(1 + erf(x/√2))` that [`crate::faults::Fault::GeluErf`] puts in place of the
+/// tanh approximation; erf by Abramowitz & Stegun 7.1.26 (|error| ≤ 1.5e-7), in f64. Only a fault runs it.
+fn gelu_erf_fault(x: f32) -> f32 {
+    let z = f64::from(x) / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.327_591_1 * z.abs());
+    let poly = t
+        * (0.254_829_592
+            + t * (-0.284_496_736
+                + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+    let erf = (1.0 - poly * (-z * z).exp()).copysign(z);
+    (0.5 * f64::from(x) * (1.0 + erf)) as f32
+}
+
 /// GELU in place (`ggml_gelu`, the activation of a non-gated FFN: llama.cpp `build_ffn` with
 /// `LLM_FFN_GELU` + `LLM_FFN_SEQ`, StarCoder2's `gelu_pytorch_tanh`). Reference mode: [`gelu_tanh`] in
 /// f32; ggml mode: [`ggml_cpu::gelu_row`] (ggml's f16 lookup table, `GGML_GELU_FP16`).
 pub fn gelu(x: &mut [f32], mode: NumericsMode) {
+    if crate::faults::is(crate::faults::Fault::GeluErf) {
+        x.iter_mut().for_each(|v| *v = gelu_erf_fault(*v));
+        return;
+    }
     for_row_chunks(x, 1024.min(x.len()), |x| match mode {
         NumericsMode::Reference => x.iter_mut().for_each(|v| *v = gelu_tanh(*v)),
         NumericsMode::Ggml => ggml_cpu::gelu_row(x),
@@ -306,6 +323,12 @@ pub fn gelu(x: &mut [f32], mode: NumericsMode) {
 /// `LLM_FFN_PAR`), computed per row by `ggml_vec_geglu_f32`. Reference mode: [`gelu_tanh`] in f32. Ggml
 /// mode: [`ggml_cpu::geglu_row`] (ggml's f16 lookup table, `GGML_GELU_FP16`).
 pub fn geglu(gate: &mut [f32], up: &[f32], width: usize, mode: NumericsMode) {
+    if crate::faults::is(crate::faults::Fault::GeluErf) {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = gelu_erf_fault(*g) * u;
+        }
+        return;
+    }
     for_row_chunks2(gate, up, width, |gate, up| match mode {
         NumericsMode::Reference => {
             for (g, &u) in gate.iter_mut().zip(up) {

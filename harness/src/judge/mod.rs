@@ -23,7 +23,7 @@ use lockstep_engine::NumericsMode;
 use crate::capture::{input_known, Known};
 use crate::compare::{CellComparison, Phase, StageComparison};
 use crate::engine::Engine;
-use crate::floors::{kind_of, FloorSet, Floors};
+use crate::floors::{kind_of, FloorSet, FloorStatistic, Floors};
 use crate::format::fmt_e3;
 use crate::gate::{
     first_divergent, first_inexact, seq_position, CellThresholds, Divergence, Failure, Verdict,
@@ -173,13 +173,22 @@ pub fn judge(
         .cmp
         .as_ref()
         .expect("the local pass is always compared");
-    let hits = hits(&known, th, floors, cmp)?;
+    // rows above a kind's 99th percentile are read against ggml mode only where ggml mode reproduces the
+    // oracle (reference mode against llama.cpp); elsewhere the floor must cover the largest measured row
+    let cross_checked =
+        mode == NumericsMode::Reference && floors.is_some() && gf.entry().oracle.is_llama_cpp();
+    let statistic = if cross_checked {
+        FloorStatistic::P99
+    } else {
+        FloorStatistic::Max
+    };
+    let hits = hits(&known, th, floors, statistic, cmp)?;
     let non_finite = |nf: &NonFinite| Finding::Structural {
         at: nf.divergence(),
         floor: format!("finite values: {}", nf.describe()),
         ratio: None,
     };
-    let finding = if mode == NumericsMode::Reference && floors.is_some() {
+    let finding = if cross_checked {
         match cross_check(case, gf, engine, cmp, &hits)? {
             CrossCheck::Structural(f) => f,
             // a NaN or ±Inf after every compared stage stayed within its floor is the finding itself
@@ -238,12 +247,14 @@ impl Hit {
 /// - bit equality at the golden's storage precision where the cell's floor is bit equality
 ///   (`stage_exact`) or the measured floors say the stage was always exact ([`FloorSet::exact_at`]) —
 ///   provided the row's injected input is the oracle's exact value;
-/// - else the measured floor: local NMSE above `stage_floor_headroom × nmse_p99` of the stage kind;
+/// - else the measured floor: local NMSE above `stage_floor_headroom ×` the stage kind's `statistic`
+///   ([`FloorStatistic`]: its 99th percentile where rows above it are cross-checked, else its maximum);
 /// - else (no floors for the cell) the stage cutoffs `stage_min_cosine` / `stage_max_nmse`.
 fn hits(
     known: &Known,
     th: &CellThresholds,
     floors: Option<&FloorSet>,
+    statistic: FloorStatistic,
     local: &CellComparison,
 ) -> Result<Vec<Hit>> {
     let mut out = Vec::new();
@@ -267,14 +278,15 @@ fn hits(
                         )
                     })
                 } else if let (Some(k), Some(h)) = (kind, th.stage_floor_headroom) {
-                    let floor = h * k.nmse_p99;
+                    let floor = h * k.statistic(statistic);
                     (nmse > floor || nmse.is_nan()).then(|| {
                         (
                             Some(nmse / floor),
                             format!(
-                                "measured floor NMSE {} ({h} × p99 {} of `{}` over {} rows)",
+                                "measured floor NMSE {} ({h} × {} {} of `{}` over {} rows)",
                                 fmt_e3(floor),
-                                fmt_e3(k.nmse_p99),
+                                statistic.name(),
+                                fmt_e3(k.statistic(statistic)),
                                 kind_of(&s.stage),
                                 k.rows
                             ),

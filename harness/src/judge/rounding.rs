@@ -9,7 +9,7 @@ use lockstep_engine::{NumericsMode, Stage};
 use crate::capture::{input_known, Known};
 use crate::compare::{CellComparison, EngineOutput, Phase};
 use crate::engine::Engine;
-use crate::floors::FloorSet;
+use crate::floors::{FloorSet, FloorStatistic};
 use crate::format::fmt_e3;
 use crate::gate::CellThresholds;
 use crate::golden::{array_stage, GoldenFile};
@@ -69,7 +69,7 @@ pub(super) fn confirm_rounding(
         .cmp
         .as_ref()
         .expect("the local pass is always compared");
-    let r_hits = hits(&r_known, th, floors, r_cmp)?;
+    let r_hits = hits(&r_known, th, floors, FloorStatistic::P99, r_cmp)?;
     let mut confirmed = Vec::with_capacity(sites.len());
     for (mut ev, row) in sites {
         let (stage, phase) = (ev.at.stage.clone(), ev.at.phase);
