@@ -109,6 +109,12 @@ pub struct KindFloor {
     pub nmse_max: f64,
     /// Stage ids of this kind where every row with an exact injected input was exact at storage precision.
     pub exact_at: Vec<String>,
+    /// The largest local NMSE over the *clean* rows only: stored in f32 by the golden, with the oracle's
+    /// exact value injected as the layer's input — so neither the golden's f16 storage nor an f16-rounded
+    /// input is part of it. A clean row is held to this ([`FloorSet::floor_nmse`] with
+    /// [`FloorStatistic::Max`]); `None` where no clean row was measured (and in files of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nmse_max_clean: Option<f64>,
 }
 
 /// Which statistic of a stage kind's measured local NMSE its floor is `stage_floor_headroom` times.
@@ -134,11 +140,15 @@ impl FloorStatistic {
 }
 
 impl KindFloor {
-    /// The measured NMSE the floor is a multiple of.
-    pub fn statistic(&self, s: FloorStatistic) -> f64 {
-        match s {
-            FloorStatistic::P99 => self.nmse_p99,
-            FloorStatistic::Max => self.nmse_max,
+    /// The measured NMSE a row's floor is a multiple of: the 99th percentile ([`FloorStatistic::P99`]), or
+    /// the largest row ([`FloorStatistic::Max`]) — of the clean rows ([`KindFloor::nmse_max_clean`]) when the
+    /// row is `clean` and clean rows were measured: a golden's f16 storage must not set the floor of the
+    /// rows of another golden that stores the stage in f32.
+    pub fn statistic(&self, s: FloorStatistic, clean: bool) -> f64 {
+        match (s, clean, self.nmse_max_clean) {
+            (FloorStatistic::P99, ..) => self.nmse_p99,
+            (FloorStatistic::Max, true, Some(m)) => m,
+            (FloorStatistic::Max, ..) => self.nmse_max,
         }
     }
 }
@@ -177,6 +187,7 @@ fn locate(text: &str) -> Option<String> {
                 let r = match field.as_str() {
                     "rows" => usize::deserialize(fv).map(drop),
                     "nmse_median" | "nmse_p99" | "nmse_max" => f64::deserialize(fv).map(drop),
+                    "nmse_max_clean" => Option::<f64>::deserialize(fv).map(drop),
                     "exact_at" => Vec::<String>::deserialize(fv).map(drop),
                     _ => continue,
                 };
@@ -317,6 +328,14 @@ impl Floors {
                 if !v.nmse_max.is_finite() {
                     bail!("{at}: nmse_max = {:?} is not finite", v.nmse_max);
                 }
+                if let Some(c) = v.nmse_max_clean {
+                    if !(c.is_finite() && (0.0..1.0).contains(&c) && c <= v.nmse_max) {
+                        bail!(
+                            "{at}: nmse_max_clean = {c:?} is not in [0, 1) and at most nmse_max {:?}",
+                            v.nmse_max
+                        );
+                    }
+                }
                 if !(v.nmse_median <= v.nmse_p99 && v.nmse_p99 <= v.nmse_max) {
                     bail!(
                         "{at}: nmse_median {:?} ≤ nmse_p99 {:?} ≤ nmse_max {:?} does not hold",
@@ -405,6 +424,8 @@ impl FloorSet {
 #[derive(Default)]
 pub struct FloorBuilder {
     nmse: BTreeMap<String, Vec<f64>>,
+    /// kind → the largest NMSE of a clean row (f32 storage, exact injected input)
+    clean_max: BTreeMap<String, f64>,
     /// stage id → (all rows with exact input were exact, rows with exact input seen)
     exact: BTreeMap<String, (bool, usize)>,
 }
@@ -423,6 +444,18 @@ impl FloorBuilder {
                 .entry(kind)
                 .or_default()
                 .extend(s.nmse_by_position.iter().copied());
+            if s.storage == Some(crate::npz::Dtype::F32) {
+                for (row, &nmse) in s.nmse_by_position.iter().enumerate() {
+                    if input_exact(s, row) {
+                        let m = self
+                            .clean_max
+                            .entry(kind_of(&s.stage).to_string())
+                            .or_insert(0.0);
+                        // a NaN row is the largest of all
+                        *m = if nmse.is_nan() { f64::NAN } else { m.max(nmse) };
+                    }
+                }
+            }
             for (row, &ex) in s.exact_at_storage_by_position.iter().enumerate() {
                 if input_exact(s, row) {
                     let e = self.exact.entry(s.stage.clone()).or_insert((true, 0));
@@ -451,6 +484,7 @@ impl FloorBuilder {
                 .filter(|(id, (all, n))| kind_of(id) == kind && *all && *n > 0)
                 .map(|(id, _)| id.clone())
                 .collect();
+            let nmse_max_clean = self.clean_max.get(&kind).copied();
             kinds.insert(
                 kind,
                 KindFloor {
@@ -458,6 +492,7 @@ impl FloorBuilder {
                     nmse_median: rank(0.5),
                     nmse_p99: rank(0.99),
                     nmse_max: v[v.len() - 1],
+                    nmse_max_clean,
                     exact_at,
                 },
             );
@@ -551,6 +586,45 @@ mod tests {
             b.finish("m", "o", "reference", BTreeMap::new()).kinds["attn_norm"]
                 .exact_at
                 .is_empty()
+        );
+    }
+
+    /// Issue 42: the clean rows (f32 storage, exact injected input) have a floor of their own, so that one
+    /// golden's f16 storage does not set the floor of another's f32 rows.
+    #[test]
+    fn clean_rows_have_their_own_maximum() {
+        let with = |id: &str, nmse: Vec<f64>, storage| {
+            let mut s = stage(id, nmse, vec![false; 2]);
+            s.storage = Some(storage);
+            s
+        };
+        let cmp = CellComparison {
+            golden_tokens: vec![],
+            engine_tokens: vec![],
+            stages: vec![
+                with("blk.0.out", vec![1e-13, 3e-13], crate::npz::Dtype::F32),
+                // f32, but row 1's input was f16-rounded: not clean
+                with("blk.1.out", vec![2e-13, 5e-9], crate::npz::Dtype::F32),
+                with("blk.2.out", vec![4e-7, 1e-7], crate::npz::Dtype::F16),
+            ],
+            not_compared: vec![],
+            logits: vec![],
+        };
+        let mut b = FloorBuilder::default();
+        b.add(&cmp, &|s, row| !(s.stage == "blk.1.out" && row == 1));
+        let out = &b.finish("m", "o", "ggml", BTreeMap::new()).kinds["out"];
+        assert_eq!(out.nmse_max, 4e-7);
+        assert_eq!(out.nmse_max_clean, Some(3e-13));
+        assert_eq!(out.statistic(FloorStatistic::Max, true), 3e-13);
+        assert_eq!(out.statistic(FloorStatistic::Max, false), 4e-7);
+        assert_eq!(out.statistic(FloorStatistic::P99, true), out.nmse_p99);
+        // no clean row measured: the largest of all
+        let mut b = FloorBuilder::default();
+        b.add(&cmp, &|_, _| false);
+        let out = &b.finish("m", "o", "ggml", BTreeMap::new()).kinds["out"];
+        assert_eq!(
+            (out.nmse_max_clean, out.statistic(FloorStatistic::Max, true)),
+            (None, 4e-7)
         );
     }
 

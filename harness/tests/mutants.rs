@@ -179,28 +179,36 @@ fn subject_of(id: &'static str, prompt: &'static str, oracle: &'static str) -> S
     }
 }
 
-/// `site`, or the layer's `out` where the golden stores none of the site's stage kinds in that phase.
+/// `site`, or where the golden stores none of the site's stage kinds in that phase, the first stage after it
+/// that the golden stores in that phase: the layer's `out`, else the next stored layer output, else the final
+/// norm (e.g. a golden whose decode steps store only `decode.output_norm`).
 fn as_stored(site: Site, s: &Subject) -> Site {
     let prefix = if site.phase == Phase::Decode {
         "decode."
     } else {
         ""
     };
-    let has = |k: StageKind| {
-        let id = Stage {
-            layer: site.layer,
-            kind: k,
-        }
-        .to_string();
+    let has = |layer: Option<usize>, k: StageKind| {
+        let id = Stage { layer, kind: k }.to_string();
         s.stored.contains(&format!("{prefix}{id}"))
     };
-    if site.kinds.iter().any(|&k| has(k)) || site.layer.is_none() {
-        site
-    } else {
-        Site {
+    let Some(layer) = site.layer else {
+        return site;
+    };
+    if site.kinds.iter().any(|&k| has(site.layer, k)) {
+        return site;
+    }
+    match (layer..s.n_layer).find(|&l| has(Some(l), StageKind::Out)) {
+        Some(l) => Site {
+            layer: Some(l),
             kinds: vec![StageKind::Out],
             ..site
-        }
+        },
+        None => Site {
+            layer: None,
+            kinds: vec![StageKind::OutputNorm],
+            ..site
+        },
     }
 }
 

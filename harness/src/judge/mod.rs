@@ -278,15 +278,24 @@ fn hits(
                         )
                     })
                 } else if let (Some(k), Some(h)) = (kind, th.stage_floor_headroom) {
-                    let floor = h * k.statistic(statistic);
+                    // f32 storage and the oracle's exact input: held to the clean rows' floor
+                    let clean = s.storage == Some(crate::npz::Dtype::F32)
+                        && s.id().is_some_and(|id| input_known(known, phase, id, row));
+                    let base = k.statistic(statistic, clean);
+                    let floor = h * base;
                     (nmse > floor || nmse.is_nan()).then(|| {
                         (
                             Some(nmse / floor),
                             format!(
-                                "measured floor NMSE {} ({h} × {} {} of `{}` over {} rows)",
+                                "measured floor NMSE {} ({h} × {}{} {} of `{}` over {} rows)",
                                 fmt_e3(floor),
                                 statistic.name(),
-                                fmt_e3(k.statistic(statistic)),
+                                if clean && base != k.statistic(statistic, false) {
+                                    " of the f32-stored rows with an exact input"
+                                } else {
+                                    ""
+                                },
+                                fmt_e3(base),
                                 kind_of(&s.stage),
                                 k.rows
                             ),
