@@ -148,10 +148,11 @@ impl CpuBackend {
 }
 
 impl CpuBackend {
-    /// A matmul on weight rows dequantized to f32 ([`quant::dequantize_row`], each row once for all
-    /// tokens) against `prepared[t].x` (`out` as [`Backend::matmul`]'s). `lanes` `None`: the portable
-    /// reference dot ([`quant::dot_dequantized`]) per output; `Some`: register tiles of rows × tokens in the
-    /// 16-lane fma order (`quant::reference_fma`). Either way every output has one fixed order, so the bits
+    /// A matmul on weight rows dequantized to f32 ([`quant::dequantize_row_with`] with this backend's
+    /// SIMD setting: the portable dequantizers under [`Simd::Off`]; each row once for all tokens) against
+    /// `prepared[t].x` (`out` as [`Backend::matmul`]'s). `lanes` `None`: the portable reference dot
+    /// ([`quant::dot_dequantized`]) per output; `Some`: register tiles of rows × tokens in the 16-lane fma
+    /// order (`quant::reference_fma`). Either way every output has one fixed order, so the bits
     /// do not depend on the batch size, the chunking or the thread count. Runs
     ///
     /// - reference mode (`lanes` from the SIMD setting): the bits of [`quant::vec_dot`] per token;
@@ -225,7 +226,8 @@ impl CpuBackend {
                     let mut ok = true;
                     for i in 0..g {
                         let d = &mut deq[i * cols..(i + 1) * cols];
-                        ok &= quant::dequantize_row(w.ty, w.row(r0 + i0 + i), d).is_ok();
+                        ok &= quant::dequantize_row_with(w.ty, w.row(r0 + i0 + i), d, self.simd)
+                            .is_ok();
                         if fault {
                             d.chunks_exact_mut(32).for_each(|b| b.rotate_left(16));
                         }

@@ -95,6 +95,13 @@ pub enum Fault {
     /// The pooling of an encoder's output swapped: the CLS row for a mean-pooled model, the mean for a
     /// CLS-pooled one (`bert.pooling_type` misread).
     PoolingWrong,
+    /// A Q4_0 unpack error in the portable code only: the scalar dequantizer (`q4_0::dequantize_block`,
+    /// ggml's `dequantize_row_q4_0` ported) takes each block's nibbles in the wrong halves — element
+    /// `j < 16` from the high nibble of `qs[j]`, element `j + 16` from the low one. The AVX2 dequantizer
+    /// (`dequantize_simd.rs`) and ggml mode's integer dot kernels are right, so only code that runs the
+    /// portable dequantizer shows it: reference mode's weight rows and the Q4_0 embedding lookup under
+    /// `--simd off` (issue 42: `off` must run the portable code, so such a bug cannot hide behind AVX2).
+    PortableDequantHalvesSwapped,
 }
 
 #[cfg(feature = "faults")]
@@ -140,7 +147,7 @@ pub const FAULT_ENV: &str = "LOCKSTEP_FAULT";
 
 impl Fault {
     /// Every fault without a parameter, and the parameterised ones at layer 0, for [`Fault::parse`].
-    const NAMED: [Fault; 30] = [
+    const NAMED: [Fault; 31] = [
         Fault::RopePairing,
         Fault::RopeBase,
         Fault::RopeDecodePosition,
@@ -171,6 +178,7 @@ impl Fault {
         Fault::EncoderCausalMask,
         Fault::TokenTypeDropped,
         Fault::PoolingWrong,
+        Fault::PortableDequantHalvesSwapped,
     ];
 
     /// The fault's name as [`Fault::parse`] reads it: the variant's name, and `:L` for the layer of

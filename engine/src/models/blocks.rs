@@ -123,7 +123,7 @@ impl Embedding {
     pub(crate) fn forward(&self, f: &mut Fwd, tokens: &[u32], x: &mut [f32]) -> Result<()> {
         let embd = self.weight.matrix(f.g);
         for (row, &tok) in x.chunks_exact_mut(self.weight.cols).zip(tokens) {
-            quant::dequantize_row(embd.ty, embd.row(tok as usize), row)?;
+            quant::dequantize_row_with(embd.ty, embd.row(tok as usize), row, f.num.simd)?;
         }
         if let Some(s) = self.scale.filter(|_| !faults::is(Fault::EmbedScaleMissing)) {
             ops::scale(x, s);
@@ -143,7 +143,7 @@ impl Embedding {
                         ),
                     });
                 }
-                quant::dequantize_row(m.ty, m.row(p), &mut prow)?;
+                quant::dequantize_row_with(m.ty, m.row(p), &mut prow, f.num.simd)?;
                 ops::add_in_place(row, &prow);
             }
         }

@@ -85,7 +85,7 @@ impl EncoderEmbedding {
         let (tok, pos) = (self.token.matrix(f.g), self.position.matrix(f.g));
         let row = sized(row, d);
         for ((xt, &t), p) in x.chunks_exact_mut(d).zip(tokens).zip(f.positions()) {
-            quant::dequantize_row(tok.ty, tok.row(t as usize), xt)?;
+            quant::dequantize_row_with(tok.ty, tok.row(t as usize), xt, f.num.simd)?;
             if let Some(ty) = self
                 .token_type0
                 .as_ref()
@@ -93,7 +93,7 @@ impl EncoderEmbedding {
             {
                 ops::add_in_place(xt, ty);
             }
-            quant::dequantize_row(pos.ty, pos.row(p), row)?;
+            quant::dequantize_row_with(pos.ty, pos.row(p), row, f.num.simd)?;
             ops::add_in_place(xt, row);
         }
         self.norm.forward(f, x, Stage::global(StageKind::Embed));
@@ -297,7 +297,8 @@ impl Encoder {
                 let t = Weight::load(g, "token_types.weight", None, Some(d))?;
                 let mut row = vec![0f32; d];
                 let m = t.matrix(g);
-                quant::dequantize_row(m.ty, m.row(0), &mut row)?;
+                // at load, before a `--simd` setting is known: the portable code (`load_vector`'s rule)
+                quant::dequantize_row_with(m.ty, m.row(0), &mut row, crate::Simd::Off)?;
                 Some(row)
             }
             Err(_) => None,

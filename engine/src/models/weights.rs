@@ -75,7 +75,9 @@ impl Weight {
 }
 
 /// Read a 1-D tensor (norm weights, biases) of `len` elements as f32. These are small (one row) and copied
-/// at load; the matrices stay in the map.
+/// at load, before any session's `--simd` setting is known, so with the portable dequantizers
+/// ([`crate::Simd::Off`]: what `off` checks, and the same values every setting gives); the matrices stay
+/// in the map.
 ///
 /// Errors: missing tensor, wrong element count, unsupported type — naming the file and tensor.
 pub fn load_vector(gguf: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -90,6 +92,11 @@ pub fn load_vector(gguf: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> 
         });
     }
     let mut out = vec![0.0; len];
-    quant::dequantize_row(info.ggml_type, gguf.tensor_data(info), &mut out)?;
+    quant::dequantize_row_with(
+        info.ggml_type,
+        gguf.tensor_data(info),
+        &mut out,
+        crate::Simd::Off,
+    )?;
     Ok(out)
 }

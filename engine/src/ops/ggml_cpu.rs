@@ -858,13 +858,17 @@ fn gelu_f32(x: f32) -> f32 {
 }
 
 /// `ggml_table_gelu_f16`, filled by `ggml_cpu_init` (ggml-cpu.c): for every f16 bit pattern `i`,
-/// `fp16(ggml_gelu_f32(f32(i)))` (F16C `_cvtss_sh`, round to nearest even = `half::f16::from_f32`).
+/// `fp16(ggml_gelu_f32(f32(i)))` (F16C `_cvtss_sh`, round to nearest even = `half::f16::from_f32_const`,
+/// the portable conversion: the same bits, no F16C under any `--simd` setting).
 fn gelu_table() -> &'static [u16] {
     use std::sync::OnceLock;
     static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
     TABLE.get_or_init(|| {
         (0..=u16::MAX)
-            .map(|i| half::f16::from_f32(gelu_f32(half::f16::from_bits(i).to_f32())).to_bits())
+            .map(|i| {
+                half::f16::from_f32_const(gelu_f32(half::f16::from_bits(i).to_f32_const()))
+                    .to_bits()
+            })
             .collect()
     })
 }
@@ -881,8 +885,8 @@ pub fn geglu_row(x: &mut [f32], g: &[f32]) {
         } else if *a >= 10.0 {
             *a * b
         } else {
-            let t = half::f16::from_f32(*a).to_bits();
-            half::f16::from_bits(table[t as usize]).to_f32() * b
+            let t = half::f16::from_f32_const(*a).to_bits();
+            half::f16::from_bits(table[t as usize]).to_f32_const() * b
         };
     }
 }
@@ -1121,8 +1125,8 @@ pub fn gelu_row(x: &mut [f32]) {
         } else if *a >= 10.0 {
             *a
         } else {
-            let t = half::f16::from_f32(*a).to_bits();
-            half::f16::from_bits(table[t as usize]).to_f32()
+            let t = half::f16::from_f32_const(*a).to_bits();
+            half::f16::from_bits(table[t as usize]).to_f32_const()
         };
     }
 }

@@ -2,7 +2,9 @@
 //! Q8_0, Q4_K, Q6_K): the values of each type's scalar `dequantize_block`, bit for bit — the same
 //! operations in the same order on eight lanes (integer unpacking is exact, `i32 → f32` conversion of
 //! these small integers is exact, and every `*`, `+`, `-` is the scalar one's single rounding: never an
-//! fma). [`super::dequantize_row`] takes these where the CPU has AVX2, the scalar code otherwise.
+//! fma). [`super::dequantize_row_with`] takes these under a SIMD setting ([`crate::Simd::Avx2`],
+//! [`crate::Simd::Avx512`]) where the CPU has AVX2, the scalar code otherwise — and always under
+//! [`crate::Simd::Off`].
 
 use std::arch::x86_64::*;
 
@@ -11,7 +13,8 @@ use super::{q4_1, q4_k, q6_k, GgmlType};
 
 /// Dequantizes `src` (whole blocks of `ty`) into `dst` with an AVX2 form of the type's
 /// `dequantize_block`, if there is one and the CPU has AVX2; returns false (nothing written) otherwise.
-/// Lengths are the caller's contract (checked by [`super::dequantize_row`]).
+/// Lengths are the caller's contract (checked by [`super::dequantize_row_with`], which calls this only
+/// when its SIMD setting is not [`crate::Simd::Off`]).
 pub(crate) fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
     if !crate::numerics::cpu_has("avx2") {
         return false;

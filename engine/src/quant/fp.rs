@@ -3,9 +3,10 @@
 //! ggml has two f32 → f16 conversions that differ only on NaN:
 //! - `GGML_CPU_FP32_TO_FP16` (ggml-cpu/simd-mappings.h) on x86 with F16C is `_cvtss_sh(x, 0)`: round to
 //!   nearest even; a NaN keeps its sign and top 10 payload bits and gets the quiet bit. ggml-cpu uses it for
-//!   activations (`quantize_row_q8_0` / `q8_1`, `ggml_cpu_fp32_to_fp16`). The `half` crate converts
-//!   identically (F16C at run time, or a software fallback with the same rounding and NaN rule) — checked in
-//!   the tests below.
+//!   activations (`quantize_row_q8_0` / `q8_1`, `ggml_cpu_fp32_to_fp16`). [`f32_to_f16_cpu`] computes it
+//!   in portable code (`half::f16::from_f32_const`, the `half` crate's software conversion, never F16C:
+//!   `half::f16::from_f32` would take F16C at run time whatever the session's `--simd` says), with the
+//!   same rounding and NaN rule as the instruction — checked against F16C in the tests below.
 //! - `GGML_FP32_TO_FP16` in libggml-base (ggml-impl.h `ggml_compute_fp32_to_fp16`, a branch-free bit trick):
 //!   the same round to nearest even, but every NaN becomes `sign | 0x7E00`. The `_ref` quantizers that write
 //!   model files use it.
@@ -41,10 +42,12 @@ pub(crate) fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
 }
 
-/// f32 → f16 bits as ggml-cpu on x86 (`GGML_CPU_FP32_TO_FP16` = F16C `_cvtss_sh(x, 0)`).
+/// f32 → f16 bits as ggml-cpu on x86 (`GGML_CPU_FP32_TO_FP16` = F16C `_cvtss_sh(x, 0)`), in portable code
+/// (`half`'s software conversion, no F16C: the scalar kernels [`crate::Simd::Off`] runs use it; the same
+/// bits as the instruction, tested).
 #[inline]
 pub(crate) fn f32_to_f16_cpu(x: f32) -> u16 {
-    f16::from_f32(x).to_bits()
+    f16::from_f32_const(x).to_bits()
 }
 
 /// f32 → f16 bits as libggml-base (`GGML_FP32_TO_FP16` = `ggml_compute_fp32_to_fp16`): like

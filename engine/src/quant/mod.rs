@@ -130,9 +130,9 @@
 //!    ([`ggml_path`]; of those, only BF16's on AVX512-BF16);
 //! 5. on another CPU (no FMA, ARM) llama.cpp picks other kernels and this bit-exactness does not carry over.
 //!
-//! Reference mode is plain: dequantize to f32 (the values [`dequantize_row`] gives, identical to the `gguf`
-//! package's and to ggml's `dequantize_row_*`), f32 multiply-accumulate in a fixed order (see
-//! `reference.rs`).
+//! Reference mode is plain: dequantize to f32 (the values [`dequantize_row_with`] gives with the session's
+//! SIMD setting — the portable code under [`Simd::Off`] — identical to the `gguf` package's and to ggml's
+//! `dequantize_row_*`), f32 multiply-accumulate in a fixed order (see `reference.rs`).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -247,7 +247,7 @@ pub(crate) fn reference_fused_matmul(
     reference_fused::matmul(ty, w, row_bytes, cols, xs, put)
 }
 
-use crate::numerics::{GgmlTarget, NumericsMode};
+use crate::numerics::{GgmlTarget, NumericsMode, Simd};
 
 use crate::Error;
 
@@ -292,22 +292,48 @@ fn check_len(ty: GgmlType, n_bytes: usize, n_elements: usize) -> crate::Result<(
     }
 }
 
-/// Dequantize a row: `src` holds the ggml blocks of `dst.len()` elements of `ty`.
+/// Dequantize a row: `src` holds the ggml blocks of `dst.len()` elements of `ty`, with the kernels of
+/// the best SIMD setting this CPU runs ([`Simd::detect`], under the `LOCKSTEP_CPU` cap): the AVX2 forms
+/// of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K where it is [`Simd::Avx2`] or [`Simd::Avx512`], the portable
+/// code otherwise. For code that runs under a session's `--simd` setting (the weight rows of reference
+/// mode's matmuls, the embedding lookup) use [`dequantize_row_with`] with that setting, so that
+/// [`Simd::Off`] runs the portable code; this one is for loaders and tools that have no setting. Both
+/// give the same values (see [`dequantize_row_with`]).
 ///
-/// Bit for bit ggml's `dequantize_row_<type>` (ggml-quants.c) and the `gguf` package's `dequantize`
-/// (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K through their AVX2 forms where the CPU has AVX2,
-/// `dequantize_simd.rs`: the same values).
+/// Errors: as [`dequantize_row_with`].
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> crate::Result<()> {
+    dequantize_row_with(ty, src, dst, Simd::detect())
+}
+
+/// Dequantize a row (`src`: the ggml blocks of `dst.len()` elements of `ty`) with the kernels of the SIMD
+/// setting `simd`.
+///
+/// Bit for bit ggml's `dequantize_row_<type>` (ggml-quants.c) and the `gguf` package's `dequantize`,
+/// whichever kernels run:
+/// - [`Simd::Off`]: the portable scalar code of every type (its `dequantize_block`, e.g.
+///   `q4_0::dequantize_block`), never an x86 intrinsic — the code `--simd off` exists to check;
+/// - [`Simd::Avx2`] and [`Simd::Avx512`]: the AVX2 forms of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K
+///   (`dequantize_simd.rs`: the same operations in the same order on eight lanes, the same bits) where
+///   the CPU has AVX2 ([`crate::numerics::cpu_has`]), the portable code for other types and on a CPU
+///   without AVX2.
 ///
 /// Errors: [`Error::Invalid`] if `src.len() != ty.bytes_for(dst.len())`; [`Error::Unsupported`] for types
 /// without a kernel.
-pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> crate::Result<()> {
+pub fn dequantize_row_with(
+    ty: GgmlType,
+    src: &[u8],
+    dst: &mut [f32],
+    simd: Simd,
+) -> crate::Result<()> {
     let t = table::traits(ty)
         .ok_or_else(|| Error::Unsupported(format!("no dequantization kernel for {ty}")))?;
     check_len(ty, src.len(), dst.len())?;
     #[cfg(target_arch = "x86_64")]
-    if dequantize_simd::dequantize_row(ty, src, dst) {
+    if simd != Simd::Off && dequantize_simd::dequantize_row(ty, src, dst) {
         return Ok(());
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = simd;
     (t.dequantize)(src, dst);
     Ok(())
 }

@@ -2,7 +2,7 @@
 
 use super::types::GgmlType;
 use super::{float, q8, q8_k, vec_dot_type};
-use crate::numerics::NumericsMode;
+use crate::numerics::{NumericsMode, Simd};
 use crate::{Error, Result};
 
 /// An activation row prepared once for dot products against many weight rows of one type in one mode.
@@ -190,7 +190,10 @@ impl PreparedRow {
         let act_ty = self.act_ty.unwrap_or(GgmlType::F32);
         if matches!(act_ty, GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8_K) {
             resize(&mut self.x, x.len(), 0.0);
-            super::dequantize_row(act_ty, &self.blocks, &mut self.x)?;
+            // the portable dequantizer with SIMD off (`simd` false), the AVX2 one (where the CPU has
+            // it) with any SIMD setting: the same values
+            let setting = if simd { Simd::Avx2 } else { Simd::Off };
+            super::dequantize_row_with(act_ty, &self.blocks, &mut self.x, setting)?;
         }
         // F32/F16/BF16: `x` already holds the activation as the kernel reads it
         self.mode = NumericsMode::Reference;

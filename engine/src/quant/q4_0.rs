@@ -10,14 +10,21 @@ use super::x86::{fma, fma_lanes, hsum_float_8, sign_trick_mul};
 /// Bytes per block.
 pub(crate) const BYTES: usize = 18;
 
-/// One block to f32 (`dequantize_row_q4_0`: `y = ((q & 0xF) - 8) * d`).
+/// One block to f32 (`dequantize_row_q4_0`: `y = ((q & 0xF) - 8) * d`): the portable dequantizer (the
+/// AVX2 one is `dequantize_simd.rs`'s `q4_0`). Under the mutation suite's
+/// [`crate::faults::Fault::PortableDequantHalvesSwapped`] the two halves are swapped (high nibbles first).
 #[inline(always)]
 pub(crate) fn dequantize_block(blk: &[u8], out: &mut [f32; QK]) {
     let d = read_f16(blk, 0);
     let qs = &blk[2..2 + QK / 2];
+    let (lo, hi) = if crate::faults::is(crate::faults::Fault::PortableDequantHalvesSwapped) {
+        (QK / 2, 0)
+    } else {
+        (0, QK / 2)
+    };
     for j in 0..QK / 2 {
-        out[j] = (i32::from(qs[j] & 0x0F) - 8) as f32 * d;
-        out[j + QK / 2] = (i32::from(qs[j] >> 4) - 8) as f32 * d;
+        out[j + lo] = (i32::from(qs[j] & 0x0F) - 8) as f32 * d;
+        out[j + hi] = (i32::from(qs[j] >> 4) - 8) as f32 * d;
     }
 }
 

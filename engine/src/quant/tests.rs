@@ -966,3 +966,62 @@ fn rounded_reference_rows_hold_the_ggml_activation_dequantized() {
         );
     }
 }
+
+/// Issue 42: `--simd off` runs the portable dequantizers. [`dequantize_row_with`] under [`Simd::Off`] gives
+/// the bits of each type's scalar `dequantize_block` (the table's `dequantize`, which it must be: no AVX2
+/// form is reachable with SIMD off), and every other setting — and [`dequantize_row`], which takes the
+/// best this CPU runs — gives the same bits (the AVX2 forms of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K where
+/// this CPU, under the `LOCKSTEP_CPU` cap, has AVX2). Random weight rows and random garbage blocks (NaN,
+/// inf and subnormal scales), with `-0.0`/`+0.0` told apart; NaN payloads too for `off`, which runs the
+/// very same code (a NaN's payload is not part of ggml's contract between kernels: `test_rng::same`).
+#[test]
+fn dequantize_row_off_is_the_portable_code_bit_for_bit() {
+    let mut rng = Rng(0x5eed_0042_d00d_f00d);
+    let n = 512;
+    for ty in DOT_TYPES
+        .into_iter()
+        .chain([GgmlType::Q8_1, GgmlType::Q8_K])
+    {
+        let garbage: Vec<u8> = (0..ty.bytes_for(n as u64).unwrap())
+            .map(|_| rng.next() as u8)
+            .collect();
+        let rows = if DOT_TYPES.contains(&ty) {
+            vec![weight_row(ty, n, &mut rng), garbage]
+        } else {
+            vec![quantize_row(ty, &rng.vec(n, 3.0)).unwrap(), garbage]
+        };
+        for w in rows {
+            let mut portable = vec![f32::NAN; n];
+            (table::traits(ty).unwrap().dequantize)(&w, &mut portable);
+            let mut off = vec![f32::NAN; n];
+            dequantize_row_with(ty, &w, &mut off, Simd::Off).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&off),
+                bits(&portable),
+                "{ty}: off is not the portable code"
+            );
+            let same = |got: &[f32], what: &str| {
+                for (i, (&g, &e)) in got.iter().zip(&portable).enumerate() {
+                    assert!(
+                        test_rng::same(g, e),
+                        "{ty} {what} element {i}: {g:e} vs {e:e}"
+                    );
+                }
+            };
+            for simd in Simd::ALL {
+                let mut got = vec![f32::NAN; n];
+                dequantize_row_with(ty, &w, &mut got, simd).unwrap();
+                same(&got, simd.name());
+            }
+            let mut got = vec![f32::NAN; n];
+            dequantize_row(ty, &w, &mut got).unwrap();
+            same(&got, "dequantize_row");
+        }
+        // the length check does not depend on the setting
+        for simd in Simd::ALL {
+            let mut short = vec![0f32; n - 1];
+            assert!(dequantize_row_with(ty, &[0u8; 3], &mut short, simd).is_err());
+        }
+    }
+}
