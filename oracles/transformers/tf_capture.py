@@ -250,15 +250,18 @@ def to_float64(model) -> list[str]:
     cfg = model.config
     done = []
     rot = getattr(model.base_model, "rotary_emb", None)
-    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    # gemma4's head width is per layer (_gemma4_inv_freq64 reads each layer type's): reading the global
+    # cfg.head_dim of its heterogeneous config raises AmbiguousGlobalPerLayerAttributeError (transformers 5.23)
+    gemma4 = cfg.model_type == "gemma4_text"
+    dim = None if gemma4 else getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     # partial rotary (stablelm; phi3's factor is 1.0): the rotary embedding covers int(head_dim * factor) dims
     rp = getattr(cfg, "rope_parameters", None) or {}
     dim_full = dim
-    if "partial_rotary_factor" in rp:
+    if "partial_rotary_factor" in rp and not gemma4:
         dim = int(dim * rp["partial_rotary_factor"])
     if rot is None:
         done.append("no rotary embedding (learned absolute positions)")
-    elif cfg.model_type == "gemma4_text":
+    elif gemma4:
         done += _gemma4_inv_freq64(cfg, rot)
     elif hasattr(rot, "inv_freq"):
         assert rot.rope_type == "default", rot.rope_type
