@@ -641,7 +641,7 @@ def load(gguf: Path, dtype=torch.float32):
     if cfg.model_type == "gemma2":
         # LOADER FIXES (gemma2): transformers 5.23's GGUF config map for gemma2 (integrations/ggml.py) reads
         # neither `gemma2.attn_logit_softcapping` nor `gemma2.final_logit_softcapping`, so Gemma2Config keeps its
-        # defaults 50.0 / 30.0 whatever the file says (synth-gemma2: attention 5.0, final 30.0); nor any
+        # defaults 50.0 / 30.0 whatever the file says (synth-gemma2: attention 5.0, final 10.0); nor any
         # query_pre_attn_scalar (the GGUF has none: the default 256 is Gemma 2 2B/9B's head_dim, while llama.cpp
         # scales Q by 1/sqrt(the file's key_length) for every size but 27B, models/gemma2.cpp). Set here from the
         # file (llama.cpp's defaults where the file has no key, LLAMACPP_GEMMA2_DEFAULTS), before the model is
