@@ -94,9 +94,43 @@ fn biased_gelu_arch(arch: &str) -> bool {
 /// tanh is in its curved range for these small attention scores (|q·k|/√d of a few units).
 pub const SYNTH_ATTN_SOFTCAP: f32 = 5.0;
 
-/// `gemma2.final_logit_softcapping` of a synthetic `gemma2` file (the real models' 30: the logits of
-/// these models reach tens).
-pub const SYNTH_FINAL_SOFTCAP: f32 = 30.0;
+/// `<arch>.final_logit_softcapping` of a synthetic `gemma2` and `gemma4` file: 10, not the real models' 30,
+/// for the reason [`SYNTH_ATTN_SOFTCAP`] is 5. With the post-norm gain of [`gemma_post_norm_gain`] these
+/// models' logits spread over a few units, as the llama-family files' do (|logit| <= ~10), where a cap of 30
+/// would bend them by ~3% at most; at 10 the tanh is in its curved range for the top logits (synth-gemma2:
+/// max |lm_head| 9.91 -> 7.58, the logits moved by NMSE 4.1e-3). Until issue 42 the cap was 30, when these
+/// logits reached 23-30 (see [`gemma_post_norm_gain`]).
+pub const SYNTH_FINAL_SOFTCAP: f32 = 10.0;
+
+/// Gain of the Gemma post-norms (`post_attention_norm`, `post_ffw_norm`; gemma2, gemma3, gemma4) of a
+/// synthetic file: their weights are `gain * (1 + U(-0.2, 0.2))`, with gain 2·√d_model (32 for the
+/// [`SynthModel::preset`] models), where every other norm weight is `1 + U(-0.2, 0.2)`.
+///
+/// Why (issue 42): Gemma multiplies the token embedding by √d_model on its way into the residual stream
+/// (`Gemma*TextScaledWordEmbedding`; llama.cpp's `inp_scaled`), and the output head is tied to that same
+/// (unscaled) embedding. With unit post-norms each of the 2·n_layer blocks adds a post-normed vector of norm
+/// ~√d to the residual stream, while the scaled embedding has norm √d·|e| ≈ 37 (entries ±0.25): the token's own
+/// embedding stayed the dominant direction of the final hidden state (cosine ~0.8 with it), so the tied head
+/// gave the CURRENT token a logit of 20-30 against ~6 for the best other one. Every position predicted its
+/// input token (11 of 11 prompt positions, p(top-1) ~1.0, margins 12-23 logits) and the greedy continuation
+/// repeated the prompt's last token 8 times: KL carried no signal. A trained Gemma's blocks write far more
+/// into the residual stream than its embedding does. The √d in the gain cancels the embedding's √d (the
+/// embedding then has the share of the residual stream it has in the llama-family files, which add it
+/// unscaled); the 2 halves that share again, because at √d what is left of the copy (the tied head reading
+/// the token's own embedding: ~1.2 standard deviations of the logits) still locked synth-gemma2's greedy
+/// continuation onto one token (the same token predicted at all 8 decode steps); at 2·√d it is ~0.6 of one.
+/// Every RMSNorm that reads the residual stream is scale-invariant, so nothing else moves: this is the same
+/// model as `token_embd / (2√d)` with an output norm × 2√d. Measured on the llama.cpp goldens of the three
+/// F32 files (the full logits rows at the last prompt position and the 8 decode steps; margins = top-1 minus
+/// top-2 logit), before -> after: p(top-1) median 1.000 -> 0.15 (gemma2), 0.18 (gemma3), 0.16 (gemma4), at most
+/// 0.41; margins 12.5-23.6 -> medians 0.30-0.42, at most 2.3; entropy ~0 -> 3.6-3.7 nats (synth-llama: p(top-1)
+/// 0.21, margin 0.24, 3.1 nats); top-1 = the input token at 11/11 -> 0/11 prompt positions; the greedy
+/// continuation 8 × the same token -> 5, 7 and 8 distinct tokens in 8 steps. The sliding window (4, crossed by
+/// the 11-token prompt) and the soft-caps act as before (attention cap 5 on the same attention scores: the
+/// attention path reads the residual stream through RMSNorms only).
+pub fn gemma_post_norm_gain(d_model: usize) -> f32 {
+    2.0 * (d_model as f32).sqrt()
+}
 
 /// `<arch>.context_length` of the synthetic files (also the rows of GPT-2's `position_embd`).
 pub const SYNTH_CONTEXT: usize = 256;
@@ -456,8 +490,10 @@ impl SynthModel {
                 tensor(&mut w, &n("attn_k_norm"), 1, head_dim, f32t, 1.0, 0.2)?;
             }
             if matches!(self.arch, "gemma2" | "gemma3" | "gemma4") {
-                tensor(&mut w, &n("post_attention_norm"), 1, d, f32t, 1.0, 0.2)?;
-                tensor(&mut w, &n("post_ffw_norm"), 1, d, f32t, 1.0, 0.2)?;
+                // 2√d_model gain: the residual stream must not be the (√d-scaled, tied) token embedding
+                let g = gemma_post_norm_gain(d);
+                tensor(&mut w, &n("post_attention_norm"), 1, d, f32t, g, 0.2 * g)?;
+                tensor(&mut w, &n("post_ffw_norm"), 1, d, f32t, g, 0.2 * g)?;
             }
             if self.arch == "gemma4" {
                 // Gemma 4's layer_scalar

@@ -250,15 +250,18 @@ def to_float64(model) -> list[str]:
     cfg = model.config
     done = []
     rot = getattr(model.base_model, "rotary_emb", None)
-    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    # gemma4's head width is per layer (_gemma4_inv_freq64 reads each layer type's): reading the global
+    # cfg.head_dim of its heterogeneous config raises AmbiguousGlobalPerLayerAttributeError (transformers 5.23)
+    gemma4 = cfg.model_type == "gemma4_text"
+    dim = None if gemma4 else getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     # partial rotary (stablelm; phi3's factor is 1.0): the rotary embedding covers int(head_dim * factor) dims
     rp = getattr(cfg, "rope_parameters", None) or {}
     dim_full = dim
-    if "partial_rotary_factor" in rp:
+    if "partial_rotary_factor" in rp and not gemma4:
         dim = int(dim * rp["partial_rotary_factor"])
     if rot is None:
         done.append("no rotary embedding (learned absolute positions)")
-    elif cfg.model_type == "gemma4_text":
+    elif gemma4:
         done += _gemma4_inv_freq64(cfg, rot)
     elif hasattr(rot, "inv_freq"):
         assert rot.rope_type == "default", rot.rope_type
@@ -638,7 +641,7 @@ def load(gguf: Path, dtype=torch.float32):
     if cfg.model_type == "gemma2":
         # LOADER FIXES (gemma2): transformers 5.23's GGUF config map for gemma2 (integrations/ggml.py) reads
         # neither `gemma2.attn_logit_softcapping` nor `gemma2.final_logit_softcapping`, so Gemma2Config keeps its
-        # defaults 50.0 / 30.0 whatever the file says (synth-gemma2: attention 5.0, final 30.0); nor any
+        # defaults 50.0 / 30.0 whatever the file says (synth-gemma2: attention 5.0, final 10.0); nor any
         # query_pre_attn_scalar (the GGUF has none: the default 256 is Gemma 2 2B/9B's head_dim, while llama.cpp
         # scales Q by 1/sqrt(the file's key_length) for every size but 27B, models/gemma2.cpp). Set here from the
         # file (llama.cpp's defaults where the file has no key, LLAMACPP_GEMMA2_DEFAULTS), before the model is
