@@ -515,13 +515,15 @@ fn gemma3_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
 
 /// Issue 42: the real Gemma 3's sliding window (512 positions) is crossed by the compact golden `long_window`
 /// (540 prompt tokens; blk.N.out and output_norm stored at a few positions around the window boundary). A window
-/// off by one (`pos − p ≤ window`) lets the query at position 512 see position 0: the gate fails the cell, in
-/// ggml mode at the first window layer's output at position 512 exactly (every stored row before it stays bit
-/// exact). A compact golden cannot be injected, so bisect says it cannot localize and gives the accumulated
-/// pass's first divergent stage; the unbroken engine passes.
+/// off by one (`pos − p ≤ window`) lets the query at position 512 see position 0: ggml mode's gate fails the
+/// cell at the first window layer's output at position 512 exactly (every stored row before it stays bit exact;
+/// measured: blk.0.out cosine 0.99999955, NMSE 2.0e-6 there). Reference mode does NOT catch it: an NMSE of 2e-6
+/// is far inside its floor (its unbroken rows differ from llama.cpp by ~1e-4..1e-3), so its verdict is printed,
+/// not asserted. A compact golden cannot be injected, so bisect says it cannot localize and gives the
+/// accumulated pass's first divergent stage; the unbroken engine passes in both modes.
 #[test]
 #[ignore = "real model: run by ci/test.sh"]
-fn gemma3_window_off_by_one_fails_the_gate_on_the_golden_longer_than_its_window() {
+fn gemma3_window_off_by_one_fails_the_ggml_gate_on_the_golden_longer_than_its_window() {
     let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     let s = subject("gemma3-270m-q4_k_m", "long_window");
     let (w, l) = s.window.expect("Gemma 3 has a sliding window");
@@ -550,24 +552,28 @@ fn gemma3_window_off_by_one_fails_the_gate_on_the_golden_longer_than_its_window(
         assert!(note.contains("compact"), "{mode}: {note}");
         let r = bisect_once(&s, mode, Some(Fault::WindowOffByOne));
         let text = render(&r);
-        eprintln!("---- WindowOffByOne, {mode}:\n{text}");
+        eprintln!(
+            "---- WindowOffByOne, {mode}: gate {}\n{text}",
+            if r.gate.pass { "PASSED" } else { "fails" }
+        );
+        if mode == NumericsMode::Reference {
+            continue; // below reference mode's floor (see above): reported, not asserted
+        }
         assert!(
             !r.gate.pass,
             "{mode}: the gate passed a window off by one\n{text}"
         );
+        // bit equality up to the first query that sees one key too many
         let first = r
             .gate
             .first_divergent
             .clone()
             .unwrap_or_else(|| panic!("{mode}: no first divergent stage\n{text}"));
-        if mode == NumericsMode::Ggml {
-            // bit equality up to the first query that sees one key too many
-            assert_eq!(
-                (first.stage.as_str(), first.phase, first.position),
-                (format!("blk.{l}.out").as_str(), Phase::Prefill, w),
-                "{text}"
-            );
-        }
+        assert_eq!(
+            (first.stage.as_str(), first.phase, first.position),
+            (format!("blk.{l}.out").as_str(), Phase::Prefill, w),
+            "{text}"
+        );
     }
 }
 
