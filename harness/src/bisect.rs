@@ -123,10 +123,18 @@ pub fn unlocalized_note(manifest: &Manifest, entry: &GoldenEntry) -> String {
     } else {
         format!("{} and the logits", stored.join(", "))
     };
-    let mut note = format!(
-        "golden {} stores {what}: no layer output (blk.N.out) to inject, so no stage can be localized",
-        entry.path
-    );
+    let mut note = if entry.is_compact() {
+        format!(
+            "golden {} is compact: it stores {what} at the prompt positions of `stage_positions` only, and a local \
+             pass needs every position's layer input, so no stage can be localized",
+            entry.path
+        )
+    } else {
+        format!(
+            "golden {} stores {what}: no layer output (blk.N.out) to inject, so no stage can be localized",
+            entry.path
+        )
+    };
     let same_prompt: Vec<String> = manifest
         .goldens_for_model(&entry.model_id)
         .filter(|g| {

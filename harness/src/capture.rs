@@ -205,6 +205,12 @@ pub fn injection(
     own: &EngineOutput,
     accumulated: Option<&CellComparison>,
 ) -> Result<(Injection, Known)> {
+    if entry.is_compact() {
+        anyhow::bail!(
+            "{}: a compact golden stores its stages at the positions of `stage_positions` only: nothing to inject",
+            gf.path().display()
+        );
+    }
     let mut inj = Injection::default();
     let mut known = Known::new();
     let names: Vec<String> = entry.arrays.keys().cloned().collect();

@@ -133,12 +133,17 @@ pub struct StageComparison {
     /// reproduces the oracle exactly: any `false` is a difference, however small its NMSE.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exact_at_storage_by_position: Vec<bool>,
-    /// Position of the smallest cosine.
+    /// Position of the smallest cosine (the prompt position, in a compact golden's comparison too).
     pub worst_position: usize,
     /// Cosine per position, in position order (for bisect and plots).
     pub cosine_by_position: Vec<f64>,
     /// NMSE per position, in position order.
     pub nmse_by_position: Vec<f64>,
+    /// The prompt position of each row when the golden stores this stage at some positions only (a compact
+    /// golden's `stage_positions`, [`crate::golden::GoldenEntry::is_compact`]): row `r` of the per-position
+    /// vectors is position `positions[r]`. Empty when row `r` is position `r` (every position compared).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub positions: Vec<usize>,
 }
 
 impl StageComparison {
@@ -154,6 +159,12 @@ impl StageComparison {
             .iter()
             .copied()
             .fold(0.0, |m: f64, x| if x > m || x.is_nan() { x } else { m })
+    }
+
+    /// The position in its phase of row `row` of the per-position vectors: [`StageComparison::positions`]
+    /// where the golden stores some positions only, else `row` itself.
+    pub fn row_position(&self, row: usize) -> usize {
+        self.positions.get(row).copied().unwrap_or(row)
     }
 
     /// Every position equal to the golden at its storage precision (false when not measured).
@@ -324,6 +335,7 @@ pub fn compare_stage_stored(
         worst_position,
         cosine_by_position: errs.iter().map(|e| e.cosine).collect(),
         nmse_by_position: errs.iter().map(|e| e.nmse).collect(),
+        positions: Vec::new(),
     })
 }
 
@@ -404,6 +416,8 @@ fn compare_parts(
     let gname = golden.path().display().to_string();
     let entry = golden.entry().clone();
     let golden_tokens = golden.read_tokens("tokens")?;
+    // a compact golden: its prefill stages hold the rows of these prompt positions only
+    let stage_positions = golden.stage_positions()?;
     let mut stages = Vec::new();
     let mut not_compared = Vec::new();
     let mut logits = Vec::new();
@@ -439,7 +453,23 @@ fn compare_parts(
             let name = format!("{prefix}{id}");
             let storage = entry.arrays[&name].dtype;
             let g = golden.read_f32(&name)?;
-            stages.push(compare_stage_stored(id, phase, e, &g, &gname, storage)?);
+            match (&stage_positions, phase) {
+                (Some(pos), Phase::Prefill) => {
+                    if e.nrows() != golden_tokens.len() {
+                        bail!(
+                            "{gname}: stage `{id}` ({phase}): {} prompt positions in the golden, {} rows from the engine",
+                            golden_tokens.len(),
+                            e.nrows()
+                        );
+                    }
+                    let rows = e.select(ndarray::Axis(0), pos);
+                    let mut c = compare_stage_stored(id, phase, &rows, &g, &gname, storage)?;
+                    c.worst_position = pos[c.worst_position.min(pos.len() - 1)];
+                    c.positions = pos.clone();
+                    stages.push(c);
+                }
+                _ => stages.push(compare_stage_stored(id, phase, e, &g, &gname, storage)?),
+            }
         }
         for id in &out.stage_order {
             if !golden_ids.contains(id) {

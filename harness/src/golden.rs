@@ -16,7 +16,8 @@
 //! | array | dtype | shape | meaning |
 //! |---|---|---|---|
 //! | `tokens` | i32 | `[T]` | the prompt's token ids as the oracle tokenized them |
-//! | `<stage id>` | f16 or f32 | `[T, D]` | a prefill stage under its canonical id (`embed`, `blk.3.q_rope`, `blk.3.out`, `output_norm`, ...); Q/K after RoPE are flattened head-major to `[T, n_head * head_dim]` |
+//! | `<stage id>` | f16 or f32 | `[T, D]` (`[S, D]` when compact) | a prefill stage under its canonical id (`embed`, `blk.3.q_rope`, `blk.3.out`, `output_norm`, ...); Q/K after RoPE are flattened head-major to `[T, n_head * head_dim]` |
+//! | `stage_positions` | i32 | `[S]` | only in a *compact* golden: the prompt positions its prefill stages are stored at (strictly increasing, in `0..T`); row `r` of every prefill stage is position `stage_positions[r]` |
 //! | `logits` | f32 | `[P, V]` | full logits rows at the prompt positions `logits_positions` |
 //! | `logits_positions` | i32 | `[P]` | which positions `logits` holds (always includes `T - 1`) |
 //! | `logits_topk_ids` | i32 | `[T, K]` | the `K` (64) largest logits' token ids at every prompt position, descending |
@@ -31,6 +32,12 @@
 //!
 //! Which stages a golden holds differs per golden (to respect the size budget); its manifest entry
 //! lists them all, and a stage missing from a golden is simply not compared.
+//!
+//! A **compact** golden ([`GoldenEntry::is_compact`]; a prompt longer than what every position's stages would
+//! fit in the budget, e.g. one that crosses Gemma 3's sliding window of 512 positions) stores its prefill stages
+//! at the positions `stage_positions` only; the comparison takes the engine's rows at those positions
+//! ([`crate::compare`]). Its layer outputs cannot be injected — a local pass needs every position's layer
+//! input — so it is held to its accumulated pass alone ([`GoldenEntry::stores_layer_outputs`] is false).
 //!
 //! # Stage map
 //!
@@ -53,6 +60,10 @@ pub const SCHEMA_VERSION: u32 = 1;
 
 /// File name of the manifest inside the golden directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// The array of a compact golden naming the prompt positions its prefill stages are stored at
+/// ([`GoldenEntry::is_compact`], [`GoldenFile::stage_positions`]).
+pub const STAGE_POSITIONS: &str = "stage_positions";
 
 /// `golden/manifest.json`.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -449,20 +460,31 @@ impl GoldenEntry {
     }
 
     /// The canonical ids of the prefill stages this golden holds (arrays other than `tokens`,
-    /// `logits*` and `decode.*`).
+    /// `logits*`, [`STAGE_POSITIONS`] and `decode.*`).
     pub fn prefill_stages(&self) -> impl Iterator<Item = &str> {
-        self.arrays
-            .keys()
-            .map(String::as_str)
-            .filter(|n| *n != "tokens" && !n.starts_with("logits") && !n.starts_with("decode."))
+        self.arrays.keys().map(String::as_str).filter(|n| {
+            *n != "tokens"
+                && *n != STAGE_POSITIONS
+                && !n.starts_with("logits")
+                && !n.starts_with("decode.")
+        })
     }
 
-    /// True when the golden stores some layer output (`blk.N.out`): the input bisect injects into the
-    /// next layer, so only such a golden can localize a divergence.
+    /// True for a compact golden: its prefill stages are stored at the prompt positions of the array
+    /// [`STAGE_POSITIONS`] only, not at every position.
+    pub fn is_compact(&self) -> bool {
+        self.arrays.contains_key(STAGE_POSITIONS)
+    }
+
+    /// True when the golden stores some layer output (`blk.N.out`) at every prompt position: the input bisect
+    /// injects into the next layer, so only such a golden can localize a divergence. False for a compact golden
+    /// ([`GoldenEntry::is_compact`]): its rows at a few positions are not a layer's whole input.
     pub fn stores_layer_outputs(&self) -> bool {
-        self.arrays
-            .keys()
-            .any(|k| array_stage(k).is_some_and(|(s, decode)| !decode && s.is_layer_output()))
+        !self.is_compact()
+            && self
+                .arrays
+                .keys()
+                .any(|k| array_stage(k).is_some_and(|(s, decode)| !decode && s.is_layer_output()))
     }
 
     /// The canonical ids of the decode stages this golden holds (`decode.<id>` without the
@@ -786,6 +808,44 @@ impl GoldenFile {
         Ok((tokens, decode))
     }
 
+    /// The prompt positions the prefill stages are stored at: `None` for a golden that stores them at every
+    /// position, else the compact golden's [`STAGE_POSITIONS`] (row `r` of every prefill stage is position
+    /// `positions[r]`).
+    ///
+    /// Errors, naming the file: the array is not 1-D, is empty, is not strictly increasing (unsorted or a
+    /// position twice), or holds a position outside `0..n_prompt_tokens`.
+    pub fn stage_positions(&mut self) -> Result<Option<Vec<usize>>> {
+        if !self.entry.is_compact() {
+            return Ok(None);
+        }
+        let path = self.path.display().to_string();
+        let t = self.entry.n_prompt_tokens;
+        let a = self.read_i32(STAGE_POSITIONS)?;
+        if self.entry.arrays[STAGE_POSITIONS].shape.len() != 1 || a.is_empty() {
+            bail!(
+                "{path}: array `{STAGE_POSITIONS}` must be a non-empty 1-D list of prompt positions, but has shape {:?}",
+                self.entry.arrays[STAGE_POSITIONS].shape
+            );
+        }
+        let mut out: Vec<usize> = Vec::with_capacity(a.len());
+        for (i, &p) in a.iter().enumerate() {
+            let Some(p) = usize::try_from(p).ok().filter(|&p| p < t) else {
+                bail!(
+                    "{path}: array `{STAGE_POSITIONS}` holds {p} at index {i}, outside the prompt positions 0..{t}"
+                );
+            };
+            if let Some(&prev) = out.last() {
+                if p <= prev {
+                    bail!(
+                        "{path}: array `{STAGE_POSITIONS}` is not strictly increasing: {p} at index {i} after {prev}"
+                    );
+                }
+            }
+            out.push(p);
+        }
+        Ok(Some(out))
+    }
+
     /// Read an i32 array of token ids (`logits_topk_ids`, ...) as `[rows, k]`, each id in `0..n_vocab`.
     /// Errors name the file, array and offending id.
     pub fn read_ids(&mut self, name: &str, n_vocab: usize) -> Result<Array2<u32>> {
@@ -816,7 +876,8 @@ impl GoldenFile {
     /// - with `N = n_decode_steps > 0`: `decode.tokens` is `[N]` with ids in `0..V`, and `decode.logits`
     ///   `[N, V]` or `logits_decode_topk_ids` / `logits_decode_topk` `[N, K]` exist; with `N = 0` no
     ///   `decode.*` array does;
-    /// - every prefill stage has `T` rows, every decode stage `N`.
+    /// - every prefill stage has `T` rows — in a compact golden one per position of `stage_positions`, a
+    ///   strictly increasing `[S]` in `0..T` ([`GoldenFile::stage_positions`]) —, every decode stage `N`.
     ///
     /// Errors name the file and the array (a wrong `n_decode_steps` would otherwise silently compare
     /// fewer steps; a NaN would otherwise blame the engine).
@@ -891,6 +952,7 @@ impl GoldenFile {
             );
         }
         self.check_topk("logits_topk_ids", "logits_topk", t, v)?;
+        let stage_rows = self.stage_positions()?.map_or(t, |p| p.len());
         let decode_arrays: Vec<String> = names
             .iter()
             .filter(|a| a.starts_with("decode.") || a.starts_with("logits_decode"))
@@ -930,7 +992,7 @@ impl GoldenFile {
         let stages: Vec<(String, usize)> = self
             .entry
             .prefill_stages()
-            .map(|s| (s.to_string(), t))
+            .map(|s| (s.to_string(), stage_rows))
             .chain(
                 self.entry
                     .decode_stages()
@@ -943,7 +1005,13 @@ impl GoldenFile {
                 bail!(
                     "{path}: stage array `{name}` has shape {:?}, expected {rows} rows (one per {})",
                     self.entry.arrays[&name].shape,
-                    if name.starts_with("decode.") { "decode step" } else { "prompt position" }
+                    if name.starts_with("decode.") {
+                        "decode step"
+                    } else if self.entry.is_compact() {
+                        "position of `stage_positions`"
+                    } else {
+                        "prompt position"
+                    }
                 );
             }
         }
@@ -989,6 +1057,9 @@ impl GoldenFile {
         }
         if !self.entry.arrays.contains_key("pooled") {
             bail!("{path}: an encoder golden (output = pooled) without the array `pooled`");
+        }
+        if self.entry.is_compact() {
+            bail!("{path}: an encoder golden (output = pooled) with `{STAGE_POSITIONS}`: compact storage is for decoders' prompts");
         }
         let stages: Vec<String> = self.entry.prefill_stages().map(str::to_string).collect();
         for name in stages {

@@ -51,6 +51,7 @@ fn stage(id: &str, phase: Phase, cos: &[f64], nmse: &[f64]) -> StageComparison {
         nmse_by_position: nmse.to_vec(),
         storage: Some(lockstep::npz::Dtype::F32),
         exact_at_storage_by_position: nmse.iter().map(|&n| n == 0.0).collect(),
+        positions: Vec::new(),
     }
 }
 

@@ -334,6 +334,9 @@ fn transformers_goldens_mirror_the_llama_cpp_f32kv_token_ids() {
             .goldens
             .iter()
             .filter(|g| g.model_id == model && g.oracle.name == "llama.cpp" && g.kv_type == "f32")
+            // a compact golden (Gemma 3's `long_window`, past the sliding window) has no transformers twin: the
+            // transformers goldens store every position's residual stream in f32 (~25 MB at 540 tokens)
+            .filter(|g| !g.is_compact())
             .collect();
         assert!(sources.len() >= 6, "{model}: llama.cpp-f32kv goldens");
         for src in sources {
@@ -995,4 +998,214 @@ fn an_encoder_golden_is_held_to_its_own_contract() {
     let (tmp, _m, _) = scratch_where(|g| g.is_encoder());
     let err = err_of(verify_golden(tmp.path(), &g3));
     assert!(err.contains("an encoder has no decode step"), "{err}");
+}
+
+// ---- compact goldens (issue 42): prefill stages at the positions of `stage_positions` only ----------------
+
+const LONG: &str = "gemma3-270m-q4_k_m/llama.cpp-f32kv/long_window.npz";
+
+/// A golden directory holding only the manifest and Gemma 3's compact `long_window` golden, and its entry.
+fn scratch_long() -> (tempfile::TempDir, GoldenEntry) {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::copy(
+        golden_dir().join("manifest.json"),
+        tmp.path().join("manifest.json"),
+    )
+    .unwrap();
+    let dst = tmp.path().join(LONG);
+    fs::create_dir_all(dst.parent().unwrap()).unwrap();
+    fs::copy(golden_dir().join(LONG), &dst).unwrap();
+    let g = load_manifest(tmp.path())
+        .unwrap()
+        .goldens
+        .into_iter()
+        .find(|g| g.path == LONG)
+        .unwrap();
+    verify_golden(tmp.path(), &g).unwrap();
+    (tmp, g)
+}
+
+#[test]
+fn gemma3_has_a_compact_golden_longer_than_its_sliding_window() {
+    let m = manifest();
+    let g = m
+        .find("gemma3-270m-q4_k_m", "llama.cpp", "f32", "long_window")
+        .expect("Gemma 3's long_window golden");
+    // Gemma 3 270M's attention.sliding_window is 512: the prompt crosses it in the prefill
+    let window = 512;
+    assert!(g.n_prompt_tokens > window, "{}", g.n_prompt_tokens);
+    assert!(g.is_compact() && !g.stores_layer_outputs(), "{}", g.path);
+    // the budget of issue 42: at most ~1.0 MB on disk
+    assert!(g.bytes.unwrap() <= 1_000_000, "{:?}", g.bytes);
+    let mut f = GoldenFile::open(&golden_dir(), g).unwrap();
+    let pos = f.stage_positions().unwrap().expect("stage_positions");
+    for p in [window - 1, window, window + 1, g.n_prompt_tokens - 1] {
+        assert!(pos.contains(&p), "{pos:?} lacks {p}");
+    }
+    // the residual stream of every layer and the final norm at those positions
+    let n_layer = 18;
+    for id in (0..n_layer)
+        .map(|n| format!("blk.{n}.out"))
+        .chain(["output_norm".to_string()])
+    {
+        assert_eq!(g.arrays[&id].shape, [pos.len(), 640], "{id}");
+    }
+    // the other compact goldens' contract: no stage of a compact golden has a row per prompt position
+    assert!(g.prefill_stages().all(|s| s != "stage_positions"));
+    // made by the same llama.cpp build kind as Gemma 3's other llama.cpp goldens (AVX2 kernels)
+    let prose = m
+        .find("gemma3-270m-q4_k_m", "llama.cpp", "f32", "prose")
+        .unwrap();
+    assert_eq!(
+        g.oracle.ggml_target().unwrap(),
+        prose.oracle.ggml_target().unwrap()
+    );
+}
+
+#[test]
+fn stage_positions_must_be_sorted_distinct_in_range_and_match_the_stage_rows() {
+    let (tmp, g) = scratch_long();
+    let t = g.n_prompt_tokens as i32;
+    let n = g.arrays["stage_positions"].shape[0];
+    let read = |d: &[u8], i: usize| i32::from_le_bytes(d[4 * i..4 * i + 4].try_into().unwrap());
+    // unsorted: two positions swapped
+    let g2 = patch_data(tmp.path(), &g, "stage_positions", |d| {
+        let (a, b) = (read(d, 1), read(d, 2));
+        set_i32(d, 1, b);
+        set_i32(d, 2, a);
+    });
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(LONG)
+            && err.contains("`stage_positions`")
+            && err.contains("not strictly increasing"),
+        "{err}"
+    );
+    // a position twice
+    let (tmp, g) = scratch_long();
+    let g2 = patch_data(tmp.path(), &g, "stage_positions", |d| {
+        let a = read(d, 1);
+        set_i32(d, 2, a);
+    });
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(LONG) && err.contains("not strictly increasing"),
+        "{err}"
+    );
+    // out of range: the prompt length itself, and a negative position
+    for (i, bad) in [(n - 1, t), (0, -1)] {
+        let (tmp, g) = scratch_long();
+        let g2 = patch_data(tmp.path(), &g, "stage_positions", |d| set_i32(d, i, bad));
+        let err = err_of(verify_golden(tmp.path(), &g2));
+        assert!(
+            err.contains(LONG)
+                && err.contains(&format!("holds {bad} at index {i}"))
+                && err.contains(&format!("outside the prompt positions 0..{t}")),
+            "{err}"
+        );
+    }
+    // one position fewer than the stages have rows (file and manifest agreeing on the array itself)
+    let (tmp, g) = scratch_long();
+    let (_, data) = member(tmp.path(), &g, "stage_positions");
+    let g2 = rewrite(
+        tmp.path(),
+        &g,
+        Some((
+            "stage_positions",
+            Some(npy("<i4", &[n - 1], &data[..4 * (n - 1)])),
+        )),
+        None,
+    );
+    let g2 = patch_entry(tmp.path(), &g2, |e| {
+        e["arrays"]["stage_positions"]["shape"] = serde_json::json!([n - 1])
+    });
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(LONG)
+            && err.contains(&format!("expected {} rows", n - 1))
+            && err.contains("position of `stage_positions`"),
+        "{err}"
+    );
+    // and not a 1-D list
+    let (tmp, g) = scratch_long();
+    let (_, data) = member(tmp.path(), &g, "stage_positions");
+    let g2 = rewrite(
+        tmp.path(),
+        &g,
+        Some(("stage_positions", Some(npy("<i4", &[1, n], &data)))),
+        None,
+    );
+    let g2 = patch_entry(tmp.path(), &g2, |e| {
+        e["arrays"]["stage_positions"]["shape"] = serde_json::json!([1, n])
+    });
+    let err = err_of(verify_golden(tmp.path(), &g2));
+    assert!(
+        err.contains(LONG) && err.contains("non-empty 1-D list"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_compact_golden_is_compared_at_its_stage_positions() {
+    use lockstep::compare::{compare_stages, EngineOutput, Phase};
+    use lockstep::gate::{cell_metrics, first_inexact};
+    use ndarray::Array2;
+
+    let dir = golden_dir();
+    let m = manifest();
+    let g = m.goldens.iter().find(|g| g.path == LONG).unwrap();
+    let mut f = GoldenFile::open(&dir, g).unwrap();
+    let pos = f.stage_positions().unwrap().unwrap();
+    let t = g.n_prompt_tokens;
+    // an "engine" whose rows at the stored positions are the golden's (f16 rows widen and round back
+    // exactly) and zeros elsewhere: positions the golden does not store are not compared
+    let mut out = EngineOutput {
+        own_tokens: f.read_tokens("tokens").unwrap(),
+        ..Default::default()
+    };
+    for id in g.prefill_stages() {
+        let rows = f.read_f32(id).unwrap();
+        let mut full = Array2::<f32>::zeros((t, rows.ncols()));
+        for (r, &p) in pos.iter().enumerate() {
+            full.row_mut(p).assign(&rows.row(r));
+        }
+        out.prefill.insert(id.to_string(), full);
+        out.stage_order.push(id.to_string());
+    }
+    let d = f.read_f32("decode.output_norm").unwrap();
+    out.decode.insert("output_norm".into(), d);
+    let cmp = compare_stages(&mut f, &out, None).unwrap();
+    assert!(!cmp.stages.is_empty());
+    for s in cmp.stages.iter().filter(|s| s.phase == Phase::Prefill) {
+        assert_eq!(s.positions, pos, "{}", s.stage);
+        assert!(s.exact_at_storage(), "{}", s.stage);
+    }
+    assert!(first_inexact(&cmp).is_none());
+
+    // a difference at the first position past the window is reported at that prompt position, not its row
+    let w = 512;
+    let mut bad = out.clone();
+    bad.prefill.get_mut("blk.3.out").unwrap()[[w, 0]] += 1.0;
+    let cmp = compare_stages(&mut f, &bad, None).unwrap();
+    let d = first_inexact(&cmp).expect("a difference");
+    assert_eq!(
+        (d.stage.as_str(), d.phase, d.position),
+        ("blk.3.out", Phase::Prefill, w)
+    );
+    let s = cmp.stages.iter().find(|s| s.stage == "blk.3.out").unwrap();
+    assert_eq!(s.worst_position, w);
+    let low = cell_metrics(&cmp, 0.01).min_cosine_out.unwrap();
+    assert_eq!((low.stage.as_str(), low.position), ("blk.3.out", w));
+
+    // the engine's row count must still be the prompt's
+    let mut short = out.clone();
+    let a = short.prefill.get_mut("blk.0.out").unwrap();
+    *a = a.slice(ndarray::s![..t - 1, ..]).to_owned();
+    let err = format!("{:#}", compare_stages(&mut f, &short, None).unwrap_err());
+    assert!(
+        err.contains(LONG)
+            && err.contains("blk.0.out")
+            && err.contains(&format!("{t} prompt positions")),
+        "{err}"
+    );
 }

@@ -78,6 +78,10 @@ struct Subject {
     /// The arrays the golden stores (`blk.0.q`, `decode.blk.0.out`, ...): bisect can only name a stage the
     /// golden stores, so where it lacks the stage a bug enters at, the right answer is the layer's `out`.
     stored: Vec<String>,
+    /// A compact golden's `stage_positions` (its prefill stages are stored at these prompt positions only;
+    /// `None`: at every position): a bug that changes only some positions shows in its prefill stages only if
+    /// it stores one of them.
+    stage_positions: Option<Vec<usize>>,
 }
 
 /// The stage a weight's matmul emits, and its rank within a block.
@@ -108,6 +112,10 @@ fn subject_of(id: &'static str, prompt: &'static str, oracle: &'static str) -> S
         )
         .unwrap();
     let stored: Vec<String> = entry.arrays.keys().cloned().collect();
+    let stage_positions = lockstep::golden::GoldenFile::open(&root().join("golden"), entry)
+        .unwrap()
+        .stage_positions()
+        .unwrap();
     let n_prompt = entry.n_prompt_tokens;
     let n_decode = entry.n_decode_steps;
     let path = lockstep::fetch::resolve_model(id).unwrap();
@@ -175,6 +183,7 @@ fn subject_of(id: &'static str, prompt: &'static str, oracle: &'static str) -> S
             phase: Phase::Prefill,
         }),
         stored,
+        stage_positions,
         first_rope_base_not_10k: layers.iter().position(|l| l.attn.rope.base != 10000.0),
     }
 }
@@ -293,10 +302,15 @@ fn expected(fault: Fault, s: &Subject) -> Option<Site> {
         Fault::EmbedScaleMissing => site(None, &[K::Embed], Phase::Prefill),
         Fault::SoftcapMissing if !s.has_softcap => return None,
         Fault::SoftcapMissing => site(Some(0), &[K::AttnOut], multi),
-        // the key `window` positions back becomes visible: from the query at position `window` on
+        // the key `window` positions back becomes visible: from the query at position `window` on (in the
+        // prompt's stages only where the golden stores a position from `window` on: a compact golden)
         Fault::WindowOffByOne => {
             let (w, l) = s.window?;
-            let phase = if s.n_prompt > w {
+            let stores_past_window = s
+                .stage_positions
+                .as_ref()
+                .is_none_or(|p| p.iter().any(|&p| p >= w));
+            let phase = if s.n_prompt > w && stores_past_window {
                 Phase::Prefill
             } else if s.n_prompt + s.n_decode > w {
                 Phase::Decode
@@ -547,6 +561,70 @@ fn smollm2_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
 #[ignore = "real model: run by ci/test.sh"]
 fn gemma3_every_mutant_is_caught_by_the_gate_and_named_by_bisect() {
     suite("gemma3", &[subject("gemma3-270m-q4_k_m", "prose")]);
+}
+
+/// Issue 42: the real Gemma 3's sliding window (512 positions) is crossed by the compact golden `long_window`
+/// (540 prompt tokens; blk.N.out and output_norm stored at a few positions around the window boundary). A window
+/// off by one (`pos − p ≤ window`) lets the query at position 512 see position 0: ggml mode's gate fails the
+/// cell at the first window layer's output at position 512 exactly (every stored row before it stays bit exact;
+/// measured: blk.0.out cosine 0.99999955, NMSE 2.0e-6 there). Reference mode does NOT catch it: an NMSE of 2e-6
+/// is far inside its floor (its unbroken rows differ from llama.cpp by ~1e-4..1e-3), so its verdict is printed,
+/// not asserted. A compact golden cannot be injected, so bisect says it cannot localize and gives the
+/// accumulated pass's first divergent stage; the unbroken engine passes in both modes.
+#[test]
+#[ignore = "real model: run by ci/test.sh"]
+fn gemma3_window_off_by_one_fails_the_ggml_gate_on_the_golden_longer_than_its_window() {
+    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let s = subject("gemma3-270m-q4_k_m", "long_window");
+    let (w, l) = s.window.expect("Gemma 3 has a sliding window");
+    assert!(
+        s.n_prompt > w,
+        "the prompt ({}) crosses the window ({w})",
+        s.n_prompt
+    );
+    let want = expected(Fault::WindowOffByOne, &s).expect("the fault changes this golden");
+    assert_eq!(
+        want,
+        Site {
+            layer: Some(l),
+            kinds: vec![StageKind::Out],
+            phase: Phase::Prefill
+        }
+    );
+    for mode in [NumericsMode::Ggml, NumericsMode::Reference] {
+        let clean = bisect_once(&s, mode, None);
+        assert!(
+            clean.gate.pass,
+            "unbroken engine, {mode}: {}",
+            render(&clean)
+        );
+        let note = clean.unlocalized.as_deref().unwrap_or_default();
+        assert!(note.contains("compact"), "{mode}: {note}");
+        let r = bisect_once(&s, mode, Some(Fault::WindowOffByOne));
+        let text = render(&r);
+        eprintln!(
+            "---- WindowOffByOne, {mode}: gate {}\n{text}",
+            if r.gate.pass { "PASSED" } else { "fails" }
+        );
+        if mode == NumericsMode::Reference {
+            continue; // below reference mode's floor (see above): reported, not asserted
+        }
+        assert!(
+            !r.gate.pass,
+            "{mode}: the gate passed a window off by one\n{text}"
+        );
+        // bit equality up to the first query that sees one key too many
+        let first = r
+            .gate
+            .first_divergent
+            .clone()
+            .unwrap_or_else(|| panic!("{mode}: no first divergent stage\n{text}"));
+        assert_eq!(
+            (first.stage.as_str(), first.phase, first.position),
+            (format!("blk.{l}.out").as_str(), Phase::Prefill, w),
+            "{text}"
+        );
+    }
 }
 
 #[test]

@@ -39,6 +39,9 @@ ORACLE_NAME = "llama.cpp"
 
 N_DECODE = 8  # teacher-forced greedy steps after the prompt, one token per llama_decode call
 TOPK = 64  # logits_topk / logits_topk_ids (and logits_decode_topk*) width
+# a prompt whose tokens and decode steps exceed the default n_ctx (512; e.g. `long_window`, longer than Gemma 3's
+# sliding window of 512) runs with a context, batch and ubatch of 1024: still one ubatch for the whole prompt
+LONG_SETTINGS = G.Settings(n_ctx=1024, n_batch=1024, n_ubatch=1024)
 
 # --- what each golden stores: SmolLM2 (POLICY; V = 49152) ------------------------------------
 # Budget (when these were made): golden/ <= 64 MiB, aim <= 48 MiB; SmolLM2 takes 46 MiB of the
@@ -90,14 +93,25 @@ POLICY = {
 #   holds a stage). The noise-floor numbers (vs_f32kv in the manifest: KL, top-1, per-layer
 #   cosines) are computed from the full f32 captures before anything is cut.
 # Stages are stored as f16 by the criterion below (none is kept f32 on purpose: "exact" is empty).
+# - `long_window` (a prompt longer than the model's sliding window, only for the models that have one and list
+#   it in oracles/prompts.json `models`): COMPACT storage (issue 42) -- every stage would cost T x 0.58 MiB and
+#   the residual stream alone T x 22 KiB, so the prefill stages blk.N.out and output_norm are stored only at
+#   the positions of `stage_positions` (around the window boundary W: 0, W-2, W-1, W, W+1, W+2, (W+T)/2, T-1;
+#   see window_positions), named by the i32 array `stage_positions`; the last prompt position's logits row and
+#   top-64 as f16 (where that keeps the argmax; a f32 row alone is 0.92 MiB), top-64 at every prompt position,
+#   output_norm and top-64 at each decode step. No f16-KV golden (None: not made). A compact golden cannot be
+#   injected (a local pass needs every position's layer input): the harness holds it to its accumulated pass.
 LARGE_VOCAB_POLICY = {
     "f32": {
         "default": {"prefill": ("output_norm",), "decode": ("output_norm",), "exact": (), "decode_logits": "topk"},
         "prose": {"prefill": ALL, "decode": RESIDUAL, "exact": (), "decode_logits": "full"},
         "one_token": {"prefill": ("blk.{N}.out", "output_norm"), "decode": ("output_norm",), "exact": (), "decode_logits": "topk"},
+        "long_window": {"prefill": ("blk.{N}.out", "output_norm"), "decode": ("output_norm",), "exact": (),
+                        "decode_logits": "topk", "logits_f16": True, "stage_positions": "window"},
     },
     "f16": {
         "default": {"prefill": ("blk.{last}.out",), "decode": (), "exact": (), "decode_logits": "topk", "logits_f16": True},
+        "long_window": None,
     },
 }
 # --- quantization variants (issue 8, the quant axis): smollm2-135m-q4_1-<type> -----------------
@@ -362,14 +376,30 @@ def policy(model_id: str, kv: str, prompt_id: str) -> dict:
     """The storage policy row of one golden: stage patterns ``prefill`` / ``decode`` / ``exact``,
     ``decode_logits`` ("full": decode.logits [N, V]; "topk": logits_decode_topk{,_ids} [N, 64]
     instead) and ``logits_f16`` (logits and logits_topk stored as f16 whenever rounding keeps the
-    argmax, see unambiguous_f16_argmax; else both f32). With --measure, MEASURE_POLICY for every golden."""
+    argmax, see unambiguous_f16_argmax; else both f32) and ``stage_positions`` (None: prefill stages at every
+    prompt position; "window": only at window_positions, named by the array ``stage_positions``). ``None``
+    when the policy makes no golden of this (KV type, prompt). With --measure, MEASURE_POLICY for every golden."""
     if MEASURE:
         return dict(MEASURE_POLICY)
     table = MODELS[model_id]["policy"][kv]
-    row = dict(table.get(prompt_id, table["default"]))
+    row = table.get(prompt_id, table["default"])
+    if row is None:
+        return None
+    row = dict(row)
     row.setdefault("decode_logits", "full")
     row.setdefault("logits_f16", False)
+    row.setdefault("stage_positions", None)
     return row
+
+
+def window_positions(T: int, window: int | None) -> list[int]:
+    """The prompt positions a compact golden (policy ``stage_positions = "window"``) stores its prefill stages
+    at: the first position, the two before the sliding window ``window`` starts dropping keys (W-2, W-1), the
+    first three after (W, W+1, W+2: a window off by one shows first at W), one between W and the last, and
+    the last (T-1). Sorted, distinct, in 0..T."""
+    if window is None or T <= window:
+        raise SystemExit(f"stage_positions = 'window' needs a prompt longer than the sliding window ({T} tokens, window {window})")
+    return sorted({0, window - 2, window - 1, window, window + 1, window + 2, (window + T) // 2, T - 1} & set(range(T)))
 
 
 def softmax64(logits: np.ndarray) -> np.ndarray:
@@ -450,6 +480,7 @@ def gguf_metadata(path: Path) -> dict:
         "tokenizer.chat_template": get("tokenizer.chat_template"),
         "tokenizer.ggml.add_bos_token": get("tokenizer.ggml.add_bos_token"),
         "tokenizer.ggml.pre": get("tokenizer.ggml.pre"),
+        "sliding_window": get(f"{get('general.architecture')}.attention.sliding_window"),
     }
 
 
@@ -569,6 +600,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=here.parent.parent / "golden", help="the golden/ directory")
     ap.add_argument("--prompts", type=Path, default=here.parent / "prompts.json")
     ap.add_argument("--list-nodes", action="store_true", help="print every graph node (name, op, type, ne) of one prefill")
+    ap.add_argument("--prompt", action="append", default=None, metavar="ID",
+                    help="(re)make only this prompt's goldens of the model (repeatable); its other goldens, their "
+                         "manifest entries and the stage map are kept as they are")
     ap.add_argument("--measure", action="store_true",
                     help="scratch goldens for measuring distances (oracles/yardstick): every prompt of --prompts, "
                          "MEASURE_POLICY; never for golden/")
@@ -609,12 +643,18 @@ def main() -> int:
     if MEASURE:
         prompts = [p for p in prompts if p["id"] not in SYNTH_PROMPTS]
     elif only is None:
-        # the downloaded models: every prompt but the seeded models' own
-        prompts = [p for p in prompts if p["id"] not in SYNTH_PROMPTS]
+        # the downloaded models: every prompt but the seeded models' own, and of the prompts that name the models
+        # they are for (`models`: e.g. one longer than a sliding window), those that name this one
+        prompts = [p for p in prompts if p["id"] not in SYNTH_PROMPTS and args.model_id in p.get("models", [args.model_id])]
     else:
         prompts = [p for p in prompts if p["id"] in only]
         if [p["id"] for p in prompts] != list(only):
             raise SystemExit(f"{args.model_id}: prompts {only} are not all in {args.prompts}")
+    if args.prompt:
+        unknown = sorted(set(args.prompt) - {p["id"] for p in prompts})
+        if unknown:
+            raise SystemExit(f"{args.model_id}: --prompt {unknown}: no such prompt for this model in {args.prompts}")
+        prompts = [p for p in prompts if p["id"] in args.prompt]
     longest = 0
 
     # --- tokenize -------------------------------------------------------------------------
@@ -655,14 +695,20 @@ def main() -> int:
         if p["id"] == "one_token" and len(toks) != 1 + n_bos:
             raise SystemExit(f"one_token: {p['text']!r} is {len(toks)} tokens {toks}, not {1 + n_bos}")
         longest = max(longest, len(toks))
-    if longest > settings.n_ubatch:
-        raise SystemExit(f"the longest prompt ({longest} tokens) does not fit one ubatch ({settings.n_ubatch})")
+    if longest + N_DECODE > LONG_SETTINGS.n_ctx:
+        raise SystemExit(f"the longest prompt ({longest} tokens) and {N_DECODE} decode steps do not fit n_ctx {LONG_SETTINGS.n_ctx}")
 
     # --- run ------------------------------------------------------------------------------
     model_dir = args.out / args.model_id
     kv_order = MODELS[args.model_id].get("kv", KV_ORDER)
     for kv in kv_order:
         d = model_dir / f"llama.cpp-{kv}kv"
+        if args.prompt:
+            # only the named prompts' goldens are rewritten
+            d.mkdir(parents=True, exist_ok=True)
+            for pid in args.prompt:
+                (d / f"{pid}.npz").unlink(missing_ok=True)
+            continue
         if d.exists():
             shutil.rmtree(d)
         d.mkdir(parents=True)
@@ -673,7 +719,12 @@ def main() -> int:
     for p in prompts:
         pid = p["id"]
         toks = rendered[pid]["tokens"]
+        # a prompt that with its decode steps does not fit the default context runs with LONG_SETTINGS (one
+        # ubatch for the whole prompt, as for every other prompt)
+        oracle.settings = settings if len(toks) + N_DECODE <= settings.n_ctx else LONG_SETTINGS
         for kv in kv_order:
+            if policy(args.model_id, kv, pid) is None:
+                continue  # the policy makes no golden of this KV type for this prompt
             listing = not inventory_summary
             encoder = arch in G.ENCODER_ARCHS
             if encoder:
@@ -703,7 +754,7 @@ def main() -> int:
                 if cb_vs_api != 0.0:
                     raise SystemExit(f"{pid}/{kv}: result_embd_pooled differs from llama_get_embeddings_seq by {cb_vs_api}")
                 results[(pid, kv)] = res
-                entries.append(encoder_entry(args, oracle, meta, settings, host, res, p, rendered, kv, n_layer, all_ids, want_sha, model_path, arch, delta))
+                entries.append(encoder_entry(args, oracle, meta, oracle.settings, host, res, p, rendered, kv, n_layer, all_ids, want_sha, model_path, arch, delta))
                 continue
             delta = max(
                 float(np.max(np.abs(plain.logits - res.logits))),
@@ -724,7 +775,14 @@ def main() -> int:
 
             raw: list[tuple[str, np.ndarray, bool] | tuple[str, np.ndarray, bool, bool]] = [("tokens", res.tokens, False)]
             exact = set(expand(pol["exact"], n_layer, all_ids))
-            raw += [(c, res.stages[c], c not in exact) for c in prefill_ids]
+            # compact storage: the prefill stages at `stage_positions` only (rows in that order)
+            stage_pos = None
+            if pol.get("stage_positions") == "window":
+                stage_pos = np.array(window_positions(T, meta["sliding_window"]), np.int32)
+                raw += [("stage_positions", stage_pos, False)]
+            elif pol.get("stage_positions") is not None:
+                raise SystemExit(f"unknown stage_positions policy {pol['stage_positions']!r}")
+            raw += [(c, res.stages[c] if stage_pos is None else res.stages[c][stage_pos], c not in exact) for c in prefill_ids]
             lf16 = bool(
                 pol["logits_f16"]
                 and unambiguous_f16_argmax(res.logits[positions], order[positions, 0])
@@ -757,7 +815,7 @@ def main() -> int:
 
             entry = {
                 **entry_head(args, rel, want_sha, model_path, meta, arch, p, rendered, oracle, host, kv),
-                "settings": settings.as_dict(kv),
+                "settings": oracle.settings.as_dict(kv),
                 "n_prompt_tokens": T,
                 "n_decode_steps": len(res.decode_tokens),
                 "decode_source": decode_source,
@@ -769,6 +827,13 @@ def main() -> int:
                 "stages_prefill": list(pol["prefill"]),
                 "stages_decode": list(pol["decode"]),
                 "stages_exact_f32": list(pol["exact"]),
+                **({} if stage_pos is None else {
+                    "stage_positions_note": (
+                        f"compact: the prefill stages are stored at the {len(stage_pos)} prompt positions of the array "
+                        f"stage_positions {stage_pos.tolist()} (around the sliding window of "
+                        f"{meta['sliding_window']} positions), row r at position stage_positions[r]; not injectable"
+                    ),
+                }),
                 "logits_storage": logits_storage_note(pol, lf16),
                 "model_hparams": {"n_layer": n_layer, "n_embd": oracle.n_embd, "n_vocab": oracle.n_vocab},
                 "arrays": listed,
@@ -831,16 +896,34 @@ def main() -> int:
     # model's graph are the better record
     maps = manifest.setdefault("stage_map", {}).setdefault(ORACLE_NAME, {})
     seeded = "synth" in MODELS[args.model_id] or MODELS[args.model_id].get("kv") == SYNTH_KV
-    if not (seeded and arch in maps and any(m.get("arch") == arch and "synth" not in MODELS.get(i, {}) and MODELS.get(i, {}).get("kv") != SYNTH_KV for i, m in MODELS.items())):
+    if args.prompt and arch in maps:
+        pass  # --prompt: the stage map of the model's full run is kept
+    elif not (seeded and arch in maps and any(m.get("arch") == arch and "synth" not in MODELS.get(i, {}) and MODELS.get(i, {}).get("kv") != SYNTH_KV for i, m in MODELS.items())):
         maps[arch] = stage_map_json(arch, inventory_summary)
     keep = [
         g for g in manifest.get("goldens", [])
-        if not (g.get("oracle", {}).get("name") == ORACLE_NAME and g.get("model_id") == args.model_id)
+        if not (g.get("oracle", {}).get("name") == ORACLE_NAME and g.get("model_id") == args.model_id
+                and (not args.prompt or g.get("prompt_id") in args.prompt))
     ]
     # model by model in MODELS order (unknown models last), then by path: other models' entries
     # keep their place whichever model is regenerated
     rank = {m: i for i, m in enumerate(MODELS)}
-    goldens = sorted(keep + entries, key=lambda g: (rank.get(g.get("model_id"), len(rank)), g["path"]))
+    if args.prompt:
+        # --prompt: every other entry keeps its place; the new ones go where the old ones were, or else after
+        # the last entry of this model's goldens of the same directory (oracle and KV type) that sorts before them
+        goldens = list(manifest.get("goldens", []))
+        for e in entries:
+            old_at = [i for i, g in enumerate(goldens) if g["path"] == e["path"]]
+            if old_at:
+                goldens[old_at[0]] = e
+                continue
+            same_dir = [i for i, g in enumerate(goldens)
+                        if g.get("model_id") == args.model_id and g["path"].rsplit("/", 1)[0] == e["path"].rsplit("/", 1)[0]]
+            before = [i for i in same_dir if goldens[i]["path"] < e["path"]]
+            at = (before[-1] + 1) if before else (same_dir[0] if same_dir else len(goldens))
+            goldens.insert(at, e)
+    else:
+        goldens = sorted(keep + entries, key=lambda g: (rank.get(g.get("model_id"), len(rank)), g["path"]))
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "about": manifest["about"],

@@ -4,7 +4,7 @@
 use lockstep_engine::{Stage, StageKind};
 use serde::{Deserialize, Serialize};
 
-use crate::compare::{CellComparison, Phase};
+use crate::compare::{CellComparison, Phase, StageComparison};
 use crate::format::{fmt_fixed, fmt_sci};
 use crate::matrix::Cell;
 use crate::metrics::LogitPosition;
@@ -132,11 +132,12 @@ pub fn is_out_stage(stage: &str) -> bool {
     })
 }
 
-/// Sequence position of row `row` of a stage in `phase` (decode rows start at the prompt length).
-pub fn seq_position(cmp: &CellComparison, phase: Phase, row: usize) -> usize {
-    match phase {
-        Phase::Prefill => row,
-        Phase::Decode => cmp.golden_tokens.len() + row,
+/// Sequence position of row `row` of the stage comparison `s` (decode rows start at the prompt length; a
+/// compact golden's prefill rows are at its `stage_positions`, [`StageComparison::row_position`]).
+pub fn seq_position(cmp: &CellComparison, s: &StageComparison, row: usize) -> usize {
+    match s.phase {
+        Phase::Prefill => s.row_position(row),
+        Phase::Decode => cmp.golden_tokens.len() + s.row_position(row),
     }
 }
 
@@ -199,7 +200,7 @@ pub fn cell_metrics(cmp: &CellComparison, margin_tolerance: f64) -> CellMetrics 
             m.min_cosine_out = Some(OutCosine {
                 stage: s.stage.clone(),
                 phase: s.phase,
-                position: seq_position(cmp, s.phase, row),
+                position: seq_position(cmp, s, row),
                 cosine,
                 nmse: s.nmse_by_position.get(row).copied().unwrap_or(s.nmse.max),
             });
@@ -527,7 +528,7 @@ pub fn first_divergent(
             return Some(Divergence {
                 stage: s.stage.clone(),
                 phase,
-                position: seq_position(cmp, phase, row),
+                position: seq_position(cmp, s, row),
                 cosine: s.cosine_by_position[row],
                 nmse: s.nmse_by_position.get(row).copied().unwrap_or(s.nmse.max),
             });
@@ -548,7 +549,7 @@ pub fn first_inexact(cmp: &CellComparison) -> Option<Divergence> {
             return Some(Divergence {
                 stage: s.stage.clone(),
                 phase,
-                position: seq_position(cmp, phase, row),
+                position: seq_position(cmp, s, row),
                 cosine: s.cosine_by_position.get(row).copied().unwrap_or(f64::NAN),
                 nmse: s.nmse_by_position.get(row).copied().unwrap_or(f64::NAN),
             });

@@ -160,7 +160,8 @@ impl<'m> Case<'m> {
         tokens_finding(&self.tokens, &self.own, engine)
     }
 
-    /// True when the golden stores a layer output (`blk.N.out`) to inject: only then is there a local pass.
+    /// True when the golden stores a layer output (`blk.N.out`) to inject, at every prompt position (not a
+    /// compact golden): only then is there a local pass.
     pub fn bisectable(&self) -> bool {
         self.entry.stores_layer_outputs()
     }
@@ -232,6 +233,13 @@ impl<'m> Case<'m> {
         acc: &Pass,
         decode: bool,
     ) -> Result<(Pass, Known)> {
+        if self.entry.is_compact() {
+            bail!(
+                "{}: a compact golden (its stages stored at the positions of `stage_positions` only) cannot be \
+                 injected: a local pass needs every position's layer input",
+                gf.path().display()
+            );
+        }
         let (injection, known) = injection(gf, &self.entry, &acc.out, acc.cmp.as_ref())?;
         if injection.prefill.keys().all(|k| k.kind == StageKind::Embed) {
             bail!(

@@ -352,7 +352,7 @@ fn divergence(cmp: &CellComparison, s: &StageComparison, row: usize) -> Divergen
     Divergence {
         stage: s.stage.clone(),
         phase: s.phase,
-        position: seq_position(cmp, s.phase, row),
+        position: seq_position(cmp, s, row),
         cosine: s.cosine_by_position[row],
         nmse: s.nmse_by_position.get(row).copied().unwrap_or(f64::NAN),
     }

@@ -118,7 +118,7 @@ pub(crate) fn phase_list(phases: &BTreeSet<Phase>) -> String {
 }
 
 pub(crate) fn seq_position(cmp: &CellComparison, s: &StageComparison, row: usize) -> usize {
-    crate::gate::seq_position(cmp, s.phase, row)
+    crate::gate::seq_position(cmp, s, row)
 }
 
 /// Top-1 counts of a cell with the margin tolerance its verdict used (its thresholds'
