@@ -432,7 +432,7 @@ fn compare_parts(
             ""
         };
         // the reference's forward order, not the engine's emission order (GoldenFile::forward_order)
-        let golden_ids = golden.forward_order(phase);
+        let golden_ids = golden.forward_order(phase == Phase::Decode);
         for id in &golden_ids {
             if !out.stage_order.contains(id) {
                 not_compared.push(NotCompared {

@@ -653,23 +653,21 @@ impl GoldenFile {
         &self.path
     }
 
-    /// The stage ids of `phase` this golden stores (as [`GoldenEntry::prefill_stages`] and
-    /// [`GoldenEntry::decode_stages`] list them), in the order of the file's members: the oracle's own
+    /// The stage ids this golden stores for the prefill (`decode` false) or the decode steps (as
+    /// [`GoldenEntry::prefill_stages`] and [`GoldenEntry::decode_stages`] list them), in the order of the file's members: the oracle's own
     /// forward order, since both oracles write each array as its node is computed (llama.cpp's graph order,
     /// `oracles/llamacpp/ggml_capture.py`; the order in which transformers' hooks fire,
     /// `oracles/transformers/tf_capture.py`). The first-divergent marker walks the stages in this order, not
     /// in the order an engine emits them: an engine that applies Q/K norm after RoPE emits `q_rope` first,
     /// but the reference's `q_norm` comes first and already differs. A listed stage the archive does not
     /// hold (an error [`GoldenFile::read_f32`] reports when it is read) keeps its place after the others.
-    pub fn forward_order(&self, phase: crate::compare::Phase) -> Vec<String> {
-        let listed: Vec<&str> = match phase {
-            crate::compare::Phase::Prefill => self.entry.prefill_stages().collect(),
-            crate::compare::Phase::Decode => self.entry.decode_stages().collect(),
+    pub fn forward_order(&self, decode: bool) -> Vec<String> {
+        let listed: Vec<&str> = if decode {
+            self.entry.decode_stages().collect()
+        } else {
+            self.entry.prefill_stages().collect()
         };
-        let prefix = match phase {
-            crate::compare::Phase::Prefill => "",
-            crate::compare::Phase::Decode => "decode.",
-        };
+        let prefix = if decode { "decode." } else { "" };
         let mut out: Vec<String> = Vec::with_capacity(listed.len());
         for m in self.npz.members() {
             let Some(id) = m.strip_suffix(".npy").and_then(|n| n.strip_prefix(prefix)) else {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use lockstep::floors::{kind_of, Floors};
+use lockstep::floors::{kind_of, FloorSet, Floors};
 use lockstep_engine::synth::SynthModel;
 
 fn checkout() -> PathBuf {
@@ -258,20 +258,20 @@ fn stored_rows(manifest: &lockstep::golden::Manifest, golden: &str) -> BTreeMap<
     rows
 }
 
-/// How many times `lockstep floors` measures each golden of `mode` with the default matrix on this CPU:
-/// once per SIMD setting whose results differ in that mode (`lockstep::measure::simd_settings_of`; the
-/// matrix's `auto` resolved here, as where the committed file was measured: an AVX2 or AVX-512 host).
-fn settings_measured(root: &Path, mode: &str) -> usize {
-    let mode: lockstep_engine::NumericsMode = mode.parse().unwrap();
+/// How many times `lockstep floors` measures each golden of a set with the default matrix on this CPU: once per
+/// SIMD setting of the set's default-tier cells whose results differ in its mode
+/// (`lockstep::measure::simd_settings_of`; the matrix's `auto` resolved here, as where the committed file was
+/// measured: an AVX2 or AVX-512 host). Reference mode: its scalar and its SIMD order; ggml mode: one.
+fn settings_measured(root: &Path, manifest: &lockstep::golden::Manifest, s: &FloorSet) -> usize {
     let matrix = lockstep::matrix::Matrix::load(&root.join("ci/matrix.toml")).unwrap();
-    let mut seen = Vec::new();
-    for v in matrix.simd_values() {
-        let s = lockstep_engine::Simd::parse(&v).unwrap().for_mode(mode);
-        if !seen.contains(&s) {
-            seen.push(s);
-        }
-    }
-    seen.len()
+    let filters = lockstep::matrix::Filters {
+        model: vec![s.model.clone()],
+        oracle: vec![s.oracle.clone()],
+        mode: vec![s.mode.clone()],
+        ..Default::default()
+    };
+    let cells = matrix.expand(manifest, &filters).unwrap();
+    lockstep::measure::simd_settings_of(&cells).unwrap().len()
 }
 
 #[test]
@@ -280,7 +280,7 @@ fn the_committed_floors_count_each_stored_row_once_per_simd_order() {
     let manifest = lockstep::golden::load_manifest(&root.join("golden")).unwrap();
     let floors = Floors::load(&root.join("ci/floors.json")).unwrap_or_else(|e| panic!("{e:#}"));
     for s in &floors.sets {
-        let times = settings_measured(&root, &s.mode);
+        let times = settings_measured(&root, &manifest, s);
         let mut want: BTreeMap<String, usize> = BTreeMap::new();
         for g in s.goldens.keys() {
             for (k, n) in stored_rows(&manifest, g) {
@@ -320,7 +320,7 @@ fn floors_run_from_anywhere_with_the_root_named_and_measure_each_golden_once_per
     let manifest = lockstep::golden::load_manifest(&root.join("golden")).unwrap();
     let (g, _) = s.goldens.iter().next().unwrap();
     let stored = stored_rows(&manifest, g);
-    let times = settings_measured(&root, &s.mode);
+    let times = settings_measured(&root, &manifest, s);
     assert!(!s.kinds.is_empty());
     for (k, kf) in &s.kinds {
         assert_eq!(Some(kf.rows), stored.get(k).map(|n| n * times), "kind {k}");
