@@ -785,20 +785,25 @@ const ONE_F32: &str = "smollm2-135m-q4_1/llama.cpp-f32kv/one_token.npz";
 /// A golden directory holding only the manifest and the SmolLM2 one-token f32-KV golden (T = 1, 8 decode
 /// steps, full decode logits), and that golden's entry.
 fn scratch_one() -> (tempfile::TempDir, GoldenEntry) {
+    scratch_of(ONE_F32)
+}
+
+/// A golden directory holding only the manifest and the committed golden `path`, and its entry (verified).
+fn scratch_of(path: &str) -> (tempfile::TempDir, GoldenEntry) {
     let tmp = tempfile::tempdir().unwrap();
     fs::copy(
         golden_dir().join("manifest.json"),
         tmp.path().join("manifest.json"),
     )
     .unwrap();
-    let dst = tmp.path().join(ONE_F32);
+    let dst = tmp.path().join(path);
     fs::create_dir_all(dst.parent().unwrap()).unwrap();
-    fs::copy(golden_dir().join(ONE_F32), &dst).unwrap();
+    fs::copy(golden_dir().join(path), &dst).unwrap();
     let g = load_manifest(tmp.path())
         .unwrap()
         .goldens
         .into_iter()
-        .find(|g| g.path == ONE_F32)
+        .find(|g| g.path == path)
         .unwrap();
     verify_golden(tmp.path(), &g).unwrap();
     (tmp, g)
@@ -1006,23 +1011,7 @@ const LONG: &str = "gemma3-270m-q4_k_m/llama.cpp-f32kv/long_window.npz";
 
 /// A golden directory holding only the manifest and Gemma 3's compact `long_window` golden, and its entry.
 fn scratch_long() -> (tempfile::TempDir, GoldenEntry) {
-    let tmp = tempfile::tempdir().unwrap();
-    fs::copy(
-        golden_dir().join("manifest.json"),
-        tmp.path().join("manifest.json"),
-    )
-    .unwrap();
-    let dst = tmp.path().join(LONG);
-    fs::create_dir_all(dst.parent().unwrap()).unwrap();
-    fs::copy(golden_dir().join(LONG), &dst).unwrap();
-    let g = load_manifest(tmp.path())
-        .unwrap()
-        .goldens
-        .into_iter()
-        .find(|g| g.path == LONG)
-        .unwrap();
-    verify_golden(tmp.path(), &g).unwrap();
-    (tmp, g)
+    scratch_of(LONG)
 }
 
 #[test]
