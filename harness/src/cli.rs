@@ -1170,6 +1170,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 w.size,
                 w.sha256
             );
+            eprintln!(
+                "lockstep synth: its registry entry (models.toml, or a --registry file of your own):\n{}",
+                crate::synth::registry_entry(&out, &arch, seed, &w)
+            );
             println!("{}", out.display());
             if let Some(dir) = hf_out {
                 let e = crate::hf::export_hf(&out, &dir)?;

@@ -295,6 +295,36 @@ impl Matrix {
             .collect()
     }
 
+    /// A model named by `--model` that the matrix does not list, but that has goldens in `manifest` (a
+    /// user's model, its goldens in a directory of theirs): it joins a copy of the matrix with every prompt
+    /// of its goldens (`"*"`), held to those of the matrix's oracles it has goldens of, under the matrix's
+    /// modes and SIMD tiers; its `quant` is `-` (list it in a matrix file of your own to name its type).
+    /// `None` when every `--model` is listed (or has no golden: the filter check then says what is
+    /// available).
+    fn with_unlisted_models(&self, manifest: &Manifest, wanted: &[String]) -> Option<Matrix> {
+        let mut out = self.clone();
+        for id in wanted {
+            if self.models.iter().any(|m| &m.id == id) {
+                continue;
+            }
+            let oracles: Vec<String> = self
+                .oracles
+                .iter()
+                .filter(|o| !Self::golden_prompts(manifest, id, o).is_empty())
+                .cloned()
+                .collect();
+            if !oracles.is_empty() {
+                out.models.push(MatrixModel {
+                    id: id.clone(),
+                    quant: "-".into(),
+                    prompts: vec![ALL_PROMPTS.into()],
+                    oracles: Some(oracles),
+                });
+            }
+        }
+        (out.models.len() > self.models.len()).then_some(out)
+    }
+
     /// The `simd` axis with `auto` resolved to this CPU's best setting, each value once (in order).
     pub fn simd_values(&self) -> Vec<String> {
         resolve_simd(&self.simd)
@@ -323,10 +353,12 @@ impl Matrix {
             Ok(())
         }
         let set = |v: &[String]| v.iter().cloned().collect::<BTreeSet<String>>();
+        let with_unlisted = self.with_unlisted_models(manifest, &filters.model);
+        let this = with_unlisted.as_ref().unwrap_or(self);
         check_filter(
             "model",
             &filters.model,
-            &self.models.iter().map(|m| m.id.clone()).collect(),
+            &this.models.iter().map(|m| m.id.clone()).collect(),
         )?;
         check_filter("mode", &filters.mode, &set(&self.modes))?;
         check_filter("oracle", &filters.oracle, &set(&self.oracles))?;
@@ -342,7 +374,7 @@ impl Matrix {
             .collect();
         check_filter("simd", &simd_filter, &set(&simd_values))?;
 
-        let models: Vec<&MatrixModel> = self
+        let models: Vec<&MatrixModel> = this
             .models
             .iter()
             .filter(|m| keep(&filters.model, &m.id))
@@ -591,6 +623,43 @@ prompts = ["*"]
                 "{extra}: {e}"
             );
         }
+    }
+
+    /// A user's model (not in the matrix, goldens in the manifest) runs by naming it: every prompt of its
+    /// goldens, only the oracles it has goldens of; a model with no golden at all is still an error.
+    #[test]
+    fn a_model_the_matrix_does_not_list_runs_from_its_goldens_when_named() {
+        let m = Matrix::parse(MATRIX, "test").unwrap();
+        assert!(!m.models.iter().any(|x| x.id == "other"));
+        let f = Filters {
+            model: vec!["other".into()],
+            ..Filters::default()
+        };
+        let ids: Vec<String> = m
+            .expand(&small(), &f)
+            .unwrap()
+            .iter()
+            .map(Cell::id)
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "other/code/-/reference/simd-off/llama.cpp-f32kv/lockstep",
+                "other/code/-/ggml/simd-off/llama.cpp-f32kv/lockstep",
+            ]
+        );
+        // not named: not run
+        assert!(m
+            .expand(&small(), &Filters::default())
+            .unwrap()
+            .iter()
+            .all(|c| c.model != "other"));
+        let f = Filters {
+            model: vec!["nobody".into()],
+            ..Filters::default()
+        };
+        let e = format!("{:#}", m.expand(&small(), &f).unwrap_err());
+        assert!(e.contains("--model \"nobody\" matches nothing"), "{e}");
     }
 
     #[test]

@@ -731,7 +731,10 @@ sha256 = "0000000000000000000000000000000000000000000000000000000000000008"
         let r = Registry::load(&[checkout_models_toml(), user]).unwrap();
         assert_eq!(r.synth("my-llama-seed7").unwrap().seed, 7);
         assert_eq!(r.arch("my-llama-seed7-q8_0"), Some("llama"));
-        assert!(r.synth("synth-llama").is_some(), "the checkout's entries stay");
+        assert!(
+            r.synth("synth-llama").is_some(),
+            "the checkout's entries stay"
+        );
         // a user variant of a checkout model
         let v = dir.path().join("v.toml");
         std::fs::write(
@@ -776,7 +779,11 @@ sha256 = "0000000000000000000000000000000000000000000000000000000000000008"
         let (a, b) = (dir.path().join("a.toml"), dir.path().join("b.toml"));
         std::fs::write(&a, "").unwrap();
         std::fs::write(&b, "").unwrap();
-        let checkout = checkout_models_toml().parent().unwrap().canonicalize().unwrap();
+        let checkout = checkout_models_toml()
+            .parent()
+            .unwrap()
+            .canonicalize()
+            .unwrap();
         let files = registry_files(
             None,
             None,
@@ -785,12 +792,18 @@ sha256 = "0000000000000000000000000000000000000000000000000000000000000008"
             &checkout.join("harness"),
         )
         .unwrap();
-        assert_eq!(files, vec![checkout.join("models.toml"), a.clone(), b.clone()]);
+        assert_eq!(
+            files,
+            vec![checkout.join("models.toml"), a.clone(), b.clone()]
+        );
         // outside any checkout: the user files alone
         let files = registry_files(None, None, None, std::slice::from_ref(&b), dir.path()).unwrap();
         assert_eq!(files, vec![b.clone()]);
         // outside any checkout and no user file: an error saying how to give one
-        let e = format!("{:#}", registry_files(None, None, None, &[], dir.path()).unwrap_err());
+        let e = format!(
+            "{:#}",
+            registry_files(None, None, None, &[], dir.path()).unwrap_err()
+        );
         assert!(e.contains("--registry FILE"), "{e}");
     }
 
