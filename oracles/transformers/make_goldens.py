@@ -1766,10 +1766,9 @@ def main_hf(args) -> int:
     cfg = model.config
     n_layer = cfg.num_hidden_layers
     all_ids = C.canonical_ids(smap, n_layer)
-    hf_rec = {"dir_sha256": digest, "files": files, "dir_name": hf_dir.name,
-              "digest": "sha256 of the lines '<sha256 of file>  <name>\\n' of config.json, tokenizer.json, "
-                        "model.safetensors.index.json (if present) and every *.safetensors, sorted by name"}
-    traps = {"hf_dir": f"{hf_dir.name}: sha256 {digest} over {', '.join(files)}; no GGUF loader (no loader fixes)"}
+    # dir_sha256: hf_dir_digest (README "The HF route")
+    hf_rec = {"dir_sha256": digest, "files": files, "dir_name": hf_dir.name}
+    traps = {"hf_dir": "from_pretrained(hf_dir) (entry's hf_dir): no GGUF loader, no loader fixes"}
     if src:
         if args.prompts:
             raise SystemExit(f"{mid}: {args.out}/manifest.json has {SOURCE_DIR} goldens of it: their token ids are used "
