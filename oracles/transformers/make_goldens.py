@@ -156,12 +156,25 @@ SYNTH_VARIANT_POLICY_COMPACT = {
 COMPACT_ARCHS = ("phi3", "starcoder2", "stablelm", "gpt2")
 
 
-def load_registry(models_toml: Path = ROOT / "models.toml") -> dict:
-    """The [[synth]] entries of models.toml and the [[variants]] made from them, as MODELS entries (synth models
-    first, then their variants, in registry order): sha256, architecture, storage policy, and what they are."""
+def registry_files() -> list[Path]:
+    """lockstep's registry files in its order: the checkout's models.toml, then $LOCKSTEP_REGISTRY's (`:`-separated;
+    a user's own models, e.g. other seeds: README "Your own models, prompts and goldens")."""
+    return [ROOT / "models.toml"] + [Path(f) for f in os.environ.get("LOCKSTEP_REGISTRY", "").split(":") if f]
+
+
+def load_registry(files: list[Path] | None = None) -> dict:
+    """The [[synth]] entries of the registry files and the [[variants]] made from them, as MODELS entries (synth
+    models first, then their variants, in registry order): sha256, architecture, storage policy, and what they
+    are. A user file's variant may name a checkout model as its source."""
     import tomllib
 
-    reg = tomllib.loads(models_toml.read_text())
+    reg = {"synth": [], "variants": []}
+    for f in files or registry_files():
+        if not f.is_file():
+            raise SystemExit(f"registry file {f}: no such file ($LOCKSTEP_REGISTRY)")
+        r = tomllib.loads(f.read_text())
+        reg["synth"] += r.get("synth", [])
+        reg["variants"] += r.get("variants", [])
     synth = {m["id"]: m for m in reg.get("synth", [])}
     out = {}
     for m in synth.values():
