@@ -43,9 +43,12 @@ pub fn sha256_file_with(path: &Path, mut progress: impl FnMut(u64)) -> Result<St
 /// `*.safetensors` (each named, with the directory).
 pub fn hf_dir_files(dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
-    for e in std::fs::read_dir(dir)
-        .with_context(|| format!("{} cannot be read as an HF checkpoint directory", dir.display()))?
-    {
+    for e in std::fs::read_dir(dir).with_context(|| {
+        format!(
+            "{} cannot be read as an HF checkpoint directory",
+            dir.display()
+        )
+    })? {
         let e = e.with_context(|| format!("reading {}", dir.display()))?;
         let name = e.file_name().to_string_lossy().into_owned();
         let wanted = matches!(

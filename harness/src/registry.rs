@@ -96,7 +96,8 @@ pub struct Registry {
 /// The directory `[[checkpoints]]` paths of the built-in registry are relative to: the repository root this
 /// binary was built from (where models.toml is).
 pub fn builtin_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    let harness = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    harness.parent().unwrap_or(harness).to_path_buf()
 }
 
 /// One HF checkpoint directory committed with the repository: config.json, `*.safetensors` (with
@@ -925,7 +926,10 @@ notes = "two chunks"
         let mut c = r.checkpoint("porter-olmo2").unwrap().clone();
         c.sha256 = "0".repeat(64);
         let e = format!("{:#}", c.resolve(&builtin_dir()).unwrap_err());
-        assert!(e.contains("porter-olmo2") && e.contains("models.toml records"), "{e}");
+        assert!(
+            e.contains("porter-olmo2") && e.contains("models.toml records"),
+            "{e}"
+        );
         let e = format!("{:#}", c.resolve(Path::new("/nonexistent")).unwrap_err());
         assert!(e.contains("is not a directory"), "{e}");
         let table = |path: &str, id: &str| {

@@ -21,6 +21,8 @@ class HfDecoder:
     """A decoder-only HF checkpoint behind lockstep's session protocol (version 2, format "hf")."""
 
     name = "numpy-decoder"
+    # config.json's model_type this engine implements (a subclass sets it)
+    model_type = None
 
     def __init__(self, bug=None):
         self.bug = bug
@@ -31,6 +33,9 @@ class HfDecoder:
             raise NotImplementedError(f"{self.name} reads HF checkpoint directories; {model} is {format}")
         with open(os.path.join(model, "config.json")) as f:
             self.cfg = c = json.load(f)
+        if c.get("model_type") != self.model_type:
+            raise NotImplementedError(
+                f"{self.name} implements model_type {self.model_type!r}; {model}/config.json says {c.get('model_type')!r}")
         self.w = read_safetensors(model)
         self.n_layer, self.n_head = c["num_hidden_layers"], c["num_attention_heads"]
         self.n_kv = c.get("num_key_value_heads", self.n_head)

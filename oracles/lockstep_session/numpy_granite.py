@@ -29,6 +29,7 @@ BUGS = ("attention-scale", "residual-multiplier-decode")
 
 class NumpyGranite(HfDecoder):
     name = "numpy-granite"
+    model_type = "granite"
 
     def embed(self, tokens):
         return (super().embed(tokens) * np.float32(self.cfg["embedding_multiplier"])).astype(np.float32)

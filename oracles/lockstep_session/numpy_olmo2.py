@@ -28,6 +28,7 @@ BUGS = ("k-norm-per-head", "post-norm-residual-l1")
 
 class NumpyOlmo2(HfDecoder):
     name = "numpy-olmo2"
+    model_type = "olmo2"
 
     def layer(self, l, x, pos, start):
         n, p = x.shape[0], f"model.layers.{l}"

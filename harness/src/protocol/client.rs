@@ -461,8 +461,12 @@ impl Engine for SessionEngine {
 /// Errors: tokenizer.json is missing or does not load; the encoding fails (each naming the file).
 pub fn hf_tokenize(dir: &Path, text: &str, add_special: bool) -> Result<Vec<u32>> {
     let path = dir.join("tokenizer.json");
-    let t = tokenizers::Tokenizer::from_file(&path)
-        .map_err(|e| anyhow::anyhow!("{}: not a tokenizer the tokenizers crate loads: {e}", path.display()))?;
+    let t = tokenizers::Tokenizer::from_file(&path).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a tokenizer the tokenizers crate loads: {e}",
+            path.display()
+        )
+    })?;
     let enc = t
         .encode(text, add_special)
         .map_err(|e| anyhow::anyhow!("{}: encoding the prompt failed: {e}", path.display()))?;

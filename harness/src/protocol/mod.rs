@@ -306,16 +306,28 @@ mod tests {
         let v1 = r#"{"op":"load","protocol":1,"model":"/m.gguf","mode":"ggml","target":"avx2","scratch":"/s"}"#;
         assert!(matches!(
             serde_json::from_str::<Request>(v1).unwrap(),
-            Request::Load { format: None, protocol: 1, .. }
+            Request::Load {
+                format: None,
+                protocol: 1,
+                ..
+            }
         ));
         assert_eq!(check_version(Some(2), FORMAT_HF, "/m").unwrap(), 2);
         assert_eq!(check_version(Some(2), FORMAT_GGUF, "/m").unwrap(), 2);
         assert_eq!(check_version(Some(1), FORMAT_GGUF, "/m.gguf").unwrap(), 1);
-        let e = check_version(Some(1), FORMAT_HF, "/ck").unwrap_err().to_string();
-        assert!(e.contains("protocol 1") && e.contains("/ck") && e.contains("HF checkpoint"), "{e}");
+        let e = check_version(Some(1), FORMAT_HF, "/ck")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("protocol 1") && e.contains("/ck") && e.contains("HF checkpoint"),
+            "{e}"
+        );
         for v in [None, Some(0), Some(3)] {
             let e = check_version(v, FORMAT_GGUF, "/m").unwrap_err().to_string();
-            assert!(e.contains("this lockstep speaks 1 (GGUF models) and 2"), "{e}");
+            assert!(
+                e.contains("this lockstep speaks 1 (GGUF models) and 2"),
+                "{e}"
+            );
         }
     }
 

@@ -313,7 +313,10 @@ mod tests {
         assert!(err(1).contains("not a protocol request"), "{r:?}");
         assert!(err(2).contains("protocol 3"), "{r:?}");
         assert!(err(3).contains("/nonexistent.gguf"), "{r:?}");
-        assert!(err(4).contains("loads GGUF files") && r[4].unsupported, "{r:?}");
+        assert!(
+            err(4).contains("loads GGUF files") && r[4].unsupported,
+            "{r:?}"
+        );
         assert_eq!(r[5], Reply::ok());
     }
 }
