@@ -136,6 +136,92 @@ def _rotary_forward_gemma3(self, x, position_ids, layer_type):
     return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
+def _olmo2_rmsnorm_forward(self, hidden_states):
+    # Olmo2RMSNorm.forward (modeling_olmo2.py 5.23): Llama's body, but `(self.weight * hidden_states).to(input_dtype)`
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(_compute_dtype(hidden_states))
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return (self.weight * hidden_states).to(input_dtype)
+
+
+def _rotary_forward_single_nocast(self, x, position_ids):
+    # Olmo2RotaryEmbedding.forward: Llama's body returning cos, sin in the compute dtype (no cast to x's)
+    c = _compute_dtype(x)
+    freqs = position_ids[..., None].to(c) * self.inv_freq.to(device=x.device, dtype=c)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+
+def _body(fn) -> str:
+    """A forward's source without decorators, comments, blank lines, its signature line(s) and indentation: what
+    two architectures' copies of one function have in common (transformers' "Copied from" modules)."""
+    import inspect
+    import re
+
+    src = inspect.getsource(fn)
+    body = src[src.index(":\n", src.index("def ")) + 2:] if ":\n" in src[src.index("def "):] else src
+    lines = [re.sub(r"#.*$", "", ln).strip() for ln in body.splitlines()]
+    return "\n".join(ln for ln in lines if ln)
+
+
+# Bodies of transformers' float32-forcing forwards (5.23) -> the dtype-following replacement (PATCH 1, 2). A class of
+# an architecture not named in install_patches whose forward is one of these, token for token, is patched the same
+# way by to_float64 (`source-matched`); see generic_f64_patches.
+def _source_patches() -> list[tuple[str, str, object]]:
+    o = _ORIGINAL_FORWARDS
+    return [
+        ("RMSNorm", _body(o["LlamaRMSNorm"]), _llama_rmsnorm_forward),
+        ("RMSNorm", _body(o["Olmo2RMSNorm"]), _olmo2_rmsnorm_forward),
+        ("RotaryEmbedding", _body(o["LlamaRotaryEmbedding"]), torch.no_grad()(_rotary_forward_single)),
+        ("RotaryEmbedding", _body(o["Olmo2RotaryEmbedding"]), torch.no_grad()(_rotary_forward_single_nocast)),
+    ]
+
+
+def _record_originals() -> dict:
+    """transformers' own forwards, read before install_patches replaces any (the bodies _source_patches matches)."""
+    from transformers.models.llama import modeling_llama as ll
+    from transformers.models.olmo2 import modeling_olmo2 as o2
+
+    return {"LlamaRMSNorm": ll.LlamaRMSNorm.forward, "LlamaRotaryEmbedding": ll.LlamaRotaryEmbedding.forward,
+            "Olmo2RMSNorm": o2.Olmo2RMSNorm.forward, "Olmo2RotaryEmbedding": o2.Olmo2RotaryEmbedding.forward}
+
+
+_ORIGINAL_FORWARDS = _record_originals()
+_OURS = {_llama_rmsnorm_forward, _gemma3_rmsnorm_forward, _gemma4_rmsnorm_forward}
+
+
+def generic_f64_patches(model) -> list[str]:
+    """PATCH 1-2 for the classes install_patches does not name (an architecture met through its stage map only):
+    every module class of `model` named *RMSNorm or *RotaryEmbedding whose forward is, token for token, the body of
+    one transformers forward that forces float32 (Llama's or OLMo 2's) gets its dtype-following replacement (for a
+    float32 model the same ops in the same order). Returns what was patched; SystemExit naming a class of those
+    names whose forward matches none (its float64 run would compute in float32: no floor; --no-f64)."""
+    done, table = [], None
+    for cls in sorted({type(m) for m in model.modules()}, key=lambda c: c.__name__):
+        name = cls.__name__
+        kind = "RMSNorm" if name.endswith("RMSNorm") else "RotaryEmbedding" if name.endswith("RotaryEmbedding") else None
+        if kind is None:
+            continue
+        fn = cls.forward
+        if getattr(fn, "__wrapped__", None) is not None:
+            fn = fn.__wrapped__
+        if fn in _OURS or getattr(fn, "__name__", "").startswith(("_rotary_forward", "_olmo2_rmsnorm", "_llama_rmsnorm")):
+            continue  # already ours (install_patches, or patched before)
+        table = table or _source_patches()
+        body = _body(cls.forward)
+        for k, b, repl in table:
+            if k == kind and b == body:
+                cls.forward = repl
+                done.append(f"{name}.forward (source-matched to {getattr(repl, '__name__', repl)}): follows the input "
+                            f"dtype (PATCH {'1' if kind == 'RMSNorm' else '2'})")
+                break
+        else:
+            raise SystemExit(f"{name}.forward is not a body this oracle knows how to run in float64 (tf_capture "
+                             f"_source_patches): no float64 floor for it (--no-f64), or add its replacement")
+    return done
+
+
 def install_patches() -> list[str]:
     """Patch the classes (PATCH 1, 2); returns what was patched."""
     from transformers.models.gemma2 import modeling_gemma2 as g2
@@ -246,9 +332,9 @@ def _gemma4_inv_freq64(cfg, rot) -> list[str]:
 def to_float64(model) -> list[str]:
     """Convert a loaded float32 model to float64 (weights widen exactly) and redo in float64 what init
     computed in float32: RoPE inverse frequencies (PATCH 2) and Gemma3's embedding scale (PATCH 4)."""
+    done = generic_f64_patches(model)
     model.to(torch.float64)
     cfg = model.config
-    done = []
     rot = getattr(model.base_model, "rotary_emb", None)
     # gemma4's head width is per layer (_gemma4_inv_freq64 reads each layer type's): reading the global
     # cfg.head_dim of its heterogeneous config raises AmbiguousGlobalPerLayerAttributeError (transformers 5.23)
@@ -993,10 +1079,12 @@ def attach(model, arch, rec_getter) -> list:
                     rec_getter().put(c, o)
                 handles.append(mod.register_forward_hook(hook))
             else:
-                def pre(m, args, c=c):
-                    assert args[0].shape[0] == 1, (c, args[0].shape)
-                    rec_getter().put(c, args[0][0])
-                handles.append(mod.register_forward_pre_hook(pre))
+                def pre(m, args, kwargs, c=c):
+                    # the first positional input, or hidden_states given by keyword (OLMo 2's self_attn)
+                    x = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values()), None))
+                    assert isinstance(x, torch.Tensor) and x.shape[0] == 1, (c, type(x))
+                    rec_getter().put(c, x[0])
+                handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
     return handles
 
 
