@@ -545,7 +545,8 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         models, with_goldens,
         "the default matrix should cover every model with goldens"
     );
-    let porter = Matrix::load(&root.join("ci/matrix-porter.toml")).unwrap_or_else(|e| panic!("{e:#}"));
+    let porter =
+        Matrix::load(&root.join("ci/matrix-porter.toml")).unwrap_or_else(|e| panic!("{e:#}"));
     let porter_cells = porter
         .expand(&manifest, &Filters::default())
         .unwrap_or_else(|e| panic!("{e:#}"));
@@ -566,10 +567,12 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     assert_eq!(porter_cells.len(), porter_goldens.len());
     assert!(reg.checkpoints.len() >= 2 && porter_goldens.len() >= 2 * 3);
     let th = Thresholds::load(&root.join("ci/thresholds.toml")).unwrap_or_else(|e| panic!("{e:#}"));
-    th.validate_matrix(&porter).unwrap_or_else(|e| panic!("{e:#}"));
+    th.validate_matrix(&porter)
+        .unwrap_or_else(|e| panic!("{e:#}"));
     for c in &porter_cells {
         assert_eq!((c.engine.as_str(), c.simd.as_str()), ("external", "off"));
-        th.for_cell(c).unwrap_or_else(|e| panic!("{}: {e:#}", c.id()));
+        th.for_cell(c)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", c.id()));
     }
     for m in &models {
         let n = pairs.iter().filter(|p| p.0 == *m).count();

@@ -303,3 +303,98 @@ fn a_gguf_only_python_engine_fails_an_hf_cell_as_engine_error() {
         assert!(e.contains("reads GGUF files only"), "{e}");
     }
 }
+
+#[test]
+fn every_checkpoint_has_bisectable_transformers_goldens_of_its_directory() {
+    // models.toml [[checkpoints]] <-> golden/manifest.json: each checkpoint resolves (its digest checked), and
+    // its goldens name it by that digest and its arch, store every layer's output at every prompt position
+    // (bisect's local pass injects them) and teacher-forced decode steps (the engine's KV cache is walked)
+    let reg = lockstep::registry::Registry::builtin().unwrap();
+    let manifest = lockstep::golden::load_manifest(&root().join("golden")).unwrap();
+    assert!(reg.checkpoints.len() >= 2);
+    for c in &reg.checkpoints {
+        let dir = c.resolve(&lockstep::registry::builtin_dir()).unwrap();
+        assert_eq!(lockstep::run::model_sha256(&dir).unwrap(), c.sha256);
+        let goldens: Vec<_> = manifest.goldens_for_model(&c.id).collect();
+        assert_eq!(goldens.len(), 3, "{}: prose, code, one_token", c.id);
+        for g in goldens {
+            assert_eq!(g.model_sha256, c.sha256, "{}", g.path);
+            assert_eq!(g.arch, c.arch, "{}", g.path);
+            assert_eq!(g.oracle.name, "transformers", "{}", g.path);
+            assert!(g.stores_layer_outputs() && !g.is_compact(), "{}", g.path);
+            assert_eq!(g.n_decode_steps, 6, "{}", g.path);
+            lockstep::golden::verify_golden(&root().join("golden"), g)
+                .unwrap_or_else(|e| panic!("{e:#}"));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs Python 3 with numpy: run by ci/test.sh"]
+fn read_safetensors_reads_shards_and_f32_f16_bf16_exactly() {
+    // a two-shard checkpoint written by the safetensors crate, read back by the Python helper
+    use safetensors::tensor::{Dtype, TensorView};
+    let dir = tempfile::tempdir().unwrap();
+    let vals: Vec<f32> = vec![1.0, -2.5, 0.15625, 3.0e-3, 65504.0, -0.0];
+    let f32b: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let f16b: Vec<u8> = vals
+        .iter()
+        .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+        .collect();
+    let bf16b: Vec<u8> = vals
+        .iter()
+        .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+        .collect();
+    let write = |name: &str, tensors: Vec<(&str, TensorView<'_>)>| {
+        safetensors::serialize_to_file(tensors, &None, &dir.path().join(name)).unwrap();
+    };
+    write(
+        "model-00001-of-00002.safetensors",
+        vec![(
+            "a.f32",
+            TensorView::new(Dtype::F32, vec![2, 3], &f32b).unwrap(),
+        )],
+    );
+    write(
+        "model-00002-of-00002.safetensors",
+        vec![
+            (
+                "b.f16",
+                TensorView::new(Dtype::F16, vec![3, 2], &f16b).unwrap(),
+            ),
+            (
+                "c.bf16",
+                TensorView::new(Dtype::BF16, vec![6], &bf16b).unwrap(),
+            ),
+        ],
+    );
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        r#"{"metadata":{},"weight_map":{"a.f32":"model-00001-of-00002.safetensors","b.f16":"model-00002-of-00002.safetensors","c.bf16":"model-00002-of-00002.safetensors"}}"#,
+    )
+    .unwrap();
+    let script = "import sys, json; sys.path.insert(0, sys.argv[1]); from lockstep_session import read_safetensors\n\
+                  w = read_safetensors(sys.argv[2])\n\
+                  print(json.dumps({k: [str(v.dtype), list(v.shape), [float(x) for x in v.reshape(-1)]] for k, v in sorted(w.items())}))";
+    let out = std::process::Command::new(python_with_numpy())
+        .args(["-c", script])
+        .arg(root().join("oracles/lockstep_session"))
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let widened = |b: &[u8], f: fn([u8; 2]) -> f32| -> Vec<f64> {
+        b.chunks(2).map(|c| f([c[0], c[1]]) as f64).collect()
+    };
+    let want = serde_json::json!({
+        "a.f32": ["float32", [2, 3], vals.iter().map(|&v| v as f64).collect::<Vec<_>>()],
+        "b.f16": ["float32", [3, 2], widened(&f16b, |c| half::f16::from_le_bytes(c).to_f32())],
+        "c.bf16": ["float32", [6], widened(&bf16b, |c| half::bf16::from_le_bytes(c).to_f32())],
+    });
+    assert_eq!(got, want);
+}
