@@ -86,7 +86,7 @@ pub fn run(opts: &RunOptions) -> Result<(PathBuf, Report)> {
             )?))
         } else if force || cell.engine == "external" {
             let cmds = external.clone().context(
-                "the matrix has an `external` engine cell but no --engine-cmd was given",
+                "the matrix has an `external` engine cell but no --engine-serve or --engine-cmd was given",
             )?;
             Ok(Box::new(ExternalEngine::new(cmds, model, arch)?))
         } else {
@@ -162,7 +162,7 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         if opts.serve.is_some() || opts.force_external || cell.engine == "external" {
             if opts.external.is_none() && opts.serve.is_none() {
                 bail!(
-                    "cell {} runs an external engine but no --engine-cmd was given",
+                    "cell {} runs an external engine but no --engine-serve or --engine-cmd was given",
                     cell.id()
                 );
             }
