@@ -398,3 +398,19 @@ fn read_safetensors_reads_shards_and_f32_f16_bf16_exactly() {
     });
     assert_eq!(got, want);
 }
+
+#[test]
+fn the_default_matrix_points_a_checkpoint_to_the_porter_matrix() {
+    let manifest = lockstep::golden::load_manifest(&root().join("golden")).unwrap();
+    let matrix = lockstep::matrix::Matrix::load(&root().join("ci/matrix.toml")).unwrap();
+    let filters = Filters {
+        model: vec!["porter-olmo2".into()],
+        ..Filters::default()
+    };
+    let e = format!("{:#}", matrix.expand(&manifest, &filters).unwrap_err());
+    assert!(
+        e.contains("matches nothing in the run matrix")
+            && e.contains("--matrix ci/matrix-porter.toml --engine-serve"),
+        "{e}"
+    );
+}
