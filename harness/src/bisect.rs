@@ -217,7 +217,7 @@ pub fn bisect_with(
     let gpath = format!("{}/{}/{}.npz", opts.model, opts.oracle, opts.prompt);
     let entry = manifest.entry(&opts.golden_dir, &gpath)?.clone();
     golden::verify_golden(&opts.golden_dir, &entry)?;
-    golden::check_model(&opts.golden_dir, &entry, &crate::hash::sha256_file(model)?)?;
+    golden::check_model(&opts.golden_dir, &entry, &crate::run::model_sha256(model)?)?;
     let cell = Cell {
         model: opts.model.clone(),
         prompt: opts.prompt.clone(),

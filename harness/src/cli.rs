@@ -513,6 +513,10 @@ pub struct FloorsArgs {
     /// Where to write the floors.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Measure a session engine's floors instead of ours (a model our engine cannot load: an HF checkpoint
+    /// of another architecture, with the unbroken external engine that is held to it).
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 /// Arguments of `lockstep yardstick`.
@@ -1083,6 +1087,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     oracle: a.oracle.clone(),
                     ..Default::default()
                 },
+                serve: a.serve.command()?,
             };
             crate::measure::update(&opts, &out, &mut |g| eprintln!("measuring {g}"))?;
             println!("{}", out.display());

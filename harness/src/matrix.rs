@@ -353,13 +353,32 @@ impl Matrix {
             Ok(())
         }
         let set = |v: &[String]| v.iter().cloned().collect::<BTreeSet<String>>();
-        let with_unlisted = self.with_unlisted_models(manifest, &filters.model);
+        // an HF checkpoint our engine cannot load is run from the porter's matrix, through its engine
+        let registry = crate::registry::Registry::active().ok();
+        let is_checkpoint = |m: &str| registry.as_ref().is_some_and(|r| r.checkpoint(m).is_some());
+        let unlisted: Vec<String> = filters
+            .model
+            .iter()
+            .filter(|m| !is_checkpoint(m))
+            .cloned()
+            .collect();
+        let with_unlisted = self.with_unlisted_models(manifest, &unlisted);
         let this = with_unlisted.as_ref().unwrap_or(self);
-        check_filter(
-            "model",
-            &filters.model,
-            &this.models.iter().map(|m| m.id.clone()).collect(),
-        )?;
+        let models: BTreeSet<String> = this.models.iter().map(|m| m.id.clone()).collect();
+        check_filter("model", &filters.model, &models).map_err(|e| {
+            match filters
+                .model
+                .iter()
+                .find(|m| !models.contains(*m) && is_checkpoint(m))
+            {
+                Some(m) => e.context(format!(
+                    "`{m}` is an HF checkpoint (models.toml [[checkpoints]]) of an architecture lockstep's engine \
+                     does not load: its cells are in ci/matrix-porter.toml, run through an external engine \
+                     (--matrix ci/matrix-porter.toml --engine-serve CMD)"
+                )),
+                None => e,
+            }
+        })?;
         check_filter("mode", &filters.mode, &set(&self.modes))?;
         check_filter("oracle", &filters.oracle, &set(&self.oracles))?;
         let simd_values = self.simd_values();

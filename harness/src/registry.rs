@@ -50,8 +50,23 @@
 //! sha256 = "46284597f19d..."
 //! ```
 //!
-//! `[[corpora]]` entries are evaluation texts ([`CorpusEntry`]). Model, synth and variant ids share one
-//! namespace; corpus ids have their own.
+//! `[[checkpoints]]` entries are HF checkpoint directories committed with the repository (tiny seeded
+//! fixtures of architectures lockstep's engine does not implement, for the porter's path: issue 43): a
+//! directory with config.json, `*.safetensors` and tokenizer.json, at `path` relative to models.toml, pinned
+//! by its directory digest ([`crate::hash::sha256_hf_dir`]). Nothing is fetched or written: a `--model` of
+//! that id resolves to the directory after its digest is checked ([`CheckpointEntry::resolve`]).
+//!
+//! ```toml
+//! [[checkpoints]]
+//! id = "porter-olmo2"
+//! name = "lockstep porter OLMo 2 seed 1"
+//! arch = "olmo2"
+//! path = "oracles/porter/checkpoints/porter-olmo2"
+//! sha256 = "7717da008d4a..."
+//! ```
+//!
+//! `[[corpora]]` entries are evaluation texts ([`CorpusEntry`]). Model, synth, variant and checkpoint ids
+//! share one namespace; corpus ids have their own.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -142,6 +157,116 @@ pub struct Registry {
     /// the file has no such table).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub synth: Vec<SynthEntry>,
+    /// One entry per `[[checkpoints]]` table: HF checkpoint directories committed with the repository (none
+    /// when the file has no such table).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints: Vec<CheckpointEntry>,
+}
+
+/// One HF checkpoint directory committed with the repository: config.json, `*.safetensors` (with
+/// `model.safetensors.index.json` when sharded) and tokenizer.json, the layout transformers'
+/// `save_pretrained` writes. Used as it is (never downloaded or written by lockstep); `sha256` pins it.
+///
+/// ```toml
+/// [[checkpoints]]
+/// id = "porter-granite"
+/// name = "lockstep porter Granite seed 1"
+/// arch = "granite"
+/// path = "oracles/porter/checkpoints/porter-granite"
+/// sha256 = "e922c4339d71..."
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointEntry {
+    /// Registry id; the same rules as a model id.
+    pub id: String,
+    /// Human-readable name.
+    pub name: String,
+    /// The checkpoint's `model_type` (config.json), e.g. `olmo2`, `granite`: the golden manifest's `arch`.
+    pub arch: String,
+    /// The directory, relative to models.toml (no `..`, not absolute).
+    pub path: String,
+    /// The directory digest, [`crate::hash::sha256_hf_dir`] (lowercase hex).
+    pub sha256: String,
+    /// Free-text notes (how it was made).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+    /// The directory of the registry file the entry was read from, which `path` is relative to (set by
+    /// [`Registry::load`]; empty for an entry parsed from text).
+    #[serde(skip)]
+    pub base: std::path::PathBuf,
+}
+
+impl CheckpointEntry {
+    /// The checkpoint directory: `path` under the directory of the registry file the entry came from
+    /// ([`CheckpointEntry::resolve`]: its digest checked).
+    ///
+    /// Errors: as [`CheckpointEntry::resolve`]; an entry parsed from text (no registry file to be relative to).
+    pub fn dir(&self) -> Result<std::path::PathBuf> {
+        if self.base.as_os_str().is_empty() {
+            bail!(
+                "checkpoint `{}`: read from registry text, not a file: its path {:?} is relative to nothing",
+                self.id,
+                self.path
+            );
+        }
+        self.resolve(&self.base)
+    }
+
+    /// Checks the entry: the id rules of a model, a sha256 of 64 lowercase hex digits, a non-empty `arch`,
+    /// and a relative `path` without `..`.
+    ///
+    /// Errors: the first rule broken, naming the entry.
+    pub fn validate(&self) -> Result<()> {
+        let id = &self.id;
+        validate_id(id)?;
+        validate_sha256(id, &self.sha256)?;
+        if self.arch.trim().is_empty() {
+            bail!("models.toml: checkpoint `{id}` has an empty arch (config.json's model_type)");
+        }
+        let p = std::path::Path::new(&self.path);
+        if self.path.is_empty()
+            || p.is_absolute()
+            || p.components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            bail!(
+                "models.toml: checkpoint `{id}` has path {:?}; it must be a directory relative to models.toml, \
+                 without `..`",
+                self.path
+            );
+        }
+        Ok(())
+    }
+
+    /// The checkpoint directory under `base` (the directory of the registry file that lists it), after
+    /// checking its digest against `sha256`.
+    ///
+    /// Errors: the directory is missing or not an HF checkpoint ([`crate::hash::hf_dir_files`]); its digest
+    /// differs from the registry's (both named).
+    pub fn resolve(&self, base: &std::path::Path) -> Result<std::path::PathBuf> {
+        let dir = base.join(&self.path);
+        if !dir.is_dir() {
+            bail!(
+                "checkpoint `{}`: {} is not a directory (models.toml path {:?})",
+                self.id,
+                dir.display(),
+                self.path
+            );
+        }
+        let got = crate::hash::sha256_hf_dir(&dir)
+            .with_context(|| format!("checkpoint `{}`", self.id))?;
+        if got != self.sha256 {
+            bail!(
+                "checkpoint `{}`: {} has digest {got}, models.toml records {} (sha256 of the \
+                 `sha256sum` lines of config.json, tokenizer.json and the safetensors files)",
+                self.id,
+                dir.display(),
+                self.sha256
+            );
+        }
+        Ok(dir)
+    }
 }
 
 /// The llama-quantize types a variant may have (`make_variants.sh`'s `ALL_TYPES`; F32 is its intermediate).
@@ -409,12 +534,20 @@ impl Registry {
             variants: Vec::new(),
             corpora: Vec::new(),
             synth: Vec::new(),
+            checkpoints: Vec::new(),
         };
         for f in files {
             let text = std::fs::read_to_string(f)
                 .with_context(|| format!("cannot read the registry file {}", f.display()))?;
-            let r: Registry = toml::from_str(&text)
+            let mut r: Registry = toml::from_str(&text)
                 .with_context(|| format!("{}: not a valid registry", f.display()))?;
+            let base = f
+                .parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+            for c in &mut r.checkpoints {
+                c.base = base.clone();
+            }
+            all.checkpoints.extend(r.checkpoints);
             all.models.extend(r.models);
             all.variants.extend(r.variants);
             all.corpora.extend(r.corpora);
@@ -489,6 +622,12 @@ impl Registry {
                 bail!("models.toml: variant `{}` has size 0", v.id);
             }
         }
+        for c in &self.checkpoints {
+            c.validate()?;
+            if !seen.insert(c.id.as_str()) {
+                bail!("models.toml: duplicate model id `{}`", c.id);
+            }
+        }
         let mut corpus_ids = HashSet::new();
         for entry in &self.corpora {
             entry.validate()?;
@@ -509,23 +648,32 @@ impl Registry {
         self.synth.iter().find(|s| s.id == id)
     }
 
-    /// The architecture of a model, synth or variant id (a variant has its source's); `None` for an id that
-    /// is none of them.
+    /// The `[[checkpoints]]` entry with this id, if any.
+    pub fn checkpoint(&self, id: &str) -> Option<&CheckpointEntry> {
+        self.checkpoints.iter().find(|c| c.id == id)
+    }
+
+    /// The architecture of a model, synth, variant or checkpoint id (a variant has its source's); `None`
+    /// for an id that is none of them.
     pub fn arch(&self, id: &str) -> Option<&str> {
         let source_arch = |id: &str| {
             self.get(id)
                 .map(|m| m.arch.as_str())
                 .or_else(|| self.synth(id).map(|s| s.arch.as_str()))
         };
-        source_arch(id).or_else(|| self.variant(id).and_then(|v| source_arch(&v.source)))
+        source_arch(id)
+            .or_else(|| self.variant(id).and_then(|v| source_arch(&v.source)))
+            .or_else(|| self.checkpoint(id).map(|c| c.arch.as_str()))
     }
 
-    /// The registered sha256 of a model, synth or variant id; `None` for an id that is none of them.
+    /// The registered sha256 of a model, synth, variant or checkpoint id (a checkpoint's is its directory
+    /// digest); `None` for an id that is none of them.
     pub fn sha256(&self, id: &str) -> Option<&str> {
         self.get(id)
             .map(|m| m.sha256.as_str())
             .or_else(|| self.synth(id).map(|s| s.sha256.as_str()))
             .or_else(|| self.variant(id).map(|v| v.sha256.as_str()))
+            .or_else(|| self.checkpoint(id).map(|c| c.sha256.as_str()))
     }
 
     /// The entry with this id, if any.
@@ -545,6 +693,7 @@ impl Registry {
                 self.ids()
                     .into_iter()
                     .chain(self.variants.iter().map(|v| v.id.as_str()))
+                    .chain(self.checkpoints.iter().map(|c| c.id.as_str()))
                     .collect::<Vec<_>>()
                     .join(", ")
             )
@@ -670,6 +819,7 @@ impl ModelEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     const GOOD: &str = r#"
 [[models]]
@@ -1001,6 +1151,37 @@ sha256 = "0000000000000000000000000000000000000000000000000000000000000008"
             synth_table("tiny-s", "llama", &sha)
         );
         assert!(err(&typo).contains("unknown field"), "{}", err(&typo));
+    }
+
+    #[test]
+    fn registry_checkpoints_resolve_by_directory_digest_and_bad_entries_are_refused() {
+        let r = Registry::active().unwrap();
+        for (id, arch) in [("porter-olmo2", "olmo2"), ("porter-granite", "granite")] {
+            let c = r.checkpoint(id).unwrap();
+            assert_eq!(r.arch(id), Some(arch));
+            assert_eq!(r.sha256(id), Some(c.sha256.as_str()));
+            let dir = c.dir().unwrap();
+            assert!(dir.join("config.json").is_file());
+        }
+        let mut c = r.checkpoint("porter-olmo2").unwrap().clone();
+        c.sha256 = "0".repeat(64);
+        let e = format!("{:#}", c.dir().unwrap_err());
+        assert!(
+            e.contains("porter-olmo2") && e.contains("models.toml records"),
+            "{e}"
+        );
+        let e = format!("{:#}", c.resolve(Path::new("/nonexistent")).unwrap_err());
+        assert!(e.contains("is not a directory"), "{e}");
+        let table = |path: &str, id: &str| {
+            format!(
+                "{GOOD}\n[[checkpoints]]\nid = \"{id}\"\nname = \"n\"\narch = \"olmo2\"\npath = \"{path}\"\nsha256 = \"{}\"\n",
+                "a".repeat(64)
+            )
+        };
+        assert!(Registry::parse(&table("ck/x", "ck-x")).is_ok());
+        assert!(err(&table("../x", "ck-x")).contains("without `..`"));
+        assert!(err(&table("/abs", "ck-x")).contains("relative to models.toml"));
+        assert!(err(&table("ck/x", "tiny-a")).contains("duplicate model id `tiny-a`"));
     }
 
     #[test]

@@ -544,6 +544,7 @@ fn resolve_model_takes_local_gguf_paths_and_registry_ids() {
         variants: vec![],
         corpora: vec![],
         synth: vec![],
+        checkpoints: vec![],
     };
     let cache = tempfile::tempdir().unwrap();
     let path = resolve_model_in("tiny-chunked", &registry, cache.path(), &pip.opts()).unwrap();
@@ -806,6 +807,7 @@ fn in_process_registry(cache: &Path, types: &[&str]) -> Registry {
         variants,
         corpora: vec![],
         synth: vec![],
+        checkpoints: vec![],
     }
 }
 

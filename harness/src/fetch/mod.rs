@@ -197,6 +197,9 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf> {
         return local_model(Path::new(spec));
     }
     let registry = Registry::active()?;
+    if let Some(c) = registry.checkpoint(spec) {
+        return c.dir();
+    }
     if let Some(v) = registry.variant(spec) {
         return fetch_variant(v, &cache_dir()?, &FetchOptions::from_env());
     }
@@ -218,6 +221,9 @@ pub fn resolve_model_in(
 ) -> Result<PathBuf> {
     if is_path_spec(spec) {
         return local_model(Path::new(spec));
+    }
+    if let Some(c) = registry.checkpoint(spec) {
+        return c.dir();
     }
     if let Some(v) = registry.variant(spec) {
         let mut paths = fetch_variants_in(&[v], registry, cache_root, opts)?;
@@ -242,11 +248,20 @@ pub(crate) fn fetch_model_in(
     }
 }
 
-/// Checks that `path` is an existing file starting with the GGUF magic.
+/// Checks that `path` is an existing file starting with the GGUF magic, or an HF checkpoint directory
+/// (config.json, tokenizer.json and `*.safetensors`: [`crate::hash::hf_dir_files`]).
 pub(crate) fn local_model(path: &Path) -> Result<PathBuf> {
     // a directory opens and then reads as EISDIR; a FIFO would block: name what it is instead
     match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => bail!("{} is a directory, not a GGUF model file", path.display()),
+        Ok(m) if m.is_dir() => {
+            crate::hash::hf_dir_files(path).with_context(|| {
+                format!(
+                    "{} is a directory: neither a GGUF model file nor an HF checkpoint directory",
+                    path.display()
+                )
+            })?;
+            return Ok(path.to_path_buf());
+        }
         Ok(m) if !m.is_file() => bail!(
             "{} is not a regular file (a device, FIFO or socket), not a GGUF model file",
             path.display()
