@@ -536,6 +536,45 @@ pub fn check_model(golden_dir: &Path, entry: &GoldenEntry, model_sha256: &str) -
     Ok(())
 }
 
+/// [`check_model`] for the model registered as `model_id`: a golden of another model is accepted only when
+/// the registry says `model_id` is the Hugging Face copy of the model the golden was made from (its
+/// registered sha256 is the golden's `model_sha256`) and `model_sha256` is the copy's registered digest
+/// ([`crate::hash::sha256_hf_dir`]). Never a skipped check.
+///
+/// Errors: as [`check_model`]; the registry does not parse.
+pub fn check_model_for(
+    golden_dir: &Path,
+    entry: &GoldenEntry,
+    model_id: &str,
+    model_sha256: &str,
+) -> Result<()> {
+    if entry.model_sha256.eq_ignore_ascii_case(model_sha256) {
+        return Ok(());
+    }
+    let registry = crate::registry::Registry::builtin()?;
+    if let Some(source) = registry.hf_source(model_id) {
+        let copy_ok = registry
+            .sha256(model_id)
+            .is_some_and(|s| s.eq_ignore_ascii_case(model_sha256));
+        let source_ok = registry
+            .sha256(source)
+            .is_some_and(|s| s.eq_ignore_ascii_case(&entry.model_sha256));
+        if copy_ok && source_ok {
+            return Ok(());
+        }
+        bail!(
+            "{} was made from model {} with sha256 {}; `{model_id}` is registered as the Hugging Face copy of \
+             `{source}` (sha256 {}), but the copy being run has sha256 {model_sha256} (registered: {})",
+            golden_dir.join(&entry.path).display(),
+            entry.model_file,
+            entry.model_sha256,
+            registry.sha256(source).unwrap_or("?"),
+            registry.sha256(model_id).unwrap_or("?"),
+        );
+    }
+    check_model(golden_dir, entry, model_sha256)
+}
+
 pub use crate::hash::sha256_file;
 
 /// The stage a golden (or dump) array holds, parsed once from its name: the canonical id

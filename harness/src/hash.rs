@@ -13,6 +13,62 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     sha256_file_with(path, |_| {})
 }
 
+/// The files of a Hugging Face directory its digest covers: `config.json`, `tokenizer.json`,
+/// `model.safetensors.index.json` (if present) and every `*.safetensors`, sorted by file name.
+///
+/// Errors: the directory cannot be listed (named).
+pub fn hf_dir_files(dir: &Path) -> Result<Vec<String>> {
+    let mut names: Vec<String> = Vec::new();
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("{} cannot be listed", dir.display()))?;
+    for e in entries {
+        let e = e.with_context(|| format!("{} cannot be listed", dir.display()))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if matches!(
+            name.as_str(),
+            "config.json" | "tokenizer.json" | "model.safetensors.index.json"
+        ) || name.ends_with(".safetensors")
+        {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// sha256 of a Hugging Face directory (the convention shared by every lockstep tool): the sha256 of the
+/// text made of one line `"<lowercase hex sha256 of file>  <file name>\n"` per file of [`hf_dir_files`],
+/// in that (sorted) order — `sha256sum`'s output format, so `(cd DIR && sha256sum config.json ... ) |
+/// sha256sum` gives it too. Lowercase hex.
+///
+/// Errors: the directory cannot be listed; `config.json` is missing (not a checkpoint directory); a file
+/// cannot be read — each named.
+pub fn sha256_hf_dir(dir: &Path) -> Result<String> {
+    let names = hf_dir_files(dir)?;
+    if !names.iter().any(|n| n == "config.json") {
+        anyhow::bail!(
+            "{} has no config.json: not a Hugging Face checkpoint directory",
+            dir.display()
+        );
+    }
+    let mut text = String::new();
+    for n in &names {
+        text.push_str(&format!("{}  {n}\n", sha256_file(&dir.join(n))?));
+    }
+    Ok(sha256_hex(text.as_bytes()))
+}
+
+/// sha256 of a model: [`sha256_hf_dir`] for a directory, else [`sha256_file`].
+///
+/// Errors: as those.
+pub fn sha256_model(path: &Path) -> Result<String> {
+    if path.is_dir() {
+        sha256_hf_dir(path)
+    } else {
+        sha256_file(path)
+    }
+}
+
 /// sha256 of bytes in memory, lowercase hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -38,6 +94,38 @@ pub fn sha256_file_with(path: &Path, mut progress: impl FnMut(u64)) -> Result<St
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hf_dir_digest_is_sha256sum_of_the_sorted_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for (n, body) in [
+            ("config.json", "{}"),
+            ("tokenizer.json", "t"),
+            ("model-00002-of-00002.safetensors", "b"),
+            ("model-00001-of-00002.safetensors", "a"),
+            ("model.safetensors.index.json", "i"),
+            ("tokenizer_config.json", "not covered"),
+            ("README.md", "not covered"),
+        ] {
+            std::fs::write(d.join(n), body).unwrap();
+        }
+        let h = |s: &str| super::sha256_hex(s.as_bytes());
+        let text = format!(
+            "{}  config.json\n{}  model-00001-of-00002.safetensors\n{}  model-00002-of-00002.safetensors\n{}  model.safetensors.index.json\n{}  tokenizer.json\n",
+            h("{}"), h("a"), h("b"), h("i"), h("t")
+        );
+        assert_eq!(super::sha256_hf_dir(d).unwrap(), h(&text));
+        assert_eq!(super::sha256_model(d).unwrap(), h(&text));
+        let before = super::sha256_hf_dir(d).unwrap();
+        std::fs::write(d.join("tokenizer_config.json"), "changed").unwrap();
+        assert_eq!(super::sha256_hf_dir(d).unwrap(), before, "uncovered files");
+        std::fs::write(d.join("model-00002-of-00002.safetensors"), "B").unwrap();
+        assert_ne!(super::sha256_hf_dir(d).unwrap(), before, "a shard changed");
+        std::fs::remove_file(d.join("config.json")).unwrap();
+        let e = format!("{:#}", super::sha256_hf_dir(d).unwrap_err());
+        assert!(e.contains("config.json"), "{e}");
+    }
+
     #[test]
     fn known_digest_and_missing_file() {
         let dir = tempfile::tempdir().unwrap();

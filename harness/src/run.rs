@@ -318,7 +318,7 @@ fn resolve_models(
         // sidecar stamp, or a rehash); a local path is hashed here
         let sha = match registered_sha256(&cell.model)? {
             Some(sha) => sha,
-            None => crate::hash::sha256_file(&p)?,
+            None => crate::hash::sha256_model(&p)?,
         };
         steps.step(
             &format!("model {} ready: {}", cell.model, p.display()),
@@ -458,7 +458,7 @@ pub fn run_cell(
     factory: &mut EngineFactory<'_>,
 ) -> Result<CellReport> {
     let entry = golden_entry(opts, manifest, &golden_path_for(cell))?;
-    golden::check_model(&opts.golden_dir, entry, model_sha)?;
+    golden::check_model_for(&opts.golden_dir, entry, &cell.model, model_sha)?;
     let mode = cell.mode;
     let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
     let (tokens, decode_tokens) = gf.read_sequence()?;

@@ -540,7 +540,7 @@ pub fn validate(opts: &QualityOptions) -> Result<()> {
 pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityReport, PathBuf)> {
     validate(opts)?;
     let corpus = Corpus::resolve(&opts.corpus)?;
-    let base_sha256 = crate::hash::sha256_file(&opts.base)
+    let base_sha256 = crate::hash::sha256_model(&opts.base)
         .with_context(|| format!("hashing {}", opts.base.display()))?;
     // the chunk count must be known for the cache key: tokenize with the base's tokenizer
     let base_model =
