@@ -168,8 +168,9 @@ pub enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Describe a GGUF file: name, architecture, size, parameters, bits per weight and the tensors of
-    /// each ggml type (JSON with --json).
+    /// Describe a GGUF file or a Hugging Face checkpoint directory: name, architecture, size, parameters,
+    /// bits per weight and the tensors of each ggml type; for a directory its class, digest and the tensors
+    /// held as derived copies in memory (JSON with --json).
     Inspect {
         #[command(flatten)]
         model: ModelArg,
@@ -206,7 +207,8 @@ pub enum Command {
 /// `--model`: a registry id or a path to a local GGUF file.
 #[derive(Debug, Args)]
 pub struct ModelArg {
-    /// Model id from models.toml (fetched on first use) or a path to a .gguf file.
+    /// Model id from models.toml (fetched on first use), a path to a .gguf file, or a Hugging Face checkpoint
+    /// directory (config.json, model.safetensors or a sharded index, tokenizer.json).
     #[arg(long)]
     pub model: String,
 }

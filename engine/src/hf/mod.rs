@@ -319,6 +319,12 @@ fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<BTreeMap<String, Str
         let mut files: Vec<String> = wm.values().cloned().collect();
         files.sort();
         files.dedup();
+        if let Some(f) = files.iter().find(|f| !dir.join(f).is_file()) {
+            return Err(model_err(
+                &index,
+                format!("weight_map names {f}, which does not exist"),
+            ));
+        }
         Ok((files.iter().map(|f| dir.join(f)).collect(), Some(wm)))
     } else {
         let w = dir.join(WEIGHTS);
@@ -698,6 +704,30 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
             derived,
         },
     )
+}
+
+/// An error of an architecture loader on a model read from an HF directory, with the HF name of the tensor
+/// it names (the loaders speak GGUF names): `tensor blk.0.attn_k.weight has shape ...` gains `(HF tensor
+/// model.layers.0.self_attn.k_proj.weight)`. Other errors are returned as they are.
+pub fn with_hf_names(e: Error, g: &GgufFile) -> Error {
+    let Error::Model { path, what } = e else {
+        return e;
+    };
+    let arch = g.get_str("general.architecture").unwrap_or("");
+    let hf_name = g
+        .hf_source()
+        .and(layout::layout_of_arch(arch))
+        .and_then(|l| {
+            what.split([' ', '\'', ':', ',']).find_map(|w| {
+                l.by_gguf(w)
+                    .map(|(r, il)| il.map_or(r.hf.to_string(), |i| layout::with_layer(r.hf, i)))
+            })
+        });
+    let what = match hf_name {
+        Some(n) => format!("{what} (HF tensor {n})"),
+        None => what,
+    };
+    Error::Model { path, what }
 }
 
 #[cfg(test)]
