@@ -1136,6 +1136,33 @@ impl GoldenFile {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_golden_accepts_the_registered_hf_copy_of_its_model_and_nothing_else() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden");
+        let m = load_manifest(&dir).unwrap();
+        let e = m
+            .entry(&dir, "synth-llama/transformers-f32/synth.npz")
+            .unwrap();
+        let r = crate::registry::Registry::builtin().unwrap();
+        let sha = |id: &str| r.sha256(id).unwrap().to_string();
+        assert_eq!(e.model_sha256, sha("synth-llama"));
+        check_model_for(&dir, e, "synth-llama", &sha("synth-llama")).unwrap();
+        check_model_for(&dir, e, "synth-llama-hf", &sha("synth-llama-hf")).unwrap();
+        // the copy with other bytes, another model's copy, a variant: refused, naming the golden
+        for (id, s) in [
+            ("synth-llama-hf", "0".repeat(64)),
+            ("synth-qwen2-hf", sha("synth-qwen2-hf")),
+            ("synth-llama-q8_0", sha("synth-llama-q8_0")),
+            ("synth-llama", sha("synth-llama-hf")),
+        ] {
+            let err = format!("{:#}", check_model_for(&dir, e, id, &s).unwrap_err());
+            assert!(
+                err.contains("synth-llama/transformers-f32/synth.npz"),
+                "{id}: {err}"
+            );
+        }
+    }
+
     fn map() -> StageMap {
         StageMap {
             about: None,

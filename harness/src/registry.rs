@@ -755,6 +755,38 @@ notes = "two chunks"
     }
 
     #[test]
+    fn every_synth_model_has_a_registered_hf_copy_held_to_its_goldens() {
+        let r = Registry::builtin().unwrap();
+        for s in &r.synth {
+            let id = format!("{}-hf", s.id);
+            let v = r
+                .variant(&id)
+                .unwrap_or_else(|| panic!("{id} is not registered"));
+            assert!(v.is_hf() && v.file_name() == id, "{v:?}");
+            assert_eq!(r.hf_source(&id), Some(s.id.as_str()));
+            assert_eq!(r.golden_model(&id), s.id);
+            assert_eq!(Registry::builtin_golden_model(&id), s.id);
+            assert_eq!(r.arch(&id), Some(s.arch.as_str()));
+            assert_eq!(
+                v.recipe(),
+                format!("lockstep export-hf --model {} --out {id}", s.id)
+            );
+        }
+        // any other model is held to its own goldens
+        assert_eq!(r.golden_model("synth-llama-q8_0"), "synth-llama-q8_0");
+        assert_eq!(r.hf_source("synth-llama"), None);
+        // an HF copy's id is <source>-hf
+        let sha = "1".repeat(64);
+        let bad = format!(
+            "{GOOD}{}\n[[variants]]\nid = \"tiny-s-copy\"\nsource = \"tiny-s\"\ntype = \"HF\"\nsize = 1\n\
+             sha256 = \"{sha}\"\n",
+            synth_table("tiny-s", "qwen2", &sha)
+        );
+        let e = format!("{:#}", Registry::parse(&bad).unwrap_err());
+        assert!(e.contains("tiny-s-hf"), "{e}");
+    }
+
+    #[test]
     fn registry_accepts_a_synth_entry_and_a_variant_of_it() {
         let sha = "1".repeat(64);
         let text = format!(
