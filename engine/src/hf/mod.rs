@@ -83,11 +83,13 @@ pub(crate) fn full_key(arch: &str, k: &str) -> String {
 /// The config of an HF directory as GGUF metadata, by the architecture's [`layout::Cfg`] table. `tensors`
 /// are the HF tensor names present (Gemma 4's V = K layers). Returns the metadata and any tensor the config
 /// implies (Gemma 4's `rope_freqs`: GGUF name, f32 values).
-fn meta_from_config(
-    l: &ArchLayout,
-    cfg: &Value,
-    cfg_path: &Path,
-) -> Result<(Vec<(String, MetaValue)>, Vec<(String, Vec<f32>)>)> {
+/// GGUF metadata entries (key, value).
+type Meta = Vec<(String, MetaValue)>;
+
+/// Tensors made from the config (GGUF name, f32 values).
+type MadeTensors = Vec<(String, Vec<f32>)>;
+
+fn meta_from_config(l: &ArchLayout, cfg: &Value, cfg_path: &Path) -> Result<(Meta, MadeTensors)> {
     let bad = |what: String| model_err(cfg_path, what);
     let mut meta: Vec<(String, MetaValue)> = Vec::new();
     let mut extra = Vec::new();
@@ -198,7 +200,7 @@ fn meta_from_config(
                     None => 1.0,
                 };
                 let n = (hd as f32 * f).round() as u32;
-                if (n as f32 - hd as f32 * f).abs() > 1e-3 || n == 0 || n % 2 != 0 {
+                if (n as f32 - hd as f32 * f).abs() > 1e-3 || n == 0 || !n.is_multiple_of(2) {
                     return Err(bad(format!(
                         "partial_rotary_factor {f} of head_dim {hd} is not a whole, even number of dims"
                     )));
@@ -295,7 +297,10 @@ fn meta_from_config(
 
 /// The HF tensor files of `dir`: the shards of `model.safetensors.index.json` (with its weight map), or
 /// `model.safetensors`.
-fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<BTreeMap<String, String>>)> {
+/// An index's `weight_map`: HF tensor name → shard file name.
+type WeightMap = BTreeMap<String, String>;
+
+fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<WeightMap>)> {
     let index = dir.join(INDEX);
     if index.exists() {
         let v = read_json(&index)?;
@@ -607,7 +612,7 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
             base,
             data: PartData::Map(map),
         });
-        base = (base + len + 63) / 64 * 64;
+        base = (base + len).div_ceil(64) * 64;
     }
     if let Some(wm) = &index {
         if let Some((k, f)) = wm.iter().find(|(k, _)| !seen.contains_key(*k)) {
@@ -640,7 +645,7 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
             base,
             data: PartData::Owned(v),
         });
-        base = (base + len.max(1) + 63) / 64 * 64;
+        base = (base + len.max(1)).div_ceil(64) * 64;
     }
     // every required tensor is there
     let have: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
