@@ -1005,7 +1005,15 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     m.clone()
                 };
                 let matrix = crate::matrix::Matrix::load(&path)?;
-                ids.extend(matrix.models.into_iter().map(|m| m.id));
+                // a Hugging Face copy runs its source's weights (and llama-bench reads GGUF only): its
+                // source's figures are its own
+                ids.extend(
+                    matrix
+                        .models
+                        .into_iter()
+                        .map(|m| m.id)
+                        .filter(|id| crate::registry::Registry::builtin_golden_model(id) == *id),
+                );
             }
             for m in &ids {
                 opts.models.push((m.clone(), fetch::resolve_model(m)?));

@@ -52,7 +52,8 @@ pub fn safetensors_bytes(tensors: &[lockstep_engine::hf::export::HfTensor]) -> R
 /// `<arch>.*` metadata key without an HF place (refused rather than dropped), a tokenizer without an HF
 /// form here; `out` not writable.
 pub fn export_hf(model: &Path, out: &Path) -> Result<Exported> {
-    let g = GgufFile::open(model).with_context(|| format!("reading {}", model.display()))?;
+    let g =
+        lockstep_engine::hf::open(model).with_context(|| format!("reading {}", model.display()))?;
     let e = lockstep_engine::hf::export::export(&g)
         .with_context(|| format!("exporting {}", model.display()))?;
     let st = safetensors_bytes(&e.tensors)?;

@@ -15,8 +15,8 @@ use anyhow::{Context, Result};
 /// Errors: the file is not a valid GGUF, or the directory not a checkpoint the engine reads (naming the file
 /// and the fault).
 pub fn inspect(path: &Path, json: bool) -> Result<String> {
-    let g = lockstep_engine::gguf::GgufFile::open(path)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let g =
+        lockstep_engine::hf::open(path).with_context(|| format!("reading {}", path.display()))?;
     let name = g.get_str("general.name").unwrap_or("");
     let arch = g.get_str("general.architecture").unwrap_or("");
     let counts = g.type_counts();

@@ -91,7 +91,7 @@ pub struct TypeCount {
 }
 
 /// The bytes a [`GgufFile`] parses and lends out: a read-only memory map or an owned buffer, or (a model
-/// presented from a Hugging Face directory, [`crate::hf`]) several of them at virtual base offsets.
+/// presented from a Hugging Face directory, the `hf` module) several of them at virtual base offsets.
 enum Backing {
     Map(memmap2::Mmap),
     Owned(Vec<u8>),
@@ -147,7 +147,7 @@ impl Backing {
     }
 }
 
-/// Where a [`GgufFile`]'s tensors come from when it presents a Hugging Face directory ([`crate::hf`]).
+/// Where a [`GgufFile`]'s tensors come from when it presents a Hugging Face directory (the `hf` module).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HfSource {
     /// The `*.safetensors` files mapped, in the order their tensors were read.
@@ -191,15 +191,11 @@ impl std::fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// Memory-map the file at `path` and parse it; a directory is read as a Hugging Face checkpoint
-    /// ([`crate::hf::open_dir`]).
+    /// Memory-map the file at `path` and parse it (a Hugging Face directory: the `hf` module's `open`).
     ///
     /// Errors: [`Error::Io`] naming `path` if it cannot be opened or mapped; [`Error::Gguf`] naming
     /// `path`, the byte offset and the problem if it is not a valid GGUF v2/v3 file.
     pub fn open(path: &Path) -> Result<GgufFile> {
-        if crate::hf::is_hf_dir(path) {
-            return crate::hf::open_dir(path);
-        }
         let io = |source| Error::Io {
             path: path.to_path_buf(),
             source,
@@ -244,7 +240,7 @@ impl GgufFile {
         })
     }
 
-    /// A model held in pieces (a Hugging Face directory, [`crate::hf::open_dir`]): metadata given as GGUF
+    /// A model held in pieces (a Hugging Face directory, the `hf` module's `open_dir`): metadata given as GGUF
     /// keys, tensors whose offsets address `parts` (sorted by base, non-overlapping). `path` is the directory.
     ///
     /// Errors: [`Error::Model`] naming `path` for a duplicate key or tensor name, or a tensor whose bytes do
@@ -295,7 +291,7 @@ impl GgufFile {
     }
 
     /// `Some` when this model was read from a Hugging Face directory: the files mapped and the derived
-    /// copies made ([`crate::hf`]); `None` for a GGUF file.
+    /// copies made (the `hf` module); `None` for a GGUF file.
     pub fn hf_source(&self) -> Option<&HfSource> {
         self.hf.as_ref()
     }

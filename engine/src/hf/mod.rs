@@ -32,9 +32,20 @@ pub const INDEX: &str = "model.safetensors.index.json";
 /// The tokenizer.
 pub const TOKENIZER: &str = "tokenizer.json";
 
-/// Whether `path` is a directory (taken as an HF checkpoint by [`GgufFile::open`]).
+/// Whether `path` is a directory (taken as an HF checkpoint by [`open`]).
 pub fn is_hf_dir(path: &Path) -> bool {
     path.is_dir()
+}
+
+/// Open a model: a Hugging Face checkpoint directory ([`open_dir`]) or a GGUF file ([`GgufFile::open`]).
+///
+/// Errors: as those.
+pub fn open(path: &Path) -> Result<GgufFile> {
+    if is_hf_dir(path) {
+        open_dir(path)
+    } else {
+        GgufFile::open(path)
+    }
 }
 
 fn model_err(path: &Path, what: impl Into<String>) -> Error {

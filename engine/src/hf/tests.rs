@@ -170,7 +170,7 @@ fn export_then_load_gives_back_every_tensor_and_metadata_key() {
     });
     for m in models {
         let (_d, gguf, hf) = seeded(&m);
-        let (g, h) = (GgufFile::open(&gguf).unwrap(), GgufFile::open(&hf).unwrap());
+        let (g, h) = (GgufFile::open(&gguf).unwrap(), open(&hf).unwrap());
         let a = m.arch;
         assert!(h.hf_source().is_some() && g.hf_source().is_none());
         assert_eq!(g.tensors().len(), h.tensors().len(), "{a}: tensor count");

@@ -129,7 +129,7 @@ impl Model {
     /// Errors: unreadable or invalid GGUF, unsupported architecture or tensor type, missing metadata or
     /// tensors — each naming the file.
     pub fn load(path: &Path) -> Result<Model> {
-        Self::from_gguf(GgufFile::open(path)?)
+        Self::from_gguf(crate::hf::open(path)?)
     }
 
     /// Prepare a model from an already parsed file (tests build synthetic files in memory).

@@ -243,7 +243,7 @@ pub struct VariantResult {
 /// Size and llama.cpp-style bits per weight of a GGUF file (None where unreadable).
 fn size_and_bpw(path: &Path) -> (Option<u64>, Option<f64>) {
     let size = std::fs::metadata(path).ok().map(|m| m.len());
-    let bpw = lockstep_engine::gguf::GgufFile::open(path)
+    let bpw = lockstep_engine::hf::open(path)
         .ok()
         .and_then(|g| g.bits_per_weight());
     (size, bpw)
