@@ -13,7 +13,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use lockstep_engine::gguf::GgufFile;
 
 /// The files [`export_hf`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
