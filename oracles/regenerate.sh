@@ -73,7 +73,7 @@ print(cache + "/variants/" + v[0]["source"] + "/" + v[0]["source"] + "-" + v[0][
 }
 
 if [ -n "$variants" ]; then
-  ids="$("$python" -c 'import sys, tomllib; print(" ".join(v["id"] for v in tomllib.load(open(sys.argv[1], "rb")).get("variants", [])))' "$root/models.toml")"
+  ids="$("$python" -c 'import sys, tomllib; print(" ".join(v["id"] for v in tomllib.load(open(sys.argv[1], "rb")).get("variants", []) if v["type"] != "HF"))' "$root/models.toml")"
   if [ -z "${LOCKSTEP_NO_CARGO:-}" ] && command -v cargo >/dev/null 2>&1; then
     # make every missing variant file in one recipe call (one F32 dequantization) before the loop
     log "cargo run --release -p lockstep -- fetch <every variant>"

@@ -7,6 +7,8 @@
 //!
 //! Module map:
 //! - [`gguf`] — GGUF v2/v3 reader over `memmap2`, bounds-checked.
+//! - [`hf`] — Hugging Face checkpoint directories (config.json, safetensors, tokenizer.json) presented as a
+//!   [`gguf::GgufFile`], and the per-architecture layout tables both directions use.
 //! - [`quant`] — ggml tensor types, block layouts, dequantization and dot products in both numerics modes.
 //! - [`quantize`] — model quantization byte-identical to `llama-quantize --pure` (type choice, GGUF layout,
 //!   streaming writer).
@@ -28,6 +30,7 @@ pub mod backend;
 pub mod error;
 pub mod faults;
 pub mod gguf;
+pub mod hf;
 pub mod hooks;
 pub mod kv_cache;
 pub mod models;

@@ -185,7 +185,12 @@ pub fn bisect_serve(
 ) -> Result<BisectReport> {
     let model = crate::fetch::resolve_model(&opts.model)?;
     let manifest = golden::load_manifest(&opts.golden_dir)?;
-    let gpath = format!("{}/{}/{}.npz", opts.model, opts.oracle, opts.prompt);
+    let gpath = format!(
+        "{}/{}/{}.npz",
+        crate::registry::Registry::golden_model_of(&opts.model),
+        opts.oracle,
+        opts.prompt
+    );
     let arch = manifest.entry(&opts.golden_dir, &gpath)?.arch.clone();
     let mut engine = crate::protocol::client::SessionEngine::start(
         cmd,
@@ -214,10 +219,20 @@ pub fn bisect_with(
 ) -> Result<BisectReport> {
     let manifest = golden::load_manifest(&opts.golden_dir)?;
     let thresholds = Thresholds::load(&opts.thresholds)?;
-    let gpath = format!("{}/{}/{}.npz", opts.model, opts.oracle, opts.prompt);
+    let gpath = format!(
+        "{}/{}/{}.npz",
+        crate::registry::Registry::golden_model_of(&opts.model),
+        opts.oracle,
+        opts.prompt
+    );
     let entry = manifest.entry(&opts.golden_dir, &gpath)?.clone();
     golden::verify_golden(&opts.golden_dir, &entry)?;
-    golden::check_model(&opts.golden_dir, &entry, &crate::run::model_sha256(model)?)?;
+    golden::check_model_for(
+        &opts.golden_dir,
+        &entry,
+        &opts.model,
+        &crate::hash::sha256_model(model)?,
+    )?;
     let cell = Cell {
         model: opts.model.clone(),
         prompt: opts.prompt.clone(),

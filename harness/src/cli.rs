@@ -155,23 +155,27 @@ pub enum Command {
         /// The file to write (replaced atomically when it exists).
         #[arg(long)]
         out: PathBuf,
-        /// Also write the Hugging Face copy of the model into this directory (config.json +
-        /// model.safetensors; bert only: `lockstep export-hf`).
+        /// Also write the Hugging Face copy of the model into this directory (`lockstep export-hf`:
+        /// config.json, model.safetensors, tokenizer.json, tokenizer_config.json).
         #[arg(long)]
         hf_out: Option<PathBuf>,
     },
-    /// Write the Hugging Face copy of a GGUF model (bert): config.json and model.safetensors with every
-    /// tensor dequantized to f32 as the engine reads it, so transformers' BertModel and safetensors-loading
-    /// engines run the same weights.
+    /// Write the Hugging Face copy of a GGUF model (every architecture the engine implements): config.json
+    /// (the transformers class's config), model.safetensors (F32/F16/BF16 as stored, quantized tensors
+    /// dequantized to F32 as the engine reads them), tokenizer.json and tokenizer_config.json, so
+    /// transformers' `from_pretrained(dir)`, safetensors-loading engines and lockstep itself run the same
+    /// weights.
     ExportHf {
         #[command(flatten)]
         model: ModelArg,
-        /// The directory to write config.json and model.safetensors into (created if missing).
+        /// The directory to write config.json, model.safetensors and the tokenizer files into (created if
+        /// missing).
         #[arg(long)]
         out: PathBuf,
     },
-    /// Describe a GGUF file: name, architecture, size, parameters, bits per weight and the tensors of
-    /// each ggml type (JSON with --json).
+    /// Describe a GGUF file or a Hugging Face checkpoint directory: name, architecture, size, parameters,
+    /// bits per weight and the tensors of each ggml type; for a directory its class, digest and the tensors
+    /// held as derived copies in memory (JSON with --json).
     Inspect {
         #[command(flatten)]
         model: ModelArg,
@@ -208,7 +212,8 @@ pub enum Command {
 /// `--model`: a registry id or a path to a local GGUF file.
 #[derive(Debug, Args)]
 pub struct ModelArg {
-    /// Model id from models.toml (fetched on first use) or a path to a .gguf file.
+    /// Model id from models.toml (fetched on first use), a path to a .gguf file, or a Hugging Face checkpoint
+    /// directory (config.json, model.safetensors or a sharded index, tokenizer.json).
     #[arg(long)]
     pub model: String,
 }
@@ -1010,7 +1015,15 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     m.clone()
                 };
                 let matrix = crate::matrix::Matrix::load(&path)?;
-                ids.extend(matrix.models.into_iter().map(|m| m.id));
+                // a Hugging Face copy runs its source's weights (and llama-bench reads GGUF only): its
+                // source's figures are its own
+                ids.extend(
+                    matrix
+                        .models
+                        .into_iter()
+                        .map(|m| m.id)
+                        .filter(|id| crate::registry::Registry::golden_model_of(id) == *id),
+                );
             }
             for m in &ids {
                 opts.models.push((m.clone(), fetch::resolve_model(m)?));
@@ -1182,19 +1195,29 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             println!("{}", out.display());
             if let Some(dir) = hf_out {
                 let e = crate::hf::export_hf(&out, &dir)?;
-                println!("{}\n{}", e.config.display(), e.safetensors.display());
+                println!(
+                    "{}\n{}\n{}",
+                    e.config.display(),
+                    e.safetensors.display(),
+                    e.tokenizer.display()
+                );
             }
         }
         Command::ExportHf { model, out } => {
             let path = fetch::resolve_model(&model.model)?;
             let e = crate::hf::export_hf(&path, &out)?;
             eprintln!(
-                "lockstep export-hf: {} -> {} ({} tensors, f32)",
+                "lockstep export-hf: {} -> {} ({} tensors)",
                 path.display(),
                 out.display(),
                 e.n_tensors
             );
-            println!("{}\n{}", e.config.display(), e.safetensors.display());
+            println!(
+                "{}\n{}\n{}",
+                e.config.display(),
+                e.safetensors.display(),
+                e.tokenizer.display()
+            );
         }
         Command::Serve { simd } => {
             let stdin = std::io::stdin().lock();

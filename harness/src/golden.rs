@@ -536,6 +536,45 @@ pub fn check_model(golden_dir: &Path, entry: &GoldenEntry, model_sha256: &str) -
     Ok(())
 }
 
+/// [`check_model`] for the model registered as `model_id`: a golden of another model is accepted only when
+/// the registry says `model_id` is the Hugging Face copy of the model the golden was made from (its
+/// registered sha256 is the golden's `model_sha256`) and `model_sha256` is the copy's registered digest
+/// ([`crate::hash::sha256_hf_dir`]). Never a skipped check.
+///
+/// Errors: as [`check_model`]; the registry does not parse.
+pub fn check_model_for(
+    golden_dir: &Path,
+    entry: &GoldenEntry,
+    model_id: &str,
+    model_sha256: &str,
+) -> Result<()> {
+    if entry.model_sha256.eq_ignore_ascii_case(model_sha256) {
+        return Ok(());
+    }
+    let registry = crate::registry::Registry::active()?;
+    if let Some(source) = registry.hf_source(model_id) {
+        let copy_ok = registry
+            .sha256(model_id)
+            .is_some_and(|s| s.eq_ignore_ascii_case(model_sha256));
+        let source_ok = registry
+            .sha256(source)
+            .is_some_and(|s| s.eq_ignore_ascii_case(&entry.model_sha256));
+        if copy_ok && source_ok {
+            return Ok(());
+        }
+        bail!(
+            "{} was made from model {} with sha256 {}; `{model_id}` is registered as the Hugging Face copy of \
+             `{source}` (sha256 {}), but the copy being run has sha256 {model_sha256} (registered: {})",
+            golden_dir.join(&entry.path).display(),
+            entry.model_file,
+            entry.model_sha256,
+            registry.sha256(source).unwrap_or("?"),
+            registry.sha256(model_id).unwrap_or("?"),
+        );
+    }
+    check_model(golden_dir, entry, model_sha256)
+}
+
 pub use crate::hash::sha256_file;
 
 /// The stage a golden (or dump) array holds, parsed once from its name: the canonical id
@@ -1096,6 +1135,33 @@ impl GoldenFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_golden_accepts_the_registered_hf_copy_of_its_model_and_nothing_else() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden");
+        let m = load_manifest(&dir).unwrap();
+        let e = m
+            .entry(&dir, "synth-llama/transformers-f32/synth.npz")
+            .unwrap();
+        let r = crate::registry::Registry::active().unwrap();
+        let sha = |id: &str| r.sha256(id).unwrap().to_string();
+        assert_eq!(e.model_sha256, sha("synth-llama"));
+        check_model_for(&dir, e, "synth-llama", &sha("synth-llama")).unwrap();
+        check_model_for(&dir, e, "synth-llama-hf", &sha("synth-llama-hf")).unwrap();
+        // the copy with other bytes, another model's copy, a variant: refused, naming the golden
+        for (id, s) in [
+            ("synth-llama-hf", "0".repeat(64)),
+            ("synth-qwen2-hf", sha("synth-qwen2-hf")),
+            ("synth-llama-q8_0", sha("synth-llama-q8_0")),
+            ("synth-llama", sha("synth-llama-hf")),
+        ] {
+            let err = format!("{:#}", check_model_for(&dir, e, id, &s).unwrap_err());
+            assert!(
+                err.contains("synth-llama/transformers-f32/synth.npz"),
+                "{id}: {err}"
+            );
+        }
+    }
 
     fn map() -> StageMap {
         StageMap {

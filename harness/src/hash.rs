@@ -13,6 +13,17 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     sha256_file_with(path, |_| {})
 }
 
+/// sha256 of a model: [`sha256_hf_dir`] for a directory, else [`sha256_file`].
+///
+/// Errors: as those.
+pub fn sha256_model(path: &Path) -> Result<String> {
+    if path.is_dir() {
+        sha256_hf_dir(path)
+    } else {
+        sha256_file(path)
+    }
+}
+
 /// sha256 of bytes in memory, lowercase hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -123,6 +134,38 @@ mod tests {
             super::sha256_hf_dir(&olmo2).unwrap(),
             "7717da008d4abf7ef07d2530432e545bed6e6ecc542f050d1f6a69e610814e7b"
         );
+    }
+
+    #[test]
+    fn hf_dir_digest_is_sha256sum_of_the_sorted_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for (n, body) in [
+            ("config.json", "{}"),
+            ("tokenizer.json", "t"),
+            ("model-00002-of-00002.safetensors", "b"),
+            ("model-00001-of-00002.safetensors", "a"),
+            ("model.safetensors.index.json", "i"),
+            ("tokenizer_config.json", "not covered"),
+            ("README.md", "not covered"),
+        ] {
+            std::fs::write(d.join(n), body).unwrap();
+        }
+        let h = |s: &str| super::sha256_hex(s.as_bytes());
+        let text = format!(
+            "{}  config.json\n{}  model-00001-of-00002.safetensors\n{}  model-00002-of-00002.safetensors\n{}  model.safetensors.index.json\n{}  tokenizer.json\n",
+            h("{}"), h("a"), h("b"), h("i"), h("t")
+        );
+        assert_eq!(super::sha256_hf_dir(d).unwrap(), h(&text));
+        assert_eq!(super::sha256_model(d).unwrap(), h(&text));
+        let before = super::sha256_hf_dir(d).unwrap();
+        std::fs::write(d.join("tokenizer_config.json"), "changed").unwrap();
+        assert_eq!(super::sha256_hf_dir(d).unwrap(), before, "uncovered files");
+        std::fs::write(d.join("model-00002-of-00002.safetensors"), "B").unwrap();
+        assert_ne!(super::sha256_hf_dir(d).unwrap(), before, "a shard changed");
+        std::fs::remove_file(d.join("config.json")).unwrap();
+        let e = format!("{:#}", super::sha256_hf_dir(d).unwrap_err());
+        assert!(e.contains("config.json"), "{e}");
     }
 
     #[test]

@@ -99,9 +99,16 @@ impl Cell {
 }
 
 /// The golden a cell is held to, relative to the golden directory, as `GoldenEntry::path` spells it:
-/// `<model>/<oracle>/<prompt>.npz`, e.g. `smollm2-135m-q4_1/llama.cpp-f32kv/prose.npz`.
+/// `<model>/<oracle>/<prompt>.npz`, e.g. `smollm2-135m-q4_1/llama.cpp-f32kv/prose.npz`; for the Hugging
+/// Face copy of a registered model, its source's (`synth-llama-hf` → `synth-llama/...`,
+/// [`crate::registry::Registry::golden_model`]).
 pub fn golden_path_for(cell: &Cell) -> String {
-    format!("{}/{}/{}.npz", cell.model, cell.oracle, cell.prompt)
+    format!(
+        "{}/{}/{}.npz",
+        crate::registry::Registry::golden_model_of(&cell.model),
+        cell.oracle,
+        cell.prompt
+    )
 }
 
 /// One `[[models]]` entry of the matrix.

@@ -102,7 +102,8 @@ pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> R
 /// Errors: `src` is not a readable GGUF file (the engine's error names it and the problem); the errors
 /// of [`quantize_opened`].
 pub fn quantize_file(src: &Path, params: &QuantizeParams, out: &Path) -> Result<Made> {
-    let file = GgufFile::open(src).with_context(|| format!("cannot read {}", src.display()))?;
+    let file =
+        lockstep_engine::hf::open(src).with_context(|| format!("cannot read {}", src.display()))?;
     quantize_opened(&file, params, out)
 }
 

@@ -275,6 +275,11 @@ pub const VARIANT_TYPES: &[&str] = &[
     "IQ4_NL", "IQ4_XS",
 ];
 
+/// The `type` of a variant that is the Hugging Face copy of its source (`lockstep export-hf`), a directory
+/// `<cache>/variants/<source>/<source>-hf/` checked by [`crate::hash::sha256_hf_dir`], run against its
+/// source's goldens and threshold rules ([`Registry::golden_model`]).
+pub const HF_TYPE: &str = "HF";
+
 /// One quantization variant of a registered model: made by the recipe `oracles/llamacpp/make_variants.sh`
 /// (`llama-quantize --pure` from the exact F32 dequantization of `source`), never downloaded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -430,13 +435,28 @@ pub struct CorpusEntry {
 }
 
 impl VariantEntry {
-    /// The file name the recipe writes: `<source>-<TYPE>.gguf` (under `<cache>/variants/<source>/`).
+    /// The file name the recipe writes: `<source>-<TYPE>.gguf` (under `<cache>/variants/<source>/`); the
+    /// directory `<source>-hf` for the Hugging Face copy ([`HF_TYPE`]).
     pub fn file_name(&self) -> String {
+        if self.is_hf() {
+            return self.id.clone();
+        }
         format!("{}-{}.gguf", self.source, self.qtype)
+    }
+
+    /// Whether this is the Hugging Face copy of its source ([`HF_TYPE`]).
+    pub fn is_hf(&self) -> bool {
+        self.qtype == HF_TYPE
     }
 
     /// The recipe that makes this file, as a command run from the repository root.
     pub fn recipe(&self) -> String {
+        if self.is_hf() {
+            return format!(
+                "lockstep export-hf --model {} --out {}",
+                self.source, self.id
+            );
+        }
         format!(
             "oracles/llamacpp/make_variants.sh --model {} {}",
             self.source, self.qtype
@@ -559,6 +579,12 @@ impl Registry {
         Ok(all)
     }
 
+    /// [`Registry::golden_model`] of this process's registry ([`Registry::active`]); `id` itself when the
+    /// registry cannot be read (its error is reported by whatever fetches the model).
+    pub fn golden_model_of(id: &str) -> String {
+        Registry::active().map_or_else(|_| id.to_string(), |r| r.golden_model(id).to_string())
+    }
+
     /// Parses and validates registry text in the `models.toml` format.
     ///
     /// Errors on TOML syntax errors, unknown fields, and on the first entry that breaks a rule: duplicate
@@ -603,9 +629,10 @@ impl Registry {
                     v.source
                 );
             }
-            if !VARIANT_TYPES.contains(&v.qtype.as_str()) {
+            if !VARIANT_TYPES.contains(&v.qtype.as_str()) && !v.is_hf() {
                 bail!(
-                    "models.toml: variant `{}` has type `{}`; make_variants.sh makes {}",
+                    "models.toml: variant `{}` has type `{}`; make_variants.sh makes {} (and `{HF_TYPE}`: \
+                     the Hugging Face copy, lockstep export-hf)",
                     v.id,
                     v.qtype,
                     VARIANT_TYPES.join(", ")
@@ -641,6 +668,19 @@ impl Registry {
     /// The variant with this id, if any.
     pub fn variant(&self, id: &str) -> Option<&VariantEntry> {
         self.variants.iter().find(|v| v.id == id)
+    }
+
+    /// The source of `id` if it is the Hugging Face copy of a registered model ([`HF_TYPE`]), else `None`.
+    pub fn hf_source(&self, id: &str) -> Option<&str> {
+        self.variant(id)
+            .filter(|v| v.is_hf())
+            .map(|v| v.source.as_str())
+    }
+
+    /// The model whose goldens and threshold rules a model id is held to: the source of a Hugging Face
+    /// copy ([`Registry::hf_source`]; the same weights, bit for bit where they are F32), else the id itself.
+    pub fn golden_model<'a>(&'a self, id: &'a str) -> &'a str {
+        self.hf_source(id).unwrap_or(id)
     }
 
     /// The `[[synth]]` entry with this id, if any.
@@ -1077,6 +1117,38 @@ sha256 = "0000000000000000000000000000000000000000000000000000000000000008"
             e.contains("synth-gemma3") && e.contains("synth-llama-q8_0"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn every_synth_model_has_a_registered_hf_copy_held_to_its_goldens() {
+        let r = Registry::active().unwrap();
+        for s in &r.synth {
+            let id = format!("{}-hf", s.id);
+            let v = r
+                .variant(&id)
+                .unwrap_or_else(|| panic!("{id} is not registered"));
+            assert!(v.is_hf() && v.file_name() == id, "{v:?}");
+            assert_eq!(r.hf_source(&id), Some(s.id.as_str()));
+            assert_eq!(r.golden_model(&id), s.id);
+            assert_eq!(Registry::golden_model_of(&id), s.id);
+            assert_eq!(r.arch(&id), Some(s.arch.as_str()));
+            assert_eq!(
+                v.recipe(),
+                format!("lockstep export-hf --model {} --out {id}", s.id)
+            );
+        }
+        // any other model is held to its own goldens
+        assert_eq!(r.golden_model("synth-llama-q8_0"), "synth-llama-q8_0");
+        assert_eq!(r.hf_source("synth-llama"), None);
+        // an HF copy's id is <source>-hf
+        let sha = "1".repeat(64);
+        let bad = format!(
+            "{GOOD}{}\n[[variants]]\nid = \"tiny-s-copy\"\nsource = \"tiny-s\"\ntype = \"HF\"\nsize = 1\n\
+             sha256 = \"{sha}\"\n",
+            synth_table("tiny-s", "qwen2", &sha)
+        );
+        let e = format!("{:#}", Registry::parse(&bad).unwrap_err());
+        assert!(e.contains("tiny-s-hf"), "{e}");
     }
 
     #[test]

@@ -318,7 +318,7 @@ fn resolve_models(
         // sidecar stamp, or a rehash); a local path is hashed here
         let sha = match registered_sha256(&cell.model)? {
             Some(sha) => sha,
-            None => model_sha256(&p)?,
+            None => crate::hash::sha256_model(&p)?,
         };
         steps.step(
             &format!("model {} ready: {}", cell.model, p.display()),
@@ -327,18 +327,6 @@ fn resolve_models(
         out.insert(cell.model.clone(), (p, sha));
     }
     Ok(out)
-}
-
-/// The sha256 a golden's `model_sha256` records for a local model: the file's, or an HF checkpoint
-/// directory's digest ([`crate::hash::sha256_hf_dir`]).
-///
-/// Errors: the file or directory cannot be read.
-pub fn model_sha256(path: &Path) -> Result<String> {
-    if path.is_dir() {
-        crate::hash::sha256_hf_dir(path)
-    } else {
-        crate::hash::sha256_file(path)
-    }
 }
 
 /// The registry's sha256 of a registered model, seeded model or variant id (`None` for a path), which
@@ -470,7 +458,7 @@ pub fn run_cell(
     factory: &mut EngineFactory<'_>,
 ) -> Result<CellReport> {
     let entry = golden_entry(opts, manifest, &golden_path_for(cell))?;
-    golden::check_model(&opts.golden_dir, entry, model_sha)?;
+    golden::check_model_for(&opts.golden_dir, entry, &cell.model, model_sha)?;
     let mode = cell.mode;
     let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
     let (tokens, decode_tokens) = gf.read_sequence()?;

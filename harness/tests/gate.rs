@@ -528,7 +528,28 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         .iter()
         .map(|c| (c.model.as_str(), c.prompt.as_str()))
         .collect();
-    let models: std::collections::BTreeSet<&str> = pairs.iter().map(|p| p.0).collect();
+    let reg = lockstep::registry::Registry::active().unwrap();
+    // the Hugging Face copies (held to their source's goldens): every registered one, beside its source
+    let copies: std::collections::BTreeSet<&str> = pairs
+        .iter()
+        .map(|p| p.0)
+        .filter(|m| reg.hf_source(m).is_some())
+        .collect();
+    let registered_copies = reg.variants.iter().filter(|v| v.is_hf()).count();
+    assert_eq!(
+        copies.len(),
+        registered_copies,
+        "every HF copy in the matrix"
+    );
+    assert!(registered_copies >= 11, "one per seeded model");
+    let models: std::collections::BTreeSet<&str> = pairs
+        .iter()
+        .map(|p| p.0)
+        .filter(|m| !copies.contains(m))
+        .collect();
+    for c in &copies {
+        assert!(models.contains(reg.golden_model(c)), "{c}: its source too");
+    }
     // every model with goldens, every prompt it has a golden for: the three downloaded models with their
     // six prompts each, each quantization variant (the quant axis) and each seeded model (`lockstep synth`)
     // with its one prompt
@@ -583,7 +604,7 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         }
     }
     assert_eq!(
-        models.iter().filter(|m| reg.variant(m).is_some()).count(),
+        models.iter().filter(|m| reg.variant(m).is_some()).count() + copies.len(),
         reg.variants.len(),
         "every registered variant is in the default matrix"
     );
@@ -609,8 +630,11 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     let (lc, tf_default): (Vec<_>, Vec<_>) =
         cells.iter().partition(|c| c.oracle == "llama.cpp-f32kv");
     assert!(tf_default.iter().all(|c| c.oracle == "transformers-f32"));
-    let tf_models: std::collections::BTreeSet<&str> =
-        tf_default.iter().map(|c| c.model.as_str()).collect();
+    let tf_models: std::collections::BTreeSet<&str> = tf_default
+        .iter()
+        .map(|c| c.model.as_str())
+        .filter(|m| !copies.contains(m))
+        .collect();
     assert_eq!(
         tf_models, tf_goldens,
         "the default matrix holds every model with transformers goldens to them"

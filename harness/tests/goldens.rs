@@ -154,7 +154,8 @@ fn every_seeded_model_and_variant_has_its_goldens() {
     for s in &reg.synth {
         ids.push((&s.id, &s.sha256, &s.arch, true));
     }
-    for v in reg.variants.iter() {
+    // (the Hugging Face copies are held to their source's goldens: harness/tests/gate.rs)
+    for v in reg.variants.iter().filter(|v| !v.is_hf()) {
         if let Some(s) = reg.synth(&v.source) {
             ids.push((&v.id, &v.sha256, &s.arch, false));
         }

@@ -314,7 +314,7 @@ fn every_checkpoint_has_bisectable_transformers_goldens_of_its_directory() {
     assert!(reg.checkpoints.len() >= 2);
     for c in &reg.checkpoints {
         let dir = c.dir().unwrap();
-        assert_eq!(lockstep::run::model_sha256(&dir).unwrap(), c.sha256);
+        assert_eq!(lockstep::hash::sha256_model(&dir).unwrap(), c.sha256);
         let goldens: Vec<_> = manifest.goldens_for_model(&c.id).collect();
         assert_eq!(goldens.len(), 3, "{}: prose, code, one_token", c.id);
         for g in goldens {

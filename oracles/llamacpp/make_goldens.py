@@ -225,6 +225,8 @@ def load_variants(synth: dict, models_toml: Path = ROOT / "models.toml") -> dict
     synth_ids = set(synth) | {m["id"] for m in reg.get("synth", [])}
     out = {}
     for v in reg.get("variants", []):
+        if v["type"] == "HF":
+            continue  # the Hugging Face copy of its source: held to the source's goldens (ci/matrix.toml)
         if v["source"] in synth_ids:
             out[v["id"]] = {
                 "sha256": v["sha256"],

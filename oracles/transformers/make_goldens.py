@@ -183,6 +183,8 @@ def load_registry(files: list[Path] | None = None) -> dict:
         out[m["id"]] = {"sha256": m["sha256"], "arch": m["arch"], "policy": pol,
                         "default_file": f"models/{m['id']}.gguf"}
     for v in reg.get("variants", []):
+        if v["type"] == "HF":
+            continue  # the Hugging Face copy of its source: held to the source's goldens (ci/matrix.toml)
         if v["source"] in MODELS:
             # a downloaded model's quantization variant (SmolLM2's quant axis): no committed goldens of this
             # oracle (budget), but measured with --measure (oracles/yardstick: llama.cpp's distance from

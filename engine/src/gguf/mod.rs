@@ -90,19 +90,72 @@ pub struct TypeCount {
     pub bytes: u64,
 }
 
-/// The bytes a [`GgufFile`] parses and lends out: a read-only memory map or an owned buffer.
+/// The bytes a [`GgufFile`] parses and lends out: a read-only memory map or an owned buffer, or (a model
+/// presented from a Hugging Face directory, the `hf` module) several of them at virtual base offsets.
 enum Backing {
     Map(memmap2::Mmap),
     Owned(Vec<u8>),
+    Parts(Vec<Part>),
+}
+
+/// One piece of a [`Backing::Parts`]: bytes that [`TensorInfo::offset`]s from `base` to `base + len` address.
+pub(crate) struct Part {
+    /// Virtual offset of the first byte.
+    pub base: u64,
+    /// The bytes: a memory-mapped safetensors file, or a derived copy made at load.
+    pub data: PartData,
+}
+
+/// The bytes of a [`Part`].
+pub(crate) enum PartData {
+    /// A read-only memory map (a `*.safetensors` file).
+    Map(memmap2::Mmap),
+    /// Bytes made at load (tensors whose layout differs between the two formats).
+    Owned(Vec<u8>),
+}
+
+impl PartData {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            PartData::Map(m) => m,
+            PartData::Owned(v) => v,
+        }
+    }
 }
 
 impl Backing {
+    /// The whole GGUF file (empty for [`Backing::Parts`], which has no file image).
     fn bytes(&self) -> &[u8] {
         match self {
             Backing::Map(m) => m,
             Backing::Owned(v) => v,
+            Backing::Parts(_) => &[],
         }
     }
+
+    /// `len` bytes at virtual offset `start`, `None` if they do not lie in one piece.
+    fn range(&self, start: u64, len: usize) -> Option<&[u8]> {
+        let (bytes, start) = match self {
+            Backing::Parts(parts) => {
+                let i = parts.partition_point(|p| p.base <= start).checked_sub(1)?;
+                (parts[i].data.bytes(), start - parts[i].base)
+            }
+            b => (b.bytes(), start),
+        };
+        let start = usize::try_from(start).ok()?;
+        bytes.get(start..start.checked_add(len)?)
+    }
+}
+
+/// Where a [`GgufFile`]'s tensors come from when it presents a Hugging Face directory (the `hf` module).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HfSource {
+    /// The `*.safetensors` files mapped, in the order their tensors were read.
+    pub files: Vec<PathBuf>,
+    /// Their total size in bytes.
+    pub mapped_bytes: u64,
+    /// Tensors that are a derived copy in memory (GGUF name, bytes, why), not bytes in place in a map.
+    pub derived: Vec<(String, usize, String)>,
 }
 
 /// A parsed GGUF file that owns its bytes (a memory map or an in-memory buffer).
@@ -120,6 +173,7 @@ pub struct GgufFile {
     meta_index: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
     tensor_index: HashMap<String, usize>,
+    hf: Option<HfSource>,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -137,7 +191,7 @@ impl std::fmt::Debug for GgufFile {
 }
 
 impl GgufFile {
-    /// Memory-map the file at `path` and parse it.
+    /// Memory-map the file at `path` and parse it (a Hugging Face directory: the `hf` module's `open`).
     ///
     /// Errors: [`Error::Io`] naming `path` if it cannot be opened or mapped; [`Error::Gguf`] naming
     /// `path`, the byte offset and the problem if it is not a valid GGUF v2/v3 file.
@@ -182,7 +236,64 @@ impl GgufFile {
             meta_index: p.meta_index,
             tensors: p.tensors,
             tensor_index: p.tensor_index,
+            hf: None,
         })
+    }
+
+    /// A model held in pieces (a Hugging Face directory, the `hf` module's `open_dir`): metadata given as GGUF
+    /// keys, tensors whose offsets address `parts` (sorted by base, non-overlapping). `path` is the directory.
+    ///
+    /// Errors: [`Error::Model`] naming `path` for a duplicate key or tensor name, or a tensor whose bytes do
+    /// not lie inside one part.
+    pub(crate) fn from_parts(
+        path: PathBuf,
+        metadata: Vec<(String, MetaValue)>,
+        tensors: Vec<TensorInfo>,
+        parts: Vec<Part>,
+        hf: HfSource,
+    ) -> Result<GgufFile> {
+        let bad = |what: String| Error::Model {
+            path: path.clone(),
+            what,
+        };
+        let mut meta_index = HashMap::new();
+        for (i, (k, _)) in metadata.iter().enumerate() {
+            if meta_index.insert(k.clone(), i).is_some() {
+                return Err(bad(format!("metadata key '{k}' twice")));
+            }
+        }
+        let backing = Backing::Parts(parts);
+        let mut tensor_index = HashMap::new();
+        for (i, t) in tensors.iter().enumerate() {
+            if tensor_index.insert(t.name.clone(), i).is_some() {
+                return Err(bad(format!("tensor '{}' twice", t.name)));
+            }
+            if backing.range(t.offset, t.n_bytes).is_none() {
+                return Err(bad(format!(
+                    "tensor '{}': {} bytes at {} lie outside its file",
+                    t.name, t.n_bytes, t.offset
+                )));
+            }
+        }
+        Ok(GgufFile {
+            backing,
+            path,
+            version: 3,
+            alignment: 1,
+            data_offset: 0,
+            metadata,
+            metadata_spans: Vec::new(),
+            meta_index,
+            tensors,
+            tensor_index,
+            hf: Some(hf),
+        })
+    }
+
+    /// `Some` when this model was read from a Hugging Face directory: the files mapped and the derived
+    /// copies made (the `hf` module); `None` for a GGUF file.
+    pub fn hf_source(&self) -> Option<&HfSource> {
+        self.hf.as_ref()
     }
 
     /// The path the file was opened from, or the label given to [`GgufFile::from_bytes`].
@@ -208,9 +319,12 @@ impl GgufFile {
         self.data_offset
     }
 
-    /// Size of the whole file in bytes.
+    /// Size of the whole file in bytes (a Hugging Face directory: its `*.safetensors` files).
     pub fn file_size(&self) -> u64 {
-        self.backing.bytes().len() as u64
+        match &self.hf {
+            Some(h) => h.mapped_bytes,
+            None => self.backing.bytes().len() as u64,
+        }
     }
 
     /// Every metadata key/value pair, in file order. Keys are unique and non-empty.
@@ -220,7 +334,8 @@ impl GgufFile {
 
     /// The encoded bytes of metadata entry `index` (in [`GgufFile::metadata`] order) exactly as they lie
     /// in the file: key (u64 length + bytes), value type id (u32), value. An empty array keeps its element
-    /// type here, which [`MetaValue`] does not record. `None` if `index` is out of range.
+    /// type here, which [`MetaValue`] does not record. `None` if `index` is out of range, and for a model
+    /// read from a Hugging Face directory (no GGUF bytes).
     pub fn metadata_raw(&self, index: usize) -> Option<&[u8]> {
         let span = self.metadata_spans.get(index)?;
         self.backing.bytes().get(span.clone())
@@ -431,12 +546,7 @@ impl GgufFile {
     /// fails. A `TensorInfo` from another file (or edited by the caller) whose range does not lie in
     /// this file gets an empty slice rather than a panic.
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
-        let bytes = self.backing.bytes();
-        usize::try_from(t.offset)
-            .ok()
-            .and_then(|start| Some(start..start.checked_add(t.n_bytes)?))
-            .and_then(|r| bytes.get(r))
-            .unwrap_or(&[])
+        self.backing.range(t.offset, t.n_bytes).unwrap_or(&[])
     }
 
     /// The data of the tensor called `name`: [`GgufFile::tensor`] then [`GgufFile::tensor_data`].

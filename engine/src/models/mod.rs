@@ -122,12 +122,14 @@ impl std::fmt::Debug for Model {
 }
 
 impl Model {
-    /// Open a GGUF file and prepare its architecture. Weights stay in the memory map.
+    /// Open a GGUF file, or a Hugging Face checkpoint directory ([`crate::hf::open_dir`]), and prepare its
+    /// architecture. Weights stay in the memory map (an HF directory: but for the derived copies its layout
+    /// needs, [`crate::gguf::HfSource::derived`]).
     ///
     /// Errors: unreadable or invalid GGUF, unsupported architecture or tensor type, missing metadata or
     /// tensors — each naming the file.
     pub fn load(path: &Path) -> Result<Model> {
-        Self::from_gguf(GgufFile::open(path)?)
+        Self::from_gguf(crate::hf::open(path)?)
     }
 
     /// Prepare a model from an already parsed file (tests build synthetic files in memory).
@@ -135,13 +137,15 @@ impl Model {
         let arch = gguf.get_str("general.architecture")?.to_string();
         let decoder = ARCHITECTURES.iter().find(|(name, _)| *name == arch);
         let encoder = ENCODER_ARCHITECTURES.iter().find(|(name, _)| *name == arch);
+        // on an HF directory, errors naming a tensor name its HF name too
+        let hf_err = |e| crate::hf::with_hf_names(e, &gguf);
         let (dims, net) = match (decoder, encoder) {
             (Some((_, loader)), _) => {
-                let (dims, d) = loader(&gguf)?;
+                let (dims, d) = loader(&gguf).map_err(hf_err)?;
                 (dims, Net::Decoder(d))
             }
             (None, Some((_, loader))) => {
-                let (dims, e) = loader(&gguf)?;
+                let (dims, e) = loader(&gguf).map_err(hf_err)?;
                 (dims, Net::Encoder(e))
             }
             (None, None) => {

@@ -180,10 +180,12 @@ pub fn plan(src: &GgufFile, params: &QuantizeParams) -> Result<Plan> {
         if is_bool {
             entries.push(encode_entry(key, value));
         } else {
-            let raw = src
-                .metadata_raw(i)
-                .ok_or_else(|| model_err(src, format!("metadata entry {i} has no bytes")))?;
-            entries.push(raw.to_vec());
+            match src.metadata_raw(i) {
+                Some(raw) => entries.push(raw.to_vec()),
+                // a Hugging Face directory has no GGUF bytes: its keys are encoded here
+                None if src.hf_source().is_some() => entries.push(encode_entry(key, value)),
+                None => return Err(model_err(src, format!("metadata entry {i} has no bytes"))),
+            }
         }
     }
     entries.push(encode_entry(KEY_QNT_VERSION, &MetaValue::U32(QNT_VERSION)));

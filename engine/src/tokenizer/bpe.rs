@@ -60,7 +60,8 @@ pub(crate) fn bytes_to_unicode() -> Vec<(u8, char)> {
 
 /// The GPT-2 regex (llama.cpp `LLAMA_VOCAB_PRE_TYPE_GPT2`, run by `unicode_regex_split_custom_gpt2`). It is
 /// the regex `ByteLevel` applies when `use_regex` is on.
-const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+pub(crate) const GPT2: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 /// The Qwen2 regex (llama.cpp `LLAMA_VOCAB_PRE_TYPE_QWEN2`, run by `unicode_regex_split_custom_qwen2`): the
 /// `(?i:'s|...)` of Qwen's tokenizer.json in llama.cpp's adapted, ASCII-only case-insensitive form.
@@ -85,7 +86,7 @@ pub(super) fn llama_classes(re: &str) -> String {
 
 /// How a `tokenizer.ggml.pre` value is handled: its regexes (run in order, before the byte-level mapping)
 /// and llama.cpp's `clean_spaces` flag for detokenization.
-pub(super) struct PreTokenizer {
+pub(crate) struct PreTokenizer {
     /// The regex list of `llm_tokenizer_bpe`'s constructor for this pre-tokenizer type.
     pub regexes: &'static [&'static str],
     /// llama.cpp `clean_spaces` (`clean_up_tokenization_spaces`) for this pre-tokenizer type.
@@ -97,7 +98,7 @@ pub(super) struct PreTokenizer {
 /// regexes). `None` (key absent) is llama.cpp's `default`.
 ///
 /// Errors: a name llama.cpp maps to a pre-tokenizer not implemented here (or does not know).
-pub(super) fn pre_tokenizer(pre: Option<&str>) -> Result<PreTokenizer> {
+pub(crate) fn pre_tokenizer(pre: Option<&str>) -> Result<PreTokenizer> {
     let p = |regexes, clean_spaces| {
         Ok(PreTokenizer {
             regexes,
@@ -130,6 +131,31 @@ pub(super) fn pre_tokenizer(pre: Option<&str>) -> Result<PreTokenizer> {
              qwen2 and the names llama.cpp maps to the same pre-tokenizers)"
         ))),
     }
+}
+
+/// One `tokenizer.ggml.pre` name per pre-tokenizer this module implements and `clean_spaces` setting, for
+/// naming the pre-tokenizer of a `tokenizer.json` ([`crate::hf::tokenizer_json`]: llama.cpp's converter
+/// does the same by hashing the tokenizer's output).
+pub(crate) const PRE_NAMES: &[&str] = &[
+    "smollm",
+    "starcoder",
+    "gpt-2",
+    "trillion",
+    "qwen2",
+    "stablelm2",
+    "default",
+];
+
+/// The `tokenizer.ggml.pre` name of [`PRE_NAMES`] whose regexes are `regexes` and whose `clean_spaces` is
+/// `clean_spaces`, `None` if none.
+pub(crate) fn pre_name(regexes: &[String], clean_spaces: bool) -> Option<&'static str> {
+    PRE_NAMES.iter().copied().find(|n| {
+        pre_tokenizer(Some(n)).is_ok_and(|p| {
+            p.clean_spaces == clean_spaces
+                && p.regexes.len() == regexes.len()
+                && p.regexes.iter().zip(regexes).all(|(a, b)| *a == b)
+        })
+    })
 }
 
 /// Build the `tokenizers` pipeline: `Split` per regex (`Isolated`, as llama.cpp keeps both the matches and
@@ -185,7 +211,7 @@ pub(super) fn build(
 }
 
 /// Split a `tokenizer.ggml.merges` entry as llama.cpp does: at the first space after the first byte.
-pub(super) fn split_merge(m: &str) -> Option<(String, String)> {
+pub(crate) fn split_merge(m: &str) -> Option<(String, String)> {
     let at = m.as_bytes().iter().skip(1).position(|&b| b == b' ')? + 1;
     Some((m[..at].to_string(), m[at + 1..].to_string()))
 }

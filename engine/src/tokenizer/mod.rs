@@ -25,7 +25,7 @@
 //! UNKNOWN tokens produce nothing, USER_DEFINED tokens their text, byte tokens their byte, normal tokens their
 //! text with `▁` → space (SPM) or through GPT-2's byte↔unicode table (BPE).
 
-mod bpe;
+pub(crate) mod bpe;
 pub(crate) use bpe::bytes_to_unicode;
 mod spm;
 mod wpm;

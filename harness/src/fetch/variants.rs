@@ -64,7 +64,9 @@ pub fn fetch_variants_in(
 ) -> Result<Vec<PathBuf>> {
     let mut missing: Vec<&VariantEntry> = Vec::new();
     for v in variants {
-        if !variant_cached_ok(v, cache_root, opts)? {
+        if v.is_hf() {
+            fetch_hf_copy(v, registry, cache_root, opts)?;
+        } else if !variant_cached_ok(v, cache_root, opts)? {
             missing.push(v);
         }
     }
@@ -96,6 +98,112 @@ pub fn fetch_variants_in(
         .iter()
         .map(|v| variant_path(cache_root, v))
         .collect())
+}
+
+/// The source model of variant `v` in the cache: a `[[synth]]` entry written or a `[[models]]` entry fetched.
+fn source_path(
+    source: &str,
+    needed_by: &str,
+    registry: &Registry,
+    cache_root: &Path,
+    opts: &FetchOptions,
+) -> Result<PathBuf> {
+    match registry.synth(source) {
+        Some(s) => fetch_synth_into(s, cache_root, opts),
+        None => {
+            let entry = registry.lookup(source).with_context(|| {
+                format!("cannot make the variant(s) {needed_by} without their source model")
+            })?;
+            fetch_into(entry, cache_root, opts)
+        }
+    }
+}
+
+/// Bytes of the files [`crate::hash::sha256_hf_dir`] covers in `dir`.
+fn hf_dir_size(dir: &Path) -> Result<u64> {
+    let mut n = 0;
+    for f in crate::hash::hf_dir_files(dir)? {
+        let p = dir.join(&f);
+        n += fs::metadata(&p)
+            .with_context(|| format!("cannot read {}", p.display()))?
+            .len();
+    }
+    Ok(n)
+}
+
+/// Makes sure the Hugging Face copy `v` (type [`crate::registry::HF_TYPE`]) is in the cache
+/// (`<cache>/variants/<source>/<source>-hf/`) and is the registered one: its digest
+/// ([`crate::hash::sha256_hf_dir`]: a few MiB for the seeded models, rehashed every time) and the bytes of
+/// the files it covers. A missing copy, or one that fails the check (deleted, with a message), is made in
+/// process by `lockstep export-hf` of the source ([`crate::hf::export_hf`]) into a temporary directory
+/// beside it, checked, then renamed into place.
+///
+/// Errors: the source cannot be fetched or exported; the copy made is not the registered one (both digests
+/// named; it is deleted); the cache is not writable.
+pub(crate) fn fetch_hf_copy(
+    v: &VariantEntry,
+    registry: &Registry,
+    cache_root: &Path,
+    _opts: &FetchOptions,
+) -> Result<PathBuf> {
+    let path = variant_path(cache_root, v);
+    let matches = |dir: &Path| -> Result<(bool, String, u64)> {
+        let sha = crate::hash::sha256_hf_dir(dir)?;
+        let size = hf_dir_size(dir)?;
+        Ok((sha == v.sha256 && size == v.size, sha, size))
+    };
+    if path.is_dir() {
+        match matches(&path) {
+            Ok((true, _, _)) => return Ok(path),
+            Ok((false, sha, size)) => eprintln!(
+                "lockstep: cached {} has digest {sha} ({size} bytes), models.toml says {} ({} bytes) for `{}`; \
+                 deleting it",
+                path.display(),
+                v.sha256,
+                v.size,
+                v.id
+            ),
+            Err(e) => eprintln!(
+                "lockstep: cached {} is not a complete copy ({e:#}); deleting it",
+                path.display()
+            ),
+        }
+        fs::remove_dir_all(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+    } else if path.exists() {
+        bail!(
+            "{} is in the way of the cached Hugging Face copy and is not a directory; remove it",
+            path.display()
+        );
+    }
+    let src = source_path(&v.source, &v.id, registry, cache_root, _opts)?;
+    let parent = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.partial-", v.id))
+        .tempdir_in(parent)
+        .with_context(|| format!("cannot write in {}", parent.display()))?;
+    eprintln!(
+        "lockstep: making {} (the Hugging Face copy of `{}`: lockstep export-hf, in process)",
+        path.display(),
+        v.source
+    );
+    crate::hf::export_hf(&src, tmp.path())
+        .with_context(|| format!("cannot make the Hugging Face copy `{}`", v.id))?;
+    let (ok, sha, size) = matches(tmp.path())?;
+    if !ok {
+        bail!(
+            "the Hugging Face copy of `{}` made by lockstep export-hf is not the registered `{}`: digest {sha} \
+             ({size} bytes), models.toml says {} ({} bytes); it was deleted",
+            v.source,
+            v.id,
+            v.sha256,
+            v.size
+        );
+    }
+    let made = tmp.keep();
+    fs::rename(&made, &path)
+        .with_context(|| format!("cannot move {} to {}", made.display(), path.display()))?;
+    Ok(path)
 }
 
 /// Makes `variants` (all of `source`) with lockstep's quantizer and verifies each.

@@ -59,7 +59,9 @@ pub fn floor_set(
         floors
             .for_golden(
                 path,
-                &cell.model,
+                // the Hugging Face copy of a registered model: its source's floors (the same stages, bit
+                // for bit on F32 weights: engine/src/hf tests)
+                &crate::registry::Registry::golden_model_of(&cell.model),
                 &cell.oracle,
                 cell.mode.name(),
                 &entry.path,

@@ -267,7 +267,7 @@ impl Engine for SessionEngine {
         }
         if !self.capabilities.contains(CAP_TOKENIZE) {
             // lockstep's tokenizer, from the GGUF's vocabulary; the report lists `tokens` as not compared
-            let g = lockstep_engine::gguf::GgufFile::open(&self.model)
+            let g = lockstep_engine::hf::open(&self.model)
                 .with_context(|| format!("reading {}", self.model.display()))?;
             let t = lockstep_engine::tokenizer::Tokenizer::from_gguf(&g)
                 .with_context(|| format!("the tokenizer of {}", self.model.display()))?;

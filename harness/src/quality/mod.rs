@@ -243,7 +243,7 @@ pub struct VariantResult {
 /// Size and llama.cpp-style bits per weight of a GGUF file (None where unreadable).
 fn size_and_bpw(path: &Path) -> (Option<u64>, Option<f64>) {
     let size = std::fs::metadata(path).ok().map(|m| m.len());
-    let bpw = lockstep_engine::gguf::GgufFile::open(path)
+    let bpw = lockstep_engine::hf::open(path)
         .ok()
         .and_then(|g| g.bits_per_weight());
     (size, bpw)
@@ -540,7 +540,7 @@ pub fn validate(opts: &QualityOptions) -> Result<()> {
 pub fn run(opts: &QualityOptions, log: &mut dyn FnMut(&str)) -> Result<(QualityReport, PathBuf)> {
     validate(opts)?;
     let corpus = Corpus::resolve(&opts.corpus)?;
-    let base_sha256 = crate::hash::sha256_file(&opts.base)
+    let base_sha256 = crate::hash::sha256_model(&opts.base)
         .with_context(|| format!("hashing {}", opts.base.display()))?;
     // the chunk count must be known for the cache key: tokenize with the base's tokenizer
     let base_model =
