@@ -128,12 +128,18 @@ impl Server {
                     );
                 }
                 let format = format.unwrap_or_else(|| FORMAT_GGUF.to_string());
-                if format != FORMAT_GGUF {
+                if format != FORMAT_GGUF && format != super::FORMAT_HF {
                     // the engine cannot run this model: the cell fails as engine_error, the run goes on
                     return Err(lockstep_engine::Error::Unsupported(format!(
-                        "lockstep serve loads GGUF files; {model} is format \"{format}\""
+                        "lockstep serve loads GGUF files and Hugging Face directories; {model} is format \
+                         \"{format}\""
                     ))
                     .into());
+                }
+                // our engine reads either (engine/src/hf: a directory is an HF checkpoint); the format said
+                // must be the one the path is
+                if super::format_of(Path::new(&model)) != format {
+                    bail!("{model}: `load` says format \"{format}\", but the path is not one");
                 }
                 let numerics = numerics(&mode, &target, self.simd)?;
                 let path = Path::new(&model);
@@ -296,6 +302,30 @@ mod tests {
             .collect()
     }
 
+    /// Protocol 2: `lockstep serve` loads a Hugging Face directory said to be one (our engine reads both
+    /// formats), with the same vocabulary and stages as its GGUF.
+    #[test]
+    fn an_hf_directory_loads_with_format_hf() {
+        let dir = tempfile::tempdir().unwrap();
+        let gguf = dir.path().join("m.gguf");
+        crate::synth::write_synth("qwen3", 1, &gguf).unwrap();
+        let hf = dir.path().join("m-hf");
+        crate::hf::export_hf(&gguf, &hf).unwrap();
+        let load = |model: &Path, format: &str| {
+            format!(
+                r#"{{"op":"load","protocol":2,"model":{:?},"format":"{format}","mode":"reference","target":"avx2","scratch":{:?}}}"#,
+                model.display().to_string(),
+                dir.path().display().to_string()
+            )
+        };
+        let r = run(&[load(&gguf, "gguf"), load(&hf, "hf"), load(&gguf, "hf")]);
+        assert!(r[0].error.is_none() && r[1].error.is_none(), "{r:?}");
+        assert_eq!(r[0].n_vocab, r[1].n_vocab);
+        assert_eq!(r[0].stages, r[1].stages);
+        let e = r[2].error.clone().unwrap_or_default();
+        assert!(e.contains("says format \"hf\""), "{r:?}");
+    }
+
     #[test]
     fn requests_before_load_and_garbage_are_answered_with_errors() {
         let r = run(&[
@@ -313,10 +343,8 @@ mod tests {
         assert!(err(1).contains("not a protocol request"), "{r:?}");
         assert!(err(2).contains("protocol 3"), "{r:?}");
         assert!(err(3).contains("/nonexistent.gguf"), "{r:?}");
-        assert!(
-            err(4).contains("loads GGUF files") && r[4].unsupported,
-            "{r:?}"
-        );
+        // an HF directory that is not one: an error naming it (our engine loads real ones)
+        assert!(err(4).contains("/ck") && !r[4].unsupported, "{r:?}");
         assert_eq!(r[5], Reply::ok());
     }
 }
