@@ -952,7 +952,10 @@ sha256 = "0000000000000000000000000000000000000000000000000000000000000008"
         // a syntax error names its file
         let bad = dir.path().join("bad.toml");
         std::fs::write(&bad, "[[synth]\nid = 1\n").unwrap();
-        let e = format!("{:#}", Registry::load(std::slice::from_ref(&bad)).unwrap_err());
+        let e = format!(
+            "{:#}",
+            Registry::load(std::slice::from_ref(&bad)).unwrap_err()
+        );
         assert!(e.contains(&bad.display().to_string()), "{e}");
         // a missing --registry file
         let gone = dir.path().join("gone.toml");
