@@ -187,7 +187,7 @@ pub fn bisect_serve(
     let manifest = golden::load_manifest(&opts.golden_dir)?;
     let gpath = format!(
         "{}/{}/{}.npz",
-        crate::registry::Registry::builtin_golden_model(&opts.model),
+        crate::registry::Registry::active_golden_model(&opts.model),
         opts.oracle,
         opts.prompt
     );
@@ -221,7 +221,7 @@ pub fn bisect_with(
     let thresholds = Thresholds::load(&opts.thresholds)?;
     let gpath = format!(
         "{}/{}/{}.npz",
-        crate::registry::Registry::builtin_golden_model(&opts.model),
+        crate::registry::Registry::active_golden_model(&opts.model),
         opts.oracle,
         opts.prompt
     );
@@ -231,7 +231,7 @@ pub fn bisect_with(
         &opts.golden_dir,
         &entry,
         &opts.model,
-        &crate::hash::sha256_model(model)?,
+        &crate::run::model_sha256(model)?,
     )?;
     let cell = Cell {
         model: opts.model.clone(),

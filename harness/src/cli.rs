@@ -29,6 +29,11 @@ pub struct Cli {
     /// that holds models.toml and ci/. Never the directory the binary was built in.
     #[arg(long, global = true, value_name = "DIR")]
     pub root: Option<PathBuf>,
+    /// A user registry file (the models.toml format: `[[synth]]` with other seeds, `[[models]]`,
+    /// `[[variants]]`, ...) read after the checkout's models.toml and $LOCKSTEP_REGISTRY's files
+    /// (repeatable). Read at run time: no rebuild. Ids must not repeat across files.
+    #[arg(long = "registry", global = true, value_name = "FILE")]
+    pub registry: Vec<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -513,6 +518,10 @@ pub struct FloorsArgs {
     /// Where to write the floors.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Measure a session engine's floors instead of ours (a model our engine cannot load: an HF checkpoint
+    /// of another architecture, with the unbroken external engine that is held to it).
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 /// Arguments of `lockstep yardstick`.
@@ -872,6 +881,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         .use_current_thread()
         .build_global();
     let threads = rayon::current_num_threads();
+    registry::configure(cli.root.clone(), cli.registry);
     let defaults = Defaults::new(cli.root);
     match cli.command {
         Command::Fetch {
@@ -880,7 +890,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             list,
             corpus,
         } => {
-            let reg = registry::Registry::builtin()?;
+            let reg = registry::Registry::active()?;
             if list {
                 for line in fetch::list_lines(&reg) {
                     println!("{line}");
@@ -1012,7 +1022,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                         .models
                         .into_iter()
                         .map(|m| m.id)
-                        .filter(|id| crate::registry::Registry::builtin_golden_model(id) == *id),
+                        .filter(|id| crate::registry::Registry::active_golden_model(id) == *id),
                 );
             }
             for m in &ids {
@@ -1090,6 +1100,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                     oracle: a.oracle.clone(),
                     ..Default::default()
                 },
+                serve: a.serve.command()?,
             };
             crate::measure::update(&opts, &out, &mut |g| eprintln!("measuring {g}"))?;
             println!("{}", out.display());
@@ -1176,6 +1187,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 out.display(),
                 w.size,
                 w.sha256
+            );
+            eprintln!(
+                "lockstep synth: its registry entry (models.toml, or a --registry file of your own):\n{}",
+                crate::synth::registry_entry(&out, &arch, seed, &w)
             );
             println!("{}", out.display());
             if let Some(dir) = hf_out {

@@ -551,7 +551,7 @@ pub fn check_model_for(
     if entry.model_sha256.eq_ignore_ascii_case(model_sha256) {
         return Ok(());
     }
-    let registry = crate::registry::Registry::builtin()?;
+    let registry = crate::registry::Registry::active()?;
     if let Some(source) = registry.hf_source(model_id) {
         let copy_ok = registry
             .sha256(model_id)
@@ -1143,7 +1143,7 @@ mod tests {
         let e = m
             .entry(&dir, "synth-llama/transformers-f32/synth.npz")
             .unwrap();
-        let r = crate::registry::Registry::builtin().unwrap();
+        let r = crate::registry::Registry::active().unwrap();
         let sha = |id: &str| r.sha256(id).unwrap().to_string();
         assert_eq!(e.model_sha256, sha("synth-llama"));
         check_model_for(&dir, e, "synth-llama", &sha("synth-llama")).unwrap();

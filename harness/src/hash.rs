@@ -13,62 +13,6 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     sha256_file_with(path, |_| {})
 }
 
-/// The files of a Hugging Face directory its digest covers: `config.json`, `tokenizer.json`,
-/// `model.safetensors.index.json` (if present) and every `*.safetensors`, sorted by file name.
-///
-/// Errors: the directory cannot be listed (named).
-pub fn hf_dir_files(dir: &Path) -> Result<Vec<String>> {
-    let mut names: Vec<String> = Vec::new();
-    let entries =
-        std::fs::read_dir(dir).with_context(|| format!("{} cannot be listed", dir.display()))?;
-    for e in entries {
-        let e = e.with_context(|| format!("{} cannot be listed", dir.display()))?;
-        let name = e.file_name().to_string_lossy().into_owned();
-        if matches!(
-            name.as_str(),
-            "config.json" | "tokenizer.json" | "model.safetensors.index.json"
-        ) || name.ends_with(".safetensors")
-        {
-            names.push(name);
-        }
-    }
-    names.sort();
-    Ok(names)
-}
-
-/// sha256 of a Hugging Face directory (the convention shared by every lockstep tool): the sha256 of the
-/// text made of one line `"<lowercase hex sha256 of file>  <file name>\n"` per file of [`hf_dir_files`],
-/// in that (sorted) order — `sha256sum`'s output format, so `(cd DIR && sha256sum config.json ... ) |
-/// sha256sum` gives it too. Lowercase hex.
-///
-/// Errors: the directory cannot be listed; `config.json` is missing (not a checkpoint directory); a file
-/// cannot be read — each named.
-pub fn sha256_hf_dir(dir: &Path) -> Result<String> {
-    let names = hf_dir_files(dir)?;
-    if !names.iter().any(|n| n == "config.json") {
-        anyhow::bail!(
-            "{} has no config.json: not a Hugging Face checkpoint directory",
-            dir.display()
-        );
-    }
-    let mut text = String::new();
-    for n in &names {
-        text.push_str(&format!("{}  {n}\n", sha256_file(&dir.join(n))?));
-    }
-    Ok(sha256_hex(text.as_bytes()))
-}
-
-/// sha256 of a model: [`sha256_hf_dir`] for a directory, else [`sha256_file`].
-///
-/// Errors: as those.
-pub fn sha256_model(path: &Path) -> Result<String> {
-    if path.is_dir() {
-        sha256_hf_dir(path)
-    } else {
-        sha256_file(path)
-    }
-}
-
 /// sha256 of bytes in memory, lowercase hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -90,6 +34,72 @@ pub fn sha256_file_with(path: &Path, mut progress: impl FnMut(u64)) -> Result<St
         progress(n as u64);
     }
     Ok(hex::encode(h.finalize()))
+}
+
+/// The files of an HF checkpoint directory that [`sha256_hf_dir`] covers, sorted by name: `config.json`,
+/// `tokenizer.json`, `model.safetensors.index.json` if present, and every `*.safetensors`.
+///
+/// Errors: the directory cannot be read; `config.json` or `tokenizer.json` is missing, or there is no
+/// `*.safetensors` (each named, with the directory).
+pub fn hf_dir_files(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(dir).with_context(|| {
+        format!(
+            "{} cannot be read as an HF checkpoint directory",
+            dir.display()
+        )
+    })? {
+        let e = e.with_context(|| format!("reading {}", dir.display()))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let wanted = matches!(
+            name.as_str(),
+            "config.json" | "tokenizer.json" | "model.safetensors.index.json"
+        ) || name.ends_with(".safetensors");
+        if wanted {
+            names.push(name);
+        }
+    }
+    names.sort();
+    for required in ["config.json", "tokenizer.json"] {
+        if !names.iter().any(|n| n == required) {
+            anyhow::bail!(
+                "{} is not an HF checkpoint directory: it has no {required}",
+                dir.display()
+            );
+        }
+    }
+    if !names.iter().any(|n| n.ends_with(".safetensors")) {
+        anyhow::bail!(
+            "{} is not an HF checkpoint directory: it has no *.safetensors file",
+            dir.display()
+        );
+    }
+    Ok(names)
+}
+
+/// The digest of an HF checkpoint directory, lowercase hex: the sha256 of the text made of one line
+/// `"<lowercase hex sha256 of the file>  <file name>\n"` (two spaces, `sha256sum`'s layout) per file of
+/// [`hf_dir_files`], in that (sorted) order. Other files (README, generation_config.json) do not count.
+///
+/// Errors: as [`hf_dir_files`]; a file that cannot be read (named).
+pub fn sha256_hf_dir(dir: &Path) -> Result<String> {
+    let mut text = String::new();
+    for name in hf_dir_files(dir)? {
+        let sha = sha256_file(&dir.join(&name))?;
+        text.push_str(&format!("{sha}  {name}\n"));
+    }
+    Ok(sha256_hex(text.as_bytes()))
+}
+
+/// sha256 of a model: [`sha256_hf_dir`] for a directory, else [`sha256_file`].
+///
+/// Errors: as those.
+pub fn sha256_model(path: &Path) -> Result<String> {
+    if path.is_dir() {
+        sha256_hf_dir(path)
+    } else {
+        sha256_file(path)
+    }
 }
 
 #[cfg(test)]
@@ -124,6 +134,38 @@ mod tests {
         std::fs::remove_file(d.join("config.json")).unwrap();
         let e = format!("{:#}", super::sha256_hf_dir(d).unwrap_err());
         assert!(e.contains("config.json"), "{e}");
+    }
+
+    #[test]
+    fn hf_dir_digest_is_sha256sum_lines_of_the_checkpoint_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("config.json"), "{}").unwrap();
+        let e = format!("{:#}", super::sha256_hf_dir(d).unwrap_err());
+        assert!(e.contains("no tokenizer.json"), "{e}");
+        std::fs::write(d.join("tokenizer.json"), "t").unwrap();
+        let e = format!("{:#}", super::sha256_hf_dir(d).unwrap_err());
+        assert!(e.contains("no *.safetensors"), "{e}");
+        std::fs::write(d.join("model.safetensors"), "abc").unwrap();
+        std::fs::write(d.join("README.md"), "not hashed").unwrap();
+        let line = |s: &str, n: &str| format!("{}  {n}\n", super::sha256_hex(s.as_bytes()));
+        let want = super::sha256_hex(
+            format!(
+                "{}{}{}",
+                line("{}", "config.json"),
+                line("abc", "model.safetensors"),
+                line("t", "tokenizer.json")
+            )
+            .as_bytes(),
+        );
+        assert_eq!(super::sha256_hf_dir(d).unwrap(), want);
+        // the committed porter fixtures: the digest make_checkpoint.py printed and models.toml records
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let olmo2 = root.join("oracles/porter/checkpoints/porter-olmo2");
+        assert_eq!(
+            super::sha256_hf_dir(&olmo2).unwrap(),
+            "7717da008d4abf7ef07d2530432e545bed6e6ecc542f050d1f6a69e610814e7b"
+        );
     }
 
     #[test]

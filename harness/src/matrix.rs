@@ -105,7 +105,7 @@ impl Cell {
 pub fn golden_path_for(cell: &Cell) -> String {
     format!(
         "{}/{}/{}.npz",
-        crate::registry::Registry::builtin_golden_model(&cell.model),
+        crate::registry::Registry::active_golden_model(&cell.model),
         cell.oracle,
         cell.prompt
     )
@@ -302,6 +302,36 @@ impl Matrix {
             .collect()
     }
 
+    /// A model named by `--model` that the matrix does not list, but that has goldens in `manifest` (a
+    /// user's model, its goldens in a directory of theirs): it joins a copy of the matrix with every prompt
+    /// of its goldens (`"*"`), held to those of the matrix's oracles it has goldens of, under the matrix's
+    /// modes and SIMD tiers; its `quant` is `-` (list it in a matrix file of your own to name its type).
+    /// `None` when every `--model` is listed (or has no golden: the filter check then says what is
+    /// available).
+    fn with_unlisted_models(&self, manifest: &Manifest, wanted: &[String]) -> Option<Matrix> {
+        let mut out = self.clone();
+        for id in wanted {
+            if self.models.iter().any(|m| &m.id == id) {
+                continue;
+            }
+            let oracles: Vec<String> = self
+                .oracles
+                .iter()
+                .filter(|o| !Self::golden_prompts(manifest, id, o).is_empty())
+                .cloned()
+                .collect();
+            if !oracles.is_empty() {
+                out.models.push(MatrixModel {
+                    id: id.clone(),
+                    quant: "-".into(),
+                    prompts: vec![ALL_PROMPTS.into()],
+                    oracles: Some(oracles),
+                });
+            }
+        }
+        (out.models.len() > self.models.len()).then_some(out)
+    }
+
     /// The `simd` axis with `auto` resolved to this CPU's best setting, each value once (in order).
     pub fn simd_values(&self) -> Vec<String> {
         resolve_simd(&self.simd)
@@ -330,11 +360,32 @@ impl Matrix {
             Ok(())
         }
         let set = |v: &[String]| v.iter().cloned().collect::<BTreeSet<String>>();
-        check_filter(
-            "model",
-            &filters.model,
-            &self.models.iter().map(|m| m.id.clone()).collect(),
-        )?;
+        // an HF checkpoint our engine cannot load is run from the porter's matrix, through its engine
+        let registry = crate::registry::Registry::active().ok();
+        let is_checkpoint = |m: &str| registry.as_ref().is_some_and(|r| r.checkpoint(m).is_some());
+        let unlisted: Vec<String> = filters
+            .model
+            .iter()
+            .filter(|m| !is_checkpoint(m))
+            .cloned()
+            .collect();
+        let with_unlisted = self.with_unlisted_models(manifest, &unlisted);
+        let this = with_unlisted.as_ref().unwrap_or(self);
+        let models: BTreeSet<String> = this.models.iter().map(|m| m.id.clone()).collect();
+        check_filter("model", &filters.model, &models).map_err(|e| {
+            match filters
+                .model
+                .iter()
+                .find(|m| !models.contains(*m) && is_checkpoint(m))
+            {
+                Some(m) => e.context(format!(
+                    "`{m}` is an HF checkpoint (models.toml [[checkpoints]]) of an architecture lockstep's engine \
+                     does not load: its cells are in ci/matrix-porter.toml, run through an external engine \
+                     (--matrix ci/matrix-porter.toml --engine-serve CMD)"
+                )),
+                None => e,
+            }
+        })?;
         check_filter("mode", &filters.mode, &set(&self.modes))?;
         check_filter("oracle", &filters.oracle, &set(&self.oracles))?;
         let simd_values = self.simd_values();
@@ -349,7 +400,7 @@ impl Matrix {
             .collect();
         check_filter("simd", &simd_filter, &set(&simd_values))?;
 
-        let models: Vec<&MatrixModel> = self
+        let models: Vec<&MatrixModel> = this
             .models
             .iter()
             .filter(|m| keep(&filters.model, &m.id))
@@ -598,6 +649,43 @@ prompts = ["*"]
                 "{extra}: {e}"
             );
         }
+    }
+
+    /// A user's model (not in the matrix, goldens in the manifest) runs by naming it: every prompt of its
+    /// goldens, only the oracles it has goldens of; a model with no golden at all is still an error.
+    #[test]
+    fn a_model_the_matrix_does_not_list_runs_from_its_goldens_when_named() {
+        let m = Matrix::parse(MATRIX, "test").unwrap();
+        assert!(!m.models.iter().any(|x| x.id == "other"));
+        let f = Filters {
+            model: vec!["other".into()],
+            ..Filters::default()
+        };
+        let ids: Vec<String> = m
+            .expand(&small(), &f)
+            .unwrap()
+            .iter()
+            .map(Cell::id)
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "other/code/-/reference/simd-off/llama.cpp-f32kv/lockstep",
+                "other/code/-/ggml/simd-off/llama.cpp-f32kv/lockstep",
+            ]
+        );
+        // not named: not run
+        assert!(m
+            .expand(&small(), &Filters::default())
+            .unwrap()
+            .iter()
+            .all(|c| c.model != "other"));
+        let f = Filters {
+            model: vec!["nobody".into()],
+            ..Filters::default()
+        };
+        let e = format!("{:#}", m.expand(&small(), &f).unwrap_err());
+        assert!(e.contains("--model \"nobody\" matches nothing"), "{e}");
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub struct MeasureOptions {
     pub thresholds: std::path::PathBuf,
     /// Narrowing of the matrix (by model, mode, oracle; prompts are always all of the model's goldens).
     pub filters: crate::matrix::Filters,
+    /// Measure this session engine (`--engine-serve`) instead of ours: for a model our engine cannot load
+    /// (an HF checkpoint of an architecture it does not implement, issue 43), whose floors are then those
+    /// of the unbroken external engine. It runs the matrix's `simd = off` cells only.
+    pub serve: Option<crate::protocol::client::ServeCommand>,
 }
 
 /// The golden paths of `cells` (one model, oracle and mode), each once, in cell order: cells that differ
@@ -59,7 +63,8 @@ pub fn simd_settings_of(cells: &[crate::matrix::Cell]) -> Result<Vec<Simd>> {
 }
 
 /// Measure the floors of every (model, oracle, mode) of the matrix whose thresholds set
-/// `stage_floor_headroom`: bisect's local pass of our engine on every golden of it, once per SIMD setting
+/// `stage_floor_headroom`: bisect's local pass of our engine (or of `opts.serve`'s session engine, once per
+/// golden, on the `simd = off` cells) on every golden of it, once per SIMD setting
 /// of its cells that gives other results ([`simd_settings_of`]). The rows of every setting make one
 /// distribution per stage kind, and a stage is exact only where it was exact with every setting, so the
 /// floors hold the engine however the matrix runs it.
@@ -80,9 +85,13 @@ pub fn measure(opts: &MeasureOptions, progress: &mut dyn FnMut(&str)) -> Result<
         if th.stage_exact || th.stage_floor_headroom.is_none() {
             continue;
         }
-        if crate::registry::Registry::builtin_golden_model(&c.model) != c.model {
+        if crate::registry::Registry::active_golden_model(&c.model) != c.model {
             // a Hugging Face copy is judged with its source's floors (the same stages bit for bit:
             // engine/src/hf tests); the source's cells measure them
+            continue;
+        }
+        // an external engine has no SIMD setting of ours: it runs the `off` cells (as `lockstep run`)
+        if opts.serve.is_some() && c.simd != "off" {
             continue;
         }
         groups
@@ -99,8 +108,11 @@ pub fn measure(opts: &MeasureOptions, progress: &mut dyn FnMut(&str)) -> Result<
     let mut sets = Vec::new();
     for ((model, oracle, mode), cells) in groups {
         let path = crate::fetch::resolve_model(&model)?;
-        let sha = crate::hash::sha256_model(&path)?;
-        let model_file = LockstepEngine::load_model(&path)?;
+        let sha = crate::run::model_sha256(&path)?;
+        let model_file = match &opts.serve {
+            None => Some(LockstepEngine::load_model(&path)?),
+            Some(_) => None,
+        };
         let m: lockstep_engine::NumericsMode =
             mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
         let mut builder = FloorBuilder::default();
@@ -111,15 +123,36 @@ pub fn measure(opts: &MeasureOptions, progress: &mut dyn FnMut(&str)) -> Result<
             .flat_map(|&simd| goldens_of(&cells).into_iter().map(move |g| (simd, g)))
         {
             progress(&format!("{gpath} (simd {})", simd.name()));
-            let mut engine =
-                LockstepEngine::shared(model_file.clone(), path.clone()).with_simd(simd);
             let entry = manifest.entry(&opts.golden_dir, &gpath)?.clone();
+            let mut engine: Box<dyn crate::engine::Engine> = match &opts.serve {
+                Some(cmd) => Box::new(crate::protocol::client::SessionEngine::start(
+                    cmd.clone(),
+                    &path,
+                    &entry.arch,
+                    m,
+                    lockstep_engine::GgmlTarget::default(),
+                )?),
+                None => {
+                    let mf = model_file
+                        .clone()
+                        .context("our engine's model is loaded when no session engine is given")?;
+                    Box::new(LockstepEngine::shared(mf, path.clone()).with_simd(simd))
+                }
+            };
+            if !engine.replaces_stages() {
+                bail!(
+                    "{gpath}: the session engine `{}` does not announce `inject`: its floors (bisect's local pass) \
+                     cannot be measured",
+                    engine.info().kind
+                );
+            }
+            let engine = engine.as_mut();
             crate::golden::verify_golden(&opts.golden_dir, &entry)?;
             crate::golden::check_model(&opts.golden_dir, &entry, &sha)?;
             let mut gf = crate::golden::GoldenFile::open(&opts.golden_dir, &entry)?;
             let case = Case::new(
                 &mut gf,
-                &mut engine,
+                engine,
                 manifest.stage_map(&entry.oracle.name, &entry.arch),
                 None,
             )?;
@@ -128,8 +161,8 @@ pub fn measure(opts: &MeasureOptions, progress: &mut dyn FnMut(&str)) -> Result<
                 // no layer output to inject: no local pass, so nothing to measure and nothing to hold to it
                 continue;
             }
-            let acc = case.accumulated(&mut gf, &mut engine, m)?;
-            let (local, known) = case.local(&mut gf, &mut engine, m, &acc)?;
+            let acc = case.accumulated(&mut gf, engine, m)?;
+            let (local, known) = case.local(&mut gf, engine, m, &acc)?;
             let cmp = local
                 .cmp
                 .as_ref()

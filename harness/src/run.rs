@@ -86,7 +86,7 @@ pub fn run(opts: &RunOptions) -> Result<(PathBuf, Report)> {
             )?))
         } else if force || cell.engine == "external" {
             let cmds = external.clone().context(
-                "the matrix has an `external` engine cell but no --engine-cmd was given",
+                "the matrix has an `external` engine cell but no --engine-serve or --engine-cmd was given",
             )?;
             Ok(Box::new(ExternalEngine::new(cmds, model, arch)?))
         } else {
@@ -162,7 +162,7 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         if opts.serve.is_some() || opts.force_external || cell.engine == "external" {
             if opts.external.is_none() && opts.serve.is_none() {
                 bail!(
-                    "cell {} runs an external engine but no --engine-cmd was given",
+                    "cell {} runs an external engine but no --engine-serve or --engine-cmd was given",
                     cell.id()
                 );
             }
@@ -318,7 +318,7 @@ fn resolve_models(
         // sidecar stamp, or a rehash); a local path is hashed here
         let sha = match registered_sha256(&cell.model)? {
             Some(sha) => sha,
-            None => crate::hash::sha256_model(&p)?,
+            None => model_sha256(&p)?,
         };
         steps.step(
             &format!("model {} ready: {}", cell.model, p.display()),
@@ -329,13 +329,25 @@ fn resolve_models(
     Ok(out)
 }
 
+/// The sha256 a golden's `model_sha256` records for a local model: the file's, or an HF checkpoint
+/// directory's digest ([`crate::hash::sha256_hf_dir`]).
+///
+/// Errors: the file or directory cannot be read.
+pub fn model_sha256(path: &Path) -> Result<String> {
+    if path.is_dir() {
+        crate::hash::sha256_hf_dir(path)
+    } else {
+        crate::hash::sha256_file(path)
+    }
+}
+
 /// The registry's sha256 of a registered model, seeded model or variant id (`None` for a path), which
 /// [`crate::fetch::resolve_model`] has checked the cached file against.
 fn registered_sha256(spec: &str) -> Result<Option<String>> {
     if crate::fetch::is_path_spec(spec) {
         return Ok(None);
     }
-    let registry = crate::registry::Registry::builtin()?;
+    let registry = crate::registry::Registry::active()?;
     if let Some(sha) = registry.sha256(spec) {
         return Ok(Some(sha.to_string()));
     }

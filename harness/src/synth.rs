@@ -42,10 +42,40 @@ pub fn write_synth(arch: &str, seed: u64, out: &Path) -> Result<Written> {
     })
 }
 
+/// The `[[synth]]` registry entry of a file [`write_synth`] wrote to `out` (its id = the file stem), ready to
+/// paste into models.toml or a user registry file (`--registry FILE`): the registry is read at run time,
+/// so `lockstep fetch ID` then writes and checks the same bytes with no rebuild.
+pub fn registry_entry(out: &Path, arch: &str, seed: u64, w: &Written) -> String {
+    let id = out
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!(
+        "[[synth]]\nid = {id:?}\nname = \"lockstep synth {arch} seed {seed}\"\narch = {arch:?}\nseed = {seed}\n\
+         size = {}\nsha256 = {:?}\n",
+        w.size, w.sha256
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use lockstep_engine::models::Model;
+
+    #[test]
+    fn the_printed_entry_is_a_registry_that_names_the_file_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("my-llama-seed7.gguf");
+        let w = write_synth("llama", 7, &out).unwrap();
+        let text = registry_entry(&out, "llama", 7, &w);
+        let r = crate::registry::Registry::parse(&text).unwrap();
+        let e = r.synth("my-llama-seed7").unwrap();
+        assert_eq!(
+            (e.seed, e.size),
+            (7, std::fs::metadata(&out).unwrap().len())
+        );
+        assert_eq!(e.sha256, crate::hash::sha256_file(&out).unwrap());
+    }
 
     #[test]
     fn every_arch_is_deterministic_and_loads() {

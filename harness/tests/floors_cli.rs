@@ -262,12 +262,22 @@ fn stored_rows(manifest: &lockstep::golden::Manifest, golden: &str) -> BTreeMap<
 /// SIMD setting of the set's default-tier cells whose results differ in its mode
 /// (`lockstep::measure::simd_settings_of`; the matrix's `auto` resolved here, as where the committed file was
 /// measured: an AVX2 or AVX-512 host). Reference mode: its scalar and its SIMD order; ggml mode: one.
+///
+/// A model of the porter's matrix (ci/matrix-porter.toml: HF checkpoints our engine cannot load) is measured
+/// through its external engine (`lockstep floors --engine-serve`), on the `simd = off` cells only: once.
 fn settings_measured(root: &Path, manifest: &lockstep::golden::Manifest, s: &FloorSet) -> usize {
-    let matrix = lockstep::matrix::Matrix::load(&root.join("ci/matrix.toml")).unwrap();
+    let default = lockstep::matrix::Matrix::load(&root.join("ci/matrix.toml")).unwrap();
+    let porter = !default.models.iter().any(|m| m.id == s.model);
+    let matrix = if porter {
+        lockstep::matrix::Matrix::load(&root.join("ci/matrix-porter.toml")).unwrap()
+    } else {
+        default
+    };
     let filters = lockstep::matrix::Filters {
         model: vec![s.model.clone()],
         oracle: vec![s.oracle.clone()],
         mode: vec![s.mode.clone()],
+        simd: if porter { vec!["off".into()] } else { vec![] },
         ..Default::default()
     };
     let cells = matrix.expand(manifest, &filters).unwrap();

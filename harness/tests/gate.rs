@@ -528,7 +528,7 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         .iter()
         .map(|c| (c.model.as_str(), c.prompt.as_str()))
         .collect();
-    let reg = lockstep::registry::Registry::builtin().unwrap();
+    let reg = lockstep::registry::Registry::active().unwrap();
     // the Hugging Face copies (held to their source's goldens): every registered one, beside its source
     let copies: std::collections::BTreeSet<&str> = pairs
         .iter()
@@ -553,15 +553,48 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     // every model with goldens, every prompt it has a golden for: the three downloaded models with their
     // six prompts each, each quantization variant (the quant axis) and each seeded model (`lockstep synth`)
     // with its one prompt
+    let reg = lockstep::registry::Registry::active().unwrap();
+    // the porter's HF checkpoints (models.toml [[checkpoints]]) are covered by ci/matrix-porter.toml instead:
+    // lockstep's engine cannot load them, so the default run, which runs it, must not hold them
     let with_goldens: std::collections::BTreeSet<&str> = manifest
         .goldens
         .iter()
         .map(|g| g.model_id.as_str())
+        .filter(|m| reg.checkpoint(m).is_none())
         .collect();
     assert_eq!(
         models, with_goldens,
         "the default matrix should cover every model with goldens"
     );
+    let porter =
+        Matrix::load(&root.join("ci/matrix-porter.toml")).unwrap_or_else(|e| panic!("{e:#}"));
+    let porter_cells = porter
+        .expand(&manifest, &Filters::default())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let porter_goldens: std::collections::BTreeSet<String> = manifest
+        .goldens
+        .iter()
+        .filter(|g| reg.checkpoint(&g.model_id).is_some())
+        .map(|g| g.path.clone())
+        .collect();
+    assert_eq!(
+        porter_cells
+            .iter()
+            .map(lockstep::matrix::golden_path_for)
+            .collect::<std::collections::BTreeSet<_>>(),
+        porter_goldens,
+        "ci/matrix-porter.toml covers every golden of the [[checkpoints]] models, once"
+    );
+    assert_eq!(porter_cells.len(), porter_goldens.len());
+    assert!(reg.checkpoints.len() >= 2 && porter_goldens.len() >= 2 * 3);
+    let th = Thresholds::load(&root.join("ci/thresholds.toml")).unwrap_or_else(|e| panic!("{e:#}"));
+    th.validate_matrix(&porter)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    for c in &porter_cells {
+        assert_eq!((c.engine.as_str(), c.simd.as_str()), ("external", "off"));
+        th.for_cell(c)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", c.id()));
+    }
     for m in &models {
         let n = pairs.iter().filter(|p| p.0 == *m).count();
         if reg.variant(m).is_some() || reg.synth(m).is_some() {
@@ -591,6 +624,8 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         .iter()
         .filter(|g| g.path.contains("/transformers-f32/"))
         .map(|g| g.model_id.as_str())
+        // the porter's checkpoints: ci/matrix-porter.toml, above
+        .filter(|m| reg.checkpoint(m).is_none())
         .collect();
     let (lc, tf_default): (Vec<_>, Vec<_>) =
         cells.iter().partition(|c| c.oracle == "llama.cpp-f32kv");

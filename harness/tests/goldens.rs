@@ -148,7 +148,7 @@ fn every_seeded_model_and_variant_has_its_goldens() {
     // from exactly that file, crossing the window of 4, 8 decode steps, every stage for the F32 file), and a
     // transformers-f32 golden wherever the transformers oracle has a stage map for the architecture
     let m = manifest();
-    let reg = lockstep::registry::Registry::builtin().unwrap();
+    let reg = lockstep::registry::Registry::active().unwrap();
     assert!(reg.synth.len() >= 8, "the seeded architectures");
     let mut ids: Vec<(&str, &str, &str, bool)> = Vec::new();
     for s in &reg.synth {
@@ -254,7 +254,7 @@ fn every_registered_variant_has_compact_goldens_of_both_kv_types() {
     // the quant axis: each [[variants]] file of models.toml has its own goldens (oracles/README.md
     // "Quantization variants"), made from exactly that file, on a recorded host
     let m = manifest();
-    let reg = lockstep::registry::Registry::builtin().unwrap();
+    let reg = lockstep::registry::Registry::active().unwrap();
     // the downloaded model's variants (those of the seeded models: the test below)
     let variants: Vec<_> = reg
         .variants

@@ -219,8 +219,10 @@ def load_variants(synth: dict, models_toml: Path = ROOT / "models.toml") -> dict
     import tomllib
 
     reg = tomllib.loads(models_toml.read_text())
-    arch = {m["id"]: m["arch"] for m in reg["models"] + reg.get("synth", [])}
-    synth_ids = {m["id"] for m in reg.get("synth", [])}
+    # a user registry's variant may name a model of the checkout's registry (MODELS, `synth`) as its source
+    arch = {k: v["arch"] for k, v in {**MODELS, **synth}.items()}
+    arch.update({m["id"]: m["arch"] for m in reg.get("models", []) + reg.get("synth", [])})
+    synth_ids = set(synth) | {m["id"] for m in reg.get("synth", [])}
     out = {}
     for v in reg.get("variants", []):
         if v["type"] == "HF":
@@ -275,6 +277,19 @@ _VARIANTS = load_variants(_SYNTH)
 MODELS.update({k: v for k, v in _VARIANTS.items() if v.get("kv") != SYNTH_KV})
 MODELS.update(_SYNTH)
 MODELS.update({k: v for k, v in _VARIANTS.items() if v.get("kv") == SYNTH_KV})
+
+
+def add_user_registry(path: Path) -> None:
+    """A user's registry file (lockstep's `--registry FILE`, the models.toml format): its [[synth]] entries and
+    their [[variants]] (or variants of the checkout's seeded models) join MODELS, after the checkout's."""
+    if not path.is_file():
+        raise SystemExit(f"--registry {path}: no such file")
+    user = load_synth(path)
+    clash = sorted(set(user) & set(MODELS))
+    if clash:
+        raise SystemExit(f"--registry {path}: ids {clash} are already in the checkout's models.toml")
+    MODELS.update(user)
+    MODELS.update(load_variants({**_SYNTH, **user}, path))
 
 # A stage is stored as f16 when rounding costs at most this much on every row (one position's
 # vector): 1 - cosine(f16, f32) <= F16_MAX_ONE_MINUS_COS and ||f16 - f32|| / ||f32|| <=
@@ -600,7 +615,12 @@ def main() -> int:
     ap.add_argument("--model", required=True, type=Path, help="path of the GGUF file")
     ap.add_argument("--model-id", default="smollm2-135m-q4_1")
     ap.add_argument("--out", type=Path, default=here.parent.parent / "golden", help="the golden/ directory")
-    ap.add_argument("--prompts", type=Path, default=here.parent / "prompts.json")
+    ap.add_argument("--prompts", type=Path, default=here.parent / "prompts.json",
+                    help="the prompts file (oracles/prompts.json's format). A file of your own: every prompt in it "
+                         "(that does not name other models in `models`) is made for the model, seeded or not")
+    ap.add_argument("--registry", type=Path, action="append", default=[], metavar="FILE",
+                    help="a user registry file (lockstep --registry): its [[synth]] models and their [[variants]] "
+                         "can be --model-id (repeatable)")
     ap.add_argument("--list-nodes", action="store_true", help="print every graph node (name, op, type, ne) of one prefill")
     ap.add_argument("--prompt", action="append", default=None, metavar="ID",
                     help="(re)make only this prompt's goldens of the model (repeatable); its other goldens, their "
@@ -611,6 +631,11 @@ def main() -> int:
     args = ap.parse_args()
     global MEASURE
     MEASURE = args.measure
+    # lockstep's order: $LOCKSTEP_REGISTRY's files (`:`-separated), then --registry
+    env_files = [Path(f) for f in os.environ.get("LOCKSTEP_REGISTRY", "").split(":") if f]
+    for f in env_files + args.registry:
+        add_user_registry(f.resolve())
+    user_prompts = args.prompts.resolve() != (here.parent / "prompts.json").resolve()
     if MEASURE and args.out.resolve() == (here.parent.parent / "golden").resolve():
         raise SystemExit("--measure writes scratch goldens: give --out a directory other than golden/")
 
@@ -641,8 +666,13 @@ def main() -> int:
     if template != oracle.chat_template():
         raise SystemExit("gguf and llama.cpp disagree on tokenizer.chat_template")
     prompts = json.loads(args.prompts.read_text())["prompts"]
-    only = None if MEASURE else MODELS[args.model_id].get("prompts")
-    if MEASURE:
+    only = None if (MEASURE or user_prompts) else MODELS[args.model_id].get("prompts")
+    if user_prompts:
+        # a prompts file of the user's: all of it, but prompts that name other models
+        prompts = [p for p in prompts if args.model_id in p.get("models", [args.model_id])]
+        if not prompts:
+            raise SystemExit(f"{args.prompts}: no prompt for {args.model_id}")
+    elif MEASURE:
         prompts = [p for p in prompts if p["id"] not in SYNTH_PROMPTS]
     elif only is None:
         # the downloaded models: every prompt but the seeded models' own, and of the prompts that name the models

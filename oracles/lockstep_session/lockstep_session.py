@@ -1,8 +1,13 @@
-"""Speak lockstep's engine session protocol (version 1) from Python, with numpy only.
+"""Speak lockstep's engine session protocol (version 2; version 1 requests too) from Python, with numpy only.
 
 An engine under test is an object with these methods (README, "Plugging in another engine"):
 
-    load(model_path, mode, target) -> dict     # {"engine": "name@version", "capabilities": [...],
+    load(model_path, mode, target[, format]) -> dict
+                                               # format: "gguf" (a GGUF file) or "hf" (a directory with
+                                               #  config.json, *.safetensors, tokenizer.json); an engine whose
+                                               #  load takes no `format` reads GGUF only (an "hf" load is
+                                               #  answered unsupported)
+                                               # returns {"engine": "name@version", "capabilities": [...],
                                                #  optional "n_vocab", "stages" (its names in forward order),
                                                #  "output": "pooled" for an encoder}
     reset(mode, target, n_ctx) -> None         # a new sequence: empty KV cache, next position 0
@@ -16,10 +21,16 @@ An engine under test is an object with these methods (README, "Plugging in anoth
 `serve(engine)` reads requests on stdin and answers on stdout, one JSON object per line; while the
 engine runs, `print` goes to stderr (stdout belongs to the protocol). `write_dump` writes the dump format
 (`lockstep_dump_version`, `tokens`, `logits`, stages); `read_gguf` reads a GGUF file's metadata and its
-F32/F16 tensors (numpy arrays in numpy's axis order: ggml's dims reversed), enough for a reference engine.
+F32/F16 tensors (numpy arrays in numpy's axis order: ggml's dims reversed), enough for a reference engine;
+`read_safetensors` reads an HF checkpoint directory's tensors (F32, F16, BF16; shards through
+model.safetensors.index.json).
+
+Protocol versions: lockstep sends `load` with `"protocol": 2` and `"format"`; this helper answers with the
+version asked (1 or 2; a version-1 request has no `format` and names a GGUF file).
 """
 
 import contextlib
+import inspect
 import json
 import os
 import struct
@@ -27,7 +38,11 @@ import sys
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+# the versions this helper answers: 1 (GGUF models only, no `format`) and 2
+PROTOCOL_VERSIONS = (1, 2)
+# `load`'s model formats (protocol 2): a GGUF file, or an HF checkpoint directory
+FORMATS = ("gguf", "hf")
 DUMP_FORMAT_VERSION = 1
 
 
@@ -133,6 +148,76 @@ def read_gguf(path):
     return meta, tensors
 
 
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+
+def read_safetensors(path):
+    """{tensor name: numpy array} of an HF checkpoint directory (or of one .safetensors file).
+
+    A directory is read through `model.safetensors.index.json` (its `weight_map` names the shard of each
+    tensor) when present, else its `model.safetensors`. F32 tensors are read-only views of a memory map;
+    F16 and BF16 tensors are returned as float32 (BF16 widened exactly: its 16 bits are a float32's upper
+    half). Shapes are as stored (PyTorch's: a Linear weight is [out_features, in_features]). Other dtypes
+    raise NotImplementedError naming the tensor; a malformed header raises ValueError naming the file
+    (the layout: safetensors' format, an 8-byte little-endian header length, a JSON header, the data).
+    """
+    if os.path.isdir(path):
+        index = os.path.join(path, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                weight_map = json.load(f).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ValueError(f"{index}: no `weight_map` object naming each tensor's shard")
+            files = sorted(set(weight_map.values()))
+        else:
+            files = ["model.safetensors"]
+        out = {}
+        for name in files:
+            for k, v in read_safetensors(os.path.join(path, name)).items():
+                if k in out:
+                    raise ValueError(f"{path}: tensor {k} is in two shards")
+                out[k] = v
+        return out
+    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    if len(buf) < 8:
+        raise ValueError(f"{path}: too short for a safetensors file")
+    n = int(np.frombuffer(buf, dtype="<u8", count=1)[0])
+    if n > len(buf) - 8:
+        raise ValueError(f"{path}: header length {n} runs past the end of the file ({len(buf)} bytes)")
+    try:
+        header = json.loads(bytes(buf[8:8 + n]).decode("utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path}: the safetensors header is not JSON: {e}") from None
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _ST_DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise NotImplementedError(f"{path}: tensor {name} has dtype {info.get('dtype')}; read_safetensors reads F32, F16, BF16")
+        (start, end), shape = info["data_offsets"], [int(d) for d in info["shape"]]
+        count = int(np.prod(shape)) if shape else 1
+        if end - start != count * np.dtype(dtype).itemsize or base + end > len(buf):
+            raise ValueError(f"{path}: tensor {name}: data_offsets {start}..{end} do not hold {info['dtype']} {shape}")
+        a = np.frombuffer(buf, dtype=dtype, count=count, offset=base + start).reshape(shape)
+        if info["dtype"] == "F16":
+            a = a.astype(np.float32)
+        elif info["dtype"] == "BF16":
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        out[name] = a
+    return out
+
+
+def _takes_format(load):
+    """True when an engine's `load` takes the model's `format` (a fourth parameter or `format=`)."""
+    try:
+        params = inspect.signature(load).parameters
+    except (TypeError, ValueError):
+        return False
+    return "format" in params or len(params) >= 4 or any(p.kind == p.VAR_POSITIONAL for p in params.values())
+
+
 def serve(engine, stdin=None, stdout=None):
     """Answer protocol requests from `stdin` on `stdout` until `shutdown` or end of input. A request
     the engine fails is answered {"ok": false, "error": ...} and serving goes on; a NotImplementedError
@@ -145,12 +230,21 @@ def serve(engine, stdin=None, stdout=None):
     def handle(req):
         op = req.get("op")
         if op == "load":
-            if req.get("protocol") != PROTOCOL_VERSION:
-                raise ValueError(f"protocol {req.get('protocol')} asked; this helper speaks {PROTOCOL_VERSION}")
+            version = req.get("protocol")
+            if version not in PROTOCOL_VERSIONS:
+                raise ValueError(f"protocol {version} asked; this helper speaks {', '.join(map(str, PROTOCOL_VERSIONS))}")
+            fmt = req.get("format", "gguf") if version >= 2 else "gguf"
+            if fmt not in FORMATS:
+                raise ValueError(f"`load` format {fmt!r}; the protocol knows {', '.join(FORMATS)}")
             state["scratch"] = req["scratch"]
-            info = dict(engine.load(req["model"], req["mode"], req["target"]))
+            if _takes_format(engine.load):
+                info = dict(engine.load(req["model"], req["mode"], req["target"], fmt))
+            elif fmt == "gguf":
+                info = dict(engine.load(req["model"], req["mode"], req["target"]))
+            else:
+                raise NotImplementedError(f"this engine reads GGUF files only; {req['model']} is an HF ({fmt}) checkpoint")
             state["caps"] = set(info.get("capabilities", []))
-            return {"protocol": PROTOCOL_VERSION, **info}
+            return {"protocol": version, **info}
         if op == "tokenize":
             if "tokenize" not in state["caps"]:
                 raise ValueError("this engine does not tokenize (no `tokenize` capability)")

@@ -6,6 +6,11 @@ kind. oracles/transformers/README.md documents everything.
 
     python make_goldens.py --model-id smollm2-135m-q4_1 [--model PATH] [--out golden] [--no-f64]
     python make_goldens.py --model-id synth-qwen3-q4_k --model /path/to/synth-qwen3-q4_k.gguf
+    python make_goldens.py --hf-dir DIR --model-id ID --golden-dir OUT [--prompts FILE] [--stage-map FILE]
+
+The last is the HF route (main_hf): from_pretrained(DIR) in float32, no GGUF loader, hooked by the stage map of
+config.json's model_type (stage_maps/<model_type>.toml); token ids from the model's llama.cpp-f32kv goldens in OUT
+where there are some, else the prompts of FILE tokenized with DIR's tokenizer.json.
 
 Model ids: the three downloaded models below, and the seeded models of models.toml ([[synth]]) with their
 [[variants]] (read from models.toml, as oracles/llamacpp/make_goldens.py does).
@@ -151,12 +156,25 @@ SYNTH_VARIANT_POLICY_COMPACT = {
 COMPACT_ARCHS = ("phi3", "starcoder2", "stablelm", "gpt2")
 
 
-def load_registry(models_toml: Path = ROOT / "models.toml") -> dict:
-    """The [[synth]] entries of models.toml and the [[variants]] made from them, as MODELS entries (synth models
-    first, then their variants, in registry order): sha256, architecture, storage policy, and what they are."""
+def registry_files() -> list[Path]:
+    """lockstep's registry files in its order: the checkout's models.toml, then $LOCKSTEP_REGISTRY's (`:`-separated;
+    a user's own models, e.g. other seeds: README "Your own models, prompts and goldens")."""
+    return [ROOT / "models.toml"] + [Path(f) for f in os.environ.get("LOCKSTEP_REGISTRY", "").split(":") if f]
+
+
+def load_registry(files: list[Path] | None = None) -> dict:
+    """The [[synth]] entries of the registry files and the [[variants]] made from them, as MODELS entries (synth
+    models first, then their variants, in registry order): sha256, architecture, storage policy, and what they
+    are. A user file's variant may name a checkout model as its source."""
     import tomllib
 
-    reg = tomllib.loads(models_toml.read_text())
+    reg = {"synth": [], "variants": []}
+    for f in files or registry_files():
+        if not f.is_file():
+            raise SystemExit(f"registry file {f}: no such file ($LOCKSTEP_REGISTRY)")
+        r = tomllib.loads(f.read_text())
+        reg["synth"] += r.get("synth", [])
+        reg["variants"] += r.get("variants", [])
     synth = {m["id"]: m for m in reg.get("synth", [])}
     out = {}
     for m in synth.values():
@@ -206,12 +224,12 @@ def full_decode_logits(mid: str, pid: str) -> bool:
     return (mid, pid) in FULL_DECODE_LOGITS or policy_of(mid, pid).get("decode_logits") == "full"
 
 
-def prefill_skip(pol: dict, n_layer: int, ids: list[str], gguf: Path) -> set[str]:
+def prefill_skip(pol: dict, n_layer: int, ids: list[str], has_v: list[bool] | None) -> set[str]:
     """The prefill ids a policy leaves out of a golden: "prefill_skip" (patterns), and with "skip_v_eq_k" (gemma4)
     blk.N.v of every layer without attn_v, whose V is the K projection (the same array as blk.N.k)."""
     skip = set(expand(pol.get("prefill_skip", ()), n_layer, ids))
     if pol.get("skip_v_eq_k"):
-        skip |= {f"blk.{il}.v" for il, has in enumerate(C.gemma4_file(gguf)["has_attn_v"]) if not has}
+        skip |= {f"blk.{il}.v" for il, has in enumerate(has_v) if not has}
     return skip
 
 
@@ -382,7 +400,8 @@ def compact_entry(entry: dict) -> None:
     for spec in entry["arrays"].values():
         for k in ("storage_max_abs_err", "storage_max_rel_err"):
             spec[k] = sig3(spec[k], "up")
-    entry["vs_llamacpp_f32kv_max_nmse"] = {k: sig3(v, "up") for k, v in entry["vs_llamacpp_f32kv_max_nmse"].items()}
+    if "vs_llamacpp_f32kv_max_nmse" in entry:
+        entry["vs_llamacpp_f32kv_max_nmse"] = {k: sig3(v, "up") for k, v in entry["vs_llamacpp_f32kv_max_nmse"].items()}
     floor = entry.get("floor_f32_vs_f64")
     if floor is None:
         return
@@ -410,19 +429,15 @@ def dump_manifest(manifest: dict) -> str:
     return manifest_format.dump_manifest(manifest)
 
 
-# The causal-LM class whose forward applies the final logit soft-capping after lm_head (stage maps with a "result"
-# row read the logits from its output).
-CAUSAL_LM_CLASS = {"gemma2": "Gemma2ForCausalLM", "gemma4": "Gemma4ForCausalLM"}
-
-
-def stage_map_json(arch: str) -> dict:
+def stage_map_json(arch) -> dict:
+    """The manifest's stage_map.transformers.<arch>: the rows of the stage map file (tf_capture.read_stage_map)."""
+    smap = C.stage_map(arch)
     rows = []
-    for cid, path, kind in C.ARCH_STAGES[arch]:
-        op = {"out": "forward_hook", "in": "forward_pre_hook", "attn": "attention_function", "result": "model_output",
-              "pooled": "computed_from_output", "cols": "forward_hook_columns", "v_or_k": "forward_hook"}[kind]
-        if kind == "cols":
-            path = f"{path} output, {C.COLUMNS[C.kind_of_id(cid)][1]}"
-        rows.append({"oracle_name": path, "op": op, "canonical": cid})
+    for s in smap.stages:
+        path = s.oracle_name
+        if s.hook == "columns":
+            path = f"{path} output, {C.COLUMNS[s.columns][1]}"
+        rows.append({"oracle_name": path, "op": C.HOOKS[s.hook], "canonical": s.id})
     about = (
         "transformers module (path in the model, {N} = layer) -> canonical stage id. op: forward_hook = the "
         "module's output, forward_pre_hook = its input, attention_function = the registered attention function "
@@ -431,16 +446,8 @@ def stage_map_json(arch: str) -> dict:
         "transformers' RoPE-halves layout to the GGUF file's interleaved layout (llama.cpp's), so that every "
         "array means what the llama.cpp golden's does. oracles/transformers/README.md."
     )
-    if any(kind == "result" for _, _, kind in C.ARCH_STAGES[arch]):
-        about += (
-            f" model_output = the model's forward output ({CAUSAL_LM_CLASS[arch]} applies the final logit soft-capping after "
-            "lm_head, so logits are read there, as llama.cpp's result_output is after its final cap)."
-        )
-    if any(kind == "v_or_k" for _, _, kind in C.ARCH_STAGES[arch]):
-        about += (
-            " gemma4 blk.N.v: v_proj's output, or k_proj's on the full-attention layers that have no v_proj "
-            "(attention_k_eq_v: V = the K projection, as llama.cpp's Vcur = Kcur there)."
-        )
+    if smap.about:
+        about += " " + smap.about
     return {
         "about": about,
         "stages": rows,
@@ -1303,7 +1310,7 @@ def check_against_llamacpp(arch: str, res: C.RunResult, src_npz: dict, where: st
         n = float(np.sum((ours.astype(np.float64) - ref) ** 2) / np.sum(ref**2))
         kind = kind_of(k.removeprefix("decode."))
         worst[kind] = max(worst.get(kind, 0.0), n)
-    if any(kind == "result" for _, _, kind in C.ARCH_STAGES[arch]):
+    if C.stage_map(arch).has("logits_result"):
         # logits read from the model's output (gemma2: after the final soft-capping, which no other stage covers):
         # llama.cpp's full rows (last prompt position; decode.logits) and its top-64 values at every prompt
         # position (our logits at its top-64 ids), as one NMSE
@@ -1479,12 +1486,379 @@ def main_encoder(args, mid: str, arch: str, path: Path) -> int:
     return 0
 
 
+def measure_floor(model64, arch: str, notes64: list[str], inputs: list, runs32: dict, all_ids: list[str]) -> dict:
+    """The float32-vs-float64 floor (`floor_f32_vs_f64`): `model64` (the float64 model, to_float64's patches noted
+    in notes64) run on every input (golden entry or prompt, token ids, decode token ids), against the float32 runs
+    runs32 (prompt id -> RunResult): NMSE per (layer, position) row of each stage kind, KL per logits row."""
+    per_kind: dict[str, list[float]] = {}
+    kl_rows = []
+    for g, toks, dec in inputs:
+        toks, dec = [int(t) for t in toks], [int(t) for t in dec]
+        t1 = time.time()
+        r64 = C.run(model64, arch, toks, dec)
+        r32 = runs32[g["prompt_id"]]
+        for c in all_ids:
+            if c == "logits":
+                continue
+            k = kind_of(c)
+            per_kind.setdefault(k, []).extend(row_nmse(r32.stages[c], r64.stages[c]).tolist())
+            if dec:
+                per_kind[k].extend(row_nmse(r32.decode_stages[c], r64.decode_stages[c]).tolist())
+        la = np.vstack([r64.logits, r64.decode_logits])
+        lb = np.vstack([r32.logits, r32.decode_logits])
+        per_kind.setdefault("logits", []).extend(row_nmse(lb, la).tolist())
+        kl_rows.extend(kl(la, lb).tolist())
+        print(f"  f64 {g['prompt_id']:10s} {time.time() - t1:5.1f}s", flush=True)
+    floor = {
+        "about": (
+            "transformers float32 vs the same model in float64 (weights widened exactly; RMSNorm, RoPE, softmax "
+            "and Gemma's embedding scale patched to follow the dtype, tf_capture.py PATCH 1-4) on this model's "
+            "goldens' token ids: NMSE (reference = float64) per (layer, position) row of each stage kind, over every "
+            "prompt, prefill and decode positions; KL(P64 || P32) at every logits row"
+        ),
+        "f64_patches": notes64 + C.patch_notes(arch),
+        "nmse": {
+            k: {"median": float(np.median(v)), "p99": float(np.percentile(v, 99)), "max": float(np.max(v)), "rows": len(v)}
+            for k, v in per_kind.items()
+        },
+        "kl": {"median": float(np.median(kl_rows)), "max": float(np.max(kl_rows)), "rows": len(kl_rows)},
+    }
+    print(json.dumps(floor["nmse"], indent=None)[:2000], floor["kl"], flush=True)
+    return floor
+
+
+def goldens_entries(args, mid: str, arch: str, inputs: list, runs32: dict, floor: dict | None, traps: dict,
+                    vs_llamacpp: dict, lm_class: str, has_v: list[bool] | None, n_layer: int, n_embd: int,
+                    loader: str) -> list[dict]:
+    """Write OUT/<mid>/transformers-f32/<prompt>.npz for every input (g, token ids, decode token ids; g = the
+    llama.cpp-f32kv golden's manifest entry or prompt_inputs' stand-in) by the model's storage policy, and return
+    their manifest entries (the floor, the loader checks and the distances from llama.cpp's goldens in each)."""
+    all_ids = C.canonical_ids(arch, n_layer)
+    d = args.out / mid / DIR_NAME
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    host = C.versions() | host_info()
+    entries = []
+    for g, toks, dec_toks in inputs:
+        pid = g["prompt_id"]
+        r = runs32[pid]
+        pol = policy_of(mid, pid)
+        full_decode = full_decode_logits(mid, pid)
+        T = r.logits.shape[0]
+        positions = np.array([T - 1], np.int32)
+        order = np.argsort(-r.logits, axis=1, kind="stable")[:, :TOPK].astype(np.int32)
+        exact = exact_ids(pol, n_layer, all_ids)
+        exact_dec = exact_ids(pol, n_layer, all_ids, decode=True)
+        raw = [("tokens", toks, False)]
+        skip = prefill_skip(pol, n_layer, all_ids, has_v)
+        raw += [(c, r.stages[c], c not in exact) for c in expand(pol["prefill"], n_layer, all_ids) if c != "logits" and c not in skip]
+        raw += [
+            ("logits", r.logits[positions], False),
+            ("logits_positions", positions, False),
+            ("logits_topk_ids", order, False),
+            ("logits_topk", np.take_along_axis(r.logits, order, axis=1), False),
+            ("decode.tokens", dec_toks, False),
+        ]
+        if full_decode:
+            raw.append(("decode.logits", r.decode_logits, False))
+        else:
+            do = np.argsort(-r.decode_logits, axis=1, kind="stable")[:, :TOPK].astype(np.int32)
+            raw += [("logits_decode_topk_ids", do, False), ("logits_decode_topk", np.take_along_axis(r.decode_logits, do, axis=1), False)]
+        raw += [("decode." + c, r.decode_stages[c], c not in exact_dec) for c in expand(pol["decode"], n_layer, all_ids) if c != "logits"]
+        arrays, listed = {}, {}
+        for name, x, allow in raw:
+            a, info = store(x, allow)
+            arrays[name] = a
+            listed[name] = {"shape": list(a.shape), **info}
+        rel = Path(mid) / DIR_NAME / f"{pid}.npz"
+        write_npz(args.out / rel, arrays)
+        full = np.vstack([r.logits[-1:], r.decode_logits])
+        own_argmax = np.argmax(np.vstack([r.logits[-1:], r.decode_logits[:-1]]), axis=1) if len(dec_toks) else np.zeros(0)
+        entry = {
+            "path": rel.as_posix(),
+            "sha256": sha256_file(args.out / rel),
+            "bytes": (args.out / rel).stat().st_size,
+            **{k: g[k] for k in ("model_id", "model_sha256", "model_file", "model_general_name", "arch", "prompt_id",
+                                 "prompt_kind", "prompt", "add_special", "parse_special", "tokenizer") if k in g},
+            "oracle": {
+                "name": ORACLE_NAME,
+                **host,
+                "dtype": "float32",
+                "attn_implementation": f"{C.ATTN} (transformers' eager attention, registered through AttentionInterface)",
+                "loader": loader,
+            },
+            "kv_type": "f32",
+            "settings": {
+                "n_threads": torch.get_num_threads(),
+                "seed": None,
+                "cache": "transformers DynamicCache (float32)",
+                "prefill": "one forward call over the prompt",
+                "decode": "one forward call per token through the cache",
+                "sampling": g.get("sampling_tf") or "none: teacher-forced with the llama.cpp-f32kv golden's decode.tokens",
+            },
+            "n_prompt_tokens": T,
+            "n_decode_steps": int(len(dec_toks)),
+            "decode_source": g.get("decode_source_tf") or f"teacher-forced with the {SOURCE_DIR} golden's decode.tokens ({g['path']}): the same token ids",
+            "continuation": g.get("continuation", ""),
+            "decode_own_argmax_agreement": float(np.mean(own_argmax == dec_toks)) if len(dec_toks) else 1.0,
+            "capture_changes_logits": 0.0,
+            "capture_note": "forward hooks only read tensors; the logits are "
+            + (f"the model's output logits ({lm_class}: lm_head, then the final soft-capping)"
+               if C.stage_map(arch).has("logits_result") else "lm_head's output itself"),
+            "stages_prefill": list(pol["prefill"]),
+            **({"stages_prefill_skipped": sorted(skip, key=all_ids.index)} if skip else {}),
+            "stages_decode": list(pol["decode"]),
+            "stages_exact_f32": list(pol["exact"]),
+            "stages_f16_allowed": list(pol["f16_ok"]),
+            **({"stages_decode_exact_f32": list(pol["decode_exact"])} if "decode_exact" in pol else {}),
+            "logits_storage": "logits: f32 row at the last prompt position; logits_topk f32; decode: "
+            + ("full decode.logits [N, V] f32" if full_decode else "logits_decode_topk{,_ids} [N, 64] (no full rows)"),
+            "model_hparams": {"n_layer": n_layer, "n_embd": n_embd, "n_vocab": int(r.logits.shape[1])},
+            "loader_checks": traps,
+            **({"vs_llamacpp_f32kv_max_nmse": vs_llamacpp[pid]} if pid in vs_llamacpp else {}),
+            "arrays": listed,
+        }
+        if "chat" in g:
+            entry["chat"] = g["chat"]
+        for key in ("synth", "variant", "hf_dir"):  # what a seeded model / variant / HF directory is
+            if key in g:
+                entry[key] = g[key]
+        if floor is not None:
+            entry["floor_f32_vs_f64"] = floor
+        if pol.get("compact"):
+            compact_entry(entry)
+        entries.append(entry)
+        print(f"{rel.as_posix():55s} {entry['bytes'] / 2**20:6.2f} MiB", flush=True)
+
+    return entries
+
+
+# --- the HF route: from_pretrained(hf_dir), no GGUF loader (README "The HF route") ------------------------------
+
+N_DECODE = 8  # greedy decode steps after a prompt this oracle tokenizes itself (as the llama.cpp oracle's N_DECODE)
+# The storage policy of a model the registry does not know (a porter's HF checkpoint): SYNTH_POLICY with every array
+# f32 -- every stage at every prompt position, the residual stream at each decode step, full decode logits rows.
+# Meant for tiny checkpoints (the porter's fixtures); a large model's goldens would be large.
+HF_NEW_MODEL_POLICY = seeded_all_f32(SYNTH_POLICY)
+
+
+def hf_dir_digest(hf_dir: Path) -> tuple[str, list[str]]:
+    """The sha256 of a Hugging Face directory (the convention shared with lockstep's registry, `format = "hf"`):
+    sha256 of the text of one line "<lowercase hex sha256 of the file>  <file name>\\n" per file, for config.json,
+    tokenizer.json, model.safetensors.index.json (each if present) and every *.safetensors, sorted by file name.
+    Returns (digest, the file names). SystemExit if the directory has no config.json or no *.safetensors."""
+    hf_dir = Path(hf_dir)
+    if not (hf_dir / "config.json").is_file():
+        raise SystemExit(f"{hf_dir}: no config.json (not a Hugging Face model directory)")
+    names = [n for n in ("config.json", "tokenizer.json", "model.safetensors.index.json") if (hf_dir / n).is_file()]
+    shards = [p.name for p in hf_dir.glob("*.safetensors") if p.is_file()]
+    if not shards:
+        raise SystemExit(f"{hf_dir}: no *.safetensors file")
+    names = sorted(names + shards)
+    text = "".join(f"{sha256_file(hf_dir / n)}  {n}\n" for n in names)
+    return hashlib.sha256(text.encode()).hexdigest(), names
+
+
+def hf_all_f32(hf_dir: Path) -> bool:
+    """Every tensor of every *.safetensors of the directory is F32 (read from the headers only)."""
+    for p in sorted(Path(hf_dir).glob("*.safetensors")):
+        with open(p, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        if any(v["dtype"] != "F32" for k, v in header.items() if k != "__metadata__"):
+            return False
+    return True
+
+
+def prompt_inputs(hf_dir: Path, model, mid: str, arch: str, prompts_file: Path, ids: list[str] | None,
+                  n_decode: int, digest: str) -> list:
+    """Inputs for a model without llama.cpp-f32kv goldens: every prompt of `prompts_file` (oracles/prompts.json's
+    format; a prompt with a `models` list only for those ids; `ids` restricts to those prompt ids), tokenized with
+    the directory's tokenizer (transformers' AutoTokenizer over tokenizer.json: add_special -> add_special_tokens,
+    parse_special false -> split_special_tokens; a chat prompt's messages through the tokenizer's chat template,
+    add_generation_prompt), then `n_decode` greedy steps of the float32 model through its KV cache (argmax; the
+    golden's run is teacher-forced with them, so decode_own_argmax_agreement is 1). Returns (g, tokens, decode
+    tokens) with g standing in for the llama.cpp golden's manifest entry."""
+    from transformers import AutoTokenizer
+
+    if not (hf_dir / "tokenizer.json").is_file():
+        raise SystemExit(f"{hf_dir}: no tokenizer.json: this oracle tokenizes the prompts itself when the model has no "
+                         f"{SOURCE_DIR} goldens")
+    try:
+        spec = json.loads(Path(prompts_file).read_text())
+        prompts = spec["prompts"]
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"{prompts_file}: not a prompts file (a JSON object with a `prompts` array, oracles/prompts.json): {e}") from e
+    chosen = []
+    for p in prompts:
+        for k in ("id", "kind"):
+            if k not in p:
+                raise SystemExit(f"{prompts_file}: a prompt without `{k}`: {json.dumps(p)[:200]}")
+        if ids is not None and p["id"] not in ids:
+            continue
+        if ids is None and "models" in p and mid not in p["models"]:
+            continue
+        chosen.append(p)
+    if ids is not None and sorted(ids) != sorted(p["id"] for p in chosen):
+        raise SystemExit(f"{prompts_file}: no prompt {sorted(set(ids) - {p['id'] for p in chosen})}")
+    if not chosen:
+        raise SystemExit(f"{prompts_file}: no prompt for {mid}")
+    out = []
+    for p in chosen:
+        tok = AutoTokenizer.from_pretrained(str(hf_dir), split_special_tokens=not p.get("parse_special", False))
+        if p["kind"] == "text":
+            toks = tok(p["text"], add_special_tokens=p.get("add_special", True))["input_ids"]
+            shown = p["text"]
+        elif p["kind"] == "chat":
+            if not tok.chat_template:
+                raise SystemExit(f"{hf_dir}: prompt {p['id']} is a chat but the tokenizer has no chat template "
+                                 f"(choose other prompts: --prompt-ids)")
+            toks = tok.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
+            if isinstance(toks, dict) or hasattr(toks, "keys"):
+                toks = toks["input_ids"]
+            shown = tok.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=False)
+        else:
+            raise SystemExit(f"{prompts_file}: prompt {p['id']}: kind {p['kind']!r} (text or chat)")
+        toks = [int(t) for t in toks]
+        if not toks:
+            raise SystemExit(f"{prompts_file}: prompt {p['id']} tokenizes to nothing")
+        dec = []
+        with torch.no_grad():
+            out_ = model(input_ids=torch.tensor([toks]), use_cache=True)
+            for _ in range(n_decode):
+                t = int(torch.argmax(out_.logits[0, -1]))
+                dec.append(t)
+                out_ = model(input_ids=torch.tensor([[t]]), past_key_values=out_.past_key_values, use_cache=True)
+        g = {
+            "model_id": mid, "model_sha256": digest, "model_file": hf_dir.name, "arch": arch, "prompt_id": p["id"],
+            "prompt_kind": p["kind"], "prompt": shown, "add_special": p.get("add_special", True),
+            "parse_special": p.get("parse_special", False),
+            "tokenizer": {"source": "tokenizer.json (transformers AutoTokenizer)", "bos_id": tok.bos_token_id,
+                          "eos_id": tok.eos_token_id},
+            "continuation": tok.decode(dec),
+            "decode_source_tf": "greedy: this oracle's own float32 argmax at each step (no llama.cpp golden of this model)",
+            "sampling_tf": "greedy (argmax of the float32 logits), then teacher-forced with those tokens",
+        }
+        if p["kind"] == "chat":
+            g["chat"] = {"messages": p["messages"], "template": "the tokenizer's chat_template", "add_generation_prompt": True}
+        out.append((g, np.array(toks, np.int32), np.array(dec, np.int32)))
+    return out
+
+
+def main_hf(args) -> int:
+    """The HF route: AutoModelForCausalLM (the stage map's class).from_pretrained(hf_dir, dtype=float32), eager
+    attention (lockstep_eager), hooked by the stage map of config.json's model_type (or --stage-map); token ids from
+    the model's llama.cpp-f32kv goldens where OUT has them (as the GGUF route), else from --prompts through the
+    directory's tokenizer; float64 floor by the same route (to_float64). Writes OUT/<id>/transformers-f32/<prompt>.npz
+    and their manifest entries (OUT/manifest.json, created if absent)."""
+    hf_dir = args.hf_dir.resolve()
+    digest, files = hf_dir_digest(hf_dir)
+    cfg_json = json.loads((hf_dir / "config.json").read_text())
+    if "model_type" not in cfg_json:
+        raise SystemExit(f"{hf_dir}/config.json: no model_type")
+    if args.stage_map:
+        smap = C.read_stage_map(args.stage_map)
+        if smap.model_type != cfg_json["model_type"]:
+            raise SystemExit(f"{args.stage_map}: model_type {smap.model_type!r}, {hf_dir}/config.json says {cfg_json['model_type']!r}")
+        C.use_stage_map(smap)
+    else:
+        smap = C.stage_map(cfg_json["model_type"])
+    arch = smap.arch
+    mid = args.model_id
+    if smap.encoder:
+        raise SystemExit(f"{mid}: {smap.path} is an encoder's map: encoders are made from their GGUF's Hugging Face copy "
+                         f"(--model-id <registered id> --hf-dir DIR without --prompts; README)")
+    if mid in MODELS and MODELS[mid]["arch"] != arch:
+        raise SystemExit(f"{mid}: the registry's architecture is {MODELS[mid]['arch']}, {hf_dir} is {arch} ({smap.path})")
+    mpath = args.out / "manifest.json"
+    manifest = json.loads(mpath.read_text()) if mpath.is_file() else {"goldens": []}
+    src = sorted((g for g in manifest["goldens"] if g["model_id"] == mid and g["path"].split("/")[1] == SOURCE_DIR),
+                 key=lambda g: g["path"])
+    t0 = time.time()
+    model, _ = C.load_hf(hf_dir, smap, torch.float32)
+    lm_class = type(model).__name__
+    cfg = model.config
+    n_layer = cfg.num_hidden_layers
+    all_ids = C.canonical_ids(smap, n_layer)
+    # dir_sha256: hf_dir_digest (README "The HF route")
+    hf_rec = {"dir_sha256": digest, "files": files, "dir_name": hf_dir.name}
+    traps = {"hf_dir": "from_pretrained(hf_dir) (entry's hf_dir): no GGUF loader, no loader fixes"}
+    if src:
+        if args.prompts:
+            raise SystemExit(f"{mid}: {args.out}/manifest.json has {SOURCE_DIR} goldens of it: their token ids are used "
+                             f"(drop --prompts, or give another --golden-dir)")
+        inputs = []
+        for g in src:
+            z = np.load(args.out / g["path"])
+            dec = z["decode.tokens"] if "decode.tokens" in z.files else np.zeros(0, np.int32)
+            inputs.append(({**g, "hf_dir": hf_rec}, z["tokens"].astype(np.int32), dec.astype(np.int32)))
+    else:
+        if not args.prompts:
+            raise SystemExit(f"{mid}: no {SOURCE_DIR} goldens in {args.out}/manifest.json: give --prompts FILE "
+                             f"(oracles/prompts.json's format) for this oracle to tokenize")
+        ids = args.prompt_ids.split(",") if args.prompt_ids else None
+        inputs = [({**g, "hf_dir": hf_rec}, t, d)
+                  for g, t, d in prompt_inputs(hf_dir, model, mid, arch, args.prompts, ids, args.n_decode, digest)]
+        if mid not in MODELS:
+            MODELS[mid] = {"sha256": digest, "arch": arch, "policy": HF_NEW_MODEL_POLICY}
+    runs32, vs_llamacpp = {}, {}
+    for g, toks, dec in inputs:
+        t1 = time.time()
+        r = C.run(model, smap, [int(t) for t in toks], [int(t) for t in dec])
+        missing = [c for c in all_ids if c != "logits" and c not in r.stages]
+        if missing:
+            raise SystemExit(f"{g['prompt_id']}: stages not captured: {missing[:5]}")
+        where = f"{mid}/{g['prompt_id']}"
+        mask_note = check_masks(model, r, where)
+        if g is max((i[0] for i in inputs), key=lambda e: len(e.get("prompt", ""))):
+            traps["attention_masks"] = mask_note
+        if "path" in g:  # a llama.cpp golden of this model: the distance from it, as the GGUF route checks it
+            z = np.load(args.out / g["path"])
+            lc_only = sorted({k.removeprefix("decode.") for k in z.files if not k.startswith(
+                ("logits", "tokens", "decode.tokens", "decode.logits"))} - set(all_ids))
+            if lc_only:
+                raise SystemExit(f"{where}: llama.cpp's golden has stages this map lacks: {lc_only[:5]}")
+            limit = F32_FILE_LIMIT if hf_all_f32(hf_dir) and "synth" in g and "variant" not in g else 3e-2
+            vs_llamacpp[g["prompt_id"]] = check_against_llamacpp(arch, r, z, where, limit)
+            if smap.has("logits_result"):
+                traps["final_softcap"] = check_final_softcap(model, r, z, where, CAP_SEPARATION_FLOAT if limit ==
+                                                             F32_FILE_LIMIT else CAP_SEPARATION_QUANT)
+            print(f"  vs llama.cpp {g['prompt_id']}: {summary_vs_llamacpp(r, z, n_layer)}", flush=True)
+        runs32[g["prompt_id"]] = r
+        print(f"  f32 {g['prompt_id']:10s} T={len(toks):3d} N={len(dec)} {time.time() - t1:5.1f}s", flush=True)
+    has_v = None
+    if any(policy_of(mid, g["prompt_id"]).get("skip_v_eq_k") for g, _, _ in inputs):
+        has_v = [getattr(layer.self_attn, "v_proj", None) is not None for layer in model.model.layers]
+    del model
+    floor = None
+    if not args.no_f64:
+        model64, notes64 = C.load_hf(hf_dir, smap, torch.float64)
+        floor = measure_floor(model64, arch, notes64, inputs, runs32, all_ids)
+        del model64
+    loader = (f"{smap.cls}.from_pretrained(hf_dir, dtype=torch.float32) (the HF route: no GGUF loader); stage map "
+              f"{smap.path.name}")
+    entries = goldens_entries(args, mid, arch, inputs, runs32, floor, traps, vs_llamacpp, lm_class, has_v, n_layer,
+                              cfg.hidden_size, loader)
+    write_manifest(args, arch, mid, entries)
+    print(f"wrote {len(entries)} goldens, {sum(e['bytes'] for e in entries) / 2**20:.2f} MiB; {time.time() - t0:.0f}s")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-id", required=True, choices=sorted(MODELS))
+    ap.add_argument("--model-id", required=True,
+                    help="a registered id (models.toml / MODELS) or, with --hf-dir, any id for a new model")
     ap.add_argument("--model", type=Path, help="the GGUF (default: the lockstep cache)")
-    ap.add_argument("--hf-dir", type=Path, help="an encoder's Hugging Face copy (default: hf/<id> beside the GGUF; lockstep export-hf)")
-    ap.add_argument("--out", type=Path, default=ROOT / "golden")
+    ap.add_argument("--hf-dir", type=Path,
+                    help="a Hugging Face directory: the HF route (from_pretrained, no GGUF loader); for an encoder "
+                    "(bert), its GGUF's Hugging Face copy (default: hf/<id> beside the GGUF; lockstep export-hf)")
+    ap.add_argument("--out", "--golden-dir", dest="out", type=Path, default=ROOT / "golden")
+    ap.add_argument("--prompts", type=Path, help="HF route, a model without llama.cpp-f32kv goldens: the prompts "
+                    "(oracles/prompts.json's format), tokenized with the directory's tokenizer.json")
+    ap.add_argument("--prompt-ids", help="HF route with --prompts: only these prompt ids (comma-separated)")
+    ap.add_argument("--n-decode", type=int, default=N_DECODE, help="HF route with --prompts: greedy decode steps")
+    ap.add_argument("--stage-map", type=Path, help="HF route: this stage map file instead of stage_maps/<model_type>.toml")
     ap.add_argument("--no-f64", action="store_true", help="skip the float64 run (no floor recorded)")
     ap.add_argument("--measure", action="store_true",
                     help="scratch goldens for measuring distances (oracles/yardstick): MEASURE_POLICY; never for golden/")
@@ -1495,22 +1869,27 @@ def main() -> int:
         raise SystemExit("--measure writes scratch goldens: give --out a directory other than golden/")
     torch.set_num_threads(int(os.environ.get("LOCKSTEP_TORCH_THREADS", "2")))
     mid = args.model_id
+    if args.hf_dir is not None and (args.prompts or args.stage_map or mid not in MODELS
+                                    or not C.stage_map(MODELS[mid]["arch"]).encoder):
+        return main_hf(args)
+    if mid not in MODELS:
+        raise SystemExit(f"{mid}: not a registered model ({', '.join(sorted(MODELS))}); a new model needs --hf-dir")
     arch = MODELS[mid]["arch"]
-    if arch not in C.ARCH_STAGES:
-        raise SystemExit(f"{mid}: architecture {arch} has no stage map here (tf_capture.ARCH_STAGES): not supported yet")
+    C.stage_map(arch)  # SystemExit if stage_maps/ has none
     cache = Path(os.environ.get("LOCKSTEP_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lockstep")
     path = (args.model or cache / MODELS[mid].get("default_file", f"models/{mid}.gguf")).resolve()
     if not path.is_file():
         raise SystemExit(f"{path}: no such model file (cargo run --release -p lockstep -- fetch {mid})")
     if sha256_file(path) != MODELS[mid]["sha256"]:
         raise SystemExit(f"{path}: sha256 is not {MODELS[mid]['sha256']}")
-    if arch in C.ENCODER_ARCHS:
+    if C.stage_map(arch).encoder:
         return main_encoder(args, mid, arch, path)
     manifest, src = load_source_goldens(args.out, mid)
     src = sorted(src, key=lambda g: g["path"])
 
     t0 = time.time()
     model, _ = C.load(path, torch.float32)
+    lm_class = type(model).__name__  # the capture note names it (a logits_result map: its forward applies the cap)
     from gguf import GGMLQuantizationType, GGUFReader
 
     all_f32 = all(t.tensor_type == GGMLQuantizationType.F32 for t in GGUFReader(str(path)).tensors)
@@ -1558,153 +1937,30 @@ def main() -> int:
             traps["attention_masks"] = mask_note
         runs32[g["prompt_id"]] = r
         print(f"  f32 {g['prompt_id']:10s} T={len(toks):3d} N={len(dec)} {time.time() - t1:5.1f}s", flush=True)
+    has_v = C.gemma4_file(path)["has_attn_v"] if arch == "gemma4" else None
     del model
 
+    inputs = []
+    for g in src:
+        z = np.load(args.out / g["path"])
+        dec = z["decode.tokens"] if "decode.tokens" in z.files else np.zeros(0, np.int32)
+        inputs.append((g, z["tokens"].astype(np.int32), dec.astype(np.int32)))
     floor = None
     if not args.no_f64:
         model64, notes64 = C.load(path, torch.float64)
-        per_kind: dict[str, list[float]] = {}
-        kl_rows = []
-        for g in src:
-            z = np.load(args.out / g["path"])
-            toks = [int(t) for t in z["tokens"]]
-            dec = [int(t) for t in z["decode.tokens"]] if "decode.tokens" in z.files else []
-            t1 = time.time()
-            r64 = C.run(model64, arch, toks, dec)
-            r32 = runs32[g["prompt_id"]]
-            for c in all_ids:
-                if c == "logits":
-                    continue
-                k = kind_of(c)
-                per_kind.setdefault(k, []).extend(row_nmse(r32.stages[c], r64.stages[c]).tolist())
-                if dec:
-                    per_kind[k].extend(row_nmse(r32.decode_stages[c], r64.decode_stages[c]).tolist())
-            la = np.vstack([r64.logits, r64.decode_logits])
-            lb = np.vstack([r32.logits, r32.decode_logits])
-            per_kind.setdefault("logits", []).extend(row_nmse(lb, la).tolist())
-            kl_rows.extend(kl(la, lb).tolist())
-            print(f"  f64 {g['prompt_id']:10s} {time.time() - t1:5.1f}s", flush=True)
+        floor = measure_floor(model64, arch, notes64, inputs, runs32, all_ids)
         del model64
-        floor = {
-            "about": (
-                "transformers float32 vs the same model in float64 (weights widened exactly; RMSNorm, RoPE, softmax "
-                "and Gemma's embedding scale patched to follow the dtype, tf_capture.py PATCH 1-4) on this model's "
-                "goldens' token ids: NMSE (reference = float64) per (layer, position) row of each stage kind, over every "
-                "prompt, prefill and decode positions; KL(P64 || P32) at every logits row"
-            ),
-            "f64_patches": notes64 + C.patch_notes(arch),
-            "nmse": {
-                k: {"median": float(np.median(v)), "p99": float(np.percentile(v, 99)), "max": float(np.max(v)), "rows": len(v)}
-                for k, v in per_kind.items()
-            },
-            "kl": {"median": float(np.median(kl_rows)), "max": float(np.max(kl_rows)), "rows": len(kl_rows)},
-        }
-        print(json.dumps(floor["nmse"], indent=None)[:2000], floor["kl"], flush=True)
-
-    # --- write ---------------------------------------------------------------------------------------------
-    d = args.out / mid / DIR_NAME
-    if d.exists():
-        shutil.rmtree(d)
-    d.mkdir(parents=True)
-    host = C.versions() | host_info()
-    entries = []
-    for g in src:
-        pid = g["prompt_id"]
-        r = runs32[pid]
-        z = np.load(args.out / g["path"])
-        pol = policy_of(mid, pid)
-        full_decode = full_decode_logits(mid, pid)
-        T = r.logits.shape[0]
-        toks = z["tokens"].astype(np.int32)
-        dec_toks = z["decode.tokens"].astype(np.int32)
-        positions = np.array([T - 1], np.int32)
-        order = np.argsort(-r.logits, axis=1, kind="stable")[:, :TOPK].astype(np.int32)
-        exact = exact_ids(pol, n_layer, all_ids)
-        exact_dec = exact_ids(pol, n_layer, all_ids, decode=True)
-        raw = [("tokens", toks, False)]
-        skip = prefill_skip(pol, n_layer, all_ids, path)
-        raw += [(c, r.stages[c], c not in exact) for c in expand(pol["prefill"], n_layer, all_ids) if c != "logits" and c not in skip]
-        raw += [
-            ("logits", r.logits[positions], False),
-            ("logits_positions", positions, False),
-            ("logits_topk_ids", order, False),
-            ("logits_topk", np.take_along_axis(r.logits, order, axis=1), False),
-            ("decode.tokens", dec_toks, False),
-        ]
-        if full_decode:
-            raw.append(("decode.logits", r.decode_logits, False))
-        else:
-            do = np.argsort(-r.decode_logits, axis=1, kind="stable")[:, :TOPK].astype(np.int32)
-            raw += [("logits_decode_topk_ids", do, False), ("logits_decode_topk", np.take_along_axis(r.decode_logits, do, axis=1), False)]
-        raw += [("decode." + c, r.decode_stages[c], c not in exact_dec) for c in expand(pol["decode"], n_layer, all_ids) if c != "logits"]
-        arrays, listed = {}, {}
-        for name, x, allow in raw:
-            a, info = store(x, allow)
-            arrays[name] = a
-            listed[name] = {"shape": list(a.shape), **info}
-        rel = Path(mid) / DIR_NAME / f"{pid}.npz"
-        write_npz(args.out / rel, arrays)
-        full = np.vstack([r.logits[-1:], r.decode_logits])
-        own_argmax = np.argmax(np.vstack([r.logits[-1:], r.decode_logits[:-1]]), axis=1) if len(dec_toks) else np.zeros(0)
-        entry = {
-            "path": rel.as_posix(),
-            "sha256": sha256_file(args.out / rel),
-            "bytes": (args.out / rel).stat().st_size,
-            **{k: g[k] for k in ("model_id", "model_sha256", "model_file", "model_general_name", "arch", "prompt_id",
-                                 "prompt_kind", "prompt", "add_special", "parse_special", "tokenizer") if k in g},
-            "oracle": {
-                "name": ORACLE_NAME,
-                **host,
-                "dtype": "float32",
-                "attn_implementation": f"{C.ATTN} (transformers' eager attention, registered through AttentionInterface)",
-                "loader": "AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., dtype=torch.float32); dequantized by gguf",
-            },
-            "kv_type": "f32",
-            "settings": {
-                "n_threads": torch.get_num_threads(),
-                "seed": None,
-                "cache": "transformers DynamicCache (float32)",
-                "prefill": "one forward call over the prompt",
-                "decode": "one forward call per token through the cache",
-                "sampling": "none: teacher-forced with the llama.cpp-f32kv golden's decode.tokens",
-            },
-            "n_prompt_tokens": T,
-            "n_decode_steps": int(len(dec_toks)),
-            "decode_source": f"teacher-forced with the {SOURCE_DIR} golden's decode.tokens ({g['path']}): the same token ids",
-            "continuation": g.get("continuation", ""),
-            "decode_own_argmax_agreement": float(np.mean(own_argmax == dec_toks)) if len(dec_toks) else 1.0,
-            "capture_changes_logits": 0.0,
-            "capture_note": "forward hooks only read tensors; the logits are "
-            + (f"the model's output logits ({CAUSAL_LM_CLASS.get(arch)}: lm_head, then the final soft-capping)"
-               if any(k == "result" for _, _, k in C.ARCH_STAGES[arch]) else "lm_head's output itself"),
-            "stages_prefill": list(pol["prefill"]),
-            **({"stages_prefill_skipped": sorted(skip, key=all_ids.index)} if skip else {}),
-            "stages_decode": list(pol["decode"]),
-            "stages_exact_f32": list(pol["exact"]),
-            "stages_f16_allowed": list(pol["f16_ok"]),
-            **({"stages_decode_exact_f32": list(pol["decode_exact"])} if "decode_exact" in pol else {}),
-            "logits_storage": "logits: f32 row at the last prompt position; logits_topk f32; decode: "
-            + ("full decode.logits [N, V] f32" if full_decode else "logits_decode_topk{,_ids} [N, 64] (no full rows)"),
-            "model_hparams": {"n_layer": n_layer, "n_embd": cfg.hidden_size, "n_vocab": int(r.logits.shape[1])},
-            "loader_checks": traps,
-            "vs_llamacpp_f32kv_max_nmse": vs_llamacpp[pid],
-            "arrays": listed,
-        }
-        if "chat" in g:
-            entry["chat"] = g["chat"]
-        for key in ("synth", "variant"):  # what a seeded model / variant is, as the llama.cpp golden records it
-            if key in g:
-                entry[key] = g[key]
-        if floor is not None:
-            entry["floor_f32_vs_f64"] = floor
-        if pol.get("compact"):
-            compact_entry(entry)
-        entries.append(entry)
-        print(f"{rel.as_posix():55s} {entry['bytes'] / 2**20:6.2f} MiB", flush=True)
-
+    loader = "AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., dtype=torch.float32); dequantized by gguf"
+    entries = goldens_entries(args, mid, arch, inputs, runs32, floor, traps, vs_llamacpp, lm_class, has_v, n_layer,
+                              cfg.hidden_size, loader)
     write_manifest(args, arch, mid, entries)
     print(f"wrote {len(entries)} goldens, {sum(e['bytes'] for e in entries) / 2**20:.2f} MiB; {time.time() - t0:.0f}s")
     return 0
+
+
+NEW_MANIFEST_ABOUT = ("lockstep goldens: one entry per .npz (path relative to this directory), with the model, prompt, "
+                      "oracle, settings and arrays it holds; stage_map.<oracle>.<arch> maps each oracle's names to the "
+                      "canonical stage ids. Started by oracles/transformers/make_goldens.py --hf-dir.")
 
 
 def write_manifest(args, arch: str, mid: str, entries: list[dict]) -> None:
@@ -1713,7 +1969,10 @@ def write_manifest(args, arch: str, mid: str, entries: list[dict]) -> None:
 
     lock = open(Path(os.environ.get("TMPDIR", "/tmp")) / "lockstep-transformers-manifest.lock", "w")
     fcntl.flock(lock, fcntl.LOCK_EX)  # several models may be made at once: read-modify-write under a lock
-    manifest = json.loads((args.out / "manifest.json").read_text())
+    if (args.out / "manifest.json").is_file():
+        manifest = json.loads((args.out / "manifest.json").read_text())
+    else:  # a golden directory of the user's own (the HF route): started here
+        manifest = {"about": NEW_MANIFEST_ABOUT, "goldens": []}
     maps = manifest.setdefault("stage_map", {}).setdefault(ORACLE_NAME, {})
     new_map = stage_map_json(arch)
     # rewritten only if it says something else: an unchanged map stays byte for byte as it is

@@ -136,6 +136,92 @@ def _rotary_forward_gemma3(self, x, position_ids, layer_type):
     return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
+def _olmo2_rmsnorm_forward(self, hidden_states):
+    # Olmo2RMSNorm.forward (modeling_olmo2.py 5.23): Llama's body, but `(self.weight * hidden_states).to(input_dtype)`
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(_compute_dtype(hidden_states))
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return (self.weight * hidden_states).to(input_dtype)
+
+
+def _rotary_forward_single_nocast(self, x, position_ids):
+    # Olmo2RotaryEmbedding.forward: Llama's body returning cos, sin in the compute dtype (no cast to x's)
+    c = _compute_dtype(x)
+    freqs = position_ids[..., None].to(c) * self.inv_freq.to(device=x.device, dtype=c)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+
+def _body(fn) -> str:
+    """A forward's source without decorators, comments, blank lines, its signature line(s) and indentation: what
+    two architectures' copies of one function have in common (transformers' "Copied from" modules)."""
+    import inspect
+    import re
+
+    src = inspect.getsource(fn)
+    body = src[src.index(":\n", src.index("def ")) + 2:] if ":\n" in src[src.index("def "):] else src
+    lines = [re.sub(r"#.*$", "", ln).strip() for ln in body.splitlines()]
+    return "\n".join(ln for ln in lines if ln)
+
+
+# Bodies of transformers' float32-forcing forwards (5.23) -> the dtype-following replacement (PATCH 1, 2). A class of
+# an architecture not named in install_patches whose forward is one of these, token for token, is patched the same
+# way by to_float64 (`source-matched`); see generic_f64_patches.
+def _source_patches() -> list[tuple[str, str, object]]:
+    o = _ORIGINAL_FORWARDS
+    return [
+        ("RMSNorm", _body(o["LlamaRMSNorm"]), _llama_rmsnorm_forward),
+        ("RMSNorm", _body(o["Olmo2RMSNorm"]), _olmo2_rmsnorm_forward),
+        ("RotaryEmbedding", _body(o["LlamaRotaryEmbedding"]), torch.no_grad()(_rotary_forward_single)),
+        ("RotaryEmbedding", _body(o["Olmo2RotaryEmbedding"]), torch.no_grad()(_rotary_forward_single_nocast)),
+    ]
+
+
+def _record_originals() -> dict:
+    """transformers' own forwards, read before install_patches replaces any (the bodies _source_patches matches)."""
+    from transformers.models.llama import modeling_llama as ll
+    from transformers.models.olmo2 import modeling_olmo2 as o2
+
+    return {"LlamaRMSNorm": ll.LlamaRMSNorm.forward, "LlamaRotaryEmbedding": ll.LlamaRotaryEmbedding.forward,
+            "Olmo2RMSNorm": o2.Olmo2RMSNorm.forward, "Olmo2RotaryEmbedding": o2.Olmo2RotaryEmbedding.forward}
+
+
+_ORIGINAL_FORWARDS = _record_originals()
+_OURS = {_llama_rmsnorm_forward, _gemma3_rmsnorm_forward, _gemma4_rmsnorm_forward}
+
+
+def generic_f64_patches(model) -> list[str]:
+    """PATCH 1-2 for the classes install_patches does not name (an architecture met through its stage map only):
+    every module class of `model` named *RMSNorm or *RotaryEmbedding whose forward is, token for token, the body of
+    one transformers forward that forces float32 (Llama's or OLMo 2's) gets its dtype-following replacement (for a
+    float32 model the same ops in the same order). Returns what was patched; SystemExit naming a class of those
+    names whose forward matches none (its float64 run would compute in float32: no floor; --no-f64)."""
+    done, table = [], None
+    for cls in sorted({type(m) for m in model.modules()}, key=lambda c: c.__name__):
+        name = cls.__name__
+        kind = "RMSNorm" if name.endswith("RMSNorm") else "RotaryEmbedding" if name.endswith("RotaryEmbedding") else None
+        if kind is None:
+            continue
+        fn = cls.forward
+        if getattr(fn, "__wrapped__", None) is not None:
+            fn = fn.__wrapped__
+        if fn in _OURS or getattr(fn, "__name__", "").startswith(("_rotary_forward", "_olmo2_rmsnorm", "_llama_rmsnorm")):
+            continue  # already ours (install_patches, or patched before)
+        table = table or _source_patches()
+        body = _body(cls.forward)
+        for k, b, repl in table:
+            if k == kind and b == body:
+                cls.forward = repl
+                done.append(f"{name}.forward (source-matched to {getattr(repl, '__name__', repl)}): follows the input "
+                            f"dtype (PATCH {'1' if kind == 'RMSNorm' else '2'})")
+                break
+        else:
+            raise SystemExit(f"{name}.forward is not a body this oracle knows how to run in float64 (tf_capture "
+                             f"_source_patches): no float64 floor for it (--no-f64), or add its replacement")
+    return done
+
+
 def install_patches() -> list[str]:
     """Patch the classes (PATCH 1, 2); returns what was patched."""
     from transformers.models.gemma2 import modeling_gemma2 as g2
@@ -246,9 +332,9 @@ def _gemma4_inv_freq64(cfg, rot) -> list[str]:
 def to_float64(model) -> list[str]:
     """Convert a loaded float32 model to float64 (weights widen exactly) and redo in float64 what init
     computed in float32: RoPE inverse frequencies (PATCH 2) and Gemma3's embedding scale (PATCH 4)."""
+    done = generic_f64_patches(model)
     model.to(torch.float64)
     cfg = model.config
-    done = []
     rot = getattr(model.base_model, "rotary_emb", None)
     # gemma4's head width is per layer (_gemma4_inv_freq64 reads each layer type's): reading the global
     # cfg.head_dim of its heterogeneous config raises AmbiguousGlobalPerLayerAttributeError (transformers 5.23)
@@ -702,9 +788,205 @@ def llama_gguf_order(x: torch.Tensor, n_head: int) -> torch.Tensor:
     return x.reshape(*lead, n_head, 2, d // 2).transpose(-1, -2).reshape(*lead, w)
 
 
+# --- stage maps (data: stage_maps/<model_type>.toml; README "Stage maps") ---------------------------------
+# Where each canonical stage is read: one file per architecture, keyed by config.json's model_type. Every stage
+# names a module path ({N} = layer) and a hook kind; this code knows the hook kinds and nothing of any
+# architecture. The map's rows (with their `describe` text) are the manifest's stage_map.transformers.<arch>.
+
+STAGE_MAP_DIR = Path(__file__).resolve().parent / "stage_maps"
+# hook kind -> the manifest's `op` (stage_map.transformers.<arch>.stages[].op)
+HOOKS = {
+    "output": "forward_hook",  # the module's forward output (a tuple's first element)
+    "input": "forward_pre_hook",  # the module's first positional input
+    "attn_query": "attention_function",  # Q as lockstep_eager receives it (after RoPE) at layer N
+    "attn_key": "attention_function",  # K as lockstep_eager receives it, this step's rows only
+    "columns": "forward_hook_columns",  # a column range of the module's output (fused projections; `columns`)
+    "logits_result": "model_output",  # the model's output logits (after a final soft-cap); lm_head's kept aside
+    "pooled": "computed_from_output",  # mean over the sequence of the encoder's last_hidden_state
+}
+MAP_KEYS = {"model_type", "arch", "class", "qk_layout", "about", "from_pretrained", "stage"}
+STAGE_KEYS = {"id", "module", "hook", "columns", "heads_first", "fallback", "describe"}
+QK_LAYOUTS = ("hf", "llama_gguf")
+
+
+def _qkv_widths(cfg) -> tuple[int, int]:
+    n_q = cfg.num_attention_heads
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_q
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_q
+    return n_q * hd, n_kv * hd
+
+
+def _ff(cfg) -> int:
+    return cfg.intermediate_size
+
+
+# `columns = "<name>"` of a "columns" stage: name -> (columns [lo, hi) of the module output given the config,
+# description). Fused projections, split the way llama.cpp's build_qkv / ggml_swiglu do: [q | k | v], [gate | up].
+COLUMNS = {
+    "q": (lambda c: (0, _qkv_widths(c)[0]), "columns [0, n_head*head_dim)"),
+    "k": (lambda c: (_qkv_widths(c)[0], sum(_qkv_widths(c))), "columns [n_head*head_dim, +n_kv_head*head_dim)"),
+    "v": (lambda c: (sum(_qkv_widths(c)), sum(_qkv_widths(c)) + _qkv_widths(c)[1]), "the last n_kv_head*head_dim columns"),
+    "ffn_gate": (lambda c: (0, _ff(c)), "columns [0, n_ff) (the first half: chunk(2)[0])"),
+    "ffn_up": (lambda c: (_ff(c), 2 * _ff(c)), "columns [n_ff, 2*n_ff) (the second half: chunk(2)[1])"),
+}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of a stage map: canonical id (`{N}` = layer), module path, hook kind (HOOKS) and its options."""
+
+    id: str
+    module: str
+    hook: str
+    columns: str | None = None  # "columns": a COLUMNS name
+    heads_first: bool | None = None  # per-head norms: True = output [B, H, T, D] (transposed), False = [B, T, H, D]
+    fallback: str | None = None  # "output": the module read where `module` is None on a layer (gemma4's v_proj)
+    describe: str | None = None  # the manifest's oracle_name (default: module)
+
+    @property
+    def oracle_name(self) -> str:
+        return self.describe or self.module
+
+
+@dataclass(frozen=True)
+class StageMap:
+    """A stage map file (stage_maps/<model_type>.toml), validated."""
+
+    path: Path
+    model_type: str  # config.json's model_type
+    arch: str  # lockstep's architecture name (GGUF general.architecture; the manifest's stage_map key)
+    cls: str  # the transformers class loaded: AutoModelForCausalLM, BertModel, ...
+    qk_layout: str  # "hf" or "llama_gguf" (q/k/q_rope/k_rope rows reordered to GGUF's interleaved pairs)
+    about: str  # appended to the manifest's stage-map `about` ("" if none)
+    from_pretrained: dict  # extra keyword arguments of from_pretrained (BertModel: add_pooling_layer = false)
+    stages: tuple[Stage, ...]
+
+    def has(self, hook: str) -> bool:
+        return any(s.hook == hook for s in self.stages)
+
+    @property
+    def encoder(self) -> bool:
+        """An encoder (a pooled output, no logits, no cache): run with run_encoder."""
+        return self.has("pooled")
+
+    def canonical_ids(self, n_layer: int) -> list[str]:
+        """embed, then every layer's stages in map order, then the rest (output_norm, logits, pooled)."""
+        head = [s.id for s in self.stages if s.id == "embed"]
+        layer = [s.id for s in self.stages if "{N}" in s.id]
+        tail = [s.id for s in self.stages if "{N}" not in s.id and s.id != "embed"]
+        return head + [c.replace("{N}", str(n)) for n in range(n_layer) for c in layer] + tail
+
+
+def read_stage_map(path: Path) -> StageMap:
+    """Read and check one stage map file; a SystemExit naming the file and the key on anything malformed."""
+    import tomllib
+
+    path = Path(path)
+    try:
+        d = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise SystemExit(f"{path}: not a readable TOML stage map: {e}") from e
+
+    def bad(what: str):
+        raise SystemExit(f"{path}: {what} (oracles/transformers/README.md \"Stage maps\")")
+
+    for k in ("model_type", "class", "stage"):
+        if k not in d:
+            bad(f"no `{k}`")
+    if set(d) - MAP_KEYS:
+        bad(f"unknown keys {sorted(set(d) - MAP_KEYS)}; known: {sorted(MAP_KEYS)}")
+    qk = d.get("qk_layout", "hf")
+    if qk not in QK_LAYOUTS:
+        bad(f"qk_layout {qk!r} is not one of {QK_LAYOUTS}")
+    if not isinstance(d["stage"], list) or not d["stage"]:
+        bad("`stage` must be a non-empty array of [[stage]] tables")
+    stages, seen = [], set()
+    for i, s in enumerate(d["stage"]):
+        where = f"[[stage]] #{i + 1} ({s.get('id', '?')})"
+        if set(s) - STAGE_KEYS:
+            bad(f"{where}: unknown keys {sorted(set(s) - STAGE_KEYS)}; known: {sorted(STAGE_KEYS)}")
+        for k in ("id", "module", "hook"):
+            if not isinstance(s.get(k), str):
+                bad(f"{where}: `{k}` missing or not a string")
+        if s["hook"] not in HOOKS:
+            bad(f"{where}: hook {s['hook']!r} is not one of {list(HOOKS)}")
+        if s["id"] in seen:
+            bad(f"{where}: id {s['id']!r} given twice")
+        seen.add(s["id"])
+        if s["hook"] == "columns" and s.get("columns") not in COLUMNS:
+            bad(f"{where}: hook columns needs columns = one of {list(COLUMNS)}, got {s.get('columns')!r}")
+        if s["hook"] != "columns" and "columns" in s:
+            bad(f"{where}: `columns` is for hook = \"columns\" only")
+        if ("heads_first" in s or "fallback" in s) and s["hook"] != "output":
+            bad(f"{where}: `heads_first` / `fallback` are for hook = \"output\" only")
+        if s["hook"] in ("attn_query", "attn_key") and "{N}" not in s["id"]:
+            bad(f"{where}: an attention hook is per layer: its id needs {{N}}")
+        if s["hook"] not in ("pooled", "logits_result") and not s["module"]:
+            bad(f"{where}: empty module")
+        stages.append(Stage(**s))
+    fp = d.get("from_pretrained", {})
+    if not isinstance(fp, dict):
+        bad("`from_pretrained` must be a table")
+    return StageMap(path, d["model_type"], d.get("arch", d["model_type"]), d["class"], qk, d.get("about", ""), fp,
+                    tuple(stages))
+
+
+def stage_maps(directory: Path = STAGE_MAP_DIR) -> dict[str, StageMap]:
+    """Every stage map of a directory, keyed by model_type (each file must be named <model_type>.toml)."""
+    out = {}
+    for p in sorted(Path(directory).glob("*.toml")):
+        m = read_stage_map(p)
+        if p.stem != m.model_type:
+            raise SystemExit(f"{p}: model_type {m.model_type!r}: the file must be named {m.model_type}.toml")
+        out[m.model_type] = m
+    return out
+
+
+# Maps given on the command line (make_goldens.py --stage-map FILE): they take the place of stage_maps/'s for their
+# architecture (use_stage_map).
+_OVERRIDES: dict[str, StageMap] = {}
+
+
+def use_stage_map(smap: StageMap) -> None:
+    """Make `smap` the stage map of its architecture (and model_type) for the rest of the run."""
+    _OVERRIDES[smap.arch] = smap
+    _OVERRIDES[smap.model_type] = smap
+
+
+def stage_map(name: "str | StageMap") -> StageMap:
+    """The stage map of lockstep's architecture `name` (a map's `arch`, e.g. gemma3) or of config.json's model_type
+    (gemma3_text); a StageMap is returned as is. SystemExit if stage_maps/ has none."""
+    if isinstance(name, StageMap):
+        return name
+    if name in _OVERRIDES:
+        return _OVERRIDES[name]
+    maps = stage_maps()
+    for m in maps.values():
+        if m.arch == name:
+            return m
+    if name in maps:
+        return maps[name]
+    raise SystemExit(f"architecture {name!r} has no stage map in {STAGE_MAP_DIR} (write one, or propose it: "
+                     f"propose_stage_map.py --hf-dir DIR; README \"Stage maps\")")
+
+
+def has_rope(arch) -> bool:
+    return stage_map(arch).has("attn_query")
+
+
+def kind_of_id(cid: str) -> str:
+    """blk.3.ffn_up -> ffn_up; embed -> embed."""
+    parts = cid.split(".")
+    return ".".join(parts[2:]) if parts[0] == "blk" else cid
+
+
+def canonical_ids(arch, n_layer: int) -> list[str]:
+    return stage_map(arch).canonical_ids(n_layer)
+
+
 @dataclass
 class Recorder:
-    arch: str
+    smap: StageMap
     n_q: int
     n_kv: int
     rows: dict = field(default_factory=dict)  # canonical id -> tensor [T, W]
@@ -717,7 +999,7 @@ class Recorder:
         # x: [T, ...] (the batch dimension already dropped) -> [T, W]
         x = x.detach()
         x = x.reshape(x.shape[0], -1)
-        if self.arch == "llama" and cid.split(".")[-1] in ("q", "k", "q_rope", "k_rope"):
+        if self.smap.qk_layout == "llama_gguf" and cid.split(".")[-1] in ("q", "k", "q_rope", "k_rope"):
             x = llama_gguf_order(x, self.n_q if cid.split(".")[-1].startswith("q") else self.n_kv)
         assert cid not in self.rows, cid
         self.rows[cid] = x.clone()
@@ -733,343 +1015,107 @@ class Recorder:
 
     def rope(self, layer: int, q: torch.Tensor, k: torch.Tensor) -> None:
         # [1, H, T, D] -> [T, H*D], head-major (ggml [D, H, T] flattened); kept aside as `attn_in` for every
-        # architecture (make_goldens.check_fused_views), stored as q_rope/k_rope where the architecture has RoPE
-        # (not gpt2: learned absolute positions)
+        # architecture (make_goldens.check_fused_views), stored under the map's attn_query / attn_key ids (q_rope,
+        # k_rope where the architecture has RoPE; none for gpt2: learned absolute positions)
         qf, kf = q[0].transpose(0, 1), k[0].transpose(0, 1)
         self.attn_in[layer] = (qf.reshape(qf.shape[0], -1).detach().clone(), kf.reshape(kf.shape[0], -1).detach().clone())
-        if has_rope(self.arch):
-            self.put(f"blk.{layer}.q_rope", qf)
-            self.put(f"blk.{layer}.k_rope", kf)
+        for s in self.smap.stages:
+            if s.hook in ("attn_query", "attn_key"):
+                self.put(s.id.replace("{N}", str(layer)), qf if s.hook == "attn_query" else kf)
 
 
-# Where each canonical stage is read (module path relative to model.model.layers[N] unless absolute;
-# "out" = forward output, "in" = forward-pre-hook input). This is the manifest's stage_map.transformers.<arch>.
-COMMON_HEAD = [("embed", "model.embed_tokens", "out")]
-COMMON_TAIL = [
-    ("blk.{N}.out", "model.layers.{N}", "out"),
-    ("output_norm", "model.norm", "out"),
-    ("logits", "lm_head", "out"),
-]
-# Gemma 2: the logits llama.cpp returns (result_output) are after the final soft-capping cap * tanh(x / cap), which
-# Gemma2ForCausalLM.forward applies AFTER lm_head (an lm_head hook sees the uncapped values): read the model's
-# output instead ("result": run() records `out.logits`; lm_head's output is kept aside, Recorder.lm_head, for
-# make_goldens.check_final_softcap).
-GEMMA2_TAIL = COMMON_TAIL[:2] + [
-    ("logits", "Gemma2ForCausalLM.forward output .logits (lm_head, then final_logit_softcapping: cap * tanh(x / cap))", "result"),
-]
-LLAMA_LAYER = [
-    ("blk.{N}.attn_norm", "model.layers.{N}.input_layernorm", "out"),
-    ("blk.{N}.q", "model.layers.{N}.self_attn.q_proj", "out"),
-    ("blk.{N}.k", "model.layers.{N}.self_attn.k_proj", "out"),
-    ("blk.{N}.v", "model.layers.{N}.self_attn.v_proj", "out"),
-    ("blk.{N}.q_rope", "model.layers.{N}.self_attn (lockstep_eager: query)", "attn"),
-    ("blk.{N}.k_rope", "model.layers.{N}.self_attn (lockstep_eager: key, this step's rows)", "attn"),
-    ("blk.{N}.attn_out", "model.layers.{N}.self_attn.o_proj", "in"),
-    ("blk.{N}.attn_proj", "model.layers.{N}.self_attn.o_proj", "out"),
-    ("blk.{N}.ffn_inp", "model.layers.{N}.post_attention_layernorm", "in"),
-    ("blk.{N}.ffn_norm", "model.layers.{N}.post_attention_layernorm", "out"),
-    ("blk.{N}.ffn_gate", "model.layers.{N}.mlp.gate_proj", "out"),
-    ("blk.{N}.ffn_up", "model.layers.{N}.mlp.up_proj", "out"),
-    ("blk.{N}.ffn_act", "model.layers.{N}.mlp.down_proj", "in"),
-    ("blk.{N}.ffn_out", "model.layers.{N}.mlp.down_proj", "out"),
-]
-GEMMA3_LAYER = [
-    ("blk.{N}.attn_norm", "model.layers.{N}.input_layernorm", "out"),
-    ("blk.{N}.q", "model.layers.{N}.self_attn.q_proj", "out"),
-    ("blk.{N}.k", "model.layers.{N}.self_attn.k_proj", "out"),
-    ("blk.{N}.v", "model.layers.{N}.self_attn.v_proj", "out"),
-    ("blk.{N}.q_norm", "model.layers.{N}.self_attn.q_norm", "out"),
-    ("blk.{N}.k_norm", "model.layers.{N}.self_attn.k_norm", "out"),
-    ("blk.{N}.q_rope", "model.layers.{N}.self_attn (lockstep_eager: query)", "attn"),
-    ("blk.{N}.k_rope", "model.layers.{N}.self_attn (lockstep_eager: key, this step's rows)", "attn"),
-    ("blk.{N}.attn_out", "model.layers.{N}.self_attn.o_proj", "in"),
-    ("blk.{N}.attn_proj", "model.layers.{N}.self_attn.o_proj", "out"),
-    ("blk.{N}.attn_post_norm", "model.layers.{N}.post_attention_layernorm", "out"),
-    ("blk.{N}.ffn_inp", "model.layers.{N}.pre_feedforward_layernorm", "in"),
-    ("blk.{N}.ffn_norm", "model.layers.{N}.pre_feedforward_layernorm", "out"),
-    ("blk.{N}.ffn_gate", "model.layers.{N}.mlp.gate_proj", "out"),
-    ("blk.{N}.ffn_up", "model.layers.{N}.mlp.up_proj", "out"),
-    ("blk.{N}.ffn_act", "model.layers.{N}.mlp.down_proj", "in"),
-    ("blk.{N}.ffn_out", "model.layers.{N}.mlp.down_proj", "out"),
-    ("blk.{N}.ffn_post_norm", "model.layers.{N}.post_feedforward_layernorm", "out"),
-]
-# Qwen3 (modeling_qwen3.py): the llama/qwen2 layer (no Q/K/V bias) plus per-head RMSNorms q_norm/k_norm
-# (weight [head_dim]) applied to q_proj/k_proj's output viewed as [B, T, H, D] -- BEFORE the transpose to
-# [B, H, T, D] (Gemma 3 norms the transposed tensor): the hook output is flattened to [T, H*D] head-major
-# without a transpose (attach, QK_NORM_HEADS_FIRST). NeoX RoPE: no reordering (only llama needs llama_gguf_order).
-QWEN3_LAYER = LLAMA_LAYER[:4] + [
-    ("blk.{N}.q_norm", "model.layers.{N}.self_attn.q_norm", "out"),
-    ("blk.{N}.k_norm", "model.layers.{N}.self_attn.k_norm", "out"),
-] + LLAMA_LAYER[4:]
-# Gemma 2 (modeling_gemma2.py): Gemma 3's layer without q_norm/k_norm (the same four norms per layer, GeGLU).
-# ffn_post_norm has a place here though llama.cpp's graph cannot expose it for gemma2 (its node is named with
-# layer -1); lockstep's engine emits it.
-GEMMA2_LAYER = [s for s in GEMMA3_LAYER if not s[0].endswith(("q_norm", "k_norm"))]
-# Gemma 4 (modeling_gemma4.py Gemma4TextDecoderLayer / Gemma4TextAttention, dense layers, no per-layer
-# embeddings): Gemma 3's layer, with
-# - blk.N.v: v_proj's output, or -- on a full-attention layer of an attention_k_eq_v model, which has no v_proj
-#   (V = the K projection, before k_norm; llama.cpp: `Vcur = wv ? wv*cur : Kcur`, the same node captured as both
-#   k and v) -- k_proj's output again (kind "v_or_k": attach picks the module per layer);
-# - q_norm / k_norm normed as [B, T, H, D] before the transpose (as qwen3; QK_NORM_HEADS_FIRST False); V's
-#   weightless v_norm has no canonical id (llama.cpp's "Vcur_normed" has none either);
-# - blk.N.out: the decoder layer's output, i.e. after `hidden_states *= self.layer_scalar` (llama.cpp's
-#   l_out = out_scaled);
-# - logits: the model's output (Gemma4ForCausalLM.forward applies final_logit_softcapping after lm_head, as
-#   Gemma 2's does; llama.cpp's result_output is after the cap).
-GEMMA4_LAYER = [
-    ("blk.{N}.v", "model.layers.{N}.self_attn.v_proj (k_proj on the layers without one: attention_k_eq_v, V = K)", "v_or_k")
-    if s[0] == "blk.{N}.v" else s
-    for s in GEMMA3_LAYER
-]
-GEMMA4_TAIL = COMMON_TAIL[:2] + [
-    ("logits", "Gemma4ForCausalLM.forward output .logits (lm_head, then final_logit_softcapping: cap * tanh(x / cap))", "result"),
-]
-ARCH_STAGES = {
-    "llama": COMMON_HEAD + LLAMA_LAYER + COMMON_TAIL,
-    "qwen2": COMMON_HEAD + LLAMA_LAYER + COMMON_TAIL,
-    "qwen3": COMMON_HEAD + QWEN3_LAYER + COMMON_TAIL,
-    "gemma2": COMMON_HEAD + GEMMA2_LAYER + GEMMA2_TAIL,
-    "gemma3": COMMON_HEAD + GEMMA3_LAYER + COMMON_TAIL,
-    "gemma4": COMMON_HEAD + GEMMA4_LAYER + GEMMA4_TAIL,
-}
-# BERT (modeling_bert.py BertModel, loaded from lockstep's Hugging Face copy: `lockstep export-hf`): module paths
-# of BertModel itself (no `model.` prefix). Post-norm layers: ffn_inp is BertSelfOutput's output
-# (LayerNorm(dense(ctx) + x)), out is BertLayer's (LayerNorm(output.dense(act) + ffn_inp)); attn_out is the
-# heads' context (output.dense's input), attn_proj output.dense's output (bias added, before the residual);
-# ffn_act is BertIntermediate's output (intermediate.dense, then the activation). `pooled` is no module: the
-# mean of last_hidden_state over the sequence (llama.cpp's mean pooling, bert.pooling_type = 1), computed
-# by run_encoder in the model's dtype.
-BERT_STAGES = [
-    ("embed", "embeddings", "out"),
-    ("blk.{N}.q", "encoder.layer.{N}.attention.self.query", "out"),
-    ("blk.{N}.k", "encoder.layer.{N}.attention.self.key", "out"),
-    ("blk.{N}.v", "encoder.layer.{N}.attention.self.value", "out"),
-    ("blk.{N}.attn_out", "encoder.layer.{N}.attention.output.dense", "in"),
-    ("blk.{N}.attn_proj", "encoder.layer.{N}.attention.output.dense", "out"),
-    ("blk.{N}.ffn_inp", "encoder.layer.{N}.attention.output", "out"),
-    ("blk.{N}.ffn_up", "encoder.layer.{N}.intermediate.dense", "out"),
-    ("blk.{N}.ffn_act", "encoder.layer.{N}.intermediate", "out"),
-    ("blk.{N}.ffn_out", "encoder.layer.{N}.output.dense", "out"),
-    ("blk.{N}.out", "encoder.layer.{N}", "out"),
-    ("pooled", "mean over the sequence of BertModel's last_hidden_state (torch.mean; llama.cpp pooling_type 1)", "pooled"),
-]
-ARCH_STAGES["bert"] = BERT_STAGES
-# Encoders: loaded from a Hugging Face directory (load_hf_encoder), run once over the prompt (run_encoder): no
-# logits, no cache, no decode steps.
-ENCODER_ARCHS = ("bert",)
+def _submodule_or_none(model, path: str):
+    """model.get_submodule(path), or None where the last attribute exists and is None (gemma4's v_proj on the
+    attention_k_eq_v layers); an AttributeError naming the path otherwise."""
+    parent, _, name = path.rpartition(".")
+    owner = model.get_submodule(parent) if parent else model
+    if hasattr(owner, name) and getattr(owner, name) is None:
+        return None
+    return model.get_submodule(path)
 
 
-def load_hf_encoder(hf_dir: Path, dtype=torch.float32):
-    """BertModel from lockstep's Hugging Face copy (config.json + model.safetensors), without the pooler
-    (llama.cpp's converter drops it), eager attention, in `dtype` (float64: every weight widened exactly)."""
-    from transformers import BertModel
-
-    model = BertModel.from_pretrained(str(hf_dir), add_pooling_layer=False, attn_implementation="eager",
-                                      dtype=torch.float32)
-    model.eval()
-    if dtype == torch.float64:
-        model = model.double()
-    return model
-
-
-def run_encoder(model, arch: str, tokens: list[int]) -> RunResult:
-    """One forward call of an encoder over `tokens` (attention mask all ones, token types 0, positions 0..T-1,
-    as llama.cpp feeds them), recording every stage; `pooled` = the mean of the last hidden state over the
-    sequence, [1, D]. The RunResult has no logits ([T, 0]) and no decode rows."""
-    global _RECORDER
-    cfg = model.config
-    handles = attach(model, arch, lambda: _RECORDER)
-    try:
-        with torch.no_grad():
-            _RECORDER = Recorder(arch, cfg.num_attention_heads, cfg.num_attention_heads)
-            ids = torch.tensor([tokens])
-            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
-            last = out.last_hidden_state[0]
-            if not torch.equal(last, _RECORDER.rows[f"blk.{cfg.num_hidden_layers - 1}.out"]):
-                raise AssertionError("the last layer's output is not BertModel's last_hidden_state")
-            _RECORDER.put("pooled", last.mean(dim=0, keepdim=True))
-            rec = _RECORDER
-    finally:
-        _RECORDER = None
-        for h in handles:
-            h.remove()
-    np_dtype = np.float64 if model.dtype == torch.float64 else np.float32
-    pre = {k: v.numpy().astype(np_dtype) for k, v in rec.rows.items()}
-    return RunResult(pre, {}, np.zeros((len(tokens), 0), np_dtype), np.zeros((0, 0), np_dtype))
-
-
-# --- issue 25's seeded architectures: phi3, starcoder2, stablelm, gpt2 ---------------------------------------
-# Canonical ids as lockstep's engine emits them (engine/src/models/blocks.rs) and as the llama.cpp goldens name
-# them (oracles/llamacpp/ggml_capture.py PHI3/STARCODER2/STABLELM/GPT2_STAGES); stages llama.cpp cannot expose
-# (phi3's q/k/v/ffn_gate/ffn_up/ffn_inp, gpt2's q/k/v: views of fused matmuls, an unnamed ADD) are captured here.
-# kind "cols" = columns of the module's output, given by COLUMNS (fused projections: transformers splits them the
-# way llama.cpp's build_qkv / ggml_swiglu do: [q | k | v] and [gate | up]).
-#
-# Phi-3 (modeling_phi3.py): Q/K/V are the column ranges of self_attn.qkv_proj's output, gate and up the two halves
-# of mlp.gate_up_proj's (`chunk(2)`: the first half is the gate, as ggml_swiglu's); ffn_act = down_proj's input
-# (up * silu(gate)); the residual after attention is post_attention_layernorm's input. NeoX RoPE on the whole head;
-# Q is scaled by 1/sqrt(head_dim) inside attention (llama.cpp: after RoPE, a SCALE node after q_rope).
-PHI3_LAYER = [
-    ("blk.{N}.attn_norm", "model.layers.{N}.input_layernorm", "out"),
-    ("blk.{N}.q", "model.layers.{N}.self_attn.qkv_proj", "cols"),
-    ("blk.{N}.k", "model.layers.{N}.self_attn.qkv_proj", "cols"),
-    ("blk.{N}.v", "model.layers.{N}.self_attn.qkv_proj", "cols"),
-    ("blk.{N}.q_rope", "model.layers.{N}.self_attn (lockstep_eager: query)", "attn"),
-    ("blk.{N}.k_rope", "model.layers.{N}.self_attn (lockstep_eager: key, this step's rows)", "attn"),
-    ("blk.{N}.attn_out", "model.layers.{N}.self_attn.o_proj", "in"),
-    ("blk.{N}.attn_proj", "model.layers.{N}.self_attn.o_proj", "out"),
-    ("blk.{N}.ffn_inp", "model.layers.{N}.post_attention_layernorm", "in"),
-    ("blk.{N}.ffn_norm", "model.layers.{N}.post_attention_layernorm", "out"),
-    ("blk.{N}.ffn_gate", "model.layers.{N}.mlp.gate_up_proj", "cols"),
-    ("blk.{N}.ffn_up", "model.layers.{N}.mlp.gate_up_proj", "cols"),
-    ("blk.{N}.ffn_act", "model.layers.{N}.mlp.down_proj", "in"),
-    ("blk.{N}.ffn_out", "model.layers.{N}.mlp.down_proj", "out"),
-]
-# StarCoder2 (modeling_starcoder2.py): LayerNorm with bias (input_layernorm, post_attention_layernorm, model.norm:
-# nn.LayerNorm), Q/K/V/O with biases, the non-gated FFN mlp.c_fc -> act (tanh GELU) -> mlp.c_proj, both with
-# biases: ffn_up = c_fc's output (llama.cpp's "ffn_up_b", after the bias), ffn_act = c_proj's input, ffn_out =
-# c_proj's output (after its bias, llama.cpp's "ffn_out"). The dropouts are the identity in eval mode.
-STARCODER2_LAYER = LLAMA_LAYER[:10] + [
-    ("blk.{N}.ffn_up", "model.layers.{N}.mlp.c_fc", "out"),
-    ("blk.{N}.ffn_act", "model.layers.{N}.mlp.c_proj", "in"),
-    ("blk.{N}.ffn_out", "model.layers.{N}.mlp.c_proj", "out"),
-]
-# StableLM (modeling_stablelm.py): Llama's module names (q/k/v_proj with biases, SwiGLU gate/up/down), LayerNorms
-# with bias; partial rotary: RoPE (NeoX) on the first rotary_ndims dims of each head, the rest passed through --
-# q_rope/k_rope are the whole heads attention receives (rotated part, then the rest), as llama.cpp's ROPE node
-# with n_dims = rope.dimension_count.
-STABLELM_LAYER = list(LLAMA_LAYER)
-# GPT-2 (modeling_gpt2.py, GPT2LMHeadModel: `transformer.*`): the embedding is wte(tokens) + wpe(positions), the
-# input of block 0 -- read at transformer.drop's output (dropout: the identity in eval mode), llama.cpp's "inpL";
-# c_attn is one Conv1D [q | k | v] with a bias (the GGUF loader transposes Conv1D weights back: checked); no RoPE,
-# so no q_rope/k_rope; ln_1/ln_2/ln_f LayerNorms with bias; FFN c_fc -> gelu_new (tanh GELU) -> c_proj.
-GPT2_HEAD = [("embed", "transformer.drop (wte(tokens) + wpe(positions))", "out")]
-GPT2_LAYER = [
-    ("blk.{N}.attn_norm", "transformer.h.{N}.ln_1", "out"),
-    ("blk.{N}.q", "transformer.h.{N}.attn.c_attn", "cols"),
-    ("blk.{N}.k", "transformer.h.{N}.attn.c_attn", "cols"),
-    ("blk.{N}.v", "transformer.h.{N}.attn.c_attn", "cols"),
-    ("blk.{N}.attn_out", "transformer.h.{N}.attn.c_proj", "in"),
-    ("blk.{N}.attn_proj", "transformer.h.{N}.attn.c_proj", "out"),
-    ("blk.{N}.ffn_inp", "transformer.h.{N}.ln_2", "in"),
-    ("blk.{N}.ffn_norm", "transformer.h.{N}.ln_2", "out"),
-    ("blk.{N}.ffn_up", "transformer.h.{N}.mlp.c_fc", "out"),
-    ("blk.{N}.ffn_act", "transformer.h.{N}.mlp.c_proj", "in"),
-    ("blk.{N}.ffn_out", "transformer.h.{N}.mlp.c_proj", "out"),
-]
-GPT2_TAIL = [
-    ("blk.{N}.out", "transformer.h.{N}", "out"),
-    ("output_norm", "transformer.ln_f", "out"),
-    ("logits", "lm_head", "out"),
-]
-ARCH_STAGES.update({
-    "phi3": COMMON_HEAD + PHI3_LAYER + COMMON_TAIL,
-    "starcoder2": COMMON_HEAD + STARCODER2_LAYER + COMMON_TAIL,
-    "stablelm": COMMON_HEAD + STABLELM_LAYER + COMMON_TAIL,
-    "gpt2": GPT2_HEAD + GPT2_LAYER + GPT2_TAIL,
-})
-
-
-def _qkv_widths(cfg) -> tuple[int, int]:
-    n_q = cfg.num_attention_heads
-    n_kv = getattr(cfg, "num_key_value_heads", None) or n_q
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_q
-    return n_q * hd, n_kv * hd
-
-
-def _ff(cfg) -> int:
-    return cfg.intermediate_size
-
-
-# "cols" stages: canonical kind -> (columns [lo, hi) of the module output given the config, description)
-COLUMNS = {
-    "q": (lambda c: (0, _qkv_widths(c)[0]), "columns [0, n_head*head_dim)"),
-    "k": (lambda c: (_qkv_widths(c)[0], sum(_qkv_widths(c))), "columns [n_head*head_dim, +n_kv_head*head_dim)"),
-    "v": (lambda c: (sum(_qkv_widths(c)), sum(_qkv_widths(c)) + _qkv_widths(c)[1]), "the last n_kv_head*head_dim columns"),
-    "ffn_gate": (lambda c: (0, _ff(c)), "columns [0, n_ff) (the first half: chunk(2)[0])"),
-    "ffn_up": (lambda c: (_ff(c), 2 * _ff(c)), "columns [n_ff, 2*n_ff) (the second half: chunk(2)[1])"),
-}
-
-
-def has_rope(arch: str) -> bool:
-    return any(s[0].endswith("q_rope") for s in ARCH_STAGES[arch])
-
-
-def _module_path(path: str) -> str:
-    # a stage-map path may carry an explanation in parentheses after the module path
-    return path.split(" ")[0]
-
-
-# The layout of q_norm/k_norm's input (and output): True = [B, H, T, D] (gemma3), False = [B, T, H, D] (qwen3).
-QK_NORM_HEADS_FIRST = {"gemma3": True, "qwen3": False, "gemma4": False}
-
-
-def kind_of_id(cid: str) -> str:
-    """blk.3.ffn_up -> ffn_up; embed -> embed."""
-    parts = cid.split(".")
-    return ".".join(parts[2:]) if parts[0] == "blk" else cid
-
-
-def canonical_ids(arch: str, n_layer: int) -> list[str]:
-    out = []
-    head = [s for s in ARCH_STAGES[arch] if "{N}" not in s[0] and s[0] == "embed"]
-    layer = [s for s in ARCH_STAGES[arch] if "{N}" in s[0]]
-    tail = [s for s in ARCH_STAGES[arch] if "{N}" not in s[0] and s[0] != "embed"]
-    out += [s[0] for s in head]
-    for n in range(n_layer):
-        out += [s[0].replace("{N}", str(n)) for s in layer]
-    out += [s[0] for s in tail]
-    return out
-
-
-def attach(model, arch: str, rec_getter) -> list:
-    """Register the hooks of ARCH_STAGES; each hands its tensor to rec_getter() (the active Recorder)."""
+def attach(model, arch, rec_getter) -> list:
+    """Register the hooks of the stage map (`arch`: a StageMap or a name for stage_map()); each hands its tensor to
+    rec_getter() (the active Recorder). The map's module paths must exist in the model (AttributeError otherwise)."""
+    smap = stage_map(arch)
     handles = []
     n_layer = model.config.num_hidden_layers
-    if any(kind == "result" for _, _, kind in ARCH_STAGES[arch]):
-        def head_hook(m, args, out):
-            assert out.shape[0] == 1, out.shape
-            rec_getter().lm_head = out[0].detach().clone()
-        handles.append(model.lm_head.register_forward_hook(head_hook))
-    for cid, path, kind in ARCH_STAGES[arch]:
-        if kind in ("attn", "result", "pooled"):
+    for s in smap.stages:
+        if s.hook in ("attn_query", "attn_key", "pooled"):
             continue
-        for n in range(n_layer) if "{N}" in cid else [None]:
-            c = cid.replace("{N}", str(n)) if n is not None else cid
-            p = _module_path(path.replace("{N}", str(n)) if n is not None else path)
-            if kind == "v_or_k":  # gemma4: v_proj, or k_proj where the layer has none (V = K)
-                attn = model.get_submodule(f"model.layers.{n}.self_attn")
-                mod = attn.v_proj if attn.v_proj is not None else attn.k_proj
-            else:
-                mod = model.get_submodule(p)
-            if kind == "cols":
-                lo, hi = COLUMNS[kind_of_id(c)][0](model.config)
+        if s.hook == "logits_result":
+            # the logits are the model's output (run); lm_head's own output is kept aside (Recorder.lm_head)
+            def head_hook(m, args, out):
+                assert out.shape[0] == 1, out.shape
+                rec_getter().lm_head = out[0].detach().clone()
+            handles.append(model.get_submodule(s.module).register_forward_hook(head_hook))
+            continue
+        for n in range(n_layer) if "{N}" in s.id else [None]:
+            c = s.id.replace("{N}", str(n)) if n is not None else s.id
+            p = s.module.replace("{N}", str(n)) if n is not None else s.module
+            mod = _submodule_or_none(model, p)
+            if mod is None and s.fallback:
+                mod = model.get_submodule(s.fallback.replace("{N}", str(n)) if n is not None else s.fallback)
+            if mod is None:
+                raise SystemExit(f"{smap.path}: stage {c}: module {p} is None in this model and the map gives no fallback")
+            if s.hook == "columns":
+                lo, hi = COLUMNS[s.columns][0](model.config)
 
                 def cols(m, args, out, c=c, lo=lo, hi=hi):
                     o = out[0] if isinstance(out, tuple) else out
                     assert o.shape[0] == 1 and o.shape[-1] >= hi, (c, o.shape, lo, hi)
                     rec_getter().put(c, o[0][..., lo:hi])
                 handles.append(mod.register_forward_hook(cols))
-            elif kind in ("out", "v_or_k"):
-                heads_first = c.endswith(("q_norm", "k_norm")) and QK_NORM_HEADS_FIRST[arch]  # gemma3: [B, H, T, D]
-
-                def hook(m, args, out, c=c, heads_first=heads_first):
+            elif s.hook == "output":
+                def hook(m, args, out, c=c, heads_first=s.heads_first):
                     o = out[0] if isinstance(out, tuple) else out
                     assert o.shape[0] == 1, (c, o.shape)
                     o = o[0]
-                    if heads_first:
+                    if heads_first:  # gemma3's q_norm/k_norm: [H, T, D] -> [T, H, D]
                         assert o.dim() == 3, (c, o.shape)
-                        o = o.transpose(0, 1)  # [H, T, D] -> [T, H, D]
-                    elif c.endswith(("q_norm", "k_norm")):
-                        assert o.dim() == 3 and o.shape[-1] == m.weight.shape[0], (c, o.shape)  # qwen3: [T, H, D]
+                        o = o.transpose(0, 1)
+                    elif heads_first is False:  # qwen3/gemma4's: [T, H, D] as normed, per head
+                        assert o.dim() == 3 and o.shape[-1] == m.weight.shape[0], (c, o.shape)
                     rec_getter().put(c, o)
                 handles.append(mod.register_forward_hook(hook))
             else:
-                def pre(m, args, c=c):
-                    assert args[0].shape[0] == 1, (c, args[0].shape)
-                    rec_getter().put(c, args[0][0])
-                handles.append(mod.register_forward_pre_hook(pre))
+                def pre(m, args, kwargs, c=c):
+                    # the first positional input, or hidden_states given by keyword (OLMo 2's self_attn)
+                    x = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values()), None))
+                    assert isinstance(x, torch.Tensor) and x.shape[0] == 1, (c, type(x))
+                    rec_getter().put(c, x[0])
+                handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
     return handles
+
+
+def load_hf(hf_dir: Path, arch, dtype=torch.float32):
+    """The model of a Hugging Face directory (config.json + *.safetensors) as the stage map says (`class`,
+    `from_pretrained` keywords), float32, eager attention (lockstep_eager for decoders, transformers' "eager" for
+    encoders, which record no Q/K), eval mode; float64: every weight widened exactly, then to_float64's patches.
+    Returns (model, float64 notes)."""
+    smap = stage_map(arch)
+    cls = getattr(transformers, smap.cls, None)
+    if cls is None:
+        raise SystemExit(f"{smap.path}: class {smap.cls!r} is not in transformers {transformers.__version__}")
+    attn = "eager" if smap.encoder else ATTN
+    model = cls.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation=attn, **smap.from_pretrained)
+    model.eval()
+    if getattr(model.config, "model_type", None) != smap.model_type:
+        raise SystemExit(f"{hf_dir}/config.json: model_type {model.config.model_type!r}, stage map {smap.path} is for "
+                         f"{smap.model_type!r}")
+    notes = []
+    if dtype == torch.float64:
+        notes = ["float64 (weights widened exactly)"] if smap.encoder else to_float64(model)
+        if smap.encoder:
+            model = model.double()
+    return model, notes
+
+
+def load_hf_encoder(hf_dir: Path, dtype=torch.float32):
+    """BertModel from lockstep's Hugging Face copy (config.json + model.safetensors), without the pooler
+    (llama.cpp's converter drops it; the stage map's from_pretrained add_pooling_layer = false), eager attention,
+    in `dtype` (float64: every weight widened exactly)."""
+    return load_hf(hf_dir, "bert", dtype)[0]
 
 
 @dataclass
@@ -1085,34 +1131,65 @@ class RunResult:
     attn_in: list = field(default_factory=list)  # per call: {layer: (Q, K)} as attention received them (np)
 
 
-def run(model, arch: str, tokens: list[int], decode_tokens: list[int]) -> RunResult:
-    """Prefill `tokens` in one forward call, then feed `decode_tokens` one at a time through transformers'
-    KV cache (DynamicCache), recording every stage of every call."""
+def run_encoder(model, arch, tokens: list[int]) -> RunResult:
+    """One forward call of an encoder over `tokens` (attention mask all ones, token types 0, positions 0..T-1,
+    as llama.cpp feeds them), recording every stage; `pooled` = the mean of the last hidden state over the
+    sequence, [1, D]. The RunResult has no logits ([T, 0]) and no decode rows."""
     global _RECORDER
+    smap = stage_map(arch)
+    cfg = model.config
+    handles = attach(model, smap, lambda: _RECORDER)
+    try:
+        with torch.no_grad():
+            _RECORDER = Recorder(smap, cfg.num_attention_heads, cfg.num_attention_heads)
+            ids = torch.tensor([tokens])
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))
+            last = out.last_hidden_state[0]
+            if not torch.equal(last, _RECORDER.rows[f"blk.{cfg.num_hidden_layers - 1}.out"]):
+                raise AssertionError("the last layer's output is not BertModel's last_hidden_state")
+            for s in smap.stages:
+                if s.hook == "pooled":
+                    _RECORDER.put(s.id, last.mean(dim=0, keepdim=True))
+            rec = _RECORDER
+    finally:
+        _RECORDER = None
+        for h in handles:
+            h.remove()
+    np_dtype = np.float64 if model.dtype == torch.float64 else np.float32
+    pre = {k: v.numpy().astype(np_dtype) for k, v in rec.rows.items()}
+    return RunResult(pre, {}, np.zeros((len(tokens), 0), np_dtype), np.zeros((0, 0), np_dtype))
+
+
+def run(model, arch, tokens: list[int], decode_tokens: list[int]) -> RunResult:
+    """Prefill `tokens` in one forward call, then feed `decode_tokens` one at a time through transformers'
+    KV cache (DynamicCache), recording every stage of every call (`arch`: a StageMap or a name for stage_map())."""
+    global _RECORDER
+    smap = stage_map(arch)
     cfg = model.config
     n_q = cfg.num_attention_heads
     n_kv = getattr(cfg, "num_key_value_heads", None) or n_q  # GPT2Config has none (no GQA)
     recs: list[Recorder] = []
-    handles = attach(model, arch, lambda: _RECORDER)
-    from_output = any(kind == "result" for _, _, kind in ARCH_STAGES[arch])
+    handles = attach(model, smap, lambda: _RECORDER)
+    from_output = smap.has("logits_result")
+    logits_id = next((s.id for s in smap.stages if s.hook == "logits_result" or s.module == "lm_head"), "logits")
 
     def logits_of(out) -> None:
         # the model's output logits: recorded as `logits` where the stage map says so (gemma2: after the final
         # soft-capping); elsewhere the lm_head hook's `logits` must be them, bit for bit
         if from_output:
-            _RECORDER.put("logits", out.logits[0])
-        elif not torch.equal(_RECORDER.rows["logits"], out.logits[0].reshape(_RECORDER.rows["logits"].shape)):
+            _RECORDER.put(logits_id, out.logits[0])
+        elif not torch.equal(_RECORDER.rows[logits_id], out.logits[0].reshape(_RECORDER.rows[logits_id].shape)):
             raise AssertionError("lm_head's output is not the model's output logits")
 
     try:
         with torch.no_grad():
-            _RECORDER = Recorder(arch, n_q, n_kv)
+            _RECORDER = Recorder(smap, n_q, n_kv)
             recs.append(_RECORDER)
             out = model(input_ids=torch.tensor([tokens]), use_cache=True)
             logits_of(out)
             cache = out.past_key_values
             for t in decode_tokens:
-                _RECORDER = Recorder(arch, n_q, n_kv)
+                _RECORDER = Recorder(smap, n_q, n_kv)
                 recs.append(_RECORDER)
                 out = model(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True)
                 logits_of(out)
@@ -1125,8 +1202,8 @@ def run(model, arch: str, tokens: list[int], decode_tokens: list[int]) -> RunRes
     pre = {k: v.numpy().astype(np_dtype) for k, v in recs[0].rows.items()}
     ids = list(pre)
     dec = {k: np.concatenate([r.rows[k].numpy() for r in recs[1:]], axis=0).astype(np_dtype) for k in ids} if decode_tokens else {}
-    logits = pre.pop("logits")
-    dlog = dec.pop("logits") if decode_tokens else np.zeros((0, logits.shape[1]), np_dtype)
+    logits = pre.pop(logits_id)
+    dlog = dec.pop(logits_id) if decode_tokens else np.zeros((0, logits.shape[1]), np_dtype)
     res = RunResult(pre, dec, logits, dlog, dict(recs[0].masks), [dict(r.attn_args) for r in recs])
     res.attn_in = [{l: (q.numpy().astype(np_dtype), k.numpy().astype(np_dtype)) for l, (q, k) in r.attn_in.items()}
                    for r in recs]

@@ -114,7 +114,7 @@ mod tests {
 
     #[test]
     fn the_list_holds_every_registered_id_once() {
-        let reg = Registry::builtin().unwrap();
+        let reg = Registry::active().unwrap();
         let lines = list_lines(&reg);
         assert_eq!(
             lines.len(),
@@ -159,7 +159,7 @@ mod tests {
 
     #[test]
     fn an_unknown_id_fails_before_anything_is_fetched() {
-        let reg = Registry::builtin().unwrap();
+        let reg = Registry::active().unwrap();
         let cache = tempfile::tempdir().unwrap();
         let ids = [reg.models[0].id.clone(), "no-such-model".to_string()];
         let mut paths = Vec::new();

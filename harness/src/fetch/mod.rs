@@ -197,7 +197,10 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf> {
     if is_path_spec(spec) {
         return local_model(Path::new(spec));
     }
-    let registry = Registry::builtin()?;
+    let registry = Registry::active()?;
+    if let Some(c) = registry.checkpoint(spec) {
+        return c.dir();
+    }
     if let Some(v) = registry.variant(spec) {
         return fetch_variant(v, &cache_dir()?, &FetchOptions::from_env());
     }
@@ -219,6 +222,9 @@ pub fn resolve_model_in(
 ) -> Result<PathBuf> {
     if is_path_spec(spec) {
         return local_model(Path::new(spec));
+    }
+    if let Some(c) = registry.checkpoint(spec) {
+        return c.dir();
     }
     if let Some(v) = registry.variant(spec) {
         let mut paths = fetch_variants_in(&[v], registry, cache_root, opts)?;
@@ -243,19 +249,18 @@ pub(crate) fn fetch_model_in(
     }
 }
 
-/// Checks that `path` is an existing file starting with the GGUF magic, or a Hugging Face checkpoint
-/// directory (one holding `config.json`; the engine reads the rest, [`lockstep_engine::hf::open_dir`]).
+/// Checks that `path` is an existing file starting with the GGUF magic, or an HF checkpoint directory
+/// (config.json, tokenizer.json and `*.safetensors`: [`crate::hash::hf_dir_files`]).
 pub(crate) fn local_model(path: &Path) -> Result<PathBuf> {
     // a FIFO would block: name what it is instead
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => {
-            if !path.join("config.json").is_file() {
-                bail!(
-                    "{} is a directory without config.json: neither a GGUF model file nor a Hugging Face \
-                     checkpoint directory",
+            crate::hash::hf_dir_files(path).with_context(|| {
+                format!(
+                    "{} is a directory: neither a GGUF model file nor an HF checkpoint directory",
                     path.display()
-                );
-            }
+                )
+            })?;
             return Ok(path.to_path_buf());
         }
         Ok(m) if !m.is_file() => bail!(

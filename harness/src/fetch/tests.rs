@@ -44,7 +44,7 @@ fn path_specs_versus_ids() {
 
 #[test]
 fn disk_full_error_names_directory_and_space() {
-    let entry = Registry::builtin()
+    let entry = Registry::active()
         .unwrap()
         .get("smollm2-135m-q4_1")
         .unwrap()
@@ -124,7 +124,7 @@ fn stamp(p: &Path) -> Option<FileStamp> {
 
 #[test]
 fn fetch_synth_writes_the_registered_file_and_a_second_fetch_is_a_cache_hit() {
-    let reg = Registry::builtin().unwrap();
+    let reg = Registry::active().unwrap();
     let entry = reg.synth("synth-qwen3").unwrap();
     let cache = tempfile::tempdir().unwrap();
     let path = fetch_synth_into(entry, cache.path(), &no_pip()).unwrap();
@@ -197,7 +197,7 @@ fn fetch_synth_writes_the_registered_file_and_a_second_fetch_is_a_cache_hit() {
 
 #[test]
 fn fetch_synth_with_a_wrong_registered_sha256_names_both_hashes_and_leaves_nothing() {
-    let reg = Registry::builtin().unwrap();
+    let reg = Registry::active().unwrap();
     let good = reg.synth("synth-llama").unwrap();
     let mut bad = good.clone();
     bad.sha256 = "0".repeat(64);
@@ -237,7 +237,7 @@ fn fetch_synth_with_a_wrong_registered_sha256_names_both_hashes_and_leaves_nothi
 
 #[test]
 fn fetch_synth_variants_are_made_from_the_written_source_and_verified() {
-    let reg = Registry::builtin().unwrap();
+    let reg = Registry::active().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let q8 = reg.variant("synth-llama-q8_0").unwrap();
     let paths = fetch_variants_in(&[q8], &reg, cache.path(), &no_pip()).unwrap();
@@ -277,7 +277,7 @@ fn fetch_synth_variants_are_made_from_the_written_source_and_verified() {
 
 #[test]
 fn hf_copies_are_exported_from_their_source_checked_by_digest_and_remade_when_changed() {
-    let reg = Registry::builtin().unwrap();
+    let reg = Registry::active().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let v = reg.variant("synth-gpt2-hf").unwrap();
     // made in process: this machine's export reproduces the registered digest

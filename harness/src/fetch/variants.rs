@@ -51,7 +51,7 @@ pub fn fetch_variants(
     cache_root: &Path,
     opts: &FetchOptions,
 ) -> Result<Vec<PathBuf>> {
-    fetch_variants_in(variants, &Registry::builtin()?, cache_root, opts)
+    fetch_variants_in(variants, &Registry::active()?, cache_root, opts)
 }
 
 /// [`fetch_variants`] with the source models looked up in `registry`. Each source is fetched and opened

@@ -115,7 +115,7 @@ impl Rule {
         let sel = |s: &str, v: &str| s == ANY || s == v;
         // the Hugging Face copy of a registered model is held to its source's rules (the same weights)
         (sel(&self.model, &cell.model)
-            || self.model == crate::registry::Registry::builtin_golden_model(&cell.model))
+            || self.model == crate::registry::Registry::active_golden_model(&cell.model))
             && sel(&self.mode, cell.mode.name())
             && sel(&self.oracle, &cell.oracle)
     }

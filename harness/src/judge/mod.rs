@@ -61,7 +61,7 @@ pub fn floor_set(
                 path,
                 // the Hugging Face copy of a registered model: its source's floors (the same stages, bit
                 // for bit on F32 weights: engine/src/hf tests)
-                &crate::registry::Registry::builtin_golden_model(&cell.model),
+                &crate::registry::Registry::active_golden_model(&cell.model),
                 &cell.oracle,
                 cell.mode.name(),
                 &entry.path,

@@ -72,13 +72,16 @@ pub struct SessionEngine {
     steps: usize,
     /// False once lockstep's tokenizer stood in for an engine without `tokenize`.
     own_tokens: bool,
+    /// The version the engine answered `load` with ([`super::check_version`]).
+    version: u32,
 }
 
 impl SessionEngine {
-    /// Start the engine and `load` `model` (`arch` as the golden names it) in `mode` with `target`.
+    /// Start the engine and `load` `model` (`arch` as the golden names it) in `mode` with `target`: a GGUF
+    /// file, or an HF checkpoint directory (`format` [`super::format_of`] the path).
     ///
-    /// Errors: the command cannot start; `load` fails or times out; the answer's protocol is not
-    /// [`PROTOCOL_VERSION`], or it names no engine.
+    /// Errors: the command cannot start; `load` fails or times out; the answer's protocol is not one this
+    /// lockstep speaks, or is version 1 for an HF checkpoint ([`super::check_version`]); it names no engine.
     pub fn start(
         cmd: ServeCommand,
         model: &Path,
@@ -113,21 +116,19 @@ impl SessionEngine {
             pending: Vec::new(),
             steps: 0,
             own_tokens: true,
+            version: PROTOCOL_VERSION,
         };
+        let format = super::format_of(model);
         let r = e.call(&Request::Load {
             protocol: PROTOCOL_VERSION,
             model: model.display().to_string(),
+            format: Some(format.to_string()),
             mode: mode.to_string(),
             target: target.to_string(),
             scratch: e.scratch.path().display().to_string(),
         })?;
-        if r.protocol != Some(PROTOCOL_VERSION) {
-            bail!(
-                "the session engine answered `load` with protocol {:?}; this lockstep speaks {PROTOCOL_VERSION}: {}",
-                r.protocol,
-                e.child.shown()
-            );
-        }
+        e.version = super::check_version(r.protocol, format, &model.display().to_string())
+            .map_err(|err| anyhow::anyhow!("{err:#}: {}", e.child.shown()))?;
         let name = r.engine.unwrap_or_default();
         if name.trim().is_empty() || name.contains(['/', '\n']) {
             bail!(
@@ -157,6 +158,11 @@ impl SessionEngine {
     /// The capabilities `load` announced.
     pub fn capabilities(&self) -> &BTreeSet<String> {
         &self.capabilities
+    }
+
+    /// The protocol version the engine answered `load` with (1 or 2).
+    pub fn protocol_version(&self) -> u32 {
+        self.version
     }
 
     /// Send a request, read its answer; an `ok: false` answer is an error with the engine's message.
@@ -254,6 +260,11 @@ impl Engine for SessionEngine {
     }
 
     fn tokenize(&mut self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        if !self.capabilities.contains(CAP_TOKENIZE) && self.model.is_dir() {
+            // an HF checkpoint: its tokenizer.json through the `tokenizers` crate; `tokens` not compared
+            self.own_tokens = false;
+            return hf_tokenize(&self.model, text, add_special);
+        }
         if !self.capabilities.contains(CAP_TOKENIZE) {
             // lockstep's tokenizer, from the GGUF's vocabulary; the report lists `tokens` as not compared
             let g = lockstep_engine::hf::open(&self.model)
@@ -440,6 +451,26 @@ impl Engine for SessionEngine {
             }
         }
     }
+}
+
+/// The ids of `text` by an HF checkpoint's `tokenizer.json` (the `tokenizers` crate, as transformers'
+/// fast tokenizer encodes: `encode(text, add_special_tokens)`; control-token text is always recognised,
+/// as there). For a session engine without the `tokenize` capability on an HF model, where lockstep's
+/// own GGUF tokenizer has no vocabulary to read.
+///
+/// Errors: tokenizer.json is missing or does not load; the encoding fails (each naming the file).
+pub fn hf_tokenize(dir: &Path, text: &str, add_special: bool) -> Result<Vec<u32>> {
+    let path = dir.join("tokenizer.json");
+    let t = tokenizers::Tokenizer::from_file(&path).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a tokenizer the tokenizers crate loads: {e}",
+            path.display()
+        )
+    })?;
+    let enc = t
+        .encode(text, add_special)
+        .map_err(|e| anyhow::anyhow!("{}: encoding the prompt failed: {e}", path.display()))?;
+    Ok(enc.get_ids().to_vec())
 }
 
 /// The `value` array [`SessionEngine`] writes for `inject` (and `lockstep serve` reads), `[n, D]`.

@@ -8,7 +8,7 @@
 //!
 //! | op | fields | answer |
 //! |---|---|---|
-//! | `load` | `protocol` (1), `model` (GGUF path), `mode`, `target`, `scratch` (a directory to write dumps in) | `engine` (name@version), `protocol`, `capabilities`, optional `n_vocab`, optional `stages` (its stage names in forward order), optional `output` (`"logits"`, the default, or `"pooled"` for an encoder) |
+//! | `load` | `protocol` (2), `model` (a path), `format` (`gguf`: a GGUF file; `hf`: an HF checkpoint directory), `mode`, `target`, `scratch` (a directory to write dumps in) | `engine` (name@version), `protocol`, `capabilities`, optional `n_vocab`, optional `stages` (its stage names in forward order), optional `output` (`"logits"`, the default, or `"pooled"` for an encoder) |
 //! | `tokenize` | `text`, `add_special`, `parse_special` | `tokens` (capability `tokenize`) |
 //! | `reset` | `mode`, `target`, `n_ctx`, optional `input_rounding` | — (a new sequence: empty KV cache, position 0) |
 //! | `prefill` | `tokens`, `stages` (`"all"`) | `dump`: the path of an `.npz` in the dump format for this step |
@@ -30,6 +30,12 @@
 //! capability `input_rounding` (lockstep's own) lets `reset` ask reference mode to round every matmul input
 //! as llama.cpp does (the rounding probe).
 //!
+//! **Versions.** The harness sends `load` with `"protocol": 2` (the highest it speaks, [`PROTOCOL_VERSION`])
+//! and `format`; the engine answers with the version it speaks. An answer of 2 is an engine that reads
+//! `format`. An answer of 1 is a version-1 engine, which knows GGUF files only (its `load` has no `format`):
+//! accepted for a GGUF model, refused with an error naming the model and the versions for an HF checkpoint
+//! ([`check_version`]). Every other request is the same in both versions.
+//!
 //! The client is [`client::SessionEngine`] (`lockstep run --engine-serve CMD`, `lockstep bisect
 //! --engine-serve CMD`); our own engine behind the protocol is [`server`] (`lockstep serve`); the numpy-only
 //! Python side is `oracles/lockstep_session/`.
@@ -40,8 +46,46 @@ pub mod stage_map;
 
 use serde::{Deserialize, Serialize};
 
-/// The protocol version `load` carries and its answer must repeat.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The protocol version `load` carries: the highest this lockstep speaks.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The oldest version an engine may answer `load` with: version 1, GGUF models only.
+pub const PROTOCOL_VERSION_MIN: u32 = 1;
+
+/// `load`'s `format` of a GGUF file.
+pub const FORMAT_GGUF: &str = "gguf";
+
+/// `load`'s `format` of an HF checkpoint directory (config.json, `*.safetensors`, tokenizer.json).
+pub const FORMAT_HF: &str = "hf";
+
+/// The `format` of a model path: [`FORMAT_HF`] for a directory, else [`FORMAT_GGUF`].
+pub fn format_of(model: &std::path::Path) -> &'static str {
+    if model.is_dir() {
+        FORMAT_HF
+    } else {
+        FORMAT_GGUF
+    }
+}
+
+/// Checks the version an engine answered `load` with, for a model of `format` at `model`.
+///
+/// Errors: no version, or one outside [`PROTOCOL_VERSION_MIN`]..=[`PROTOCOL_VERSION`]; version 1 for a
+/// format other than [`FORMAT_GGUF`] (a version-1 engine cannot know it was handed an HF directory).
+pub fn check_version(answered: Option<u32>, format: &str, model: &str) -> anyhow::Result<u32> {
+    match answered {
+        Some(v) if v == PROTOCOL_VERSION => Ok(v),
+        Some(1) if format == FORMAT_GGUF => Ok(1),
+        Some(1) => anyhow::bail!(
+            "the session engine speaks protocol 1, which loads GGUF files only; {model} is an HF checkpoint \
+             directory (format \"{format}\"): the engine must speak protocol {PROTOCOL_VERSION} (answer `load` \
+             with \"protocol\": {PROTOCOL_VERSION} and read its `format`)"
+        ),
+        v => anyhow::bail!(
+            "the session engine answered `load` with protocol {v:?}; this lockstep speaks {PROTOCOL_VERSION_MIN} \
+             (GGUF models) and {PROTOCOL_VERSION}"
+        ),
+    }
+}
 
 /// Capability: the engine tokenizes (`tokenize`). Without it, lockstep's own tokenizer (llama.cpp's
 /// `llama_tokenize`, from the GGUF's vocabulary) gives the ids, and the report lists `tokens` as not
@@ -71,10 +115,13 @@ pub const ALL_STAGES: &str = "all";
 pub enum Request {
     /// Load a model; the answer names the engine and its capabilities.
     Load {
-        /// [`PROTOCOL_VERSION`].
+        /// [`PROTOCOL_VERSION`] (1 from a version-1 client).
         protocol: u32,
-        /// The GGUF file.
+        /// The model: a GGUF file, or an HF checkpoint directory (`format`).
         model: String,
+        /// [`FORMAT_GGUF`] or [`FORMAT_HF`] (version 2; absent in a version-1 request, which means GGUF).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        format: Option<String>,
         /// Numerics mode of the first sequence (`reference`, `ggml`; an engine with one numerics may
         /// ignore it).
         mode: String,
@@ -157,7 +204,7 @@ pub struct Reply {
     /// as for lockstep's own `Error::Unsupported`. Any other failure stops the run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unsupported: bool,
-    /// `load`: [`PROTOCOL_VERSION`].
+    /// `load`: the version the engine speaks (2, or 1 for a version-1 engine: GGUF models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<u32>,
     /// `load`: the engine's name and version, e.g. `llama.cpp@0c1e570` (the cell id's engine field).
@@ -238,6 +285,50 @@ mod tests {
         );
         assert!(serde_json::from_str::<Request>(r#"{"op":"fly"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"op":"decode","token":1}"#).is_err());
+    }
+
+    #[test]
+    fn load_carries_the_format_and_a_version_1_answer_is_for_gguf_only() {
+        let r = Request::Load {
+            protocol: PROTOCOL_VERSION,
+            model: "/m".into(),
+            format: Some(FORMAT_HF.into()),
+            mode: "reference".into(),
+            target: "avx2".into(),
+            scratch: "/s".into(),
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            s,
+            r#"{"op":"load","protocol":2,"model":"/m","format":"hf","mode":"reference","target":"avx2","scratch":"/s"}"#
+        );
+        // a version-1 request (no format) still parses
+        let v1 = r#"{"op":"load","protocol":1,"model":"/m.gguf","mode":"ggml","target":"avx2","scratch":"/s"}"#;
+        assert!(matches!(
+            serde_json::from_str::<Request>(v1).unwrap(),
+            Request::Load {
+                format: None,
+                protocol: 1,
+                ..
+            }
+        ));
+        assert_eq!(check_version(Some(2), FORMAT_HF, "/m").unwrap(), 2);
+        assert_eq!(check_version(Some(2), FORMAT_GGUF, "/m").unwrap(), 2);
+        assert_eq!(check_version(Some(1), FORMAT_GGUF, "/m.gguf").unwrap(), 1);
+        let e = check_version(Some(1), FORMAT_HF, "/ck")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("protocol 1") && e.contains("/ck") && e.contains("HF checkpoint"),
+            "{e}"
+        );
+        for v in [None, Some(0), Some(3)] {
+            let e = check_version(v, FORMAT_GGUF, "/m").unwrap_err().to_string();
+            assert!(
+                e.contains("this lockstep speaks 1 (GGUF models) and 2"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

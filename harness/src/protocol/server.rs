@@ -16,7 +16,10 @@ use anyhow::{bail, Context, Result};
 use lockstep_engine::{GgmlTarget, Model, Numerics, NumericsMode, Session, Simd, Stage, StageKind};
 use ndarray::Array2;
 
-use super::{Reply, Request, CAP_INJECT, CAP_INPUT_ROUNDING, CAP_TOKENIZE, PROTOCOL_VERSION};
+use super::{
+    Reply, Request, CAP_INJECT, CAP_INPUT_ROUNDING, CAP_TOKENIZE, FORMAT_GGUF, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
+};
 use crate::capture::{recorded_arrays, InjectingSink};
 use crate::dump::Dump;
 use crate::npz::{Dtype, Npz};
@@ -113,12 +116,24 @@ impl Server {
             Request::Load {
                 protocol,
                 model,
+                format,
                 mode,
                 target,
                 scratch,
             } => {
-                if protocol != PROTOCOL_VERSION {
-                    bail!("protocol {protocol} asked; lockstep serve speaks {PROTOCOL_VERSION}");
+                if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&protocol) {
+                    bail!(
+                        "protocol {protocol} asked; lockstep serve speaks {PROTOCOL_VERSION_MIN} and \
+                         {PROTOCOL_VERSION}"
+                    );
+                }
+                let format = format.unwrap_or_else(|| FORMAT_GGUF.to_string());
+                if format != FORMAT_GGUF {
+                    // the engine cannot run this model: the cell fails as engine_error, the run goes on
+                    return Err(lockstep_engine::Error::Unsupported(format!(
+                        "lockstep serve loads GGUF files; {model} is format \"{format}\""
+                    ))
+                    .into());
                 }
                 let numerics = numerics(&mode, &target, self.simd)?;
                 let path = Path::new(&model);
@@ -145,7 +160,8 @@ impl Server {
                     steps: 0,
                 });
                 Ok(Reply {
-                    protocol: Some(PROTOCOL_VERSION),
+                    // the version asked: a version-1 client gets a version-1 answer
+                    protocol: Some(protocol),
                     engine: Some(engine_name()),
                     capabilities: vec![
                         CAP_TOKENIZE.into(),
@@ -285,17 +301,22 @@ mod tests {
         let r = run(&[
             r#"{"op":"decode","token":1,"stages":"all"}"#.into(),
             "hello".into(),
-            r#"{"op":"load","protocol":2,"model":"x","mode":"ggml","target":"avx2","scratch":"/tmp"}"#.into(),
+            r#"{"op":"load","protocol":3,"model":"x","mode":"ggml","target":"avx2","scratch":"/tmp"}"#.into(),
             r#"{"op":"load","protocol":1,"model":"/nonexistent.gguf","mode":"ggml","target":"avx2","scratch":"/tmp"}"#.into(),
+            r#"{"op":"load","protocol":2,"model":"/ck","format":"hf","mode":"ggml","target":"avx2","scratch":"/tmp"}"#.into(),
             r#"{"op":"shutdown"}"#.into(),
             r#"{"op":"decode","token":1,"stages":"all"}"#.into(),
         ]);
-        assert_eq!(r.len(), 5, "nothing is answered after shutdown: {r:?}");
+        assert_eq!(r.len(), 6, "nothing is answered after shutdown: {r:?}");
         let err = |i: usize| r[i].error.clone().unwrap_or_default();
         assert!(err(0).contains("send `load` first"), "{r:?}");
         assert!(err(1).contains("not a protocol request"), "{r:?}");
-        assert!(err(2).contains("protocol 2"), "{r:?}");
+        assert!(err(2).contains("protocol 3"), "{r:?}");
         assert!(err(3).contains("/nonexistent.gguf"), "{r:?}");
-        assert_eq!(r[4], Reply::ok());
+        assert!(
+            err(4).contains("loads GGUF files") && r[4].unsupported,
+            "{r:?}"
+        );
+        assert_eq!(r[5], Reply::ok());
     }
 }

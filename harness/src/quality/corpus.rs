@@ -123,7 +123,7 @@ impl Corpus {
         if spec.contains('/') || spec.contains('.') {
             return Corpus::from_file(Path::new(spec));
         }
-        let reg = crate::registry::Registry::builtin()?;
+        let reg = crate::registry::Registry::active()?;
         let entry = reg.corpus(spec)?;
         let path = crate::fetch::fetch_corpus(entry, &crate::fetch::FetchOptions::from_env())?;
         let mut c = Corpus::from_file(&path)?;
