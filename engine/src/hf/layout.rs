@@ -142,9 +142,10 @@ const COMMON_DIMS: &[Cfg] = &[
     ),
 ];
 
-macro_rules! cfg_list {
-    ($($part:expr),* $(,)?) => {{
-        const PARTS: &[&[Cfg]] = &[$($part),*];
+/// Concatenate `&[T]` constants into one `&'static [T]` at compile time (`fill`: any value of `T`, overwritten).
+macro_rules! const_concat {
+    ($ty:ty, $fill:expr; $($part:expr),* $(,)?) => {{
+        const PARTS: &[&[$ty]] = &[$($part),*];
         const N: usize = {
             let mut n = 0;
             let mut i = 0;
@@ -154,8 +155,8 @@ macro_rules! cfg_list {
             }
             n
         };
-        const OUT: [Cfg; N] = {
-            let mut out = [Cfg::Ignored("", ""); N];
+        const OUT: [$ty; N] = {
+            let mut out = [$fill; N];
             let (mut n, mut i) = (0, 0);
             while i < PARTS.len() {
                 let mut j = 0;
@@ -172,34 +173,14 @@ macro_rules! cfg_list {
     }};
 }
 
+/// The config rules of several groups, in order.
+macro_rules! cfg_list {
+    ($($part:expr),* $(,)?) => { const_concat!(Cfg, Cfg::Ignored("", ""); $($part),*) };
+}
+
+/// The tensor rules of several groups, in order.
 macro_rules! tensor_list {
-    ($($part:expr),* $(,)?) => {{
-        const PARTS: &[&[TensorRule]] = &[$($part),*];
-        const N: usize = {
-            let mut n = 0;
-            let mut i = 0;
-            while i < PARTS.len() {
-                n += PARTS[i].len();
-                i += 1;
-            }
-            n
-        };
-        const OUT: [TensorRule; N] = {
-            let mut out = [t("", ""); N];
-            let (mut n, mut i) = (0, 0);
-            while i < PARTS.len() {
-                let mut j = 0;
-                while j < PARTS[i].len() {
-                    out[n] = PARTS[i][j];
-                    n += 1;
-                    j += 1;
-                }
-                i += 1;
-            }
-            out
-        };
-        &OUT
-    }};
+    ($($part:expr),* $(,)?) => { const_concat!(TensorRule, t("", ""); $($part),*) };
 }
 
 const RMS: &[Cfg] = &[F32("attention.layer_norm_rms_epsilon", "rms_norm_eps")];
