@@ -21,7 +21,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::root;
+use common::{python_with_numpy, root};
 use lockstep::bisect::{bisect_serve, BisectOptions};
 use lockstep::compare::Phase;
 use lockstep::judge::Finding;
@@ -29,21 +29,6 @@ use lockstep::matrix::Filters;
 use lockstep::protocol::client::ServeCommand;
 use lockstep::run::{run, RunOptions};
 use lockstep_engine::{NumericsMode, Simd};
-
-/// A Python 3 that imports numpy: `LOCKSTEP_PYTHON`, else `python3`.
-fn python_with_numpy() -> String {
-    let py = std::env::var("LOCKSTEP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = std::process::Command::new(&py)
-        .args(["-c", "import numpy"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "`{py} -c 'import numpy'` fails: set LOCKSTEP_PYTHON to a Python 3 with numpy (ci/test.sh installs \
-         numpy for python3 under the cache)"
-    );
-    py
-}
 
 fn serve(command: String) -> ServeCommand {
     ServeCommand {

@@ -12,7 +12,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::root;
+use common::{python_with_numpy, root};
 use lockstep::bisect::{bisect_serve, bisect_with, BisectOptions, BisectReport};
 use lockstep::compare::{Phase, NOT_IN_STAGE_MAP};
 use lockstep::engine::{ExternalCommands, LockstepEngine};
@@ -514,22 +514,6 @@ fn names_outside_the_stage_map_are_listed_as_not_compared() {
             .map(|m| m.path.clone()),
         Some(map.display().to_string())
     );
-}
-
-/// The Python interpreter for the numpy-only session helper's example: `$LOCKSTEP_PYTHON`, else `python3`
-/// (ci/test.sh makes numpy importable for it).
-fn python_with_numpy() -> String {
-    let py = std::env::var("LOCKSTEP_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = std::process::Command::new(&py)
-        .args(["-c", "import numpy"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "`{py} -c 'import numpy'` fails: set LOCKSTEP_PYTHON to a Python 3 with numpy (ci/test.sh installs \
-         numpy for python3 under the cache)"
-    );
-    py
 }
 
 #[test]

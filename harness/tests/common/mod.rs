@@ -147,3 +147,20 @@ pub fn assert_saved_before_the_interrupt(
     );
     r
 }
+
+/// The Python interpreter for the numpy-only session engines (oracles/lockstep_session): `$LOCKSTEP_PYTHON`,
+/// else `python3`; panics, saying what to set, when it cannot import numpy (ci/test.sh makes numpy importable).
+#[allow(dead_code)] // not every test binary that includes `common` runs Python
+pub fn python_with_numpy() -> String {
+    let py = std::env::var("LOCKSTEP_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&py)
+        .args(["-c", "import numpy"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "`{py} -c 'import numpy'` fails: set LOCKSTEP_PYTHON to a Python 3 with numpy (ci/test.sh installs \
+         numpy for python3 under the cache)"
+    );
+    py
+}
