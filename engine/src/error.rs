@@ -36,6 +36,14 @@ pub enum Error {
         /// What is wrong.
         what: String,
     },
+    /// An audio file that cannot be used (not WAV, not 16 kHz mono, truncated, non-finite samples).
+    #[error("{path}: {what}")]
+    Audio {
+        /// The audio file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
     /// Tokenizer construction or encoding failure.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

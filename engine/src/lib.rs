@@ -6,6 +6,7 @@
 //! through that public API.
 //!
 //! Module map:
+//! - [`audio`] — 16 kHz mono WAV input and Whisper's log-mel front end.
 //! - [`gguf`] — GGUF v2/v3 reader over `memmap2`, bounds-checked.
 //! - [`hf`] — Hugging Face checkpoint directories (config.json, safetensors, tokenizer.json) presented as a
 //!   [`gguf::GgufFile`], and the per-architecture layout tables both directions use.
@@ -26,6 +27,7 @@
 //! - [`synth`] — tiny seeded GGUF models: test fixtures and `lockstep synth`.
 //! - [`sample`] — greedy / temperature / top-k / top-p token selection.
 
+pub mod audio;
 pub mod backend;
 pub mod error;
 pub mod faults;
