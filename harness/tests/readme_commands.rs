@@ -48,10 +48,7 @@ fn every_readme_shell_command_is_accounted_for() {
     // the count the script prints is the README's: every ```sh line that is not a comment or a continuation
     let text = std::fs::read_to_string(root().join("README.md")).unwrap();
     let blocks = text.matches("\n```sh\n").count();
-    assert!(
-        out.contains(&format!("in {blocks} shell blocks")),
-        "{out}"
-    );
+    assert!(out.contains(&format!("in {blocks} shell blocks")), "{out}");
     assert!(!out.contains("manifest problems"), "{out}");
 }
 
@@ -62,9 +59,18 @@ fn the_extraction_joins_continuations_and_here_documents_and_drops_comments() {
     let manifest = "[[command]]\ntext = \"lockstep run --model a\"\nskip = \"a reason in words\"\n";
     let (code, out, err) = with_files(d.path(), readme, manifest);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("2 commands in 1 shell blocks: 1 run, 1 skip"), "{out}");
-    assert!(out.contains("1. lockstep run --model a\n      -> skip: a reason in words"), "{out}");
-    assert!(out.contains("2. cat > f <<EOF <<x = 1\n      -> run"), "{out}");
+    assert!(
+        out.contains("2 commands in 1 shell blocks: 1 run, 1 skip"),
+        "{out}"
+    );
+    assert!(
+        out.contains("1. lockstep run --model a\n      -> skip: a reason in words"),
+        "{out}"
+    );
+    assert!(
+        out.contains("2. cat > f <<EOF <<x = 1\n      -> run"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -77,7 +83,10 @@ fn a_stale_entry_an_untagged_fence_and_a_reasonless_entry_are_errors() {
         "[[command]]\ntext = \"lockstep gone\"\nlong = \"no longer in the README\"\n",
     );
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("'lockstep gone' is no command of README.md"), "{err}");
+    assert!(
+        err.contains("'lockstep gone' is no command of README.md"),
+        "{err}"
+    );
 
     let (code, _, err) = with_files(d.path(), "```\nlockstep run\n```\n", "");
     assert_eq!(code, 2, "{err}");

@@ -43,7 +43,9 @@ fn map_keys(y: &Yaml) -> Vec<String> {
 /// backslashes joined, `${{ matrix.shard }}` replaced by `shard`, the workflow's `env` variables by their
 /// values and `"$baseline"` (the bench's baseline binary) by a path.
 fn lockstep_commands(script: &str, shard: &str, env: &Yaml) -> Vec<Vec<String>> {
-    let mut joined = script.replace("\\\n", " ").replace("\"$baseline\"", "bin/lockstep");
+    let mut joined = script
+        .replace("\\\n", " ")
+        .replace("\"$baseline\"", "bin/lockstep");
     for k in map_keys(env) {
         let v = env[k.as_str()].as_str().unwrap_or_default().to_string();
         joined = joined.replace(&format!("${k}"), &v);
@@ -163,13 +165,20 @@ fn the_workflow_is_well_formed_and_its_lockstep_commands_parse() {
     assert_eq!(needs(&jobs["test"]), ["models"]);
     assert!(needs(&jobs["shard"]).contains(&"models".to_string()));
     let merge = &jobs["merge"];
-    assert!(needs(merge).contains(&"build".to_string()) && needs(merge).contains(&"shard".to_string()));
+    assert!(
+        needs(merge).contains(&"build".to_string()) && needs(merge).contains(&"shard".to_string())
+    );
     let cond = merge["if"].as_str().unwrap_or_default();
     assert!(
         cond.contains("needs.build.result == 'success'"),
         "merge runs only after a successful build: if: {cond}"
     );
-    assert!(scripts(jobs, "test").lines().any(|l| l.trim() == "ci/test.sh"), "the test job runs ci/test.sh");
+    assert!(
+        scripts(jobs, "test")
+            .lines()
+            .any(|l| l.trim() == "ci/test.sh"),
+        "the test job runs ci/test.sh"
+    );
 
     // the shard list is 1..=N and every --shard says /N
     let shard = &jobs["shard"];
@@ -207,11 +216,20 @@ fn the_workflow_is_well_formed_and_its_lockstep_commands_parse() {
     for name in &names {
         let caches: Vec<&Yaml> = steps(jobs, name)
             .iter()
-            .filter(|s| s["uses"].as_str().is_some_and(|u| u.starts_with("actions/cache")) && model_cache(s))
+            .filter(|s| {
+                s["uses"]
+                    .as_str()
+                    .is_some_and(|u| u.starts_with("actions/cache"))
+                    && model_cache(s)
+            })
             .collect();
         let saves = caches
             .iter()
-            .filter(|s| s["uses"].as_str().is_some_and(|u| !u.starts_with("actions/cache/restore@")))
+            .filter(|s| {
+                s["uses"]
+                    .as_str()
+                    .is_some_and(|u| !u.starts_with("actions/cache/restore@"))
+            })
             .count();
         assert_eq!(
             saves,
@@ -220,8 +238,14 @@ fn the_workflow_is_well_formed_and_its_lockstep_commands_parse() {
         );
         for s in &caches {
             let k = s["with"]["key"].as_str().unwrap_or_default();
-            assert!(k.contains("hashFiles('models.toml')"), "job {name}: cache key {k}");
-            if s["uses"].as_str().is_some_and(|u| u.starts_with("actions/cache/restore@")) {
+            assert!(
+                k.contains("hashFiles('models.toml')"),
+                "job {name}: cache key {k}"
+            );
+            if s["uses"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("actions/cache/restore@"))
+            {
                 assert_eq!(
                     s["with"]["restore-keys"].as_str(),
                     Some("lockstep-models-"),
@@ -231,7 +255,9 @@ fn the_workflow_is_well_formed_and_its_lockstep_commands_parse() {
         }
         let runs_models = ["test", "shard", "merge"].contains(&name.as_str());
         assert_eq!(
-            caches.iter().any(|s| s["uses"].as_str().is_some_and(|u| u.starts_with("actions/cache/restore@"))),
+            caches.iter().any(|s| s["uses"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("actions/cache/restore@"))),
             runs_models || name == "models",
             "job {name}: restores the model cache"
         );
@@ -239,7 +265,10 @@ fn the_workflow_is_well_formed_and_its_lockstep_commands_parse() {
     assert!(scripts(jobs, "models").contains("ci/fetch-models.sh"));
     for name in &names {
         if name != "models" {
-            assert!(!scripts(jobs, name).contains("fetch-models"), "job {name} fetches models");
+            assert!(
+                !scripts(jobs, name).contains("fetch-models"),
+                "job {name} fetches models"
+            );
         }
     }
 
@@ -247,7 +276,9 @@ fn the_workflow_is_well_formed_and_its_lockstep_commands_parse() {
     let subcommands: BTreeSet<&str> = commands.iter().map(|c| c[1].as_str()).collect();
     assert_eq!(
         subcommands,
-        ["bench", "gate", "merge", "publish", "run"].into_iter().collect()
+        ["bench", "gate", "merge", "publish", "run"]
+            .into_iter()
+            .collect()
     );
     for c in &commands {
         // shell globs stand for files: any path parses
@@ -278,8 +309,14 @@ fn the_workflow_is_well_formed_and_its_lockstep_commands_parse() {
     assert_eq!(pages.len(), 1);
     assert_eq!(pages[0]["with"]["path"].as_str(), Some("site/"));
     assert_eq!(uses(jobs, "pages", "actions/deploy-pages").len(), 1);
-    assert_eq!(jobs["pages"]["permissions"]["pages"].as_str(), Some("write"));
-    assert_eq!(jobs["pages"]["permissions"]["id-token"].as_str(), Some("write"));
+    assert_eq!(
+        jobs["pages"]["permissions"]["pages"].as_str(),
+        Some("write")
+    );
+    assert_eq!(
+        jobs["pages"]["permissions"]["id-token"].as_str(),
+        Some("write")
+    );
 
     // JUnit and the report are uploaded
     let uploads: Vec<String> = names
@@ -316,6 +353,9 @@ fn the_workflow_steps_run_in_order() {
         ),
         "{text}"
     );
-    assert!(text.contains("cache: restored lockstep-models-earlier-run (restore-key)"), "{text}");
+    assert!(
+        text.contains("cache: restored lockstep-models-earlier-run (restore-key)"),
+        "{text}"
+    );
     assert!(text.contains("deployed: file://"), "{text}");
 }

@@ -81,7 +81,10 @@ pub fn files_for_types(dir: &Path, types: &[String]) -> Result<Vec<PathBuf>> {
 /// writes one, named for the model of the directory, `variants/<ID>/`).
 pub fn base_in_dir(dir: &Path) -> Result<PathBuf> {
     let f32 = "F32".to_string();
-    if types_in_dir(dir)?.iter().any(|t| t.eq_ignore_ascii_case(&f32)) {
+    if types_in_dir(dir)?
+        .iter()
+        .any(|t| t.eq_ignore_ascii_case(&f32))
+    {
         return Ok(files_for_types(dir, &[f32])?.remove(0));
     }
     let id = dir
@@ -233,7 +236,10 @@ mod tests {
             "`lockstep quantize --model smollm2-135m-q4_1 --type F32 --out {}`",
             dir.join("smollm2-135m-q4_1-F32.gguf").display()
         );
-        assert!(e.contains("holds no *-F32.gguf") && e.contains(&want), "{e}");
+        assert!(
+            e.contains("holds no *-F32.gguf") && e.contains(&want),
+            "{e}"
+        );
     }
 
     #[test]
