@@ -48,6 +48,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "lockstep.yml"
+# every job's workspace (a fixed path, as on GitHub's runners; a rebuild reuses the last one's artifacts)
+WORKSPACE = Path(tempfile.gettempdir()) / "lockstep-workflow-steps" / "work" / "lockstep"
 
 
 class Unsupported(Exception):
@@ -395,10 +397,14 @@ def main() -> int:
 def run_job(name, job, mvals, ctx0, wenv, wenv_over, runner, scratch, args, log) -> bool:
     label = name + (f" ({', '.join(f'{k}={v}' for k, v in mvals.items())})" if mvals else "")
     jdir = scratch / "jobs" / re.sub(r"[^A-Za-z0-9_.-]+", "-", label)
-    ws = jdir / "workspace"
+    # one workspace path for every job, emptied before each, as every GitHub runner checks out into
+    # /home/runner/work/<repo>/<repo>: reports record their input files' paths, and the merge compares them
+    ws = WORKSPACE
+    if ws.exists():
+        shutil.rmtree(ws)
     temp = jdir / "tmp"
     ws.mkdir(parents=True)
-    temp.mkdir()
+    temp.mkdir(parents=True)
     summary = jdir / "step-summary.md"
     summary.touch()
     ctx = dict(ctx0)
