@@ -7,7 +7,9 @@ script is the local runner: it reads the workflow (PyYAML), orders the jobs by `
 `bash --noprofile --norc -eo pipefail` as GitHub does, in a job workspace of its own (a clone of the checkout's
 HEAD, as `actions/checkout` makes it), with GitHub's variables: GITHUB_WORKSPACE, GITHUB_STEP_SUMMARY,
 GITHUB_OUTPUT (read back as the step's outputs), GITHUB_ENV, GITHUB_PATH, CI, GITHUB_ACTIONS, RUNNER_OS,
-RUNNER_TEMP, the workflow's, job's and step's `env`. The event is a push to refs/heads/main.
+RUNNER_TEMP, the workflow's, job's and step's `env`. The event is a push to refs/heads/main. Jobs run one
+after another, every one in the same workspace path ($TMPDIR/lockstep-workflow-steps/work/lockstep, emptied
+before each), as GitHub's runners all use /home/runner/work/<repo>/<repo>: reports record their inputs' paths.
 
 The actions it uses are emulated on local directories under the scratch directory:
   actions/checkout                    a clone of HEAD into the job's workspace
