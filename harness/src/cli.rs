@@ -495,9 +495,10 @@ pub struct QualityArgs {
     /// Seconds one llama-perplexity run may take before its process group is killed (default 6 h).
     #[arg(long, default_value_t = 21600.0, value_parser = positive_seconds)]
     pub engine_timeout: f64,
-    /// Where reports go (default reports/ of the repository).
-    #[arg(long)]
-    pub reports_dir: Option<PathBuf>,
+    /// Where reports/<run-id>/ goes (default reports/ of the checkout); `--reports` as in `run`, `merge`
+    /// and `bench` (`--reports-dir`, its older spelling, is accepted).
+    #[arg(long, alias = "reports-dir")]
+    pub reports: Option<PathBuf>,
 }
 
 /// Arguments of `lockstep floors`.
@@ -1293,7 +1294,7 @@ fn quality(a: QualityArgs, threads: usize, defaults: &Defaults) -> Result<()> {
         },
         threads,
         cache_root: fetch::cache_dir()?,
-        reports_root: defaults.path(a.reports_dir, "reports", "--reports-dir")?,
+        reports_root: defaults.path(a.reports, "reports", "--reports")?,
         // recorded in the report (its sha256, "unknown" where there is none): no reason to refuse a run
         golden_manifest: defaults.root().map_or_else(
             |_| PathBuf::new(),

@@ -80,7 +80,7 @@ fn quality_end_to_end_on_synthetic_variants() {
         "4",
         "--max-kept",
         "16",
-        "--reports-dir",
+        "--reports",
         reports.to_str().unwrap(),
     ];
     let (code, stdout, stderr) = quality(&cache, &args);
@@ -226,7 +226,7 @@ fn quality_bad_input_is_a_clear_error() {
         b,
         "--corpus",
         bin.to_str().unwrap(),
-        "--reports-dir",
+        "--reports",
         r,
     ]);
     assert_eq!(code, 2);
@@ -241,7 +241,7 @@ fn quality_bad_input_is_a_clear_error() {
         b,
         "--corpus",
         short.to_str().unwrap(),
-        "--reports-dir",
+        "--reports",
         r,
     ]);
     assert_eq!(code, 2);
@@ -254,7 +254,7 @@ fn quality_bad_input_is_a_clear_error() {
         b,
         "--corpus",
         t,
-        "--reports-dir",
+        "--reports",
         r,
     ]);
     assert_eq!(code, 2);
@@ -279,7 +279,7 @@ fn quality_bad_input_is_a_clear_error() {
         "2",
         "--max-kept",
         "8",
-        "--reports-dir",
+        "--reports",
         r,
     ]);
     // its only variant failed: the run is an error (exit 2), after the report with the error is written

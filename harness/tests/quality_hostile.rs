@@ -271,7 +271,7 @@ fn an_unwritable_report_target_is_refused_before_measuring() {
             ],
         );
         assert_eq!(code, 2, "{e}");
-        assert!(e.contains("--reports-dir") && e.contains(says), "{e}");
+        assert!(e.contains("--reports") && e.contains(says), "{e}");
         assert!(!e.contains("base: computing"), "{e}");
     }
 }

@@ -464,7 +464,7 @@ pub struct QualityOptions {
 
 /// Checks every option that can be checked without loading a model, before anything is measured: the
 /// window and cap, `--ctx ≥ 4`, the report and cache directories (created if missing, writable: a bad
-/// `--reports-dir` fails in milliseconds, not after the scoring), the base and every variant a regular
+/// `--reports` fails in milliseconds, not after the scoring), the base and every variant a regular
 /// file, the llama-perplexity binary an executable file, every `--check-types` label a variant of the
 /// run.
 ///
@@ -480,7 +480,7 @@ pub fn validate(opts: &QualityOptions) -> Result<()> {
     if opts.params.n_ctx < 4 {
         bail!("--ctx {} is too small (at least 4)", opts.params.n_ctx);
     }
-    crate::output::check_dir_target(&opts.reports_root, "--reports-dir")?;
+    crate::output::check_dir_target(&opts.reports_root, "--reports")?;
     crate::output::check_dir_target(
         &opts.cache_root.join("quality"),
         "the base-logits cache directory",

@@ -74,6 +74,30 @@ pub fn files_for_types(dir: &Path, types: &[String]) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
+/// The base of `--variants-dir DIR` without `--base`: its one `*-F32.gguf`.
+///
+/// Errors: an unreadable directory; several F32 files; none — then the message says how to make it
+/// (`lockstep fetch` makes the registered variants and keeps no F32 file; `lockstep quantize --type F32`
+/// writes one, named for the model of the directory, `variants/<ID>/`).
+pub fn base_in_dir(dir: &Path) -> Result<PathBuf> {
+    let f32 = "F32".to_string();
+    if types_in_dir(dir)?
+        .iter()
+        .any(|t| t.eq_ignore_ascii_case(&f32))
+    {
+        return Ok(files_for_types(dir, &[f32])?.remove(0));
+    }
+    let id = dir
+        .file_name()
+        .map_or_else(|| "ID".to_string(), |n| n.to_string_lossy().into_owned());
+    bail!(
+        "no base: {} holds no *-F32.gguf (the variants `lockstep fetch` makes keep none); make it with \
+         `lockstep quantize --model {id} --type F32 --out {}`, or give --base FILE",
+        dir.display(),
+        dir.join(format!("{id}-F32.gguf")).display()
+    )
+}
+
 /// The base and the variants of a run: `base`, else the `*-F32.gguf` of `variants_dir`; the `variants`
 /// given, then those of `variants_dir` — the `types` given (each once, each present), or the
 /// [`DEFAULT_TYPES`] the directory holds (the absent ones named through `log`).
@@ -89,7 +113,7 @@ pub fn select_files(
 ) -> Result<(PathBuf, Vec<PathBuf>)> {
     let base = match (base, variants_dir) {
         (Some(b), _) => b.to_path_buf(),
-        (None, Some(d)) => files_for_types(d, &["F32".to_string()])?.remove(0),
+        (None, Some(d)) => base_in_dir(d)?,
         (None, None) => bail!("give --base F32.gguf, or --variants-dir DIR holding a *-F32.gguf"),
     };
     let mut variants = variants.to_vec();
@@ -197,6 +221,25 @@ mod tests {
             std::fs::write(d.path().join(f), b"").unwrap();
         }
         d
+    }
+
+    #[test]
+    fn a_directory_without_an_f32_file_says_how_to_make_one() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("smollm2-135m-q4_1");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("smollm2-135m-q4_1-Q8_0.gguf"), b"").unwrap();
+        let e = select_files(None, &[], Some(&dir), None, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        let want = format!(
+            "`lockstep quantize --model smollm2-135m-q4_1 --type F32 --out {}`",
+            dir.join("smollm2-135m-q4_1-F32.gguf").display()
+        );
+        assert!(
+            e.contains("holds no *-F32.gguf") && e.contains(&want),
+            "{e}"
+        );
     }
 
     #[test]
