@@ -85,8 +85,7 @@ pub fn gate_file_report(path: &Path, thresholds: Option<&Path>) -> Result<(GateO
     let mut r = crate::report::read_report(path)?;
     match thresholds {
         Some(t) => regate(&mut r, &crate::gate::Thresholds::load(t)?)?,
-        None => check_recorded_verdicts(&r)
-            .with_context(|| format!("{}", path.display()))?,
+        None => check_recorded_verdicts(&r).with_context(|| format!("{}", path.display()))?,
     }
     Ok((outcome(&r), r))
 }

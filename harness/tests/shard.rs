@@ -152,7 +152,10 @@ fn three_shards_merged_equal_the_whole_run() {
     assert_eq!(normalized(&back), normalized(&whole));
 
     // a missing shard, a shard given twice, a report that is no shard: refused, naming them
-    let e = format!("{:#}", merge(shards[..2].to_vec(), &thresholds()).unwrap_err());
+    let e = format!(
+        "{:#}",
+        merge(shards[..2].to_vec(), &thresholds()).unwrap_err()
+    );
     assert!(e.contains("3/3") && e.contains("missing"), "{e}");
     let e = format!(
         "{:#}",
@@ -163,7 +166,10 @@ fn three_shards_merged_equal_the_whole_run() {
         .unwrap_err()
     );
     assert!(e.contains("given twice"), "{e}");
-    let e = format!("{:#}", merge(vec![whole.clone()], &thresholds()).unwrap_err());
+    let e = format!(
+        "{:#}",
+        merge(vec![whole.clone()], &thresholds()).unwrap_err()
+    );
     assert!(
         e.contains("not a shard") && e.contains(&whole.run_id),
         "{e}"
@@ -173,7 +179,11 @@ fn three_shards_merged_equal_the_whole_run() {
     other.shard.as_mut().unwrap().matrix_cells.pop();
     let e = format!(
         "{:#}",
-        merge(vec![shards[0].clone(), shards[1].clone(), other], &thresholds()).unwrap_err()
+        merge(
+            vec![shards[0].clone(), shards[1].clone(), other],
+            &thresholds()
+        )
+        .unwrap_err()
     );
     assert!(e.contains("matrix"), "{e}");
 
@@ -220,7 +230,10 @@ fn three_shards_merged_equal_the_whole_run() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains(&id) && stderr.contains("recorded verdict"), "{stderr}");
+    assert!(
+        stderr.contains(&id) && stderr.contains("recorded verdict"),
+        "{stderr}"
+    );
     assert!(
         !merged.exists() || std::fs::read_dir(&merged).unwrap().next().is_none(),
         "nothing merged"
@@ -233,7 +246,10 @@ fn three_shards_merged_equal_the_whole_run() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains(&id) && stderr.contains("recorded verdict"), "{stderr}");
+    assert!(
+        stderr.contains(&id) && stderr.contains("recorded verdict"),
+        "{stderr}"
+    );
     // a recorded cell threshold loosened to match the edit is refused too
     let mut loosened = shards.clone();
     let t = loosened[i].cells[0]

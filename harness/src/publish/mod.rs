@@ -208,7 +208,10 @@ pub fn render_site(inputs: &Inputs) -> Result<Vec<(String, Vec<u8>)>> {
     });
     let reports: Vec<&Report> = runs.iter().map(|r| &r.report).collect();
     let names = run_dir_names(&reports);
-    files.push(("index.html".into(), index_page(&reports, &names).into_bytes()));
+    files.push((
+        "index.html".into(),
+        index_page(&reports, &names).into_bytes(),
+    ));
     for (run, name) in runs.iter().zip(&names) {
         let base = format!("runs/{name}");
         let mut copied = Vec::new();
