@@ -98,7 +98,13 @@ pub fn check_dir_target_uncreated(dir: &Path, what: &str) -> Result<()> {
                     at.display()
                 );
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // missing, or below a file (ENOTDIR): the ancestor says what is wrong
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
                 if std::fs::symlink_metadata(at).is_ok() {
                     bail!(
                         "{what} {}: {} is a symbolic link to nothing",

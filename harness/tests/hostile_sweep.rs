@@ -113,10 +113,9 @@ fn interrupt_when(child: &mut std::process::Child, dir: &Path, prefix: &str) -> 
 }
 
 /// Cause 6: a report.md or results.csv that is a symbolic link (to a mode-600 secret) is refused, not
-/// copied into the site; a symlinked report directory too. Cause 16: a report.json that is a FIFO is an
-/// error (exit 2, at once), not a skipped run.
+/// copied into the site; a symlinked report.json or report directory too.
 #[test]
-fn publish_refuses_symlinked_and_fifo_inputs() {
+fn publish_refuses_symlinked_inputs() {
     let work = tempfile::tempdir().unwrap();
     let secret = work.path().join("secret.txt");
     std::fs::write(&secret, "the secret\n").unwrap();
@@ -160,6 +159,14 @@ fn publish_refuses_symlinked_and_fifo_inputs() {
         &["publish", reports.to_str().unwrap(), "--out", s],
         &["r2", "symbolic link"],
     );
+}
+
+/// Cause 16: a report.json that is a FIFO is an error (exit 2, at once), never a skipped run.
+#[test]
+fn publish_refuses_a_fifo_report_json() {
+    let work = tempfile::tempdir().unwrap();
+    let site = work.path().join("site");
+    let s = site.to_str().unwrap();
     // a FIFO as report.json: refused at once (no reader would ever get an EOF)
     let reports = work.path().join("reports-fifo");
     put_report(&reports, "r1", &report("r1", 1, false));
