@@ -90,6 +90,16 @@ pub fn gate_file_report(path: &Path, thresholds: Option<&Path>) -> Result<(GateO
     Ok((outcome(&r), r))
 }
 
+/// Whether two verdicts are the same, NaN equal to NaN (a metric that could not be measured is NaN in
+/// both): compared as report.json writes them.
+pub fn same_verdict(a: &crate::gate::Verdict, b: &crate::gate::Verdict) -> bool {
+    a == b
+        || matches!(
+            (crate::report::to_json_pretty(a), crate::report::to_json_pretty(b)),
+            (Ok(x), Ok(y)) if x == y
+        )
+}
+
 /// Check that every cell's recorded verdict is what its metrics give with the thresholds it recorded
 /// (a report that predates recorded thresholds is taken as it is): a report edited after it
 /// was written — a failing cell turned `"pass": true`, its metrics unchanged — is refused instead of
@@ -104,7 +114,7 @@ pub fn check_recorded_verdicts(report: &Report) -> Result<()> {
     let mut again = report.clone();
     regate_with(&mut again, |c| Ok(c.thresholds.clone()))?;
     for (stored, judged) in report.cells.iter().zip(&again.cells) {
-        if stored.verdict != judged.verdict {
+        if !same_verdict(&stored.verdict, &judged.verdict) {
             anyhow::bail!(
                 "run {}, cell {}: its recorded verdict ({}) is not what its metrics give with its \
                  recorded thresholds ({}): the report was edited after it was written",

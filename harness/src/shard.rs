@@ -385,7 +385,7 @@ pub fn check_verdicts(shards: &[Report], thresholds: &crate::gate::Thresholds) -
         for (stored, judged) in r.cells.iter().zip(&again.cells) {
             let id = stored.cell.id();
             let word = |pass: bool| if pass { "pass" } else { "fail" };
-            if stored.verdict != judged.verdict {
+            if !crate::regate::same_verdict(&stored.verdict, &judged.verdict) {
                 bail!(
                     "{name}, cell {id}: its recorded verdict ({}, {} failed threshold(s)) is not what its \
                      metrics give with {} ({}, {} failed threshold(s)): the shard was edited after it ran \
