@@ -114,6 +114,10 @@ pub enum Command {
         /// Where reports/<run-id>/ goes.
         #[arg(long)]
         reports: Option<PathBuf>,
+        /// The thresholds file the shards were run with (default: the checkout's ci/thresholds.toml):
+        /// every cell is judged again with it, and a recorded verdict its metrics do not give is refused.
+        #[arg(long)]
+        thresholds: Option<PathBuf>,
     },
     /// Tokens per second of our engine beside llama-bench (and a baseline lockstep binary), interleaved
     /// run by run; writes reports/bench-<run id>/bench.{json,md,csv}.
@@ -740,7 +744,24 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
         floors: defaults.path(a.floors.floors, "ci/floors.json", "--floors")?,
         shard,
     };
-    let (dir, report) = crate::run::run(&opts)?;
+    let (dir, report) = match crate::run::run(&opts) {
+        Ok(done) => done,
+        // a run that stopped early (an engine failure, Ctrl-C) still writes its CI outputs: the JUnit
+        // file with the `(run)` error testcase and the step summary, beside the saved report
+        Err(e) => {
+            let Some(stopped) = e.downcast_ref::<crate::run::Stopped>() else {
+                return Err(e);
+            };
+            let at = stopped
+                .dir
+                .as_deref()
+                .map_or_else(|| PathBuf::from("(no report saved)"), Path::to_path_buf);
+            return match ci_outputs(&stopped.report, &at, "lockstep run", a.junit.as_deref()) {
+                Ok(()) => Err(e),
+                Err(w) => Err(e.context(format!("writing the CI outputs failed too: {w:#}"))),
+            };
+        }
+    };
     ci_outputs(&report, &dir, "lockstep run", a.junit.as_deref())?;
     let md = dir.join("report.md");
     let lines = crate::report::failure_lines(&report);
@@ -803,8 +824,8 @@ fn ci_outputs(
     Ok(())
 }
 
-fn merge(shards: &[PathBuf], reports: &Path) -> Result<ExitCode> {
-    let (dir, r) = crate::shard::merge_files(shards, reports)?;
+fn merge(shards: &[PathBuf], reports: &Path, thresholds: &Path) -> Result<ExitCode> {
+    let (dir, r) = crate::shard::merge_files(shards, reports, thresholds)?;
     let n_fail = r.cells.iter().filter(|c| !c.verdict.pass).count();
     println!("report: {}", dir.join(crate::report::REPORT_MD).display());
     println!(
@@ -841,13 +862,28 @@ pub fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     crate::process::install_interrupt_handler();
-    let cli = Cli::parse();
+    // clap quotes a bad argument in its error: shown with its control characters escaped, as ours are
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let text = crate::format::terminal_safe(&e.render().to_string());
+            if e.use_stderr() {
+                eprint!("{text}");
+            } else {
+                print!("{text}");
+            }
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            // paths, arguments and engine messages are quoted in errors: an ESC sequence in them is
+            // shown, not run by the terminal
+            let safe = |m: String| crate::format::terminal_safe(&m);
+            eprintln!("error: {}", safe(e.to_string()));
             for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                eprintln!("  caused by: {}", safe(cause.to_string()));
             }
             ExitCode::from(2)
         }
@@ -959,9 +995,14 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 p.files
             );
         }
-        Command::Merge { shards, reports } => {
+        Command::Merge {
+            shards,
+            reports,
+            thresholds,
+        } => {
             let reports = defaults.path(reports, "reports", "--reports")?;
-            return merge(&shards, &reports);
+            let thresholds = defaults.path(thresholds, "ci/thresholds.toml", "--thresholds")?;
+            return merge(&shards, &reports, &thresholds);
         }
         Command::Bench(a) => {
             let sample_timeout = std::time::Duration::from_secs_f64(a.engine_timeout);
@@ -1182,6 +1223,11 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             out,
             hf_out,
         } => {
+            // both targets are checked before the model is written: a bad --hf-out leaves no .gguf
+            crate::output::check_file_target(&out, "--out")?;
+            if let Some(dir) = &hf_out {
+                crate::output::check_dir_target_uncreated(dir, "--hf-out")?;
+            }
             let w = crate::synth::write_synth(&arch, seed, &out)?;
             eprintln!(
                 "lockstep synth: {arch} seed {seed} -> {} ({} bytes, sha256 {})",

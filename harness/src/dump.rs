@@ -100,6 +100,7 @@ fn write_with(path: &Path, dump: &Dump, durable: bool) -> Result<()> {
     };
     let tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+    let _registered = crate::process::register_temp(tmp.path());
     {
         // buffered: the zip writer's many small writes would each be a system call
         let mut npz = NpzWriter::new(std::io::BufWriter::new(tmp.as_file()));

@@ -99,6 +99,38 @@ pub(crate) fn civil(unix: u64) -> (i64, u32, u32, u32, u32, u32) {
     )
 }
 
+/// Text made a valid XML 1.0 document part (SVG, the site's HTML, JUnit XML): the characters XML 1.0
+/// cannot carry at all, even escaped — control characters other than tab and line breaks (NUL, ESC, …),
+/// U+FFFE and U+FFFF — become U+FFFD; everything else is kept (escaping `<`, `&` is the writer's job).
+pub fn xml_safe(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if (c < ' ' && !matches!(c, '\t' | '\n' | '\r')) || matches!(c, '\u{FFFE}' | '\u{FFFF}')
+            {
+                '\u{FFFD}'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+/// Text from outside lockstep (a path, an argument, an engine's message) made safe to print on a
+/// terminal: control characters other than line breaks and tab (ESC of an ANSI sequence that would clear
+/// the screen or retitle the window, NUL, DEL, the C1 controls) are shown as `\u{1b}`-style escapes, so an
+/// error message shows what the bytes were instead of acting on them.
+pub fn terminal_safe(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() && !matches!(c, '\n' | '\t') {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Text from outside lockstep (a model id or path, a quant or prompt name, a label, an engine's error
 /// message) made safe for one Markdown table cell or a line (GFM): backslash, `|` and `` ` `` are
 /// backslash-escaped, `<`, `>` and `&` become HTML entities, and line breaks and other control characters

@@ -49,8 +49,9 @@ pub fn safetensors_bytes(tensors: &[lockstep_engine::hf::export::HfTensor]) -> R
 ///
 /// Errors: an unreadable GGUF, an architecture without a layout (the known ones listed), a tensor or
 /// `<arch>.*` metadata key without an HF place (refused rather than dropped), a tokenizer without an HF
-/// form here; `out` not writable.
+/// form here; `out` is not a directory (a file, a device) or not writable (checked before any work).
 pub fn export_hf(model: &Path, out: &Path) -> Result<Exported> {
+    crate::output::check_dir_target_uncreated(out, "--out")?;
     let g =
         lockstep_engine::hf::open(model).with_context(|| format!("reading {}", model.display()))?;
     let e = lockstep_engine::hf::export::export(&g)

@@ -66,6 +66,63 @@ pub fn check_dir_target(dir: &Path, what: &str) -> Result<()> {
     check_writable_dir(dir, what, dir)
 }
 
+/// Check, before any work, that `dir` can receive result files later, creating nothing: an existing
+/// directory (a symlink to one is followed) must be writable; a missing one must have a nearest existing
+/// ancestor that is a writable directory (it is created when the files are written). For outputs
+/// written after minutes of work or after another output (`synth --hf-out`, `export-hf --out`), so a bad
+/// target fails first and leaves nothing behind.
+///
+/// Errors name `dir` and `what`: it (or an ancestor) is a file, a device, a FIFO or a socket; the
+/// directory is not writable.
+pub fn check_dir_target_uncreated(dir: &Path, what: &str) -> Result<()> {
+    let mut at = dir;
+    loop {
+        match std::fs::metadata(at) {
+            Ok(m) if m.is_dir() => return check_writable_dir(at, what, dir),
+            Ok(m) => {
+                let kind = if m.is_file() {
+                    "a regular file"
+                } else {
+                    "a device, FIFO or socket"
+                };
+                if at == dir {
+                    bail!(
+                        "{what} {}: exists and is {kind}, not a directory; give a directory (it is \
+                         created when missing)",
+                        dir.display()
+                    );
+                }
+                bail!(
+                    "{what} {}: {} is {kind}, not a directory",
+                    dir.display(),
+                    at.display()
+                );
+            }
+            // missing, or below a file (ENOTDIR): the ancestor says what is wrong
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                if std::fs::symlink_metadata(at).is_ok() {
+                    bail!(
+                        "{what} {}: {} is a symbolic link to nothing",
+                        dir.display(),
+                        at.display()
+                    );
+                }
+                let up = parent_dir(at);
+                if up == at {
+                    bail!("{what} {}: no existing directory above it", dir.display());
+                }
+                at = up;
+            }
+            Err(e) => return Err(e).with_context(|| format!("{what} {}", dir.display())),
+        }
+    }
+}
+
 fn check_writable_dir(dir: &Path, what: &str, target: &Path) -> Result<()> {
     if !dir.is_dir() {
         bail!(
@@ -95,6 +152,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = parent_dir(path);
     let mut tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+    // removed by the interrupt handler too (a Ctrl-C while a large file is written)
+    let _registered = crate::process::register_temp(tmp.path());
     tmp.write_all(bytes)
         .and_then(|()| tmp.as_file().sync_all())
         .with_context(|| format!("writing {}", path.display()))?;

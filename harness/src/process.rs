@@ -36,7 +36,7 @@ pub const MAX_STDERR_BYTES: u64 = 64 << 20;
 static LIVE_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 /// Set (under `LIVE_GROUPS`) once an interrupt arrived: no new child may start.
 static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-/// Scratch directories removed on an interrupt.
+/// Scratch directories and temporary files (a `.partial-*` output being written) removed on an interrupt.
 static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -51,10 +51,54 @@ pub fn kill_all_and_clean() -> std::sync::MutexGuard<'static, Vec<i32>> {
     for &pgid in groups.iter() {
         kill_group(pgid);
     }
-    for dir in lock(&SCRATCH).iter() {
-        let _ = std::fs::remove_dir_all(dir);
+    for path in lock(&SCRATCH).iter() {
+        remove_scratch(path);
     }
     groups
+}
+
+/// Remove a registered scratch path: a directory with everything in it, or a file. The main thread may
+/// still be writing into a directory while the interrupt handler removes it (a file created after the
+/// listing makes `remove_dir_all` fail with "directory not empty"), so a directory is tried a few times.
+fn remove_scratch(path: &Path) {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => {
+            for _ in 0..20 {
+                if std::fs::remove_dir_all(path).is_ok() || !path.exists() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        Ok(_) => {
+            let _ = std::fs::remove_file(path);
+        }
+        Err(_) => {}
+    }
+}
+
+/// A temporary file or directory that is not a [`ScratchGuard`] (an output being written before it is
+/// renamed into place: quantize's `.partial-*`, an atomic write's `.tmp*`, publish's `.site.partial-*`),
+/// registered so that an interrupt removes it; dropping the registration unregisters it (the owner has
+/// renamed or removed the path itself).
+#[must_use = "the path is unregistered when this is dropped"]
+pub struct TempRegistration {
+    path: PathBuf,
+}
+
+/// Register `path` for removal on an interrupt (see [`TempRegistration`]).
+pub fn register_temp(path: &Path) -> TempRegistration {
+    lock(&SCRATCH).push(path.to_path_buf());
+    TempRegistration {
+        path: path.to_path_buf(),
+    }
+}
+
+impl Drop for TempRegistration {
+    fn drop(&mut self) {
+        let p = &self.path;
+        lock(&SCRATCH).retain(|d| d != p);
+    }
 }
 
 /// Whether an interrupt arrived (see [`install_interrupt_handler`]).
@@ -95,7 +139,7 @@ pub fn install_interrupt_handler() {
             }
             let _held_until_exit = kill_all_and_clean();
             eprintln!(
-                "lockstep: interrupted; child processes killed, temporary directories removed"
+                "lockstep: interrupted; child processes killed, temporary files and directories removed"
             );
             std::process::exit(130);
         });

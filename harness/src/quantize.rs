@@ -67,6 +67,8 @@ pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> R
         .prefix(&format!(".{name}.partial-"))
         .tempfile_in(&dir)
         .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+    // an interrupt (Ctrl-C, SIGTERM) removes the partial file too, not only an error return
+    let _registered = crate::process::register_temp(tmp.path());
     let file: &File = tmp.as_file();
     let w = BufWriter::with_capacity(8 << 20, file);
     let w = q::write(src, &plan, w, out).with_context(|| {
@@ -99,12 +101,36 @@ pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> R
 
 /// Opens `src` and runs [`quantize_opened`].
 ///
-/// Errors: `src` is not a readable GGUF file (the engine's error names it and the problem); the errors
-/// of [`quantize_opened`].
+/// Errors: `out` is `src` itself (the same file by any path: `../`, a hard link), which the rename
+/// would replace; `src` is not a readable GGUF file (the engine's error names it and the problem); the
+/// errors of [`quantize_opened`].
 pub fn quantize_file(src: &Path, params: &QuantizeParams, out: &Path) -> Result<Made> {
+    refuse_same_file(src, out)?;
     let file =
         lockstep_engine::hf::open(src).with_context(|| format!("cannot read {}", src.display()))?;
     quantize_opened(&file, params, out)
+}
+
+/// Refuse an output that is the source model: the same device and inode (whatever the spelling of
+/// the path), or the same canonical path. A missing `out` is never the source.
+fn refuse_same_file(src: &Path, out: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(a), Ok(b)) = (std::fs::metadata(src), std::fs::metadata(out)) else {
+        return Ok(());
+    };
+    let same_canonical = matches!(
+        (std::fs::canonicalize(src), std::fs::canonicalize(out)),
+        (Ok(x), Ok(y)) if x == y
+    );
+    if (a.dev(), a.ino()) == (b.dev(), b.ino()) || same_canonical {
+        anyhow::bail!(
+            "--out {}: is the source model {} itself; quantizing into it would replace the model it \
+             reads: give another output file",
+            out.display(),
+            src.display()
+        );
+    }
+    Ok(())
 }
 
 /// The parameters of lockstep's variant recipe for a llama-quantize type name (`Q4_K`, `iq4_nl`, …):

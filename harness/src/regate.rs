@@ -3,8 +3,9 @@
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
+use crate::gate::CellThresholds;
 use crate::report::Report;
 
 /// What gating a report found: the lines to print (one per failing cell, the run's incompleteness, the
@@ -24,8 +25,18 @@ pub struct GateOutcome {
 ///
 /// Errors: a cell the thresholds file has no thresholds for.
 pub fn regate(report: &mut Report, thresholds: &crate::gate::Thresholds) -> Result<()> {
+    regate_with(report, |c| thresholds.for_cell(&c.cell).map(Some))
+}
+
+/// [`regate`] with each cell's thresholds from `cell_thresholds` (`None`: the cell keeps its verdict).
+fn regate_with(
+    report: &mut Report,
+    mut cell_thresholds: impl FnMut(&crate::report::CellReport) -> Result<Option<CellThresholds>>,
+) -> Result<()> {
     for c in &mut report.cells {
-        let ct = thresholds.for_cell(&c.cell)?;
+        let Some(ct) = cell_thresholds(c)? else {
+            continue;
+        };
         if let Some(e) = &c.error {
             c.verdict = crate::gate::engine_error_verdict(e, &ct);
             continue;
@@ -60,9 +71,10 @@ pub fn outcome(report: &Report) -> GateOutcome {
 }
 
 /// Read the report.json at `path` ([`crate::report::read_report`]), [`regate`] it when a `thresholds`
-/// file is given, and return its [`outcome`].
+/// file is given (else [`check_recorded_verdicts`]), and return its [`outcome`].
 ///
-/// Errors: an unreadable or invalid report or thresholds file; a cell without thresholds.
+/// Errors: an unreadable or invalid report or thresholds file; a cell without thresholds; without
+/// `thresholds`, a recorded verdict its metrics and recorded thresholds do not give.
 pub fn gate_file(path: &Path, thresholds: Option<&Path>) -> Result<GateOutcome> {
     Ok(gate_file_report(path, thresholds)?.0)
 }
@@ -71,10 +83,49 @@ pub fn gate_file(path: &Path, thresholds: Option<&Path>) -> Result<GateOutcome> 
 /// given), for the outputs rendered from it (JUnit, the step summary).
 pub fn gate_file_report(path: &Path, thresholds: Option<&Path>) -> Result<(GateOutcome, Report)> {
     let mut r = crate::report::read_report(path)?;
-    if let Some(t) = thresholds {
-        regate(&mut r, &crate::gate::Thresholds::load(t)?)?;
+    match thresholds {
+        Some(t) => regate(&mut r, &crate::gate::Thresholds::load(t)?)?,
+        None => check_recorded_verdicts(&r).with_context(|| format!("{}", path.display()))?,
     }
     Ok((outcome(&r), r))
+}
+
+/// Whether two verdicts are the same, NaN equal to NaN (a metric that could not be measured is NaN in
+/// both): compared as report.json writes them.
+pub fn same_verdict(a: &crate::gate::Verdict, b: &crate::gate::Verdict) -> bool {
+    a == b
+        || matches!(
+            (crate::report::to_json_pretty(a), crate::report::to_json_pretty(b)),
+            (Ok(x), Ok(y)) if x == y
+        )
+}
+
+/// Check that every cell's recorded verdict is what its metrics give with the thresholds it recorded
+/// (a report that predates recorded thresholds is taken as it is): a report edited after it
+/// was written — a failing cell turned `"pass": true`, its metrics unchanged — is refused instead of
+/// gated as passing.
+///
+/// Errors: the first cell whose verdict differs, named with the run id.
+pub fn check_recorded_verdicts(report: &Report) -> Result<()> {
+    // an older report: its verdicts cannot be re-derived (and the SIMD check must see every cell judged)
+    if report.cells.iter().any(|c| c.thresholds.is_none()) {
+        return Ok(());
+    }
+    let mut again = report.clone();
+    regate_with(&mut again, |c| Ok(c.thresholds.clone()))?;
+    for (stored, judged) in report.cells.iter().zip(&again.cells) {
+        if !same_verdict(&stored.verdict, &judged.verdict) {
+            anyhow::bail!(
+                "run {}, cell {}: its recorded verdict ({}) is not what its metrics give with its \
+                 recorded thresholds ({}): the report was edited after it was written",
+                report.run_id,
+                stored.cell.id(),
+                if stored.verdict.pass { "pass" } else { "fail" },
+                if judged.verdict.pass { "pass" } else { "fail" },
+            );
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

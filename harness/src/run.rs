@@ -268,20 +268,57 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
             let dir = report::write_report(&opts.reports_root, &report)?;
             Ok((dir, report))
         }
-        // nothing finished: nothing to save
-        Some((e, 0)) => Err(e),
+        // nothing finished: nothing to save, but the CI outputs still say why the run stopped
+        Some((e, 0)) => Err(e.context(Stopped {
+            message: "the run stopped before any cell finished; no report is saved".into(),
+            dir: None,
+            report: Box::new(report),
+        })),
         Some((e, _)) => {
             let n = report.cells.len();
-            match report::write_report(&opts.reports_root, &report) {
-                Ok(dir) => Err(e.context(format!(
-                    "the run stopped; the {n} cells finished before are saved in {} (marked incomplete)",
-                    dir.display()
-                ))),
-                Err(w) => Err(e.context(format!(
-                    "the run stopped, and saving the {n} cells finished before failed too: {w:#}"
-                ))),
-            }
+            let (message, dir) = match report::write_report(&opts.reports_root, &report) {
+                Ok(dir) => (
+                    format!(
+                        "the run stopped; the {n} cells finished before are saved in {} (marked \
+                         incomplete)",
+                        dir.display()
+                    ),
+                    Some(dir),
+                ),
+                Err(w) => (
+                    format!(
+                        "the run stopped, and saving the {n} cells finished before failed too: {w:#}"
+                    ),
+                    None,
+                ),
+            };
+            Err(e.context(Stopped {
+                message,
+                dir,
+                report: Box::new(report),
+            }))
         }
+    }
+}
+
+/// The context of the error of a run that stopped early (an engine failure, Ctrl-C): the report of the
+/// cells it finished, marked incomplete, and where it was saved — so the caller still writes the CI
+/// outputs (`--junit` with its `(run)` error testcase, the step summary) of a run that did not finish.
+/// Displayed as the sentence saying where the finished cells are. Reach it with
+/// `error.downcast_ref::<Stopped>()`.
+#[derive(Debug)]
+pub struct Stopped {
+    /// What happened to the finished cells (saved where, or why not).
+    pub message: String,
+    /// The saved report directory, when it was written.
+    pub dir: Option<PathBuf>,
+    /// The report of the finished cells (`incomplete` set).
+    pub report: Box<Report>,
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
     }
 }
 

@@ -22,6 +22,11 @@
 //! whole matrix each shard recorded ([`ShardInfo::matrix_cells`]), and puts their cells back in matrix
 //! order. The result equals the unsharded run's report except for the run id, the start time, and the
 //! measured times (cell speed and wall seconds).
+//!
+//! A shard's verdicts are not taken on trust: every cell is judged again from its recorded metrics with
+//! the thresholds file ([`check_verdicts`], as `lockstep gate --thresholds` judges), and a cell whose
+//! recorded verdict or thresholds its metrics and the file do not give is refused, naming the shard and
+//! the cell (an edited `"pass": true` never merges into a passing report).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -199,11 +204,13 @@ pub fn assign(cells: &[Cell], spec: ShardSpec, costs: Option<&CostTable>) -> Vec
 ///
 /// Errors (naming the run ids): a report that is not a shard; shards of different splits, matrices,
 /// inputs, builds or schema versions (the machines may differ: see [`merged_environment`]); a shard missing or given twice; a cell outside the recorded
-/// matrix or run by two shards; cells of the matrix that no shard ran while no shard stopped early.
-pub fn merge(shards: Vec<Report>) -> Result<Report> {
+/// matrix or run by two shards; cells of the matrix that no shard ran while no shard stopped early; a
+/// cell whose recorded verdict `thresholds` and its metrics do not give ([`check_verdicts`]).
+pub fn merge(shards: Vec<Report>, thresholds: &crate::gate::Thresholds) -> Result<Report> {
     if shards.is_empty() {
         bail!("nothing to merge: give the report.json of every shard");
     }
+    check_verdicts(&shards, thresholds)?;
     let info = |r: &Report| -> Result<ShardInfo> {
         r.shard.clone().with_context(|| {
             format!(
@@ -359,6 +366,51 @@ pub fn merge(shards: Vec<Report>) -> Result<Report> {
     })
 }
 
+/// Judge every cell of every shard again from its recorded metrics with `thresholds` (as
+/// [`crate::regate::regate`] does for `lockstep gate --thresholds`: the gate's evaluation, an engine
+/// error's verdict, the bisect finding, the SIMD-identity check) and compare with what the shard recorded.
+///
+/// Errors, naming the shard (index and run id) and the cell: a recorded verdict the metrics do not give
+/// (a shard edited after it ran: a failing cell turned `"pass": true`, a failure dropped), recorded cell
+/// thresholds other than the file's; a cell the file has no thresholds for.
+pub fn check_verdicts(shards: &[Report], thresholds: &crate::gate::Thresholds) -> Result<()> {
+    for r in shards {
+        let name = match &r.shard {
+            Some(s) => format!("shard {}/{} (run {})", s.index, s.count, r.run_id),
+            None => format!("report {}", r.run_id),
+        };
+        let mut again = r.clone();
+        crate::regate::regate(&mut again, thresholds)
+            .with_context(|| format!("{name}: judging its cells again"))?;
+        for (stored, judged) in r.cells.iter().zip(&again.cells) {
+            let id = stored.cell.id();
+            let word = |pass: bool| if pass { "pass" } else { "fail" };
+            if !crate::regate::same_verdict(&stored.verdict, &judged.verdict) {
+                bail!(
+                    "{name}, cell {id}: its recorded verdict ({}, {} failed threshold(s)) is not what its \
+                     metrics give with {} ({}, {} failed threshold(s)): the shard was edited after it ran \
+                     or judged with other thresholds; run the shard again",
+                    word(stored.verdict.pass),
+                    stored.verdict.failures.len(),
+                    thresholds.origin,
+                    word(judged.verdict.pass),
+                    judged.verdict.failures.len()
+                );
+            }
+            if let Some(t) = &stored.thresholds {
+                if *t != thresholds.for_cell(&stored.cell)? {
+                    bail!(
+                        "{name}, cell {id}: its recorded thresholds are not those {} gives the cell: the \
+                         shard was edited after it ran or judged with other thresholds; run the shard again",
+                        thresholds.origin
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The merged report's environment: shard 1's; when the shards ran on different CPUs (a CI fleet), the
 /// CPU models joined with ` | ` in shard order and only the flags every shard had, so the report does
 /// not claim one machine.
@@ -384,13 +436,39 @@ fn merged_environment(shards: &[Report]) -> crate::report::Environment {
 /// `reports_root/<new run id>/` (atomically, with its Markdown, CSV and plots as `lockstep run` writes
 /// them). Returns the directory and the report.
 ///
-/// Errors: an unreadable report (naming the file), and those of [`merge`].
-pub fn merge_files(paths: &[PathBuf], reports_root: &Path) -> Result<(PathBuf, Report)> {
+/// `thresholds` is the thresholds file the shards were run with (its sha256 must be the one they
+/// recorded); every cell is judged again with it ([`check_verdicts`]).
+///
+/// Errors: an unreadable report (naming the file), an unreadable thresholds file or one other than the
+/// shards', and those of [`merge`].
+pub fn merge_files(
+    paths: &[PathBuf],
+    reports_root: &Path,
+    thresholds: &Path,
+) -> Result<(PathBuf, Report)> {
     let shards = paths
         .iter()
         .map(|p| crate::report::read_report(&report_json_of(p)))
         .collect::<Result<Vec<_>>>()?;
-    let merged = merge(shards)?;
+    // the shards were judged with one file (merge checks they agree): this must be it
+    let sha = crate::hash::sha256_file(thresholds)
+        .with_context(|| format!("--thresholds {}", thresholds.display()))?;
+    for r in &shards {
+        if let Some(recorded) = r.inputs.as_ref().map(|i| &i.thresholds) {
+            if recorded.sha256 != sha {
+                bail!(
+                    "--thresholds {} (sha256 {}) is not the thresholds file shard run {} was judged with \
+                     ({}, sha256 {}): give that file, so its verdicts can be checked",
+                    thresholds.display(),
+                    &sha[..12],
+                    r.run_id,
+                    recorded.path,
+                    recorded.sha256.chars().take(12).collect::<String>()
+                );
+            }
+        }
+    }
+    let merged = merge(shards, &crate::gate::Thresholds::load(thresholds)?)?;
     crate::report::check_reports_dir(reports_root)?;
     let dir = crate::report::write_report(reports_root, &merged)?;
     Ok((dir, merged))

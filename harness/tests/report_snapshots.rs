@@ -933,3 +933,45 @@ fn an_incomplete_run_leads_with_incomplete() {
         "{md}"
     );
 }
+
+/// Issue 47, cause 13: a NUL or ESC in a report field (a model or prompt name, an engine's error
+/// message) must not reach the SVG plots or the site's HTML, where XML 1.0 cannot carry it even escaped
+/// (a browser then shows an XML error instead of the chart).
+#[test]
+fn control_characters_in_report_fields_keep_every_svg_and_page_valid() {
+    use lockstep::publish::{render_site, Inputs, RunInput};
+    let mut r = report();
+    for c in &mut r.cells {
+        c.cell.model = format!("evil\u{0}\u{1b}[2J{}", c.cell.model);
+        c.cell.prompt = format!("p\u{1b}]0;title\u{7}{}", c.cell.prompt);
+    }
+    r.run_id = "run\u{0}\u{1b}".into();
+    r.environment.cpu_model = "cpu\u{1b}[31m".into();
+    let dir = tempfile::tempdir().unwrap();
+    let files = render_site(&Inputs {
+        runs: vec![RunInput {
+            report: r.clone(),
+            dir: dir.path().to_path_buf(),
+        }],
+        ..Inputs::default()
+    })
+    .unwrap();
+    let forbidden = |c: char| (c < ' ' && !matches!(c, '\t' | '\n' | '\r')) || c == '\u{FFFE}';
+    let mut svgs = 0;
+    for (name, bytes) in &files {
+        if name.ends_with(".svg") || name.ends_with(".html") {
+            svgs += usize::from(name.ends_with(".svg"));
+            let text = String::from_utf8(bytes.clone()).unwrap();
+            assert!(
+                !text.chars().any(forbidden),
+                "{name} holds a control character XML forbids"
+            );
+        }
+    }
+    assert!(svgs > 0, "the run page has plots");
+    // the plots report.json's directory holds, drawn by `lockstep run` itself
+    for c in &r.cells {
+        let svg = lockstep::report::error_vs_depth_svg(c).unwrap();
+        assert!(!svg.chars().any(forbidden), "{}", c.cell.id());
+    }
+}

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use lockstep::engine::{Engine, LockstepEngine};
+use lockstep::gate::Thresholds;
 use lockstep::matrix::{Cell, Filters};
 use lockstep::report::{read_report, to_json_pretty, Report};
 use lockstep::run::{run_with, RunOptions};
@@ -131,7 +132,7 @@ fn three_shards_merged_equal_the_whole_run() {
     // merged (in any order) = the whole run, but for ids and times
     let mut shuffled = shards.clone();
     shuffled.rotate_left(1);
-    let merged = merge(shuffled).unwrap();
+    let merged = merge(shuffled, &thresholds()).unwrap();
     assert_eq!(merged.merged_from.len(), 3);
     assert!(merged.shard.is_none());
     assert_eq!(normalized(&merged), normalized(&whole));
@@ -143,6 +144,7 @@ fn three_shards_merged_equal_the_whole_run() {
             .map(|e| e.unwrap().path())
             .collect::<Vec<_>>(),
         &dir.path().join("merged"),
+        &root().join("ci/thresholds.toml"),
     )
     .unwrap();
     assert_eq!(normalized(&written), normalized(&whole));
@@ -150,19 +152,24 @@ fn three_shards_merged_equal_the_whole_run() {
     assert_eq!(normalized(&back), normalized(&whole));
 
     // a missing shard, a shard given twice, a report that is no shard: refused, naming them
-    let e = format!("{:#}", merge(shards[..2].to_vec()).unwrap_err());
+    let e = format!(
+        "{:#}",
+        merge(shards[..2].to_vec(), &thresholds()).unwrap_err()
+    );
     assert!(e.contains("3/3") && e.contains("missing"), "{e}");
     let e = format!(
         "{:#}",
-        merge(vec![
-            shards[0].clone(),
-            shards[0].clone(),
-            shards[1].clone()
-        ])
+        merge(
+            vec![shards[0].clone(), shards[0].clone(), shards[1].clone()],
+            &thresholds()
+        )
         .unwrap_err()
     );
     assert!(e.contains("given twice"), "{e}");
-    let e = format!("{:#}", merge(vec![whole.clone()]).unwrap_err());
+    let e = format!(
+        "{:#}",
+        merge(vec![whole.clone()], &thresholds()).unwrap_err()
+    );
     assert!(
         e.contains("not a shard") && e.contains(&whole.run_id),
         "{e}"
@@ -172,9 +179,90 @@ fn three_shards_merged_equal_the_whole_run() {
     other.shard.as_mut().unwrap().matrix_cells.pop();
     let e = format!(
         "{:#}",
-        merge(vec![shards[0].clone(), shards[1].clone(), other]).unwrap_err()
+        merge(
+            vec![shards[0].clone(), shards[1].clone(), other],
+            &thresholds()
+        )
+        .unwrap_err()
     );
     assert!(e.contains("matrix"), "{e}");
+
+    // a shard whose failing cell was edited to pass, its metrics unchanged (issue 47, cause 7): every
+    // cell is judged again, and the edited one is refused, naming the shard and the cell
+    let i = shards
+        .iter()
+        .position(|r| r.cells.iter().any(|c| !c.verdict.pass))
+        .expect("the broken-eps cells fail in some shard");
+    let mut tampered = shards.clone();
+    let cell = tampered[i]
+        .cells
+        .iter_mut()
+        .find(|c| !c.verdict.pass)
+        .unwrap();
+    cell.verdict.pass = true;
+    cell.verdict.failures.clear();
+    let id = cell.cell.id();
+    let e = format!("{:#}", merge(tampered.clone(), &thresholds()).unwrap_err());
+    assert!(
+        e.contains(&id) && e.contains(&tampered[i].run_id) && e.contains("recorded verdict"),
+        "{e}"
+    );
+    // the same through `lockstep merge`: exit 2, nothing merged
+    let files = dir.path().join("tampered");
+    let paths: Vec<String> = tampered
+        .iter()
+        .map(|r| {
+            let p = files.join(&r.run_id).join("report.json");
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, to_json_pretty(r).unwrap()).unwrap();
+            p.display().to_string()
+        })
+        .collect();
+    let merged = dir.path().join("merged-tampered");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .arg("merge")
+        .args(&paths)
+        .arg("--reports")
+        .arg(&merged)
+        .arg("--thresholds")
+        .arg(root().join("ci/thresholds.toml"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&id) && stderr.contains("recorded verdict"),
+        "{stderr}"
+    );
+    assert!(
+        !merged.exists() || std::fs::read_dir(&merged).unwrap().next().is_none(),
+        "nothing merged"
+    );
+    // `lockstep gate` of the edited shard: refused too, not gated as passing
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .arg("gate")
+        .arg(&paths[i])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&id) && stderr.contains("recorded verdict"),
+        "{stderr}"
+    );
+    // a recorded cell threshold loosened to match the edit is refused too
+    let mut loosened = shards.clone();
+    let t = loosened[i].cells[0]
+        .thresholds
+        .as_mut()
+        .expect("cells record their thresholds");
+    t.max_mean_kl = t.max_mean_kl * 2.0 + 1.0;
+    let e = format!("{:#}", merge(loosened, &thresholds()).unwrap_err());
+    assert!(e.contains("recorded thresholds"), "{e}");
+}
+
+fn thresholds() -> Thresholds {
+    Thresholds::load(&root().join("ci/thresholds.toml")).unwrap()
 }
 
 #[test]

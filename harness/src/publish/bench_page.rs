@@ -131,7 +131,8 @@ fn chart_svg(title: &str, points: &[Point]) -> Result<String> {
             .map_err(err)?;
         root.present().map_err(err)?;
     }
-    Ok(svg)
+    // a NUL or ESC in a model or test name would make the SVG invalid XML
+    Ok(crate::format::xml_safe(&svg))
 }
 
 /// Render `bench.html` and its charts: (path relative to the site root, bytes). Benches are ordered by

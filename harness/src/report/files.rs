@@ -83,6 +83,7 @@ pub fn write_files_atomically(
                 reports_root.display()
             )
         })?;
+    let _registered = crate::process::register_temp(tmp.path());
     for (name, text) in files {
         let p = tmp.path().join(name);
         if let Some(dir) = p.parent().filter(|d| !d.exists()) {

@@ -17,19 +17,7 @@ use quick_xml::Writer;
 use super::Report;
 use crate::gate::{failure_line, fmt_metric};
 
-/// Characters XML 1.0 forbids even escaped, replaced by U+FFFD.
-fn xml_safe(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if (c < ' ' && !matches!(c, '\t' | '\n' | '\r')) || matches!(c, '\u{FFFE}' | '\u{FFFF}')
-            {
-                '\u{FFFD}'
-            } else {
-                c
-            }
-        })
-        .collect()
-}
+use crate::format::xml_safe;
 
 /// Seconds as JUnit writes them (3 decimals; 0 when unknown or not finite).
 fn secs(v: f64) -> String {

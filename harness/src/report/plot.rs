@@ -332,7 +332,8 @@ pub fn error_vs_depth_svg(c: &CellReport) -> Result<String> {
         }
         root.present().map_err(err)?;
     }
-    Ok(svg)
+    // a NUL or ESC in a cell id (a model or prompt name) would make the SVG invalid XML
+    Ok(crate::format::xml_safe(&svg))
 }
 
 /// The page written in place of a plot that could not be drawn: the reason, as SVG text.
@@ -348,7 +349,7 @@ pub fn plot_error_svg(reason: &str) -> String {
         ));
         let _ = root.present();
     }
-    svg
+    crate::format::xml_safe(&svg)
 }
 
 #[cfg(test)]
