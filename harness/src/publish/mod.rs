@@ -110,8 +110,11 @@ pub fn read_inputs(reports_dir: &Path) -> Result<Inputs> {
         }
         let quality = d.join("quality.json");
         if quality.is_file() {
-            let text = std::fs::read_to_string(&quality)
-                .with_context(|| format!("cannot read {}", quality.display()))?;
+            let text = crate::input::read_string(
+                &quality,
+                "the quality report",
+                crate::input::MAX_REPORT_BYTES,
+            )?;
             inputs.quality.push(
                 crate::report::from_json(&text)
                     .with_context(|| format!("{} is not a quality report", quality.display()))?,
