@@ -173,7 +173,10 @@ mod tests {
             "{:#}",
             read(Path::new("/dev/zero"), "the cost table", 100).unwrap_err()
         );
-        assert!(e.contains("character device") && e.contains("/dev/zero"), "{e}");
+        assert!(
+            e.contains("character device") && e.contains("/dev/zero"),
+            "{e}"
+        );
         let e = format!("{:#}", read(dir.path(), "the map", 100).unwrap_err());
         assert!(e.contains("a directory"), "{e}");
         assert!(t0.elapsed() < std::time::Duration::from_secs(5));

@@ -73,7 +73,10 @@ fn lockstep_timed(args: &[&str], envs: &[(&str, &Path)], secs: u64) -> (i32, Str
         .unwrap()
         .read_to_string(&mut err)
         .unwrap();
-    assert!(!err.contains("panicked"), "lockstep {args:?} panicked:\n{err}");
+    assert!(
+        !err.contains("panicked"),
+        "lockstep {args:?} panicked:\n{err}"
+    );
     (code, err)
 }
 
@@ -201,7 +204,8 @@ fn load_line(model: &Path, format: &str, scratch: &Path) -> String {
     .to_string()
 }
 
-const RESET: &str = r#"{"op":"reset","mode":"reference","target":"avx2","n_ctx":8,"input_rounding":false}"#;
+const RESET: &str =
+    r#"{"op":"reset","mode":"reference","target":"avx2","n_ctx":8,"input_rounding":false}"#;
 const PREFILL: &str = r#"{"op":"prefill","tokens":[1,2],"stages":"all"}"#;
 
 fn err(r: &Reply) -> String {
@@ -268,7 +272,8 @@ fn serve_refuses_injections_it_cannot_apply() {
         .count();
     let value = |name: &str, w: usize| {
         let p = work.path().join(format!("{name}.npz"));
-        lockstep::protocol::client::write_value(&p, &Array2::<f32>::from_elem((2, w), 0.5)).unwrap();
+        lockstep::protocol::client::write_value(&p, &Array2::<f32>::from_elem((2, w), 0.5))
+            .unwrap();
         p
     };
     let inject = |stage: &str, p: &Path| {
@@ -310,7 +315,10 @@ fn contradictory_load_answers_are_refused() {
     );
     let load = |extra: &str| format!(r#"{{"ok":true,"protocol":2,"engine":"hostile@1"{extra}}}"#);
     for (extra, needles) in [
-        (r#","n_vocab":7"#, &["hostile@1", "n_vocab 7", "263 wide"][..]),
+        (
+            r#","n_vocab":7"#,
+            &["hostile@1", "n_vocab 7", "263 wide"][..],
+        ),
         (
             r#","n_vocab":1099511627776"#,
             &["hostile@1", "n_vocab 1099511627776"][..],
@@ -368,7 +376,8 @@ fn fifos_from_and_to_engines_are_refused_at_once() {
         "{r:?}"
     );
     assert!(
-        err(&r[1]).contains("is a directory without config.json") && err(&r[1]).contains("bare-dir"),
+        err(&r[1]).contains("is a directory without config.json")
+            && err(&r[1]).contains("bare-dir"),
         "{r:?}"
     );
     assert!(r[2].error.is_none() && r[3].error.is_none(), "{r:?}");
@@ -417,7 +426,10 @@ fn fifos_devices_and_huge_files_as_inputs_are_refused_at_once() {
     ] {
         let (code, e) = lockstep_timed(args, &[], 60);
         assert_eq!(code, 2, "{args:?}: {e}");
-        assert!(e.contains("FIFO") && e.contains("report.json"), "{args:?}: {e}");
+        assert!(
+            e.contains("FIFO") && e.contains("report.json"),
+            "{args:?}: {e}"
+        );
     }
     let summary = work.path().join("summary.md");
     mkfifo(&summary);
@@ -449,7 +461,10 @@ fn fifos_devices_and_huge_files_as_inputs_are_refused_at_once() {
             lockstep::shard::CostTable::load(Path::new("/dev/zero")).unwrap_err()
         )
     });
-    assert!(e.contains("character device") && e.contains("/dev/zero"), "{e}");
+    assert!(
+        e.contains("character device") && e.contains("/dev/zero"),
+        "{e}"
+    );
     let e = within(60, "/dev/zero as a stage map", || {
         format!(
             "{:#}",
@@ -463,19 +478,12 @@ fn fifos_devices_and_huge_files_as_inputs_are_refused_at_once() {
         .unwrap()
         .set_len(300 << 20)
         .unwrap();
-    let e = format!(
-        "{:#}",
-        lockstep::report::read_report(&huge).unwrap_err()
-    );
+    let e = format!("{:#}", lockstep::report::read_report(&huge).unwrap_err());
     assert!(
         e.contains("huge/report.json") && e.contains("at most"),
         "{e}"
     );
-    let (code, e) = lockstep_timed(
-        &["merge", huge.to_str().unwrap(), "--reports", r],
-        &[],
-        60,
-    );
+    let (code, e) = lockstep_timed(&["merge", huge.to_str().unwrap(), "--reports", r], &[], 60);
     assert_eq!(code, 2, "{e}");
     assert!(e.contains("at most"), "{e}");
     assert!(!reports.exists() || std::fs::read_dir(&reports).unwrap().next().is_none());
@@ -498,7 +506,11 @@ fn pid_in(file: &Path) -> i32 {
                 return p;
             }
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "no pid in {}", file.display());
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no pid in {}",
+            file.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -526,7 +538,10 @@ fn a_helper_that_calls_setsid_does_not_outlive_its_engine() {
     let helper = pid_in(&pids);
     let survived = alive(helper);
     reap(helper);
-    assert!(!survived, "the setsid helper {helper} outlived its one-shot engine");
+    assert!(
+        !survived,
+        "the setsid helper {helper} outlived its one-shot engine"
+    );
 
     // the session engine starts the helper, answers, and is stopped (dropped) while both run
     let pids = work.path().join("session.pid");
@@ -541,5 +556,8 @@ fn a_helper_that_calls_setsid_does_not_outlive_its_engine() {
     drop(ch);
     let survived = alive(helper);
     reap(helper);
-    assert!(!survived, "the setsid helper {helper} outlived its session engine");
+    assert!(
+        !survived,
+        "the setsid helper {helper} outlived its session engine"
+    );
 }

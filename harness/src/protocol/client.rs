@@ -493,6 +493,10 @@ impl Engine for SessionEngine {
                 }
             );
         }
+        if self.pos == 0 {
+            // before anything else is read from the dump: what `load` announced is what it holds
+            self.check_load_answer(&path, &d, logits.as_ref())?;
+        }
         if d.tokens != tokens {
             bail!(
                 "the session engine's dump {} holds tokens {:?}, this step ran {:?}",
@@ -529,7 +533,6 @@ impl Engine for SessionEngine {
             }
         }
         if self.pos == 0 {
-            self.check_load_answer(&path, &d, logits.as_ref())?;
             self.stages = found
                 .iter()
                 .map(|(s, n)| (s.to_string(), d.stages[*n].ncols()))

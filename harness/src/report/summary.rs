@@ -90,7 +90,8 @@ pub fn check_step_summary() -> Result<()> {
     match std::fs::metadata(p) {
         Ok(m) if !m.is_file() => {
             // the same refusal (and words) as the append at the end
-            crate::input::open_append(p, &format!("the step summary (${STEP_SUMMARY_ENV})")).map(drop)
+            crate::input::open_append(p, &format!("the step summary (${STEP_SUMMARY_ENV})"))
+                .map(drop)
         }
         _ => Ok(()),
     }
@@ -99,7 +100,8 @@ pub fn check_step_summary() -> Result<()> {
 /// Append `text` to `path` (created when missing).
 fn append_to(path: &Path, text: &str) -> Result<()> {
     // never a FIFO (the append would block until a reader comes) nor a device
-    let mut f = crate::input::open_append(path, &format!("the step summary (${STEP_SUMMARY_ENV})"))?;
+    let mut f =
+        crate::input::open_append(path, &format!("the step summary (${STEP_SUMMARY_ENV})"))?;
     f.write_all(text.as_bytes())
         .with_context(|| format!("cannot write the step summary {}", path.display()))
 }
