@@ -695,6 +695,7 @@ fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
 fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCode> {
     // the first Ctrl-C stops the run and saves the finished cells; a second one quits at once
     crate::process::set_graceful(true);
+    crate::report::check_step_summary()?;
     if let Some(j) = &a.junit {
         crate::output::check_file_target(j, "--junit")?;
     }
@@ -795,6 +796,7 @@ fn gate_speed(
 }
 
 fn gate(report: &Path, thresholds: Option<&Path>, junit: Option<&Path>) -> Result<ExitCode> {
+    crate::report::check_step_summary()?;
     if let Some(j) = junit {
         crate::output::check_file_target(j, "--junit")?;
     }

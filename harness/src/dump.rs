@@ -14,7 +14,7 @@
 //! harness reports those as "not compared". Extra arrays are ignored.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use lockstep_engine::hooks::Recorder;
@@ -80,19 +80,6 @@ pub fn run(
 /// never replaced), the directory is missing or unwritable, the disk is full (the temporary file is
 /// removed).
 pub fn write(path: &Path, dump: &Dump) -> Result<()> {
-    write_with(path, dump, true)
-}
-
-/// [`write`] without the `fsync`: for a dump that lives only as long as the process reading it (a
-/// `lockstep serve` step in the session's scratch directory, read once and deleted), where flushing
-/// tens of megabytes per step to the disk buys nothing. Still written under a temporary name and renamed.
-///
-/// Errors: as [`write`].
-pub fn write_scratch(path: &Path, dump: &Dump) -> Result<()> {
-    write_with(path, dump, false)
-}
-
-fn write_with(path: &Path, dump: &Dump, durable: bool) -> Result<()> {
     crate::output::check_file_target(path, "dump output")?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -101,31 +88,10 @@ fn write_with(path: &Path, dump: &Dump, durable: bool) -> Result<()> {
     let tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
     let _registered = crate::process::register_temp(tmp.path());
-    {
-        // buffered: the zip writer's many small writes would each be a system call
-        let mut npz = NpzWriter::new(std::io::BufWriter::new(tmp.as_file()));
-        let ctx = || format!("writing {}", path.display());
-        npz.add_array(
-            "lockstep_dump_version",
-            &Array1::from_vec(vec![DUMP_FORMAT_VERSION]),
-        )
-        .with_context(ctx)?;
-        let toks: Array1<i32> = dump.tokens.iter().map(|&t| t as i32).collect();
-        npz.add_array("tokens", &toks).with_context(ctx)?;
-        if let Some(logits) = &dump.logits {
-            npz.add_array("logits", logits).with_context(ctx)?;
-        }
-        for (name, arr) in &dump.stages {
-            npz.add_array(name.as_str(), arr).with_context(ctx)?;
-        }
-        let mut out = npz.finish().with_context(ctx)?;
-        std::io::Write::flush(&mut out).with_context(ctx)?;
-    }
-    if durable {
-        tmp.as_file()
-            .sync_all()
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    write_npz(tmp.as_file(), path, dump)?;
+    tmp.as_file()
+        .sync_all()
+        .with_context(|| format!("writing {}", path.display()))?;
     std::fs::set_permissions(
         tmp.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o644),
@@ -135,6 +101,49 @@ fn write_with(path: &Path, dump: &Dump, durable: bool) -> Result<()> {
     tmp.persist(path)
         .with_context(|| format!("cannot move the dump into place at {}", path.display()))?;
     Ok(())
+}
+
+/// Write a dump that lives only as long as the process reading it (a `lockstep serve` step in the
+/// session's scratch directory, read once and deleted) as a *new* file `dir/<prefix>XXXXXX.npz`: created
+/// with `O_CREAT | O_EXCL` (mode 0600), so it never replaces, truncates or writes through anything that
+/// was there — whatever directory a client names. No `fsync`: flushing tens of megabytes per step to the
+/// disk buys nothing here. Returns the file's path.
+///
+/// Errors: `dir` is missing, not a directory or not writable; the disk is full (the new file is then
+/// removed).
+pub fn write_new_in(dir: &Path, prefix: &str, dump: &Dump) -> Result<PathBuf> {
+    let tmp = tempfile::Builder::new()
+        .prefix(prefix)
+        .suffix(".npz")
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot create a new dump file in {}", dir.display()))?;
+    write_npz(tmp.as_file(), tmp.path(), dump)?;
+    let (_, path) = tmp
+        .keep()
+        .with_context(|| format!("cannot keep the dump in {}", dir.display()))?;
+    Ok(path)
+}
+
+/// The dump's arrays into `file` (`path` names it in errors).
+fn write_npz(file: &std::fs::File, path: &Path, dump: &Dump) -> Result<()> {
+    // buffered: the zip writer's many small writes would each be a system call
+    let mut npz = NpzWriter::new(std::io::BufWriter::new(file));
+    let ctx = || format!("writing {}", path.display());
+    npz.add_array(
+        "lockstep_dump_version",
+        &Array1::from_vec(vec![DUMP_FORMAT_VERSION]),
+    )
+    .with_context(ctx)?;
+    let toks: Array1<i32> = dump.tokens.iter().map(|&t| t as i32).collect();
+    npz.add_array("tokens", &toks).with_context(ctx)?;
+    if let Some(logits) = &dump.logits {
+        npz.add_array("logits", logits).with_context(ctx)?;
+    }
+    for (name, arr) in &dump.stages {
+        npz.add_array(name.as_str(), arr).with_context(ctx)?;
+    }
+    let mut out = npz.finish().with_context(ctx)?;
+    std::io::Write::flush(&mut out).with_context(ctx)
 }
 
 /// Largest dump [`read`] accepts, all arrays together (4 GiB: a 512-token dump of every stage of the
@@ -149,11 +158,20 @@ pub const MAX_DUMP_BYTES: u64 = 4 << 30;
 /// Errors name the file: unreadable archive, missing `tokens`, missing both `logits` and `pooled`, a
 /// version this build does not read, wrong dtypes or ranks, shapes that disagree (`logits` rows ≠ T, a
 /// stage with T' ≠ T rows, an encoder's `pooled` with more than one row),
-/// negative token ids, arrays beyond the size bounds (checked before decompressing). NaN is *not* checked
-/// here: the comparison reports it against the stage that holds it.
+/// negative token ids, arrays beyond the size bounds (checked before decompressing), a path that is not a
+/// regular file (a FIFO, a device, a directory) or a file larger than [`MAX_DUMP_FILE_BYTES`]
+/// ([`crate::input`]: checked before it is opened, so a FIFO never blocks). NaN is *not* checked here: the
+/// comparison reports it against the stage that holds it.
 pub fn read(path: &Path) -> Result<Dump> {
-    read_npz(Npz::open(path)?, MAX_DUMP_BYTES)
+    read_npz(
+        Npz::open_capped(path, "the dump", MAX_DUMP_FILE_BYTES)?,
+        MAX_DUMP_BYTES,
+    )
 }
+
+/// Largest dump file [`read`] opens: [`MAX_DUMP_BYTES`] of arrays plus 256 MiB for the archive's and the
+/// arrays' headers.
+pub const MAX_DUMP_FILE_BYTES: u64 = MAX_DUMP_BYTES + (256 << 20);
 
 /// [`read`] on a dump held in memory, all arrays together within `max_bytes` of data (at most
 /// [`MAX_DUMP_BYTES`]); `label` names it in errors (fuzzing and tests use small bounds).

@@ -14,6 +14,7 @@
 //! - [`matrix`] — the run matrix (`ci/matrix.toml`) and its expansion into cells.
 //! - [`gate`] — thresholds (`ci/thresholds.toml`), verdicts and failure lines.
 //! - [`output`] — result files: targets checked before measuring, atomic writes, bounded file names.
+//! - [`input`] — input files: one check (regular file, size cap, never blocking on a FIFO) before any is read.
 //! - [`report`] — run reports: `report.json`, `report.md`, `results.csv`.
 //! - [`engine`] — the engine seam: our engine in process, or any external command writing the dump format.
 //! - [`protocol`] — the engine session protocol: external engines driven step by step through their own KV
@@ -62,6 +63,7 @@ pub mod generate;
 pub mod golden;
 pub mod hash;
 pub mod hf;
+pub mod input;
 pub mod inspect;
 pub mod judge;
 pub mod matrix;

@@ -13,7 +13,6 @@
 //! contracts hold.
 
 use std::fmt;
-use std::fs::File;
 use std::io::{BufReader, Cursor, Read, Seek};
 use std::path::{Path, PathBuf};
 
@@ -156,9 +155,16 @@ pub struct Npz {
 }
 
 impl Npz {
-    /// Open an `.npz` file. Errors: the file is missing or unreadable, or not a zip archive.
+    /// Open an `.npz` file of any size. Errors: the file is missing or unreadable, not a regular file (a
+    /// FIFO, a device: [`crate::input::open`]), or not a zip archive.
     pub fn open(path: &Path) -> Result<Npz> {
-        let f = File::open(path).with_context(|| format!("{} cannot be opened", path.display()))?;
+        Npz::open_capped(path, "the .npz file", u64::MAX)
+    }
+
+    /// Open an `.npz` file `what` names in errors (e.g. "the dump"), of at most `max_bytes` on disk.
+    /// Errors: as [`Npz::open`]; the file is larger than `max_bytes`.
+    pub fn open_capped(path: &Path, what: &str, max_bytes: u64) -> Result<Npz> {
+        let f = crate::input::open(path, what, max_bytes)?;
         Npz::from_reader(Box::new(BufReader::new(f)), path)
     }
 

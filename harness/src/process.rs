@@ -8,9 +8,16 @@
 //!   `CommandExt::process_group`), sends its stdout and stderr to files (no pipe can fill up and block
 //!   it), and polls it until it exits or the timeout passes; then `kill(-pgid, SIGKILL)` ends the whole
 //!   group, grandchildren included.
+//! - A helper that leaves the group (`setsid()`, `setpgid()`) escapes that kill, so every engine is also
+//!   *contained*: lockstep makes itself the child subreaper of its descendants
+//!   (`prctl(PR_SET_CHILD_SUBREAPER)`: an orphan is re-parented to lockstep, not to init), and every
+//!   engine is started with its own tag in the environment ([`ENGINE_TAG_ENV`]). When an engine ends —
+//!   exits, times out, is dropped or interrupted — [`sweep`] kills every process descending from it, every
+//!   orphan re-parented to lockstep that carries its tag, and anything else still carrying its tag, and reaps
+//!   the orphans, until none is left.
 //! - [`install_interrupt_handler`] (called once by the binary) catches SIGINT, SIGTERM and SIGHUP: every
-//!   live group is killed, every registered scratch directory ([`ScratchGuard`]) removed, and the process
-//!   exits with status 130.
+//!   live group is killed with everything it started, every registered scratch directory
+//!   ([`ScratchGuard`]) removed, and the process exits with status 130.
 
 use std::fs::File;
 use std::io::Read;
@@ -51,6 +58,7 @@ pub fn kill_all_and_clean() -> std::sync::MutexGuard<'static, Vec<i32>> {
     for &pgid in groups.iter() {
         kill_group(pgid);
     }
+    sweep(&groups, &Tag::all());
     for path in lock(&SCRATCH).iter() {
         remove_scratch(path);
     }
@@ -131,6 +139,7 @@ pub fn install_interrupt_handler() {
                 for &pgid in groups.iter() {
                     kill_group(pgid);
                 }
+                sweep(&groups, &Tag::all());
                 drop(groups);
                 eprintln!(
                     "lockstep: interrupted; stopping and saving the finished cells (interrupt again to quit at once)"
@@ -149,6 +158,13 @@ pub fn install_interrupt_handler() {
     });
 }
 
+/// End engine `pgid` (its group leader's pid) and everything it started: its process group killed, then
+/// [`sweep`] for what left the group.
+fn end_engine(pgid: i32, tag: &Tag) {
+    kill_group(pgid);
+    sweep(&[pgid], tag);
+}
+
 fn kill_group(pgid: i32) {
     #[cfg(unix)]
     // SAFETY: kill(2) with a negative pid signals a process group; no memory is involved.
@@ -157,6 +173,152 @@ fn kill_group(pgid: i32) {
     }
     #[cfg(not(unix))]
     let _ = pgid;
+}
+
+/// The environment variable every engine lockstep starts carries, with a value unique to that engine
+/// (`<lockstep pid>-<n>`), inherited by whatever it starts: how [`sweep`] finds a helper that left the
+/// engine's process group and lost its parent.
+pub const ENGINE_TAG_ENV: &str = "LOCKSTEP_ENGINE_TAG";
+
+/// Which tagged processes a [`sweep`] kills: one engine's, or (on an interrupt) every engine's of this
+/// lockstep process.
+struct Tag {
+    /// `LOCKSTEP_ENGINE_TAG=<value>`, matched whole, or as a prefix when `prefix`.
+    entry: String,
+    prefix: bool,
+}
+
+impl Tag {
+    /// A fresh tag for one engine.
+    fn new() -> Tag {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Tag {
+            entry: format!("{ENGINE_TAG_ENV}={}-{n}", std::process::id()),
+            prefix: false,
+        }
+    }
+
+    /// Every engine's tag of this lockstep process.
+    fn all() -> Tag {
+        Tag {
+            entry: format!("{ENGINE_TAG_ENV}={}-", std::process::id()),
+            prefix: true,
+        }
+    }
+
+    fn value(&self) -> &str {
+        &self.entry[ENGINE_TAG_ENV.len() + 1..]
+    }
+
+    /// Whether process `pid`'s environment carries this tag (false when it cannot be read).
+    fn carried_by(&self, pid: i32) -> bool {
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            return false;
+        };
+        let want = self.entry.as_bytes();
+        env.split(|&b| b == 0).any(|e| {
+            if self.prefix {
+                e.starts_with(want)
+            } else {
+                e == want
+            }
+        })
+    }
+}
+
+/// Make lockstep the child subreaper of everything it starts (Linux `PR_SET_CHILD_SUBREAPER`; once per
+/// process): a helper whose parent exits is re-parented to lockstep, where [`sweep`] finds it.
+fn become_subreaper() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(target_os = "linux")]
+        // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) takes no pointers.
+        unsafe {
+            libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0);
+        }
+    });
+}
+
+/// Every process's (pid, parent pid, is a zombie), from `/proc/<pid>/stat`.
+fn processes() -> Vec<(i32, i32, bool)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid ...`; comm may hold spaces and parentheses: read after the last ')'
+        let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
+        let state = rest.next()?;
+        let ppid: i32 = rest.next()?.parse().ok()?;
+        Some((pid, ppid, state == "Z" || state == "X"))
+    })
+    .collect()
+}
+
+/// Kill everything engine `leader` (tagged `tag`) started, wherever it went: every descendant of
+/// `leader` (by parent pid, whatever its process group or session), every process re-parented to lockstep
+/// that carries the tag (its parent died: [`become_subreaper`]) and their descendants, and any other
+/// process carrying the tag. Repeated until a pass finds nothing alive (a process forking while it is
+/// killed is caught by the next pass; at most 50 passes), and the orphans killed are reaped. `leader`
+/// itself is killed but not reaped (its `Child` does that); call this before reaping it, while its pid
+/// cannot have been reused.
+fn sweep(leaders: &[i32], tag: &Tag) {
+    #[cfg(unix)]
+    {
+        let me = std::process::id() as i32;
+        for _ in 0..50 {
+            let procs = processes();
+            let mut children: std::collections::BTreeMap<i32, Vec<i32>> = Default::default();
+            for &(pid, ppid, _) in &procs {
+                children.entry(ppid).or_default().push(pid);
+            }
+            let mut todo: Vec<i32> = leaders.to_vec();
+            todo.extend(
+                procs
+                    .iter()
+                    .filter(|&&(pid, _, _)| pid != me && !leaders.contains(&pid))
+                    .filter(|&&(pid, _, _)| tag.carried_by(pid))
+                    .map(|&(pid, _, _)| pid),
+            );
+            let mut found = std::collections::BTreeSet::new();
+            while let Some(p) = todo.pop() {
+                if p != me && found.insert(p) {
+                    todo.extend(children.get(&p).into_iter().flatten());
+                }
+            }
+            let state: std::collections::BTreeMap<i32, (i32, bool)> = procs
+                .iter()
+                .map(|&(pid, ppid, z)| (pid, (ppid, z)))
+                .collect();
+            let mut alive = 0;
+            for &p in &found {
+                let Some(&(ppid, z)) = state.get(&p) else {
+                    continue;
+                };
+                if !z {
+                    alive += 1;
+                    // SAFETY: kill(2) takes no pointers.
+                    unsafe {
+                        libc::kill(p, libc::SIGKILL);
+                    }
+                } else if ppid == me && !leaders.contains(&p) {
+                    // an orphan re-parented to us, killed: reap it (never a leader, whose Child reaps it)
+                    // SAFETY: a null status pointer is allowed.
+                    unsafe {
+                        libc::waitpid(p, std::ptr::null_mut(), libc::WNOHANG);
+                    }
+                }
+            }
+            if alive == 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (leaders, tag);
 }
 
 /// A scratch directory removed when dropped, and by the interrupt handler if the process is interrupted
@@ -223,6 +385,9 @@ pub fn run_bounded(
         .stderr(Stdio::from(err_file));
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let tag = Tag::new();
+    cmd.env(ENGINE_TAG_ENV, tag.value());
+    become_subreaper();
     // spawn and register under one lock: an interrupt either comes first (nothing starts) or finds the
     // group registered and kills it
     let (mut child, pgid) = {
@@ -244,11 +409,11 @@ pub fn run_bounded(
             // the leader is a zombie until reaped, so its pid (= the group id) cannot be reused yet:
             // kill the helpers it left in its group first, then reap it
             Ok(true) => {
-                kill_group(pgid);
+                end_engine(pgid, &tag);
                 break child.wait().map_err(anyhow::Error::new);
             }
             Ok(false) if start.elapsed() >= timeout => {
-                kill_group(pgid);
+                end_engine(pgid, &tag);
                 let _ = child.wait();
                 break Err(anyhow::anyhow!(
                     "the external engine ({what}) did not finish within {:.1} s; its process group was \
@@ -259,7 +424,7 @@ pub fn run_bounded(
             Ok(false) => {
                 let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
                 if size(&out_path) > MAX_STDOUT_BYTES || size(&err_path) > MAX_STDERR_BYTES {
-                    kill_group(pgid);
+                    end_engine(pgid, &tag);
                     let _ = child.wait();
                     break Err(anyhow::anyhow!(
                         "the external engine ({what}) printed more than {MAX_STDOUT_BYTES} bytes to stdout \
@@ -270,7 +435,7 @@ pub fn run_bounded(
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
             Err(e) => {
-                kill_group(pgid);
+                end_engine(pgid, &tag);
                 let _ = child.wait();
                 break Err(e.context(format!("waiting for {shown}")));
             }
@@ -444,6 +609,7 @@ pub const MAX_LINE_BYTES: usize = 1 << 20;
 pub struct LineChild {
     child: std::process::Child,
     pgid: i32,
+    tag: Tag,
     stdin: Option<std::process::ChildStdin>,
     lines: std::sync::mpsc::Receiver<std::result::Result<String, String>>,
     err_path: PathBuf,
@@ -465,6 +631,9 @@ impl LineChild {
             .stderr(Stdio::from(err_file));
         #[cfg(unix)]
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let tag = Tag::new();
+        cmd.env(ENGINE_TAG_ENV, tag.value());
+        become_subreaper();
         let (mut child, pgid) = {
             let mut groups = lock(&LIVE_GROUPS);
             if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
@@ -508,6 +677,7 @@ impl LineChild {
         Ok(LineChild {
             child,
             pgid,
+            tag,
             stdin,
             lines: rx,
             err_path,
@@ -600,7 +770,7 @@ impl LineChild {
     fn stop(&mut self) {
         self.stdin = None;
         if self.dead.is_none() {
-            kill_group(self.pgid);
+            end_engine(self.pgid, &self.tag);
             let _ = self.child.wait();
             lock(&LIVE_GROUPS).retain(|&g| g != self.pgid);
             self.dead = Some("stopped".into());

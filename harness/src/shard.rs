@@ -84,8 +84,8 @@ impl CostTable {
     /// Errors: an unreadable file, invalid JSON, a cost that is negative or not a finite number (naming
     /// the file and the cell), or a table without any cost.
     pub fn load(path: &Path) -> Result<CostTable> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the cost table {}", path.display()))?;
+        let text =
+            crate::input::read_string(path, "the cost table", crate::input::MAX_REPORT_BYTES)?;
         let sha = crate::hash::sha256_hex(text.as_bytes());
         let value: serde_json::Value = serde_json::from_str(&text)
             .with_context(|| format!("the cost table {} is not JSON", path.display()))?;

@@ -310,8 +310,8 @@ pub const THRESHOLD_RANGES: [ThresholdRange; 8] = [
 impl Thresholds {
     /// Read and parse a thresholds file.
     pub fn load(path: &Path) -> Result<Thresholds> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{} cannot be read", path.display()))?;
+        let text =
+            crate::input::read_string(path, "the thresholds file", crate::input::MAX_CONFIG_BYTES)?;
         Thresholds::parse(&text, &path.display().to_string())
     }
 

@@ -21,6 +21,9 @@ use crate::compare::{NOT_IN_STAGE_MAP, TOKENS_NOT_FROM_ENGINE};
 use crate::engine::{Engine, EngineInfo};
 use crate::process::{LineChild, ScratchGuard};
 
+/// Largest `n_vocab` a `load` answer may give (2^24 tokens; the largest vocabularies are ~2^18).
+pub const MAX_VOCAB: usize = 1 << 24;
+
 /// How to start a session engine: the command, split on whitespace (no shell, no placeholders: the model
 /// comes in `load`), the time one answer may take, and the stage map of its names, if it dumps under its
 /// own.
@@ -55,6 +58,8 @@ pub struct SessionEngine {
     cmd: ServeCommand,
     child: LineChild,
     scratch: ScratchGuard,
+    /// The scratch directory's canonical path: an answered dump must resolve inside it.
+    scratch_real: PathBuf,
     model: PathBuf,
     arch: String,
     name: String,
@@ -97,11 +102,14 @@ impl SessionEngine {
         };
         let mut c = Command::new(prog);
         c.args(rest);
+        let scratch_real = std::fs::canonicalize(scratch.path())
+            .with_context(|| format!("the scratch directory {}", scratch.path().display()))?;
         let child = LineChild::spawn(c, scratch.path(), "serve")?;
         let mut e = SessionEngine {
             cmd,
             child,
             scratch,
+            scratch_real,
             model: model.to_path_buf(),
             arch: arch.to_string(),
             name: String::new(),
@@ -139,6 +147,14 @@ impl SessionEngine {
         }
         e.name = name;
         e.capabilities = r.capabilities.into_iter().collect();
+        if let Some(v) = r.n_vocab.filter(|v| !(1..=MAX_VOCAB).contains(v)) {
+            bail!(
+                "the session engine {}'s `load` answer says n_vocab {v}; a vocabulary holds 1 to {MAX_VOCAB} \
+                 tokens: {}",
+                e.name,
+                e.child.shown()
+            );
+        }
         e.n_vocab = r.n_vocab;
         e.encoder = match r.output.as_deref() {
             None | Some(super::OUTPUT_LOGITS) => false,
@@ -151,8 +167,56 @@ impl SessionEngine {
                 e.child.shown()
             ),
         };
+        let mut seen = BTreeSet::new();
+        if let Some(n) = r
+            .stages
+            .iter()
+            .find(|n| n.trim().is_empty() || !seen.insert(n.as_str()))
+        {
+            bail!(
+                "the session engine {}'s `load` answer lists the stage {n:?} {} in `stages`: {}",
+                e.name,
+                if n.trim().is_empty() {
+                    "(an empty name)"
+                } else {
+                    "twice"
+                },
+                e.child.shown()
+            );
+        }
         e.order = r.stages;
         Ok(e)
+    }
+
+    /// The dump an engine answered a step with, checked before anything reads or deletes it: its canonical
+    /// path (symlinks and `..` resolved) lies inside the scratch directory lockstep gave it, and it is a
+    /// regular file there ([`crate::input`]: a FIFO or a device is refused, never opened). Returns the
+    /// canonical path, the one to read and then remove.
+    ///
+    /// Errors name the engine, the path it answered and the scratch directory.
+    fn dump_path(&self, answered: &str) -> Result<PathBuf> {
+        let raw = Path::new(answered);
+        let real = std::fs::canonicalize(raw).with_context(|| {
+            format!(
+                "the session engine {}'s dump {answered} of step {}",
+                self.name, self.steps
+            )
+        })?;
+        if real == self.scratch_real || !real.starts_with(&self.scratch_real) {
+            bail!(
+                "the session engine {} answered the dump {answered} (that is {}), which is not inside the \
+                 scratch directory {} it was given; lockstep reads and removes dumps only there",
+                self.name,
+                real.display(),
+                self.scratch_real.display()
+            );
+        }
+        crate::input::check(
+            &real,
+            &format!("the session engine {}'s dump", self.name),
+            crate::dump::MAX_DUMP_FILE_BYTES,
+        )?;
+        Ok(real)
     }
 
     /// The capabilities `load` announced.
@@ -234,6 +298,59 @@ impl SessionEngine {
                 stage: name,
                 npz: path.display().to_string(),
             })?;
+        }
+        Ok(())
+    }
+}
+
+impl SessionEngine {
+    /// Hold the `load` answer to a sequence's first dump: an announced `n_vocab` is the width of the
+    /// logits, and every announced stage is in the dump (the step asked for all stages). A contradiction
+    /// is the engine's error, not something to compare around.
+    ///
+    /// Errors name the engine, the dump and the announced vs found values.
+    fn check_load_answer(
+        &self,
+        path: &Path,
+        d: &crate::dump::Dump,
+        logits: Option<&Array2<f32>>,
+    ) -> Result<()> {
+        if let (Some(v), Some(l)) = (self.n_vocab, logits) {
+            if l.ncols() != v {
+                bail!(
+                    "the session engine {}'s `load` answer says n_vocab {v}, but its dump {} holds logits \
+                     {} wide: {}",
+                    self.name,
+                    path.display(),
+                    l.ncols(),
+                    self.child.shown()
+                );
+            }
+        }
+        let missing: Vec<&String> = self
+            .order
+            .iter()
+            .filter(|n| !d.stages.contains_key(*n))
+            .filter(|n| {
+                self.canonical(n)
+                    .is_none_or(|s| s.kind != lockstep_engine::StageKind::Logits)
+            })
+            .collect();
+        if !missing.is_empty() {
+            bail!(
+                "the session engine {}'s `load` answer announced {} stage(s) its dump {} does not hold: {}{}: {}",
+                self.name,
+                missing.len(),
+                path.display(),
+                missing
+                    .iter()
+                    .take(5)
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if missing.len() > 5 { ", ..." } else { "" },
+                self.child.shown()
+            );
         }
         Ok(())
     }
@@ -354,12 +471,15 @@ impl Engine for SessionEngine {
         };
         let r = self.call(&req)?;
         self.steps += 1;
-        let path = PathBuf::from(
-            r.dump
-                .context("the session engine's answer names no `dump`")?,
-        );
-        let mut d = crate::dump::read(&path)
-            .with_context(|| format!("the session engine's dump of step {}", self.steps))?;
+        let answered = r
+            .dump
+            .context("the session engine's answer names no `dump`")?;
+        let path = self.dump_path(&answered)?;
+        let read = crate::dump::read(&path)
+            .with_context(|| format!("the session engine's dump of step {}", self.steps));
+        // inside the scratch (checked above): removed whether it reads or not
+        let _ = std::fs::remove_file(&path);
+        let mut d = read?;
         let logits = d.logits.take();
         if logits.is_some() == self.encoder {
             bail!(
@@ -373,8 +493,9 @@ impl Engine for SessionEngine {
                 }
             );
         }
-        if path.starts_with(self.scratch.path()) {
-            let _ = std::fs::remove_file(&path);
+        if self.pos == 0 {
+            // before anything else is read from the dump: what `load` announced is what it holds
+            self.check_load_answer(&path, &d, logits.as_ref())?;
         }
         if d.tokens != tokens {
             bail!(

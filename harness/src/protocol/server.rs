@@ -30,6 +30,9 @@ const MAX_REQUEST_BYTES: u64 = 16 << 20;
 /// Largest injected `value` array read.
 const MAX_INJECT_BYTES: u64 = 1 << 30;
 
+/// Largest injection file opened: [`MAX_INJECT_BYTES`] of data plus room for the archive's headers.
+const MAX_INJECT_FILE_BYTES: u64 = MAX_INJECT_BYTES + (1 << 20);
+
 /// The name `lockstep serve` reports in `load`: `lockstep@<short commit>` of the source tree it was built
 /// from, else `lockstep@<crate version>`.
 pub fn engine_name() -> String {
@@ -42,6 +45,8 @@ pub fn engine_name() -> String {
 
 struct Loaded {
     model: Arc<Model>,
+    /// Every stage the model emits (logits aside) with its row width: what `inject` may name.
+    widths: BTreeMap<Stage, usize>,
     scratch: PathBuf,
     numerics: Numerics,
     input_rounding: bool,
@@ -142,11 +147,20 @@ impl Server {
                     bail!("{model}: `load` says format \"{format}\", but the path is not one");
                 }
                 let numerics = numerics(&mode, &target, self.simd)?;
-                let path = Path::new(&model);
-                let m = crate::engine::LockstepEngine::load_model(path)?;
-                if !Path::new(&scratch).is_dir() {
-                    bail!("the scratch directory {scratch} does not exist");
+                // the scratch first (cheap): dumps are only ever created new in it, never over a file
+                match std::fs::metadata(&scratch) {
+                    Ok(m) if m.is_dir() => {}
+                    Ok(_) => bail!("the scratch {scratch} is not a directory"),
+                    Err(e) => bail!("the scratch directory {scratch}: {e}"),
                 }
+                let path = Path::new(&model);
+                check_model_path(path)?;
+                let m = crate::engine::LockstepEngine::load_model(path)?;
+                let widths: BTreeMap<Stage, usize> = m
+                    .stages()
+                    .into_iter()
+                    .filter(|(s, _)| s.kind != StageKind::Logits)
+                    .collect();
                 let stages = m
                     .stages()
                     .into_iter()
@@ -158,6 +172,7 @@ impl Server {
                     .then(|| super::OUTPUT_POOLED.to_string());
                 self.loaded = Some(Loaded {
                     model: m,
+                    widths,
                     scratch: PathBuf::from(scratch),
                     numerics,
                     input_rounding: false,
@@ -218,8 +233,19 @@ impl Server {
                 let l = self.loaded()?;
                 let s = Stage::parse(&stage)
                     .with_context(|| format!("`{stage}` is not a canonical stage id"))?;
+                // refused, not acknowledged and ignored: a stage this model does not emit, its output
+                let Some(&width) = l.widths.get(&s) else {
+                    if s.kind == StageKind::Logits {
+                        bail!("`{stage}` cannot be injected: it is the model's output, no stage reads it");
+                    }
+                    bail!(
+                        "`{stage}` cannot be injected: this model emits no such stage ({} stages, `load` \
+                         listed them)",
+                        l.widths.len()
+                    );
+                };
                 let path = Path::new(&npz);
-                let mut z = Npz::open(path)?;
+                let mut z = Npz::open_capped(path, "the injection", MAX_INJECT_FILE_BYTES)?;
                 if !z.has("value") {
                     bail!("{npz}: no `value` array to inject");
                 }
@@ -231,12 +257,37 @@ impl Server {
                         raw.shape
                     );
                 }
+                if raw.shape[1] != width {
+                    bail!(
+                        "{npz}: `value` is {:?}, but {stage} is {width} wide; nothing injected",
+                        raw.shape
+                    );
+                }
                 l.pending.insert(s, raw.to_f32()?);
                 Ok(Reply::ok())
             }
             Request::Shutdown => Ok(Reply::ok()),
         }
     }
+}
+
+/// Check the `model` a `load` names before it is opened: an HF checkpoint directory holds `config.json`;
+/// anything else must be a regular file ([`crate::input::check`]: never a FIFO, which would block the
+/// load, nor a device).
+///
+/// Errors name the path and what it is.
+fn check_model_path(path: &Path) -> Result<()> {
+    if path.is_dir() {
+        if !path.join("config.json").is_file() {
+            bail!(
+                "the model {}: is a directory without config.json (a Hugging Face checkpoint directory holds \
+                 config.json, *.safetensors and tokenizer.json; a GGUF model is one file)",
+                path.display()
+            );
+        }
+        return Ok(());
+    }
+    crate::input::check(path, "the model", u64::MAX).map(drop)
 }
 
 impl Loaded {
@@ -270,16 +321,17 @@ impl Loaded {
         };
         let mut stages = recorded_arrays(sink.rec)?;
         stages.remove(&Stage::global(StageKind::Logits).to_string());
-        let path = self.scratch.join(format!("step-{}.npz", self.steps));
-        self.steps += 1;
-        crate::dump::write_scratch(
-            &path,
+        // a new file (O_EXCL), never one that was there: the scratch is whatever directory the client named
+        let path = crate::dump::write_new_in(
+            &self.scratch,
+            &format!("step-{}-", self.steps),
             &Dump {
                 tokens: tokens.to_vec(),
                 logits,
                 stages,
             },
         )?;
+        self.steps += 1;
         Ok(Reply {
             dump: Some(path.display().to_string()),
             ..Reply::ok()

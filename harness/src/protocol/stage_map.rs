@@ -58,21 +58,12 @@ fn split(s: &str) -> std::result::Result<(String, Option<String>), String> {
 impl NameMap {
     /// Read a map file.
     ///
-    /// Errors, naming the file and the entry: unreadable or larger than 1 MiB; not TOML with one table
+    /// Errors, naming the file and the entry: unreadable, not a regular file (a FIFO, a device:
+    /// [`crate::input`]) or larger than 1 MiB; not TOML with one table
     /// `[stages]` of strings; `{N}` more than once on a side, or on one side only; a canonical side that is
     /// no canonical id (tried with `{N}` = 0); two engine names for the same canonical id.
     pub fn load(path: &Path) -> Result<NameMap> {
-        let len = std::fs::metadata(path)
-            .with_context(|| format!("reading the stage map {}", path.display()))?
-            .len();
-        if len > MAX_MAP_BYTES {
-            bail!(
-                "the stage map {} is {len} bytes; at most {MAX_MAP_BYTES} are read",
-                path.display()
-            );
-        }
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the stage map {}", path.display()))?;
+        let text = crate::input::read_string(path, "the stage map", MAX_MAP_BYTES)?;
         NameMap::parse(&text).with_context(|| format!("stage map {}", path.display()))
     }
 

@@ -148,8 +148,11 @@ pub fn read_inputs(reports_dir: &Path) -> Result<Inputs> {
             inputs.benches.push(crate::bench::read_bench(&bench)?);
         }
         if let Some(quality) = input_file(&d.join("quality.json"))? {
-            let text = std::fs::read_to_string(&quality)
-                .with_context(|| format!("cannot read {}", quality.display()))?;
+            let text = crate::input::read_string(
+                &quality,
+                "the quality report",
+                crate::input::MAX_REPORT_BYTES,
+            )?;
             inputs.quality.push(
                 crate::report::from_json(&text)
                     .with_context(|| format!("{} is not a quality report", quality.display()))?,

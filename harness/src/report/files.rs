@@ -118,8 +118,7 @@ pub fn read_report(path: &Path) -> Result<Report> {
     } else {
         path.to_path_buf()
     };
-    let text = std::fs::read_to_string(&file)
-        .with_context(|| format!("{} cannot be read", file.display()))?;
+    let text = crate::input::read_string(&file, "the report", crate::input::MAX_REPORT_BYTES)?;
     let value = parse_value(&text)
         .map_err(|e| anyhow::anyhow!("{} is not valid JSON: {e}", file.display()))?;
     match value.get("schema_version").and_then(serde_json::Value::as_u64) {

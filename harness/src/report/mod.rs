@@ -47,7 +47,7 @@ pub use json::{from_json, to_json_pretty};
 pub use junit::render_junit;
 pub use markdown::{cell_anchor, render_markdown, shown_cells, PASSING_SAMPLE_PER_GROUP};
 pub use plot::{error_vs_depth_svg, has_depth, no_plot_sentence, plot_file_name};
-pub use summary::{append_step_summary, render_step_summary, STEP_SUMMARY_ENV};
+pub use summary::{append_step_summary, check_step_summary, render_step_summary, STEP_SUMMARY_ENV};
 
 pub const REPORT_SCHEMA_VERSION: u32 = 1;
 

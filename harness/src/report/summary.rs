@@ -78,18 +78,30 @@ pub fn append_step_summary(text: &str) -> Result<bool> {
     Ok(true)
 }
 
+/// Check the step summary target before any work: when `$GITHUB_STEP_SUMMARY` is set, it names a regular
+/// file or nothing yet (it is appended to at the end) — never a FIFO, a device or a directory.
+///
+/// Errors name the variable, the path and what it is.
+pub fn check_step_summary() -> Result<()> {
+    let Some(p) = std::env::var_os(STEP_SUMMARY_ENV).filter(|p| !p.is_empty()) else {
+        return Ok(());
+    };
+    let p = Path::new(&p);
+    match std::fs::metadata(p) {
+        Ok(m) if !m.is_file() => {
+            // the same refusal (and words) as the append at the end
+            crate::input::open_append(p, &format!("the step summary (${STEP_SUMMARY_ENV})"))
+                .map(drop)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Append `text` to `path` (created when missing).
 fn append_to(path: &Path, text: &str) -> Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .with_context(|| {
-            format!(
-                "cannot open the step summary {} (${STEP_SUMMARY_ENV})",
-                path.display()
-            )
-        })?;
+    // never a FIFO (the append would block until a reader comes) nor a device
+    let mut f =
+        crate::input::open_append(path, &format!("the step summary (${STEP_SUMMARY_ENV})"))?;
     f.write_all(text.as_bytes())
         .with_context(|| format!("cannot write the step summary {}", path.display()))
 }
