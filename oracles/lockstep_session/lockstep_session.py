@@ -14,6 +14,9 @@ An engine under test is an object with these methods (README, "Plugging in anoth
     step(tokens, start) -> (logits, stages)    # run tokens at positions start.., through its KV cache;
                                                # logits float32 [n, V]; stages {name: float32 [n, D]};
                                                # an encoder: logits None, stages["pooled"] [1, D]
+    engine_name                                # optional attribute, "name@version": a `load` that fails
+                                               #  still names the engine, so its refused cells are named
+                                               #  after it (`unsupported`: raise NotImplementedError)
     tokenize(text, add_special, parse_special) -> list[int]   # only with the capability "tokenize"
     inject(stage, value) -> None               # only with "inject": use value [n, D] in place of the
                                                # stage in the next step, after recording its own value
@@ -222,7 +225,8 @@ def serve(engine, stdin=None, stdout=None):
     """Answer protocol requests from `stdin` on `stdout` until `shutdown` or end of input. A request
     the engine fails is answered {"ok": false, "error": ...} and serving goes on; a NotImplementedError
     (a model or setting the engine cannot run at all) adds "unsupported": true, so lockstep fails that
-    cell as engine_error and runs the others."""
+    cell as engine_error and runs the others (as it does for any failed `load`, which names the engine
+    when it has an `engine_name`)."""
     stdin = stdin or sys.stdin
     out = stdout or sys.stdout
     state = {"scratch": None, "pos": 0, "steps": 0, "caps": set()}
@@ -288,5 +292,9 @@ def serve(engine, stdin=None, stdout=None):
                 if isinstance(e, NotImplementedError):
                     # the engine cannot run this model or setting: lockstep fails the cell, goes on
                     reply["unsupported"] = True
+                name = getattr(engine, "engine_name", None)
+                if req.get("op") == "load" and isinstance(name, str) and name:
+                    # a refused model's cells are named after the engine that refused it
+                    reply["engine"] = name
         out.write(json.dumps(reply) + "\n")
         out.flush()
