@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from lockstep_session import read_gguf, serve
+from lockstep_session import gguf_architecture, read_gguf, serve
 
 
 # the tensors this Llama reads (`blk.N.<kind>.weight` and three globals): a model with any other (biases,
@@ -24,6 +24,8 @@ class NumpyLlama:
 
     def load(self, model, mode, target):
         # NotImplementedError = "cannot run this model": lockstep fails its cells as unsupported, goes on
+        if gguf_architecture(model) not in ("llama", None):
+            raise NotImplementedError(f"{model}: a {gguf_architecture(model)} model; this example runs plain Llama GGUF files")
         self.meta, self.w = read_gguf(model)  # F32/F16 only: a quantized file is refused there
         m = lambda k, d=None: self.meta.get(f"llama.{k}", d)
         other = [n for n in self.w if n not in GLOBALS and not (

@@ -25,6 +25,7 @@ An engine under test is an object with these methods (README, "Plugging in anoth
 engine runs, `print` goes to stderr (stdout belongs to the protocol). `write_dump` writes the dump format
 (`lockstep_dump_version`, `tokens`, `logits`, stages); `read_gguf` reads a GGUF file's metadata and its
 F32/F16 tensors (numpy arrays in numpy's axis order: ggml's dims reversed), enough for a reference engine;
+`gguf_architecture` reads a GGUF's `general.architecture` alone, cheaply;
 `read_safetensors` reads an HF checkpoint directory's tensors (F32, F16, BF16; shards through
 model.safetensors.index.json).
 
@@ -149,6 +150,29 @@ def read_gguf(path):
         a = np.frombuffer(buf, dtype=dtype, count=n, offset=base + off)
         tensors[name] = a.reshape(list(reversed(dims)))
     return meta, tensors
+
+
+def gguf_architecture(path):
+    """`general.architecture` of a GGUF file, read from its header without reading the rest (a converter
+    writes it first; the keys before it are skipped): cheap enough to refuse a model before `read_gguf`
+    parses a vocabulary of 150k tokens. `None` when the file does not say; ValueError when it is no GGUF."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+        if head[:4] != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        n_kv = struct.unpack_from("<Q", head, 16)[0]
+        for _ in range(n_kv):
+            key = f.read(struct.unpack("<Q", f.read(8))[0]).decode("utf-8", "replace")
+            t = struct.unpack("<I", f.read(4))[0]
+            if t == 8:
+                v = f.read(struct.unpack("<Q", f.read(8))[0]).decode("utf-8", "replace")
+                if key == "general.architecture":
+                    return v
+            elif t in _SCALARS:
+                f.read(struct.calcsize(_SCALARS[t]))
+            else:
+                return None  # an array before it: give up cheaply, the full read will tell
+    return None
 
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
