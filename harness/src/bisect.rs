@@ -360,9 +360,9 @@ pub fn render(r: &BisectReport) -> String {
             );
             crate::compare::layer_of(&at.stage)
         }
-        Finding::NotLocalized { at, .. } => at
-            .as_ref()
-            .and_then(|d| crate::compare::layer_of(&d.stage)),
+        Finding::NotLocalized { at, .. } => {
+            at.as_ref().and_then(|d| crate::compare::layer_of(&d.stage))
+        }
         Finding::Tokens { .. } => {
             let _ = writeln!(
                 out,

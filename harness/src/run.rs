@@ -234,9 +234,9 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
                 let named = cell_failure(&e).flatten();
                 let engine = match (named, &opts.serve) {
                     (Some(n), _) => n,
-                    (None, Some(cmd)) => session_name
-                        .clone()
-                        .unwrap_or_else(|| cmd.fallback_name()),
+                    (None, Some(cmd)) => {
+                        session_name.clone().unwrap_or_else(|| cmd.fallback_name())
+                    }
                     (None, None) => cell.engine.clone(),
                 };
                 let mut r = engine_error_cell(opts, &manifest, &thresholds, cell, &engine, &e)?;
@@ -549,15 +549,7 @@ fn run_started_cell(
     // otherwise the accumulated pass's marker)
     let judged = if engine.replaces_stages() {
         let floors = crate::judge::floor_set(&opts.floors, &th, cell, entry)?;
-        crate::judge::judge(
-            &case,
-            gf,
-            engine,
-            mode,
-            &th,
-            floors.as_ref(),
-            &acc,
-        )?
+        crate::judge::judge(&case, gf, engine, mode, &th, floors.as_ref(), &acc)?
     } else {
         crate::judge::Judged::accumulated_only(&case, engine, &th, acc.cmp.as_ref())
     };

@@ -343,7 +343,11 @@ impl lockstep::engine::Engine for Twisted {
     fn replaces_stages(&self) -> bool {
         true
     }
-    fn inject_next(&mut self, stage: Stage, rows: ndarray::ArrayView2<'_, f32>) -> anyhow::Result<()> {
+    fn inject_next(
+        &mut self,
+        stage: Stage,
+        rows: ndarray::ArrayView2<'_, f32>,
+    ) -> anyhow::Result<()> {
         self.inner.inject_next(stage, rows)
     }
 }
@@ -381,10 +385,7 @@ fn bisect_never_passes_a_cell_whose_gate_fails() {
             assert!(!r.gate.pass, "{mode} {twist:?}: the gate passed\n{text}");
             assert!(!r.is_clean(), "{mode} {twist:?}: bisect exits 0\n{text}");
             assert!(!text.contains("no divergence"), "{mode} {twist:?}\n{text}");
-            assert!(
-                text.contains("the gate fails"),
-                "{mode} {twist:?}\n{text}"
-            );
+            assert!(text.contains("the gate fails"), "{mode} {twist:?}\n{text}");
             if let Twist::ReversedLogits = twist {
                 // every stage exact, the logits not: the failure is placed at the logits
                 let at = r.finding.site().map(|d| d.stage.clone());

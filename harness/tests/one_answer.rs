@@ -205,19 +205,51 @@ fn run_page(report: &Report, dir: &Path) -> String {
     String::from_utf8(bytes.clone()).unwrap()
 }
 
+/// The mutation suite's faults (`tests/mutants.rs`, `mutants`), the layer-specific ones at layer 1.
+fn mutants() -> Vec<Fault> {
+    let layer = 1;
+    vec![
+        Fault::RopePairing,
+        Fault::RopeBase,
+        Fault::RopeDecodePosition,
+        Fault::NormEps,
+        Fault::KvWritePosition,
+        Fault::GqaHeadMap,
+        Fault::AttnScale,
+        Fault::CausalMaskOff,
+        Fault::GateUpSwapped,
+        Fault::WrongActivation { layer },
+        Fault::MissingResidual { layer },
+        Fault::QuantMinMisread,
+        Fault::FinalNormSkipped,
+        Fault::QkvBiasMissing,
+        Fault::EmbedScaleMissing,
+        Fault::SoftcapMissing,
+        Fault::WindowOffByOne,
+        Fault::FusedQkvSplit,
+        Fault::LayerNormBiasDropped,
+        Fault::PartialRotaryDims,
+        Fault::PosEmbdOffset,
+        Fault::RopeFreqFactorsIgnored,
+        Fault::QkNormAfterRope,
+        Fault::GeluErf,
+        Fault::KNormSkipped,
+        Fault::AttnSoftcapFromFinal,
+        Fault::EncoderCausalMask,
+        Fault::TokenTypeDropped,
+        Fault::PoolingWrong,
+        Fault::ReferenceUnpack,
+    ]
+}
+
 /// Every fault of the mutation suite on `model`'s cells: each failing cell's four answers agree. Returns
 /// the number of failing cells compared.
 fn agree_over_faults(model: &str) -> usize {
     let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     let mut compared = 0;
     let mut disagreements = Vec::new();
-    let layer = 1;
     let mut all: Vec<Option<Fault>> = vec![None];
-    all.extend(Fault::NAMED.into_iter().map(|f| match f {
-        Fault::WrongActivation { .. } => Some(Fault::WrongActivation { layer }),
-        Fault::MissingResidual { .. } => Some(Fault::MissingResidual { layer }),
-        f => Some(f),
-    }));
+    all.extend(mutants().into_iter().map(Some));
     for fault in all {
         faults::set(fault);
         let reports = tempfile::tempdir().unwrap();

@@ -384,7 +384,12 @@ fn an_engine_without_inject_cannot_be_localized_and_says_so() {
     let no_inject = |fault: Option<Fault>| {
         let mut cmd = serve_cmd(None);
         cmd.command = match fault {
-            Some(f) => format!("env {}={} {}", faults::FAULT_ENV, f.name(), script.display()),
+            Some(f) => format!(
+                "env {}={} {}",
+                faults::FAULT_ENV,
+                f.name(),
+                script.display()
+            ),
             None => script.display().to_string(),
         };
         cmd
@@ -668,7 +673,12 @@ fn the_example_engine_refuses_what_it_cannot_run_and_the_run_goes_on() {
     let reports = tempfile::tempdir().unwrap();
     let mut opts = options(
         reports.path(),
-        &["synth-qwen2", "synth-llama-q8_0", "synth-gemma3", "synth-llama"],
+        &[
+            "synth-qwen2",
+            "synth-llama-q8_0",
+            "synth-gemma3",
+            "synth-llama",
+        ],
         Some("reference"),
     );
     opts.serve = Some(ServeCommand {

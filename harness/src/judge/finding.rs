@@ -203,9 +203,10 @@ impl Finding {
             Finding::NotLocalized { why, at } => format!(
                 "{}: {}; {}",
                 self.name(),
-                at.as_ref().map_or("no stage differs beyond its cutoffs".to_string(), |d| {
-                    format!("first seen at {}", place(d))
-                }),
+                at.as_ref()
+                    .map_or("no stage differs beyond its cutoffs".to_string(), |d| {
+                        format!("first seen at {}", place(d))
+                    }),
                 why.explain()
             ),
             Finding::OracleRounding { sites } => match sites.first() {

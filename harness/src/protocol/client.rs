@@ -88,7 +88,9 @@ impl ServeCommand {
                 .map_or_else(|| w.to_string(), |f| f.to_string_lossy().into_owned())
         };
         let words: Vec<&str> = self.command.split_whitespace().collect();
-        let mut name = words.first().map_or_else(|| "session".to_string(), |w| base(w));
+        let mut name = words
+            .first()
+            .map_or_else(|| "session".to_string(), |w| base(w));
         let interpreted = INTERPRETERS.contains(&name.as_str())
             || name.starts_with("python3.")
             || name.ends_with("python");
@@ -97,7 +99,10 @@ impl ServeCommand {
                 name = base(script);
             }
         }
-        let name: String = name.chars().filter(|c| !c.is_control() && *c != '/').collect();
+        let name: String = name
+            .chars()
+            .filter(|c| !c.is_control() && *c != '/')
+            .collect();
         if valid_engine_name(&name) {
             name
         } else {

@@ -126,9 +126,7 @@ pub fn render_junit(r: &Report, suite: &str) -> Result<String> {
                                         .verdict
                                         .failures
                                         .iter()
-                                        .map(|f| {
-                                            format!("{}: {}", failure_value(f), f.detail)
-                                        })
+                                        .map(|f| format!("{}: {}", failure_value(f), f.detail))
                                         .collect();
                                     let (line, kind, text) = (
                                         xml_safe(&line),

@@ -711,8 +711,16 @@ pub fn render_markdown(r: &Report) -> String {
                 d.stage,
                 d.phase,
                 d.position,
-                if d.cosine.is_nan() { String::new() } else { fmt_cos(d.cosine) },
-                if d.nmse.is_nan() { String::new() } else { fmt_e3(d.nmse) },
+                if d.cosine.is_nan() {
+                    String::new()
+                } else {
+                    fmt_cos(d.cosine)
+                },
+                if d.nmse.is_nan() {
+                    String::new()
+                } else {
+                    fmt_e3(d.nmse)
+                },
                 ratio.map_or("".to_string(), |r| format!("{r:.1}"))
             )
         };
@@ -725,7 +733,9 @@ pub fn render_markdown(r: &Report) -> String {
             ),
             (Some(f), _) => {
                 let name = match f {
-                    Finding::OracleRounding { sites } => format!("{} ({} rows)", f.name(), sites.len()),
+                    Finding::OracleRounding { sites } => {
+                        format!("{} ({} rows)", f.name(), sites.len())
+                    }
                     _ => f.name(),
                 };
                 match f.site() {
