@@ -13,9 +13,9 @@
 //! none) are the judging core's ([`crate::judge`]), shared with `lockstep run`; this module is the command:
 //! its options, the per-layer table of both passes, and the text it prints.
 //!
-//! Only engines that can replace a stage can be bisected: ours in process (its replace hook), or a session
+//! Only engines that can replace a stage can be localized: ours in process (its replace hook), or a session
 //! engine that announced the `inject` capability ([`crate::protocol`], `lockstep bisect --engine-serve`);
-//! a one-shot external engine's stages are observed, not replaceable.
+//! another engine's stages are observed, not replaced, and its verdict says it cannot be localized.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -31,9 +31,7 @@ use crate::engine::{Engine, LockstepEngine};
 use crate::format::{fmt_cos, fmt_e3};
 use crate::gate::Thresholds;
 use crate::golden::{self, GoldenEntry, GoldenFile, Manifest};
-use crate::judge::{
-    floor_set, gate_finding, judge, non_finite_verdict, render_rounding, Case, Finding,
-};
+use crate::judge::{floor_set, judge, non_finite_verdict, render_rounding, settle, Case, Finding};
 use crate::matrix::Cell;
 
 /// What to bisect.
@@ -99,16 +97,18 @@ pub struct BisectReport {
 }
 
 impl BisectReport {
-    /// True when bisect found no bug, and `lockstep bisect` exits 0: no structural finding, no tokenization
-    /// difference, and — where the golden stores no layer output, so nothing could be localized
-    /// ([`BisectReport::unlocalized`]) — a passing gate. Oracle-side rounding and accumulated drift are gaps
-    /// the measured floors explain (numerical sensitivity, with the numbers in the report), not bugs: an
-    /// unbroken engine in reference mode has such rows, and its exit status must tell it from a broken one.
+    /// True when bisect found no bug, and `lockstep bisect` exits 0: the gate passes (what `lockstep run`
+    /// decides for this cell: bisect never passes a cell `run` fails — reversed logits with every stage
+    /// exact, an engine that dumps no stage, a NaN in the accumulated pass alone), and no structural
+    /// finding, no tokenization difference. Oracle-side rounding and accumulated drift within a passing
+    /// gate are gaps the measured floors explain (numerical sensitivity, with the numbers in the report),
+    /// not bugs: an unbroken engine in reference mode has such rows.
     pub fn is_clean(&self) -> bool {
-        match self.finding {
-            Finding::Structural { .. } | Finding::Tokens { .. } => false,
-            _ => self.unlocalized.is_none() || self.gate.pass,
-        }
+        self.gate.pass
+            && !matches!(
+                self.finding,
+                Finding::Structural { .. } | Finding::Tokens { .. }
+            )
     }
 }
 
@@ -176,9 +176,10 @@ pub fn bisect(opts: &BisectOptions) -> Result<BisectReport> {
 }
 
 /// [`bisect`] through a session engine ([`crate::protocol`]): started on the model's file, held to the
-/// same golden; its local pass needs the `inject` capability.
+/// same golden. Its local pass needs the `inject` capability: without it the verdict is
+/// [`Finding::NotLocalized`] (no inject) where the gate fails or a stage differs, as `lockstep run` says.
 ///
-/// Errors: as [`bisect`]; the engine cannot start or load the model; it does not announce `inject`.
+/// Errors: as [`bisect`]; the engine cannot start or load the model.
 pub fn bisect_serve(
     opts: &BisectOptions,
     cmd: crate::protocol::client::ServeCommand,
@@ -199,15 +200,6 @@ pub fn bisect_serve(
         opts.mode,
         GgmlTarget::default(),
     )?;
-    if !engine.replaces_stages() {
-        anyhow::bail!(
-            "the session engine `{}` does not announce the `{}` capability in `load`: its stages cannot be \
-             replaced, so bisect cannot inject the golden's layer inputs (`lockstep run --engine-serve` still \
-             gates it)",
-            engine.info().kind,
-            crate::protocol::CAP_INJECT
-        );
-    }
     bisect_with(opts, &model, &mut engine)
 }
 
@@ -268,12 +260,14 @@ pub fn bisect_with(
         &acc,
     )?;
     let mut gate = gate;
-    gate_finding(&mut gate, &judged.finding);
+    let mut finding = judged.finding;
+    // the same answer `lockstep run` gives this cell ([`crate::run`] settles it the same way)
+    settle(&mut gate, &mut finding, acc.cmp.as_ref(), &th);
     let layers = layer_rows(acc.cmp.as_ref(), judged.local.as_ref());
     let unlocalized = (!case.bisectable()).then(|| unlocalized_note(&manifest, &entry));
     Ok(BisectReport {
         cell,
-        finding: judged.finding,
+        finding,
         gate,
         layers,
         accumulated: acc.cmp,
@@ -316,25 +310,13 @@ fn layer_rows(
 }
 
 /// The verdict and a table of layers around it (3 before, 3 after; all when there is no verdict), as
-/// text for the terminal.
+/// text for the terminal. The first line is the verdict as report.md and the HTML run page give it for
+/// the same cell (`verdict: ` + [`Finding::headline`]); the gate's failures follow when it fails.
 pub fn render(r: &BisectReport) -> String {
     let mut out = String::new();
+    let _ = writeln!(out, "verdict: {}", r.finding.headline());
     if let Some(note) = &r.unlocalized {
         let _ = writeln!(out, "cannot localize: {note}");
-        if r.finding == Finding::None && !r.gate.pass {
-            let failed: Vec<String> = r
-                .gate
-                .failures
-                .iter()
-                .map(|f| format!("{} = {} ({})", f.metric, f.value, f.detail))
-                .collect();
-            let _ = writeln!(
-                out,
-                "the gate fails on what the golden stores: {}",
-                failed.join("; ")
-            );
-            return out;
-        }
     }
     let at_layer = match &r.finding {
         Finding::Structural { at, floor, ratio } => {
@@ -367,8 +349,9 @@ pub fn render(r: &BisectReport) -> String {
         Finding::AccumulatedDrift { at } => {
             let _ = writeln!(
                 out,
-                "accumulated drift: every stage's local error is within the floor; the accumulated error first \
-                 exceeds the cutoffs at {} ({}, position {}; cosine {}, NMSE {})",
+                "accumulated drift: every stage's local error is within the floor; the accumulated pass first \
+                 leaves the {} at {} ({}, position {}; cosine {}, NMSE {})",
+                if r.gate.pass { "stage cutoffs" } else { "gate" },
                 at.stage,
                 at.phase,
                 at.position,
@@ -376,6 +359,9 @@ pub fn render(r: &BisectReport) -> String {
                 fmt_e3(at.nmse)
             );
             crate::compare::layer_of(&at.stage)
+        }
+        Finding::NotLocalized { at, .. } => {
+            at.as_ref().and_then(|d| crate::compare::layer_of(&d.stage))
         }
         Finding::Tokens { .. } => {
             let _ = writeln!(
@@ -386,11 +372,38 @@ pub fn render(r: &BisectReport) -> String {
             );
             None
         }
-        Finding::None => {
+        Finding::None if r.gate.pass => {
             let _ = writeln!(out, "no divergence: neither pass leaves the floor");
             None
         }
+        Finding::None => {
+            let _ = writeln!(
+                out,
+                "no stage to place the failure at: no compared stage or logits position leaves its cutoffs"
+            );
+            None
+        }
     };
+    if !r.gate.pass {
+        let failed: Vec<String> = r
+            .gate
+            .failures
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} = {} ({})",
+                    f.metric,
+                    crate::gate::fmt_metric(&f.metric, f.value),
+                    f.detail
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "the gate fails (as `lockstep run` fails this cell): {}",
+            failed.join("; ")
+        );
+    }
     let _ = writeln!(
         out,
         "\n{:>5}  {:>14}  {:>26}  {:>10}  {:>12}",

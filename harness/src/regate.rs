@@ -21,7 +21,7 @@ pub struct GateOutcome {
 
 /// Every cell of `report` evaluated again against `thresholds` ([`crate::gate::evaluate`]; a cell that
 /// recorded an engine error gets [`crate::gate::engine_error_verdict`]; a bisect finding is applied with
-/// [`crate::judge::gate_finding`]), then the SIMD-identity check of twin cells.
+/// [`crate::judge::settle`]), then the SIMD-identity check of twin cells.
 ///
 /// Errors: a cell the thresholds file has no thresholds for.
 pub fn regate(report: &mut Report, thresholds: &crate::gate::Thresholds) -> Result<()> {
@@ -42,8 +42,8 @@ fn regate_with(
             continue;
         }
         c.verdict = crate::gate::evaluate(&c.cell, &c.comparison, &ct);
-        if let Some(f) = &c.finding {
-            crate::judge::gate_finding(&mut c.verdict, f);
+        if let Some(f) = &mut c.finding {
+            crate::judge::settle(&mut c.verdict, f, Some(&c.comparison), &ct);
         }
     }
     crate::report::gate_simd_identity(&mut report.cells);

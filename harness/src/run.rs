@@ -22,7 +22,7 @@ use crate::gate::{evaluate, Thresholds};
 use crate::golden::{self, GoldenFile, Manifest};
 use crate::judge::Case;
 use crate::matrix::{golden_path_for, Cell, Filters, Matrix};
-use crate::protocol::client::{ServeCommand, SessionEngine};
+use crate::protocol::client::{LoadRefused, ServeCommand, SessionEngine};
 use crate::report::{self, CellReport, Environment, Report, Speed, REPORT_SCHEMA_VERSION};
 
 /// Where things are and what to run.
@@ -191,6 +191,9 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
     let mut bar = crate::progress::Progress::new(cells.len(), display);
     let mut reports = Vec::with_capacity(cells.len());
     let mut failure = None;
+    // the name the session engine gave in its last successful `load`: a refused `load` that gives none
+    // names its cells after it
+    let mut session_name: Option<String> = None;
     for (i, cell) in cells.iter().enumerate() {
         bar.start(&cell.id());
         let cell_start = Instant::now();
@@ -219,14 +222,26 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
             Ok(mut r) => {
                 r.seconds = Some(cell_start.elapsed().as_secs_f64());
                 bar.finish(&r.cell.id(), verdict_word(&r), cell_start.elapsed());
+                if opts.serve.is_some() {
+                    session_name = Some(r.cell.engine.clone());
+                }
                 reports.push(r)
             }
-            // the engine cannot run this model (a weight type without kernels): this cell fails with the
-            // engine's error, the others still run
-            Err(e) if unsupported(&e) && !crate::process::interrupted() => {
-                let mut r = engine_error_cell(opts, &manifest, &thresholds, cell, &e)?;
+            // the engine cannot run this model (a weight type without kernels, a session engine's refused
+            // or failed `load`): this cell fails with the engine's error, named after that engine, and the
+            // others still run
+            Err(e) if cell_failure(&e).is_some() && !crate::process::interrupted() => {
+                let named = cell_failure(&e).flatten();
+                let engine = match (named, &opts.serve) {
+                    (Some(n), _) => n,
+                    (None, Some(cmd)) => {
+                        session_name.clone().unwrap_or_else(|| cmd.fallback_name())
+                    }
+                    (None, None) => cell.engine.clone(),
+                };
+                let mut r = engine_error_cell(opts, &manifest, &thresholds, cell, &engine, &e)?;
                 r.seconds = Some(cell_start.elapsed().as_secs_f64());
-                bar.finish(&cell.id(), verdict_word(&r), cell_start.elapsed());
+                bar.finish(&r.cell.id(), verdict_word(&r), cell_start.elapsed());
                 reports.push(r);
             }
             Err(e) => {
@@ -380,26 +395,48 @@ fn registered_sha256(spec: &str) -> Result<Option<String>> {
     Ok(Some(registry.lookup(spec)?.sha256.clone()))
 }
 
-/// Whether `e` says the engine does not implement something the model uses
-/// ([`lockstep_engine::Error::Unsupported`] anywhere in its chain).
-fn unsupported(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
+/// Whether `e` fails one cell and lets the run go on: the engine does not implement something the model
+/// uses ([`lockstep_engine::Error::Unsupported`] anywhere in its chain), or a session engine's `load`
+/// refused or failed the model ([`LoadRefused`]). `Some(name)`: yes, with the engine's name when the
+/// error carries it ([`RanBy`], or the refused `load`'s `engine`).
+fn cell_failure(e: &anyhow::Error) -> Option<Option<String>> {
+    if let Some(r) = e.chain().find_map(|c| c.downcast_ref::<LoadRefused>()) {
+        return Some(r.engine.clone());
+    }
+    let unsupported = e.chain().any(|c| {
         matches!(
             c.downcast_ref::<lockstep_engine::Error>(),
             Some(lockstep_engine::Error::Unsupported(_))
         )
-    })
+    });
+    unsupported.then(|| e.downcast_ref::<RanBy>().map(|r| r.0.clone()))
 }
 
-/// The report of a cell the engine could not run: the error, the golden's tokens, no speed, and the failing
-/// verdict [`crate::gate::engine_error_verdict`].
+/// The context of an error raised after a cell's engine started: the engine's name (the cell id's engine
+/// field), so that a cell it fails is named after it.
+#[derive(Debug)]
+struct RanBy(String);
+
+impl std::fmt::Display for RanBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "engine {}", self.0)
+    }
+}
+
+/// The report of a cell the engine could not run: the error, the golden's tokens, no speed, the failing
+/// verdict [`crate::gate::engine_error_verdict`], and `engine` (the engine that refused it) as the cell
+/// id's engine field.
 fn engine_error_cell(
     opts: &RunOptions,
     manifest: &Manifest,
     thresholds: &Thresholds,
     cell: &Cell,
+    engine: &str,
     e: &anyhow::Error,
 ) -> Result<CellReport> {
+    let mut cell = cell.clone();
+    cell.engine = engine.to_string();
+    let cell = &cell;
     let entry = golden_entry(opts, manifest, &golden_path_for(cell))?;
     let th = thresholds.for_cell(cell)?;
     let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
@@ -496,7 +533,6 @@ pub fn run_cell(
 ) -> Result<CellReport> {
     let entry = golden_entry(opts, manifest, &golden_path_for(cell))?;
     golden::check_model_for(&opts.golden_dir, entry, &cell.model, model_sha)?;
-    let mode = cell.mode;
     let mut gf = GoldenFile::open(&opts.golden_dir, entry)?;
     let (tokens, decode_tokens) = gf.read_sequence()?;
 
@@ -505,14 +541,44 @@ pub fn run_cell(
     // the name a session engine gave in `load`
     let mut cell = cell.clone();
     cell.engine = engine.info().kind;
-    let cell = &cell;
+    let name = cell.engine.clone();
+    run_started_cell(
+        opts,
+        entry,
+        thresholds,
+        manifest,
+        &cell,
+        model_sha,
+        &mut gf,
+        engine.as_mut(),
+        &tokens,
+        &decode_tokens,
+    )
+    .map_err(|e| e.context(RanBy(name)))
+}
+
+/// [`run_cell`] once its engine started: capture, compare, judge and gate.
+#[allow(clippy::too_many_arguments)]
+fn run_started_cell(
+    opts: &RunOptions,
+    entry: &golden::GoldenEntry,
+    thresholds: &Thresholds,
+    manifest: &Manifest,
+    cell: &Cell,
+    model_sha: &str,
+    gf: &mut GoldenFile,
+    engine: &mut dyn Engine,
+    tokens: &[u32],
+    decode_tokens: &[u32],
+) -> Result<CellReport> {
+    let mode = cell.mode;
     let stage_map = manifest.stage_map(&entry.oracle.name, &entry.arch);
-    let case = Case::new(&mut gf, engine.as_mut(), stage_map, opts.ggml_target)?;
+    let case = Case::new(gf, engine, stage_map, opts.ggml_target)?;
     // ggml mode mirrors the kernels of the CPU the golden was made on (reference mode ignores the target,
     // so a golden without a recorded CPU still serves it)
     let target = case.ggml_target(mode)?;
     let th = thresholds.for_cell(cell)?;
-    let acc = case.accumulated(&mut gf, engine.as_mut(), mode)?;
+    let acc = case.accumulated(gf, engine, mode)?;
     if let Some(nf) = acc.non_finite() {
         bail!("{nf} (golden {})", gf.path().display());
     }
@@ -520,17 +586,9 @@ pub fn run_cell(
     // otherwise the accumulated pass's marker)
     let judged = if engine.replaces_stages() {
         let floors = crate::judge::floor_set(&opts.floors, &th, cell, entry)?;
-        crate::judge::judge(
-            &case,
-            &mut gf,
-            engine.as_mut(),
-            mode,
-            &th,
-            floors.as_ref(),
-            &acc,
-        )?
+        crate::judge::judge(&case, gf, engine, mode, &th, floors.as_ref(), &acc)?
     } else {
-        crate::judge::Judged::accumulated_only(&case, engine.as_ref(), &th, acc.cmp.as_ref())
+        crate::judge::Judged::accumulated_only(&case, engine, &th, acc.cmp.as_ref())
     };
     // the accumulated pass's own time (`lockstep bench` times the engine without hooks)
     let speed = Speed {
@@ -543,10 +601,13 @@ pub fn run_cell(
     let comparison = acc.cmp.context("the accumulated pass was compared")?;
 
     let mut verdict = evaluate(cell, &comparison, &th);
-    crate::judge::gate_finding(&mut verdict, &judged.finding);
+    // one answer per cell: the verdict's first divergent stage is the finding's, and a failing cell's
+    // finding places its failure (as `lockstep bisect` does)
+    let mut finding = judged.finding.clone();
+    crate::judge::settle(&mut verdict, &mut finding, Some(&comparison), &th);
     // a failing reference cell: how much of its gap is llama.cpp's input rounding (informative)
     let rounding_probe = if crate::probe::wanted(mode, &verdict) {
-        crate::probe::run(&case, &mut gf, engine.as_mut(), cell, &th)?
+        crate::probe::run(&case, gf, engine, cell, &th)?
     } else {
         None
     };
@@ -562,7 +623,7 @@ pub fn run_cell(
         verdict,
         thresholds: Some(th),
         local_nmse_by_layer: judged.local_nmse_by_layer(),
-        finding: Some(judged.finding),
+        finding: Some(finding),
         output_sha256,
         rounding_probe,
         seconds: None,

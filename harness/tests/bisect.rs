@@ -115,13 +115,18 @@ fn a_golden_without_layer_outputs_says_it_cannot_localize() {
         ),
         "{note}"
     );
-    assert!(text.starts_with("cannot localize: "), "{text}");
+    // the verdict line first (the one report.md and the run page give), then the reason
+    assert!(
+        text.starts_with("verdict: ") && text.contains("\ncannot localize: "),
+        "{text}"
+    );
     assert!(r.layers.is_empty(), "{text}");
     // nothing localized: the exit status is the gate's
     assert_eq!(r.is_clean(), r.gate.pass);
     if !r.gate.pass {
         assert!(
-            text.contains("the gate fails on what the golden stores"),
+            text.contains("the gate fails (as `lockstep run` fails this cell)")
+                && text.starts_with("verdict: cannot localize (no layer outputs in the golden)"),
             "{text}"
         );
         assert!(!text.contains("no divergence"), "{text}");
@@ -262,4 +267,130 @@ fn the_unbroken_engine_exits_0_in_reference_mode() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("oracle-side rounding: "), "{text}");
     assert_eq!(out.status.code(), Some(0), "{text}");
+}
+
+/// What [`Twisted`] does to our engine.
+#[derive(Clone, Copy, Debug)]
+enum Twist {
+    /// Every logits row reversed; every stage exact.
+    ReversedLogits,
+    /// No stage dumped at all (the logits right).
+    NoStages,
+    /// A NaN in the logits of the first step (the accumulated pass's prefill) only.
+    NanInTheFirstPass,
+}
+
+/// Our engine, broken at its boundary as a hostile external engine is (issue 47, cause 3), with the
+/// `inject` capability, as `lockstep bisect --engine-serve` drives a session engine ([`bisect_with`]).
+struct Twisted {
+    inner: LockstepEngine,
+    twist: Twist,
+    steps: usize,
+}
+
+struct Nothing;
+
+impl lockstep_engine::hooks::StageSink for Nothing {
+    fn wants(&self, _: Stage) -> bool {
+        false
+    }
+    fn on_stage(&mut self, _: Stage, _: std::ops::Range<usize>, _: usize, _: &mut [f32]) {}
+}
+
+impl lockstep::engine::Engine for Twisted {
+    fn info(&self) -> lockstep::engine::EngineInfo {
+        self.inner.info()
+    }
+    fn tokenize(&mut self, text: &str, a: bool, p: bool) -> anyhow::Result<Vec<u32>> {
+        self.inner.tokenize(text, a, p)
+    }
+    fn stages(&self) -> Vec<(String, usize)> {
+        match self.twist {
+            Twist::NoStages => Vec::new(),
+            _ => self.inner.stages(),
+        }
+    }
+    fn reset(
+        &mut self,
+        mode: NumericsMode,
+        target: lockstep_engine::GgmlTarget,
+        n_ctx: usize,
+    ) -> anyhow::Result<()> {
+        self.inner.reset(mode, target, n_ctx)
+    }
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        sink: &mut dyn lockstep_engine::hooks::StageSink,
+    ) -> anyhow::Result<ndarray::Array2<f32>> {
+        self.steps += 1;
+        let mut logits = match self.twist {
+            Twist::NoStages => self.inner.forward(tokens, &mut Nothing)?,
+            _ => self.inner.forward(tokens, sink)?,
+        };
+        match self.twist {
+            Twist::ReversedLogits => {
+                for mut row in logits.rows_mut() {
+                    let v: Vec<f32> = row.iter().rev().copied().collect();
+                    row.assign(&ndarray::ArrayView1::from(&v));
+                }
+            }
+            Twist::NanInTheFirstPass if self.steps == 1 => logits[[0, 0]] = f32::NAN,
+            _ => {}
+        }
+        Ok(logits)
+    }
+    fn replaces_stages(&self) -> bool {
+        true
+    }
+    fn inject_next(
+        &mut self,
+        stage: Stage,
+        rows: ndarray::ArrayView2<'_, f32>,
+    ) -> anyhow::Result<()> {
+        self.inner.inject_next(stage, rows)
+    }
+}
+
+/// Issue 47, cause 3: bisect never exits 0 where the gate fails — an engine whose logits are reversed
+/// with every stage exact, one that dumps no stage, one with a NaN in its first pass only (each passed
+/// as "no divergence", exit 0, while `lockstep run` failed it). Its verdict places the failure where it
+/// can, and its first line is never "no divergence". Seeded Llama, both modes.
+#[test]
+fn bisect_never_passes_a_cell_whose_gate_fails() {
+    let model = lockstep::fetch::resolve_model("synth-llama").unwrap();
+    for mode in [NumericsMode::Ggml, NumericsMode::Reference] {
+        let mut opts = options_for("synth-llama", "synth", mode);
+        opts.simd = lockstep_engine::Simd::Off;
+        // the unbroken engine passes and exits 0
+        let mut clean = LockstepEngine::load(&model).unwrap();
+        let r = bisect_with(&opts, &model, &mut clean).unwrap();
+        assert!(
+            r.gate.pass && r.is_clean(),
+            "{mode}: {}",
+            lockstep::bisect::render(&r)
+        );
+        for twist in [
+            Twist::ReversedLogits,
+            Twist::NoStages,
+            Twist::NanInTheFirstPass,
+        ] {
+            let mut engine = Twisted {
+                inner: LockstepEngine::load(&model).unwrap(),
+                twist,
+                steps: 0,
+            };
+            let r = bisect_with(&opts, &model, &mut engine).unwrap();
+            let text = lockstep::bisect::render(&r);
+            assert!(!r.gate.pass, "{mode} {twist:?}: the gate passed\n{text}");
+            assert!(!r.is_clean(), "{mode} {twist:?}: bisect exits 0\n{text}");
+            assert!(!text.contains("no divergence"), "{mode} {twist:?}\n{text}");
+            assert!(text.contains("the gate fails"), "{mode} {twist:?}\n{text}");
+            if let Twist::ReversedLogits = twist {
+                // every stage exact, the logits not: the failure is placed at the logits
+                let at = r.finding.site().map(|d| d.stage.clone());
+                assert_eq!(at.as_deref(), Some("logits"), "{mode}\n{text}");
+            }
+        }
+    }
 }

@@ -341,7 +341,10 @@ fn the_verdicts_are_what_the_fixture_says() {
         "{l}"
     );
     assert!(
-        l.contains("first divergent stage: blk.0.ffn_act (prefill position 0, cosine 0)"),
+        // the cell's verdict and stage, as its first-divergent row and bisect give them
+        l.contains(
+            "first divergent stage: structural at blk.0.ffn_act (prefill position 0, cosine 0.00000000)"
+        ),
         "{l}"
     );
 }

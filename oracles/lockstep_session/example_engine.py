@@ -8,20 +8,38 @@ import sys
 
 import numpy as np
 
-from lockstep_session import read_gguf, serve
+from lockstep_session import gguf_architecture, read_gguf, serve
+
+
+# the tensors this Llama reads (`blk.N.<kind>.weight` and three globals): a model with any other (biases,
+# Q/K norms, RoPE factors, ...) or another architecture is one it cannot run, and it refuses it
+KINDS = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"}
+GLOBALS = {"token_embd.weight", "output_norm.weight", "output.weight"}
 
 
 class NumpyLlama:
     def __init__(self, bug=None):
         self.bug = bug
+        self.engine_name = "numpy-llama@1" + ("-" + self.bug if self.bug else "")  # named in a refusal too
 
     def load(self, model, mode, target):
-        self.meta, self.w = read_gguf(model)
+        # NotImplementedError = "cannot run this model": lockstep fails its cells as unsupported, goes on
+        if gguf_architecture(model) not in ("llama", None):
+            raise NotImplementedError(f"{model}: a {gguf_architecture(model)} model; this example runs plain Llama GGUF files")
+        self.meta, self.w = read_gguf(model)  # F32/F16 only: a quantized file is refused there
         m = lambda k, d=None: self.meta.get(f"llama.{k}", d)
-        self.n_layer, self.n_head, self.n_kv = m("block_count"), m("attention.head_count"), m("attention.head_count_kv")
-        self.eps, self.base = m("attention.layer_norm_rms_epsilon"), m("rope.freq_base", 10000.0)
+        other = [n for n in self.w if n not in GLOBALS and not (
+            n.startswith("blk.") and n.endswith(".weight") and n.split(".")[2] in KINDS)]
+        arch = self.meta.get("general.architecture")
+        if arch != "llama" or other or m("rope.scaling.type", "none") != "none" or None in (
+                m("block_count"), m("attention.head_count"), m("embedding_length")):
+            what = f"a {arch} model" + (f" with tensor {other[0]}" if other else "")
+            raise NotImplementedError(f"{model}: {what}; this example runs plain Llama GGUF files")
+        self.n_layer, self.n_head = m("block_count"), m("attention.head_count")
+        self.n_kv = m("attention.head_count_kv", self.n_head)
+        self.eps, self.base = m("attention.layer_norm_rms_epsilon", 1e-5), m("rope.freq_base", 10000.0)
         self.hd = m("embedding_length") // self.n_head
-        return {"engine": "numpy-llama@1" + ("-" + self.bug if self.bug else ""), "capabilities": []}
+        return {"engine": self.engine_name, "capabilities": []}
 
     def reset(self, mode, target, n_ctx):
         shape = (self.n_layer, n_ctx, self.n_kv, self.hd)

@@ -14,6 +14,9 @@ An engine under test is an object with these methods (README, "Plugging in anoth
     step(tokens, start) -> (logits, stages)    # run tokens at positions start.., through its KV cache;
                                                # logits float32 [n, V]; stages {name: float32 [n, D]};
                                                # an encoder: logits None, stages["pooled"] [1, D]
+    engine_name                                # optional attribute, "name@version": a `load` that fails
+                                               #  still names the engine, so its refused cells are named
+                                               #  after it (`unsupported`: raise NotImplementedError)
     tokenize(text, add_special, parse_special) -> list[int]   # only with the capability "tokenize"
     inject(stage, value) -> None               # only with "inject": use value [n, D] in place of the
                                                # stage in the next step, after recording its own value
@@ -22,6 +25,7 @@ An engine under test is an object with these methods (README, "Plugging in anoth
 engine runs, `print` goes to stderr (stdout belongs to the protocol). `write_dump` writes the dump format
 (`lockstep_dump_version`, `tokens`, `logits`, stages); `read_gguf` reads a GGUF file's metadata and its
 F32/F16 tensors (numpy arrays in numpy's axis order: ggml's dims reversed), enough for a reference engine;
+`gguf_architecture` reads a GGUF's `general.architecture` alone, cheaply;
 `read_safetensors` reads an HF checkpoint directory's tensors (F32, F16, BF16; shards through
 model.safetensors.index.json).
 
@@ -148,6 +152,29 @@ def read_gguf(path):
     return meta, tensors
 
 
+def gguf_architecture(path):
+    """`general.architecture` of a GGUF file, read from its header without reading the rest (a converter
+    writes it first; the keys before it are skipped): cheap enough to refuse a model before `read_gguf`
+    parses a vocabulary of 150k tokens. `None` when the file does not say; ValueError when it is no GGUF."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+        if head[:4] != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        n_kv = struct.unpack_from("<Q", head, 16)[0]
+        for _ in range(n_kv):
+            key = f.read(struct.unpack("<Q", f.read(8))[0]).decode("utf-8", "replace")
+            t = struct.unpack("<I", f.read(4))[0]
+            if t == 8:
+                v = f.read(struct.unpack("<Q", f.read(8))[0]).decode("utf-8", "replace")
+                if key == "general.architecture":
+                    return v
+            elif t in _SCALARS:
+                f.read(struct.calcsize(_SCALARS[t]))
+            else:
+                return None  # an array before it: give up cheaply, the full read will tell
+    return None
+
+
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 
 
@@ -222,7 +249,8 @@ def serve(engine, stdin=None, stdout=None):
     """Answer protocol requests from `stdin` on `stdout` until `shutdown` or end of input. A request
     the engine fails is answered {"ok": false, "error": ...} and serving goes on; a NotImplementedError
     (a model or setting the engine cannot run at all) adds "unsupported": true, so lockstep fails that
-    cell as engine_error and runs the others."""
+    cell as engine_error and runs the others (as it does for any failed `load`, which names the engine
+    when it has an `engine_name`)."""
     stdin = stdin or sys.stdin
     out = stdout or sys.stdout
     state = {"scratch": None, "pos": 0, "steps": 0, "caps": set()}
@@ -288,5 +316,9 @@ def serve(engine, stdin=None, stdout=None):
                 if isinstance(e, NotImplementedError):
                     # the engine cannot run this model or setting: lockstep fails the cell, goes on
                     reply["unsupported"] = True
+                name = getattr(engine, "engine_name", None)
+                if req.get("op") == "load" and isinstance(name, str) and name:
+                    # a refused model's cells are named after the engine that refused it
+                    reply["engine"] = name
         out.write(json.dumps(reply) + "\n")
         out.flush()

@@ -27,6 +27,8 @@ class HfDecoder:
     def __init__(self, bug=None):
         self.bug = bug
         self.pending, self.injected = {}, {}
+        # "name@version": `load`'s answer, and a refused `load`'s (lockstep_session.serve)
+        self.engine_name = f"{self.name}@1" + (f"-{bug}" if bug else "")
 
     def load(self, model, mode, target, format="gguf"):
         if format != "hf":
@@ -47,7 +49,7 @@ class HfDecoder:
             raise NotImplementedError(f"{model}: rope_type {rope['rope_type']}; this engine has the default RoPE only")
         self.n_vocab = c["vocab_size"]
         return {
-            "engine": f"{self.name}@1" + (f"-{self.bug}" if self.bug else ""),
+            "engine": self.engine_name,
             "capabilities": ["inject"],
             "n_vocab": self.n_vocab,
         }

@@ -342,9 +342,15 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
         if m.mismatches.len() > 3 {
             detail.push(format!("and {} more", m.mismatches.len() - 3));
         }
+        // the counts of the report's top-1 column: exact agreements, then the near ties beside them
         let ties = match m.near_ties.len() {
             0 => String::new(),
-            n => format!("; {n} near tie(s) counted as agreeing"),
+            n => format!(
+                " (+{n} near tie{} counted as agreeing: {}/{})",
+                if n == 1 { "" } else { "s" },
+                m.top1_agree + n,
+                m.positions
+            ),
         };
         fail(
             "top1_agreement",
@@ -352,7 +358,7 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
             th.min_top1_agreement,
             format!(
                 "{}/{} positions agree{ties}; mismatches: {}",
-                m.top1_agree + m.near_ties.len(),
+                m.top1_agree,
                 m.positions,
                 detail.join("; ")
             ),
@@ -369,15 +375,24 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
         ),
         Some(kl) if kl > th.max_mean_kl || kl.is_nan() => {
             let (mx, ph, pos) = m.max_kl.unwrap_or((kl, Phase::Prefill, 0));
+            // KL needs the reference's full logits row; a golden that keeps top-k elsewhere says so
+            let over = if m.kl_positions < m.positions {
+                format!(
+                    "over {} of {} positions (the golden keeps the full logits row at {} position{} only, \
+                     top-k elsewhere)",
+                    m.kl_positions,
+                    m.positions,
+                    m.kl_positions,
+                    if m.kl_positions == 1 { "" } else { "s" }
+                )
+            } else {
+                format!("over {} positions", m.kl_positions)
+            };
             fail(
                 "mean_kl",
                 kl,
                 th.max_mean_kl,
-                format!(
-                    "over {} positions; largest {} at {ph} position {pos}",
-                    m.kl_positions,
-                    fmt_sci(mx, 3)
-                ),
+                format!("{over}; largest {} at {ph} position {pos}", fmt_sci(mx, 3)),
             );
         }
         Some(_) => {}
@@ -568,46 +583,78 @@ pub fn fmt_metric(metric: &str, v: f64) -> String {
     }
 }
 
-/// The one-line reason of a failing cell, `None` when it passed:
-/// `FAIL <cell id>: <metric> = <value> (threshold <threshold>) — <detail>[; <next failure>...];
-/// first divergent stage: <stage> (<phase> position p, cosine c)`.
-pub fn failure_line(cell: &Cell, verdict: &Verdict) -> Option<String> {
-    if verdict.pass {
-        return None;
+/// One failed threshold in words: `<metric> = <value> (threshold <threshold>)`. A value that could not be
+/// measured reads `<metric> not measured`, a threshold that does not apply (NaN: an engine error, a finding
+/// at bit equality) is left out, and where neither exists the metric's name alone stands — a value or a
+/// threshold never prints as `nan`.
+pub fn failure_value(f: &Failure) -> String {
+    let value = if f.value.is_nan() && f.threshold.is_nan() {
+        // nothing to measure against (an engine error, a finding at bit equality): the name says it
+        f.metric.clone()
+    } else if f.value.is_nan() {
+        format!("{} not measured", f.metric)
+    } else {
+        format!("{} = {}", f.metric, fmt_metric(&f.metric, f.value))
+    };
+    if f.threshold.is_nan() {
+        value
+    } else {
+        format!("{value} (threshold {})", fmt_metric(&f.metric, f.threshold))
     }
+}
+
+/// The failed thresholds of a failing verdict, joined: `<failure_value> — <detail>; ...`.
+pub fn failure_reasons(verdict: &Verdict) -> String {
     let failures: Vec<String> = verdict
         .failures
         .iter()
-        .map(|f| {
-            format!(
-                "{} = {} (threshold {}) — {}",
-                f.metric,
-                fmt_metric(&f.metric, f.value),
-                fmt_metric(&f.metric, f.threshold),
-                f.detail
-            )
-        })
+        .map(|f| format!("{} — {}", failure_value(f), f.detail))
         .collect();
-    let failures = if failures.is_empty() {
+    if failures.is_empty() {
         "failed".to_string()
     } else {
         failures.join("; ")
-    };
-    let divergent = match &verdict.first_divergent {
-        Some(d) if d.stage == TOKENS_MARKER => format!(
+    }
+}
+
+/// The one-line reason of a failing cell, `None` when it passed:
+/// `FAIL <cell id>: <metric> = <value> (threshold <threshold>) — <detail>[; <next failure>...];
+/// first divergent stage: <localization>`, where `localization` is the cell's verdict in words (a bisect
+/// finding's [`crate::judge::Finding::headline`], which `crate::report::cell_failure_line` passes) or,
+/// without one, the verdict's marker: `<stage> (<phase> position p, cosine c)`.
+pub fn failure_line_with(
+    cell: &Cell,
+    verdict: &Verdict,
+    localization: Option<String>,
+) -> Option<String> {
+    if verdict.pass {
+        return None;
+    }
+    let divergent = match (localization, &verdict.first_divergent) {
+        (Some(l), _) => format!("first divergent stage: {l}"),
+        (None, Some(d)) if d.stage == TOKENS_MARKER => format!(
             "first divergent stage: {TOKENS_MARKER} (the prompt's token {} differs)",
             d.position
         ),
-        Some(d) => format!(
+        (None, Some(d)) => format!(
             "first divergent stage: {} ({} position {}, cosine {})",
             d.stage,
             d.phase,
             d.position,
             fmt_fixed(d.cosine, 8)
         ),
-        None => "first divergent stage: none".to_string(),
+        (None, None) => "first divergent stage: none".to_string(),
     };
-    Some(format!("FAIL {}: {failures}; {divergent}", cell.id()))
+    Some(format!(
+        "FAIL {}: {}; {divergent}",
+        cell.id(),
+        failure_reasons(verdict)
+    ))
+}
+
+/// [`failure_line_with`] from the verdict alone (its marker as the localization).
+pub fn failure_line(cell: &Cell, verdict: &Verdict) -> Option<String> {
+    failure_line_with(cell, verdict, None)
 }
 
 #[cfg(test)]

@@ -49,8 +49,57 @@ pub enum Finding {
         /// Tokens in the engine's sequence.
         engine_len: usize,
     },
+    /// No local pass could run, so the stage where the error enters cannot be told from the later stages
+    /// that only carry it: the engine cannot take injected stages (no `inject` capability: a session
+    /// engine that does not announce it, a one-shot command), or the golden stores no layer output to
+    /// inject. Never "drift": drift means a local pass ran and found every stage within its floor.
+    NotLocalized {
+        /// Why there is no local pass.
+        why: NoLocalPass,
+        /// Where the accumulated pass first leaves the gate's cutoffs (`None`: nowhere it could be
+        /// placed) — the first place the error is seen, not necessarily where it enters.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<Divergence>,
+    },
     /// Neither pass diverges.
     None,
+}
+
+/// Why a cell has no local pass ([`Finding::NotLocalized`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoLocalPass {
+    /// The engine cannot replace a stage with the golden's value (no `inject` capability).
+    NoInject,
+    /// The golden stores no layer output (`blk.N.out`) at every prompt position to inject (a logits-only or
+    /// compact golden).
+    NoLayerOutputs,
+}
+
+impl NoLocalPass {
+    /// The short reason in a verdict's name: `no inject`, `no layer outputs in the golden`.
+    pub fn short(self) -> &'static str {
+        match self {
+            NoLocalPass::NoInject => "no inject",
+            NoLocalPass::NoLayerOutputs => "no layer outputs in the golden",
+        }
+    }
+
+    /// Why that leaves the divergence unlocalized, in a sentence.
+    pub fn explain(self) -> &'static str {
+        match self {
+            NoLocalPass::NoInject => {
+                "the engine does not take injected stages (no `inject` capability), so no local pass can \
+                 feed a layer the golden's own input: the first stage seen to differ may only carry an error \
+                 that entered earlier (a KV-cache or decode-position bug shows first wherever it is read)"
+            }
+            NoLocalPass::NoLayerOutputs => {
+                "the golden stores no layer output (blk.N.out) at every prompt position to inject, so no \
+                 local pass can run: the first stage seen to differ may only carry an error that entered \
+                 earlier"
+            }
+        }
+    }
 }
 
 /// A token of a [`Finding::Tokens`]: its id and its vocabulary text, when the engine can say.
@@ -99,6 +148,78 @@ pub fn tokens_finding(golden: &[u32], mine: &[u32], engine: &dyn Engine) -> Opti
 }
 
 impl Finding {
+    /// The verdict's name, as every view prints it (report.md's failure line and first-divergent table,
+    /// the HTML run page, `lockstep bisect`): `structural`, `oracle-side rounding`, `drift`, `tokens`,
+    /// `cannot localize (no inject)`, `none`.
+    pub fn name(&self) -> String {
+        match self {
+            Finding::Structural { .. } => "structural".into(),
+            Finding::OracleRounding { .. } => "oracle-side rounding".into(),
+            Finding::AccumulatedDrift { .. } => "drift".into(),
+            Finding::Tokens { .. } => "tokens".into(),
+            Finding::NotLocalized { why, .. } => format!("cannot localize ({})", why.short()),
+            Finding::None => "none".into(),
+        }
+    }
+
+    /// Where the verdict places the divergence: the structural stage, the first oracle-side-rounding
+    /// row, the drift's first divergent stage, the first stage seen to differ without a local pass;
+    /// `None` for tokens (their position is in [`Finding::Tokens`]) and none.
+    pub fn site(&self) -> Option<&Divergence> {
+        match self {
+            Finding::Structural { at, .. } | Finding::AccumulatedDrift { at } => Some(at),
+            Finding::OracleRounding { sites } => sites.first().map(|s| &s.at),
+            Finding::NotLocalized { at, .. } => at.as_ref(),
+            Finding::Tokens { .. } | Finding::None => None,
+        }
+    }
+
+    /// The local NMSE over the measured floor at [`Finding::site`], where the verdict has one.
+    pub fn ratio(&self) -> Option<f64> {
+        match self {
+            Finding::Structural { ratio, .. } => *ratio,
+            Finding::OracleRounding { sites } => sites.first().and_then(|s| s.ratio),
+            _ => None,
+        }
+    }
+
+    /// The verdict in one line, for a cell's failure line: `structural at blk.0.k (prefill position 1,
+    /// cosine 0.97910659)`, `tokens at token 0 (golden 1 "<s>" vs engine 15 "Hello" ...)`,
+    /// `cannot localize (no inject): first seen at blk.0.out (decode position 5, cosine ...) — why`.
+    pub fn headline(&self) -> String {
+        let place = |d: &Divergence| {
+            let cos = if d.cosine.is_finite() {
+                format!(", cosine {}", crate::format::fmt_cos(d.cosine))
+            } else {
+                String::new()
+            };
+            format!("{} ({} position {}{cos})", d.stage, d.phase, d.position)
+        };
+        match self {
+            Finding::Tokens { position, .. } => format!(
+                "tokens at token {position} ({})",
+                self.tokens_text().unwrap_or_default()
+            ),
+            Finding::NotLocalized { why, at } => format!(
+                "{}: {}; {}",
+                self.name(),
+                at.as_ref()
+                    .map_or("no stage differs beyond its cutoffs".to_string(), |d| {
+                        format!("first seen at {}", place(d))
+                    }),
+                why.explain()
+            ),
+            Finding::OracleRounding { sites } => match sites.first() {
+                Some(s) => format!("{} at {} ({} rows)", self.name(), place(&s.at), sites.len()),
+                None => self.name(),
+            },
+            _ => match self.site() {
+                Some(d) => format!("{} at {}", self.name(), place(d)),
+                None => self.name(),
+            },
+        }
+    }
+
     /// The tokenization difference in words: `position 0: golden 1 "<s>" vs engine 15 "Hello" (golden 12
     /// tokens, engine 11)`; `None` for other findings.
     pub fn tokens_text(&self) -> Option<String> {

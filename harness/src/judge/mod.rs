@@ -11,7 +11,9 @@
 //! - **oracle-side rounding**: in reference mode, rows above the measured floor only where ggml mode
 //!   equals the golden bit for bit ([`rounding`]).
 //! - **accumulated drift**: no stage's local error is above the floor, yet the accumulated pass diverges
-//!   (its first divergent stage is reported).
+//!   (its first divergent stage is reported; for a failing cell, where it first leaves the gate).
+//! - **cannot localize**: no local pass could run (the engine takes no injected stages, or the golden stores
+//!   no layer output): where the accumulated pass is first seen to differ, and why that is all there is.
 //! - **tokens**: the engine tokenized the prompt otherwise.
 //! - **none**: neither pass diverges.
 
@@ -36,7 +38,9 @@ pub mod finding;
 pub mod rounding;
 
 pub use case::{capture, non_finite_verdict, Case, Pass};
-pub use finding::{render_rounding, tokens_finding, Finding, RoundingEvidence, TokenAt};
+pub use finding::{
+    render_rounding, tokens_finding, Finding, NoLocalPass, RoundingEvidence, TokenAt,
+};
 pub use rounding::q8_rounding;
 
 use case::NonFinite;
@@ -78,8 +82,9 @@ pub fn gate_finding(verdict: &mut Verdict, finding: &Finding) {
         verdict.pass = false;
         verdict.failures.push(Failure {
             metric: "structural".into(),
+            // the ratio to the measured floor; at bit equality (no ratio) neither applies
             value: ratio.unwrap_or(f64::NAN),
-            threshold: 1.0,
+            threshold: if ratio.is_some() { 1.0 } else { f64::NAN },
             detail: format!(
                 "{} ({}, position {}) with the golden's own input injected: NMSE {}, above the floor: {floor}",
                 at.stage,
@@ -120,8 +125,9 @@ impl Judged {
     }
 
     /// The verdict of an engine that cannot be bisected (its stages are observed, not replaced): the
-    /// first differing token if it tokenized otherwise, else the accumulated pass's first divergent stage,
-    /// as drift.
+    /// first differing token if it tokenized otherwise, else [`Finding::NotLocalized`] (no inject) at the
+    /// accumulated pass's first divergent stage — never drift, which needs a local pass. [`settle`] turns
+    /// it into none where the cell passes and nothing differs.
     pub fn accumulated_only(
         case: &Case,
         engine: &dyn Engine,
@@ -131,10 +137,135 @@ impl Judged {
         Judged {
             finding: case
                 .tokens_finding(engine)
-                .unwrap_or_else(|| drift(th, accumulated)),
+                .unwrap_or_else(|| not_localized(NoLocalPass::NoInject, th, accumulated)),
             local: None,
         }
     }
+}
+
+/// [`Finding::NotLocalized`] at the accumulated pass's first divergent stage, if any.
+fn not_localized(
+    why: NoLocalPass,
+    th: &CellThresholds,
+    accumulated: Option<&CellComparison>,
+) -> Finding {
+    let at = match drift(th, accumulated) {
+        Finding::AccumulatedDrift { at } => Some(at),
+        _ => None,
+    };
+    Finding::NotLocalized { why, at }
+}
+
+/// Make a cell's gate verdict and its finding one answer, the one every view prints (report.md's failure
+/// line and first-divergent table, the HTML run page, `lockstep bisect`):
+///
+/// - a structural finding fails the cell ([`gate_finding`]);
+/// - a failing cell whose finding places nothing gets the place where the accumulated pass first leaves
+///   the gate ([`gate_site`]): drift there after a clean local pass — or, where the floor is bit equality
+///   and the logits alone differ (every stage equal to the golden), a structural finding at `logits`;
+///   without a local pass, [`Finding::NotLocalized`] there;
+/// - a passing cell without a local pass where nothing differs is `none`;
+/// - the verdict's first divergent stage is the finding's (the tokens marker stays the tokens').
+pub fn settle(
+    verdict: &mut Verdict,
+    finding: &mut Finding,
+    accumulated: Option<&CellComparison>,
+    th: &CellThresholds,
+) {
+    gate_finding(verdict, finding);
+    if verdict.pass {
+        if matches!(finding, Finding::NotLocalized { at: None, .. }) {
+            *finding = Finding::None;
+        }
+    } else {
+        match finding {
+            Finding::None => {
+                if let Some(at) = gate_site(verdict, accumulated, th) {
+                    let exact_stages = th.stage_exact
+                        && accumulated
+                            .is_some_and(|c| !c.stages.is_empty() && first_inexact(c).is_none());
+                    *finding = if at.stage == LOGITS && exact_stages {
+                        Finding::Structural {
+                            at,
+                            floor: "bit equality: every stage up to the final norm equals the golden at its \
+                                    storage precision, the logits computed from it do not"
+                                .into(),
+                            ratio: None,
+                        }
+                    } else {
+                        Finding::AccumulatedDrift { at }
+                    };
+                    gate_finding(verdict, finding);
+                }
+            }
+            Finding::NotLocalized { at: at @ None, .. } => {
+                *at = gate_site(verdict, accumulated, th);
+            }
+            _ => {}
+        }
+    }
+    match finding {
+        Finding::Tokens { .. } => {}
+        f => verdict.first_divergent = f.site().cloned(),
+    }
+}
+
+/// The stage id a divergence at the logits is placed at ([`gate_site`]).
+pub const LOGITS: &str = "logits";
+
+/// Where the accumulated pass first leaves the gate of a failing cell: the gate's own first divergent
+/// stage (the stage cutoffs, bit equality, a NaN), else the first layer output / final norm in forward order
+/// whose cosine is below `min_cosine_out`, else the logits at the first position of the first failing
+/// logits metric (a top-1 mismatch; the largest KL; the lowest top-5 overlap) — cosine and NMSE NaN there,
+/// the logits having none measured. `None` when the comparison places nothing (no stage, no logits).
+pub fn gate_site(
+    verdict: &Verdict,
+    accumulated: Option<&CellComparison>,
+    th: &CellThresholds,
+) -> Option<Divergence> {
+    if let Some(d) = verdict
+        .first_divergent
+        .as_ref()
+        .filter(|d| d.stage != crate::gate::verdict::TOKENS_MARKER)
+    {
+        return Some(d.clone());
+    }
+    let cmp = accumulated?;
+    for phase in [Phase::Prefill, Phase::Decode] {
+        for s in cmp
+            .stages
+            .iter()
+            .filter(|s| s.phase == phase && crate::gate::is_out_stage(&s.stage))
+        {
+            if let Some(row) = s
+                .cosine_by_position
+                .iter()
+                .position(|&c| c < th.min_cosine_out || c.is_nan())
+            {
+                return Some(divergence(cmp, s, row));
+            }
+        }
+    }
+    let m = crate::gate::cell_metrics(cmp, th.margin_tolerance);
+    let at = |phase: Phase, position: usize| Divergence {
+        stage: LOGITS.into(),
+        phase,
+        position,
+        cosine: f64::NAN,
+        nmse: f64::NAN,
+    };
+    for f in &verdict.failures {
+        let site = match f.metric.as_str() {
+            "top1_agreement" => m.mismatches.first().map(|p| at(p.phase, p.pos.position)),
+            "mean_kl" | "max_kl" => m.max_kl.map(|(_, ph, pos)| at(ph, pos)),
+            "top5_mean" => m.worst_top5.map(|(_, ph, pos)| at(ph, pos)),
+            _ => None,
+        };
+        if site.is_some() {
+            return site;
+        }
+    }
+    None
 }
 
 /// The verdict on a cell whose accumulated pass is `acc`: the local pass, its hits above the floor in
@@ -163,10 +294,17 @@ pub fn judge(
             local: None,
         });
     }
+    if !engine.replaces_stages() {
+        // no `inject`: the accumulated pass is all there is, and it cannot say where an error enters
+        return Ok(Judged {
+            finding: not_localized(NoLocalPass::NoInject, th, acc.cmp.as_ref()),
+            local: None,
+        });
+    }
     if !case.bisectable() {
         // no layer output to inject: the accumulated pass is all there is
         return Ok(Judged {
-            finding: drift(th, acc.cmp.as_ref()),
+            finding: not_localized(NoLocalPass::NoLayerOutputs, th, acc.cmp.as_ref()),
             local: None,
         });
     }

@@ -51,6 +51,69 @@ impl ServeCommand {
     }
 }
 
+/// A session engine answered `load` with `ok: false`: it cannot run this model (`unsupported`) or failed
+/// to load it. `lockstep run` fails that model's cell with the engine's message, names the cell after
+/// the engine, and goes on with the next cell ([`crate::run`]).
+#[derive(Debug)]
+pub struct LoadRefused {
+    /// The engine's name as its failed `load` answer gave it (`engine`), if it gave a usable one.
+    pub engine: Option<String>,
+    /// The answer said `"unsupported": true`.
+    pub unsupported: bool,
+    /// What the engine said, with its recent stderr.
+    pub message: String,
+}
+
+impl std::fmt::Display for LoadRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for LoadRefused {}
+
+/// Whether `name` can be a cell id's engine field: not blank, no `/` (the id's separator), no line break.
+fn valid_engine_name(name: &str) -> bool {
+    !name.trim().is_empty() && !name.contains(['/', '\n']) && name.len() <= 200
+}
+
+impl ServeCommand {
+    /// A name for the engine when it gave none (a refused `load` that does not say `engine`): the file
+    /// name of the command's program, or of the script an interpreter (`python3`, `node`, `sh`, ...)
+    /// runs — `example_engine.py` for `python3 oracles/lockstep_session/example_engine.py`.
+    pub fn fallback_name(&self) -> String {
+        const INTERPRETERS: [&str; 9] = [
+            "python", "python3", "node", "sh", "bash", "ruby", "perl", "java", "env",
+        ];
+        let base = |w: &str| {
+            Path::new(w)
+                .file_name()
+                .map_or_else(|| w.to_string(), |f| f.to_string_lossy().into_owned())
+        };
+        let words: Vec<&str> = self.command.split_whitespace().collect();
+        let mut name = words
+            .first()
+            .map_or_else(|| "session".to_string(), |w| base(w));
+        let interpreted = INTERPRETERS.contains(&name.as_str())
+            || name.starts_with("python3.")
+            || name.ends_with("python");
+        if interpreted {
+            if let Some(script) = words[1..].iter().find(|w| !w.starts_with('-')) {
+                name = base(script);
+            }
+        }
+        let name: String = name
+            .chars()
+            .filter(|c| !c.is_control() && *c != '/')
+            .collect();
+        if valid_engine_name(&name) {
+            name
+        } else {
+            "session".into()
+        }
+    }
+}
+
 /// An engine behind the session protocol ([`super`]): started at [`SessionEngine::start`], `load`ed,
 /// then driven step by step — `reset`, `prefill`, one `decode` per teacher-forced token, `inject` before a
 /// step of bisect's local pass — and shut down and killed (with its process group) when dropped.
@@ -127,7 +190,7 @@ impl SessionEngine {
             version: PROTOCOL_VERSION,
         };
         let format = super::format_of(model);
-        let r = e.call(&Request::Load {
+        let r = e.call_raw(&Request::Load {
             protocol: PROTOCOL_VERSION,
             model: model.display().to_string(),
             format: Some(format.to_string()),
@@ -135,10 +198,29 @@ impl SessionEngine {
             target: target.to_string(),
             scratch: e.scratch.path().display().to_string(),
         })?;
+        if !r.ok {
+            // this model's cells fail, named after the engine; the run goes on
+            return Err(LoadRefused {
+                engine: r.engine.filter(|n| valid_engine_name(n)),
+                unsupported: r.unsupported,
+                message: format!(
+                    "the session engine {} `load` of {}: {}: {}",
+                    if r.unsupported {
+                        "cannot run this model (unsupported), it answered"
+                    } else {
+                        "failed"
+                    },
+                    model.display(),
+                    r.error.as_deref().unwrap_or("(no error message)"),
+                    e.child.shown()
+                ),
+            }
+            .into());
+        }
         e.version = super::check_version(r.protocol, format, &model.display().to_string())
             .map_err(|err| anyhow::anyhow!("{err:#}: {}", e.child.shown()))?;
         let name = r.engine.unwrap_or_default();
-        if name.trim().is_empty() || name.contains(['/', '\n']) {
+        if !valid_engine_name(&name) {
             bail!(
                 "the session engine's `load` answer must name it in `engine` (e.g. \"my-engine@1.2\", no `/`), \
                  found {name:?}: {}",
@@ -229,19 +311,25 @@ impl SessionEngine {
         self.version
     }
 
-    /// Send a request, read its answer; an `ok: false` answer is an error with the engine's message.
-    fn call(&mut self, req: &Request) -> Result<Reply> {
+    /// Send a request, read its answer as it is (`ok: false` included).
+    fn call_raw(&mut self, req: &Request) -> Result<Reply> {
         let line = serde_json::to_string(req)?;
         let op = req.op();
         let answer = self.child.request(&line, self.cmd.timeout)?;
-        let r: Reply = serde_json::from_str(&answer).with_context(|| {
+        serde_json::from_str(&answer).with_context(|| {
             format!(
                 "the session engine answered `{op}` with {:?}, not a protocol answer (one JSON object with \
                  \"ok\"; logs belong on stderr): {}",
                 answer.chars().take(200).collect::<String>(),
                 self.child.shown()
             )
-        })?;
+        })
+    }
+
+    /// Send a request, read its answer; an `ok: false` answer is an error with the engine's message.
+    fn call(&mut self, req: &Request) -> Result<Reply> {
+        let op = req.op();
+        let r = self.call_raw(req)?;
         if !r.ok {
             let msg = format!(
                 "the session engine failed `{op}`: {}: {}",

@@ -201,13 +201,15 @@ pub struct Reply {
     pub error: Option<String>,
     /// `ok: false`: the engine cannot run this model or setting at all (a weight type or architecture
     /// it has no kernels for) — the cell fails as `engine_error` and the run goes on to the next cell,
-    /// as for lockstep's own `Error::Unsupported`. Any other failure stops the run.
+    /// as for lockstep's own `Error::Unsupported`. A failed `load` fails that model's cells (unsupported
+    /// or not) and the run goes on; any other failure stops the run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unsupported: bool,
     /// `load`: the version the engine speaks (2, or 1 for a version-1 engine: GGUF models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<u32>,
-    /// `load`: the engine's name and version, e.g. `llama.cpp@0c1e570` (the cell id's engine field).
+    /// `load`: the engine's name and version, e.g. `llama.cpp@0c1e570` (the cell id's engine field). A
+    /// failed `load` may carry it too, so that the cells it fails are named after the engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
     /// `load`: optional requests it takes ([`CAP_INJECT`], [`CAP_INPUT_ROUNDING`]).

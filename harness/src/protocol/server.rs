@@ -87,10 +87,20 @@ pub fn serve(input: impl BufRead, mut output: impl Write, simd: Simd) -> Result<
         }
         let (reply, stop) = match serde_json::from_str::<Request>(line.trim()) {
             Ok(Request::Shutdown) => (Reply::ok(), true),
-            Ok(req) => (
-                server.handle(req).unwrap_or_else(|e| Reply::failure(&e)),
-                false,
-            ),
+            Ok(req) => {
+                let load = matches!(req, Request::Load { .. });
+                let reply = server.handle(req).unwrap_or_else(|e| Reply::failure(&e));
+                // a refused `load` still names the engine, so the cell it fails is named after it
+                let reply = if load && !reply.ok {
+                    Reply {
+                        engine: Some(engine_name()),
+                        ..reply
+                    }
+                } else {
+                    reply
+                };
+                (reply, false)
+            }
             Err(e) => (Reply::error(format!("not a protocol request: {e}")), false),
         };
         let text = serde_json::to_string(&reply)?;

@@ -9,13 +9,24 @@ use anyhow::Result;
 
 use super::html::{esc, page, table, td, td_num, verdict};
 use crate::format::{fmt_cos, fmt_e3, fmt_utc};
-use crate::gate::{cell_metrics, failure_line};
+use crate::gate::cell_metrics;
 use crate::judge::Finding;
 use crate::matrix::Cell;
 use crate::report::{CellReport, Report};
 
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map_or_else(|| "-".to_string(), f)
+}
+
+/// A top-1 column: exact agreements over positions, and the near ties beside them — the counts of the
+/// failure line's `top1_agreement` text and of report.md's column (`12/15 (+2 near ties)`).
+fn top1_text(m: &crate::gate::CellMetrics) -> String {
+    let ties = match m.near_ties.len() {
+        0 => String::new(),
+        1 => " (+1 near tie)".to_string(),
+        n => format!(" (+{n} near ties)"),
+    };
+    format!("{}/{}{ties}", m.top1_agree, m.positions)
 }
 
 /// The anchor of cell `i` on its run page.
@@ -33,7 +44,7 @@ fn cell_link(i: usize, c: &CellReport) -> String {
 
 /// The reason part of a failing cell's failure line (the line without its `FAIL <id>: ` prefix).
 fn why(c: &CellReport) -> String {
-    failure_line(&c.cell, &c.verdict)
+    crate::report::cell_failure_line(c)
         .map(|l| {
             l.strip_prefix(&format!("FAIL {}: ", c.cell.id()))
                 .unwrap_or(&l)
@@ -122,7 +133,7 @@ pub fn render(r: &Report, copied: &[&str]) -> Result<Vec<(String, Vec<u8>)>> {
                 } else {
                     "<span class=\"fail\">differ</span>"
                 }),
-                td_num(format!("{}/{}", m.top1_agree, m.positions)),
+                td_num(top1_text(&m)),
                 td_num(opt(m.mean_kl, fmt_e3)),
                 td_num(opt(m.max_kl.map(|x| x.0), fmt_e3)),
                 td_num(opt(m.top5_mean, |v| format!("{v:.4}"))),
@@ -151,8 +162,9 @@ pub fn render(r: &Report, copied: &[&str]) -> Result<Vec<(String, Vec<u8>)>> {
     let _ = writeln!(
         b,
         "<h2>First divergent stage (bisect verdicts)</h2>\n<p>What <code>lockstep bisect</code> \
-         concludes per cell: structural (a bug at that stage), oracle-side rounding, drift, tokens, or none; \
-         ÷ floor is the local NMSE over the measured floor.</p>"
+         concludes per cell: structural (a bug at that stage), oracle-side rounding, drift, cannot localize (no \
+         local pass: no <code>inject</code>, or no layer output in the golden), tokens, or none; ÷ floor is the \
+         local NMSE over the measured floor. A failing cell's reason names the same verdict and stage.</p>"
     );
     let rows: Vec<Vec<String>> = order
         .iter()
@@ -165,8 +177,16 @@ pub fn render(r: &Report, copied: &[&str]) -> Result<Vec<(String, Vec<u8>)>> {
                     td(format!("<code>{}</code>", esc(&d.stage))),
                     td(esc(&d.phase.to_string())),
                     td_num(d.position.to_string()),
-                    td_num(fmt_cos(d.cosine)),
-                    td_num(fmt_e3(d.nmse)),
+                    td_num(if d.cosine.is_nan() {
+                        String::new()
+                    } else {
+                        fmt_cos(d.cosine)
+                    }),
+                    td_num(if d.nmse.is_nan() {
+                        String::new()
+                    } else {
+                        fmt_e3(d.nmse)
+                    }),
                     td_num(ratio.map_or(String::new(), |r| format!("{r:.1}"))),
                 ]
             };
@@ -175,21 +195,24 @@ pub fn render(r: &Report, copied: &[&str]) -> Result<Vec<(String, Vec<u8>)>> {
                 row.extend(std::iter::repeat_n(td(""), 6));
                 row
             };
+            // the verdict's name and place as every view gives them (Finding::name, site, ratio)
             match (&c.finding, &c.verdict.first_divergent) {
-                (Some(Finding::Structural { at: d, ratio, .. }), _) => at("structural", d, *ratio),
-                (Some(Finding::OracleRounding { sites }), _) => match sites.first() {
-                    Some(s) => at(
-                        &format!("oracle-side rounding ({} rows)", sites.len()),
-                        &s.at,
-                        s.ratio,
-                    ),
-                    None => blank("oracle-side rounding"),
-                },
-                (Some(Finding::AccumulatedDrift { at: d }), _) => at("drift", d, None),
                 (Some(f @ Finding::Tokens { .. }), _) => {
                     blank(&format!("tokens: {}", f.tokens_text().unwrap_or_default()))
                 }
-                (Some(Finding::None), _) | (None, None) => blank("none"),
+                (Some(f), _) => {
+                    let name = match f {
+                        Finding::OracleRounding { sites } => {
+                            format!("{} ({} rows)", f.name(), sites.len())
+                        }
+                        _ => f.name(),
+                    };
+                    match f.site() {
+                        Some(d) => at(&name, d, f.ratio()),
+                        None => blank(&name),
+                    }
+                }
+                (None, None) => blank("none"),
                 (None, Some(d)) => at("marker", d, None),
             }
         })
@@ -268,7 +291,7 @@ pub fn render(r: &Report, copied: &[&str]) -> Result<Vec<(String, Vec<u8>)>> {
                 let m = cell_metrics(&c.comparison, c.verdict.margin_tolerance);
                 vec![
                     td(cell_link(*i, c)),
-                    td_num(format!("{}/{}", m.top1_agree, m.positions)),
+                    td_num(top1_text(&m)),
                     td_num(opt(m.mean_kl, fmt_e3)),
                     td_num(format!("{}/{}", p.top1_agree, p.positions)),
                     td_num(opt(p.mean_kl, fmt_e3)),
@@ -315,7 +338,7 @@ pub fn render(r: &Report, copied: &[&str]) -> Result<Vec<(String, Vec<u8>)>> {
                 rows.push(vec![
                     td(cell_link(i, c)),
                     td(format!("<code>{}</code>", esc(&c.cell.oracle))),
-                    td_num(format!("{}/{}", m.top1_agree, m.positions)),
+                    td_num(top1_text(&m)),
                     td_num(opt(m.mean_kl, fmt_e3)),
                     td_num(opt(m.min_cosine_out.as_ref().map(|o| o.cosine), fmt_cos)),
                     td(verdict(c.verdict.pass)),

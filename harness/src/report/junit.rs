@@ -15,7 +15,7 @@ use quick_xml::events::{BytesDecl, BytesText, Event};
 use quick_xml::Writer;
 
 use super::Report;
-use crate::gate::{failure_line, fmt_metric};
+use crate::gate::failure_value;
 
 use crate::format::xml_safe;
 
@@ -99,7 +99,7 @@ pub fn render_junit(r: &Report, suite: &str) -> Result<String> {
                                 ("name", id.as_str()),
                                 ("time", secs(cell_secs(c)).as_str()),
                             ]);
-                            match failure_line(&c.cell, &c.verdict) {
+                            match super::cell_failure_line(c) {
                                 None => {
                                     el.write_empty()?;
                                 }
@@ -114,15 +114,7 @@ pub fn render_junit(r: &Report, suite: &str) -> Result<String> {
                                         .verdict
                                         .failures
                                         .iter()
-                                        .map(|f| {
-                                            format!(
-                                                "{} = {} (threshold {}): {}",
-                                                f.metric,
-                                                fmt_metric(&f.metric, f.value),
-                                                fmt_metric(&f.metric, f.threshold),
-                                                f.detail
-                                            )
-                                        })
+                                        .map(|f| format!("{}: {}", failure_value(f), f.detail))
                                         .collect();
                                     let (line, kind, text) = (
                                         xml_safe(&line),

@@ -504,7 +504,7 @@ pub fn render_markdown(r: &Report) -> String {
         let _ = writeln!(md, "## <a id=\"failing-cells\"></a>Failures\n");
         for (i, c) in r.cells.iter().enumerate() {
             let id = c.cell.id();
-            if let Some(line) = crate::gate::failure_line(&c.cell, &c.verdict) {
+            if let Some(line) = super::cell_failure_line(c) {
                 // the line starts with the cell id: keep the reason only
                 let why = line.strip_prefix(&format!("FAIL {id}: ")).unwrap_or(&line);
                 let _ = writeln!(md, "- [{}](#{}): {why}", link_text(&id), cell_anchor(i));
@@ -690,8 +690,12 @@ pub fn render_markdown(r: &Report) -> String {
          rounding** (rows beyond the measured floor only where ggml mode, which rounds matmul inputs to 8 bits \
          as llama.cpp does, equals the golden bit for bit and reference mode rerun with that rounding falls within \
          the floor), **drift** (every local error within the floor; \
-         the accumulated pass first leaves the stage cutoffs here), **tokens** (the engine tokenized the prompt \
-         otherwise: the first differing token, with ids and pieces), or none. \"÷ floor\" is the local NMSE \
+         the accumulated pass first leaves the stage cutoffs here, or for a failing cell the gate: a layer output \
+         below `min_cosine_out`, or `logits` at a failing position), **cannot localize** (no local pass: the \
+         engine takes no injected stages — no `inject` — or the golden stores no layer output; the stage is \
+         where the accumulated pass is first seen to differ, which may only carry an error that entered \
+         earlier), **tokens** (the engine tokenized the prompt otherwise: the first differing token, with ids \
+         and pieces), or none. A failing cell's failure line names the same verdict and stage. \"÷ floor\" is the local NMSE \
          over the measured floor (ci/floors.json).{left_out}\n"
     );
     let _ = writeln!(
@@ -707,28 +711,38 @@ pub fn render_markdown(r: &Report) -> String {
                 d.stage,
                 d.phase,
                 d.position,
-                fmt_cos(d.cosine),
-                fmt_e3(d.nmse),
+                if d.cosine.is_nan() {
+                    String::new()
+                } else {
+                    fmt_cos(d.cosine)
+                },
+                if d.nmse.is_nan() {
+                    String::new()
+                } else {
+                    fmt_e3(d.nmse)
+                },
                 ratio.map_or("".to_string(), |r| format!("{r:.1}"))
             )
         };
+        // the verdict's name and place as every view gives them (Finding::name, site, ratio)
         let line = match (&c.finding, &c.verdict.first_divergent) {
-            (Some(Finding::Structural { at, ratio, .. }), _) => row("structural", at, *ratio),
-            (Some(Finding::OracleRounding { sites }), _) => match sites.first() {
-                Some(s) => row(
-                    &format!("oracle-side rounding ({} rows)", sites.len()),
-                    &s.at,
-                    s.ratio,
-                ),
-                None => format!("| {} | oracle-side rounding | | | | | | |", c.cell.id()),
-            },
-            (Some(Finding::AccumulatedDrift { at }), _) => row("drift", at, None),
             (Some(f @ Finding::Tokens { position, .. }), _) => format!(
                 "| {} | tokens: {} | tokens | prefill | {position} | | | |",
                 c.cell.id(),
                 crate::format::md_text(&f.tokens_text().unwrap_or_default())
             ),
-            (Some(Finding::None), _) => format!("| {} | none | | | | | | |", c.cell.id()),
+            (Some(f), _) => {
+                let name = match f {
+                    Finding::OracleRounding { sites } => {
+                        format!("{} ({} rows)", f.name(), sites.len())
+                    }
+                    _ => f.name(),
+                };
+                match f.site() {
+                    Some(d) => row(&name, d, f.ratio()),
+                    None => format!("| {} | {name} | | | | | | |", c.cell.id()),
+                }
+            }
             // reports of older versions: the accumulated marker
             (None, Some(d)) => row("marker", d, None),
             (None, None) => format!("| {} | none | | | | | | |", c.cell.id()),

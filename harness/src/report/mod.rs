@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::compare::CellComparison;
-use crate::gate::{failure_line, Verdict};
+use crate::gate::Verdict;
 use crate::matrix::Cell;
 use lockstep_engine::NumericsMode;
 
@@ -351,11 +351,20 @@ pub fn metric_definitions() -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The failure lines of every failing cell of a report (see [`crate::gate::failure_line`]), in cell order.
+/// The failure line of a failing cell ([`crate::gate::failure_line_with`]), `None` when it passed: its
+/// failed thresholds, then its verdict as its bisect finding gives it ([`crate::judge::Finding::headline`]:
+/// the verdict's name and stage, the same that report.md's first-divergent table, the HTML run page and
+/// `lockstep bisect` show); a cell without a finding (an engine error, an older report) gives its verdict's
+/// marker.
+pub fn cell_failure_line(c: &CellReport) -> Option<String> {
+    crate::gate::failure_line_with(
+        &c.cell,
+        &c.verdict,
+        c.finding.as_ref().map(crate::judge::Finding::headline),
+    )
+}
+
+/// The failure lines of every failing cell of a report ([`cell_failure_line`]), in cell order.
 pub fn failure_lines(report: &Report) -> Vec<String> {
-    report
-        .cells
-        .iter()
-        .filter_map(|c| failure_line(&c.cell, &c.verdict))
-        .collect()
+    report.cells.iter().filter_map(cell_failure_line).collect()
 }

@@ -9,7 +9,6 @@ use anyhow::{Context, Result};
 
 use super::Report;
 use crate::format::{md_code, md_text};
-use crate::gate::failure_line;
 
 /// The environment variable GitHub Actions sets to the step's summary file.
 pub const STEP_SUMMARY_ENV: &str = "GITHUB_STEP_SUMMARY";
@@ -22,7 +21,7 @@ pub fn render_step_summary(r: &Report, title: &str, report_path: &str) -> String
     let failing: Vec<(String, String)> = r
         .cells
         .iter()
-        .filter_map(|c| Some((c.cell.id(), failure_line(&c.cell, &c.verdict)?)))
+        .filter_map(|c| Some((c.cell.id(), super::cell_failure_line(c)?)))
         .collect();
     let pass = failing.is_empty() && r.incomplete.is_none();
     let mut s = format!(
