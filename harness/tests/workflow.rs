@@ -11,6 +11,7 @@
 //! The steps themselves run in order under ci/workflow-steps.py (the ignored test at the end).
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 
 use clap::Parser;
 use yaml_rust2::{Yaml, YamlLoader};
@@ -341,6 +342,14 @@ fn the_workflow_steps_run_in_order() {
     let out = std::process::Command::new("python3")
         .arg(root().join("ci/workflow-steps.py"))
         .arg("--quick")
+        // the clone's build reuses this checkout's compiled dependencies (ci/test.sh built them in release
+        // for the fetch step): minutes less than a cold release build
+        .env(
+            "CARGO_TARGET_DIR",
+            std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root().join("target")),
+        )
         .current_dir(root())
         .output()
         .expect("python3 runs ci/workflow-steps.py");
