@@ -47,6 +47,16 @@ impl Made {
 /// rename error (each naming the file); `out` is a symlink, a device, a FIFO or a directory
 /// ([`crate::output::check_file_target`]: checked before any work, so `/dev/null` stays a device).
 pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> Result<Made> {
+    quantize_opened_with(src, params, out, crate::progress::Display::Hidden)
+}
+
+/// [`quantize_opened`], showing the bytes written as `display` says ([`crate::progress::byte_bar`]).
+pub fn quantize_opened_with(
+    src: &GgufFile,
+    params: &QuantizeParams,
+    out: &Path,
+    display: crate::progress::Display,
+) -> Result<Made> {
     crate::output::check_file_target(out, "quantize output")?;
     let t0 = Instant::now();
     let plan = q::plan(src, params).with_context(|| {
@@ -68,7 +78,12 @@ pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> R
         .tempfile_in(&dir)
         .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
     let file: &File = tmp.as_file();
-    let w = BufWriter::with_capacity(8 << 20, file);
+    let bar = crate::progress::byte_bar(
+        plan.file_size(),
+        &format!("quantize {} to {}", src.path().display(), params.ftype),
+        display,
+    );
+    let w = bar.wrap_write(BufWriter::with_capacity(8 << 20, file));
     let w = q::write(src, &plan, w, out).with_context(|| {
         format!(
             "cannot quantize {} to {} into {}",
@@ -78,6 +93,7 @@ pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> R
         )
     })?;
     drop(w);
+    bar.finish_and_clear();
     file.sync_all()
         .with_context(|| format!("cannot write {}", out.display()))?;
     std::fs::set_permissions(
@@ -102,9 +118,20 @@ pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> R
 /// Errors: `src` is not a readable GGUF file (the engine's error names it and the problem); the errors
 /// of [`quantize_opened`].
 pub fn quantize_file(src: &Path, params: &QuantizeParams, out: &Path) -> Result<Made> {
+    quantize_file_with(src, params, out, crate::progress::Display::Hidden)
+}
+
+/// [`quantize_file`], showing the bytes written as `display` says (`lockstep quantize`: a bar on a
+/// terminal).
+pub fn quantize_file_with(
+    src: &Path,
+    params: &QuantizeParams,
+    out: &Path,
+    display: crate::progress::Display,
+) -> Result<Made> {
     let file =
         lockstep_engine::hf::open(src).with_context(|| format!("cannot read {}", src.display()))?;
-    quantize_opened(&file, params, out)
+    quantize_opened_with(&file, params, out, display)
 }
 
 /// The parameters of lockstep's variant recipe for a llama-quantize type name (`Q4_K`, `iq4_nl`, …):
