@@ -118,7 +118,7 @@ expires = 2026-11-29
 
 #[test]
 fn long_lines_are_wrapped_and_summary_lines_cut() {
-    let words: Vec<String> = (0..150).map(|i| format!("w{i}")).collect();
+    let words: Vec<String> = (0..200).map(|i| format!("w{i}")).collect();
     let long = format!("FAIL a/b/c: {}", words.join(" "));
     assert!(long.len() > 700);
     let w = wrap_line(&long, 80);
