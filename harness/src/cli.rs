@@ -785,10 +785,7 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
         for c in &plan.cells {
             let id = c.id();
             match opts.select.expected.find(&id) {
-                Some(e) => println!(
-                    "{id}  [expected failure until {}: {}]",
-                    e.expires, e.reason
-                ),
+                Some(e) => println!("{id}  [expected failure until {}: {}]", e.expires, e.reason),
                 None => println!("{id}"),
             }
         }

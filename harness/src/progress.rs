@@ -57,7 +57,10 @@ pub fn byte_bar(total: u64, what: &str, display: Display) -> ProgressBar {
             b
         }
         Display::Lines => {
-            eprintln!("{what}: {:.1} MiB to write", total as f64 / (1 << 20) as f64);
+            eprintln!(
+                "{what}: {:.1} MiB to write",
+                total as f64 / (1 << 20) as f64
+            );
             let b = ProgressBar::hidden();
             b.set_length(total);
             b

@@ -268,7 +268,11 @@ impl ExpectedFailures {
                     e.expires
                 ),
             };
-            let expires = (i64::from(date.year), u32::from(date.month), u32::from(date.day));
+            let expires = (
+                i64::from(date.year),
+                u32::from(date.month),
+                u32::from(date.day),
+            );
             if expires < today {
                 bail!(
                     "{at}: expired on {} (today is {:04}-{:02}-{:02}); reason was {:?}. Fix the cell, or \
@@ -389,7 +393,10 @@ pub fn summary_lines(r: &Report, width: usize) -> Vec<String> {
                     .as_ref()
                     .map_or(String::new(), |e| e.reason.clone()),
             };
-            out.push(cut(&format!("  {} {}: {why}", o.word(), c.cell.id()), width));
+            out.push(cut(
+                &format!("  {} {}: {why}", o.word(), c.cell.id()),
+                width,
+            ));
         }
     }
     out

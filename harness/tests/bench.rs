@@ -81,9 +81,15 @@ fn the_speed_gate_passes_a_build_against_itself_and_fails_a_slowed_one() {
     assert_eq!(r.comparisons.len(), 2);
     assert!(r.read_bandwidth > 0.0 && r.bandwidth.len() == 2);
     // llama-bench's fields: the build measured, when each test started, the tensors' bytes (not the file's)
-    let model = lockstep_engine::Model::load(&lockstep::fetch::resolve_model("smollm2-135m-q4_1").unwrap())
-        .unwrap();
-    let tensor_bytes: u64 = model.gguf().tensors().iter().map(|t| t.n_bytes as u64).sum();
+    let model =
+        lockstep_engine::Model::load(&lockstep::fetch::resolve_model("smollm2-135m-q4_1").unwrap())
+            .unwrap();
+    let tensor_bytes: u64 = model
+        .gguf()
+        .tensors()
+        .iter()
+        .map(|t| t.n_bytes as u64)
+        .sum();
     assert!(tensor_bytes < model.gguf().file_size());
     assert!(r.results.iter().all(|x| !x.build_commit.is_empty()
         && x.test_time.ends_with('Z')

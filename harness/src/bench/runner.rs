@@ -207,11 +207,12 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
         environment.git_commit.chars().take(7).collect::<String>(),
         if environment.git_dirty { "-dirty" } else { "" }
     );
-    let n_samples: usize = facts.iter().map(|f| f.0.len()).sum::<usize>()
-        * opts.repetitions
-        * samplers.len();
-    let mut bar =
-        crate::progress::Progress::new(n_samples, crate::progress::Display::for_stderr(opts.progress));
+    let n_samples: usize =
+        facts.iter().map(|f| f.0.len()).sum::<usize>() * opts.repetitions * samplers.len();
+    let mut bar = crate::progress::Progress::new(
+        n_samples,
+        crate::progress::Display::for_stderr(opts.progress),
+    );
     let mut results = Vec::new();
     let mut bandwidth = Vec::new();
     let mut compute = Vec::new();

@@ -773,7 +773,11 @@ fn bench_csv_has_llama_benchs_build_commit_and_test_time() {
     assert_eq!(header[0], "build_commit");
     assert_eq!(row[0], "53b3529-dirty");
     let t = header.iter().position(|h| *h == "test_time").unwrap();
-    assert_eq!(header[t + 1], "avg_ns", "test_time before the timings, as llama-bench");
+    assert_eq!(
+        header[t + 1],
+        "avg_ns",
+        "test_time before the timings, as llama-bench"
+    );
     assert_eq!(row[t], "2026-11-29T14:20:00Z");
     let now = super::runner::iso_utc_now();
     assert!(

@@ -265,7 +265,9 @@ fn annotate_ids(detail: &str, from: usize, piece: &dyn Fn(u32) -> Option<String>
             out.push(' ');
         }
         out.push_str(word);
-        let digits: &str = &word[..word.find(|c: char| !c.is_ascii_digit()).unwrap_or(word.len())];
+        let digits: &str = &word[..word
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(word.len())];
         let rest = &word[digits.len()..];
         if matches!(prev, "top" | "engine" | "golden")
             && !digits.is_empty()

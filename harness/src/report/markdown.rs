@@ -531,10 +531,7 @@ pub fn render_markdown(r: &Report) -> String {
                 // the line starts with the cell id: keep the reason only
                 let why = line.strip_prefix(&format!("FAIL {id}: ")).unwrap_or(&line);
                 let xfail = c.expected_failure.as_ref().map_or(String::new(), |e| {
-                    format!(
-                        "**XFAIL** (expected until {}: {}) — ",
-                        e.expires, e.reason
-                    )
+                    format!("**XFAIL** (expected until {}: {}) — ", e.expires, e.reason)
                 });
                 let _ = writeln!(
                     md,

@@ -313,7 +313,9 @@ fn cutoff_of(c: &CellReport) -> Cutoff {
         Cutoff::Local(m)
     } else {
         Cutoff::None(match th.stage_max_nmse {
-            Some(m) => format!("no NMSE gate drawn: stage_max_nmse {m:e} only marks the first divergent stage"),
+            Some(m) => format!(
+                "no NMSE gate drawn: stage_max_nmse {m:e} only marks the first divergent stage"
+            ),
             None => "no per-stage NMSE gate".into(),
         })
     }
@@ -637,10 +639,7 @@ pub fn error_vs_depth_svg(c: &CellReport) -> Result<String> {
 /// `output_norm prefill position 3 ...`).
 fn named_stages(c: &CellReport) -> Vec<(String, String, Phase, Option<f64>)> {
     let mut out: Vec<(String, String, Phase, Option<f64>)> = Vec::new();
-    let structural = matches!(
-        c.finding,
-        Some(crate::judge::Finding::Structural { .. })
-    );
+    let structural = matches!(c.finding, Some(crate::judge::Finding::Structural { .. }));
     if let Some(d) = &c.verdict.first_divergent {
         if d.stage != crate::gate::verdict::TOKENS_MARKER {
             let local = structural && d.nmse.is_finite();
@@ -678,7 +677,11 @@ fn named_stages(c: &CellReport) -> Vec<(String, String, Phase, Option<f64>)> {
             .stages
             .iter()
             .any(|s| s.stage == stage && s.phase == phase);
-        if drawn && !out.iter().any(|o| o.1 == stage && o.2 == phase && o.3.is_none()) {
+        if drawn
+            && !out
+                .iter()
+                .any(|o| o.1 == stage && o.2 == phase && o.3.is_none())
+        {
             out.push((
                 format!("failing {}: {stage} ({phase})", f.metric),
                 stage.to_string(),

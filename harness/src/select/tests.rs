@@ -23,8 +23,12 @@ fn patterns_are_substrings_unless_they_hold_a_glob_character() {
     assert!(!CellPattern::parse("qwen").unwrap().matches(id));
     // a glob is matched against the whole id, `*` crossing `/`
     assert!(CellPattern::parse("synth-*/ggml/*").unwrap().matches(id));
-    assert!(!CellPattern::parse("synth-*/reference/*").unwrap().matches(id));
-    assert!(!CellPattern::parse("synth-llama").unwrap().matches("synth-qwen2/x"));
+    assert!(!CellPattern::parse("synth-*/reference/*")
+        .unwrap()
+        .matches(id));
+    assert!(!CellPattern::parse("synth-llama")
+        .unwrap()
+        .matches("synth-qwen2/x"));
     // an anchored glob must match all of it: the key (the id without the engine) is also tried
     assert!(CellPattern::parse("*/llama.cpp-f32kv").unwrap().matches(id));
     assert!(!CellPattern::parse("llama.cpp-f32kv*").unwrap().matches(id));
@@ -103,12 +107,22 @@ expires = 2026-11-29
         "{e}"
     );
     for (bad, says) in [
-        (ok.replace("issue 99", "").replace("cross-oracle distance, ", ""), "`reason` is empty"),
-        (ok.replace("2026-11-29", "2026-11-29T10:00:00"), "not a plain date"),
+        (
+            ok.replace("issue 99", "")
+                .replace("cross-oracle distance, ", ""),
+            "`reason` is empty",
+        ),
+        (
+            ok.replace("2026-11-29", "2026-11-29T10:00:00"),
+            "not a plain date",
+        ),
         (ok.replace("2026-11-29", "\"soon\""), "x.toml"),
         (ok.replace("reason =", "why ="), "x.toml"),
         (ok.replace("expires = 2026-11-29\n", ""), "x.toml"),
-        (ok.replace("synth-llama/*", "synth-[llama"), "not a valid glob"),
+        (
+            ok.replace("synth-llama/*", "synth-[llama"),
+            "not a valid glob",
+        ),
     ] {
         let e = ExpectedFailures::parse(&bad, "x.toml", TODAY).unwrap_err();
         let e = format!("{e:#}");

@@ -141,9 +141,18 @@ fn cell(
 fn layers(phase: Phase, base: f64) -> Vec<StageComparison> {
     let mut v = Vec::new();
     for l in 0..3 {
-        for (i, k) in ["attn_norm", "q", "k", "ffn_gate", "ffn_up", "ffn_act", "ffn_out", "out"]
-            .iter()
-            .enumerate()
+        for (i, k) in [
+            "attn_norm",
+            "q",
+            "k",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_act",
+            "ffn_out",
+            "out",
+        ]
+        .iter()
+        .enumerate()
         {
             v.push(stage(
                 &format!("blk.{l}.{k}"),
@@ -260,13 +269,17 @@ fn a_cell_failing_at_output_norm_has_it_drawn_ringed_and_named_worst() {
     assert!(
         t.iter()
             .any(|s| s == "failing min_cosine_out: output_norm (prefill)")
-            || t.iter().any(|s| s.starts_with("first divergent: output_norm")),
+            || t.iter()
+                .any(|s| s.starts_with("first divergent: output_norm")),
         "{t:?}"
     );
     // the highest point (smallest y on screen) is output_norm's, right of every layer's point, ringed
     let pts = points(&svg);
     let top = pts.iter().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
-    assert!(pts.iter().all(|p| p.0 <= top.0), "output_norm is not the last column");
+    assert!(
+        pts.iter().all(|p| p.0 <= top.0),
+        "output_norm is not the last column"
+    );
     let ring = circles(&svg)
         .into_iter()
         .find(|c| c.2 == 7.0)
@@ -304,7 +317,9 @@ fn the_worst_named_is_the_worst_drawn_decode_included() {
     let worst = magenta.iter().copied().fold(f64::INFINITY, f64::min);
     assert!(pts.iter().all(|p| p.1 >= worst - 0.5));
     assert!(
-        polylines(&svg).iter().any(|p| p.0 == "#C800A0" && p.1 == 3.0),
+        polylines(&svg)
+            .iter()
+            .any(|p| p.0 == "#C800A0" && p.1 == 3.0),
         "the worst series is drawn thick"
     );
 }
@@ -313,7 +328,9 @@ fn the_worst_named_is_the_worst_drawn_decode_included() {
 fn cutoff_y(svg: &str, colour: &str) -> Option<f64> {
     polylines(svg)
         .into_iter()
-        .filter(|p| p.0 == colour && p.1 == 1.0 && p.2.len() == 2 && (p.2[0].1 - p.2[1].1).abs() < 0.1)
+        .filter(|p| {
+            p.0 == colour && p.1 == 1.0 && p.2.len() == 2 && (p.2[0].1 - p.2[1].1).abs() < 0.1
+        })
         .map(|p| p.2[0].1)
         .next()
 }
@@ -324,15 +341,27 @@ fn a_passing_cell_never_crosses_its_drawn_cutoff() {
     // the first divergent stage) in a passing cell: no cutoff drawn, the legend says why
     let mut stages = layers(Phase::Prefill, 1e-3);
     stages.push(stage("blk.2.ffn_act", Phase::Prefill, 0.08));
-    let c = cell(stages, thresholds(false, Some(4.0)), &[], Some(("blk.2.ffn_act", Phase::Prefill)));
+    let c = cell(
+        stages,
+        thresholds(false, Some(4.0)),
+        &[],
+        Some(("blk.2.ffn_act", Phase::Prefill)),
+    );
     let svg = error_vs_depth_svg(&c).unwrap();
-    assert_eq!(cutoff_y(&svg, "#C81E1E"), None, "a cutoff the gate does not apply");
+    assert_eq!(
+        cutoff_y(&svg, "#C81E1E"),
+        None,
+        "a cutoff the gate does not apply"
+    );
     assert!(
         texts(&svg).iter().any(|s| s.contains("measured floor")),
         "{:?}",
         texts(&svg)
     );
-    assert!(!svg.contains("stage_max_nmse 5e-2"), "the marker cutoff is not drawn as a gate");
+    assert!(
+        !svg.contains("stage_max_nmse 5e-2"),
+        "the marker cutoff is not drawn as a gate"
+    );
 
     // ggml mode (bit equality): a passing cell has every point on the exact row, under the line
     let mut stages: Vec<StageComparison> = layers(Phase::Prefill, 1.0)
@@ -345,7 +374,10 @@ fn a_passing_cell_never_crosses_its_drawn_cutoff() {
     let y = cutoff_y(&svg, "#C81E1E").expect("the stage_exact line");
     let pts = points(&svg);
     assert!(!pts.is_empty());
-    assert!(pts.iter().all(|p| p.1 > y), "a passing point above the cutoff");
+    assert!(
+        pts.iter().all(|p| p.1 > y),
+        "a passing point above the cutoff"
+    );
     // and a failing one: its inexact stage is above it
     let mut stages: Vec<StageComparison> = layers(Phase::Prefill, 1.0)
         .into_iter()
@@ -364,7 +396,12 @@ fn a_passing_cell_never_crosses_its_drawn_cutoff() {
 
     // no measured floors: the gate holds the local line to stage_max_nmse; it is drawn in the local line's
     // colour, and a passing cell's local line stays under it
-    let mut c = cell(layers(Phase::Prefill, 1e-3), thresholds(false, None), &[], None);
+    let mut c = cell(
+        layers(Phase::Prefill, 1e-3),
+        thresholds(false, None),
+        &[],
+        None,
+    );
     c.local_nmse_by_layer = vec![1e-3, 2e-3, 4e-3];
     let svg = error_vs_depth_svg(&c).unwrap();
     let y = cutoff_y(&svg, "#145ADC").expect("the local cutoff");
@@ -375,7 +412,9 @@ fn a_passing_cell_never_crosses_its_drawn_cutoff() {
         .collect();
     assert_eq!(local.len(), 3);
     assert!(local.iter().all(|p| p.1 > y));
-    assert!(texts(&svg).iter().any(|s| s == "gate on the local line: NMSE ≤ 5e-2"));
+    assert!(texts(&svg)
+        .iter()
+        .any(|s| s == "gate on the local line: NMSE ≤ 5e-2"));
 }
 
 /// The y tick labels, top to bottom.
@@ -390,7 +429,12 @@ fn y_ticks(svg: &str) -> Vec<String> {
 #[test]
 fn the_y_axis_fits_the_data() {
     // errors between 1e-3 and 1e-2, none exact: no `exact` row, nothing below 1e-4
-    let c = cell(layers(Phase::Prefill, 2e-3), thresholds(false, Some(4.0)), &[], None);
+    let c = cell(
+        layers(Phase::Prefill, 2e-3),
+        thresholds(false, Some(4.0)),
+        &[],
+        None,
+    );
     let svg = error_vs_depth_svg(&c).unwrap();
     let ticks = y_ticks(&svg);
     assert!(!ticks.is_empty());
@@ -406,12 +450,20 @@ fn the_y_axis_fits_the_data() {
     let c = cell(stages, thresholds(false, Some(4.0)), &[], None);
     let ticks = y_ticks(&error_vs_depth_svg(&c).unwrap());
     assert!(ticks.iter().any(|t| t == "exact"), "{ticks:?}");
-    assert!(!ticks.iter().any(|t| t == "1e-12" || t == "1e-9"), "{ticks:?}");
+    assert!(
+        !ticks.iter().any(|t| t == "1e-12" || t == "1e-9"),
+        "{ticks:?}"
+    );
 }
 
 #[test]
 fn kinds_of_a_family_get_distinct_colours() {
-    let c = cell(layers(Phase::Prefill, 1e-4), thresholds(false, Some(4.0)), &[], None);
+    let c = cell(
+        layers(Phase::Prefill, 1e-4),
+        thresholds(false, Some(4.0)),
+        &[],
+        None,
+    );
     let svg = error_vs_depth_svg(&c).unwrap();
     // the FFN kinds (gate, up, act, out) and the attention kinds (q, k): one colour each, all different
     let mut colours: Vec<String> = polylines(&svg)
