@@ -40,6 +40,8 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
+// parsed once per process: the size of the largest variant (`run`'s flags) costs nothing
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Download (a model) or make (a quantization variant), verify and cache registered files; prints their
     /// paths, one a line, in the order given.

@@ -244,7 +244,7 @@ impl Scale {
             .copied()
             .filter(|v| v.is_finite() && *v > 0.0)
             .collect();
-        let has_exact = values.iter().any(|&v| v == 0.0);
+        let has_exact = values.contains(&0.0);
         let has_nonfinite = values.iter().any(|v| !v.is_finite());
         let lo = finite.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = finite.iter().copied().fold(0.0, f64::max);

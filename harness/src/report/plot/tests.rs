@@ -208,8 +208,11 @@ fn circles(svg: &str) -> Vec<(f64, f64, f64, String, String)> {
         .collect()
 }
 
-/// Every `<polyline>` as (stroke colour, stroke width, points).
-fn polylines(svg: &str) -> Vec<(String, f64, Vec<(f64, f64)>)> {
+/// A `<polyline>`: stroke colour, stroke width, points.
+type Polyline = (String, f64, Vec<(f64, f64)>);
+
+/// Every `<polyline>`.
+fn polylines(svg: &str) -> Vec<Polyline> {
     svg.split("<polyline")
         .skip(1)
         .map(|p| {
