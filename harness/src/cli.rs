@@ -40,6 +40,8 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
+// parsed once per process: the size of the largest variant (`run`'s flags) costs nothing
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Download (a model) or make (a quantization variant), verify and cache registered files; prints their
     /// paths, one a line, in the order given.
@@ -678,6 +680,26 @@ pub struct RunArgs {
     pub junit: Option<PathBuf>,
     #[command(flatten)]
     pub serve: ServeArgs,
+    /// Print the ids of the cells this run would run (after every filter and the shard), one per line,
+    /// and exit without running them; a cell covered by the expected-failure list is followed by
+    /// `  [expected failure until DATE: REASON]`.
+    #[arg(long)]
+    pub list: bool,
+    /// Only the cells whose id matches PATTERN (repeatable; a cell matching any is kept): a glob when it
+    /// holds `*`, `?`, `[` or `{` (`*` also crosses `/`; matched against the whole id, or the id without its
+    /// engine), else a substring of the id. A pattern that matches no cell is an error.
+    #[arg(long = "cell", value_name = "PATTERN")]
+    pub cell: Vec<String>,
+    /// Run only the cells that failed (FAIL or XPASS, and the cell an incomplete run stopped at) in the
+    /// newest report under --reports; combines with the other filters.
+    #[arg(long)]
+    pub rerun_failed: bool,
+    /// The expected-failure list: `[[expected]]` entries with `cell` (a --cell pattern), `reason` and
+    /// `expires` (a date). A listed cell still runs and is gated; its failure shows as XFAIL with the
+    /// reason and does not fail the run, a pass (XPASS) fails it, and an expired entry stops the run before
+    /// it starts. Default: `<checkout>/ci/expected-failures.toml` when it exists.
+    #[arg(long, value_name = "FILE")]
+    pub expected_failures: Option<PathBuf>,
 }
 
 /// `--simd`: [`Simd::parse`] (refuses a setting this CPU cannot run).
@@ -718,6 +740,26 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
         _ => None,
     };
     let serve = a.serve.command()?;
+    let expected_file = match a.expected_failures {
+        Some(p) => Some(p),
+        None => defaults
+            .path(None, "ci/expected-failures.toml", "--expected-failures")
+            .ok()
+            .filter(|p| p.is_file()),
+    };
+    let select = crate::select::Selection {
+        patterns: a
+            .cell
+            .iter()
+            .map(|p| crate::select::CellPattern::parse(p))
+            .collect::<Result<_>>()?,
+        rerun_failed: a.rerun_failed,
+        expected: expected_file
+            .as_deref()
+            .map(|p| crate::select::ExpectedFailures::load(p, crate::select::today_utc()))
+            .transpose()?
+            .unwrap_or_default(),
+    };
     let opts = crate::run::RunOptions {
         golden_dir: defaults.path(a.files.golden_dir, "golden", "--golden-dir")?,
         matrix: defaults.path(a.files.matrix, "ci/matrix.toml", "--matrix")?,
@@ -744,7 +786,20 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
         ggml_target: a.ggml_target,
         floors: defaults.path(a.floors.floors, "ci/floors.json", "--floors")?,
         shard,
+        select,
     };
+    if a.list {
+        let plan = crate::run::plan(&opts)?;
+        for c in &plan.cells {
+            let id = c.id();
+            match opts.select.expected.find(&id) {
+                Some(e) => println!("{id}  [expected failure until {}: {}]", e.expires, e.reason),
+                None => println!("{id}"),
+            }
+        }
+        eprintln!("{} cells", plan.cells.len());
+        return Ok(ExitCode::SUCCESS);
+    }
     let (dir, report) = match crate::run::run(&opts) {
         Ok(done) => done,
         // a run that stopped early (an engine failure, Ctrl-C) still writes its CI outputs: the JUnit
@@ -765,18 +820,26 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
     };
     ci_outputs(&report, &dir, "lockstep run", a.junit.as_deref())?;
     let md = dir.join("report.md");
-    let lines = crate::report::failure_lines(&report);
-    let n_fail = report.cells.iter().filter(|c| !c.verdict.pass).count();
+    let width = crate::select::terminal_width();
+    for (c, l) in report
+        .cells
+        .iter()
+        .zip(report.cells.iter().map(crate::report::cell_failure_line))
+    {
+        // the full failure line of a cell that fails the run, wrapped to the terminal
+        if let (Some(l), true) = (l, crate::select::Outcome::of(c).fails_run()) {
+            println!("{}", crate::select::fit_line(&l, width));
+        }
+    }
     println!("report: {}", md.display());
-    println!(
-        "{} cells, {} passed, {} failed",
-        report.cells.len(),
-        report.cells.len() - n_fail,
-        n_fail
-    );
-    for l in &lines {
+    for l in crate::select::summary_lines(&report, crate::select::summary_width()) {
         println!("{l}");
     }
+    let n_fail = report
+        .cells
+        .iter()
+        .filter(|c| crate::select::Outcome::of(c).fails_run())
+        .count();
     Ok(exit_code(n_fail == 0))
 }
 
@@ -802,8 +865,9 @@ fn gate(report: &Path, thresholds: Option<&Path>, junit: Option<&Path>) -> Resul
     }
     let (outcome, r) = crate::regate::gate_file_report(report, thresholds)?;
     ci_outputs(&r, report, "lockstep gate", junit)?;
+    let width = crate::select::terminal_width();
     for l in &outcome.lines {
-        println!("{l}");
+        println!("{}", crate::select::fit_line(l, width));
     }
     Ok(exit_code(outcome.n_fail == 0))
 }
@@ -1207,7 +1271,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             if a.direct {
                 params.via_f32 = false;
             }
-            let made = crate::quantize::quantize_file(&path, &params, &a.out)?;
+            let made = crate::quantize::quantize_file_with(
+                &path,
+                &params,
+                &a.out,
+                crate::progress::Display::for_stderr(true),
+            )?;
             eprintln!(
                 "lockstep quantize: {} -> {} ({}, {} bytes; {} tensor(s) fell back; {:.1} s, {threads} thread(s))",
                 path.display(),

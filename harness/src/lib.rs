@@ -83,6 +83,7 @@ pub mod regate;
 pub mod registry;
 pub mod report;
 pub mod run;
+pub mod select;
 pub mod session;
 pub mod shard;
 pub mod synth;

@@ -39,6 +39,40 @@ impl Display {
     }
 }
 
+/// A bar over `total` bytes written (`lockstep quantize`): drawn when `display` is [`Display::Bar`]; with
+/// [`Display::Lines`] one line saying what starts (`what`, the size), as a log has no bar; hidden otherwise.
+/// Write through it with [`ProgressBar::wrap_write`]; its position is the bytes written so far.
+pub fn byte_bar(total: u64, what: &str, display: Display) -> ProgressBar {
+    match display {
+        Display::Bar => {
+            let b = ProgressBar::new(total);
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} {msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ~{eta} left",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+            );
+            b.set_message(what.to_string());
+            b
+        }
+        Display::Lines => {
+            eprintln!(
+                "{what}: {:.1} MiB to write",
+                total as f64 / (1 << 20) as f64
+            );
+            let b = ProgressBar::hidden();
+            b.set_length(total);
+            b
+        }
+        Display::Hidden => {
+            let b = ProgressBar::hidden();
+            b.set_length(total);
+            b
+        }
+    }
+}
+
 /// Progress over `total` items (cells of a run).
 pub struct Progress {
     display: Display,
@@ -143,6 +177,23 @@ pub fn clock(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_byte_bar_counts_the_bytes_written_through_it() {
+        use std::io::Write;
+        for display in [Display::Bar, Display::Lines, Display::Hidden] {
+            let bar = byte_bar(3000, "quantize x to Q4_0", display);
+            assert_eq!(bar.length(), Some(3000));
+            let mut w = bar.wrap_write(Vec::new());
+            for _ in 0..3 {
+                w.write_all(&[7u8; 1000]).unwrap();
+            }
+            assert_eq!(bar.position(), 3000, "{display:?}");
+            if display != Display::Bar {
+                assert!(bar.is_hidden());
+            }
+        }
+    }
 
     #[test]
     fn names_print_on_one_line_without_escapes() {

@@ -47,6 +47,16 @@ impl Made {
 /// rename error (each naming the file); `out` is a symlink, a device, a FIFO or a directory
 /// ([`crate::output::check_file_target`]: checked before any work, so `/dev/null` stays a device).
 pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> Result<Made> {
+    quantize_opened_with(src, params, out, crate::progress::Display::Hidden)
+}
+
+/// [`quantize_opened`], showing the bytes written as `display` says ([`crate::progress::byte_bar`]).
+pub fn quantize_opened_with(
+    src: &GgufFile,
+    params: &QuantizeParams,
+    out: &Path,
+    display: crate::progress::Display,
+) -> Result<Made> {
     crate::output::check_file_target(out, "quantize output")?;
     let t0 = Instant::now();
     let plan = q::plan(src, params).with_context(|| {
@@ -70,7 +80,12 @@ pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> R
     // an interrupt (Ctrl-C, SIGTERM) removes the partial file too, not only an error return
     let _registered = crate::process::register_temp(tmp.path());
     let file: &File = tmp.as_file();
-    let w = BufWriter::with_capacity(8 << 20, file);
+    let bar = crate::progress::byte_bar(
+        plan.file_size(),
+        &format!("quantize {} to {}", src.path().display(), params.ftype),
+        display,
+    );
+    let w = bar.wrap_write(BufWriter::with_capacity(8 << 20, file));
     let w = q::write(src, &plan, w, out).with_context(|| {
         format!(
             "cannot quantize {} to {} into {}",
@@ -80,6 +95,7 @@ pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> R
         )
     })?;
     drop(w);
+    bar.finish_and_clear();
     file.sync_all()
         .with_context(|| format!("cannot write {}", out.display()))?;
     std::fs::set_permissions(
@@ -105,10 +121,21 @@ pub fn quantize_opened(src: &GgufFile, params: &QuantizeParams, out: &Path) -> R
 /// would replace; `src` is not a readable GGUF file (the engine's error names it and the problem); the
 /// errors of [`quantize_opened`].
 pub fn quantize_file(src: &Path, params: &QuantizeParams, out: &Path) -> Result<Made> {
+    quantize_file_with(src, params, out, crate::progress::Display::Hidden)
+}
+
+/// [`quantize_file`], showing the bytes written as `display` says (`lockstep quantize`: a bar on a
+/// terminal).
+pub fn quantize_file_with(
+    src: &Path,
+    params: &QuantizeParams,
+    out: &Path,
+    display: crate::progress::Display,
+) -> Result<Made> {
     refuse_same_file(src, out)?;
     let file =
         lockstep_engine::hf::open(src).with_context(|| format!("cannot read {}", src.display()))?;
-    quantize_opened(&file, params, out)
+    quantize_opened_with(&file, params, out, display)
 }
 
 /// Refuse an output that is the source model: the same device and inode (whatever the spelling of

@@ -60,6 +60,58 @@ pub struct RunOptions {
     /// Run only this shard of the expanded matrix ([`crate::shard`]), balanced by this cost table (`None`:
     /// by cell count).
     pub shard: Option<(crate::shard::ShardSpec, Option<crate::shard::CostTable>)>,
+    /// `--cell`, `--rerun-failed` and the expected-failure list ([`crate::select`]).
+    pub select: crate::select::Selection,
+}
+
+/// What a run will do, known before any cell runs: the parsed inputs and the selected cells.
+pub struct Plan {
+    /// The golden manifest.
+    pub manifest: Manifest,
+    /// The thresholds, checked to cover every cell.
+    pub thresholds: Thresholds,
+    /// The cells to run, in order (after the filters, `--cell`, `--rerun-failed` and the shard).
+    pub cells: Vec<Cell>,
+    /// The shard's record for the report (`None` without `--shard`).
+    pub shard_info: Option<report::ShardInfo>,
+}
+
+/// Parse the manifest, matrix and thresholds and select the cells (`lockstep run --list` prints them).
+/// Errors: an input that does not parse, thresholds that miss a cell, a filter that matches nothing,
+/// `--rerun-failed` without a report. An empty selection is not an error here (the caller decides).
+pub fn plan(opts: &RunOptions) -> Result<Plan> {
+    let manifest = golden::load_manifest(&opts.golden_dir)?;
+    let matrix = Matrix::load(&opts.matrix)?;
+    let thresholds = Thresholds::load(&opts.thresholds)?;
+    thresholds.validate_matrix(&matrix)?;
+    let cells = matrix.expand(&manifest, &opts.filters)?;
+    let cells = opts.select.apply(cells, &opts.reports_root)?;
+    for cell in &cells {
+        thresholds.for_cell(cell)?;
+    }
+    // a shard runs its part of the whole (filtered) matrix; an empty part still writes its (empty) report,
+    // so that `lockstep merge` sees every shard
+    let shard_info = opts.shard.as_ref().map(|(spec, costs)| report::ShardInfo {
+        index: spec.index,
+        count: spec.count,
+        matrix_cells: cells.iter().map(Cell::id).collect(),
+        balanced_by: costs
+            .as_ref()
+            .map_or_else(|| "cell count".to_string(), |c| c.source.clone()),
+    });
+    let cells: Vec<Cell> = match &opts.shard {
+        None => cells,
+        Some((spec, costs)) => crate::shard::assign(&cells, *spec, costs.as_ref())
+            .into_iter()
+            .map(|i| cells[i].clone())
+            .collect(),
+    };
+    Ok(Plan {
+        manifest,
+        thresholds,
+        cells,
+        shard_info,
+    })
 }
 
 /// Build an engine for a model path (overridable by tests to plug in a broken engine).
@@ -116,34 +168,26 @@ pub fn run(opts: &RunOptions) -> Result<(PathBuf, Report)> {
 /// fails (the engine errors, say), the cells already finished are written as a report marked
 /// [`Report::incomplete`] and the error says where.
 pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(PathBuf, Report)> {
-    let manifest = golden::load_manifest(&opts.golden_dir)?;
-    let matrix = Matrix::load(&opts.matrix)?;
-    let thresholds = Thresholds::load(&opts.thresholds)?;
-    thresholds.validate_matrix(&matrix)?;
-    let cells = matrix.expand(&manifest, &opts.filters)?;
-    if cells.is_empty() {
-        bail!("the matrix {} selects no cells", opts.matrix.display());
+    let Plan {
+        manifest,
+        thresholds,
+        cells,
+        shard_info,
+    } = plan(opts)?;
+    let whole_is_empty = shard_info
+        .as_ref()
+        .map_or(cells.is_empty(), |s| s.matrix_cells.is_empty());
+    if whole_is_empty {
+        bail!(
+            "the matrix {} selects no cells{}",
+            opts.matrix.display(),
+            if opts.select.rerun_failed {
+                " (--rerun-failed: none of the last report's failed cells)"
+            } else {
+                ""
+            }
+        );
     }
-    for cell in &cells {
-        thresholds.for_cell(cell)?;
-    }
-    // a shard runs its part of the whole (filtered) matrix; an empty part still writes its (empty) report,
-    // so that `lockstep merge` sees every shard
-    let shard_info = opts.shard.as_ref().map(|(spec, costs)| report::ShardInfo {
-        index: spec.index,
-        count: spec.count,
-        matrix_cells: cells.iter().map(Cell::id).collect(),
-        balanced_by: costs
-            .as_ref()
-            .map_or_else(|| "cell count".to_string(), |c| c.source.clone()),
-    });
-    let cells: Vec<Cell> = match &opts.shard {
-        None => cells,
-        Some((spec, costs)) => crate::shard::assign(&cells, *spec, costs.as_ref())
-            .into_iter()
-            .map(|i| cells[i].clone())
-            .collect(),
-    };
     report::check_reports_dir(&opts.reports_root)?;
     let mut verified = std::collections::BTreeSet::new();
     for cell in &cells {
@@ -257,6 +301,9 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
     }
     bar.clear();
     report::gate_simd_identity(&mut reports);
+    for r in &mut reports {
+        r.expected_failure = opts.select.expected.find(&r.cell.id()).cloned();
+    }
     let incomplete = failure.as_ref().map(|(e, i)| report::Incomplete {
         failed_cell: cells[*i].id(),
         error: format!("{e:#}"),
@@ -469,6 +516,7 @@ fn engine_error_cell(
         error: Some(error),
         rounding_probe: None,
         seconds: None,
+        expected_failure: None,
     })
 }
 
@@ -601,6 +649,7 @@ fn run_started_cell(
     let comparison = acc.cmp.context("the accumulated pass was compared")?;
 
     let mut verdict = evaluate(cell, &comparison, &th);
+    crate::gate::verdict::name_token_pieces(&mut verdict, &|id| engine.token_piece(id));
     // one answer per cell: the verdict's first divergent stage is the finding's, and a failing cell's
     // finding places its failure (as `lockstep bisect` does)
     let mut finding = judged.finding.clone();
@@ -627,5 +676,6 @@ fn run_started_cell(
         output_sha256,
         rounding_probe,
         seconds: None,
+        expected_failure: None,
     })
 }

@@ -80,6 +80,21 @@ fn the_speed_gate_passes_a_build_against_itself_and_fails_a_slowed_one() {
         .all(|x| x.samples_ns.len() == 5 && x.median_ts > 0.0));
     assert_eq!(r.comparisons.len(), 2);
     assert!(r.read_bandwidth > 0.0 && r.bandwidth.len() == 2);
+    // llama-bench's fields: the build measured, when each test started, the tensors' bytes (not the file's)
+    let model =
+        lockstep_engine::Model::load(&lockstep::fetch::resolve_model("smollm2-135m-q4_1").unwrap())
+            .unwrap();
+    let tensor_bytes: u64 = model
+        .gguf()
+        .tensors()
+        .iter()
+        .map(|t| t.n_bytes as u64)
+        .sum();
+    assert!(tensor_bytes < model.gguf().file_size());
+    assert!(r.results.iter().all(|x| !x.build_commit.is_empty()
+        && x.test_time.ends_with('Z')
+        && x.model_size == tensor_bytes));
+    assert!(r.load_average.is_some(), "the host's load is recorded");
     let (pass, text) = gate(&dir);
     assert!(pass, "the same build against itself must pass:\n{text}");
 
@@ -268,6 +283,8 @@ fn row(engine: &str, test: Test, ts: &[f64]) -> BenchResult {
         avg_ts: 0.0,
         stddev_ts: 0.0,
         median_ts: 0.0,
+        build_commit: "0c1e570".into(),
+        test_time: "2026-11-29T14:20:00Z".into(),
     };
     r.fill_stats();
     r
@@ -302,6 +319,7 @@ fn bench_of(tests: &[Test], ours: &[f64], llama: &[f64]) -> BenchReport {
         read_bandwidth_samples: vec![1e10],
         fma_peak: 1e11,
         fma_peak_samples: vec![1e11],
+        load_average: None,
         comparisons: comparisons(&results),
         // every prompt row's share of the FMA peak, at 1 GFLOP per test
         compute: results

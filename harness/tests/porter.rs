@@ -66,6 +66,7 @@ fn options(reports: &Path, matrix: &str, model: &str, serve: ServeCommand) -> Ru
         ggml_target: None,
         floors: root().join("ci/floors.json"),
         shard: None,
+        select: Default::default(),
     }
 }
 

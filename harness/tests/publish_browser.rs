@@ -59,6 +59,7 @@ fn make_reports(reports: &Path) {
         ggml_target: None,
         floors: root().join("ci/floors.json"),
         shard: None,
+        select: Default::default(),
         serve: None,
     };
     let mut factory = |cell: &Cell, model: &Path, _: &str| -> Result<Box<dyn Engine>> {

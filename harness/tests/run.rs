@@ -43,6 +43,7 @@ fn options(golden_dir: &Path, reports: &Path, prompt: &str, mode: &str) -> RunOp
         ggml_target: None,
         floors: root().join("ci/floors.json"),
         shard: None,
+        select: Default::default(),
     }
 }
 

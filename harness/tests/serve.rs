@@ -51,6 +51,7 @@ fn options(reports: &Path, models: &[&str], mode: Option<&str>) -> RunOptions {
         ggml_target: None,
         floors: root().join("ci/floors.json"),
         shard: None,
+        select: Default::default(),
     }
 }
 

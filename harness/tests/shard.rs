@@ -43,6 +43,7 @@ fn options(reports: &Path, shard: Option<ShardSpec>) -> RunOptions {
         ggml_target: None,
         floors: root().join("ci/floors.json"),
         shard: shard.map(|s| (s, None)),
+        select: Default::default(),
         serve: None,
     }
 }

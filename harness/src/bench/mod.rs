@@ -190,9 +190,12 @@ pub struct BenchResult {
     pub model: String,
     /// llama-bench's `model_filename`.
     pub model_filename: String,
-    /// llama-bench's `model_type` (llama.cpp: its own description; ours: `<arch> <params> <file type>`).
+    /// llama-bench's `model_type` (`llama_model_desc`: `<arch> <size class> <file type>`): when llama-bench
+    /// ran on the model, its label on every engine's row of that model (one model, one label); otherwise ours,
+    /// `<arch> <params> <file type>` ([`llama::model_type`]).
     pub model_type: String,
-    /// File size in bytes (`model_size`).
+    /// llama-bench's `model_size` (`llama_model_size`): bytes of every tensor's data, not the file size (the
+    /// file adds the header, metadata and alignment padding).
     pub model_size: u64,
     /// Parameters (`model_n_params`): elements of every tensor.
     pub model_n_params: u64,
@@ -224,6 +227,14 @@ pub struct BenchResult {
     pub stddev_ts: f64,
     /// Median of `samples_ts` (what the ratios compare).
     pub median_ts: f64,
+    /// llama-bench's `build_commit`: the short git commit of the binary measured (llama.cpp: llama-bench's
+    /// own; lockstep: the checkout's, `-dirty` when it has changes). Empty in files written before it.
+    #[serde(default)]
+    pub build_commit: String,
+    /// llama-bench's `test_time`: when the test's first repetition started, UTC, ISO 8601
+    /// (`2026-11-29T14:20:00Z`). Empty in files written before it.
+    #[serde(default)]
+    pub test_time: String,
 }
 
 impl BenchResult {
@@ -322,6 +333,10 @@ pub struct BenchReport {
     /// Each FMA peak sample, FLOP/s (empty in a version-1 file).
     #[serde(default)]
     pub fma_peak_samples: Vec<f64>,
+    /// The host's load average (1, 5, 15 minutes; `/proc/loadavg`) when the bench started: above the
+    /// thread count, other work shared the cores and the numbers are low. `None` where it cannot be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_average: Option<[f64; 3]>,
     /// One per engine × model × test.
     pub results: Vec<BenchResult>,
     /// lockstep against each other engine, per model and test.

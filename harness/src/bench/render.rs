@@ -176,17 +176,19 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
     md
 }
 
-/// `bench.csv`: one row per result, llama-bench's CSV fields plus ours (written with the `csv` crate,
+/// `bench.csv`: one row per result, llama-bench's CSV fields (`build_commit` first and `test_time` before the
+/// timings, as llama-bench orders them) plus ours (written with the `csv` crate,
 /// [`crate::format::CsvDoc`]).
 ///
 /// Errors: only a record of the wrong width (a bug).
 pub fn render_bench_csv(r: &BenchReport) -> anyhow::Result<String> {
     let mut out = crate::format::CsvDoc::with_header(
-        "engine,mode,simd,model,model_filename,model_type,model_size,model_n_params,n_threads,n_prompt,n_gen,n_depth,type_k,type_v,flash_attn,avg_ns,stddev_ns,avg_ts,stddev_ts,median_ts"
+        "build_commit,engine,mode,simd,model,model_filename,model_type,model_size,model_n_params,n_threads,n_prompt,n_gen,n_depth,type_k,type_v,flash_attn,test_time,avg_ns,stddev_ns,avg_ts,stddev_ts,median_ts"
             .split(','),
     )?;
     for x in &r.results {
         out.row([
+            x.build_commit.clone(),
             x.engine.clone(),
             x.mode.clone(),
             x.simd.clone(),
@@ -202,6 +204,7 @@ pub fn render_bench_csv(r: &BenchReport) -> anyhow::Result<String> {
             x.type_k.clone(),
             x.type_v.clone(),
             x.flash_attn.clone(),
+            x.test_time.clone(),
             x.avg_ns.to_string(),
             x.stddev_ns.to_string(),
             x.avg_ts.to_string(),

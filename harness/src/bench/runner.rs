@@ -12,7 +12,7 @@ use super::file::{
 };
 use super::llama::{llama_sampler, model_type, LLAMA_BENCH_OWN_FLAGS};
 use super::sample::{decode_bytes_per_token, measure_fma_peak, measure_read_bandwidth, test_flops};
-use super::stats::{comparisons, median};
+use super::stats::{comparisons, median, tokens_per_second};
 use super::{BandwidthUse, BenchReport, BenchResult, ComputeUse, Test, BENCH_SCHEMA_VERSION};
 use crate::report::Environment;
 
@@ -118,6 +118,10 @@ pub fn check_options(opts: &BenchOptions) -> Result<()> {
 /// engine, model and test — a bench with a missing sample is not written.
 pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
     check_options(opts)?;
+    let load_average = read_load_average(Path::new("/proc/loadavg"));
+    if let Some(w) = load_average.and_then(|l| load_warning(l, opts.threads)) {
+        eprintln!("lockstep: warning: {w}");
+    }
     let scratch = crate::process::ScratchGuard::new("lockstep-bench-")?;
     let setup = ChildSetup {
         scratch: scratch.path().to_path_buf(),
@@ -171,12 +175,19 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
             flops.push(test_flops(&model, *t));
         }
         let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements).sum();
+        // llama-bench's model_size: the tensors' bytes (llama_model_size), not the file's
+        let tensor_bytes: u64 = model
+            .gguf()
+            .tensors()
+            .iter()
+            .map(|t| t.n_bytes as u64)
+            .sum();
         facts.push((
             tests,
             flops,
             n_params,
             decode_bytes_per_token(&model),
-            model.gguf().file_size(),
+            tensor_bytes,
             model_type(&model, n_params),
         ));
     }
@@ -190,6 +201,18 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
     // the peak: the fastest pass (other load only ever slows one down)
     let fma_peak = peak.iter().copied().fold(0.0, f64::max);
 
+    let environment = Environment::detect(opts.threads, Path::new("/nonexistent"));
+    let lockstep_commit = format!(
+        "{}{}",
+        environment.git_commit.chars().take(7).collect::<String>(),
+        if environment.git_dirty { "-dirty" } else { "" }
+    );
+    let n_samples: usize =
+        facts.iter().map(|f| f.0.len()).sum::<usize>() * opts.repetitions * samplers.len();
+    let mut bar = crate::progress::Progress::new(
+        n_samples,
+        crate::progress::Display::for_stderr(opts.progress),
+    );
     let mut results = Vec::new();
     let mut bandwidth = Vec::new();
     let mut compute = Vec::new();
@@ -198,22 +221,28 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
     {
         let filename = path.display().to_string();
         for (&test, &flops) in tests.iter().zip(&flops) {
+            let test_time = iso_utc_now();
             let mut ns: Vec<Vec<u64>> = vec![Vec::new(); samplers.len()];
             let mut llama_rec = None;
             for rep in 0..opts.repetitions {
                 for (k, s) in samplers.iter().enumerate() {
-                    if opts.progress {
-                        eprintln!(
-                            "[bench] {id} {} rep {}/{} {}",
-                            test.name(),
-                            rep + 1,
-                            opts.repetitions,
-                            s.settings.engine
-                        );
-                    }
+                    let name = format!(
+                        "{id} {} rep {}/{} {}",
+                        test.name(),
+                        rep + 1,
+                        opts.repetitions,
+                        s.settings.engine
+                    );
+                    bar.start(&name);
+                    let t0 = std::time::Instant::now();
                     let (v, rec) = (s.run)(path, test).with_context(|| {
                         format!("{} on {id}, {}", s.settings.engine, test.name())
                     })?;
+                    bar.finish(
+                        &name,
+                        &format!("{:.1} t/s", tokens_per_second(test, v)),
+                        t0.elapsed(),
+                    );
                     ns[k].push(v);
                     if rec.is_some() {
                         llama_rec = rec;
@@ -235,7 +264,12 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
                     simd: s.settings.simd.clone().unwrap_or_default(),
                     model: id.clone(),
                     model_filename: filename.clone(),
-                    model_type: field("model_type", &ours_type),
+                    // one model, one label: llama-bench's when it ran
+                    model_type: llama_rec
+                        .as_ref()
+                        .and_then(|r| r.get("model_type"))
+                        .and_then(|v| v.as_str())
+                        .map_or_else(|| ours_type.clone(), str::to_string),
                     model_size,
                     model_n_params: n_params,
                     n_threads: opts.threads,
@@ -252,6 +286,12 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
                     avg_ts: 0.0,
                     stddev_ts: 0.0,
                     median_ts: 0.0,
+                    build_commit: if is_llama {
+                        field("build_commit", "")
+                    } else {
+                        lockstep_commit.clone()
+                    },
+                    test_time: test_time.clone(),
                 };
                 row.fill_stats();
                 results.push(row);
@@ -297,11 +337,12 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
             }
         }
     });
+    bar.clear();
     let comparisons = comparisons(&results);
     let report = BenchReport {
         schema_version: BENCH_SCHEMA_VERSION,
         run_id: crate::report::new_run_id(),
-        environment: Environment::detect(opts.threads, Path::new("/nonexistent")),
+        environment,
         repetitions: opts.repetitions,
         engines: samplers.iter().map(|s| s.settings.clone()).collect(),
         llama_cpp_build,
@@ -309,6 +350,7 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
         read_bandwidth_samples: bw,
         fma_peak,
         fma_peak_samples: peak,
+        load_average,
         results,
         comparisons,
         bandwidth,
@@ -340,4 +382,33 @@ pub(crate) fn tests_for_model(model: &Model, tests: &[Test]) -> Result<Vec<Test>
         );
     }
     Ok(kept)
+}
+
+/// The 1, 5 and 15 minute load averages from a `/proc/loadavg`-format file (`0.52 0.58 0.59 1/467 12345`);
+/// `None` where it cannot be read or parsed (not Linux).
+pub(crate) fn read_load_average(path: &Path) -> Option<[f64; 3]> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut it = text.split_whitespace().map(|w| w.parse::<f64>().ok());
+    Some([it.next()??, it.next()??, it.next()??])
+}
+
+/// The warning for a 1-minute load average above the thread count the bench runs with: other work shares
+/// the cores, and the samples are slow by an unknown amount (llama-bench records no load; we do).
+pub(crate) fn load_warning(load: [f64; 3], threads: usize) -> Option<String> {
+    (load[0] > threads as f64).then(|| {
+        format!(
+            "the host's load average is {:.2} (1 min; {:.2} 5 min), above the {threads} thread(s) given: other \
+             work shares the cores and the samples will be slow; bench.json records it (load_average)",
+            load[0], load[1]
+        )
+    })
+}
+
+/// Now, UTC, ISO 8601 to the second (`2026-11-29T14:20:00Z`), as llama-bench's `test_time`.
+pub(crate) fn iso_utc_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (y, mo, d, h, mi, s) = crate::format::civil(now);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
 }

@@ -74,6 +74,8 @@ fn result_of(engine: &str, test: Test, ts: &[f64]) -> BenchResult {
         stddev_ns,
         avg_ts,
         stddev_ts,
+        build_commit: "0c1e570".into(),
+        test_time: "2026-11-29T14:20:00Z".into(),
     }
 }
 
@@ -94,6 +96,7 @@ fn report_of(results: Vec<BenchResult>) -> BenchReport {
         read_bandwidth_samples: vec![1e10],
         fma_peak: 1e11,
         fma_peak_samples: vec![1e11],
+        load_average: None,
         comparisons: comparisons(&results),
         // every prompt row's share of the FMA peak, at 1 GFLOP per test
         compute: results
@@ -739,4 +742,46 @@ fn speed_floors_files_are_checked_entry_by_entry() {
     );
     std::fs::write(&p, floors.to_toml().unwrap()).unwrap();
     assert_eq!(SpeedFloors::load(&p).unwrap(), floors);
+}
+
+#[test]
+fn the_load_average_is_read_and_warned_about_above_the_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("loadavg");
+    std::fs::write(&p, "3.52 1.58 0.59 4/467 12345\n").unwrap();
+    let l = super::runner::read_load_average(&p).unwrap();
+    assert_eq!(l, [3.52, 1.58, 0.59]);
+    let w = super::runner::load_warning(l, 2).expect("3.52 > 2 threads");
+    assert!(w.contains("3.52") && w.contains("2 thread(s)"), "{w}");
+    assert_eq!(super::runner::load_warning(l, 4), None);
+    std::fs::write(&p, "garbage\n").unwrap();
+    assert_eq!(super::runner::read_load_average(&p), None);
+    assert_eq!(
+        super::runner::read_load_average(&dir.path().join("missing")),
+        None
+    );
+}
+
+#[test]
+fn bench_csv_has_llama_benchs_build_commit_and_test_time() {
+    let mut r = report_of(vec![result("lockstep", &[10.0, 11.0])]);
+    r.results[0].build_commit = "53b3529-dirty".into();
+    let csv = render_bench_csv(&r).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let row: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(header[0], "build_commit");
+    assert_eq!(row[0], "53b3529-dirty");
+    let t = header.iter().position(|h| *h == "test_time").unwrap();
+    assert_eq!(
+        header[t + 1],
+        "avg_ns",
+        "test_time before the timings, as llama-bench"
+    );
+    assert_eq!(row[t], "2026-11-29T14:20:00Z");
+    let now = super::runner::iso_utc_now();
+    assert!(
+        now.len() == 20 && now.ends_with('Z') && now.as_bytes()[10] == b'T',
+        "{now}"
+    );
 }

@@ -236,6 +236,54 @@ fn describe_disagreement(p: &PhasePosition) -> String {
     )
 }
 
+/// Name the token ids in a failing cell's `top1_agreement` mismatches (`ref top 42 "Paris" vs engine 17
+/// " the"`) and its `tokens_match` difference with their vocabulary text, from `piece` (the engine's
+/// [`crate::engine::Engine::token_piece`]; `lockstep run` calls this with the engine that ran the cell, since
+/// the gate alone has no vocabulary). An id the vocabulary cannot name is left bare; a piece is shown
+/// Rust-escaped (`"\n"`), cut to 24 characters.
+pub fn name_token_pieces(verdict: &mut Verdict, piece: &dyn Fn(u32) -> Option<String>) {
+    for f in &mut verdict.failures {
+        let from = match f.metric.as_str() {
+            "top1_agreement" => Some(0),
+            // the counts before it are not token ids
+            "tokens_match" => f.detail.find("first difference at"),
+            _ => None,
+        };
+        if let Some(from) = from {
+            f.detail = annotate_ids(&f.detail, from, piece);
+        }
+    }
+}
+
+/// `detail` with each id after a `top`, `engine` or `golden` word (from byte `from` on) followed by its piece.
+fn annotate_ids(detail: &str, from: usize, piece: &dyn Fn(u32) -> Option<String>) -> String {
+    let (head, tail) = detail.split_at(from);
+    let mut out = head.to_string();
+    let mut prev = "";
+    for (i, word) in tail.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(word);
+        let digits: &str = &word[..word
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(word.len())];
+        let rest = &word[digits.len()..];
+        if matches!(prev, "top" | "engine" | "golden")
+            && !digits.is_empty()
+            && matches!(rest, "" | ";" | "," | ")")
+        {
+            if let Some(p) = digits.parse::<u32>().ok().and_then(piece) {
+                let p: String = p.chars().take(24).collect();
+                out.truncate(out.len() - rest.len());
+                out.push_str(&format!(" {p:?}{rest}"));
+            }
+        }
+        prev = word;
+    }
+    out
+}
+
 /// The verdict on a cell whose engine could not run the model (`error`, e.g. a weight type without
 /// kernels): a failure with the metric `engine_error` (value NaN: nothing was measured) and the error as
 /// its detail. Whatever the thresholds, such a cell never passes.
@@ -660,6 +708,50 @@ pub fn failure_line(cell: &Cell, verdict: &Verdict) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_ids_in_mismatches_are_named_with_their_pieces() {
+        let piece = |id: u32| match id {
+            42 => Some("Paris".to_string()),
+            17 => Some(" the\n".to_string()),
+            _ => None,
+        };
+        let mut v = Verdict {
+            pass: false,
+            failures: vec![
+                Failure {
+                    metric: "top1_agreement".into(),
+                    value: 0.5,
+                    threshold: 1.0,
+                    detail: "1/2 positions agree; mismatches: prefill position 3, ref top 42 vs engine 17 \
+                             (margin 0.5000); decode position 5, ref top 9 vs engine 42 (margin 1.0000)"
+                        .into(),
+                },
+                Failure {
+                    metric: "tokens_match".into(),
+                    value: 0.0,
+                    threshold: 1.0,
+                    detail: "golden has 17 tokens, engine 42; first difference at index 3: golden 42 vs \
+                             engine 17"
+                        .into(),
+                },
+            ],
+            first_divergent: None,
+            margin_tolerance: 0.4,
+        };
+        name_token_pieces(&mut v, &piece);
+        assert_eq!(
+            v.failures[0].detail,
+            "1/2 positions agree; mismatches: prefill position 3, ref top 42 \"Paris\" vs engine 17 \" the\\n\" \
+             (margin 0.5000); decode position 5, ref top 9 vs engine 42 \"Paris\" (margin 1.0000)"
+        );
+        // the counts are not ids
+        assert_eq!(
+            v.failures[1].detail,
+            "golden has 17 tokens, engine 42; first difference at index 3: golden 42 \"Paris\" vs engine \
+             17 \" the\\n\""
+        );
+    }
     use crate::compare::{compare_stage, NotCompared, ENCODER_NO_LOGITS};
     use ndarray::array;
 

@@ -32,7 +32,19 @@ fn secs(v: f64) -> String {
 ///
 /// Errors: only a failure of the in-memory writer.
 pub fn render_junit(r: &Report, suite: &str) -> Result<String> {
-    let failures = r.cells.iter().filter(|c| !c.verdict.pass).count();
+    // an expected failure (XFAIL) is a `<skipped>` with its reason, as pytest writes one; a listed cell that
+    // passes (XPASS) is a failure
+    let failures = r
+        .cells
+        .iter()
+        .filter(|c| c.verdict.pass == c.expected_failure.is_some())
+        .count();
+    let skipped = r
+        .cells
+        .iter()
+        .filter(|c| !c.verdict.pass && c.expected_failure.is_some())
+        .count()
+        .to_string();
     let errors = usize::from(r.incomplete.is_some());
     let tests = r.cells.len() + errors;
     let cell_secs = |c: &super::CellReport| {
@@ -68,7 +80,7 @@ pub fn render_junit(r: &Report, suite: &str) -> Result<String> {
                         ("tests", tests.as_str()),
                         ("failures", failures.as_str()),
                         ("errors", errors.as_str()),
-                        ("skipped", "0"),
+                        ("skipped", skipped.as_str()),
                         ("timestamp", timestamp.as_str()),
                         ("time", secs(total).as_str()),
                     ])
@@ -99,11 +111,41 @@ pub fn render_junit(r: &Report, suite: &str) -> Result<String> {
                                 ("name", id.as_str()),
                                 ("time", secs(cell_secs(c)).as_str()),
                             ]);
-                            match super::cell_failure_line(c) {
-                                None => {
+                            match (super::cell_failure_line(c), &c.expected_failure) {
+                                (None, None) => {
                                     el.write_empty()?;
                                 }
-                                Some(line) => {
+                                (None, Some(x)) => {
+                                    let msg = xml_safe(&format!(
+                                        "XPASS {}: passed, but listed as expected to fail ({}: {})",
+                                        c.cell.id(),
+                                        x.cell,
+                                        x.reason
+                                    ));
+                                    el.write_inner_content(|w| {
+                                        w.create_element("failure")
+                                            .with_attributes([
+                                                ("message", msg.as_str()),
+                                                ("type", "xpass"),
+                                            ])
+                                            .write_empty()?;
+                                        Ok(())
+                                    })?;
+                                }
+                                (Some(line), Some(x)) => {
+                                    let msg = xml_safe(&format!(
+                                        "XFAIL (expected until {}): {}",
+                                        x.expires, x.reason
+                                    ));
+                                    let line = xml_safe(&line);
+                                    el.write_inner_content(|w| {
+                                        w.create_element("skipped")
+                                            .with_attribute(("message", msg.as_str()))
+                                            .write_text_content(BytesText::new(&line))?;
+                                        Ok(())
+                                    })?;
+                                }
+                                (Some(line), None) => {
                                     let kind: Vec<&str> = c
                                         .verdict
                                         .failures

@@ -65,6 +65,11 @@ fn escaped(r: &Report) -> Report {
         }
         e(&mut c.golden_path);
         c.error.iter_mut().for_each(e);
+        if let Some(x) = &mut c.expected_failure {
+            e(&mut x.cell);
+            e(&mut x.reason);
+            e(&mut x.expires);
+        }
         for f in &mut c.verdict.failures {
             f.detail = crate::format::md_text_keep_code(&f.detail);
         }
@@ -481,9 +486,27 @@ pub fn render_markdown(r: &Report) -> String {
         1 => ", [1 fails](#failing-cells)".to_string(),
         n => format!(", [{n} fail](#failing-cells)"),
     };
+    let n_xfail = r
+        .cells
+        .iter()
+        .filter(|c| !c.verdict.pass && c.expected_failure.is_some())
+        .count();
+    let n_xpass = r
+        .cells
+        .iter()
+        .filter(|c| c.verdict.pass && c.expected_failure.is_some())
+        .count();
+    let expected = if n_xfail + n_xpass > 0 {
+        format!(
+            " Expected failures (`--expected-failures`): {n_xfail} XFAIL (failing as listed, not failing the run), \
+             {n_xpass} XPASS (listed but passing, failing the run)."
+        )
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         md,
-        "**{verdict}**: {} of {} cells pass{fails}.\n",
+        "**{verdict}**: {} of {} cells pass{fails}.{expected}\n",
         r.cells.len() - n_fail,
         r.cells.len()
     );
@@ -507,7 +530,15 @@ pub fn render_markdown(r: &Report) -> String {
             if let Some(line) = super::cell_failure_line(c) {
                 // the line starts with the cell id: keep the reason only
                 let why = line.strip_prefix(&format!("FAIL {id}: ")).unwrap_or(&line);
-                let _ = writeln!(md, "- [{}](#{}): {why}", link_text(&id), cell_anchor(i));
+                let xfail = c.expected_failure.as_ref().map_or(String::new(), |e| {
+                    format!("**XFAIL** (expected until {}: {}) — ", e.expires, e.reason)
+                });
+                let _ = writeln!(
+                    md,
+                    "- [{}](#{}): {xfail}{why}",
+                    link_text(&id),
+                    cell_anchor(i)
+                );
             }
         }
         md.push('\n');
@@ -624,7 +655,12 @@ pub fn render_markdown(r: &Report) -> String {
             opt_or_dash(m.min_cosine_out.as_ref().map(|o| o.cosine), fmt_cos),
             opt_or_dash(Some(c.speed.prefill_tok_s()), |v| format!("{v:.1}")),
             opt_or_dash(Some(c.speed.decode_tok_s()), |v| format!("{v:.1}")),
-            if c.verdict.pass { "PASS" } else { "**FAIL**" },
+            match (c.verdict.pass, c.expected_failure.is_some()) {
+                (true, false) => "PASS",
+                (false, false) => "**FAIL**",
+                (false, true) => "XFAIL",
+                (true, true) => "**XPASS**",
+            },
         );
     }
     md.push('\n');

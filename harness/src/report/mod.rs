@@ -168,6 +168,18 @@ pub struct Incomplete {
     pub cells_not_run: usize,
 }
 
+/// One entry of the expected-failure file (`--expected-failures`, read by `crate::select`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectedFailure {
+    /// The cells it covers: a [`CellPattern`].
+    pub cell: String,
+    /// Why the cell fails, and where it is tracked (shown with every XFAIL).
+    pub reason: String,
+    /// The last day (UTC, `YYYY-MM-DD`) the entry holds; after it the run refuses to start.
+    pub expires: String,
+}
+
 /// Wall-clock speed of one cell's engine run.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Speed {
@@ -252,6 +264,11 @@ pub struct CellReport {
     /// `lockstep run --shard` balances on ([`crate::shard`]). Absent in reports of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seconds: Option<f64>,
+    /// The expected-failure entry covering this cell (`--expected-failures`, [`crate::select`]): the cell
+    /// keeps its gate verdict, and its failure is shown as XFAIL with the entry's reason instead of failing
+    /// the run (a pass is an XPASS, which fails it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_failure: Option<ExpectedFailure>,
 }
 
 /// One SIMD cell set beside its scalar twin (the cell that differs only in `simd = off`).
