@@ -166,6 +166,7 @@ fn options(reports: &Path, model: &str) -> RunOptions {
         ggml_target: None,
         floors: root().join("ci/floors.json"),
         shard: None,
+        select: Default::default(),
     }
 }
 

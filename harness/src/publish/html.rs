@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 /// Text from a report made safe inside an HTML element or a quoted attribute value: control characters
 /// (NUL, ESC, …) become U+FFFD ([`crate::format::xml_safe`]), then `& < > " '` are escaped.
 pub fn esc(s: &str) -> String {
-    quick_xml::escape::escape(&crate::format::xml_safe(s)).into_owned()
+    quick_xml::escape::escape(crate::format::xml_safe(s)).into_owned()
 }
 
 /// The site's stylesheet (`style.css`): plain CSS, readable without it too.
