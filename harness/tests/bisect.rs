@@ -265,7 +265,12 @@ fn the_unbroken_engine_exits_0_in_reference_mode() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.starts_with("oracle-side rounding: "), "{text}");
+    // the one answer first (`verdict: …`), then the verdict's table
+    assert!(
+        text.starts_with("verdict: oracle-side rounding at "),
+        "{text}"
+    );
+    assert!(text.contains("\noracle-side rounding: "), "{text}");
     assert_eq!(out.status.code(), Some(0), "{text}");
 }
 

@@ -518,18 +518,35 @@ fn an_engine_that_cannot_run_a_model_fails_its_cells_and_the_run_goes_on() {
         assert_eq!(c.verdict.failures[0].metric, "engine_error");
         let e = c.error.as_deref().unwrap();
         assert!(
-            e.contains("no kernels for Q8_0") && e.contains("failed `load`"),
+            e.contains("no kernels for Q8_0") && e.contains("cannot run this model (unsupported)"),
             "{e}"
         );
+        // named after the engine that refused it (no `engine` in the answer: the script's name)
+        assert_eq!(c.cell.engine, "engine.sh", "{e}");
     }
-    // any other failure stops the run, naming the engine's message
+    // a `load` that fails otherwise fails that model's cells too, with the engine's message, and the
+    // run goes on (one model an engine cannot load never stops the whole matrix)
     let work = tempfile::tempdir().unwrap();
     opts.serve = Some(answering_engine(
         work.path(),
         r#"{"ok": false, "error": "out of memory"}"#,
     ));
-    let e = format!("{:#}", run(&opts).unwrap_err());
-    assert!(e.contains("out of memory"), "{e}");
+    let (_, r) = run(&opts).unwrap();
+    assert!(r.incomplete.is_none());
+    assert_eq!(
+        r.cells
+            .iter()
+            .map(|c| c.cell.model.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        2
+    );
+    for c in &r.cells {
+        assert!(!c.verdict.pass);
+        assert_eq!(c.verdict.failures[0].metric, "engine_error");
+        let e = c.error.as_deref().unwrap();
+        assert!(e.contains("out of memory"), "{e}");
+    }
 }
 
 #[test]

@@ -162,6 +162,15 @@ impl Finding {
         }
     }
 
+    /// [`Finding::name`] as the first-divergent tables print it (report.md, the HTML run page): an
+    /// oracle-side-rounding verdict adds its row count, `oracle-side rounding (3 rows)`.
+    pub fn table_name(&self) -> String {
+        match self {
+            Finding::OracleRounding { sites } => format!("{} ({} rows)", self.name(), sites.len()),
+            _ => self.name(),
+        }
+    }
+
     /// Where the verdict places the divergence: the structural stage, the first oracle-side-rounding
     /// row, the drift's first divergent stage, the first stage seen to differ without a local pass;
     /// `None` for tokens (their position is in [`Finding::Tokens`]) and none.

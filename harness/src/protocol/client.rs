@@ -142,6 +142,9 @@ pub struct SessionEngine {
     own_tokens: bool,
     /// The version the engine answered `load` with ([`super::check_version`]).
     version: u32,
+    /// The model's vocabulary for [`Engine::token_piece`], read from the model file on first use (`None`
+    /// inside when lockstep cannot read it: an architecture or tokenizer it does not know).
+    pieces: std::sync::OnceLock<Option<lockstep_engine::tokenizer::Tokenizer>>,
 }
 
 impl SessionEngine {
@@ -188,6 +191,7 @@ impl SessionEngine {
             steps: 0,
             own_tokens: true,
             version: PROTOCOL_VERSION,
+            pieces: std::sync::OnceLock::new(),
         };
         let format = super::format_of(model);
         let r = e.call_raw(&Request::Load {
@@ -486,6 +490,19 @@ impl Engine for SessionEngine {
         })?;
         r.tokens
             .context("the session engine's `tokenize` answer holds no `tokens`")
+    }
+
+    /// The text of token `id` in the model's own vocabulary (the protocol has no request for it): the
+    /// same pieces `lockstep run` names in an in-process cell's mismatches, so both reports read alike.
+    fn token_piece(&self, id: u32) -> Option<String> {
+        self.pieces
+            .get_or_init(|| {
+                let g = lockstep_engine::hf::open(&self.model).ok()?;
+                lockstep_engine::tokenizer::Tokenizer::from_gguf(&g).ok()
+            })
+            .as_ref()?
+            .token_text(id)
+            .map(str::to_string)
     }
 
     fn stages(&self) -> Vec<(String, usize)> {

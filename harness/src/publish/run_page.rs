@@ -201,12 +201,7 @@ pub fn render(r: &Report, copied: &[&str]) -> Result<Vec<(String, Vec<u8>)>> {
                     blank(&format!("tokens: {}", f.tokens_text().unwrap_or_default()))
                 }
                 (Some(f), _) => {
-                    let name = match f {
-                        Finding::OracleRounding { sites } => {
-                            format!("{} ({} rows)", f.name(), sites.len())
-                        }
-                        _ => f.name(),
-                    };
+                    let name = f.table_name();
                     match f.site() {
                         Some(d) => at(&name, d, f.ratio()),
                         None => blank(&name),

@@ -768,12 +768,7 @@ pub fn render_markdown(r: &Report) -> String {
                 crate::format::md_text(&f.tokens_text().unwrap_or_default())
             ),
             (Some(f), _) => {
-                let name = match f {
-                    Finding::OracleRounding { sites } => {
-                        format!("{} ({} rows)", f.name(), sites.len())
-                    }
-                    _ => f.name(),
-                };
+                let name = f.table_name();
                 match f.site() {
                     Some(d) => row(&name, d, f.ratio()),
                     None => format!("| {} | {name} | | | | | | |", c.cell.id()),

@@ -54,6 +54,10 @@ impl Engine for Corrupting {
     fn stages(&self) -> Vec<(String, usize)> {
         self.inner.stages()
     }
+    fn replaces_stages(&self) -> bool {
+        // the corrupting sink passes every stage on: what bisect injects reaches the inner engine
+        self.inner.replaces_stages()
+    }
     fn reset(&mut self, mode: NumericsMode, target: GgmlTarget, n_ctx: usize) -> Result<()> {
         self.inner.reset(mode, target, n_ctx)
     }
