@@ -181,6 +181,19 @@ impl Fault {
         Fault::PortableDequantHalvesSwapped,
     ];
 
+    /// Every fault, the layer-specific ones (`WrongActivation`, `MissingResidual`) at `layer`: the list
+    /// a test iterates to run the whole mutation suite.
+    pub fn every(layer: usize) -> Vec<Fault> {
+        Fault::NAMED
+            .iter()
+            .map(|&f| match f {
+                Fault::WrongActivation { .. } => Fault::WrongActivation { layer },
+                Fault::MissingResidual { .. } => Fault::MissingResidual { layer },
+                other => other,
+            })
+            .collect()
+    }
+
     /// The fault's name as [`Fault::parse`] reads it: the variant's name, and `:L` for the layer of
     /// `WrongActivation` and `MissingResidual` (`KvWritePosition`, `MissingResidual:15`).
     pub fn name(self) -> String {
