@@ -22,7 +22,7 @@ use crate::gate::{evaluate, Thresholds};
 use crate::golden::{self, GoldenFile, Manifest};
 use crate::judge::Case;
 use crate::matrix::{golden_path_for, Cell, Filters, Matrix};
-use crate::protocol::client::{LoadRefused, ServeCommand, SessionEngine};
+use crate::protocol::client::{LoadRefused, ServeCommand, SessionEngine, StepFailed};
 use crate::report::{self, CellReport, Environment, Report, Speed, REPORT_SCHEMA_VERSION};
 
 /// Where things are and what to run.
@@ -443,8 +443,9 @@ fn registered_sha256(spec: &str) -> Result<Option<String>> {
 }
 
 /// Whether `e` fails one cell and lets the run go on: the engine does not implement something the model
-/// uses ([`lockstep_engine::Error::Unsupported`] anywhere in its chain), or a session engine's `load`
-/// refused or failed the model ([`LoadRefused`]). `Some(name)`: yes, with the engine's name when the
+/// uses ([`lockstep_engine::Error::Unsupported`] anywhere in its chain), a session engine's `load`
+/// refused or failed the model ([`LoadRefused`]), or a session engine answered a later request with
+/// `ok: false` ([`StepFailed`]). `Some(name)`: yes, with the engine's name when the
 /// error carries it ([`RanBy`], or the refused `load`'s `engine`).
 fn cell_failure(e: &anyhow::Error) -> Option<Option<String>> {
     if let Some(r) = e.chain().find_map(|c| c.downcast_ref::<LoadRefused>()) {
@@ -454,7 +455,7 @@ fn cell_failure(e: &anyhow::Error) -> Option<Option<String>> {
         matches!(
             c.downcast_ref::<lockstep_engine::Error>(),
             Some(lockstep_engine::Error::Unsupported(_))
-        )
+        ) || c.downcast_ref::<StepFailed>().is_some()
     });
     unsupported.then(|| e.downcast_ref::<RanBy>().map(|r| r.0.clone()))
 }

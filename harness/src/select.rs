@@ -371,17 +371,17 @@ pub fn summary_lines(r: &Report, width: usize) -> Vec<String> {
             ))
     )];
     for o in [Outcome::Fail, Outcome::XPass, Outcome::XFail] {
-        for c in r.cells.iter().filter(|c| Outcome::of(c) == o) {
+        let lines = r.cells.iter().filter(|c| Outcome::of(c) == o).map(|c| {
             let why = match o {
                 Outcome::Fail => c.verdict.failures.first().map_or_else(
                     || "failed".to_string(),
                     |f| {
-                        format!(
-                            "{} = {} (threshold {})",
-                            f.metric,
-                            crate::gate::fmt_metric(&f.metric, f.value),
-                            crate::gate::fmt_metric(&f.metric, f.threshold)
-                        )
+                        // an engine error has no value to show: its message is the reason
+                        if f.metric == "engine_error" {
+                            format!("{} — {}", crate::gate::failure_value(f), f.detail)
+                        } else {
+                            crate::gate::failure_value(f)
+                        }
                     },
                 ),
                 Outcome::XPass => format!(
@@ -393,13 +393,37 @@ pub fn summary_lines(r: &Report, width: usize) -> Vec<String> {
                     .as_ref()
                     .map_or(String::new(), |e| e.reason.clone()),
             };
-            out.push(cut(
-                &format!("  {} {}: {why}", o.word(), c.cell.id()),
-                width,
-            ));
+            (c.cell.id(), c.cell.model.clone(), why)
+        });
+        for line in folded_lines(o.word(), lines) {
+            out.push(cut(&line, width));
         }
     }
     out
+}
+
+/// The summary's lines of one outcome: `<word> <cell id>: <why>`, where every run of two or more cells of
+/// one model with the same reason (an engine that cannot run the model, a missing golden) folds into one
+/// line, `<word> <model> (<n> cells): <why>` — 80 refused cells are one line, not 80 (the report and
+/// `run --rerun-failed` keep each).
+fn folded_lines(word: &str, cells: impl Iterator<Item = (String, String, String)>) -> Vec<String> {
+    let mut groups: Vec<(Vec<String>, String, String)> = Vec::new();
+    for (id, model, why) in cells {
+        match groups.last_mut() {
+            Some((ids, m, w)) if *m == model && *w == why => ids.push(id),
+            _ => groups.push((vec![id], model, why)),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(ids, model, why)| {
+            if ids.len() > 1 {
+                format!("  {word} {model} ({} cells): {why}", ids.len())
+            } else {
+                format!("  {word} {}: {why}", ids.join(", "))
+            }
+        })
+        .collect()
 }
 
 /// `s` cut to `width` characters, ending in `…` when cut.

@@ -550,6 +550,59 @@ fn an_engine_that_cannot_run_a_model_fails_its_cells_and_the_run_goes_on() {
 }
 
 #[test]
+fn an_engine_that_fails_a_step_fails_that_cell_and_the_run_goes_on() {
+    // `load` and `reset` succeed, every step answers `ok: false` (an exception in its forward pass): each
+    // cell fails as engine_error with the engine's message, named after it, and the run reaches its end
+    let work = tempfile::tempdir().unwrap();
+    let script = work.path().join("flaky.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nwhile read -r line; do case \"$line\" in\n\
+         *'\"op\":\"load\"'*) echo '{\"ok\": true, \"protocol\": 2, \"engine\": \"flaky@1\"}' ;;\n\
+         *'\"op\":\"reset\"'*) echo '{\"ok\": true}' ;;\n\
+         *'\"op\":\"shutdown\"'*) echo '{\"ok\": true}'; exit 0 ;;\n\
+         *) echo '{\"ok\": false, \"error\": \"ValueError: shapes (3,64) and (32,64) not aligned\"}' ;;\n\
+         esac; done\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let reports = tempfile::tempdir().unwrap();
+    let mut opts = options(
+        reports.path(),
+        &["synth-llama", "synth-qwen2"],
+        Some("ggml"),
+    );
+    let mut cmd = serve_cmd(None);
+    cmd.command = script.display().to_string();
+    opts.serve = Some(cmd);
+    let (_, r) = run(&opts).unwrap();
+    assert!(r.incomplete.is_none());
+    assert_eq!(
+        r.cells
+            .iter()
+            .map(|c| c.cell.model.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        2,
+        "both models' cells are reported"
+    );
+    for c in &r.cells {
+        assert!(!c.verdict.pass);
+        assert_eq!(c.verdict.failures[0].metric, "engine_error");
+        assert!(
+            c.verdict.failures[0]
+                .detail
+                .starts_with("the engine failed during this cell: "),
+            "{:?}",
+            c.verdict.failures[0]
+        );
+        let e = c.error.as_deref().unwrap();
+        assert!(e.contains("shapes (3,64) and (32,64) not aligned"), "{e}");
+        assert_eq!(c.cell.engine, "flaky@1", "{e}");
+    }
+}
+
+#[test]
 fn names_outside_the_stage_map_are_listed_as_not_compared() {
     let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     faults::set(None);

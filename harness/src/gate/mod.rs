@@ -13,4 +13,5 @@ pub use verdict::{
     cell_metrics, engine_error_verdict, evaluate, failure_line, failure_line_with, failure_reasons,
     failure_value, first_divergent, first_inexact, fmt_metric, is_out_stage, lowest_index,
     seq_position, CellMetrics, Divergence, Failure, OutCosine, PhasePosition, Verdict,
+    ENGINE_FAILED_MARK,
 };

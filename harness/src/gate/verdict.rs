@@ -284,9 +284,14 @@ fn annotate_ids(detail: &str, from: usize, piece: &dyn Fn(u32) -> Option<String>
     out
 }
 
+/// How a session engine's own failure begins ([`crate::protocol::client::StepFailed`], a `load` that
+/// failed without `unsupported`): a cell with such an error failed in the engine, not for want of kernels.
+pub const ENGINE_FAILED_MARK: &str = "the session engine failed `";
+
 /// The verdict on a cell whose engine could not run the model (`error`, e.g. a weight type without
-/// kernels): a failure with the metric `engine_error` (value NaN: nothing was measured) and the error as
-/// its detail. Whatever the thresholds, such a cell never passes.
+/// kernels) or failed while running it (an error containing [`ENGINE_FAILED_MARK`]): a failure with the
+/// metric `engine_error` (value NaN: nothing was measured) and the error as its detail. Whatever the
+/// thresholds, such a cell never passes.
 pub fn engine_error_verdict(error: &str, th: &CellThresholds) -> Verdict {
     Verdict {
         pass: false,
@@ -294,7 +299,11 @@ pub fn engine_error_verdict(error: &str, th: &CellThresholds) -> Verdict {
             metric: "engine_error".into(),
             value: f64::NAN,
             threshold: f64::NAN,
-            detail: format!("the engine cannot run this model: {error}"),
+            detail: if error.contains(ENGINE_FAILED_MARK) {
+                format!("the engine failed during this cell: {error}")
+            } else {
+                format!("the engine cannot run this model: {error}")
+            },
         }],
         first_divergent: None,
         margin_tolerance: th.margin_tolerance,
@@ -473,7 +482,10 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
             "min_cosine_out",
             f64::NAN,
             th.min_cosine_out,
-            "no blk.N.out or output_norm stage was compared".into(),
+            format!(
+                "no blk.N.out or output_norm stage was compared{}",
+                unmapped_hint(cmp)
+            ),
         ),
         Some(o) if o.cosine < th.min_cosine_out => fail(
             "min_cosine_out",
@@ -501,7 +513,12 @@ pub fn evaluate(_cell: &Cell, cmp: &CellComparison, th: &CellThresholds) -> Verd
                 || n.reason == crate::compare::ENGINE_HAS_NO_SUCH_STAGE
         });
         if cmp.stages.is_empty() {
-            fail("stage_exact", f64::NAN, 1.0, "no stage was compared".into());
+            fail(
+                "stage_exact",
+                f64::NAN,
+                1.0,
+                format!("no stage was compared{}", unmapped_hint(cmp)),
+            );
         } else if let Some(n) = omitted {
             fail(
                 "stage_exact",
@@ -628,6 +645,27 @@ pub fn fmt_metric(metric: &str, v: f64) -> String {
         "mean_kl" | "max_kl" => fmt_sci(v, 3),
         "tokens_match" | "stage_exact" => fmt_fixed(v, 0),
         _ => fmt_fixed(v, 8),
+    }
+}
+
+/// Why stages may be missing from a comparison: the names the engine dumped that map to no canonical
+/// stage id ([`crate::compare::NOT_IN_STAGE_MAP`]) — ` (the engine dumped N stages under names lockstep
+/// does not know, e.g. attn_norm-0: give --stage-map FILE, or add them to the one given)` — or "" when
+/// there are none.
+fn unmapped_hint(cmp: &CellComparison) -> String {
+    let unmapped: Vec<&str> = cmp
+        .not_compared
+        .iter()
+        .filter(|n| n.reason == crate::compare::NOT_IN_STAGE_MAP)
+        .map(|n| n.stage.as_str())
+        .collect();
+    match unmapped.first() {
+        None => String::new(),
+        Some(first) => format!(
+            " (the engine dumped {} stage(s) under names lockstep does not know, e.g. {first}: give \
+             --stage-map FILE, or add them to the one given)",
+            unmapped.len()
+        ),
     }
 }
 
@@ -858,5 +896,53 @@ mod tests {
         cmp.engine_tokens = vec![2, 5, 4];
         let v = evaluate(&cell, &cmp, &th);
         assert_eq!(v.first_divergent.as_ref().unwrap().position, 2);
+    }
+
+    /// A user who runs a session engine that dumps under its own names without `--stage-map` learns why
+    /// nothing was compared, from the failure itself.
+    #[test]
+    fn no_stage_compared_names_the_unmapped_names_and_the_flag() {
+        let cell = Cell {
+            model: "synth-bert".into(),
+            prompt: "synth".into(),
+            quant: "F32".into(),
+            mode: lockstep_engine::NumericsMode::Ggml,
+            simd: "off".into(),
+            oracle: "llama.cpp-f32kv".into(),
+            engine: "numpy@1".into(),
+        };
+        let th = CellThresholds {
+            stage_exact: true,
+            ..thresholds()
+        };
+        let mut cmp = encoder_cmp(None);
+        let v = evaluate(&cell, &cmp, &th);
+        let exact = v
+            .failures
+            .iter()
+            .find(|f| f.metric == "stage_exact")
+            .unwrap();
+        assert_eq!(exact.detail, "no stage was compared");
+        for name in ["attn_norm-0", "l_out-0"] {
+            cmp.not_compared.push(NotCompared {
+                stage: name.into(),
+                phase: Phase::Prefill,
+                reason: crate::compare::NOT_IN_STAGE_MAP.into(),
+            });
+        }
+        let v = evaluate(&cell, &cmp, &th);
+        let exact = v
+            .failures
+            .iter()
+            .find(|f| f.metric == "stage_exact")
+            .unwrap();
+        assert!(
+            exact
+                .detail
+                .contains("dumped 2 stage(s) under names lockstep does not know, e.g. attn_norm-0")
+                && exact.detail.contains("--stage-map"),
+            "{}",
+            exact.detail
+        );
     }
 }

@@ -72,6 +72,25 @@ impl std::fmt::Display for LoadRefused {
 
 impl std::error::Error for LoadRefused {}
 
+/// A session engine answered a request after its `load` (`reset`, `tokenize`, `prefill`, `decode`,
+/// `inject`) with `ok: false`: it failed this cell (an exception in its forward pass, a shape it did not
+/// expect) but still speaks the protocol. `lockstep run` fails the cell as `engine_error` with the
+/// engine's message and goes on with the next cell, which starts a new engine process; a broken answer
+/// (not JSON, a timeout, the process gone, a dump outside its scratch) is not this and stops the run.
+#[derive(Debug)]
+pub struct StepFailed {
+    /// `the session engine failed `<op>`: <its error>: <its recent stderr>`.
+    pub message: String,
+}
+
+impl std::fmt::Display for StepFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StepFailed {}
+
 /// Whether `name` can be a cell id's engine field: not blank, no `/` (the id's separator), no line break.
 fn valid_engine_name(name: &str) -> bool {
     !name.trim().is_empty() && !name.contains(['/', '\n']) && name.len() <= 200
@@ -330,13 +349,17 @@ impl SessionEngine {
         })
     }
 
-    /// Send a request, read its answer; an `ok: false` answer is an error with the engine's message.
+    /// Send a request, read its answer; an `ok: false` answer is an error with the engine's message:
+    /// [`lockstep_engine::Error::Unsupported`] when it says `unsupported`, else [`StepFailed`]. Either
+    /// fails this cell only ([`crate::run`]); a broken answer (no JSON, a timeout, an exit) stays an
+    /// error that stops the run.
     fn call(&mut self, req: &Request) -> Result<Reply> {
         let op = req.op();
         let r = self.call_raw(req)?;
         if !r.ok {
             let msg = format!(
-                "the session engine failed `{op}`: {}: {}",
+                "{}{op}`: {}: {}",
+                crate::gate::ENGINE_FAILED_MARK,
                 r.error.as_deref().unwrap_or("(no error message)"),
                 self.child.shown()
             );
@@ -344,7 +367,7 @@ impl SessionEngine {
                 // the engine cannot run this model or setting: the cell fails, the run goes on
                 return Err(lockstep_engine::Error::Unsupported(msg).into());
             }
-            bail!(msg);
+            return Err(StepFailed { message: msg }.into());
         }
         Ok(r)
     }

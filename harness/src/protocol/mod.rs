@@ -202,7 +202,8 @@ pub struct Reply {
     /// `ok: false`: the engine cannot run this model or setting at all (a weight type or architecture
     /// it has no kernels for) — the cell fails as `engine_error` and the run goes on to the next cell,
     /// as for lockstep's own `Error::Unsupported`. A failed `load` fails that model's cells (unsupported
-    /// or not) and the run goes on; any other failure stops the run.
+    /// or not) and the run goes on; so does any later `ok: false` answer, which fails its cell
+    /// ([`client::StepFailed`]). An answer that breaks the protocol stops the run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unsupported: bool,
     /// `load`: the version the engine speaks (2, or 1 for a version-1 engine: GGUF models only).

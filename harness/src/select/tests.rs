@@ -150,3 +150,27 @@ fn long_lines_are_wrapped_and_summary_lines_cut() {
     assert!(c.ends_with('…'));
     assert_eq!(cut("short", 50), "short");
 }
+
+#[test]
+fn summary_folds_runs_of_one_model_with_one_reason() {
+    let c = |id: &str, m: &str, why: &str| (id.to_string(), m.to_string(), why.to_string());
+    let lines = folded_lines(
+        "FAIL",
+        [
+            c("a/p1/ggml", "a", "engine_error — refused"),
+            c("a/p2/ggml", "a", "engine_error — refused"),
+            c("a/p3/ggml", "a", "engine_error — refused"),
+            c("a/p4/ggml", "a", "top1_agreement = 0.5 (threshold 1)"),
+            c("b/p1/ggml", "b", "engine_error — refused"),
+        ]
+        .into_iter(),
+    );
+    assert_eq!(
+        lines,
+        [
+            "  FAIL a (3 cells): engine_error — refused",
+            "  FAIL a/p4/ggml: top1_agreement = 0.5 (threshold 1)",
+            "  FAIL b/p1/ggml: engine_error — refused",
+        ]
+    );
+}
