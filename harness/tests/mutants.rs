@@ -198,7 +198,12 @@ fn as_stored(site: Site, s: &Subject) -> Site {
         ""
     };
     let has = |layer: Option<usize>, k: StageKind| {
-        let id = Stage { layer, kind: k }.to_string();
+        let id = Stage {
+            enc: false,
+            layer,
+            kind: k,
+        }
+        .to_string();
         s.stored.contains(&format!("{prefix}{id}"))
     };
     let Some(layer) = site.layer else {

@@ -47,6 +47,15 @@ impl MelConfig {
         }
     }
 
+    /// [`MelConfig::whisper`] for a chunk of `n_frames` frames (`n_frames · hop_length` samples): the front
+    /// end of a Whisper model whose encoder reads `2·max_source_positions` frames.
+    pub fn whisper_frames(n_mels: usize, n_frames: usize) -> Self {
+        MelConfig {
+            n_samples: n_frames * 160,
+            ..Self::whisper(n_mels, 0)
+        }
+    }
+
     /// Frequency bins of the one-sided spectrum: `n_fft / 2 + 1`.
     pub fn n_freq(&self) -> usize {
         self.n_fft / 2 + 1
