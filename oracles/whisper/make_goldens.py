@@ -16,8 +16,9 @@ golden/whisper-seeded/transformers-f32/<name>.npz with, per stage id, `[rows, wi
   under `decode.<id>` (one row per step, in order);
 - `tokens` (the prompt), `decode.tokens` (the fed tokens of the decode steps), `greedy.tokens` (the argmax
   of the prompt's last row and of every decode step: transformers' greedy transcription);
-- `floor.<id>` (float64 scalar): the NMSE of this f32 stage against the same forward in float64 (the f32
-  floor: what f32 rounding alone costs at that stage).
+- `floor.<id>` (float32, shape [1]): the NMSE of this f32 stage against the same forward in float64 (the f32
+  floor: what f32 rounding alone costs at that stage); `floor.mel`: the feature extractor's float32
+  spectrogram against the same route in float64 (`mel_f64`).
 
 `enc.conv1` / `enc.conv2` are `gelu(conv(x))`: WhisperEncoder.forward applies `nn.functional.gelu` outside any
 module, so the hook applies the same function to the convolution's output (`enc.conv1` is also conv2's
@@ -156,6 +157,21 @@ def run(model, feats, prompt, n_decode, greedy=None):
     return cap, fed, got
 
 
+def mel_f64(fe, x):
+    """The feature extractor's numpy route (`WhisperFeatureExtractor._np_extract_fbank_features`: periodic
+    Hann, reflect-padded STFT, slaney filters, log10, max - 8 clamp, (x + 4) / 4) in float64 instead of its
+    float32 spectrogram: the reference its own f32 rounding is measured against (`floor.mel`)."""
+    from transformers.audio_utils import spectrogram, window_function
+
+    n = fe.n_samples
+    x64 = np.zeros(n)
+    x64[: min(n, len(x))] = x[:n]
+    log = spectrogram(x64, window_function(fe.n_fft, "hann"), frame_length=fe.n_fft, hop_length=fe.hop_length,
+                      power=2.0, mel_filters=fe.mel_filters, log_mel="log10", dtype=np.float64)[:, :-1]
+    log = np.maximum(log, log.max() - 8.0)
+    return (log + 4.0) / 4.0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hf-dir", default=os.path.join(HERE, "checkpoints", "whisper-seeded"))
@@ -189,18 +205,23 @@ def main():
         feats = fe(x, sampling_rate=SR, return_tensors="pt").input_features
         c32, fed, greedy = run(m32, feats, prompt, a.n_decode)
         c64, _, _ = run(m64, feats, prompt, a.n_decode, greedy=fed)
-        arrays = {"mel": feats[0].numpy().T.astype(np.float32)}
+        mel = feats[0].numpy().astype(np.float64)
+        ref = mel_f64(fe, x)
+        arrays = {
+            "mel": np.ascontiguousarray(mel.T, dtype=np.float32),
+            "floor.mel": np.array([((mel - ref) ** 2).mean() / (ref * ref).mean()], dtype=np.float32),
+        }
         for k, v in c32.items():
-            arrays[k] = v.astype(np.float32)
+            arrays[k] = np.ascontiguousarray(v, dtype=np.float32)
             ref = c64[k]
             den = float((ref * ref).mean())
-            arrays[f"floor.{k}"] = np.float64(float(((v - ref) ** 2).mean()) / den if den > 0 else 0.0)
+            arrays[f"floor.{k}"] = np.array([((v - ref) ** 2).mean() / den if den > 0 else 0.0], dtype=np.float32)
         arrays["tokens"] = np.array(prompt, dtype=np.int32)
         arrays["decode.tokens"] = np.array(fed, dtype=np.int32)
         arrays["greedy.tokens"] = np.array(greedy, dtype=np.int32)
         path = os.path.join(out_dir, f"{name}.npz")
         np.savez_compressed(path, **arrays)
-        worst = max((float(arrays[k]), k) for k in arrays if k.startswith("floor."))
+        worst = max((float(arrays[k][0]), k) for k in arrays if k.startswith("floor."))
         print(f"{path}: {len(c32)} stages, greedy {greedy}, worst f32 floor {worst[0]:.3g} ({worst[1][6:]})",
               file=sys.stderr)
 

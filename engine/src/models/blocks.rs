@@ -553,6 +553,11 @@ impl Attention {
             {
                 add_bias(out, bias);
             }
+            if let (1, None, Some(vb)) = (i, &self.bias[1], &self.bias[2]) {
+                if faults::is(Fault::KProjBias) {
+                    add_bias(out, vb);
+                }
+            }
             f.emit(st(kind), out);
         }
 
@@ -784,7 +789,17 @@ impl CrossAttention {
         add_bias(q, &self.bq);
         f.emit(st(StageKind::CrossQ), q);
         let att = sized(&mut b.att, n * qw);
-        ops::attention_cross(q, n, k, v, n_enc, &self.shape, false, att, f.num);
+        let fault = faults::active();
+        if fault == Some(Fault::CrossKvFromDecoder) {
+            // the fault: keys and values of the decoder rows themselves
+            let (k, v) = (sized(&mut b.k, n * qw), sized(&mut b.v, n * qw));
+            f.matmul_shared([&self.wk, &self.wv], h, [&mut *k, &mut *v])?;
+            add_bias(v, &self.bv);
+            ops::attention_cross(q, n, k, v, n, &self.shape, false, att, f.num);
+        } else {
+            let causal = fault == Some(Fault::CrossAttnCausal);
+            ops::attention_cross(q, n, k, v, n_enc, &self.shape, causal, att, f.num);
+        }
         f.emit(st(StageKind::CrossAttnOut), att);
         f.matmul(&self.wo, att, out)?;
         add_bias(out, &self.bo);

@@ -207,3 +207,51 @@ pub fn load_stem(g: &GgufFile, d: usize, n_mels: usize, n_ctx: usize) -> Result<
         n_mels,
     })
 }
+
+/// Greedy transcription of a 16 kHz mono WAV file by a speech model: the log-mel of the file
+/// ([`crate::audio::log_mel`] with [`crate::Model::mel_config`]), the encoder once, the decoder `prompt`
+/// (Whisper's control tokens), then `n_tokens` greedy steps, each feeding the previous step's argmax (the
+/// first maximum on ties, as `torch.argmax`) through the KV cache. Returns the `n_tokens` argmax tokens,
+/// the first of them the prompt's last row's. Nothing stops early: the caller cuts at `<|endoftext|>`.
+///
+/// Errors: the WAV's ([`crate::audio::read_wav_16k_mono`]); a model that is not a speech model; a prompt
+/// and `n_tokens` longer than the decoder's context; as [`crate::Model::forward`].
+pub fn transcribe_greedy(
+    m: &crate::Model,
+    wav: &std::path::Path,
+    prompt: &[u32],
+    n_tokens: usize,
+    mode: crate::NumericsMode,
+) -> Result<Vec<u32>> {
+    let cfg = m.mel_config().ok_or_else(|| {
+        Error::Invalid(format!(
+            "{} is not a speech model: it cannot transcribe {}",
+            m.info().arch,
+            wav.display()
+        ))
+    })?;
+    let samples = crate::audio::read_wav_16k_mono(wav)?;
+    let mel = crate::audio::log_mel(&samples, &cfg)?;
+    let n_ctx = prompt.len() + n_tokens;
+    m.check_context(n_ctx)?;
+    let mut s = m.session(n_ctx, mode);
+    m.encode_audio(&mut s, &mel, None)?;
+    let argmax = |row: &[f32]| -> u32 {
+        let mut best = 0;
+        for (i, &v) in row.iter().enumerate() {
+            if v > row[best] {
+                best = i;
+            }
+        }
+        best as u32
+    };
+    let mut out = Vec::with_capacity(n_tokens);
+    let mut next = argmax(m.forward_last(&mut s, prompt, None)?);
+    while out.len() < n_tokens {
+        out.push(next);
+        if out.len() < n_tokens {
+            next = argmax(m.forward_last(&mut s, &[next], None)?);
+        }
+    }
+    Ok(out)
+}
