@@ -409,7 +409,13 @@ mod tests {
         assert_eq!(Stage::parse("blk.x.out"), None);
         assert_eq!(Stage::parse("blk.1.logits"), None);
         assert_eq!(Stage::parse("attn_norm"), None);
-        for id in ["enc.conv1", "enc.blk.1.ffn_act", "enc.output_norm", "mel", "blk.0.cross_k"] {
+        for id in [
+            "enc.conv1",
+            "enc.blk.1.ffn_act",
+            "enc.output_norm",
+            "mel",
+            "blk.0.cross_k",
+        ] {
             assert_eq!(Stage::parse(id).map(|s| s.to_string()).as_deref(), Some(id));
         }
         assert!(Stage::parse("enc.blk.1.ffn_act").unwrap().enc);

@@ -35,7 +35,8 @@ fn root() -> PathBuf {
 const WAVS: [&str; 4] = ["burst", "chirp", "noise", "tones"];
 
 fn model() -> Model {
-    Model::load(&root().join("oracles/whisper/checkpoints/whisper-seeded")).expect("the checkpoint loads")
+    Model::load(&root().join("oracles/whisper/checkpoints/whisper-seeded"))
+        .expect("the checkpoint loads")
 }
 
 /// The golden's arrays: id → (rows·width values, width).
@@ -124,7 +125,13 @@ fn compare(m: &Model, name: &str) -> Table {
             continue;
         };
         let have = &sink.rec[key];
-        assert_eq!(have.len(), want.len(), "{name}: {key}: engine {} values, golden {}", have.len(), want.len());
+        assert_eq!(
+            have.len(),
+            want.len(),
+            "{name}: {key}: engine {} values, golden {}",
+            have.len(),
+            want.len()
+        );
         let (mut num, mut den, mut max) = (0f64, 0f64, 0f64);
         for (&a, &b) in have.iter().zip(want) {
             let d = f64::from(a) - f64::from(b);
@@ -236,10 +243,64 @@ fn whisper_faults_are_localized() {
         let t = compare(&m, "chirp");
         faults::set(None);
         let got = first_divergent(&t).map(str::to_string);
-        eprintln!("{:<24} expected {want:<24} first divergent {got:?}", fault.name());
+        eprintln!(
+            "{:<24} expected {want:<24} first divergent {got:?}",
+            fault.name()
+        );
         if got.as_deref() != Some(want) {
             wrong.push(format!("{}: expected {want}, got {got:?}", fault.name()));
         }
     }
     assert!(wrong.is_empty(), "faults not localized: {wrong:#?}");
+}
+
+#[test]
+fn generate_audio_prints_transformers_greedy_tokens() {
+    for name in WAVS {
+        let g = golden(name);
+        let want: Vec<String> = g["greedy.tokens"]
+            .0
+            .iter()
+            .map(|&x| (x as u32).to_string())
+            .collect();
+        for mode in ["reference", "ggml"] {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"))
+                .args(["generate", "--model"])
+                .arg(root().join("oracles/whisper/checkpoints/whisper-seeded"))
+                .arg("--audio")
+                .arg(root().join(format!("golden/whisper-seeded/audio/{name}.wav")))
+                .args(["-n", &want.len().to_string(), "--mode", mode])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{name} {mode}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let stdout = String::from_utf8(out.stdout).unwrap();
+            assert_eq!(
+                stdout.lines().next(),
+                Some(want.join(" ").as_str()),
+                "{name} {mode}"
+            );
+        }
+    }
+}
+
+#[test]
+fn stages_list_both_stacks_in_forward_order() {
+    let m = model();
+    let ids: Vec<String> = m.stages().iter().map(|(s, _)| s.to_string()).collect();
+    let at = |id: &str| {
+        ids.iter()
+            .position(|x| x == id)
+            .unwrap_or_else(|| panic!("no {id} in {ids:?}"))
+    };
+    assert_eq!(ids[0], "mel");
+    assert!(at("enc.conv1") < at("enc.conv2") && at("enc.conv2") < at("enc.embed"));
+    assert!(
+        at("enc.blk.1.out") < at("enc.output_norm") && at("enc.output_norm") < at("blk.0.cross_k")
+    );
+    assert!(at("blk.1.cross_v") < at("embed") && at("blk.0.cross_attn_proj") < at("blk.0.ffn_inp"));
+    assert_eq!(ids.last().map(String::as_str), Some("logits"));
 }

@@ -130,7 +130,10 @@ fn config_of(g: &GgufFile, l: &layout::ArchLayout) -> Result<Value> {
                 if has(k) && g.get_f32(&full_key(a, k))? != v {
                     return Err(err(
                         g,
-                        format!("{a}.{k} = {}: only {v} has an HF form here", g.get_f32(&full_key(a, k))?),
+                        format!(
+                            "{a}.{k} = {}: only {v} has an HF form here",
+                            g.get_f32(&full_key(a, k))?
+                        ),
                     ));
                 }
             }

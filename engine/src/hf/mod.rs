@@ -561,7 +561,9 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
                 if shape[2] != k {
                     return Err(model_err(
                         f,
-                        format!("tensor {hf_name} has shape {shape:?}: expected a kernel width of {k}"),
+                        format!(
+                            "tensor {hf_name} has shape {shape:?}: expected a kernel width of {k}"
+                        ),
                     ));
                 }
                 // a Conv1d weight [out, in, k]: the matrix [out, in·k] over the same bytes

@@ -16,9 +16,7 @@ use crate::faults;
 use crate::gguf::GgufFile;
 use crate::hooks::{Stage, StageKind};
 use crate::kv_cache::KvCache;
-use crate::models::blocks::{
-    sized, AttnBufs, Decoder, DecoderLayer, Fwd, LayerBufs, RmsNorm,
-};
+use crate::models::blocks::{sized, AttnBufs, Decoder, DecoderLayer, Fwd, LayerBufs, RmsNorm};
 use crate::models::weights::{load_vector, Weight};
 use crate::ops;
 use crate::quant;

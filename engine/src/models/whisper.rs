@@ -23,8 +23,8 @@
 
 use crate::gguf::GgufFile;
 use crate::models::blocks::{
-    AttnOptions, AttnTensors, CrossAttention, Decoder, DecoderLayer, Ffn, GluAct, NormKind, Rope,
-    RopeKind, RmsNorm, Wiring,
+    AttnOptions, AttnTensors, CrossAttention, Decoder, DecoderLayer, Ffn, GluAct, NormKind,
+    RmsNorm, Rope, RopeKind, Wiring,
 };
 use crate::models::hparams::{DecoderDims, Meta};
 use crate::models::speech::{load_stem, AudioEncoder, EncoderDecoder};

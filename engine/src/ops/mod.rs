@@ -33,8 +33,8 @@ mod attention;
 pub mod ggml_cpu;
 
 pub use attention::{
-    attention, attention_batch, attention_cross, attention_ggml, attention_ggml_batch, attention_no_cache,
-    attention_scratch_len, ggml_kqv_order, AttnShape, KqvOrder,
+    attention, attention_batch, attention_cross, attention_ggml, attention_ggml_batch,
+    attention_no_cache, attention_scratch_len, ggml_kqv_order, AttnShape, KqvOrder,
 };
 
 use rayon::prelude::*;
