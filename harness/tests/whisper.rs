@@ -39,9 +39,25 @@ fn model() -> Model {
         .expect("the checkpoint loads")
 }
 
+/// `rel` (under golden/whisper-seeded) after its sha256 is checked against that directory's manifest.json
+/// (written by oracles/whisper/make_goldens.py): a missing, unlisted or changed file fails.
+fn verified(rel: &str) -> PathBuf {
+    use sha2::Digest;
+    let dir = root().join("golden/whisper-seeded");
+    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("golden/whisper-seeded/manifest.json");
+    let m: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let want = m["files"][rel]
+        .as_str()
+        .unwrap_or_else(|| panic!("golden/whisper-seeded/manifest.json does not list {rel}"));
+    let path = dir.join(rel);
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(hex::encode(sha2::Sha256::digest(&bytes)), want, "{}: sha256", path.display());
+    path
+}
+
 /// The golden's arrays: id → (rows·width values, width).
 fn golden(name: &str) -> BTreeMap<String, (Vec<f32>, usize)> {
-    let path = root().join(format!("golden/whisper-seeded/transformers-f32/{name}.npz"));
+    let path = verified(&format!("transformers-f32/{name}.npz"));
     let mut z = Npz::open(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
     let mut out = BTreeMap::new();
     for k in z.array_names().unwrap() {
@@ -102,7 +118,7 @@ const MEL_MAX_ABS: f64 = 1e-3;
 /// compare every golden stage.
 fn compare(m: &Model, name: &str) -> Table {
     let g = golden(name);
-    let wav = root().join(format!("golden/whisper-seeded/audio/{name}.wav"));
+    let wav = verified(&format!("audio/{name}.wav"));
     let samples = lockstep_engine::audio::read_wav_16k_mono(&wav).unwrap();
     let mel = lockstep_engine::audio::log_mel(&samples, &m.mel_config().unwrap()).unwrap();
     let mut sink = Sink {
@@ -202,7 +218,7 @@ fn whisper_greedy_tokens_equal_transformers() {
     let m = model();
     for name in WAVS {
         let g = golden(name);
-        let wav = root().join(format!("golden/whisper-seeded/audio/{name}.wav"));
+        let wav = verified(&format!("audio/{name}.wav"));
         let want: Vec<u32> = g["greedy.tokens"].0.iter().map(|&x| x as u32).collect();
         let prompt: Vec<u32> = g["tokens"].0.iter().map(|&x| x as u32).collect();
         let got = lockstep_engine::models::speech::transcribe_greedy(
@@ -268,7 +284,7 @@ fn generate_audio_prints_transformers_greedy_tokens() {
                 .args(["generate", "--model"])
                 .arg(root().join("oracles/whisper/checkpoints/whisper-seeded"))
                 .arg("--audio")
-                .arg(root().join(format!("golden/whisper-seeded/audio/{name}.wav")))
+                .arg(verified(&format!("audio/{name}.wav")))
                 .args(["-n", &want.len().to_string(), "--mode", mode])
                 .output()
                 .unwrap();

@@ -8,7 +8,7 @@ transformers oracle's venv:
 
     ~/.cache/lockstep/oracle-transformers/venv/bin/python oracles/whisper/make_goldens.py --make-audio
 
-Writes golden/whisper-seeded/audio/<name>.wav (16 kHz mono 16-bit PCM, 1 s each) and
+Writes golden/whisper-seeded/manifest.json (sha256 of every file below), golden/whisper-seeded/audio/<name>.wav (16 kHz mono 16-bit PCM, 1 s each) and
 golden/whisper-seeded/transformers-f32/<name>.npz with, per stage id, `[rows, width]` float32:
 - `mel` (the transpose of `input_features[0]`: one row per frame), every `enc.*` stage (rows are encoder
   positions), `blk.N.cross_k` / `blk.N.cross_v` (computed once, rows are encoder positions);
@@ -224,6 +224,36 @@ def main():
         worst = max((float(arrays[k][0]), k) for k in arrays if k.startswith("floor."))
         print(f"{path}: {len(c32)} stages, greedy {greedy}, worst f32 floor {worst[0]:.3g} ({worst[1][6:]})",
               file=sys.stderr)
+    write_manifest(a.golden_dir, a.hf_dir)
+
+
+def write_manifest(golden_dir, hf_dir):
+    """golden/whisper-seeded/manifest.json: the sha256 of every WAV and golden (harness/tests/whisper.rs checks
+    them), and the checkpoint they were made from. Its own manifest keeps this directory out of
+    golden/manifest.json's token-prompt goldens (a subdirectory with a manifest is another golden directory)."""
+    import hashlib
+    import json
+
+    import torch
+    import transformers
+
+    files = {}
+    for sub in ("audio", "transformers-f32"):
+        for n in sorted(os.listdir(os.path.join(golden_dir, sub))):
+            with open(os.path.join(golden_dir, sub, n), "rb") as f:
+                files[f"{sub}/{n}"] = hashlib.sha256(f.read()).hexdigest()
+    m = {
+        "format": "lockstep-whisper-goldens-1",
+        "about": "oracles/whisper/make_goldens.py: WhisperFeatureExtractor mel + WhisperForConditionalGeneration "
+                 "stages (eager attention, float32; floor.* against float64) of the checkpoint below",
+        "checkpoint": os.path.relpath(hf_dir, ROOT),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "files": files,
+    }
+    with open(os.path.join(golden_dir, "manifest.json"), "w") as f:
+        json.dump(m, f, indent=1, sort_keys=True)
+        f.write("\n")
 
 
 if __name__ == "__main__":
