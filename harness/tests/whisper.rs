@@ -44,14 +44,20 @@ fn model() -> Model {
 fn verified(rel: &str) -> PathBuf {
     use sha2::Digest;
     let dir = root().join("golden/whisper-seeded");
-    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("golden/whisper-seeded/manifest.json");
+    let text = std::fs::read_to_string(dir.join("manifest.json"))
+        .expect("golden/whisper-seeded/manifest.json");
     let m: serde_json::Value = serde_json::from_str(&text).unwrap();
     let want = m["files"][rel]
         .as_str()
         .unwrap_or_else(|| panic!("golden/whisper-seeded/manifest.json does not list {rel}"));
     let path = dir.join(rel);
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(hex::encode(sha2::Sha256::digest(&bytes)), want, "{}: sha256", path.display());
+    assert_eq!(
+        hex::encode(sha2::Sha256::digest(&bytes)),
+        want,
+        "{}: sha256",
+        path.display()
+    );
     path
 }
 
@@ -188,7 +194,7 @@ fn whisper_stages_within_the_f32_floor() {
     faults::set(None);
     let m = model();
     for name in WAVS {
-        let t = compare(&m, &name);
+        let t = compare(&m, name);
         let mel = &t[0];
         assert_eq!(mel.0, "mel");
         let worst = t[1..]
