@@ -13,7 +13,12 @@
 //! - [`Ffn`]: gated FFN with SiLU (SwiGLU) or tanh-GELU (GeGLU), gate and up separate or fused in one
 //!   `ffn_up` (Phi-3), or the non-gated `down(gelu(up))` with optional biases (StarCoder2) → `ffn_gate`,
 //!   `ffn_up`, `ffn_act`, `ffn_out`;
-//! - [`DecoderLayer`]: pre-norm residual wiring with optional post-norms (Gemma 2/3) → `ffn_inp`, `out`;
+//! - [`CrossAttention`]: an encoder–decoder's cross-attention (Whisper), keys and values of the encoder
+//!   output computed once per input and kept in the [`KvCache`] → `cross_k`, `cross_v`, `cross_q`,
+//!   `cross_attn_out`, `cross_attn_proj`;
+//! - [`DecoderLayer`]: pre-norm residual wiring with optional post-norms (Gemma 2/3) and optional
+//!   cross-attention (`cross_inp`, `cross_attn_norm`) → `ffn_inp`, `out`; with bidirectional attention it
+//!   is an encoder stack's block (Whisper's, stages `enc.…`);
 //! - [`OutputHead`]: final norm, output matrix, optional logit soft-cap → `output_norm`, `logits`;
 //! - [`Decoder`]: embedding → layers → head, the forward pass of every decoder-only architecture here.
 //!
