@@ -695,7 +695,7 @@ impl Attention {
 /// Cross-attention of a decoder block over an encoder's output (Whisper's `encoder_attn`: HF
 /// `WhisperAttention` with `key_value_states`; whisper.cpp's `cross_attn_*` tensors): LayerNorm, the query
 /// projection of the decoder stream, keys and values projected ONCE per input from the encoder output
-/// ([`CrossAttention::precompute`], kept in the session's [`KvCache`]: HF's `EncoderDecoderCache`,
+/// (`CrossAttention::precompute`, kept in the session's [`KvCache`]: HF's `EncoderDecoderCache`,
 /// whisper.cpp's `kv_cross`), attention without any mask, output projection.
 #[derive(Debug)]
 pub struct CrossAttention {

@@ -7,8 +7,8 @@
 //! - [`AudioEncoder`]: the stem, pre-norm blocks ([`DecoderLayer`] with bidirectional attention, no KV
 //!   cache: `enc.blk.N.*`), a final LayerNorm (`enc.output_norm`);
 //! - [`EncoderDecoder`]: the encoder, then the cross-attention keys and values of every decoder block
-//!   computed once from its output ([`CrossAttention::precompute`]: `blk.N.cross_k`, `blk.N.cross_v`), and
-//!   a [`Decoder`] whose blocks carry [`CrossAttention`].
+//!   computed once from its output (`CrossAttention::precompute`: `blk.N.cross_k`, `blk.N.cross_v`), and
+//!   a [`Decoder`] whose blocks carry [`super::blocks::CrossAttention`].
 //!
 //! An architecture module ([`super::whisper`]) only loads tensors into these; it contains no arithmetic.
 
