@@ -102,6 +102,21 @@ pub enum Fault {
     /// portable dequantizer shows it: reference mode's weight rows and the Q4_0 embedding lookup under
     /// `--simd off` (issue 42: `off` must run the portable code, so such a bug cannot hide behind AVX2).
     PortableDequantHalvesSwapped,
+    /// Whisper's mel filters without the slaney normalisation (`2 / (f[m+2] − f[m])` dropped): shows at
+    /// `mel`.
+    MelFilterUnnormalised,
+    /// The STFT's centre padding with zeros instead of reflecting the signal: shows at `mel` (its first and
+    /// last frames).
+    StftZeroPadding,
+    /// A causal mask in cross-attention (decoder row `t` sees encoder positions `0..=t` only): shows at
+    /// `blk.0.cross_attn_out`.
+    CrossAttnCausal,
+    /// A bias added to Whisper's `k_proj`, which has none (the value projection's bias, added to K): shows
+    /// at the encoder's first `enc.blk.0.k`.
+    KProjBias,
+    /// Cross-attention keys and values recomputed from the decoder's own normed rows instead of the cached
+    /// encoder projections: shows at `blk.0.cross_attn_out`.
+    CrossKvFromDecoder,
 }
 
 #[cfg(feature = "faults")]
@@ -147,7 +162,7 @@ pub const FAULT_ENV: &str = "LOCKSTEP_FAULT";
 
 impl Fault {
     /// Every fault without a parameter, and the parameterised ones at layer 0, for [`Fault::parse`].
-    const NAMED: [Fault; 31] = [
+    const NAMED: [Fault; 36] = [
         Fault::RopePairing,
         Fault::RopeBase,
         Fault::RopeDecodePosition,
@@ -179,6 +194,11 @@ impl Fault {
         Fault::TokenTypeDropped,
         Fault::PoolingWrong,
         Fault::PortableDequantHalvesSwapped,
+        Fault::MelFilterUnnormalised,
+        Fault::StftZeroPadding,
+        Fault::CrossAttnCausal,
+        Fault::KProjBias,
+        Fault::CrossKvFromDecoder,
     ];
 
     /// Every fault, the layer-specific ones (`WrongActivation`, `MissingResidual`) at `layer`: the list

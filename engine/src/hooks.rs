@@ -16,6 +16,14 @@ use std::ops::Range;
 /// What a stage is, independent of its layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StageKind {
+    /// Whisper's log-mel spectrogram (HF `WhisperFeatureExtractor`'s `input_features`), one row per 10 ms
+    /// frame: the encoder's input, `[n_frames, n_mels]` (the transpose of `input_features[0]`). Width n_mels.
+    Mel,
+    /// Whisper encoder: `gelu(conv1(mel))`, kernel 3, stride 1, padding 1 (`WhisperEncoder.forward`'s
+    /// first two lines; whisper.cpp `ggml_conv_1d_ph` + `ggml_gelu`). Rows are frames. Width d_model.
+    Conv1,
+    /// Whisper encoder: `gelu(conv2(conv1))`, kernel 3, stride 2, padding 1: half the frames. Width d_model.
+    Conv2,
     /// Token embeddings looked up from `token_embd`, scaled where the architecture scales them: the input
     /// of block 0 (llama.cpp `inp_embd`; Gemma `inp_scaled`, ×√d_model). Width d_model.
     Embed,
@@ -45,6 +53,25 @@ pub enum StageKind {
     /// Residual stream after attention: input + attn_proj, or + attn_post_norm where the architecture has
     /// post-norms (`ffn_inp-N`; Gemma 3 `sa_out-N`). Width d_model.
     FfnInp,
+    /// Whisper decoder: the residual stream after self-attention, the input of the cross-attention
+    /// sub-layer (`hidden_states` after `self_attn`'s residual add in `WhisperDecoderLayer.forward`). Width
+    /// d_model.
+    CrossInp,
+    /// LayerNorm before cross-attention (`encoder_attn_layer_norm`). Width d_model.
+    CrossAttnNorm,
+    /// Cross-attention query projection (`encoder_attn.q_proj`, bias added). Width n_head·head_dim.
+    CrossQ,
+    /// Cross-attention keys: the encoder output's projection (`encoder_attn.k_proj`, no bias), computed once
+    /// per input. Rows are encoder positions, not decoder positions. Width n_head·head_dim.
+    CrossK,
+    /// Cross-attention values (`encoder_attn.v_proj`, bias added), computed once per input; rows are
+    /// encoder positions. Width n_head·head_dim.
+    CrossV,
+    /// Cross-attention output before its output projection, heads concatenated. Width n_head·head_dim.
+    CrossAttnOut,
+    /// Cross-attention after its output projection (`encoder_attn.out_proj`), before the residual add.
+    /// Width d_model.
+    CrossAttnProj,
     /// RMSNorm before the FFN, weight applied (`ffn_norm-N`). Width d_model.
     FfnNorm,
     /// Gate projection (`ffn_gate-N`). Width d_ff.
@@ -71,7 +98,10 @@ pub enum StageKind {
 
 impl StageKind {
     /// Every kind in forward order; per-layer kinds are those with [`StageKind::per_layer`].
-    pub const ALL: [StageKind; 23] = [
+    pub const ALL: [StageKind; 33] = [
+        StageKind::Mel,
+        StageKind::Conv1,
+        StageKind::Conv2,
         StageKind::Embed,
         StageKind::AttnNorm,
         StageKind::Q,
@@ -84,6 +114,13 @@ impl StageKind {
         StageKind::AttnOut,
         StageKind::AttnProj,
         StageKind::AttnPostNorm,
+        StageKind::CrossInp,
+        StageKind::CrossAttnNorm,
+        StageKind::CrossQ,
+        StageKind::CrossK,
+        StageKind::CrossV,
+        StageKind::CrossAttnOut,
+        StageKind::CrossAttnProj,
         StageKind::FfnInp,
         StageKind::FfnNorm,
         StageKind::FfnGate,
@@ -100,6 +137,9 @@ impl StageKind {
     /// The suffix in a canonical id (`attn_norm` in `blk.3.attn_norm`), or the whole id for global stages.
     pub fn suffix(self) -> &'static str {
         match self {
+            StageKind::Mel => "mel",
+            StageKind::Conv1 => "conv1",
+            StageKind::Conv2 => "conv2",
             StageKind::Embed => "embed",
             StageKind::AttnNorm => "attn_norm",
             StageKind::Q => "q",
@@ -112,6 +152,13 @@ impl StageKind {
             StageKind::AttnOut => "attn_out",
             StageKind::AttnProj => "attn_proj",
             StageKind::AttnPostNorm => "attn_post_norm",
+            StageKind::CrossInp => "cross_inp",
+            StageKind::CrossAttnNorm => "cross_attn_norm",
+            StageKind::CrossQ => "cross_q",
+            StageKind::CrossK => "cross_k",
+            StageKind::CrossV => "cross_v",
+            StageKind::CrossAttnOut => "cross_attn_out",
+            StageKind::CrossAttnProj => "cross_attn_proj",
             StageKind::FfnInp => "ffn_inp",
             StageKind::FfnNorm => "ffn_norm",
             StageKind::FfnGate => "ffn_gate",
@@ -130,14 +177,25 @@ impl StageKind {
     pub fn per_layer(self) -> bool {
         !matches!(
             self,
-            StageKind::Embed | StageKind::OutputNorm | StageKind::Pooled | StageKind::Logits
+            StageKind::Mel
+                | StageKind::Conv1
+                | StageKind::Conv2
+                | StageKind::Embed
+                | StageKind::OutputNorm
+                | StageKind::Pooled
+                | StageKind::Logits
         )
     }
 }
 
-/// One stage of one forward pass: a kind and, for per-layer kinds, the block index.
+/// One stage of one forward pass: a kind and, for per-layer kinds, the block index; and which stack of an
+/// encoder–decoder model it belongs to (Whisper's audio encoder: ids prefixed `enc.`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Stage {
+    /// True for a stage of an encoder–decoder model's encoder stack (`enc.conv1`, `enc.blk.0.q`,
+    /// `enc.output_norm`); false for every other stage (decoder-only models, BERT, Whisper's decoder and
+    /// its `mel` input).
+    pub enc: bool,
     /// Block index for per-layer stages; `None` for `embed`, `output_norm`, `logits`.
     pub layer: Option<usize>,
     /// What the stage is.
@@ -147,19 +205,35 @@ pub struct Stage {
 impl Stage {
     /// A global (not per-layer) stage.
     pub const fn global(kind: StageKind) -> Stage {
-        Stage { layer: None, kind }
+        Stage {
+            enc: false,
+            layer: None,
+            kind,
+        }
     }
 
     /// A stage of block `layer`.
     pub const fn block(layer: usize, kind: StageKind) -> Stage {
         Stage {
+            enc: false,
             layer: Some(layer),
             kind,
         }
     }
 
-    /// Parse a canonical id (`embed`, `blk.3.attn_norm`, `output_norm`, `logits`).
+    /// The same stage in the encoder stack (`enc` true) or not.
+    pub const fn in_encoder(self, enc: bool) -> Stage {
+        Stage { enc, ..self }
+    }
+
+    /// Parse a canonical id (`embed`, `blk.3.attn_norm`, `output_norm`, `logits`; an encoder stack's
+    /// `enc.conv1`, `enc.blk.0.q`).
     pub fn parse(id: &str) -> Option<Stage> {
+        if let Some(rest) = id.strip_prefix("enc.") {
+            return Stage::parse(rest)
+                .filter(|s| !s.enc && s.kind != StageKind::Mel)
+                .map(|s| s.in_encoder(true));
+        }
         if let Some(rest) = id.strip_prefix("blk.") {
             let (n, suffix) = rest.split_once('.')?;
             let layer: usize = n.parse().ok()?;
@@ -183,10 +257,11 @@ impl Stage {
     /// the first layer, the previous layer's `l_out-N` after it — the value bisect injects so that a block
     /// computes from the reference's input.
     pub fn layer_input(self) -> Option<Stage> {
-        match self.layer? {
-            0 => Some(Stage::global(StageKind::Embed)),
-            l => Some(Stage::block(l - 1, StageKind::Out)),
-        }
+        let s = match self.layer? {
+            0 => Stage::global(StageKind::Embed),
+            l => Stage::block(l - 1, StageKind::Out),
+        };
+        Some(s.in_encoder(self.enc))
     }
 
     /// The activation the last matmul upstream of this stage (within its block) reads: the value llama.cpp
@@ -204,12 +279,17 @@ impl Stage {
         let l = self.layer?;
         let input = match self.kind {
             Q | K | V | QNorm | KNorm | QRope | KRope | AttnOut => AttnNorm,
-            AttnProj | AttnPostNorm | FfnInp | FfnNorm => AttnOut,
+            AttnProj | AttnPostNorm | CrossInp | CrossAttnNorm => AttnOut,
+            // the cross K/V read the encoder output, which no stage of this block names
+            CrossQ | CrossAttnOut => CrossAttnNorm,
+            CrossK | CrossV => return None,
+            CrossAttnProj => CrossAttnOut,
+            FfnInp | FfnNorm => AttnOut,
             FfnGate | FfnUp | FfnAct => FfnNorm,
             FfnOut | FfnPostNorm | Out => FfnAct,
-            Embed | AttnNorm | OutputNorm | Pooled | Logits => return None,
+            Mel | Conv1 | Conv2 | Embed | AttnNorm | OutputNorm | Pooled | Logits => return None,
         };
-        Some(Stage::block(l, input))
+        Some(Stage::block(l, input).in_encoder(self.enc))
     }
 
     /// True for a block's output (`blk.N.out`, llama.cpp `l_out-N`): the input of the next block.
@@ -220,6 +300,9 @@ impl Stage {
 
 impl fmt::Display for Stage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.enc {
+            f.write_str("enc.")?;
+        }
         match self.layer {
             Some(l) => write!(f, "blk.{l}.{}", self.kind.suffix()),
             None => f.write_str(self.kind.suffix()),
@@ -326,6 +409,18 @@ mod tests {
         assert_eq!(Stage::parse("blk.x.out"), None);
         assert_eq!(Stage::parse("blk.1.logits"), None);
         assert_eq!(Stage::parse("attn_norm"), None);
+        for id in [
+            "enc.conv1",
+            "enc.blk.1.ffn_act",
+            "enc.output_norm",
+            "mel",
+            "blk.0.cross_k",
+        ] {
+            assert_eq!(Stage::parse(id).map(|s| s.to_string()).as_deref(), Some(id));
+        }
+        assert!(Stage::parse("enc.blk.1.ffn_act").unwrap().enc);
+        assert_eq!(Stage::parse("enc.mel"), None);
+        assert_eq!(Stage::parse("enc.enc.conv1"), None);
     }
 
     #[test]

@@ -18,6 +18,9 @@ pub struct KvCache {
     k: Vec<f32>,
     /// Per layer `[n_kv_head, capacity, head_dim]`, layers one after the other.
     v: Vec<f32>,
+    /// Per block, the cross-attention keys and values of the encoded input (`[n_enc, width]` each) and
+    /// `n_enc`: computed once per input (an encoder–decoder model), empty otherwise.
+    cross: Vec<(Vec<f32>, Vec<f32>, usize)>,
 }
 
 impl KvCache {
@@ -47,6 +50,7 @@ impl KvCache {
             capacity,
             k: written(),
             v: written(),
+            cross: Vec::new(),
         }
     }
 
@@ -81,6 +85,30 @@ impl KvCache {
     }
 
     /// Keys of `head` in `layer` for positions `0..n_pos`: `[n_pos, head_dim]`.
+    /// Keep block `layer`'s cross-attention keys and values (`[n_enc, width]` each), replacing those of
+    /// an earlier input.
+    pub fn set_cross(&mut self, layer: usize, k: &[f32], v: &[f32], n_enc: usize) {
+        if self.cross.len() <= layer {
+            self.cross.resize(layer + 1, (Vec::new(), Vec::new(), 0));
+        }
+        let n = n_enc;
+        let slot = &mut self.cross[layer];
+        slot.0.clear();
+        slot.0.extend_from_slice(k);
+        slot.1.clear();
+        slot.1.extend_from_slice(v);
+        slot.2 = n;
+    }
+
+    /// Block `layer`'s cross-attention keys, values and their row count, once set
+    /// ([`KvCache::set_cross`]); `None` before.
+    pub fn cross(&self, layer: usize) -> Option<(&[f32], &[f32], usize)> {
+        self.cross
+            .get(layer)
+            .filter(|c| c.2 > 0)
+            .map(|c| (&c.0[..], &c.1[..], c.2))
+    }
+
     #[inline]
     pub fn keys(&self, layer: usize, head: usize, n_pos: usize) -> &[f32] {
         let (b, hd) = self.base(layer, head);

@@ -36,10 +36,15 @@ pub fn forward_rank(s: Stage) -> (usize, usize, usize) {
         .iter()
         .position(|k| *k == s.kind)
         .unwrap_or(usize::MAX);
-    match (s.layer, s.kind) {
-        (None, StageKind::Embed) => (0, 0, kind),
-        (Some(l), _) => (1, l, kind),
-        (None, _) => (2, 0, kind),
+    // an encoder–decoder model (Whisper): mel, the encoder stack, then the decoder
+    match (s.enc, s.layer, s.kind) {
+        (false, None, StageKind::Mel) => (0, 0, kind),
+        (true, None, StageKind::OutputNorm) => (3, 0, kind),
+        (true, None, _) => (1, 0, kind),
+        (true, Some(l), _) => (2, l, kind),
+        (false, None, StageKind::Embed) => (4, 0, kind),
+        (false, Some(l), _) => (5, l, kind),
+        (false, None, _) => (6, 0, kind),
     }
 }
 
@@ -62,7 +67,7 @@ pub fn first_non_finite_stage(
     arrays: &BTreeMap<String, Array2<f32>>,
 ) -> Option<(String, usize, usize, f32)> {
     let mut order: Vec<(&String, &Array2<f32>)> = arrays.iter().collect();
-    order.sort_by_key(|(name, _)| Stage::parse(name).map_or((3, 0, 0), forward_rank));
+    order.sort_by_key(|(name, _)| Stage::parse(name).map_or((7, 0, 0), forward_rank));
     order.into_iter().find_map(|(name, a)| {
         let cols = a.ncols().max(1);
         a.iter().position(|v| !v.is_finite()).map(|i| {

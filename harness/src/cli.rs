@@ -299,9 +299,10 @@ pub struct QuantizeArgs {
 pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArg,
-    /// Prompt text (tokenized with add_special = true).
-    #[arg(long)]
-    pub prompt: String,
+    /// Prompt text (tokenized with add_special = true). With `--audio`: the decoder prompt (default
+    /// [`WHISPER_PROMPT`]).
+    #[arg(long, required_unless_present = "audio")]
+    pub prompt: Option<String>,
     /// Tokens to generate at most.
     #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
     pub n: usize,
@@ -325,7 +326,17 @@ pub struct GenerateArgs {
     /// Recognise control-token text in the prompt.
     #[arg(long)]
     pub parse_special: bool,
+    /// Transcribe this 16 kHz mono WAV file with a speech model (Whisper): the log-mel of the file, the
+    /// encoder once, then greedy decoding (sampling flags are not used) from the prompt — by default
+    /// Whisper's `<|startoftranscript|><|en|><|transcribe|><|notimestamps|>`, control tokens parsed —
+    /// until `<|endoftext|>` or `-n` tokens. Prints the token ids, then the text.
+    #[arg(long)]
+    pub audio: Option<PathBuf>,
 }
+
+/// The decoder prompt of `generate --audio` when none is given: an English transcription without
+/// timestamps (HF `WhisperForConditionalGeneration.generate`'s forced decoder ids).
+pub const WHISPER_PROMPT: &str = "<|startoftranscript|><|en|><|transcribe|><|notimestamps|>";
 
 /// Arguments of `lockstep dump`.
 #[derive(Debug, Args)]
@@ -1442,6 +1453,22 @@ fn quality(a: QualityArgs, threads: usize, defaults: &Defaults) -> Result<()> {
 fn generate(a: GenerateArgs) -> Result<()> {
     let model = load_model(&a.model.model)?;
     crate::session::require_logits(&model, "generate")?;
+    if let Some(wav) = &a.audio {
+        let tok = model.tokenizer();
+        let prompt = tok.encode(a.prompt.as_deref().unwrap_or(WHISPER_PROMPT), false, true)?;
+        let mode = a.kernels.numerics(a.mode).mode;
+        let ids =
+            lockstep_engine::models::speech::transcribe_greedy(&model, wav, &prompt, a.n, mode)
+                .with_context(|| format!("transcribing {}", wav.display()))?;
+        let end = ids.iter().position(|&t| tok.is_eog(t)).unwrap_or(ids.len());
+        let list: Vec<String> = ids[..end].iter().map(u32::to_string).collect();
+        println!("{}", list.join(" "));
+        println!("{}", tok.decode(&ids[..end]));
+        return Ok(());
+    }
+    let Some(prompt) = a.prompt.as_deref() else {
+        bail!("generate needs --prompt (or --audio with a speech model)");
+    };
     let opts = crate::generate::GenerateOptions {
         n_predict: a.n,
         sampler: SamplerConfig {
@@ -1453,7 +1480,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
         numerics: a.kernels.numerics(a.mode),
         parse_special: a.parse_special,
     };
-    let stats = crate::generate::generate(&model, &a.prompt, &opts, &mut std::io::stdout().lock())?;
+    let stats = crate::generate::generate(&model, prompt, &opts, &mut std::io::stdout().lock())?;
     eprintln!("{}", stats.summary(&opts.numerics));
     Ok(())
 }

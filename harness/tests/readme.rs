@@ -2,7 +2,7 @@
 //!
 //! - the intro's `Architectures:` sentence (before "## Two commands": "Architectures: decoders `llama`, …;
 //!   encoder `bert`.") lists, as backticked names, exactly the architectures the engine loads —
-//!   `lockstep_engine::models::ARCHITECTURES` and `ENCODER_ARCHITECTURES`;
+//!   `lockstep_engine::models::ARCHITECTURES`, `ENCODER_ARCHITECTURES` and `SPEECH_ARCHITECTURES`;
 //! - the "**Seeded models**" parenthesis under "## Models" (`synth-llama`, …, `synth-bert`) names exactly one
 //!   `synth-<arch>` per architecture of `lockstep_engine::synth::SYNTH_ARCHS`.
 //!
@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use lockstep_engine::models::{ARCHITECTURES, ENCODER_ARCHITECTURES};
+use lockstep_engine::models::{ARCHITECTURES, ENCODER_ARCHITECTURES, SPEECH_ARCHITECTURES};
 use lockstep_engine::synth::SYNTH_ARCHS;
 
 /// The checkout's README.md.
@@ -67,12 +67,13 @@ fn readme_seeded_archs(text: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Every architecture the engine loads: decoders, then encoders.
+/// Every architecture the engine loads: decoders, encoders, then encoder–decoders (Whisper).
 fn engine_architectures() -> Vec<&'static str> {
     ARCHITECTURES
         .iter()
         .map(|(n, _)| *n)
         .chain(ENCODER_ARCHITECTURES.iter().map(|(n, _)| *n))
+        .chain(SPEECH_ARCHITECTURES.iter().map(|(n, _)| *n))
         .collect()
 }
 

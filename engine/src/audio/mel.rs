@@ -47,6 +47,15 @@ impl MelConfig {
         }
     }
 
+    /// [`MelConfig::whisper`] for a chunk of `n_frames` frames (`n_frames · hop_length` samples): the front
+    /// end of a Whisper model whose encoder reads `2·max_source_positions` frames.
+    pub fn whisper_frames(n_mels: usize, n_frames: usize) -> Self {
+        MelConfig {
+            n_samples: n_frames * 160,
+            ..Self::whisper(n_mels, 0)
+        }
+    }
+
     /// Frequency bins of the one-sided spectrum: `n_fft / 2 + 1`.
     pub fn n_freq(&self) -> usize {
         self.n_fft / 2 + 1
@@ -123,7 +132,10 @@ pub fn mel_filter_bank(cfg: &MelConfig) -> Vec<f64> {
             let down = -(filter_freqs[m] - ff) / diff[m];
             let up = (filter_freqs[m + 2] - ff) / diff[m + 1];
             let tri = down.min(up).max(0.0);
-            let enorm = 2.0 / (filter_freqs[m + 2] - filter_freqs[m]);
+            let enorm = match crate::faults::is(crate::faults::Fault::MelFilterUnnormalised) {
+                true => 1.0,
+                false => 2.0 / (filter_freqs[m + 2] - filter_freqs[m]),
+            };
             bank[f * n_mels + m] = tri * enorm;
         }
     }
@@ -160,9 +172,15 @@ pub fn log_mel(samples: &[f32], cfg: &MelConfig) -> Result<Vec<f32>> {
     // reflect padding: x[p], …, x[1] | x | x[n-2], …, x[n-1-p]
     let p = cfg.n_fft / 2;
     let mut padded = Vec::with_capacity(n + 2 * p);
-    padded.extend((1..=p).rev().map(|i| x[i]));
-    padded.extend_from_slice(&x);
-    padded.extend((1..=p).map(|i| x[n - 1 - i]));
+    if crate::faults::is(crate::faults::Fault::StftZeroPadding) {
+        padded.resize(p, 0.0);
+        padded.extend_from_slice(&x);
+        padded.resize(n + 2 * p, 0.0);
+    } else {
+        padded.extend((1..=p).rev().map(|i| x[i]));
+        padded.extend_from_slice(&x);
+        padded.extend((1..=p).map(|i| x[n - 1 - i]));
+    }
 
     let window = hann_periodic(cfg.n_fft);
     let n_freq = cfg.n_freq();

@@ -125,6 +125,18 @@ fn config_of(g: &GgufFile, l: &layout::ArchLayout) -> Result<Value> {
                     ));
                 }
             }
+            Cfg::MetaF32(k, v) => {
+                take(k);
+                if has(k) && g.get_f32(&full_key(a, k))? != v {
+                    return Err(err(
+                        g,
+                        format!(
+                            "{a}.{k} = {}: only {v} has an HF form here",
+                            g.get_f32(&full_key(a, k))?
+                        ),
+                    ));
+                }
+            }
             Cfg::Ignored(k, _) => take(k),
             Cfg::HeadDim(h) => {
                 take("attention.key_length");
@@ -358,6 +370,7 @@ fn tensor_of(g: &GgufFile, rule: &layout::TensorRule, hf: String) -> Result<HfTe
     };
     match rule.transform {
         Transform::Same => {}
+        Transform::Flatten(k) => shape = vec![rows, cols / k, k],
         Transform::Transpose => {
             data = transpose(&data, rows, cols, es);
             shape = vec![cols, rows];

@@ -21,6 +21,9 @@ pub enum Transform {
     RopePermute(Heads),
     /// Gemma 2/3 RMSNorm weights: HF stores `w - 1` (the module multiplies by `1 + w`), GGUF `w`.
     NormOffset,
+    /// A PyTorch `Conv1d` weight `[out, in, k]` (HF) read as the matrix `[out, in·k]` (GGUF): the same
+    /// bytes, the kernel width `k` given (Whisper's encoder convolutions, `k` = 3).
+    Flatten(usize),
 }
 
 /// Which head count a [`Transform::RopePermute`] uses.
@@ -92,6 +95,9 @@ pub enum Cfg {
     Const(&'static str, &'static str),
     /// A GGUF bool with the one value the engine implements: checked on export, written on load.
     MetaBool(&'static str, bool),
+    /// A GGUF float the HF config does not carry, the value the HF model hard-codes: written on load,
+    /// checked on export (Whisper's LayerNorm epsilon, PyTorch's default 1e-5).
+    MetaF32(&'static str, f32),
     /// A GGUF key the HF config does not carry, because llama.cpp (and the engine) ignore it (the reason).
     Ignored(&'static str, &'static str),
     /// HF `head_dim` (the field named) = GGUF `attention.key_length` = `attention.value_length` (default
@@ -127,7 +133,7 @@ pub struct ArchLayout {
 
 use Cfg::*;
 use Heads::*;
-use Transform::{NormOffset, RopePermute, Transpose};
+use Transform::{Flatten, NormOffset, RopePermute, Transpose};
 
 const COMMON_DIMS: &[Cfg] = &[
     U32("block_count", "num_hidden_layers"),
@@ -733,6 +739,83 @@ pub const LAYOUTS: &[ArchLayout] = &[
             ),
             Const("hidden_act", r#""gelu_pytorch_tanh""#),
             Const("position_embedding_type", r#""absolute""#),
+        ],
+    },
+    ArchLayout {
+        arch: "whisper",
+        hf_class: "WhisperForConditionalGeneration",
+        model_type: "whisper",
+        tensors: &[
+            tx("enc.conv1.weight", "model.encoder.conv1.weight", Flatten(3)),
+            t("enc.conv1.bias", "model.encoder.conv1.bias"),
+            tx("enc.conv2.weight", "model.encoder.conv2.weight", Flatten(3)),
+            t("enc.conv2.bias", "model.encoder.conv2.bias"),
+            t("enc.position_embd.weight", "model.encoder.embed_positions.weight"),
+            t("enc.blk.{N}.attn_norm.weight", "model.encoder.layers.{N}.self_attn_layer_norm.weight"),
+            t("enc.blk.{N}.attn_norm.bias", "model.encoder.layers.{N}.self_attn_layer_norm.bias"),
+            t("enc.blk.{N}.attn_q.weight", "model.encoder.layers.{N}.self_attn.q_proj.weight"),
+            t("enc.blk.{N}.attn_q.bias", "model.encoder.layers.{N}.self_attn.q_proj.bias"),
+            t("enc.blk.{N}.attn_k.weight", "model.encoder.layers.{N}.self_attn.k_proj.weight"),
+            t("enc.blk.{N}.attn_v.weight", "model.encoder.layers.{N}.self_attn.v_proj.weight"),
+            t("enc.blk.{N}.attn_v.bias", "model.encoder.layers.{N}.self_attn.v_proj.bias"),
+            t("enc.blk.{N}.attn_output.weight", "model.encoder.layers.{N}.self_attn.out_proj.weight"),
+            t("enc.blk.{N}.attn_output.bias", "model.encoder.layers.{N}.self_attn.out_proj.bias"),
+            t("enc.blk.{N}.ffn_norm.weight", "model.encoder.layers.{N}.final_layer_norm.weight"),
+            t("enc.blk.{N}.ffn_norm.bias", "model.encoder.layers.{N}.final_layer_norm.bias"),
+            t("enc.blk.{N}.ffn_up.weight", "model.encoder.layers.{N}.fc1.weight"),
+            t("enc.blk.{N}.ffn_up.bias", "model.encoder.layers.{N}.fc1.bias"),
+            t("enc.blk.{N}.ffn_down.weight", "model.encoder.layers.{N}.fc2.weight"),
+            t("enc.blk.{N}.ffn_down.bias", "model.encoder.layers.{N}.fc2.bias"),
+            t("enc.output_norm.weight", "model.encoder.layer_norm.weight"),
+            t("enc.output_norm.bias", "model.encoder.layer_norm.bias"),
+            t("token_embd.weight", "model.decoder.embed_tokens.weight"),
+            t("position_embd.weight", "model.decoder.embed_positions.weight"),
+            opt("output.weight", "proj_out.weight"),
+            t("blk.{N}.attn_norm.weight", "model.decoder.layers.{N}.self_attn_layer_norm.weight"),
+            t("blk.{N}.attn_norm.bias", "model.decoder.layers.{N}.self_attn_layer_norm.bias"),
+            t("blk.{N}.attn_q.weight", "model.decoder.layers.{N}.self_attn.q_proj.weight"),
+            t("blk.{N}.attn_q.bias", "model.decoder.layers.{N}.self_attn.q_proj.bias"),
+            t("blk.{N}.attn_k.weight", "model.decoder.layers.{N}.self_attn.k_proj.weight"),
+            t("blk.{N}.attn_v.weight", "model.decoder.layers.{N}.self_attn.v_proj.weight"),
+            t("blk.{N}.attn_v.bias", "model.decoder.layers.{N}.self_attn.v_proj.bias"),
+            t("blk.{N}.attn_output.weight", "model.decoder.layers.{N}.self_attn.out_proj.weight"),
+            t("blk.{N}.attn_output.bias", "model.decoder.layers.{N}.self_attn.out_proj.bias"),
+            t("blk.{N}.cross_attn_norm.weight", "model.decoder.layers.{N}.encoder_attn_layer_norm.weight"),
+            t("blk.{N}.cross_attn_norm.bias", "model.decoder.layers.{N}.encoder_attn_layer_norm.bias"),
+            t("blk.{N}.cross_attn_q.weight", "model.decoder.layers.{N}.encoder_attn.q_proj.weight"),
+            t("blk.{N}.cross_attn_q.bias", "model.decoder.layers.{N}.encoder_attn.q_proj.bias"),
+            t("blk.{N}.cross_attn_k.weight", "model.decoder.layers.{N}.encoder_attn.k_proj.weight"),
+            t("blk.{N}.cross_attn_v.weight", "model.decoder.layers.{N}.encoder_attn.v_proj.weight"),
+            t("blk.{N}.cross_attn_v.bias", "model.decoder.layers.{N}.encoder_attn.v_proj.bias"),
+            t("blk.{N}.cross_attn_output.weight", "model.decoder.layers.{N}.encoder_attn.out_proj.weight"),
+            t("blk.{N}.cross_attn_output.bias", "model.decoder.layers.{N}.encoder_attn.out_proj.bias"),
+            t("blk.{N}.ffn_norm.weight", "model.decoder.layers.{N}.final_layer_norm.weight"),
+            t("blk.{N}.ffn_norm.bias", "model.decoder.layers.{N}.final_layer_norm.bias"),
+            t("blk.{N}.ffn_up.weight", "model.decoder.layers.{N}.fc1.weight"),
+            t("blk.{N}.ffn_up.bias", "model.decoder.layers.{N}.fc1.bias"),
+            t("blk.{N}.ffn_down.weight", "model.decoder.layers.{N}.fc2.weight"),
+            t("blk.{N}.ffn_down.bias", "model.decoder.layers.{N}.fc2.bias"),
+            t("output_norm.weight", "model.decoder.layer_norm.weight"),
+            t("output_norm.bias", "model.decoder.layer_norm.bias"),
+        ],
+        config: &[
+            U32("block_count", "decoder_layers"),
+            U32("context_length", "max_target_positions"),
+            U32("embedding_length", "d_model"),
+            U32("feed_forward_length", "decoder_ffn_dim"),
+            U32("attention.head_count", "decoder_attention_heads"),
+            U32("encoder.block_count", "encoder_layers"),
+            U32("encoder.context_length", "max_source_positions"),
+            U32("encoder.feed_forward_length", "encoder_ffn_dim"),
+            U32("encoder.attention.head_count", "encoder_attention_heads"),
+            U32("n_mels", "num_mel_bins"),
+            MetaF32("attention.layer_norm_epsilon", 1e-5),
+            Ignored(
+                "vocab_size",
+                "the vocabulary is token_embd's rows (config.json vocab_size)",
+            ),
+            Const("activation_function", r#""gelu""#),
+            Const("scale_embedding", "false"),
         ],
     },
 ];

@@ -188,6 +188,7 @@ fn meta_from_config(l: &ArchLayout, cfg: &Value, cfg_path: &Path) -> Result<(Met
                 }
             }
             Cfg::MetaBool(g, v) => put(full_key(a, g), MetaValue::Bool(v)),
+            Cfg::MetaF32(g, v) => put(full_key(a, g), MetaValue::F32(v)),
             Cfg::Ignored(..) => {}
             Cfg::HeadDim(_) => {
                 let h = head_dim()?;
@@ -446,6 +447,15 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
             .map(|x| x as usize)
     };
     let n_layer = meta_u32("block_count").unwrap_or(0);
+    // an encoder–decoder's encoder stack (`enc.blk.{N}`) counts its own blocks
+    let n_enc_layer = meta_u32("encoder.block_count").unwrap_or(0);
+    let layers_of = |gguf: &str| {
+        if gguf.starts_with("enc.") {
+            n_enc_layer
+        } else {
+            n_layer
+        }
+    };
     let n_head = meta_u32("attention.head_count").unwrap_or(0);
     let n_head_kv = meta_u32("attention.head_count_kv").unwrap_or(n_head);
 
@@ -528,10 +538,13 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
                 Some(il) => layout::with_layer(rule.gguf, il),
                 None => rule.gguf.to_string(),
             };
-            if layer.is_some_and(|il| il >= n_layer) {
+            if layer.is_some_and(|il| il >= layers_of(rule.gguf)) {
                 return Err(model_err(
                     f,
-                    format!("tensor {hf_name}: layer beyond num_hidden_layers {n_layer}"),
+                    format!(
+                        "tensor {hf_name}: layer beyond the config's {} layers",
+                        layers_of(rule.gguf)
+                    ),
                 ));
             }
             let ty = ggml_type_of(info.dtype).ok_or_else(|| {
@@ -543,7 +556,19 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
                     ),
                 )
             })?;
-            let shape = info.shape.clone();
+            let mut shape = info.shape.clone();
+            if let (Transform::Flatten(k), 3) = (rule.transform, shape.len()) {
+                if shape[2] != k {
+                    return Err(model_err(
+                        f,
+                        format!(
+                            "tensor {hf_name} has shape {shape:?}: expected a kernel width of {k}"
+                        ),
+                    ));
+                }
+                // a Conv1d weight [out, in, k]: the matrix [out, in·k] over the same bytes
+                shape = vec![shape[0], shape[1] * k];
+            }
             if shape.is_empty() || shape.len() > 2 || shape.contains(&0) {
                 return Err(model_err(
                     f,
@@ -565,7 +590,7 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
             }
             let mut out_ty = ty;
             let data: Option<(Vec<u8>, &str)> = match rule.transform {
-                Transform::Same => None,
+                Transform::Same | Transform::Flatten(_) => None,
                 Transform::Transpose => {
                     if shape.len() != 2 {
                         return Err(model_err(
@@ -662,7 +687,7 @@ pub fn open_dir(dir: &Path) -> Result<GgufFile> {
     let have: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
     for r in l.tensors.iter().filter(|r| !r.optional) {
         let layers: Vec<Option<usize>> = if r.gguf.contains("{N}") {
-            (0..n_layer).map(Some).collect()
+            (0..layers_of(r.gguf)).map(Some).collect()
         } else {
             vec![None]
         };

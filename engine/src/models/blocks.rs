@@ -13,7 +13,12 @@
 //! - [`Ffn`]: gated FFN with SiLU (SwiGLU) or tanh-GELU (GeGLU), gate and up separate or fused in one
 //!   `ffn_up` (Phi-3), or the non-gated `down(gelu(up))` with optional biases (StarCoder2) → `ffn_gate`,
 //!   `ffn_up`, `ffn_act`, `ffn_out`;
-//! - [`DecoderLayer`]: pre-norm residual wiring with optional post-norms (Gemma 2/3) → `ffn_inp`, `out`;
+//! - [`CrossAttention`]: an encoder–decoder's cross-attention (Whisper), keys and values of the encoder
+//!   output computed once per input and kept in the [`KvCache`] → `cross_k`, `cross_v`, `cross_q`,
+//!   `cross_attn_out`, `cross_attn_proj`;
+//! - [`DecoderLayer`]: pre-norm residual wiring with optional post-norms (Gemma 2/3) and optional
+//!   cross-attention (`cross_inp`, `cross_attn_norm`) → `ffn_inp`, `out`; with bidirectional attention it
+//!   is an encoder stack's block (Whisper's, stages `enc.…`);
 //! - [`OutputHead`]: final norm, output matrix, optional logit soft-cap → `output_norm`, `logits`;
 //! - [`Decoder`]: embedding → layers → head, the forward pass of every decoder-only architecture here.
 //!
@@ -50,6 +55,9 @@ pub(crate) struct Fwd<'a, 's> {
     pub p0: usize,
     /// Tokens in the batch.
     pub n: usize,
+    /// Whether the blocks run an encoder–decoder model's encoder stack: every stage they emit is then that
+    /// stack's ([`Stage::in_encoder`], ids `enc.…`).
+    pub enc: bool,
 }
 
 impl Fwd<'_, '_> {
@@ -63,6 +71,11 @@ impl Fwd<'_, '_> {
         let width = data.len() / self.n;
         let pos = self.positions();
         let mut sink = self.sink.as_deref_mut().map(|s| s as &mut dyn StageSink);
+        let stage = if self.enc {
+            stage.in_encoder(true)
+        } else {
+            stage
+        };
         hooks::emit(&mut sink, stage, pos, width, data);
     }
 
@@ -280,8 +293,12 @@ pub struct Attention {
     pub wo: Weight,
     /// `attn_output.bias` (`[d_model]`, StarCoder2), added after the output projection, when the file has it.
     pub wo_bias: Option<Vec<f32>>,
-    /// Q/K/V biases (`attn_q.bias` ...; Qwen2), added right after each projection.
-    pub bias: Option<[Vec<f32>; 3]>,
+    /// Q/K/V biases (`attn_q.bias` ...; Qwen2), each added right after its projection when present
+    /// (Whisper: Q and V only, its `k_proj` has none).
+    pub bias: [Option<Vec<f32>>; 3],
+    /// Bidirectional attention over the batch without a KV cache (an encoder stack's blocks: Whisper's
+    /// `WhisperEncoderLayer`, no mask), instead of causal attention through the cache.
+    pub bidirectional: bool,
     /// Per-head RMSNorms of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`; Gemma 3).
     pub qk_norm: Option<[RmsNorm; 2]>,
     /// Per-head RMSNorm of V without a weight (Gemma 4: `ggml_rms_norm(Vcur, eps)`; held as a norm whose
@@ -331,12 +348,13 @@ impl QkvWeights {
     /// `attn_qkv.weight` if the file has it (shape-checked), else the three separate matrices.
     fn load(
         g: &GgufFile,
+        pre: &str,
         layer: usize,
         d_model: usize,
         (qw, kvw): (usize, usize),
         v_from_k: bool,
     ) -> Result<Self> {
-        let name = |t: &str| format!("blk.{layer}.{t}.weight");
+        let name = |t: &str| format!("{pre}blk.{layer}.{t}.weight");
         let w = |t: &str, rows: usize| Weight::load(g, &name(t), Some(rows), Some(d_model));
         if g.tensor(&name("attn_qkv")).is_ok() {
             return Ok(QkvWeights::Fused(w("attn_qkv", qw + 2 * kvw)?));
@@ -383,6 +401,8 @@ pub struct AttnTensors {
     pub rope_freqs: bool,
     /// V may be absent (`attn_v`): then the values are the keys' projection (Gemma 4).
     pub v_from_k: bool,
+    /// With `bias`: `attn_k` has no bias (Whisper's `k_proj`, `bias=False`), the other two have one.
+    pub no_k_bias: bool,
 }
 
 impl Attention {
@@ -390,6 +410,17 @@ impl Attention {
     /// and `d_model`.
     pub fn load(
         g: &GgufFile,
+        layer: usize,
+        d_model: usize,
+        opts: AttnOptions,
+    ) -> Result<Attention> {
+        Self::load_in(g, "", layer, d_model, opts)
+    }
+
+    /// [`Attention::load`] of the tensors `{pre}blk.{layer}.attn_*` (`pre` = `enc.` for an encoder stack).
+    pub fn load_in(
+        g: &GgufFile,
+        pre: &str,
         layer: usize,
         d_model: usize,
         opts: AttnOptions,
@@ -405,24 +436,27 @@ impl Attention {
             shape.n_head * shape.head_dim,
             shape.n_kv_head * shape.head_dim,
         );
-        let name = |t: &str| format!("blk.{layer}.{t}");
+        let name = |t: &str| format!("{pre}blk.{layer}.{t}");
         let bias = if !tensors.bias {
-            None
+            [None, None, None]
         } else if g.tensor(&name("attn_qkv.bias")).is_ok() {
             // the fused projection's bias `[qw + 2·kvw]` (GPT-2; build_qkv's `wqkv_b`), split as the
             // matmul's output is: adding it before or after the split is the same elementwise f32 add
             let b = load_vector(g, &name("attn_qkv.bias"), qw + 2 * kvw)?;
-            Some([
-                b[..qw].to_vec(),
-                b[qw..qw + kvw].to_vec(),
-                b[qw + kvw..].to_vec(),
-            ])
+            [
+                Some(b[..qw].to_vec()),
+                Some(b[qw..qw + kvw].to_vec()),
+                Some(b[qw + kvw..].to_vec()),
+            ]
         } else {
-            Some([
-                load_vector(g, &name("attn_q.bias"), qw)?,
-                load_vector(g, &name("attn_k.bias"), kvw)?,
-                load_vector(g, &name("attn_v.bias"), kvw)?,
-            ])
+            [
+                Some(load_vector(g, &name("attn_q.bias"), qw)?),
+                match tensors.no_k_bias {
+                    true => None,
+                    false => Some(load_vector(g, &name("attn_k.bias"), kvw)?),
+                },
+                Some(load_vector(g, &name("attn_v.bias"), kvw)?),
+            ]
         };
         let qk_norm = if tensors.qk_norm {
             Some([
@@ -445,7 +479,7 @@ impl Attention {
         };
         Ok(Attention {
             layer,
-            qkv: QkvWeights::load(g, layer, d_model, (qw, kvw), tensors.v_from_k)?,
+            qkv: QkvWeights::load(g, pre, layer, d_model, (qw, kvw), tensors.v_from_k)?,
             v_norm,
             rope_freqs,
             wo: Weight::load(g, &name("attn_output.weight"), Some(d_model), Some(qw))?,
@@ -454,6 +488,7 @@ impl Attention {
                 Err(_) => None,
             },
             bias,
+            bidirectional: false,
             qk_norm,
             rope,
             q_scale,
@@ -517,12 +552,16 @@ impl Attention {
         .into_iter()
         .enumerate()
         {
-            if let Some(bias) = self
-                .bias
+            if let Some(bias) = self.bias[i]
                 .as_ref()
                 .filter(|_| !faults::is(Fault::QkvBiasMissing))
             {
-                add_bias(out, &bias[i]);
+                add_bias(out, bias);
+            }
+            if let (1, None, Some(vb)) = (i, &self.bias[1], &self.bias[2]) {
+                if faults::is(Fault::KProjBias) {
+                    add_bias(out, vb);
+                }
             }
             f.emit(st(kind), out);
         }
@@ -555,31 +594,36 @@ impl Attention {
             ops::scale(q, s);
         }
 
-        // write k, v of token t at position p0 + t
-        for (t, (kt, vt)) in k.chunks_exact(kvw).zip(v.chunks_exact(kvw)).enumerate() {
-            let at = if fault == Some(Fault::KvWritePosition) {
-                t
-            } else {
-                p0 + t
-            };
-            kv.write(self.layer, at, kt, vt)?;
-        }
-
         // att = softmax(q·kᵀ·kq_scale + mask) · v, heads concatenated   [n, n_head·hd]
         let att = sized(&mut b.att, n * qw);
-        let scores = sized(&mut b.scores, ops::attention_scratch_len(p0 + n));
-        // llama.cpp sums KQV in another order for a single-token batch than for a prompt batch
-        let kqv = ops::ggml_kqv_order(n);
         let mut shape = self.shape;
         if fault == Some(Fault::AttnScale) {
             shape.kq_scale /= (hd as f32).sqrt();
         }
-        // the query's position: the last key it may see (the whole batch without a causal mask)
-        let causal_off = fault == Some(Fault::CausalMaskOff);
-        let pos_of = |t: usize| if causal_off { p0 + n - 1 } else { p0 + t };
-        ops::attention_batch(
-            q, kv, self.layer, n, pos_of, &shape, scores, att, f.num, kqv,
-        );
+        if self.bidirectional {
+            // an encoder block: every query sees the whole batch, nothing cached
+            let causal = faults::is(Fault::EncoderCausalMask);
+            ops::attention_no_cache(q, k, v, n, &shape, causal, att, f.num);
+        } else {
+            // write k, v of token t at position p0 + t
+            for (t, (kt, vt)) in k.chunks_exact(kvw).zip(v.chunks_exact(kvw)).enumerate() {
+                let at = if fault == Some(Fault::KvWritePosition) {
+                    t
+                } else {
+                    p0 + t
+                };
+                kv.write(self.layer, at, kt, vt)?;
+            }
+            let scores = sized(&mut b.scores, ops::attention_scratch_len(p0 + n));
+            // llama.cpp sums KQV in another order for a single-token batch than for a prompt batch
+            let kqv = ops::ggml_kqv_order(n);
+            // the query's position: the last key it may see (the whole batch without a causal mask)
+            let causal_off = fault == Some(Fault::CausalMaskOff);
+            let pos_of = |t: usize| if causal_off { p0 + n - 1 } else { p0 + t };
+            ops::attention_batch(
+                q, kv, self.layer, n, pos_of, &shape, scores, att, f.num, kqv,
+            );
+        }
         f.emit(st(StageKind::AttnOut), att);
 
         // out = att·Woᵀ (+ bo)                                [n, d_model]
@@ -648,6 +692,127 @@ impl Attention {
     }
 }
 
+/// Cross-attention of a decoder block over an encoder's output (Whisper's `encoder_attn`: HF
+/// `WhisperAttention` with `key_value_states`; whisper.cpp's `cross_attn_*` tensors): LayerNorm, the query
+/// projection of the decoder stream, keys and values projected ONCE per input from the encoder output
+/// (`CrossAttention::precompute`, kept in the session's [`KvCache`]: HF's `EncoderDecoderCache`,
+/// whisper.cpp's `kv_cross`), attention without any mask, output projection.
+#[derive(Debug)]
+pub struct CrossAttention {
+    /// Block index (stage ids, the cache slot).
+    pub layer: usize,
+    /// `cross_attn_norm` (LayerNorm with bias).
+    pub norm: RmsNorm,
+    /// `cross_attn_q.weight` `[n_head·head_dim, d_model]`.
+    pub wq: Weight,
+    /// `cross_attn_k.weight` (no bias: `k_proj` has `bias=False`).
+    pub wk: Weight,
+    /// `cross_attn_v.weight`.
+    pub wv: Weight,
+    /// `cross_attn_output.weight` `[d_model, n_head·head_dim]`.
+    pub wo: Weight,
+    /// Biases of the query, value and output projections (`[n_head·head_dim]`, `[..]`, `[d_model]`).
+    pub bq: Vec<f32>,
+    /// See [`CrossAttention::bq`].
+    pub bv: Vec<f32>,
+    /// See [`CrossAttention::bq`].
+    pub bo: Vec<f32>,
+    /// Heads and scale (1/√head_dim; no window, no soft-cap).
+    pub shape: AttnShape,
+}
+
+impl CrossAttention {
+    /// Load block `layer`'s `blk.{layer}.cross_attn_{norm,q,k,v,output}` tensors (LayerNorm epsilon `eps`).
+    ///
+    /// Errors: a missing or misshapen tensor (naming file and tensor).
+    pub fn load(
+        g: &GgufFile,
+        layer: usize,
+        d_model: usize,
+        shape: AttnShape,
+        eps: f32,
+    ) -> Result<CrossAttention> {
+        let qw = shape.n_head * shape.head_dim;
+        let name = |t: &str| format!("blk.{layer}.cross_attn_{t}");
+        let w = |t: &str, rows, cols| Weight::load(g, &name(t), Some(rows), Some(cols));
+        Ok(CrossAttention {
+            layer,
+            norm: RmsNorm::load_kind(g, &name("norm"), d_model, eps, NormKind::Layer)?,
+            wq: w("q.weight", qw, d_model)?,
+            wk: w("k.weight", qw, d_model)?,
+            wv: w("v.weight", qw, d_model)?,
+            wo: w("output.weight", d_model, qw)?,
+            bq: load_vector(g, &name("q.bias"), qw)?,
+            bv: load_vector(g, &name("v.bias"), qw)?,
+            bo: load_vector(g, &name("output.bias"), d_model)?,
+            shape,
+        })
+    }
+
+    /// The keys and values of the encoder output `enc` (`[f.n, d_model]`, `f.n` the encoder positions),
+    /// emitted as `cross_k`, `cross_v` (rows are encoder positions) and kept in `kv` for every decode step.
+    pub(crate) fn precompute(
+        &self,
+        f: &mut Fwd,
+        kv: &mut KvCache,
+        enc: &[f32],
+        b: &mut AttnBufs,
+    ) -> Result<()> {
+        let st = |kind| Stage::block(self.layer, kind);
+        let qw = self.wk.rows;
+        let (k, v) = (sized(&mut b.k, f.n * qw), sized(&mut b.v, f.n * qw));
+        f.matmul_shared([&self.wk, &self.wv], enc, [&mut *k, &mut *v])?;
+        f.emit(st(StageKind::CrossK), k);
+        add_bias(v, &self.bv);
+        f.emit(st(StageKind::CrossV), v);
+        kv.set_cross(self.layer, k, v, f.n);
+        Ok(())
+    }
+
+    /// `out` (`[n, d_model]`) ← cross-attention of the normed decoder rows `h` (`[n, d_model]`) over the
+    /// keys and values [`CrossAttention::precompute`] cached.
+    ///
+    /// Errors: no cached keys for this block (the decoder run before any input was encoded).
+    pub(crate) fn forward(
+        &self,
+        f: &mut Fwd,
+        kv: &KvCache,
+        h: &[f32],
+        b: &mut AttnBufs,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let st = |kind| Stage::block(self.layer, kind);
+        let (k, v, n_enc) = kv.cross(self.layer).ok_or_else(|| {
+            crate::Error::Invalid(
+                "the decoder ran before its encoder: encode the audio first (no cross-attention keys)"
+                    .into(),
+            )
+        })?;
+        let (n, qw) = (f.n, self.wq.rows);
+        let q = sized(&mut b.q, n * qw);
+        f.matmul(&self.wq, h, q)?;
+        add_bias(q, &self.bq);
+        f.emit(st(StageKind::CrossQ), q);
+        let att = sized(&mut b.att, n * qw);
+        let fault = faults::active();
+        if fault == Some(Fault::CrossKvFromDecoder) {
+            // the fault: keys and values of the decoder rows themselves
+            let (k, v) = (sized(&mut b.k, n * qw), sized(&mut b.v, n * qw));
+            f.matmul_shared([&self.wk, &self.wv], h, [&mut *k, &mut *v])?;
+            add_bias(v, &self.bv);
+            ops::attention_cross(q, n, k, v, n, &self.shape, false, att, f.num);
+        } else {
+            let causal = fault == Some(Fault::CrossAttnCausal);
+            ops::attention_cross(q, n, k, v, n_enc, &self.shape, causal, att, f.num);
+        }
+        f.emit(st(StageKind::CrossAttnOut), att);
+        f.matmul(&self.wo, att, out)?;
+        add_bias(out, &self.bo);
+        f.emit(st(StageKind::CrossAttnProj), out);
+        Ok(())
+    }
+}
+
 /// The gate activation of a gated FFN (llama.cpp `llm_ffn_op_type` with `LLM_FFN_PAR`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GluAct {
@@ -655,6 +820,9 @@ pub enum GluAct {
     Silu,
     /// tanh-approximated GELU: GeGLU ([`ops::geglu`]).
     GeluTanh,
+    /// The exact (erf) GELU of a non-gated FFN ([`ops::gelu_erf`]; HF `"gelu"`: Whisper's `fc1` → GELU →
+    /// `fc2`). A gated FFN with it is refused at load.
+    GeluErf,
 }
 
 /// Activation buffers of [`Ffn::forward`].
@@ -700,13 +868,25 @@ impl Ffn {
     pub fn load(
         g: &GgufFile,
         layer: usize,
+        dims: (usize, usize),
+        act: GluAct,
+        gated: bool,
+    ) -> Result<Ffn> {
+        Self::load_in(g, "", layer, dims, act, gated)
+    }
+
+    /// [`Ffn::load`] of the tensors `{pre}blk.{layer}.ffn_*` (`pre` = `enc.` for an encoder stack).
+    pub fn load_in(
+        g: &GgufFile,
+        pre: &str,
+        layer: usize,
         (d_model, d_ff): (usize, usize),
         act: GluAct,
         gated: bool,
     ) -> Result<Ffn> {
-        let name = |t: &str| format!("blk.{layer}.{t}.weight");
+        let name = |t: &str| format!("{pre}blk.{layer}.{t}.weight");
         let bias = |t: &str, len: usize| {
-            let n = format!("blk.{layer}.{t}.bias");
+            let n = format!("{pre}blk.{layer}.{t}.bias");
             g.tensor(&n)
                 .ok()
                 .map(|_| load_vector(g, &n, len))
@@ -761,7 +941,10 @@ impl Ffn {
                 add_bias(up, bias);
             }
             f.emit(st(StageKind::FfnUp), up);
-            ops::gelu(up, f.num.mode);
+            match self.act {
+                GluAct::GeluErf => ops::gelu_erf(up),
+                _ => ops::gelu(up, f.num.mode),
+            }
             f.emit(st(StageKind::FfnAct), up);
             f.matmul(&self.down, up, out)?;
             if let Some(bias) = &self.down_bias {
@@ -815,6 +998,13 @@ impl Ffn {
         match act {
             GluAct::Silu => ops::swiglu(gate, up, d_ff, f.num),
             GluAct::GeluTanh => ops::geglu(gate, up, d_ff, f.num.mode),
+            GluAct::GeluErf => {
+                return Err(crate::Error::Unsupported(format!(
+                    "{}: a gated FFN with the erf GELU (block {}) is not implemented",
+                    f.g.path().display(),
+                    self.layer
+                )))
+            }
         }
         f.emit(st(StageKind::FfnAct), gate);
         f.matmul(&self.down, gate, out)?;
@@ -841,6 +1031,9 @@ pub struct DecoderLayer {
     pub attn_post_norm: Option<RmsNorm>,
     /// Norm before the FFN.
     pub ffn_norm: RmsNorm,
+    /// Cross-attention over an encoder's output, between self-attention and the FFN (Whisper's
+    /// `encoder_attn`); `None` for decoder-only models.
+    pub cross: Option<CrossAttention>,
     /// Feed-forward.
     pub ffn: Ffn,
     /// Norm of the FFN output before the residual add (`post_ffw_norm`).
@@ -863,7 +1056,7 @@ pub struct Activations {
 
 /// Buffers of one [`DecoderLayer`] forward.
 #[derive(Default)]
-pub struct LayerBufs {
+pub(crate) struct LayerBufs {
     /// Normed input of a sub-layer `[n, d_model]`.
     h: Vec<f32>,
     /// Sub-layer output `[n, d_model]`.
@@ -874,7 +1067,7 @@ pub struct LayerBufs {
 
 impl DecoderLayer {
     /// One block over the residual stream `x` (`[n, d_model]`), in place.
-    fn forward(
+    pub(crate) fn forward(
         &self,
         f: &mut Fwd,
         kv: &mut KvCache,
@@ -892,6 +1085,14 @@ impl DecoderLayer {
             n.forward(f, proj, st(StageKind::AttnPostNorm));
         }
         ops::add_in_place(x, proj);
+        if let Some(c) = &self.cross {
+            // x = x + cross_attn(cross_attn_norm(x))          → ffn_inp
+            f.emit(st(StageKind::CrossInp), x);
+            h.copy_from_slice(x);
+            c.norm.forward(f, h, st(StageKind::CrossAttnNorm));
+            c.forward(f, kv, h, attn, proj)?;
+            ops::add_in_place(x, proj);
+        }
         f.emit(st(StageKind::FfnInp), x);
 
         h.copy_from_slice(x);
@@ -1013,6 +1214,7 @@ impl Decoder {
                     attn: Attention::load(g, l, d, (w.attn)(l))?,
                     attn_post_norm: post("post_attention_norm")?,
                     ffn_norm: norm("ffn_norm")?,
+                    cross: None,
                     ffn: Ffn::load(g, l, (d, c.d_ff), w.act, w.gated_ffn)?,
                     ffn_post_norm: post("post_ffw_norm")?,
                     out_scale: match g.tensor(&format!("blk.{l}.layer_output_scale.weight")) {

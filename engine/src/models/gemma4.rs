@@ -175,6 +175,7 @@ impl Gemma4Hparams {
                 v_norm: true,
                 rope_freqs: !local && self.rope_freqs,
                 v_from_k: true,
+                no_k_bias: false,
             },
             norm_eps: c.norm_eps,
         }

@@ -12,6 +12,11 @@
 //!   in [`ENCODER_ARCHITECTURES`]. An encoder's session has no KV cache: one forward pass per sequence, its
 //!   output the pooled embedding ([`Output::Pooled`]).
 //!
+//! - encoder–decoder speech models ([`whisper`]): the blocks of [`speech`] (log-mel input, convolutions,
+//!   an encoder stack, cross-attention), a line in [`SPEECH_ARCHITECTURES`]. [`Model::encode_audio`] runs
+//!   the encoder once per input and caches every decoder block's cross-attention keys and values;
+//!   [`Model::forward`] then runs decoder tokens as for any decoder.
+//!
 //! The public surface the harness uses is [`Model`] and [`Session`].
 
 pub mod bert;
@@ -26,9 +31,11 @@ pub mod llama;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod speech;
 pub mod stablelm;
 pub mod starcoder2;
 pub mod weights;
+pub mod whisper;
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -70,6 +77,13 @@ pub const ENCODER_ARCHITECTURES: &[(&str, EncoderLoader)] = &[("bert", bert::loa
 /// Reads an encoder architecture's hyperparameters and builds its blocks.
 pub type EncoderLoader = fn(&GgufFile) -> Result<(DecoderDims, Encoder)>;
 
+/// The encoder–decoder speech architectures: `general.architecture` → the module that wires its
+/// [`speech::EncoderDecoder`].
+pub const SPEECH_ARCHITECTURES: &[(&str, SpeechLoader)] = &[("whisper", whisper::load)];
+
+/// Reads a speech architecture's hyperparameters (the decoder's as [`DecoderDims`]) and builds its blocks.
+pub type SpeechLoader = fn(&GgufFile) -> Result<(DecoderDims, speech::EncoderDecoder)>;
+
 /// What [`Model::forward`] returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Output {
@@ -84,6 +98,7 @@ pub enum Output {
 enum Net {
     Decoder(Decoder),
     Encoder(Encoder),
+    Speech(Box<speech::EncoderDecoder>),
 }
 
 /// What the harness and the CLI need to know about a loaded model.
@@ -137,9 +152,15 @@ impl Model {
         let arch = gguf.get_str("general.architecture")?.to_string();
         let decoder = ARCHITECTURES.iter().find(|(name, _)| *name == arch);
         let encoder = ENCODER_ARCHITECTURES.iter().find(|(name, _)| *name == arch);
+        let speech = SPEECH_ARCHITECTURES.iter().find(|(name, _)| *name == arch);
         // on an HF directory, errors naming a tensor name its HF name too
         let hf_err = |e| crate::hf::with_hf_names(e, &gguf);
         let (dims, net) = match (decoder, encoder) {
+            (None, None) if speech.is_some() => {
+                let (_, loader) = speech.expect("checked");
+                let (dims, sd) = loader(&gguf).map_err(hf_err)?;
+                (dims, Net::Speech(Box::new(sd)))
+            }
             (Some((_, loader)), _) => {
                 let (dims, d) = loader(&gguf).map_err(hf_err)?;
                 (dims, Net::Decoder(d))
@@ -153,6 +174,7 @@ impl Model {
                     .iter()
                     .map(|(n, _)| *n)
                     .chain(ENCODER_ARCHITECTURES.iter().map(|(n, _)| *n))
+                    .chain(SPEECH_ARCHITECTURES.iter().map(|(n, _)| *n))
                     .collect();
                 return Err(Error::Unsupported(format!(
                     "{}: architecture {arch:?} is not supported yet (supported: {})",
@@ -202,7 +224,16 @@ impl Model {
     pub fn decoder(&self) -> Option<&Decoder> {
         match &self.net {
             Net::Decoder(d) => Some(d),
+            Net::Speech(s) => Some(&s.decoder),
             Net::Encoder(_) => None,
+        }
+    }
+
+    /// The blocks of an encoder–decoder speech model (Whisper); `None` for every other model.
+    pub fn speech(&self) -> Option<&speech::EncoderDecoder> {
+        match &self.net {
+            Net::Speech(s) => Some(s),
+            _ => None,
         }
     }
 
@@ -210,14 +241,14 @@ impl Model {
     pub fn encoder(&self) -> Option<&Encoder> {
         match &self.net {
             Net::Encoder(e) => Some(e),
-            Net::Decoder(_) => None,
+            Net::Decoder(_) | Net::Speech(_) => None,
         }
     }
 
     /// What [`Model::forward`] returns: logits (decoders) or the pooled embedding (encoders).
     pub fn output(&self) -> Output {
         match self.net {
-            Net::Decoder(_) => Output::Logits,
+            Net::Decoder(_) | Net::Speech(_) => Output::Logits,
             Net::Encoder(_) => Output::Pooled,
         }
     }
@@ -259,6 +290,14 @@ impl Model {
                 }
                 let mut order = Order(Vec::new());
                 let mut s = self.session(1, NumericsMode::Reference);
+                if let Some(sd) = self.speech() {
+                    // a speech model's decoder reads an encoded input: silence (a zero mel)
+                    let e = &sd.encoder;
+                    let mel = vec![0.0f32; e.stem.n_mels * e.n_frames];
+                    if self.encode_audio(&mut s, &mel, Some(&mut order)).is_err() {
+                        return Vec::new();
+                    }
+                }
                 match self.forward(&mut s, &[0], Some(&mut order)) {
                     Ok(_) => order.0,
                     Err(_) => Vec::new(),
@@ -295,11 +334,11 @@ impl Model {
     pub fn session(&self, n_ctx: usize, numerics: impl Into<Numerics>) -> Session {
         let numerics = numerics.into();
         // one (n_kv_head, head_dim) per cached layer (Gemma 4's differ); an encoder caches nothing
-        let shapes: Vec<(usize, usize)> = match &self.net {
-            Net::Decoder(dec) => (dec.layers.iter())
+        let shapes: Vec<(usize, usize)> = match self.decoder() {
+            Some(dec) => (dec.layers.iter())
                 .map(|l| (l.attn.shape.n_kv_head, l.attn.shape.head_dim))
                 .collect(),
-            Net::Encoder(_) => Vec::new(),
+            None => Vec::new(),
         };
         Session {
             kv: KvCache::with_layers(&shapes, n_ctx),
@@ -310,7 +349,61 @@ impl Model {
             mm: MatmulScratch::default(),
             act: blocks::Activations::default(),
             enc: encoder::EncoderBufs::default(),
+            speech: speech::SpeechBufs::default(),
         }
+    }
+
+    /// Encode one input of an encoder–decoder speech model: `mel` is the log-mel spectrogram
+    /// `[n_mels, n_frames]` row-major (HF `WhisperFeatureExtractor`'s `input_features[0]`; from a WAV file:
+    /// [`crate::audio::log_mel`] with [`Model::mel_config`]). Runs the encoder and caches every decoder
+    /// block's cross-attention keys and values in the session (computed once here, read by every
+    /// [`Model::forward`] after); the session's decoder positions restart at 0. Emits `mel`, the encoder's
+    /// stages (`enc.…`) and `blk.N.cross_k` / `cross_v` to `sink`.
+    ///
+    /// Errors: a model that is not a speech model; a mel of the wrong shape; as the blocks'.
+    pub fn encode_audio(
+        &self,
+        session: &mut Session,
+        mel: &[f32],
+        sink: Option<&mut dyn StageSink>,
+    ) -> Result<()> {
+        let Some(sd) = self.speech() else {
+            return Err(Error::Invalid(format!(
+                "{} is not a speech model: it has no audio encoder",
+                self.info.arch
+            )));
+        };
+        let Session {
+            kv,
+            n_past,
+            numerics,
+            backend,
+            mm,
+            speech,
+            ..
+        } = session;
+        let mut f = blocks::Fwd {
+            g: &self.gguf,
+            num: *numerics,
+            backend: backend.as_ref(),
+            mm,
+            sink,
+            p0: 0,
+            n: 1,
+            enc: false,
+        };
+        *n_past = 0;
+        sd.encode(&mut f, kv, speech, mel)
+    }
+
+    /// The log-mel front end a speech model reads ([`crate::audio::MelConfig::whisper`] with the model's
+    /// mel bins and its chunk of `2·max_source_positions` frames, 10 ms each); `None` for other models.
+    pub fn mel_config(&self) -> Option<crate::audio::MelConfig> {
+        let e = &self.speech()?.encoder;
+        Some(crate::audio::MelConfig::whisper_frames(
+            e.stem.n_mels,
+            e.n_frames,
+        ))
     }
 
     /// Run `tokens` through the model at positions `session.n_past() ..`, appending to the KV cache, and
@@ -407,6 +500,7 @@ impl Model {
         } = session;
         let encoder = match &self.net {
             Net::Decoder(decoder) => Err(decoder),
+            Net::Speech(s) => Err(&s.decoder),
             Net::Encoder(e) => Ok(e),
         };
         let decoder = match encoder {
@@ -428,6 +522,7 @@ impl Model {
                     sink,
                     p0: 0,
                     n: tokens.len(),
+                    enc: false,
                 };
                 e.forward(&mut f, enc, tokens)?;
                 *n_past += tokens.len();
@@ -442,6 +537,7 @@ impl Model {
             sink,
             p0: *n_past,
             n: tokens.len(),
+            enc: false,
         };
         decoder.forward(&mut f, kv, act, tokens, last_only)?;
         *n_past += tokens.len();
@@ -462,6 +558,7 @@ pub struct Session {
     mm: MatmulScratch,
     act: blocks::Activations,
     enc: encoder::EncoderBufs,
+    speech: speech::SpeechBufs,
 }
 
 impl Session {

@@ -818,6 +818,27 @@ pub fn attention_no_cache(
     out: &mut [f32],
     num: Numerics,
 ) {
+    attention_cross(q, n, k, v, n, shape, causal, out, num)
+}
+
+/// [`attention_no_cache`] with `n_q` query rows over `n` key/value rows that are not the queries' own:
+/// cross-attention (Whisper's decoder over the encoder output: HF `WhisperAttention` with
+/// `key_value_states`, no mask; whisper.cpp `whisper_build_graph_decoder`'s cross-attention, the
+/// `KQ_soft_max` of `ggml_soft_max_ext(KQ, nullptr, KQscale, 0)`). `q`, `out`: `[n_q, n_head·head_dim]`;
+/// `k`, `v`: `[n, n_kv_head·head_dim]`. `causal` lets query `t` see keys `0..=t` only (a fault: no
+/// cross-attention has a mask). Numerics as [`attention_no_cache`]'s.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_cross(
+    q: &[f32],
+    n_q: usize,
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    shape: &AttnShape,
+    causal: bool,
+    out: &mut [f32],
+    num: Numerics,
+) {
     let AttnShape {
         n_head,
         n_kv_head,
@@ -827,15 +848,15 @@ pub fn attention_no_cache(
     } = *shape;
     let (qw, kvw) = (n_head * hd, n_kv_head * hd);
     assert!(
-        q.len() >= n * qw && out.len() >= n * qw && k.len() >= n * kvw && v.len() >= n * kvw,
-        "attention_no_cache shapes"
+        q.len() >= n_q * qw && out.len() >= n_q * qw && k.len() >= n * kvw && v.len() >= n * kvw,
+        "attention_cross shapes"
     );
     let group = n_head / n_kv_head;
     let target = num.target;
-    let tinyblas = n >= 2 && n.is_multiple_of(target.lanes());
+    let tinyblas = n_q >= 2 && n.is_multiple_of(target.lanes());
     let one = |t: usize, h: usize, scores: &mut Vec<f32>, oh: &mut [f32]| {
         let kvh = kv_head(h, group, n_kv_head);
-        let n_keys = if causal { t + 1 } else { n };
+        let n_keys = if causal { (t + 1).min(n) } else { n };
         let qh = &q[t * qw + h * hd..][..hd];
         let key = |i: usize| &k[i * kvw + kvh * hd..][..hd];
         let val = |i: usize, d: usize| v[i * kvw + kvh * hd + d];
@@ -872,7 +893,7 @@ pub fn attention_no_cache(
         }
     };
     // every (query, head) pair computed by one thread in one fixed order: the split changes no bit
-    out[..n * qw]
+    out[..n_q * qw]
         .par_chunks_mut(hd)
         .enumerate()
         .for_each_init(Vec::new, |scores, (i, oh)| {

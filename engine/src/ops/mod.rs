@@ -33,8 +33,8 @@ mod attention;
 pub mod ggml_cpu;
 
 pub use attention::{
-    attention, attention_batch, attention_ggml, attention_ggml_batch, attention_no_cache,
-    attention_scratch_len, ggml_kqv_order, AttnShape, KqvOrder,
+    attention, attention_batch, attention_cross, attention_ggml, attention_ggml_batch,
+    attention_no_cache, attention_scratch_len, ggml_kqv_order, AttnShape, KqvOrder,
 };
 
 use rayon::prelude::*;
@@ -300,6 +300,74 @@ fn gelu_erf_fault(x: f32) -> f32 {
                 + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
     let erf = (1.0 - poly * (-z * z).exp()).copysign(z);
     (0.5 * f64::from(x) * (1.0 + erf)) as f32
+}
+
+/// The error function in f64: its Maclaurin series below |x| = 3 (terms ≤ ~170, so ~1e-14 absolute), the
+/// continued fraction of erfc (Abramowitz & Stegun 7.1.14, evaluated backwards over 60 terms) above.
+pub fn erf_f64(x: f64) -> f64 {
+    let a = x.abs();
+    let r = if a < 3.0 {
+        // erf(x) = 2/√π · Σ (−1)^n x^(2n+1) / (n! (2n+1))
+        let (mut term, mut sum, x2) = (a, a, a * a);
+        for n in 1..200 {
+            term *= -x2 / n as f64;
+            let t = term / (2 * n + 1) as f64;
+            sum += t;
+            if t.abs() < 1e-17 * sum.abs() {
+                break;
+            }
+        }
+        sum * std::f64::consts::FRAC_2_SQRT_PI
+    } else {
+        // erfc(a) = exp(−a²)/√π · 1/(a + (1/2)/(a + 1/(a + (3/2)/(a + 2/(a + ...)))))
+        let mut f = a;
+        for k in (1..=60).rev() {
+            f = a + (k as f64 / 2.0) / f;
+        }
+        1.0 - (-a * a).exp() / (std::f64::consts::PI.sqrt() * f)
+    };
+    r.copysign(x)
+}
+
+/// The exact GELU `0.5·x·(1 + erf(x/√2))` in place: HF's `"gelu"` (`nn.functional.gelu`, no
+/// approximation; Whisper's `activation_function`), through [`erf_f64`] and rounded once to f32.
+pub fn gelu_erf(x: &mut [f32]) {
+    for_row_chunks(x, 1024.min(x.len()), |x| {
+        x.iter_mut().for_each(|v| {
+            let z = f64::from(*v);
+            *v = (0.5 * z * (1.0 + erf_f64(z / std::f64::consts::SQRT_2))) as f32
+        })
+    })
+}
+
+/// im2col of a 1-D convolution: `x` `[t_in, c_in]` (rows are time steps) → `cols` `[t_out, c_in·k]` with
+/// `cols[t][i·k + j] = x[t·stride + j − pad][i]` (0 outside `0..t_in`), `t_out = (t_in + 2·pad − k)/stride
+/// + 1`; a product with a weight `[c_out, c_in·k]` (PyTorch's `Conv1d.weight` `[c_out, c_in, k]` read
+/// row-major) is then the convolution (`ggml_im2col` + `ggml_mul_mat`, how ggml's `ggml_conv_1d` and
+/// whisper.cpp's encoder convolve). Returns `t_out`.
+pub fn im2col_1d(
+    x: &[f32],
+    c_in: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    cols: &mut Vec<f32>,
+) -> usize {
+    let t_in = x.len() / c_in;
+    let t_out = (t_in + 2 * pad - k) / stride + 1;
+    cols.clear();
+    cols.resize(t_out * c_in * k, 0.0);
+    for (t, row) in cols.chunks_exact_mut(c_in * k).enumerate() {
+        for j in 0..k {
+            let Some(src) = (t * stride + j).checked_sub(pad).filter(|&s| s < t_in) else {
+                continue;
+            };
+            for i in 0..c_in {
+                row[i * k + j] = x[src * c_in + i];
+            }
+        }
+    }
+    t_out
 }
 
 /// GELU in place (`ggml_gelu`, the activation of a non-gated FFN: llama.cpp `build_ffn` with

@@ -106,10 +106,20 @@ pub(crate) fn compact_ranges(layers: &BTreeSet<usize>) -> String {
 /// other ids unchanged.
 pub(crate) fn stage_pattern(stage: &str) -> (String, Option<usize>) {
     match lockstep_engine::Stage::parse(stage) {
-        Some(lockstep_engine::Stage {
-            layer: Some(n),
-            kind,
-        }) => (format!("blk.{{N}}.{}", kind.suffix()), Some(n)),
+        Some(
+            st @ lockstep_engine::Stage {
+                layer: Some(n),
+                kind,
+                ..
+            },
+        ) => (
+            format!(
+                "{}blk.{{N}}.{}",
+                if st.enc { "enc." } else { "" },
+                kind.suffix()
+            ),
+            Some(n),
+        ),
         _ => (stage.to_string(), None),
     }
 }

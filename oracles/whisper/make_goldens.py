@@ -1,0 +1,260 @@
+"""Transformers goldens of the seeded Whisper checkpoint (issue 44): the committed WAVs (made here,
+deterministically, when --make-audio is given), `WhisperFeatureExtractor`'s log-mel, and every stage of
+`WhisperForConditionalGeneration` captured by forward hooks (`STAGES` below: module path + hook kind ->
+lockstep's canonical stage id), for the decoder prompt <|startoftranscript|> <|en|> <|transcribe|>
+<|notimestamps|> and then `--n-decode` greedy steps through the model's cache (each step feeds the previous
+step's argmax: the engine, teacher-forced with the same tokens, must reproduce every step). Runs with the
+transformers oracle's venv:
+
+    ~/.cache/lockstep/oracle-transformers/venv/bin/python oracles/whisper/make_goldens.py --make-audio
+
+Writes golden/whisper-seeded/manifest.json (sha256 of every file below), golden/whisper-seeded/audio/<name>.wav (16 kHz mono 16-bit PCM, 1 s each) and
+golden/whisper-seeded/transformers-f32/<name>.npz with, per stage id, `[rows, width]` float32:
+- `mel` (the transpose of `input_features[0]`: one row per frame), every `enc.*` stage (rows are encoder
+  positions), `blk.N.cross_k` / `blk.N.cross_v` (computed once, rows are encoder positions);
+- the prompt's decoder stages under their ids (rows are the prompt positions), and each decode step's
+  under `decode.<id>` (one row per step, in order);
+- `tokens` (the prompt), `decode.tokens` (the fed tokens of the decode steps), `greedy.tokens` (the argmax
+  of the prompt's last row and of every decode step: transformers' greedy transcription);
+- `floor.<id>` (float32, shape [1]): the NMSE of this f32 stage against the same forward in float64 (the f32
+  floor: what f32 rounding alone costs at that stage); `floor.mel`: the feature extractor's float32
+  spectrogram against the same route in float64 (`mel_f64`).
+
+`enc.conv1` / `enc.conv2` are `gelu(conv(x))`: WhisperEncoder.forward applies `nn.functional.gelu` outside any
+module, so the hook applies the same function to the convolution's output (`enc.conv1` is also conv2's
+input). The model runs with `attn_implementation="eager"`.
+"""
+
+import argparse
+import os
+import sys
+import wave
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+from make_checkpoint import PROMPT, feature_extractor  # noqa: E402  (oracles/whisper/make_checkpoint.py)
+
+SR = 16000
+
+
+def make_audio():
+    """The committed inputs, 1 s each, deterministic: name -> float samples in [-1, 1]."""
+    t = np.arange(SR) / SR
+    rng = np.random.default_rng(44)
+    chirp_phase = 2 * np.pi * (100.0 * t + 0.5 * (4000.0 - 100.0) * t * t)
+    burst = np.where((t > 0.3) & (t < 0.7), 0.6 * np.sin(2 * np.pi * 1000.0 * t), 0.0)
+    return {
+        "tones": 0.4 * np.sin(2 * np.pi * 440.0 * t) + 0.2 * np.sin(2 * np.pi * 1250.0 * t),
+        "chirp": 0.5 * np.sin(chirp_phase),
+        "noise": 0.1 * rng.standard_normal(SR),
+        "burst": burst,
+    }
+
+
+def write_wav(path, x):
+    pcm = np.clip(np.round(x * 32767.0), -32768, 32767).astype("<i2")
+    with wave.open(path, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SR)
+        w.writeframes(pcm.tobytes())
+
+
+def read_wav(path):
+    """16-bit PCM / 32768, as lockstep's engine (engine/src/audio/wav.rs) and soundfile read it."""
+    with wave.open(path, "rb") as w:
+        assert w.getnchannels() == 1 and w.getframerate() == SR and w.getsampwidth() == 2, path
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    return pcm.astype(np.float32) / 32768.0
+
+
+def stage_table(n_enc, n_dec):
+    """(module path, hook kind, stage id): "out" = the module's output, "in" = its first input."""
+    rows = [("model.encoder.conv1", "gelu_out", "enc.conv1"), ("model.encoder.conv2", "gelu_out", "enc.conv2"),
+            ("model.encoder.layers.0", "in", "enc.embed"), ("model.encoder.layer_norm", "out", "enc.output_norm"),
+            ("model.decoder.layers.0", "in", "embed"), ("model.decoder.layer_norm", "out", "output_norm")]
+    def block(pre, sid, cross):
+        r = [(f"{pre}.self_attn_layer_norm", "out", f"{sid}.attn_norm"),
+             (f"{pre}.self_attn.q_proj", "out", f"{sid}.q"),
+             (f"{pre}.self_attn.k_proj", "out", f"{sid}.k"),
+             (f"{pre}.self_attn.v_proj", "out", f"{sid}.v"),
+             (f"{pre}.self_attn.out_proj", "in", f"{sid}.attn_out"),
+             (f"{pre}.self_attn.out_proj", "out", f"{sid}.attn_proj"),
+             (f"{pre}.final_layer_norm", "in", f"{sid}.ffn_inp"),
+             (f"{pre}.final_layer_norm", "out", f"{sid}.ffn_norm"),
+             (f"{pre}.fc1", "out", f"{sid}.ffn_up"),
+             (f"{pre}.fc2", "in", f"{sid}.ffn_act"),
+             (f"{pre}.fc2", "out", f"{sid}.ffn_out"),
+             (pre, "out", f"{sid}.out")]
+        if cross:
+            r += [(f"{pre}.encoder_attn_layer_norm", "in", f"{sid}.cross_inp"),
+                  (f"{pre}.encoder_attn_layer_norm", "out", f"{sid}.cross_attn_norm"),
+                  (f"{pre}.encoder_attn.q_proj", "out", f"{sid}.cross_q"),
+                  (f"{pre}.encoder_attn.k_proj", "out", f"{sid}.cross_k"),
+                  (f"{pre}.encoder_attn.v_proj", "out", f"{sid}.cross_v"),
+                  (f"{pre}.encoder_attn.out_proj", "in", f"{sid}.cross_attn_out"),
+                  (f"{pre}.encoder_attn.out_proj", "out", f"{sid}.cross_attn_proj")]
+        return r
+    for n in range(n_enc):
+        rows += block(f"model.encoder.layers.{n}", f"enc.blk.{n}", False)
+    for n in range(n_dec):
+        rows += block(f"model.decoder.layers.{n}", f"blk.{n}", True)
+    return rows
+
+
+def run(model, feats, prompt, n_decode, greedy=None):
+    """One prompt forward and `n_decode` cached steps with hooks. Returns {id: [rows, width] array} (decode
+    steps under `decode.<id>`), the fed decode tokens and the greedy tokens. With `greedy` given, those
+    tokens are fed instead of this run's argmax (the f64 floor run follows the f32 run's path)."""
+    import torch
+
+    cap = {}
+    phase = ["prefill"]
+    hooks = []
+    cfg = model.config
+    for path, kind, sid in stage_table(cfg.encoder_layers, cfg.decoder_layers):
+        mod = model.get_submodule(path)
+
+        def hook(m, args, out, sid=sid, kind=kind):
+            x = args[0] if kind == "in" else (out[0] if isinstance(out, tuple) else out)
+            if kind == "gelu_out":
+                x = torch.nn.functional.gelu(out).transpose(1, 2)
+            x = x.detach().to(torch.float64).numpy()[0]
+            x = x.reshape(x.shape[0], -1)
+            key = sid if phase[0] == "prefill" or sid.startswith("enc.") or ".cross_k" in sid or ".cross_v" in sid \
+                else "decode." + sid
+            if key in cap and key.startswith("decode."):
+                cap[key] = np.concatenate([cap[key], x])
+            elif key in cap:
+                raise SystemExit(f"make_goldens: stage {key} captured twice in one phase")
+            else:
+                cap[key] = x
+        hooks.append(mod.register_forward_hook(hook))
+    dt = next(model.parameters()).dtype
+    with torch.no_grad():
+        out = model(input_features=feats.to(dt), decoder_input_ids=torch.tensor([prompt]), use_cache=True)
+        cap["logits"] = out.logits[0].to(torch.float64).numpy()
+        nxt = int(out.logits[0, -1].argmax())
+        got, fed = [nxt], []
+        past = out.past_key_values
+        enc = out.encoder_last_hidden_state
+        phase[0] = "decode"
+        for i in range(n_decode):
+            tok = greedy[i] if greedy is not None else nxt
+            fed.append(tok)
+            o = model(encoder_outputs=(enc,), decoder_input_ids=torch.tensor([[tok]]), past_key_values=past,
+                      use_cache=True)
+            past = o.past_key_values
+            lg = o.logits[0].to(torch.float64).numpy()
+            cap["decode.logits"] = lg if "decode.logits" not in cap else np.concatenate([cap["decode.logits"], lg])
+            nxt = int(o.logits[0, -1].argmax())
+            got.append(nxt)
+    for h in hooks:
+        h.remove()
+    return cap, fed, got
+
+
+def mel_f64(fe, x):
+    """The feature extractor's numpy route (`WhisperFeatureExtractor._np_extract_fbank_features`: periodic
+    Hann, reflect-padded STFT, slaney filters, log10, max - 8 clamp, (x + 4) / 4) in float64 instead of its
+    float32 spectrogram: the reference its own f32 rounding is measured against (`floor.mel`)."""
+    from transformers.audio_utils import spectrogram, window_function
+
+    n = fe.n_samples
+    x64 = np.zeros(n)
+    x64[: min(n, len(x))] = x[:n]
+    log = spectrogram(x64, window_function(fe.n_fft, "hann"), frame_length=fe.n_fft, hop_length=fe.hop_length,
+                      power=2.0, mel_filters=fe.mel_filters, log_mel="log10", dtype=np.float64)[:, :-1]
+    log = np.maximum(log, log.max() - 8.0)
+    return (log + 4.0) / 4.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hf-dir", default=os.path.join(HERE, "checkpoints", "whisper-seeded"))
+    ap.add_argument("--golden-dir", default=os.path.join(ROOT, "golden", "whisper-seeded"))
+    ap.add_argument("--n-decode", type=int, default=6)
+    ap.add_argument("--make-audio", action="store_true", help="(re)write the WAVs first")
+    a = ap.parse_args()
+
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import WhisperForConditionalGeneration
+
+    torch.set_num_threads(1)
+    audio_dir = os.path.join(a.golden_dir, "audio")
+    out_dir = os.path.join(a.golden_dir, "transformers-f32")
+    os.makedirs(audio_dir, exist_ok=True)
+    os.makedirs(out_dir, exist_ok=True)
+    if a.make_audio:
+        for name, x in make_audio().items():
+            write_wav(os.path.join(audio_dir, f"{name}.wav"), x)
+    tok = Tokenizer.from_file(os.path.join(a.hf_dir, "tokenizer.json"))
+    prompt = [tok.token_to_id(s) for s in PROMPT]
+    m32 = WhisperForConditionalGeneration.from_pretrained(a.hf_dir, attn_implementation="eager").eval()
+    m64 = WhisperForConditionalGeneration.from_pretrained(a.hf_dir, attn_implementation="eager").double().eval()
+    fe = feature_extractor()
+    for wav in sorted(os.listdir(audio_dir)):
+        if not wav.endswith(".wav"):
+            continue
+        name = wav[:-4]
+        x = read_wav(os.path.join(audio_dir, wav))
+        feats = fe(x, sampling_rate=SR, return_tensors="pt").input_features
+        c32, fed, greedy = run(m32, feats, prompt, a.n_decode)
+        c64, _, _ = run(m64, feats, prompt, a.n_decode, greedy=fed)
+        mel = feats[0].numpy().astype(np.float64)
+        ref = mel_f64(fe, x)
+        arrays = {
+            "mel": np.ascontiguousarray(mel.T, dtype=np.float32),
+            "floor.mel": np.array([((mel - ref) ** 2).mean() / (ref * ref).mean()], dtype=np.float32),
+        }
+        for k, v in c32.items():
+            arrays[k] = np.ascontiguousarray(v, dtype=np.float32)
+            ref = c64[k]
+            den = float((ref * ref).mean())
+            arrays[f"floor.{k}"] = np.array([((v - ref) ** 2).mean() / den if den > 0 else 0.0], dtype=np.float32)
+        arrays["tokens"] = np.array(prompt, dtype=np.int32)
+        arrays["decode.tokens"] = np.array(fed, dtype=np.int32)
+        arrays["greedy.tokens"] = np.array(greedy, dtype=np.int32)
+        path = os.path.join(out_dir, f"{name}.npz")
+        np.savez_compressed(path, **arrays)
+        worst = max((float(arrays[k][0]), k) for k in arrays if k.startswith("floor."))
+        print(f"{path}: {len(c32)} stages, greedy {greedy}, worst f32 floor {worst[0]:.3g} ({worst[1][6:]})",
+              file=sys.stderr)
+    write_manifest(a.golden_dir, a.hf_dir)
+
+
+def write_manifest(golden_dir, hf_dir):
+    """golden/whisper-seeded/manifest.json: the sha256 of every WAV and golden (harness/tests/whisper.rs checks
+    them), and the checkpoint they were made from. Its own manifest keeps this directory out of
+    golden/manifest.json's token-prompt goldens (a subdirectory with a manifest is another golden directory)."""
+    import hashlib
+    import json
+
+    import torch
+    import transformers
+
+    files = {}
+    for sub in ("audio", "transformers-f32"):
+        for n in sorted(os.listdir(os.path.join(golden_dir, sub))):
+            with open(os.path.join(golden_dir, sub, n), "rb") as f:
+                files[f"{sub}/{n}"] = hashlib.sha256(f.read()).hexdigest()
+    m = {
+        "format": "lockstep-whisper-goldens-1",
+        "about": "oracles/whisper/make_goldens.py: WhisperFeatureExtractor mel + WhisperForConditionalGeneration "
+                 "stages (eager attention, float32; floor.* against float64) of the checkpoint below",
+        "checkpoint": os.path.relpath(hf_dir, ROOT),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "files": files,
+    }
+    with open(os.path.join(golden_dir, "manifest.json"), "w") as f:
+        json.dump(m, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
