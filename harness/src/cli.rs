@@ -815,6 +815,10 @@ fn run_matrix(a: RunArgs, threads: usize, defaults: &Defaults) -> Result<ExitCod
         Ok(done) => done,
         // a run that stopped early (an engine failure, Ctrl-C) still writes its CI outputs: the JUnit
         // file with the `(run)` error testcase and the step summary, beside the saved report
+        Err(e) if e.downcast_ref::<crate::run::NothingToRerun>().is_some() => {
+            println!("{e}");
+            return Ok(ExitCode::SUCCESS);
+        }
         Err(e) => {
             let Some(stopped) = e.downcast_ref::<crate::run::Stopped>() else {
                 return Err(e);

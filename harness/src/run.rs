@@ -177,16 +177,11 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
     let whole_is_empty = shard_info
         .as_ref()
         .map_or(cells.is_empty(), |s| s.matrix_cells.is_empty());
+    if whole_is_empty && opts.select.rerun_failed {
+        return Err(NothingToRerun.into());
+    }
     if whole_is_empty {
-        bail!(
-            "the matrix {} selects no cells{}",
-            opts.matrix.display(),
-            if opts.select.rerun_failed {
-                " (--rerun-failed: none of the last report's failed cells)"
-            } else {
-                ""
-            }
-        );
+        bail!("the matrix {} selects no cells", opts.matrix.display());
     }
     report::check_reports_dir(&opts.reports_root)?;
     let mut verified = std::collections::BTreeSet::new();
@@ -362,6 +357,21 @@ pub fn run_with(opts: &RunOptions, factory: &mut EngineFactory<'_>) -> Result<(P
         }
     }
 }
+
+/// `--rerun-failed` found no failed cell of the last report in the selected matrix: nothing to run, and
+/// not a failure (`lockstep run` says so and exits 0, as pytest's `--last-failed` does after a green run).
+#[derive(Debug)]
+pub struct NothingToRerun;
+
+impl std::fmt::Display for NothingToRerun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "--rerun-failed: the last report has no failed cell in the selected matrix; nothing to rerun",
+        )
+    }
+}
+
+impl std::error::Error for NothingToRerun {}
 
 /// The context of the error of a run that stopped early (an engine failure, Ctrl-C): the report of the
 /// cells it finished, marked incomplete, and where it was saved — so the caller still writes the CI
