@@ -360,6 +360,10 @@ pub struct Output {
     pub stdout: Vec<u8>,
     /// The last 64 KiB of stderr.
     pub stderr: Vec<u8>,
+    /// The child's peak resident set, bytes: `ru_maxrss` of `wait4(2)`'s `rusage` (Linux reports KiB; the
+    /// largest RSS the process itself reached, file-backed pages of its memory maps included). `None` where
+    /// the platform gives no `rusage` for the reaped child.
+    pub peak_rss_bytes: Option<u64>,
 }
 
 /// Run `cmd` to completion within `timeout`, in its own process group, stdout and stderr captured in
@@ -410,7 +414,7 @@ pub fn run_bounded(
             // kill the helpers it left in its group first, then reap it
             Ok(true) => {
                 end_engine(pgid, &tag);
-                break child.wait().map_err(anyhow::Error::new);
+                break reap_with_rusage(&mut child);
             }
             Ok(false) if start.elapsed() >= timeout => {
                 end_engine(pgid, &tag);
@@ -442,7 +446,7 @@ pub fn run_bounded(
         }
     };
     lock(&LIVE_GROUPS).retain(|&g| g != pgid);
-    let status = status?;
+    let (status, peak_rss_bytes) = status?;
     let mut stdout = Vec::new();
     File::open(&out_path)
         .and_then(|f| f.take(MAX_STDOUT_BYTES + 1).read_to_end(&mut stdout))
@@ -455,7 +459,35 @@ pub fn run_bounded(
         status,
         stdout,
         stderr,
+        peak_rss_bytes,
     })
+}
+
+/// Reap `child` (already exited) with `wait4(2)`, which also returns its resource usage: the exit status
+/// and the peak RSS in bytes (`ru_maxrss`, KiB on Linux). Elsewhere `Child::wait` and no RSS.
+fn reap_with_rusage(child: &mut std::process::Child) -> Result<(ExitStatus, Option<u64>)> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        let pid = child.id() as i32;
+        loop {
+            let mut status: libc::c_int = 0;
+            // SAFETY: a zeroed rusage is a valid out-parameter; wait4 writes the status and usage of
+            // `pid`, our own unreaped child (its pid cannot be reused before this reap).
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+            if r == pid {
+                let rss = u64::try_from(usage.ru_maxrss).ok().map(|k| k * 1024);
+                return Ok((ExitStatus::from_raw(status), rss));
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(anyhow::Error::new(e).context(format!("wait4({pid})")));
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    child.wait().map(|s| (s, None)).map_err(anyhow::Error::new)
 }
 
 /// Whether child `pid` has exited, without reaping it (`waitid(P_PID, pid, WEXITED | WNOHANG | WNOWAIT)`).
@@ -568,6 +600,28 @@ mod tests {
         assert_eq!(o.stdout, b"1,2,3\n");
         assert_eq!(o.stderr, b"oops\n");
         assert_eq!(o.status.code(), Some(3));
+    }
+
+    #[test]
+    fn the_peak_rss_of_a_child_is_read_when_it_is_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        // dd reads into one 64 MiB buffer: the child's peak RSS is at least that
+        let mut c = Command::new("dd");
+        c.args(["if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"]);
+        let o = run_bounded(c, Duration::from_secs(30), dir.path(), "dd").unwrap();
+        assert!(o.status.success());
+        let rss = o
+            .peak_rss_bytes
+            .expect("wait4 gives the child's rusage on Linux");
+        assert!(
+            rss >= 64 << 20,
+            "peak RSS {rss} below the 64 MiB buffer dd filled"
+        );
+        // a small child is far below it
+        let mut c = Command::new("true");
+        c.arg("x");
+        let o = run_bounded(c, Duration::from_secs(30), dir.path(), "true").unwrap();
+        assert!(o.peak_rss_bytes.unwrap() < 64 << 20);
     }
 
     #[test]
