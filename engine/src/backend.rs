@@ -356,7 +356,8 @@ fn q4_0x8_corrections(prepared: &[PreparedRow], nb: usize, corr: &mut Vec<i32>) 
 }
 
 /// Rows `r0 .. r0 + n_rows` (a multiple of 8) of the product of a repacked Q4_0 matrix `pk` (`nb` blocks
-/// a row) with every token of `acts`, token `t`'s outputs written by `out(t)` (`n_rows` floats).
+/// a row) with every token of `acts`, token `t`'s outputs written by `out(t)` (`n_rows` floats); `vnni`:
+/// the AVX-512 VNNI kernel (the same bits).
 #[cfg(target_arch = "x86_64")]
 fn q4_0x8_rows<'o>(
     pk: &[u8],
@@ -364,6 +365,7 @@ fn q4_0x8_rows<'o>(
     r0: usize,
     n_rows: usize,
     acts: &[quant::q4_0x8::Act<'_>],
+    vnni: bool,
     out: impl FnMut(usize) -> &'o mut [f32],
 ) {
     let gb = nb * quant::q4_0x8::GROUP_BLOCK_BYTES;
@@ -371,9 +373,18 @@ fn q4_0x8_rows<'o>(
         r0 / quant::q4_0x8::ROWS,
         (r0 + n_rows) / quant::q4_0x8::ROWS,
     );
+    let pk = &pk[g0 * gb..g1 * gb];
     Q4_0X8_ACC.with(|acc| {
-        // SAFETY: the caller (`q4_0x8_for`) checked that this backend's AVX2 kernels run on this CPU
-        unsafe { quant::q4_0x8::gemm(&pk[g0 * gb..g1 * gb], nb, acts, &mut acc.borrow_mut(), out) }
+        let acc = &mut acc.borrow_mut();
+        // SAFETY: the caller (`q4_0x8_for`) checked that this backend's AVX2 kernels run on this CPU,
+        // and `vnni` is set for the Avx512 setting only, which runs only where AVX-512 VNNI is
+        unsafe {
+            if vnni {
+                quant::q4_0x8::gemm_vnni(pk, nb, acts, acc, out)
+            } else {
+                quant::q4_0x8::gemm(pk, nb, acts, acc, out)
+            }
+        }
     });
 }
 
@@ -405,6 +416,7 @@ fn q4_0x8_matmul(
     prepared: &[PreparedRow],
     out: &mut [f32],
     corr: &mut Vec<i32>,
+    vnni: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -414,7 +426,7 @@ fn q4_0x8_matmul(
         let base = OutPtr(out.as_mut_ptr());
         let rows = w.rows;
         par_row_chunks(rows, |r0, n_rows| {
-            q4_0x8_rows(pk, nb, r0, n_rows, &acts, |t| {
+            q4_0x8_rows(pk, nb, r0, n_rows, &acts, vnni, |t| {
                 // SAFETY: `out` holds n_tokens·rows floats (checked by `matmul`) and outlives this scope;
                 // chunks are disjoint row ranges, and the kernel holds one token's slice at a time.
                 unsafe { std::slice::from_raw_parts_mut(base.get().add(t * rows + r0), n_rows) }
@@ -422,7 +434,7 @@ fn q4_0x8_matmul(
         });
     }
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("q4_0x8_for gives a repacked copy on x86-64 only: {w:?} {pk:?} {prepared:?} {out:?} {corr:?}");
+    unreachable!("q4_0x8_for gives a repacked copy on x86-64 only: {w:?} {pk:?} {prepared:?} {out:?} {corr:?} {vnni}");
 }
 
 /// [`Backend::matmul_shared`]'s decode step when every matrix has its repacked Q4_0 copy (`packed[i]` of
@@ -433,6 +445,7 @@ fn q4_0x8_shared(
     x: &PreparedRow,
     outs: &mut [&mut [f32]],
     corr: &mut Vec<i32>,
+    vnni: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -453,7 +466,7 @@ fn q4_0x8_shared(
             let i = (0..ws.len()).rev().find(|&i| first[i] <= c).unwrap_or(0);
             let r0 = (c - first[i]) * chunk_rows[i];
             let n = chunk_rows[i].min(ws[i].rows - r0);
-            q4_0x8_rows(packed[i], nb, r0, n, &acts, |_| {
+            q4_0x8_rows(packed[i], nb, r0, n, &acts, vnni, |_| {
                 // SAFETY: task c alone writes rows r0 .. r0 + n of outs[i] (in bounds: r0 + n <= rows),
                 // and outs outlive this loop
                 unsafe { std::slice::from_raw_parts_mut(ptrs[i].get().add(r0), n) }
@@ -461,7 +474,7 @@ fn q4_0x8_shared(
         });
     }
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("q4_0x8_for gives a repacked copy on x86-64 only: {ws:?} {packed:?} {x:?} {outs:?} {corr:?}");
+    unreachable!("q4_0x8_for gives a repacked copy on x86-64 only: {ws:?} {packed:?} {x:?} {outs:?} {corr:?} {vnni}");
 }
 
 /// Rows per rayon task: large enough to amortise scheduling, small enough to balance two cores.
@@ -614,12 +627,14 @@ impl Backend for CpuBackend {
             .map(|w| self.q4_0x8_for(w, num.mode, &scratch.prepared[..1], &path0(w)))
             .collect();
         if let Some(packed) = packed {
+            let vnni = self.simd == Simd::Avx512;
             q4_0x8_shared(
                 ws,
                 &packed,
                 &scratch.prepared[0],
                 outs,
                 &mut scratch.q4_0x8_corr,
+                vnni,
             );
             return Ok(());
         }
@@ -701,7 +716,8 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         if let Some(pk) = self.q4_0x8_for(w, mode, prepared, &path) {
-            q4_0x8_matmul(w, pk, prepared, out, &mut scratch.q4_0x8_corr);
+            let vnni = self.simd == Simd::Avx512;
+            q4_0x8_matmul(w, pk, prepared, out, &mut scratch.q4_0x8_corr, vnni);
             return Ok(());
         }
         if n_tokens == 1 {

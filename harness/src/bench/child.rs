@@ -10,7 +10,7 @@ use lockstep_engine::{NumericsMode, Simd};
 use super::{EngineSettings, Test};
 
 /// What one sample of one engine gives: its nanoseconds, llama-bench's record when it is llama.cpp, and
-/// the sample process's peak RSS in bytes ([`crate::process::Output::peak_rss_bytes`]).
+/// the sample process's peak RSS in bytes ([`crate::process::Output::peak_rss_bytes`], its `VmHWM`).
 pub(crate) struct SampleOut {
     /// Nanoseconds of the timed part.
     pub(crate) ns: u64,

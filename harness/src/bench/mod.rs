@@ -236,7 +236,7 @@ pub struct BenchResult {
     /// (`2026-11-29T14:20:00Z`). Empty in files written before it.
     #[serde(default)]
     pub test_time: String,
-    /// Peak resident set of each repetition's process, bytes (`ru_maxrss` of the reaped sample process,
+    /// Peak resident set of each repetition's process, bytes (its `VmHWM` while it ran,
     /// [`crate::process::Output::peak_rss_bytes`]: llama-bench's and `lockstep bench-sample`'s alike, the
     /// touched pages of the memory-mapped file included). Empty in files written before it, or where the
     /// platform reports none.

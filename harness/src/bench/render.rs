@@ -211,8 +211,7 @@ fn render_peak_rss(md: &mut String, r: &BenchReport) {
         .collect();
     let _ = writeln!(
         md,
-        "\n## Peak RSS\n\nThe largest resident set of a sample's process over the repetitions (`ru_maxrss` of the \
-         reaped process: the pages of the memory-mapped model it touched, its buffers, any derived copy of \
+        "\n## Peak RSS\n\nThe largest resident set of a sample's process over the repetitions (`VmHWM` of the process while it ran, polled: the pages of the memory-mapped model it touched, its buffers, any derived copy of \
          weights), MiB.\n"
     );
     let mut head = String::from("| model | test |");

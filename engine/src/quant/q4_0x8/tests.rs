@@ -59,27 +59,50 @@ fn check(w: &[u8], n_rows: usize, xs: &[PreparedRow]) -> usize {
             corr: c,
         })
         .collect();
-    let mut out = vec![vec![f32::NAN; n_rows]; xs.len()];
-    let mut acc = Vec::new();
-    let ptrs: Vec<*mut f32> = out.iter_mut().map(|o| o.as_mut_ptr()).collect();
-    // SAFETY: AVX2 is checked by the caller; each token's output is handed out once per group, and the
-    // kernel writes only its group's eight floats of it before asking for the next
-    unsafe {
-        super::gemm(&packed, nb, &acts, &mut acc, |t| {
-            std::slice::from_raw_parts_mut(ptrs[t], n_rows)
-        })
-    };
-    for (t, o) in out.iter().enumerate() {
-        for (i, &got) in o.iter().enumerate() {
-            let want =
-                q4_0::dot_q8_0_repacked(&w[i * rb..(i + 1) * rb], &xs[t].qs, &xs[t].d, false);
-            assert!(
-                same(got, want),
-                "nb {nb} row {i} token {t}: packed {got:e} vs scalar {want:e}"
-            );
+    let mut n = 0;
+    for vnni in [false, true] {
+        if vnni && !crate::numerics::avx512_available() {
+            continue;
         }
+        let mut out = vec![vec![f32::NAN; n_rows]; xs.len()];
+        let mut acc = Vec::new();
+        let ptrs: Vec<*mut f32> = out.iter_mut().map(|o| o.as_mut_ptr()).collect();
+        let o = |t: usize| {
+            // SAFETY: each token's output is handed out once per group, and the kernel writes only its
+            // group's eight floats of it before asking for the next
+            unsafe { std::slice::from_raw_parts_mut(ptrs[t], n_rows) }
+        };
+        // SAFETY: AVX2 is checked by the caller, AVX-512 VNNI just above
+        unsafe {
+            if vnni {
+                super::gemm_vnni(&packed, nb, &acts, &mut acc, o)
+            } else {
+                super::gemm(&packed, nb, &acts, &mut acc, o)
+            }
+        };
+        for (t, o) in out.iter().enumerate() {
+            for (i, &got) in o.iter().enumerate() {
+                let want =
+                    q4_0::dot_q8_0_repacked(&w[i * rb..(i + 1) * rb], &xs[t].qs, &xs[t].d, false);
+                assert!(
+                    same(got, want),
+                    "nb {nb} row {i} token {t} vnni {vnni}: packed {got:e} vs scalar {want:e}"
+                );
+            }
+        }
+        n += n_rows * xs.len();
     }
-    n_rows * xs.len()
+    n
+}
+
+/// The kernels this CPU runs: AVX2, and AVX-512 VNNI where it has it.
+#[cfg(target_arch = "x86_64")]
+fn kernels() -> usize {
+    if crate::numerics::avx512_available() {
+        2
+    } else {
+        1
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -106,8 +129,8 @@ fn the_packed_kernel_gives_the_scalar_bits_on_random_blocks() {
             }
         }
     }
-    // 5 block counts × 64 rows × 24 tokens
-    assert_eq!(n, 7680);
+    // 5 block counts × 64 rows × 24 tokens, once per kernel this CPU runs
+    assert_eq!(n, 7680 * kernels());
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -145,7 +168,7 @@ fn the_packed_kernel_gives_the_scalar_bits_at_the_integer_extremes() {
         .collect();
     assert!(xs[0].qs.iter().all(|&q| q == -127) && xs[1].qs.iter().all(|&q| q == 127));
     assert!(xs[2].qs.contains(&-128));
-    assert_eq!(check(&w, 8, &xs), 64);
+    assert_eq!(check(&w, 8, &xs), 64 * kernels());
 }
 
 /// Whole ggml-mode matmuls of a Q4_0 matrix with a place for its repacked copy: SIMD off (the scalar
