@@ -255,11 +255,14 @@ fn bench_matmul(c: &mut Criterion) {
         let (rows, cols) = (shape.rows, shape.cols);
         for &ty in shape.types.iter().filter(|&&t| quant::supports(t)) {
             let data = weight_matrix(ty, rows, cols, &mut rng);
+            // a place for a repacked copy (Q4_0), as a model's weights have
+            let cell = std::sync::OnceLock::new();
             let w = QMatrix {
                 ty,
                 rows,
                 cols,
                 data: &data,
+                repacked: Some(&cell),
             };
             for &n in shape.batches {
                 let x = rng.vec(n * cols, 1.0);

@@ -23,6 +23,11 @@ pub struct QMatrix<'a> {
     pub cols: usize,
     /// `rows · row_bytes` bytes.
     pub data: &'a [u8],
+    /// Where the load-time repacked copy of a Q4_0 matrix is kept once made (`quant::q4_0x8`: eight rows
+    /// interleaved, llama.cpp's `block_q4_0x8`), for the repacked gemv/gemm kernels; `None` for a matrix
+    /// without one (any other type, or a view made without its `Weight`). Made on first use by the
+    /// backend, so a session that never runs those kernels holds only the memory map.
+    pub repacked: Option<&'a std::sync::OnceLock<Vec<u8>>>,
 }
 
 impl<'a> QMatrix<'a> {
@@ -37,6 +42,21 @@ impl<'a> QMatrix<'a> {
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
     }
+
+    /// The repacked copy of a Q4_0 matrix whose rows are a multiple of 8 (`quant::q4_0x8`), made now if
+    /// it was not yet; `None` for another matrix or one without a place for the copy.
+    pub(crate) fn q4_0x8(&self) -> Option<&'a [u8]> {
+        let cell = self.repacked?;
+        let rb = self.row_bytes();
+        let fits = self.ty == GgmlType::Q4_0
+            && quant::q4_0x8::packable(self.rows, rb)
+            && self.ty.bytes_for(self.cols as u64) == Some(rb)
+            && self.data.len() == self.rows * rb;
+        fits.then(|| {
+            cell.get_or_init(|| quant::q4_0x8::repack(self.data, self.rows, rb))
+                .as_slice()
+        })
+    }
 }
 
 /// Reusable buffers for [`Backend::matmul`]; grows on first use and then allocates nothing.
@@ -50,6 +70,9 @@ pub struct MatmulScratch {
     /// ([`quant::SimdKernel::wide`]): made once per matmul; `wide_ok[g]` says whether group `g` has one.
     wide_tiles: Vec<quant::ktile::Line>,
     wide_ok: Vec<bool>,
+    /// Per token and block `−8·Σ a` of the activation quants, for the repacked Q4_0 kernels
+    /// (`quant::q4_0x8`): made once per matmul.
+    q4_0x8_corr: Vec<i32>,
 }
 
 /// Computes quantized-weight × f32-activation products.
@@ -318,6 +341,142 @@ fn par_row_chunks(rows: usize, f: impl Fn(usize, usize) + Sync + Send) {
         .for_each(|c| f(c * chunk_rows, chunk_rows.min(rows - c * chunk_rows)));
 }
 
+thread_local! {
+    /// Each worker's running sums of the repacked Q4_0 kernel (`quant::q4_0x8::gemm`: eight floats per
+    /// token), kept across matmuls.
+    static Q4_0X8_ACC: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Per token and block `−8·Σ a` of `prepared` (`nb` blocks each) into `corr`, grown as needed.
+fn q4_0x8_corrections(prepared: &[PreparedRow], nb: usize, corr: &mut Vec<i32>) {
+    corr.resize(prepared.len() * nb, 0);
+    for (c, p) in corr.chunks_exact_mut(nb).zip(prepared) {
+        quant::q4_0x8::corrections(&p.qs, nb, c);
+    }
+}
+
+/// Rows `r0 .. r0 + n_rows` (a multiple of 8) of the product of a repacked Q4_0 matrix `pk` (`nb` blocks
+/// a row) with every token of `acts`, token `t`'s outputs written by `out(t)` (`n_rows` floats); `vnni`:
+/// the AVX-512 VNNI kernel (the same bits).
+#[cfg(target_arch = "x86_64")]
+fn q4_0x8_rows<'o>(
+    pk: &[u8],
+    nb: usize,
+    r0: usize,
+    n_rows: usize,
+    acts: &[quant::q4_0x8::Act<'_>],
+    vnni: bool,
+    out: impl FnMut(usize) -> &'o mut [f32],
+) {
+    let gb = nb * quant::q4_0x8::GROUP_BLOCK_BYTES;
+    let (g0, g1) = (
+        r0 / quant::q4_0x8::ROWS,
+        (r0 + n_rows) / quant::q4_0x8::ROWS,
+    );
+    let pk = &pk[g0 * gb..g1 * gb];
+    Q4_0X8_ACC.with(|acc| {
+        let acc = &mut acc.borrow_mut();
+        // SAFETY: the caller (`q4_0x8_for`) checked that this backend's AVX2 kernels run on this CPU,
+        // and `vnni` is set for the Avx512 setting only, which runs only where AVX-512 VNNI is
+        unsafe {
+            if vnni {
+                quant::q4_0x8::gemm_vnni(pk, nb, acts, acc, out)
+            } else {
+                quant::q4_0x8::gemm(pk, nb, acts, acc, out)
+            }
+        }
+    });
+}
+
+/// The activations of `prepared` as the repacked kernel reads them (`corr`: [`q4_0x8_corrections`]).
+#[cfg(target_arch = "x86_64")]
+fn q4_0x8_acts<'a>(
+    prepared: &'a [PreparedRow],
+    corr: &'a [i32],
+    nb: usize,
+) -> Vec<quant::q4_0x8::Act<'a>> {
+    prepared
+        .iter()
+        .zip(corr.chunks_exact(nb))
+        .map(|(p, c)| quant::q4_0x8::Act {
+            qs: &p.qs,
+            d: &p.d,
+            corr: c,
+        })
+        .collect()
+}
+
+/// A ggml-mode product of a Q4_0 matrix through its repacked copy `pk` ([`CpuBackend::q4_0x8_for`]):
+/// row chunks (multiples of 8 rows) across the workers, every token of the batch against each group of
+/// eight rows (`out` as [`Backend::matmul`]'s). Each output is the scalar repacked spec's, so neither the
+/// split nor the batch size changes a bit.
+fn q4_0x8_matmul(
+    w: &QMatrix<'_>,
+    pk: &[u8],
+    prepared: &[PreparedRow],
+    out: &mut [f32],
+    corr: &mut Vec<i32>,
+    vnni: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let nb = w.cols / 32;
+        q4_0x8_corrections(prepared, nb, corr);
+        let acts = q4_0x8_acts(prepared, corr, nb);
+        let base = OutPtr(out.as_mut_ptr());
+        let rows = w.rows;
+        par_row_chunks(rows, |r0, n_rows| {
+            q4_0x8_rows(pk, nb, r0, n_rows, &acts, vnni, |t| {
+                // SAFETY: `out` holds n_tokens·rows floats (checked by `matmul`) and outlives this scope;
+                // chunks are disjoint row ranges, and the kernel holds one token's slice at a time.
+                unsafe { std::slice::from_raw_parts_mut(base.get().add(t * rows + r0), n_rows) }
+            });
+        });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("q4_0x8_for gives a repacked copy on x86-64 only: {w:?} {pk:?} {prepared:?} {out:?} {corr:?} {vnni}");
+}
+
+/// [`Backend::matmul_shared`]'s decode step when every matrix has its repacked Q4_0 copy (`packed[i]` of
+/// `ws[i]`): every matrix's row chunks in one parallel region, each through [`q4_0x8_rows`].
+fn q4_0x8_shared(
+    ws: &[QMatrix<'_>],
+    packed: &[&[u8]],
+    x: &PreparedRow,
+    outs: &mut [&mut [f32]],
+    corr: &mut Vec<i32>,
+    vnni: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let nb = ws[0].cols / 32;
+        q4_0x8_corrections(std::slice::from_ref(x), nb, corr);
+        let acts = q4_0x8_acts(std::slice::from_ref(x), corr, nb);
+        let threads = rayon::current_num_threads();
+        let mut chunk_rows = [1usize; SHARED_MAX];
+        let mut first = [0usize; SHARED_MAX + 1];
+        let mut ptrs = [OutPtr(std::ptr::null_mut()); SHARED_MAX];
+        for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+            assert_eq!(out.len(), w.rows, "matmul output size"); // the tasks write through a raw pointer
+            chunk_rows[i] = batch_chunk_rows(w.rows, threads);
+            first[i + 1] = first[i] + w.rows.div_ceil(chunk_rows[i]);
+            ptrs[i] = OutPtr(out.as_mut_ptr());
+        }
+        (0..first[ws.len()]).into_par_iter().for_each(|c| {
+            let i = (0..ws.len()).rev().find(|&i| first[i] <= c).unwrap_or(0);
+            let r0 = (c - first[i]) * chunk_rows[i];
+            let n = chunk_rows[i].min(ws[i].rows - r0);
+            q4_0x8_rows(packed[i], nb, r0, n, &acts, vnni, |_| {
+                // SAFETY: task c alone writes rows r0 .. r0 + n of outs[i] (in bounds: r0 + n <= rows),
+                // and outs outlive this loop
+                unsafe { std::slice::from_raw_parts_mut(ptrs[i].get().add(r0), n) }
+            });
+        });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("q4_0x8_for gives a repacked copy on x86-64 only: {ws:?} {packed:?} {x:?} {outs:?} {corr:?} {vnni}");
+}
+
 /// Rows per rayon task: large enough to amortise scheduling, small enough to balance two cores.
 const ROWS_PER_TASK: usize = 64;
 
@@ -369,6 +528,38 @@ fn decode_rows(
 }
 
 impl CpuBackend {
+    /// The repacked copy of `w` (made now if it was not yet) when this product runs on the repacked
+    /// Q4_0 kernels (`quant::q4_0x8`): ggml mode, this backend's setting `avx2`, `w` a Q4_0 matrix with
+    /// a place for the copy and rows a multiple of 8, and every token on llama.cpp's repacked gemm or
+    /// gemv — a gemv token without a −128 quant (the gemv's `sign` form wraps on one, which these
+    /// kernels, exact there, do not mirror: such a product takes the other kernels). `None` otherwise.
+    fn q4_0x8_for<'a>(
+        &self,
+        w: &QMatrix<'a>,
+        mode: NumericsMode,
+        prepared: &[PreparedRow],
+        path: &dyn Fn(usize) -> quant::GgmlPath,
+    ) -> Option<&'a [u8]> {
+        // AVX2 only: with AVX-512 VNNI the sixteen-row nibble tiles (prefill) and the eight-row gemv
+        // (decode) on the file's layout measured faster than the copy (pp512 0.52x, tg128 0.64x
+        // [0.35, 1.11] on a 2-core Xeon, issue 45); `gemm_vnni` stays tested for a later layout
+        if mode != NumericsMode::Ggml
+            || self.simd != Simd::Avx2
+            || !self.simd.avx2_kernels()
+            || !cfg!(target_arch = "x86_64")
+            || w.ty != GgmlType::Q4_0
+            || w.repacked.is_none()
+        {
+            return None;
+        }
+        let on_repack = prepared.iter().enumerate().all(|(t, p)| match path(t) {
+            quant::GgmlPath::RepackGemm => true,
+            quant::GgmlPath::RepackGemv => !p.has_min_quant,
+            _ => false,
+        });
+        on_repack.then(|| w.q4_0x8()).flatten()
+    }
+
     /// The activation rows of a product with `w` (`x`: `[n_tokens, w.cols]`) in `scratch.prepared`:
     /// quantized as ggml's `vec_dot_type` of `w.ty` in ggml mode, kept in f32 (or rounded, with
     /// `input_rounding`) in reference mode ([`PreparedRow`]). Errors: the weight type has no kernel.
@@ -430,6 +621,27 @@ impl Backend for CpuBackend {
         }
         debug_assert_eq!(x.len(), ws[0].cols);
         self.prepare(&ws[0], x, 1, num.mode, scratch)?;
+        // the repacked Q4_0 copies: every matrix's groups of eight rows in one parallel region
+        let path0 = |w: &QMatrix<'_>| {
+            let p = quant::ggml_path(w.ty, w.rows, w.cols, 1, 0, num.target);
+            move |_: usize| p
+        };
+        let packed: Option<Vec<&[u8]>> = ws
+            .iter()
+            .map(|w| self.q4_0x8_for(w, num.mode, &scratch.prepared[..1], &path0(w)))
+            .collect();
+        if let Some(packed) = packed {
+            let vnni = self.simd == Simd::Avx512;
+            q4_0x8_shared(
+                ws,
+                &packed,
+                &scratch.prepared[0],
+                outs,
+                &mut scratch.q4_0x8_corr,
+                vnni,
+            );
+            return Ok(());
+        }
         let prepared = &scratch.prepared[0];
         let kernel = quant::simd_kernel(num.with_simd(self.simd), ws[0].ty);
         let threads = rayon::current_num_threads();
@@ -505,6 +717,11 @@ impl Backend for CpuBackend {
                 return Ok(());
             }
             self.dequantized_matmul(w, prepared, out, &path, Some(lanes), false);
+            return Ok(());
+        }
+        if let Some(pk) = self.q4_0x8_for(w, mode, prepared, &path) {
+            let vnni = self.simd == Simd::Avx512;
+            q4_0x8_matmul(w, pk, prepared, out, &mut scratch.q4_0x8_corr, vnni);
             return Ok(());
         }
         if n_tokens == 1 {
@@ -700,6 +917,7 @@ mod tests {
                 rows,
                 cols,
                 data: &data,
+                repacked: None,
             };
             for n_tokens in [1, 5, 17] {
                 let x: Vec<f32> = (0..n_tokens * cols).map(|_| rnd() * 3.0).collect();
@@ -761,6 +979,7 @@ mod tests {
                     rows,
                     cols,
                     data: &data,
+                    repacked: None,
                 };
                 for n_tokens in [2, 8, 13] {
                     let x: Vec<f32> = (0..n_tokens * cols).map(|_| rnd() * 3.0).collect();
@@ -840,6 +1059,7 @@ mod tests {
                     rows: rows[i],
                     cols,
                     data: &data[i],
+                    repacked: None,
                 })
                 .collect();
             for n_tokens in [1, 3] {

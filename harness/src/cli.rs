@@ -373,7 +373,8 @@ pub struct BenchArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "ci/matrix.toml")]
     pub matrix: Option<PathBuf>,
     /// Also write the speed floors of this bench's lockstep rows to this file (e.g.
-    /// ci/speed-floors.toml, which `lockstep gate --speed BENCH --speed-floors FILE` holds later benches to).
+    /// ci/speed-floors.toml, which `lockstep gate --speed BENCH --speed-floors FILE` holds later benches to),
+    /// as the section of the SIMD kind they ran (`--simd`); an existing file's other kinds are kept.
     #[arg(long)]
     pub write_speed_floors: Option<PathBuf>,
     /// Prompt sizes (llama-bench's -p), comma-separated; 0 = none.
@@ -1155,9 +1156,16 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             print!("{}", crate::bench::render_bench_markdown(&r));
             println!("\nwrote {}", dir.display());
             if let Some(f) = &a.write_speed_floors {
-                let floors = crate::bench::SpeedFloors::from_bench(&r)?;
+                // this bench's SIMD kind replaces its own section; the other kinds' floors are kept
+                let host = crate::bench::HostFloors::from_bench(&r)?;
+                let existing = f
+                    .exists()
+                    .then(|| crate::bench::SpeedFloors::load(f))
+                    .transpose()?;
+                let (kind, n) = (host.simd.clone(), host.floor.len());
+                let floors = crate::bench::SpeedFloors::with_host(existing, host);
                 crate::output::write_atomic(f, floors.to_toml()?.as_bytes())?;
-                println!("wrote {} ({} floors)", f.display(), floors.floor.len());
+                println!("wrote {} ({n} floors of SIMD kind {kind})", f.display());
             }
         }
         Command::BenchSample(a) => {

@@ -360,6 +360,13 @@ pub struct Output {
     pub stdout: Vec<u8>,
     /// The last 64 KiB of stderr.
     pub stderr: Vec<u8>,
+    /// The child's peak resident set, bytes: the largest `VmHWM` (the high-water mark of its resident
+    /// set, file-backed pages of its memory maps included) read from `/proc/<pid>/status` while it ran —
+    /// read at every poll, at most 50 ms apart, so a peak reached in its last moments before exit may be
+    /// missed. Not `wait4`'s `ru_maxrss`: Linux carries the parent's resident set at `fork` into the
+    /// child's `ru_maxrss` (`exec_mmap` keeps the old mm's high-water mark), so a child of a large
+    /// harness would report the harness's size. `None` where no read succeeded (not Linux).
+    pub peak_rss_bytes: Option<u64>,
 }
 
 /// Run `cmd` to completion within `timeout`, in its own process group, stdout and stderr captured in
@@ -404,6 +411,7 @@ pub fn run_bounded(
     };
     let start = Instant::now();
     let mut pause = Duration::from_millis(2);
+    let mut peak_rss_bytes = vm_hwm(pgid);
     let status = loop {
         match exited_unreaped(pgid) {
             // the leader is a zombie until reaped, so its pid (= the group id) cannot be reused yet:
@@ -422,6 +430,7 @@ pub fn run_bounded(
                 ));
             }
             Ok(false) => {
+                peak_rss_bytes = peak_rss_bytes.max(vm_hwm(pgid));
                 let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
                 if size(&out_path) > MAX_STDOUT_BYTES || size(&err_path) > MAX_STDERR_BYTES {
                     end_engine(pgid, &tag);
@@ -455,7 +464,23 @@ pub fn run_bounded(
         status,
         stdout,
         stderr,
+        peak_rss_bytes,
     })
+}
+
+/// The `VmHWM` of process `pid` (`/proc/<pid>/status`, kB), in bytes; `None` when it cannot be read (the
+/// process is gone or a zombie, or not Linux).
+fn vm_hwm(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_vm_hwm(&text)
+}
+
+/// `VmHWM:   123456 kB` of a `/proc/<pid>/status` text, in bytes.
+fn parse_vm_hwm(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let mut it = line["VmHWM:".len()..].split_whitespace();
+    let kb: u64 = it.next()?.parse().ok()?;
+    (it.next() == Some("kB")).then_some(kb * 1024)
 }
 
 /// Whether child `pid` has exited, without reaping it (`waitid(P_PID, pid, WEXITED | WNOHANG | WNOWAIT)`).
@@ -568,6 +593,37 @@ mod tests {
         assert_eq!(o.stdout, b"1,2,3\n");
         assert_eq!(o.stderr, b"oops\n");
         assert_eq!(o.status.code(), Some(3));
+    }
+
+    #[test]
+    fn the_peak_rss_of_a_child_is_read_while_it_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        // dd reads into one 64 MiB buffer, 40 times (long enough to be polled): its peak RSS is at
+        // least that
+        let mut c = Command::new("dd");
+        c.args(["if=/dev/zero", "of=/dev/null", "bs=64M", "count=40"]);
+        let o = run_bounded(c, Duration::from_secs(60), dir.path(), "dd").unwrap();
+        assert!(o.status.success());
+        let rss = o
+            .peak_rss_bytes
+            .expect("/proc/<pid>/status has VmHWM on Linux");
+        assert!(
+            rss >= 64 << 20,
+            "peak RSS {rss} below the 64 MiB buffer dd filled"
+        );
+        // a small child is far below it, whatever this test process's own size (nothing inherited)
+        let big: Vec<u8> = vec![1u8; 256 << 20];
+        let mut c = Command::new("sleep");
+        c.arg("0.2");
+        let o = run_bounded(c, Duration::from_secs(30), dir.path(), "sleep").unwrap();
+        let small = o.peak_rss_bytes.unwrap();
+        assert!(small < 32 << 20, "sleep's peak RSS {small}");
+        std::hint::black_box(&big);
+        assert_eq!(
+            parse_vm_hwm("Name:\tx\nVmPeak:\t  900 kB\nVmHWM:\t   1234 kB\nVmRSS:\t 1 kB\n"),
+            Some(1234 * 1024)
+        );
+        assert_eq!(parse_vm_hwm("Name:\tzombie\n"), None);
     }
 
     #[test]

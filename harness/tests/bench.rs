@@ -95,6 +95,13 @@ fn the_speed_gate_passes_a_build_against_itself_and_fails_a_slowed_one() {
         && x.test_time.ends_with('Z')
         && x.model_size == tensor_bytes));
     assert!(r.load_average.is_some(), "the host's load is recorded");
+    // every sample's peak RSS: at least the weights a decode step reads through the map
+    assert!(!r.host_simd.is_empty());
+    assert!(r
+        .results
+        .iter()
+        .all(|x| x.samples_peak_rss.len() == 5
+            && x.peak_rss_bytes.is_some_and(|b| b > tensor_bytes / 2)));
     let (pass, text) = gate(&dir);
     assert!(pass, "the same build against itself must pass:\n{text}");
 
@@ -150,8 +157,10 @@ fn the_speed_floors_hold_a_build_to_its_share_of_the_machine() {
     };
     let fast = bench("avx2", "fast", true);
     let f = lockstep::bench::SpeedFloors::load(&floors).unwrap();
-    assert_eq!(f.floor.len(), 2, "{f:?}");
-    assert!(f.fma_peak > 0.0 && f.read_bandwidth > 0.0);
+    assert_eq!(f.host.len(), 1, "{f:?}");
+    let h = f.for_simd("avx2").expect("the avx2 section");
+    assert_eq!(h.floor.len(), 2, "{f:?}");
+    assert!(h.fma_peak > 0.0 && h.read_bandwidth > 0.0);
     let gate = |b: &Path| {
         Command::new(exe)
             .current_dir(root())
@@ -169,7 +178,18 @@ fn the_speed_floors_hold_a_build_to_its_share_of_the_machine() {
         "a bench against its own floors:\n{text}"
     );
     assert!(text.contains("2 checks, 0 failed"), "{text}");
+    // the scalar kernels are another SIMD kind: without floors of their own, an error (exit 2)
     let slow = bench("off", "slow", false);
+    let out = gate(&slow);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "no floors of kind off:\n{err}");
+    assert!(err.contains("no speed floors of SIMD kind off"), "{err}");
+    // held to the SIMD kernels' figures (the avx2 section filed as off's: a kernel fallen back to
+    // scalar code), they fail
+    let mut as_off = h.clone();
+    as_off.simd = "off".into();
+    let both = lockstep::bench::SpeedFloors::with_host(Some(f.clone()), as_off);
+    std::fs::write(&floors, both.to_toml().unwrap()).unwrap();
     let out = gate(&slow);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
@@ -202,12 +222,16 @@ fn the_committed_speed_floors_cover_the_default_matrix() {
             want.insert((m.id.clone(), "tg16".to_string()));
         }
     }
-    let have: std::collections::BTreeSet<(String, String)> = floors
-        .floor
-        .iter()
-        .map(|f| (f.model.clone(), f.test.clone()))
-        .collect();
-    assert_eq!(have, want);
+    // every SIMD kind's section: the AVX-512 host's at least
+    assert!(floors.for_simd("avx512").is_some());
+    for h in &floors.host {
+        let have: std::collections::BTreeSet<(String, String)> = h
+            .floor
+            .iter()
+            .map(|f| (f.model.clone(), f.test.clone()))
+            .collect();
+        assert_eq!(have, want, "the {} floors", h.simd);
+    }
 }
 
 // ---- hostile input to `gate --speed` and `bench`: synthetic files and a fake llama-bench, no download ----
@@ -285,6 +309,8 @@ fn row(engine: &str, test: Test, ts: &[f64]) -> BenchResult {
         median_ts: 0.0,
         build_commit: "0c1e570".into(),
         test_time: "2026-11-29T14:20:00Z".into(),
+        samples_peak_rss: Vec::new(),
+        peak_rss_bytes: None,
     };
     r.fill_stats();
     r
@@ -320,6 +346,7 @@ fn bench_of(tests: &[Test], ours: &[f64], llama: &[f64]) -> BenchReport {
         fma_peak: 1e11,
         fma_peak_samples: vec![1e11],
         load_average: None,
+        host_simd: "avx512".into(),
         comparisons: comparisons(&results),
         // every prompt row's share of the FMA peak, at 1 GFLOP per test
         compute: results

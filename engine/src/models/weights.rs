@@ -16,6 +16,9 @@ pub struct Weight {
     pub rows: usize,
     /// Input features.
     pub cols: usize,
+    /// The load-time repacked copy of a Q4_0 matrix (`quant::q4_0x8`), made by the backend on the first
+    /// product that runs the repacked kernels and kept for the model's life (shared by its clones).
+    repacked: std::sync::Arc<std::sync::OnceLock<Vec<u8>>>,
 }
 
 impl Weight {
@@ -60,17 +63,24 @@ impl Weight {
             info,
             rows: r,
             cols: c,
+            repacked: Default::default(),
         })
     }
 
-    /// A matrix view over the mapped bytes.
-    pub fn matrix<'a>(&self, gguf: &'a GgufFile) -> QMatrix<'a> {
+    /// A matrix view over the mapped bytes (and the place of its repacked copy, if it gets one).
+    pub fn matrix<'a>(&'a self, gguf: &'a GgufFile) -> QMatrix<'a> {
         QMatrix {
             ty: self.info.ggml_type,
             rows: self.rows,
             cols: self.cols,
             data: gguf.tensor_data(&self.info),
+            repacked: (self.info.ggml_type == quant::GgmlType::Q4_0).then_some(&*self.repacked),
         }
+    }
+
+    /// Bytes of the repacked copy made so far (0 before the first product that uses one).
+    pub fn repacked_bytes(&self) -> usize {
+        self.repacked.get().map_or(0, Vec::len)
     }
 }
 

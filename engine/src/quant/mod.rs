@@ -158,6 +158,7 @@ mod prepared;
 mod q2_k;
 mod q3_k;
 mod q4_0;
+pub(crate) mod q4_0x8;
 mod q4_1;
 mod q4_k;
 mod q5_0;

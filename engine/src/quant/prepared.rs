@@ -29,9 +29,9 @@ pub struct PreparedRow {
     /// Ggml: the activation in `vec_dot_type` layout, byte for byte what ggml's `from_float` writes.
     pub(super) blocks: Vec<u8>,
     /// Ggml, Q8_0/Q8_1/Q8_K: the quants.
-    pub(super) qs: Vec<i8>,
+    pub(crate) qs: Vec<i8>,
     /// Ggml, Q8_0/Q8_1: per-block `d` (f16, widened); Q8_K: per-block `d` (f32).
-    pub(super) d: Vec<f32>,
+    pub(crate) d: Vec<f32>,
     /// Ggml, Q8_1: per-block `s = d * sum(qs)` as stored (f16, widened).
     pub(super) s: Vec<f32>,
     /// Ggml, Q8_K: per-16 sums of the quants.
@@ -41,7 +41,7 @@ pub struct PreparedRow {
     pub(super) qu: Vec<u8>,
     /// Ggml, Q8_0: some quant is -128 (only a NaN input produces one); the kernels then use the exact
     /// `_mm256_sign_epi8` product.
-    pub(super) has_min_quant: bool,
+    pub(crate) has_min_quant: bool,
     /// Prepared for a session that runs SIMD kernels (`prepare_simd`'s `simd`): reference mode's dot
     /// products then take the 16-lane fma order (`reference_fma.rs`), the portable one otherwise.
     pub(super) simd: bool,

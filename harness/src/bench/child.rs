@@ -9,8 +9,19 @@ use lockstep_engine::{NumericsMode, Simd};
 
 use super::{EngineSettings, Test};
 
-/// Runs one sample of one engine: nanoseconds, and llama-bench's record when it is llama.cpp.
-pub(crate) type SampleFn = Box<dyn Fn(&Path, Test) -> Result<(u64, Option<serde_json::Value>)>>;
+/// What one sample of one engine gives: its nanoseconds, llama-bench's record when it is llama.cpp, and
+/// the sample process's peak RSS in bytes ([`crate::process::Output::peak_rss_bytes`], its `VmHWM`).
+pub(crate) struct SampleOut {
+    /// Nanoseconds of the timed part.
+    pub(crate) ns: u64,
+    /// llama-bench's JSON record (llama.cpp only).
+    pub(crate) record: Option<serde_json::Value>,
+    /// Peak resident set of the sample's process, bytes (`None` where the platform gives none).
+    pub(crate) peak_rss_bytes: Option<u64>,
+}
+
+/// Runs one sample of one engine.
+pub(crate) type SampleFn = Box<dyn Fn(&Path, Test) -> Result<SampleOut>>;
 
 /// One engine of the bench: its settings as the report records them, and how to take one sample.
 pub(crate) struct Sampler {
@@ -30,13 +41,14 @@ pub(crate) struct ChildSetup {
 }
 
 /// Run one sample's child process through [`crate::process::run_bounded`] (its own process group,
-/// killed on timeout and on an interrupt); a non-zero exit is an error carrying its stderr.
+/// killed on timeout and on an interrupt); a non-zero exit is an error carrying its stderr. Returns its
+/// stdout and its peak RSS in bytes.
 pub(crate) fn run_child(
     cmd: Command,
     setup: &ChildSetup,
     what: &str,
     shown: &Path,
-) -> Result<Vec<u8>> {
+) -> Result<(Vec<u8>, Option<u64>)> {
     let out = crate::process::run_bounded(cmd, setup.timeout, &setup.scratch, what)?;
     if !out.status.success() {
         bail!(
@@ -46,7 +58,7 @@ pub(crate) fn run_child(
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    Ok(out.stdout)
+    Ok((out.stdout, out.peak_rss_bytes))
 }
 
 /// Parse what `lockstep bench-sample` printed: one positive count of nanoseconds.
@@ -97,8 +109,12 @@ pub(crate) fn lockstep_sampler(
                 .args(["--mode", mode.name(), "--simd", simd.name()])
                 .args(["-p", &t.n_prompt.to_string(), "-n", &t.n_gen.to_string()])
                 .args(["-d", &t.n_depth.to_string()]);
-            let stdout = run_child(cmd, &setup, &what, &b)?;
-            Ok((parse_sample_ns(&stdout, &b.display().to_string())?, None))
+            let (stdout, peak_rss_bytes) = run_child(cmd, &setup, &what, &b)?;
+            Ok(SampleOut {
+                ns: parse_sample_ns(&stdout, &b.display().to_string())?,
+                record: None,
+                peak_rss_bytes,
+            })
         }),
     }
 }

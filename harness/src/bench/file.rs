@@ -129,7 +129,8 @@ pub(crate) const ENGINES: &[&str] = &["lockstep", "baseline", "llama.cpp"];
 /// - `results` is not empty; each row's engine is `lockstep`, `baseline` or `llama.cpp`, its test valid
 ///   ([`Test::check`]), its `samples_ns` and `samples_ts` `repetitions` long, every sample above 0 (and
 ///   finite), `samples_ts` the tokens/s of `samples_ns`, and `median_ts`, `avg_ts`, `stddev_ts`,
-///   `avg_ns`, `stddev_ns` those of the samples; no engine × model × test twice; every model × test has
+///   `avg_ns`, `stddev_ns` those of the samples; `samples_peak_rss` empty or `repetitions` long, each
+///   above 0, and `peak_rss_bytes` its largest; no engine × model × test twice; every model × test has
 ///   a `lockstep` row;
 /// - `comparisons` are exactly [`comparisons`] of the results (ratios and intervals recomputed);
 /// - each `bandwidth` entry names a result and its `fraction` is that result's
@@ -235,6 +236,23 @@ pub fn validate_bench(r: &BenchReport) -> Result<()> {
             if !agrees(recorded, computed) {
                 bail!("{at}.{name}: recorded {recorded:?}, its samples give {computed:?}");
             }
+        }
+        if !x.samples_peak_rss.is_empty() && x.samples_peak_rss.len() != r.repetitions {
+            bail!(
+                "{at}.samples_peak_rss: {} samples, but repetitions is {} (every repetition's, or none)",
+                x.samples_peak_rss.len(),
+                r.repetitions
+            );
+        }
+        if let Some(j) = x.samples_peak_rss.iter().position(|&b| b == 0) {
+            bail!("{at}.samples_peak_rss[{j}]: 0 bytes (a process has some resident memory)");
+        }
+        let peak = x.samples_peak_rss.iter().copied().max();
+        if x.peak_rss_bytes != peak {
+            bail!(
+                "{at}.peak_rss_bytes: recorded {:?}, the largest of samples_peak_rss is {peak:?}",
+                x.peak_rss_bytes
+            );
         }
     }
     for (i, x) in r.results.iter().enumerate() {

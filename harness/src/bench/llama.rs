@@ -7,7 +7,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use lockstep_engine::Model;
 
-use super::child::{run_child, ChildSetup, Sampler};
+use super::child::{run_child, ChildSetup, SampleOut, Sampler};
 use super::{EngineSettings, Test};
 
 /// The llama-bench `oracles/llamacpp/build_tools.sh` (in the checkout at `root`) cached for this CPU, if
@@ -166,9 +166,13 @@ pub(crate) fn llama_sampler(
                 ])
                 .args(["-o", "json"])
                 .args(&extra);
-            let stdout = run_child(cmd, &setup, "llama-bench", &b)?;
+            let (stdout, peak_rss_bytes) = run_child(cmd, &setup, "llama-bench", &b)?;
             let (ns, rec) = parse_llama_bench_output(&stdout, t, &b.display().to_string())?;
-            Ok((ns, Some(rec)))
+            Ok(SampleOut {
+                ns,
+                record: Some(rec),
+                peak_rss_bytes,
+            })
         }),
     }
 }

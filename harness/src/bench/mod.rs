@@ -48,7 +48,7 @@ pub use self::file::{
     parse_bench_json, read_bench, validate_bench, write_bench, MAX_BENCH_JSON_BYTES,
     MAX_BUILD_INFO_BYTES, MAX_REPETITIONS, MAX_SPEED_LIMITS_BYTES,
 };
-pub use self::floors::{gate_floors, SpeedFloor, SpeedFloors};
+pub use self::floors::{bench_simd_kind, gate_floors, HostFloors, SpeedFloor, SpeedFloors};
 pub use self::gate::gate_speed_files;
 pub use self::llama::{cached_llama_bench, parse_llama_bench_output, LLAMA_BENCH_OWN_FLAGS};
 pub use self::render::{render_bench_csv, render_bench_markdown};
@@ -62,7 +62,8 @@ use self::stats::{mean_sd, tokens_per_second};
 use crate::report::Environment;
 
 /// Version of `bench.json`'s layout. 2 added the FMA peak (`fma_peak`, `fma_peak_samples`) and the
-/// prefill rows' use of it (`compute`); a version-1 file (without them) is still read.
+/// prefill rows' use of it (`compute`); a version-1 file (without them) is still read. The peak RSS
+/// (`samples_peak_rss`, `peak_rss_bytes`) and `host_simd` are optional fields of version 2.
 pub const BENCH_SCHEMA_VERSION: u32 = 2;
 
 /// One llama-bench test: `n_prompt` tokens as one batch, or `n_gen` decoded one by one, after `n_depth`
@@ -235,6 +236,15 @@ pub struct BenchResult {
     /// (`2026-11-29T14:20:00Z`). Empty in files written before it.
     #[serde(default)]
     pub test_time: String,
+    /// Peak resident set of each repetition's process, bytes (its `VmHWM` while it ran,
+    /// [`crate::process::Output::peak_rss_bytes`]: llama-bench's and `lockstep bench-sample`'s alike, the
+    /// touched pages of the memory-mapped file included). Empty in files written before it, or where the
+    /// platform reports none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub samples_peak_rss: Vec<u64>,
+    /// The largest of `samples_peak_rss`, bytes; `None` when it is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
 }
 
 impl BenchResult {
@@ -252,6 +262,7 @@ impl BenchResult {
         (self.avg_ns, self.stddev_ns) = mean_sd(&nsf);
         (self.avg_ts, self.stddev_ts) = mean_sd(&self.samples_ts);
         self.median_ts = median(&self.samples_ts);
+        self.peak_rss_bytes = self.samples_peak_rss.iter().copied().max();
     }
 }
 
@@ -326,8 +337,8 @@ pub struct BenchReport {
     pub read_bandwidth: f64,
     /// Each bandwidth sample, bytes/s.
     pub read_bandwidth_samples: Vec<f64>,
-    /// Measured f32 FMA peak, FLOP/s (the largest of its samples, [`sample::measure_fma_peak`]); 0 in a
-    /// version-1 file.
+    /// Measured f32 FMA peak, FLOP/s (the largest of its samples, [`sample::measure_fma_peak`], on the
+    /// vectors of the lockstep engine's `--simd`); 0 in a version-1 file.
     #[serde(default)]
     pub fma_peak: f64,
     /// Each FMA peak sample, FLOP/s (empty in a version-1 file).
@@ -337,6 +348,11 @@ pub struct BenchReport {
     /// thread count, other work shared the cores and the numbers are low. `None` where it cannot be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_average: Option<[f64; 3]>,
+    /// The host's SIMD kind: the best setting this CPU runs ([`lockstep_engine::Simd::detect`]: `avx512`,
+    /// `avx2` or `off`); each lockstep engine's own `--simd` is in `engines`. Empty in files written
+    /// before it.
+    #[serde(default)]
+    pub host_simd: String,
     /// One per engine × model × test.
     pub results: Vec<BenchResult>,
     /// lockstep against each other engine, per model and test.

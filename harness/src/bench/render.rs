@@ -15,10 +15,15 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
     );
     let _ = writeln!(
         md,
-        "CPU {} ({}) · {} threads · lockstep {} at {} · {} repetitions per engine and test, engines interleaved · \
-         read bandwidth {:.1} GB/s (median of {}){}\n",
+        "CPU {} ({}) · host SIMD kind {} · {} threads · lockstep {} at {} · {} repetitions per engine and test, \
+         engines interleaved · read bandwidth {:.1} GB/s (median of {}){}\n",
         crate::format::md_text(&e.cpu_model),
         crate::format::md_text(&e.cpu_flags.join(" ")),
+        if r.host_simd.is_empty() {
+            "not recorded".to_string()
+        } else {
+            crate::format::md_text(&r.host_simd)
+        },
         e.threads,
         crate::format::md_text(&e.lockstep_version),
         crate::format::md_text(&e.git_commit.chars().take(12).collect::<String>()),
@@ -73,9 +78,9 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
     let _ = writeln!(md, "\n## Results\n");
     let _ = writeln!(
         md,
-        "| engine | model_type | model | test | n_threads | type_k | flash_attn | median t/s | avg_ts ± stddev_ts |"
+        "| engine | model_type | model | test | n_threads | type_k | flash_attn | median t/s | avg_ts ± stddev_ts | peak RSS MiB |"
     );
-    let _ = writeln!(md, "|---|---|---|---|--:|---|---|--:|--:|");
+    let _ = writeln!(md, "|---|---|---|---|--:|---|---|--:|--:|--:|");
     for x in &r.results {
         let test = Test {
             n_prompt: x.n_prompt,
@@ -94,7 +99,7 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
         };
         let _ = writeln!(
             md,
-            "| {engine} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} ± {:.2} |",
+            "| {engine} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} ± {:.2} | {} |",
             crate::format::md_text(&x.model_type),
             crate::format::md_text(&x.model),
             test.name(),
@@ -103,9 +108,11 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
             crate::format::md_text(&x.flash_attn),
             x.median_ts,
             x.avg_ts,
-            x.stddev_ts
+            x.stddev_ts,
+            mib(x.peak_rss_bytes)
         );
     }
+    render_peak_rss(&mut md, r);
     let _ = writeln!(md, "\n## Ratios (median t/s, 95% bootstrap interval)\n");
     let _ = writeln!(md, "| model | test | ratio | 95% interval |");
     let _ = writeln!(md, "|---|---|--:|---|");
@@ -176,6 +183,78 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
     md
 }
 
+/// Bytes as MiB with one decimal, `-` when not recorded.
+fn mib(b: Option<u64>) -> String {
+    b.map_or_else(
+        || "-".to_string(),
+        |b| format!("{:.1}", b as f64 / f64::from(1 << 20)),
+    )
+}
+
+/// The "Peak RSS" section: per model and test, each engine's peak resident set (the largest over its
+/// repetitions) side by side, and lockstep's over each other engine's. Nothing when no row has one.
+fn render_peak_rss(md: &mut String, r: &BenchReport) {
+    use std::fmt::Write as _;
+    if r.results.iter().all(|x| x.peak_rss_bytes.is_none()) {
+        return;
+    }
+    let mut engines: Vec<&str> = Vec::new();
+    for x in &r.results {
+        if !engines.contains(&x.engine.as_str()) {
+            engines.push(&x.engine);
+        }
+    }
+    let others: Vec<&str> = engines
+        .iter()
+        .copied()
+        .filter(|e| *e != "lockstep")
+        .collect();
+    let _ = writeln!(
+        md,
+        "\n## Peak RSS\n\nThe largest resident set of a sample's process over the repetitions (`VmHWM` of the process while it ran, polled: the pages of the memory-mapped model it touched, its buffers, any derived copy of \
+         weights), MiB.\n"
+    );
+    let mut head = String::from("| model | test |");
+    let mut rule = String::from("|---|---|");
+    for e in &engines {
+        let _ = write!(head, " {} |", crate::format::md_text(e));
+        rule.push_str("--:|");
+    }
+    for e in &others {
+        let _ = write!(head, " lockstep / {} |", crate::format::md_text(e));
+        rule.push_str("--:|");
+    }
+    let _ = writeln!(md, "{head}\n{rule}");
+    let mut keys: Vec<(&str, Test)> = Vec::new();
+    for x in &r.results {
+        let k = (x.model.as_str(), Test::of(x));
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    for (model, test) in keys {
+        let of = |e: &str| {
+            r.results
+                .iter()
+                .find(|x| x.engine == e && x.model == model && Test::of(x) == test)
+                .and_then(|x| x.peak_rss_bytes)
+        };
+        let mut line = format!("| {} | {} |", crate::format::md_text(model), test.name());
+        for e in &engines {
+            let _ = write!(line, " {} |", mib(of(e)));
+        }
+        for e in &others {
+            match (of("lockstep"), of(e)) {
+                (Some(a), Some(b)) => {
+                    let _ = write!(line, " {:.3} |", a as f64 / b as f64);
+                }
+                _ => line.push_str(" - |"),
+            }
+        }
+        let _ = writeln!(md, "{line}");
+    }
+}
+
 /// `bench.csv`: one row per result, llama-bench's CSV fields (`build_commit` first and `test_time` before the
 /// timings, as llama-bench orders them) plus ours (written with the `csv` crate,
 /// [`crate::format::CsvDoc`]).
@@ -183,7 +262,7 @@ pub fn render_bench_markdown(r: &BenchReport) -> String {
 /// Errors: only a record of the wrong width (a bug).
 pub fn render_bench_csv(r: &BenchReport) -> anyhow::Result<String> {
     let mut out = crate::format::CsvDoc::with_header(
-        "build_commit,engine,mode,simd,model,model_filename,model_type,model_size,model_n_params,n_threads,n_prompt,n_gen,n_depth,type_k,type_v,flash_attn,test_time,avg_ns,stddev_ns,avg_ts,stddev_ts,median_ts"
+        "build_commit,engine,mode,simd,model,model_filename,model_type,model_size,model_n_params,n_threads,n_prompt,n_gen,n_depth,type_k,type_v,flash_attn,test_time,avg_ns,stddev_ns,avg_ts,stddev_ts,median_ts,peak_rss_bytes,host_simd"
             .split(','),
     )?;
     for x in &r.results {
@@ -210,6 +289,8 @@ pub fn render_bench_csv(r: &BenchReport) -> anyhow::Result<String> {
             x.avg_ts.to_string(),
             x.stddev_ts.to_string(),
             x.median_ts.to_string(),
+            x.peak_rss_bytes.map_or_else(String::new, |b| b.to_string()),
+            r.host_simd.clone(),
         ])?;
     }
     out.finish()

@@ -196,7 +196,7 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
         .num_threads(opts.threads.max(1))
         .build()
         .context("cannot start the probes' thread pool")?;
-    let (bw, peak) = pool.install(|| (measure_read_bandwidth(5), measure_fma_peak(5)));
+    let (bw, peak) = pool.install(|| (measure_read_bandwidth(5), measure_fma_peak(5, opts.simd)));
     let read_bandwidth = median(&bw);
     // the peak: the fastest pass (other load only ever slows one down)
     let fma_peak = peak.iter().copied().fold(0.0, f64::max);
@@ -223,6 +223,7 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
         for (&test, &flops) in tests.iter().zip(&flops) {
             let test_time = iso_utc_now();
             let mut ns: Vec<Vec<u64>> = vec![Vec::new(); samplers.len()];
+            let mut rss: Vec<Vec<u64>> = vec![Vec::new(); samplers.len()];
             let mut llama_rec = None;
             for rep in 0..opts.repetitions {
                 for (k, s) in samplers.iter().enumerate() {
@@ -235,9 +236,11 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
                     );
                     bar.start(&name);
                     let t0 = std::time::Instant::now();
-                    let (v, rec) = (s.run)(path, test).with_context(|| {
+                    let out = (s.run)(path, test).with_context(|| {
                         format!("{} on {id}, {}", s.settings.engine, test.name())
                     })?;
+                    let (v, rec) = (out.ns, out.record);
+                    rss[k].extend(out.peak_rss_bytes);
                     bar.finish(
                         &name,
                         &format!("{:.1} t/s", tokens_per_second(test, v)),
@@ -292,6 +295,13 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
                         lockstep_commit.clone()
                     },
                     test_time: test_time.clone(),
+                    // every repetition's, or none (a platform without rusage)
+                    samples_peak_rss: if rss[k].len() == ns[k].len() {
+                        rss[k].clone()
+                    } else {
+                        Vec::new()
+                    },
+                    peak_rss_bytes: None,
                 };
                 row.fill_stats();
                 results.push(row);
@@ -351,6 +361,7 @@ pub fn bench(opts: &BenchOptions) -> Result<(PathBuf, BenchReport)> {
         fma_peak,
         fma_peak_samples: peak,
         load_average,
+        host_simd: lockstep_engine::Simd::detect().name().to_string(),
         results,
         comparisons,
         bandwidth,

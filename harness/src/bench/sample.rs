@@ -95,18 +95,22 @@ pub fn test_flops(model: &Model, test: Test) -> f64 {
 
 /// This machine's single-precision FMA throughput with the engine's thread pool: `reps` measurements,
 /// FLOP/s (an FMA counted as two operations), each the sum over the pool's threads (all running at once,
-/// `rayon::broadcast`) of independent FMA chains on the widest vectors the CPU has — 16 chains of
-/// 16-lane `vfmadd` (AVX-512 F), else 12 of 8-lane (AVX2 + FMA), else 8 scalar `mul_add` — enough
+/// `rayon::broadcast`) of independent FMA chains on the widest vectors the CPU has and `simd` allows — 16
+/// chains of 16-lane `vfmadd` (AVX-512 F), else 12 of 8-lane (AVX2 + FMA), else 8 scalar `mul_add` — enough
 /// chains to cover the FMA latency on two ports, so the rate is the ports' throughput. One unmeasured
 /// pass first (clock and AVX-512 frequency settle). The fastest pass is the peak the prefill rows are a
 /// fraction of (a busy machine only slows a pass down).
-pub fn measure_fma_peak(reps: usize) -> Vec<f64> {
+///
+/// `simd` caps the vectors at what the bench's kernels use: `avx2` measures the 8-lane peak even on an
+/// AVX-512 host, so that a `--simd avx2` bench's fractions (and the `avx2` speed floors made from them)
+/// are shares of what AVX2 code can do, as on an AVX2-only host; `off` measures scalar FMAs.
+pub fn measure_fma_peak(reps: usize, simd: Simd) -> Vec<f64> {
     // ~50 ms per pass on a core that retires two 16-lane FMAs per cycle at 2.5 GHz
     const ITERS: u64 = 1 << 24;
     let pass = || -> f64 {
         rayon::broadcast(|_| {
             let t0 = Instant::now();
-            let flops = fma_chains(ITERS);
+            let flops = fma_chains(ITERS, simd);
             flops / t0.elapsed().as_secs_f64()
         })
         .into_iter()
@@ -117,16 +121,19 @@ pub fn measure_fma_peak(reps: usize) -> Vec<f64> {
 }
 
 /// Run `iters` rounds of independent FMA chains on this thread ([`measure_fma_peak`]); the FLOPs done.
-fn fma_chains(iters: u64) -> f64 {
+fn fma_chains(iters: u64, simd: Simd) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
-        if lockstep_engine::numerics::cpu_has("avx512f") {
+        if simd == Simd::Avx512 && lockstep_engine::numerics::cpu_has("avx512f") {
             // SAFETY: the CPU has AVX-512 F (checked above).
             let r = unsafe { fma_chains_avx512(iters) };
             std::hint::black_box(r);
             return (iters * 16 * 16 * 2) as f64;
         }
-        if lockstep_engine::numerics::cpu_has("avx2") && lockstep_engine::numerics::cpu_has("fma") {
+        if simd != Simd::Off
+            && lockstep_engine::numerics::cpu_has("avx2")
+            && lockstep_engine::numerics::cpu_has("fma")
+        {
             // SAFETY: the CPU has AVX2 and FMA (checked above).
             let r = unsafe { fma_chains_avx2(iters) };
             std::hint::black_box(r);

@@ -76,6 +76,8 @@ fn result_of(engine: &str, test: Test, ts: &[f64]) -> BenchResult {
         stddev_ts,
         build_commit: "0c1e570".into(),
         test_time: "2026-11-29T14:20:00Z".into(),
+        samples_peak_rss: Vec::new(),
+        peak_rss_bytes: None,
     }
 }
 
@@ -97,6 +99,7 @@ fn report_of(results: Vec<BenchResult>) -> BenchReport {
         fma_peak: 1e11,
         fma_peak_samples: vec![1e11],
         load_average: None,
+        host_simd: "avx512".into(),
         comparisons: comparisons(&results),
         // every prompt row's share of the FMA peak, at 1 GFLOP per test
         compute: results
@@ -573,6 +576,7 @@ fn report_v2(pp: &[f64], tg: &[f64]) -> BenchReport {
         result_of("lockstep", PP16, pp),
         result_of("lockstep", TG8, tg),
     ]);
+    r.engines = vec![lockstep_engine_settings("avx512")];
     let (x, y) = (&r.results[0], &r.results[1]);
     let gflops = 1e9 * x.median_ts / 16.0 / 1e9;
     r.compute = vec![ComputeUse {
@@ -629,6 +633,21 @@ fn compute_entries_are_recomputed_and_required_from_version_2() {
     assert!(invalid(&v1).contains("schema_version 1 has no fma_peak"));
 }
 
+/// The settings of a lockstep engine that ran `simd`.
+fn lockstep_engine_settings(simd: &str) -> EngineSettings {
+    EngineSettings {
+        engine: "lockstep".into(),
+        mode: Some("ggml".into()),
+        simd: Some(simd.into()),
+        binary: "target/release/lockstep".into(),
+    }
+}
+
+/// A floors file holding `r`'s floors only, under its SIMD kind.
+fn floors_of(r: &BenchReport) -> SpeedFloors {
+    SpeedFloors::with_host(None, HostFloors::from_bench(r).unwrap())
+}
+
 fn floors_limits() -> SpeedLimits {
     SpeedLimits {
         max_slowdown_vs_floors: 0.5,
@@ -639,8 +658,9 @@ fn floors_limits() -> SpeedLimits {
 #[test]
 fn the_floors_gate_passes_the_same_share_and_fails_a_halved_one() {
     let r = report_v2(&[400.0, 410.0, 395.0], &[50.0, 51.0, 49.0]);
-    let floors = SpeedFloors::from_bench(&r).unwrap();
-    assert_eq!(floors.floor.len(), 2);
+    let floors = floors_of(&r);
+    assert_eq!(floors.host[0].floor.len(), 2);
+    assert_eq!(floors.host[0].simd, "avx512");
     // the file round-trips through its TOML
     let text = floors.to_toml().unwrap();
     assert!(text.starts_with("# Speed floors"), "{text}");
@@ -669,29 +689,29 @@ fn the_floors_gate_passes_the_same_share_and_fails_a_halved_one() {
 #[test]
 fn the_floors_gate_drops_and_invents_no_check() {
     let r = report_v2(&[400.0, 410.0, 395.0], &[50.0, 51.0, 49.0]);
-    let floors = SpeedFloors::from_bench(&r).unwrap();
+    let floors = floors_of(&r);
     let l = floors_limits();
     let err =
         |r: &BenchReport, f: &SpeedFloors| format!("{:#}", gate_floors(r, f, &l).unwrap_err());
     // a floor the bench did not measure
     let mut more = floors.clone();
-    more.floor.push(SpeedFloor {
+    more.host[0].floor.push(SpeedFloor {
         model: "other".into(),
-        ..floors.floor[0].clone()
+        ..floors.host[0].floor[0].clone()
     });
     assert!(err(&r, &more).contains("the floors hold other pp16, which the bench did not measure"));
     // a row without a floor
     let mut fewer = floors.clone();
-    fewer.floor.remove(1);
+    fewer.host[0].floor.remove(1);
     assert!(err(&r, &fewer).contains("no speed floor for m tg8"));
     // another FLOP count or another model size: the floor does not apply
     let mut other = floors.clone();
-    other.floor[0].flops = Some(2e9);
+    other.host[0].floor[0].flops = Some(2e9);
     assert!(
         err(&r, &other).contains("the bench counts 1000000000 FLOPs, the floor Some(2000000000.0)")
     );
     let mut other = floors.clone();
-    other.floor[1].bytes_per_token = Some(7);
+    other.host[0].floor[1].bytes_per_token = Some(7);
     assert!(err(&r, &other).contains("a decode step reads 1000000 bytes, the floor's Some(7)"));
     // a version-1 bench has no peak
     let mut v1 = r.clone();
@@ -705,28 +725,29 @@ fn the_floors_gate_drops_and_invents_no_check() {
 #[test]
 fn speed_floors_files_are_checked_entry_by_entry() {
     let r = report_v2(&[400.0, 410.0, 395.0], &[50.0, 51.0, 49.0]);
-    let floors = SpeedFloors::from_bench(&r).unwrap();
+    let floors = floors_of(&r);
     let msg = |f: &SpeedFloors| format!("{:#}", f.validate().unwrap_err());
     let mut f = floors.clone();
-    f.floor[0].fraction_of_fma_peak = Some(0.0);
+    f.host[0].floor[0].fraction_of_fma_peak = Some(0.0);
     assert!(msg(&f).contains("floor[0] (m pp16).fraction_of_fma_peak: 0.0 is not a fraction"));
     let mut f = floors.clone();
-    f.floor[1].fraction_of_bandwidth = Some(f64::NAN);
+    f.host[0].floor[1].fraction_of_bandwidth = Some(f64::NAN);
     assert!(msg(&f).contains("fraction_of_bandwidth: NaN"));
     let mut f = floors.clone();
-    f.floor[1].fraction_of_bandwidth = None;
+    f.host[0].floor[1].fraction_of_bandwidth = None;
     assert!(msg(&f).contains("fraction_of_bandwidth: missing"));
     let mut f = floors.clone();
-    f.floor[0].bytes_per_token = Some(3);
+    f.host[0].floor[0].bytes_per_token = Some(3);
     assert!(msg(&f).contains("a prompt test has no bytes_per_token"));
     let mut f = floors.clone();
-    f.floor.push(f.floor[0].clone());
+    let first = f.host[0].floor[0].clone();
+    f.host[0].floor.push(first);
     assert!(msg(&f).contains("a second floor of this model and test"));
     let mut f = floors.clone();
-    f.floor[0].test = "xx16".into();
+    f.host[0].floor[0].test = "xx16".into();
     assert!(msg(&f).contains("neither a pp nor a tg test"));
     let mut f = floors.clone();
-    f.floor.clear();
+    f.host[0].floor.clear();
     assert!(msg(&f).contains("floor: empty"));
     let mut f = floors.clone();
     f.schema_version = 9;
@@ -784,4 +805,150 @@ fn bench_csv_has_llama_benchs_build_commit_and_test_time() {
         now.len() == 20 && now.ends_with('Z') && now.as_bytes()[10] == b'T',
         "{now}"
     );
+}
+
+#[test]
+fn a_bench_is_held_to_the_floors_of_its_own_simd_kind() {
+    let r = report_v2(&[400.0, 410.0, 395.0], &[50.0, 51.0, 49.0]);
+    let avx512 = floors_of(&r);
+    // a bench of the AVX2 kernels (an AVX2 host, or --simd avx2) has no floors in an AVX-512-only file
+    let mut r2 = report_v2(&[150.0, 155.0, 148.0], &[45.0, 46.0, 44.0]);
+    r2.engines = vec![lockstep_engine_settings("avx2")];
+    let e = format!(
+        "{:#}",
+        gate_floors(&r2, &avx512, &floors_limits()).unwrap_err()
+    );
+    assert!(
+        e.contains("no speed floors of SIMD kind avx2 (the file has avx512)")
+            && e.contains("--simd avx2"),
+        "{e}"
+    );
+    // writing the avx2 section keeps the avx512 one; each bench meets its own kind's floors
+    let both = SpeedFloors::with_host(Some(avx512.clone()), HostFloors::from_bench(&r2).unwrap());
+    both.validate().unwrap();
+    let kinds: Vec<&str> = both.host.iter().map(|h| h.simd.as_str()).collect();
+    assert_eq!(kinds, ["avx512", "avx2"]);
+    assert_eq!(both.for_simd("avx512"), avx512.for_simd("avx512"));
+    let checks = gate_floors(&r2, &both, &floors_limits()).unwrap();
+    assert!(checks.iter().all(|c| c.pass), "{checks:?}");
+    // the AVX2 prefill at under half the AVX-512 one would fail the avx512 floors (limit 0.5 of the
+    // floor): held to its own kind, it passes; labelled avx512 it fails
+    let mut as512 = r2.clone();
+    as512.engines = vec![lockstep_engine_settings("avx512")];
+    let checks = gate_floors(&as512, &both, &floors_limits()).unwrap();
+    assert!(!checks[0].pass, "{checks:?}");
+    // remaking one kind replaces it, the other stays
+    let faster = report_v2(&[800.0, 810.0, 790.0], &[60.0, 61.0, 59.0]);
+    let again =
+        SpeedFloors::with_host(Some(both.clone()), HostFloors::from_bench(&faster).unwrap());
+    assert_eq!(again.host.len(), 2);
+    assert_eq!(again.for_simd("avx2"), both.for_simd("avx2"));
+    assert_ne!(again.for_simd("avx512"), both.for_simd("avx512"));
+    // a file with a kind twice, or an unknown kind, is refused
+    let mut twice = both.clone();
+    twice.host.push(twice.host[0].clone());
+    assert!(format!("{:#}", twice.validate().unwrap_err())
+        .contains("host[2]: a second section of SIMD kind \"avx512\""));
+    let mut odd = both.clone();
+    odd.host[1].simd = "neon".into();
+    assert!(format!("{:#}", odd.validate().unwrap_err())
+        .contains("host[1] (neon).simd: \"neon\" is not one of off, avx2, avx512"));
+}
+
+#[test]
+fn the_simd_kind_of_a_bench_is_its_lockstep_engines() {
+    let mut r = report_v2(&[400.0], &[50.0]);
+    assert_eq!(bench_simd_kind(&r).unwrap(), "avx512");
+    r.engines = vec![
+        EngineSettings {
+            engine: "llama.cpp".into(),
+            mode: None,
+            simd: None,
+            binary: "llama-bench".into(),
+        },
+        lockstep_engine_settings("off"),
+    ];
+    assert_eq!(bench_simd_kind(&r).unwrap(), "off");
+    r.engines.truncate(1);
+    assert!(format!("{:#}", bench_simd_kind(&r).unwrap_err()).contains("no lockstep engine"));
+    r.engines = vec![lockstep_engine_settings("auto")];
+    assert!(format!("{:#}", bench_simd_kind(&r).unwrap_err()).contains("ran SIMD \"auto\""));
+}
+
+#[test]
+fn a_version_1_floors_file_is_refused_with_how_to_remake_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("speed-floors.toml");
+    std::fs::write(
+        &p,
+        "schema_version = 1\nsource_run = \"x\"\ncpu = \"c\"\nthreads = 2\nfma_peak = 1.0\n\
+         read_bandwidth = 1.0\n\n[[floor]]\nmodel = \"m\"\ntest = \"tg8\"\nbytes_per_token = 1\n\
+         fraction_of_bandwidth = 0.5\n",
+    )
+    .unwrap();
+    let e = format!("{:#}", SpeedFloors::load(&p).unwrap_err());
+    assert!(
+        e.contains("schema_version 1, this lockstep reads 2") && e.contains("--write-speed-floors"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_checked_in_speed_floors_file_reads() {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/speed-floors.toml");
+    let f = SpeedFloors::load(&p).unwrap();
+    assert!(f.for_simd("avx512").is_some(), "{:?}", f.host.len());
+}
+
+#[test]
+fn peak_rss_is_checked_and_shown_beside_llama_cpps() {
+    let mut r = report(&[50.0, 51.0, 49.0], &[40.0, 41.0, 39.0]);
+    r.results[0].samples_peak_rss = vec![300 << 20, 310 << 20, 305 << 20];
+    r.results[1].samples_peak_rss = vec![200 << 20, 200 << 20, 200 << 20];
+    for x in &mut r.results {
+        x.fill_stats();
+    }
+    assert_eq!(r.results[0].peak_rss_bytes, Some(310 << 20));
+    validate_bench(&r).unwrap();
+    let md = render_bench_markdown(&r);
+    assert!(md.contains("host SIMD kind avx512"), "{md}");
+    assert!(md.contains("## Peak RSS"), "{md}");
+    assert!(
+        md.contains("| model | test | lockstep | llama.cpp | lockstep / llama.cpp |"),
+        "{md}"
+    );
+    assert!(md.contains("| m | tg8 | 310.0 | 200.0 | 1.550 |"), "{md}");
+    let csv = render_bench_csv(&r).unwrap();
+    let header = csv.lines().next().unwrap();
+    assert!(
+        header.ends_with(",median_ts,peak_rss_bytes,host_simd"),
+        "{header}"
+    );
+    assert!(
+        csv.lines()
+            .nth(1)
+            .unwrap()
+            .ends_with(&format!(",{},avx512", 310u64 << 20)),
+        "{csv}"
+    );
+    // a recorded peak that is not its samples' largest, a count that is not the repetitions', a 0
+    let mut bad = r.clone();
+    bad.results[0].peak_rss_bytes = Some(1);
+    assert!(invalid(&bad).contains(".peak_rss_bytes: recorded Some(1)"));
+    let mut bad = r.clone();
+    bad.results[1].samples_peak_rss.pop();
+    bad.results[1].fill_stats();
+    assert!(invalid(&bad).contains("samples_peak_rss: 2 samples, but repetitions is 3"));
+    let mut bad = r.clone();
+    bad.results[1].samples_peak_rss[0] = 0;
+    assert!(invalid(&bad).contains("samples_peak_rss[0]: 0 bytes"));
+    // no RSS recorded (a file from before, another platform): no section, '-' in the table
+    let mut none = r.clone();
+    for x in &mut none.results {
+        x.samples_peak_rss.clear();
+        x.fill_stats();
+    }
+    validate_bench(&none).unwrap();
+    let md = render_bench_markdown(&none);
+    assert!(!md.contains("## Peak RSS") && md.contains("| - |"), "{md}");
 }

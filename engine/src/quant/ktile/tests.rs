@@ -180,6 +180,7 @@ fn matmul_with_k_tiles_gives_the_avx2_and_scalar_bits() {
                 rows,
                 cols,
                 data: &w,
+                repacked: None,
             };
             for n_tokens in [16, 19, 35, 42] {
                 let x: Vec<f32> = (0..n_tokens * cols)

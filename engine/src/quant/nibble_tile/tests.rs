@@ -150,6 +150,7 @@ fn matmul_with_nibble_tiles_gives_the_avx2_and_scalar_bits() {
                 rows,
                 cols,
                 data: &w,
+                repacked: None,
             };
             // one token: a decode step's eight-row gemv (`vpdpbusd` on AVX-512 unless a quant is −128)
             for (n_tokens, nan) in [

@@ -135,6 +135,7 @@ fn matmul_with_pair_tiles_gives_the_avx2_and_scalar_bits() {
             rows,
             cols,
             data: &w,
+            repacked: None,
         };
         for (n_tokens, nan) in [(16, false), (35, false), (48, true), (57, true)] {
             let x: Vec<f32> = (0..n_tokens * cols)
