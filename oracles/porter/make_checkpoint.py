@@ -79,11 +79,13 @@ def bytes_to_unicode():
     return dict(zip(bs, [chr(c) for c in cs]))
 
 
-def build_tokenizer():
-    """The byte-level BPE: ids 0..2 control tokens, 3..258 the byte tokens in byte order, then one per merge."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def build_tokenizer(specials=None):
+    """The byte-level BPE: ids 0..n-1 the control tokens (`specials`, default SPECIALS), then the byte tokens
+    in byte order, then one per merge. oracles/whisper/make_checkpoint.py builds its tokenizer here too."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {s: i for i, s in enumerate(SPECIALS)}
+    specials = SPECIALS if specials is None else specials
+    vocab = {s: i for i, s in enumerate(specials)}
     table = bytes_to_unicode()
     for b in range(256):
         vocab[table[b]] = len(vocab)
@@ -92,9 +94,7 @@ def build_tokenizer():
     tok = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES)))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    from tokenizers import AddedToken
-
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     return tok
 
 

@@ -34,7 +34,7 @@ _spec = importlib.util.spec_from_file_location(
 )
 _porter = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_porter)
-MERGES, bytes_to_unicode, dir_digest = _porter.MERGES, _porter.bytes_to_unicode, _porter.dir_digest
+dir_digest = _porter.dir_digest
 
 SPECIALS = [
     "<|endoftext|>",
@@ -73,20 +73,8 @@ CONFIG = dict(
 
 def build_tokenizer():
     """Byte-level BPE: ids 0..5 Whisper's control tokens, 6..261 the byte tokens in byte order, then one per
-    merge."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {s: i for i, s in enumerate(SPECIALS)}
-    table = bytes_to_unicode()
-    for b in range(256):
-        vocab[table[b]] = len(vocab)
-    for a, b in MERGES:
-        vocab[a + b] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES)))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
-    return tok
+    merge (the porter's builder, oracles/porter/make_checkpoint.py, with Whisper's control tokens)."""
+    return _porter.build_tokenizer(SPECIALS)
 
 
 def feature_extractor():
