@@ -181,15 +181,24 @@ def main():
     init_weights(model, a.seed)
     check_not_degenerate(model, tok)
 
-    os.makedirs(a.out, exist_ok=True)
-    model.save_pretrained(a.out, safe_serialization=True)
-    tok.save(os.path.join(a.out, "tokenizer.json"))
+    save_checkpoint(model, tok, a.out)
+
+
+def save_checkpoint(model, tok, out, extra=()):
+    """Write the checkpoint directory (safetensors, config.json, tokenizer.json, then each of `extra`'s
+    `save_pretrained(out)`, e.g. a feature extractor) and print its size and registry digest as one JSON
+    line. oracles/whisper/make_checkpoint.py saves through here too."""
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    for e in extra:
+        e.save_pretrained(out)
     # save_pretrained writes generation_config.json too: not part of the checkpoint the registry pins
-    gen = os.path.join(a.out, "generation_config.json")
+    gen = os.path.join(out, "generation_config.json")
     if os.path.exists(gen):
         os.remove(gen)
-    total = sum(os.path.getsize(os.path.join(a.out, n)) for n in os.listdir(a.out))
-    print(json.dumps({"arch": cfg.model_type, "out": a.out, "bytes": total, "sha256": dir_digest(a.out)}))
+    total = sum(os.path.getsize(os.path.join(out, n)) for n in os.listdir(out))
+    print(json.dumps({"arch": model.config.model_type, "out": out, "bytes": total, "sha256": dir_digest(out)}))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ distinct tokens in 6 steps, the softmax is not flat) and exits 1 otherwise.
 """
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -34,7 +33,6 @@ _spec = importlib.util.spec_from_file_location(
 )
 _porter = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_porter)
-dir_digest = _porter.dir_digest
 
 SPECIALS = [
     "<|endoftext|>",
@@ -166,15 +164,7 @@ def main():
     init_weights(model, a.seed)
     check(model, tok)
 
-    os.makedirs(a.out, exist_ok=True)
-    model.save_pretrained(a.out, safe_serialization=True)
-    tok.save(os.path.join(a.out, "tokenizer.json"))
-    feature_extractor().save_pretrained(a.out)
-    gen = os.path.join(a.out, "generation_config.json")
-    if os.path.exists(gen):
-        os.remove(gen)
-    total = sum(os.path.getsize(os.path.join(a.out, n)) for n in os.listdir(a.out))
-    print(json.dumps({"arch": cfg.model_type, "out": a.out, "bytes": total, "sha256": dir_digest(a.out)}))
+    _porter.save_checkpoint(model, tok, a.out, extra=[feature_extractor()])
 
 
 if __name__ == "__main__":
