@@ -87,7 +87,7 @@ pub fn write(path: &Path, dump: &Dump) -> Result<()> {
     };
     let tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
-    let _registered = crate::process::register_temp(tmp.path());
+    let registered = crate::process::register_temp(tmp.path());
     write_npz(tmp.as_file(), path, dump)?;
     tmp.as_file()
         .sync_all()
@@ -98,7 +98,8 @@ pub fn write(path: &Path, dump: &Dump) -> Result<()> {
     )?;
     // again just before the rename: the target may have changed while the model ran
     crate::output::check_file_target(path, "dump output")?;
-    tmp.persist(path)
+    registered
+        .commit(|| tmp.persist(path))
         .with_context(|| format!("cannot move the dump into place at {}", path.display()))?;
     Ok(())
 }

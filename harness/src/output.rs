@@ -153,7 +153,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
     // removed by the interrupt handler too (a Ctrl-C while a large file is written)
-    let _registered = crate::process::register_temp(tmp.path());
+    let registered = crate::process::register_temp(tmp.path());
     tmp.write_all(bytes)
         .and_then(|()| tmp.as_file().sync_all())
         .with_context(|| format!("writing {}", path.display()))?;
@@ -161,7 +161,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         tmp.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o644),
     )?;
-    tmp.persist(path)
+    registered
+        .commit(|| tmp.persist(path))
         .with_context(|| format!("cannot move the new file into place at {}", path.display()))?;
     Ok(())
 }

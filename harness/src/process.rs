@@ -50,19 +50,32 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// What the interrupt path holds until the process exits: the live groups (no new child may start) and
+/// the registered scratch paths (no temporary output may be renamed into place: see
+/// [`TempRegistration::commit`]).
+pub struct HeldUntilExit {
+    _groups: std::sync::MutexGuard<'static, Vec<i32>>,
+    _scratch: std::sync::MutexGuard<'static, Vec<PathBuf>>,
+}
+
 /// Kill every live child group and remove every registered scratch directory (interrupt path). The
-/// returned guard keeps any new child from starting until the process exits.
-pub fn kill_all_and_clean() -> std::sync::MutexGuard<'static, Vec<i32>> {
+/// returned guards keep any new child from starting and any temporary output from being renamed into
+/// place until the process exits.
+pub fn kill_all_and_clean() -> HeldUntilExit {
     let groups = lock(&LIVE_GROUPS);
     INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
     for &pgid in groups.iter() {
         kill_group(pgid);
     }
     sweep(&groups, &Tag::all());
-    for path in lock(&SCRATCH).iter() {
+    let scratch = lock(&SCRATCH);
+    for path in scratch.iter() {
         remove_scratch(path);
     }
-    groups
+    HeldUntilExit {
+        _groups: groups,
+        _scratch: scratch,
+    }
 }
 
 /// Remove a registered scratch path: a directory with everything in it, or a file. The main thread may
@@ -99,6 +112,21 @@ pub fn register_temp(path: &Path) -> TempRegistration {
     lock(&SCRATCH).push(path.to_path_buf());
     TempRegistration {
         path: path.to_path_buf(),
+    }
+}
+
+impl TempRegistration {
+    /// Run `rename` (the move of the temporary path into place) and unregister the path, both under the
+    /// lock the interrupt handler takes: an interrupt either removes the temporary path before the rename
+    /// (and the process exits before `rename` runs) or comes after it and finds the output complete and
+    /// the path unregistered — never a renamed output the handler believes it removed.
+    pub fn commit<R>(self, rename: impl FnOnce() -> R) -> R {
+        let mut scratch = lock(&SCRATCH);
+        let out = rename();
+        scratch.retain(|d| d != &self.path);
+        drop(scratch);
+        // the path is unregistered already; Drop's retain finds nothing
+        out
     }
 }
 

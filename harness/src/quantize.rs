@@ -78,7 +78,7 @@ pub fn quantize_opened_with(
         .tempfile_in(&dir)
         .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
     // an interrupt (Ctrl-C, SIGTERM) removes the partial file too, not only an error return
-    let _registered = crate::process::register_temp(tmp.path());
+    let registered = crate::process::register_temp(tmp.path());
     let file: &File = tmp.as_file();
     let bar = crate::progress::byte_bar(
         plan.file_size(),
@@ -103,7 +103,8 @@ pub fn quantize_opened_with(
         std::os::unix::fs::PermissionsExt::from_mode(0o644),
     )?;
     crate::output::check_file_target(out, "quantize output")?;
-    tmp.persist(out)
+    registered
+        .commit(|| tmp.persist(out))
         .map_err(|e| e.error)
         .with_context(|| format!("cannot rename the finished file to {}", out.display()))?;
     Ok(Made {

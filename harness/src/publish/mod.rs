@@ -374,8 +374,7 @@ pub fn publish(reports_dir: &Path, out: &Path) -> Result<Published> {
         None
     };
     let tmp_path = tmp.keep();
-    let renamed = std::fs::rename(&tmp_path, out);
-    drop(registered);
+    let renamed = registered.commit(|| std::fs::rename(&tmp_path, out));
     if let Err(e) = renamed {
         if let Some(a) = &old {
             let _ = std::fs::rename(a, out);

@@ -83,7 +83,7 @@ pub fn write_files_atomically(
                 reports_root.display()
             )
         })?;
-    let _registered = crate::process::register_temp(tmp.path());
+    let registered = crate::process::register_temp(tmp.path());
     for (name, text) in files {
         let p = tmp.path().join(name);
         if let Some(dir) = p.parent().filter(|d| !d.exists()) {
@@ -102,7 +102,7 @@ pub fn write_files_atomically(
         );
     }
     let tmp_path = tmp.keep();
-    if let Err(e) = std::fs::rename(&tmp_path, &dest) {
+    if let Err(e) = registered.commit(|| std::fs::rename(&tmp_path, &dest)) {
         let _ = std::fs::remove_dir_all(&tmp_path);
         return Err(e)
             .with_context(|| format!("cannot move {} to {}", tmp_path.display(), dest.display()));
