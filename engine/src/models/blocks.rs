@@ -60,7 +60,30 @@ pub(crate) struct Fwd<'a, 's> {
     pub enc: bool,
 }
 
-impl Fwd<'_, '_> {
+impl<'a, 's> Fwd<'a, 's> {
+    /// A forward call over the batch at positions `p0 .. p0 + n` of a decoder stack (`enc` false: the
+    /// encoder of a speech model sets it where its stack starts).
+    pub fn new(
+        g: &'a GgufFile,
+        num: Numerics,
+        backend: &'a dyn Backend,
+        mm: &'a mut MatmulScratch,
+        sink: Option<&'a mut (dyn StageSink + 's)>,
+        p0: usize,
+        n: usize,
+    ) -> Self {
+        Fwd {
+            g,
+            num,
+            backend,
+            mm,
+            sink,
+            p0,
+            n,
+            enc: false,
+        }
+    }
+
     /// Absolute positions of the batch.
     pub fn positions(&self) -> Range<usize> {
         self.p0..self.p0 + self.n

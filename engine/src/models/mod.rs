@@ -382,16 +382,7 @@ impl Model {
             speech,
             ..
         } = session;
-        let mut f = blocks::Fwd {
-            g: &self.gguf,
-            num: *numerics,
-            backend: backend.as_ref(),
-            mm,
-            sink,
-            p0: 0,
-            n: 1,
-            enc: false,
-        };
+        let mut f = blocks::Fwd::new(&self.gguf, *numerics, backend.as_ref(), mm, sink, 0, 1);
         *n_past = 0;
         sd.encode(&mut f, kv, speech, mel)
     }
@@ -514,31 +505,29 @@ impl Model {
                     self.info.arch, *n_past
                 )));
                 }
-                let mut f = blocks::Fwd {
-                    g: &self.gguf,
-                    num: *numerics,
-                    backend: backend.as_ref(),
+                let mut f = blocks::Fwd::new(
+                    &self.gguf,
+                    *numerics,
+                    backend.as_ref(),
                     mm,
                     sink,
-                    p0: 0,
-                    n: tokens.len(),
-                    enc: false,
-                };
+                    0,
+                    tokens.len(),
+                );
                 e.forward(&mut f, enc, tokens)?;
                 *n_past += tokens.len();
                 return Ok(&enc.pooled[..self.info.d_model]);
             }
         };
-        let mut f = blocks::Fwd {
-            g: &self.gguf,
-            num: *numerics,
-            backend: backend.as_ref(),
+        let mut f = blocks::Fwd::new(
+            &self.gguf,
+            *numerics,
+            backend.as_ref(),
             mm,
             sink,
-            p0: *n_past,
-            n: tokens.len(),
-            enc: false,
-        };
+            *n_past,
+            tokens.len(),
+        );
         decoder.forward(&mut f, kv, act, tokens, last_only)?;
         *n_past += tokens.len();
         let rows = if last_only { 1 } else { tokens.len() };
