@@ -326,3 +326,129 @@ fn stages_list_both_stacks_in_forward_order() {
     assert!(at("blk.1.cross_v") < at("embed") && at("blk.0.cross_attn_proj") < at("blk.0.ffn_inp"));
     assert_eq!(ids.last().map(String::as_str), Some("logits"));
 }
+
+/// `lockstep run --model whisper-seeded`: the whisper cells of the default matrix (ci/matrix.toml; every
+/// golden of golden/whisper-seeded listed in golden/manifest.json with its input WAV) run the engine on
+/// audio through the run's own capture, compare and gate path: each cell compares `mel`, every encoder
+/// stage, the cross K/V, the prompt's and the decode steps' stages and both phases' logits, and passes;
+/// the report (json, md, junit) has the cells.
+#[test]
+fn lockstep_run_holds_the_whisper_cells() {
+    let tmp = tempfile::tempdir().unwrap();
+    let junit = tmp.path().join("junit.xml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .current_dir(root())
+        .args(["run", "--model", "whisper-seeded", "--reports"])
+        .arg(tmp.path().join("reports"))
+        .arg("--junit")
+        .arg(&junit)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let dir = std::fs::read_dir(tmp.path().join("reports"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let cells = r["cells"].as_array().unwrap();
+    // 4 WAVs × (reference off, reference avx2, ggml auto) in the default tier
+    assert_eq!(cells.len(), 12, "{stderr}");
+    for c in cells {
+        let id = format!("{}/{}", c["cell"]["prompt"], c["cell"]["mode"]);
+        assert_eq!(c["verdict"]["pass"], true, "{id}: {}", c["verdict"]);
+        let stages = c["comparison"]["stages"].as_array().unwrap();
+        let has = |name: &str, phase: &str| {
+            stages
+                .iter()
+                .any(|s| s["stage"] == name && s["phase"] == phase)
+        };
+        for s in [
+            "mel",
+            "enc.conv1",
+            "enc.conv2",
+            "enc.embed",
+            "enc.blk.0.k",
+            "enc.blk.1.out",
+            "enc.output_norm",
+            "blk.0.cross_k",
+            "blk.1.cross_v",
+            "blk.0.cross_attn_out",
+            "output_norm",
+        ] {
+            assert!(has(s, "prefill"), "{id}: no prefill stage {s} compared");
+        }
+        assert!(has("blk.1.cross_attn_out", "decode"), "{id}: decode stages");
+        // 107 golden stages less `mel`'s and the encoder's being prefill-only: every golden stage compared
+        assert_eq!(stages.len(), 105, "{id}: stages compared");
+        let logits = c["comparison"]["logits"].as_array().unwrap();
+        assert_eq!(logits.len(), 2, "{id}: prefill and decode logits");
+        assert_eq!(logits[0]["n_positions"], 4, "{id}");
+        assert_eq!(logits[1]["n_positions"], 6, "{id}");
+        let mel = stages.iter().find(|s| s["stage"] == "mel").unwrap();
+        assert!(
+            mel["max_abs"].as_f64().unwrap() < MEL_MAX_ABS,
+            "{id}: {mel}"
+        );
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(
+        md.contains("whisper-seeded/chirp/F32/reference/simd-off"),
+        "{md}"
+    );
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert_eq!(xml.matches("<testcase").count(), 12, "{xml}");
+    assert!(!xml.contains("<failure"), "{xml}");
+}
+
+/// A whisper cell whose input WAV is missing fails the run before any cell runs, naming the file (a
+/// missing input is a failure, never a skipped cell); so does a changed one.
+#[test]
+fn lockstep_run_refuses_a_missing_or_changed_whisper_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let golden = tmp.path().join("golden");
+    let sub = golden.join("whisper-seeded");
+    std::fs::create_dir_all(sub.join("audio")).unwrap();
+    std::fs::create_dir_all(sub.join("transformers-f32")).unwrap();
+    std::fs::copy(
+        root().join("golden/manifest.json"),
+        golden.join("manifest.json"),
+    )
+    .unwrap();
+    for name in WAVS {
+        for rel in [
+            format!("transformers-f32/{name}.npz"),
+            format!("audio/{name}.wav"),
+        ] {
+            std::fs::copy(verified(&rel), sub.join(&rel)).unwrap();
+        }
+    }
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"))
+            .current_dir(root())
+            .args(["run", "--model", "whisper-seeded", "--prompt", "chirp"])
+            .arg("--golden-dir")
+            .arg(&golden)
+            .arg("--reports")
+            .arg(tmp.path().join("reports"))
+            .output()
+            .unwrap()
+    };
+    std::fs::remove_file(sub.join("audio/chirp.wav")).unwrap();
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("audio/chirp.wav") && err.contains("missing"),
+        "{err}"
+    );
+    // another WAV in its place: its sha256 is not the manifest's
+    std::fs::copy(verified("audio/tones.wav"), sub.join("audio/chirp.wav")).unwrap();
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("audio/chirp.wav: sha256"), "{err}");
+}
