@@ -1177,7 +1177,7 @@ impl GoldenFile {
     /// `logits` `[T, V]` (every prompt position, no `logits_positions`), ids in `0..V`; `decode.tokens` `[N]`
     /// and `decode.logits` `[N, V]` (N = n_decode_steps); every decode stage `[N, D]`; every decoder prefill
     /// stage `[T, D]` (the encoder's `mel`, `enc.…` and `blk.N.cross_k` / `cross_v` have a row per frame or
-    /// encoder position); every stage has its `floor.<id>` `[1]`, finite and ≥ 0.
+    /// encoder position); every stage has its `floor.<id>` `[1]`, ≥ 0 (finite: [`GoldenFile::read_f32`]).
     fn verify_audio_contents(&mut self) -> Result<()> {
         let path = self.path.display().to_string();
         let manifest = self.manifest.display().to_string();
@@ -1243,7 +1243,7 @@ impl GoldenFile {
                 );
             }
             let f = self.read_f32(&floor)?;
-            if f.len() != 1 || !(f[(0, 0)] >= 0.0) {
+            if f.len() != 1 || f[(0, 0)] < 0.0 {
                 bail!("{path}: `{floor}` must hold one finite NMSE ≥ 0, holds {f:?}");
             }
         }
@@ -1356,6 +1356,51 @@ mod tests {
                 "{id}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn an_entry_names_its_input_kind_and_a_bad_one_is_refused_naming_the_golden() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden");
+        let m = load_manifest(&dir).unwrap();
+        let text = m
+            .entry(&dir, "synth-llama/transformers-f32/synth.npz")
+            .unwrap();
+        assert_eq!(text.input().unwrap(), CellInput::Tokens);
+        assert!(!text.is_audio());
+        let audio = m
+            .entry(&dir, "whisper-seeded/transformers-f32/chirp.npz")
+            .unwrap();
+        assert!(audio.is_audio());
+        match audio.input().unwrap() {
+            CellInput::Audio { path, sha256 } => {
+                assert_eq!(path, "whisper-seeded/audio/chirp.wav");
+                assert_eq!(sha256, sha256_file(&dir.join(&path)).unwrap());
+            }
+            other => panic!("{other:?}"),
+        }
+        // the stages of an audio golden are its stage arrays, not its floors or greedy tokens
+        let stages: Vec<&str> = audio.prefill_stages().collect();
+        assert!(stages.contains(&"mel") && stages.contains(&"enc.blk.0.k"));
+        assert!(!stages
+            .iter()
+            .any(|s| s.starts_with(FLOOR_PREFIX) || s.starts_with("greedy.")));
+        let mut e = audio.clone();
+        e.extra
+            .insert("input".into(), serde_json::json!({"kind": "video"}));
+        let err = format!("{:#}", e.input().unwrap_err());
+        assert!(err.contains("chirp.npz") && err.contains("video"), "{err}");
+        e.extra.insert(
+            "input".into(),
+            serde_json::json!({"kind": "audio", "path": "x.wav"}),
+        );
+        let err = format!("{:#}", e.input().unwrap_err());
+        assert!(err.contains("chirp.npz") && err.contains("sha256"), "{err}");
+        e.extra.insert(
+            "input".into(),
+            serde_json::json!({"kind": "audio", "path": "whisper-seeded/audio/none.wav", "sha256": "0"}),
+        );
+        let err = format!("{:#}", read_input_audio(&dir, &e).unwrap_err());
+        assert!(err.contains("none.wav") && err.contains("missing"), "{err}");
     }
 
     fn map() -> StageMap {
