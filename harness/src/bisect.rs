@@ -65,6 +65,10 @@ pub struct BisectOptions {
 pub struct LayerRow {
     /// Block index.
     pub layer: usize,
+    /// True for a block of an encoder–decoder model's encoder stack (`enc.blk.N`, Whisper): its rows come
+    /// before the decoder's, and the table names them `enc.N`. Absent (false) for every other model.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encoder: bool,
     /// Largest NMSE of `blk.L.out` over the prefill positions, accumulated pass (`None`: not stored).
     pub accumulated_out_nmse: Option<f64>,
     /// The layer's stage with the largest local NMSE (prefill) and that NMSE.
@@ -280,24 +284,29 @@ fn layer_rows(
     accumulated: Option<&CellComparison>,
     local: Option<&CellComparison>,
 ) -> Vec<LayerRow> {
-    let mut rows: BTreeMap<usize, LayerRow> = BTreeMap::new();
-    let new = |l: usize| LayerRow {
+    // keyed (decoder stack?, block): an encoder–decoder model's encoder blocks first, in forward order
+    let mut rows: BTreeMap<(bool, usize), LayerRow> = BTreeMap::new();
+    let key = |s: &crate::compare::StageComparison| {
+        s.layer.map(|l| (!s.id().is_some_and(|st| st.enc), l))
+    };
+    let new = |(dec, l): (bool, usize)| LayerRow {
         layer: l,
+        encoder: !dec,
         accumulated_out_nmse: None,
         local_worst: None,
         local_exact: true,
     };
     for s in accumulated.iter().flat_map(|a| a.stages.iter()) {
-        if let (Some(l), Phase::Prefill) = (s.layer, s.phase) {
-            let r = rows.entry(l).or_insert_with(|| new(l));
+        if let (Some(k), Phase::Prefill) = (key(s), s.phase) {
+            let r = rows.entry(k).or_insert_with(|| new(k));
             if s.id().is_some_and(Stage::is_layer_output) {
                 r.accumulated_out_nmse = Some(s.max_nmse());
             }
         }
     }
     for s in local.iter().flat_map(|a| a.stages.iter()) {
-        let Some(l) = s.layer else { continue };
-        let r = rows.entry(l).or_insert_with(|| new(l));
+        let Some(k) = key(s) else { continue };
+        let r = rows.entry(k).or_insert_with(|| new(k));
         r.local_exact &= s.exact_at_storage();
         if s.phase == Phase::Prefill {
             let n = s.max_nmse();
@@ -307,6 +316,13 @@ fn layer_rows(
         }
     }
     rows.into_values().collect()
+}
+
+/// The stack and block of a canonical id (`enc.blk.N.…` → `(true, N)`, `blk.N.…` → `(false, N)`); `None` for a
+/// global stage.
+fn stack_layer(stage: &str) -> Option<(bool, usize)> {
+    let s = Stage::parse(stage)?;
+    Some((s.enc, s.layer?))
 }
 
 /// The verdict and a table of layers around it (3 before, 3 after; all when there is no verdict), as
@@ -331,7 +347,7 @@ pub fn render(r: &BisectReport) -> String {
                 fmt_e3(at.nmse),
                 ratio.map_or(String::new(), |r| format!(" ({r:.1} × the floor)")),
             );
-            crate::compare::layer_of(&at.stage)
+            stack_layer(&at.stage)
         }
         Finding::OracleRounding { sites } => {
             let _ = writeln!(
@@ -342,9 +358,7 @@ pub fn render(r: &BisectReport) -> String {
                 sites.len()
             );
             let _ = writeln!(out, "{}", render_rounding(sites));
-            sites
-                .first()
-                .and_then(|s| crate::compare::layer_of(&s.at.stage))
+            sites.first().and_then(|s| stack_layer(&s.at.stage))
         }
         Finding::AccumulatedDrift { at } => {
             let _ = writeln!(
@@ -358,11 +372,9 @@ pub fn render(r: &BisectReport) -> String {
                 fmt_cos(at.cosine),
                 fmt_e3(at.nmse)
             );
-            crate::compare::layer_of(&at.stage)
+            stack_layer(&at.stage)
         }
-        Finding::NotLocalized { at, .. } => {
-            at.as_ref().and_then(|d| crate::compare::layer_of(&d.stage))
-        }
+        Finding::NotLocalized { at, .. } => at.as_ref().and_then(|d| stack_layer(&d.stage)),
         Finding::Tokens { .. } => {
             let _ = writeln!(
                 out,
@@ -409,10 +421,18 @@ pub fn render(r: &BisectReport) -> String {
         "\n{:>5}  {:>14}  {:>26}  {:>10}  {:>12}",
         "layer", "accum out NMSE", "worst local stage", "local NMSE", "local exact"
     );
-    for row in r
+    // 3 rows before and after the verdict's block, in the table's order (an encoder's blocks, then the
+    // decoder's)
+    let at_row = at_layer.and_then(|(enc, l)| {
+        r.layers
+            .iter()
+            .position(|row| row.encoder == enc && row.layer == l)
+    });
+    for (i, row) in r
         .layers
         .iter()
-        .filter(|row| at_layer.is_none_or(|l| row.layer + 3 >= l && row.layer <= l + 3))
+        .enumerate()
+        .filter(|(i, _)| at_row.is_none_or(|a| i + 3 >= a && *i <= a + 3))
     {
         let (ws, wn) = row
             .local_worst
@@ -423,16 +443,16 @@ pub fn render(r: &BisectReport) -> String {
         let _ = writeln!(
             out,
             "{:>5}  {:>14}  {:>26}  {:>10}  {:>12}{}",
-            row.layer,
+            if row.encoder {
+                format!("enc.{}", row.layer)
+            } else {
+                row.layer.to_string()
+            },
             row.accumulated_out_nmse.map_or("-".into(), fmt_e3),
             ws,
             wn,
             if row.local_exact { "yes" } else { "no" },
-            if Some(row.layer) == at_layer {
-                "  <--"
-            } else {
-                ""
-            }
+            if Some(i) == at_row { "  <--" } else { "" }
         );
     }
     out

@@ -61,6 +61,22 @@ pub trait Engine {
     /// an encoder ([`Engine::is_encoder`]), its pooled embedding `[1, D]`, which is also its stage `pooled`.
     fn forward(&mut self, tokens: &[u32], sink: &mut dyn StageSink) -> Result<Array2<f32>>;
 
+    /// Feed an audio input before the token sequence (an encoder–decoder speech model, Whisper: a cell
+    /// whose golden's input kind is `audio`, [`crate::golden::CellInput`]): `samples` are 16 kHz mono in
+    /// [-1, 1]; the engine computes the log-mel spectrogram, runs its encoder and keeps what the decoder
+    /// reads (the cross-attention keys and values), handing `mel`, every `enc.…` stage and each
+    /// `blk.N.cross_k` / `cross_v` to `sink`. Called after [`Engine::reset`], before the first
+    /// [`Engine::forward`].
+    ///
+    /// Errors: the engine takes no audio (the default: every engine but ours in process), the model is not
+    /// a speech model, or the engine's own error.
+    fn encode_audio(&mut self, _samples: &[f32], _sink: &mut dyn StageSink) -> Result<()> {
+        bail!(
+            "engine {} takes no audio input (a cell of a speech model needs an engine that does)",
+            self.info().kind
+        )
+    }
+
     /// True when the model is an encoder (BERT): [`Engine::forward`] returns the pooled embedding, not
     /// logits, and a sequence is one forward call (no decode step). External engines: false (the dump
     /// format has logits).
@@ -233,6 +249,20 @@ impl Engine for LockstepEngine {
 
     fn is_encoder(&self) -> bool {
         self.model.output() == lockstep_engine::models::Output::Pooled
+    }
+
+    fn encode_audio(&mut self, samples: &[f32], sink: &mut dyn StageSink) -> Result<()> {
+        let session = self.session.as_mut().context("encode_audio before reset")?;
+        let cfg = self.model.mel_config().with_context(|| {
+            format!(
+                "{}: a `{}` model has no audio encoder",
+                self.path.display(),
+                self.model.info().arch
+            )
+        })?;
+        let mel = lockstep_engine::audio::log_mel(samples, &cfg)?;
+        self.model.encode_audio(session, &mel, Some(sink))?;
+        Ok(())
     }
 }
 

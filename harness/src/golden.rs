@@ -26,6 +26,14 @@
 //! | `decode.logits` | f32 | `[N, V]` | full logits after each decode step |
 //! | `decode.<stage id>` | f16 or f32 | `[N, D]` | a stage at each decode step |
 //!
+//! An **audio** golden (Whisper; manifest `input = {kind = "audio", path, sha256}`, [`CellInput::Audio`]) feeds
+//! the engine a WAV (its path under the golden directory) before the prompt of control tokens: besides the
+//! decoder's arrays above it holds `mel` (`[frames, n_mels]`), the encoder's stages `enc.…` and each block's
+//! `blk.N.cross_k` / `cross_v` (`[encoder positions, D]`, computed once per input), `logits` at every prompt
+//! position (`[T, V]`, no `logits_positions` nor top-k), `floor.<id>` (f32 `[1]`: that stage's float32-vs-float64
+//! NMSE in the oracle) and `greedy.tokens` (the oracle's greedy transcription); see
+//! [`GoldenFile::verify_contents`].
+//!
 //! An encoder's golden (BERT; manifest `output = "pooled"`) has no logits and no decode steps: `tokens`, its
 //! prefill stages `[T, D]`, and `pooled` (f32 `[1, D]`: the pooled embedding, the model's output, one row per
 //! sequence) — see [`GoldenEntry::is_encoder`].
@@ -64,6 +72,25 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 /// The array of a compact golden naming the prompt positions its prefill stages are stored at
 /// ([`GoldenEntry::is_compact`], [`GoldenFile::stage_positions`]).
 pub const STAGE_POSITIONS: &str = "stage_positions";
+
+/// What a cell feeds the engine besides the golden's token prompt: the manifest entry's `input` (absent for
+/// a text model's golden).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CellInput {
+    /// The prompt's tokens alone.
+    Tokens,
+    /// An audio file the engine encodes before the prompt (Whisper: a 16 kHz mono WAV → log-mel → encoder,
+    /// [`crate::engine::Engine::encode_audio`]); the prompt is then the decoder's control tokens.
+    Audio {
+        /// Path of the WAV, relative to the golden directory.
+        path: String,
+        /// Its sha256 (lowercase hex).
+        sha256: String,
+    },
+}
+
+/// The prefix of an audio golden's per-stage float32-vs-float64 NMSE arrays (`floor.<id>`, f32 `[1]`).
+pub const FLOOR_PREFIX: &str = "floor.";
 
 /// `golden/manifest.json`.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -453,6 +480,43 @@ pub struct GoldenEntry {
 }
 
 impl GoldenEntry {
+    /// The input kind of this golden's cells (`input` of the entry: absent or `{"kind": "tokens"}` →
+    /// [`CellInput::Tokens`]; `{"kind": "audio", "path": …, "sha256": …}` → [`CellInput::Audio`]).
+    ///
+    /// Errors, naming the golden: another kind, or an audio input without its path or sha256.
+    pub fn input(&self) -> Result<CellInput> {
+        let Some(v) = self.extra.get("input") else {
+            return Ok(CellInput::Tokens);
+        };
+        let field = |k: &str| v.get(k).and_then(|x| x.as_str());
+        match field("kind") {
+            Some("tokens") => Ok(CellInput::Tokens),
+            Some("audio") => match (field("path"), field("sha256")) {
+                (Some(path), Some(sha256)) => Ok(CellInput::Audio {
+                    path: path.to_string(),
+                    sha256: sha256.to_string(),
+                }),
+                _ => bail!(
+                    "golden {}: an `audio` input needs its `path` (under the golden directory) and `sha256`",
+                    self.path
+                ),
+            },
+            other => bail!(
+                "golden {}: input kind {other:?} is none of \"tokens\", \"audio\"",
+                self.path
+            ),
+        }
+    }
+
+    /// True for a golden whose cells feed the engine audio ([`CellInput::Audio`]).
+    pub fn is_audio(&self) -> bool {
+        self.extra
+            .get("input")
+            .and_then(|v| v.get("kind"))
+            .and_then(|k| k.as_str())
+            == Some("audio")
+    }
+
     /// True for an encoder's golden (manifest `output = "pooled"`): its output is the pooled embedding
     /// (`pooled`, `[1, D]`), compared as a stage; it has no logits and no decode steps.
     pub fn is_encoder(&self) -> bool {
@@ -467,6 +531,8 @@ impl GoldenEntry {
                 && *n != STAGE_POSITIONS
                 && !n.starts_with("logits")
                 && !n.starts_with("decode.")
+                && !n.starts_with(FLOOR_PREFIX)
+                && !n.starts_with("greedy.")
         })
     }
 
@@ -611,7 +677,51 @@ pub fn verify_golden(golden_dir: &Path, entry: &GoldenEntry) -> Result<()> {
             entry.sha256
         );
     }
-    GoldenFile::open_unchecked(Npz::open(&path)?, entry.clone(), manifest)?.verify_contents()
+    GoldenFile::open_unchecked(Npz::open(&path)?, entry.clone(), manifest)?.verify_contents()?;
+    input_audio_path(golden_dir, entry).map(drop)
+}
+
+/// The checked input file of an audio golden ([`CellInput::Audio`]; `None` for a token golden): present
+/// and with the sha256 the manifest lists.
+///
+/// Errors, naming the file and the manifest: missing, or another sha256.
+pub fn input_audio_path(golden_dir: &Path, entry: &GoldenEntry) -> Result<Option<PathBuf>> {
+    let CellInput::Audio { path, sha256 } = entry.input()? else {
+        return Ok(None);
+    };
+    let file = golden_dir.join(&path);
+    let manifest = manifest_path(golden_dir);
+    if !file.is_file() {
+        bail!(
+            "{} (the input of golden {}) is missing (listed in {})",
+            file.display(),
+            entry.path,
+            manifest.display()
+        );
+    }
+    let sha = sha256_file(&file)?;
+    if !sha.eq_ignore_ascii_case(&sha256) {
+        bail!(
+            "{}: sha256 is {sha}, but {} says {sha256} (the input of golden {})",
+            file.display(),
+            manifest.display(),
+            entry.path
+        );
+    }
+    Ok(Some(file))
+}
+
+/// The samples of an audio golden's input ([`input_audio_path`], read as 16 kHz mono by
+/// [`lockstep_engine::audio::read_wav_16k_mono`]); `None` for a token golden.
+///
+/// Errors: as [`input_audio_path`]; a WAV that is not 16 kHz mono PCM (the engine's error, naming it).
+pub fn read_input_audio(golden_dir: &Path, entry: &GoldenEntry) -> Result<Option<Vec<f32>>> {
+    let Some(file) = input_audio_path(golden_dir, entry)? else {
+        return Ok(None);
+    };
+    let samples = lockstep_engine::audio::read_wav_16k_mono(&file)
+        .with_context(|| format!("the input of golden {}", entry.path))?;
+    Ok(Some(samples))
 }
 
 /// Read one float array of a golden as f32 (f16 is widened exactly); a 1-D array comes back as
@@ -690,6 +800,11 @@ impl GoldenFile {
     /// Path of the `.npz`.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The golden directory (where its manifest is).
+    pub fn golden_dir(&self) -> &Path {
+        self.manifest.parent().unwrap_or(Path::new("."))
     }
 
     /// The stage ids this golden stores for the prefill (`decode` false) or the decode steps (as
@@ -947,6 +1062,9 @@ impl GoldenFile {
         if self.entry.is_encoder() {
             return self.verify_encoder_contents(&names);
         }
+        if self.entry.is_audio() {
+            return self.verify_audio_contents();
+        }
         let logits = self.read_f32("logits")?;
         let v = logits.ncols();
         if v == 0 {
@@ -1050,6 +1168,83 @@ impl GoldenFile {
                         "prompt position"
                     }
                 );
+            }
+        }
+        Ok(())
+    }
+
+    /// [`GoldenFile::verify_contents`] for an audio golden ([`CellInput::Audio`]): `tokens` `[T]` and
+    /// `logits` `[T, V]` (every prompt position, no `logits_positions`), ids in `0..V`; `decode.tokens` `[N]`
+    /// and `decode.logits` `[N, V]` (N = n_decode_steps); every decode stage `[N, D]`; every decoder prefill
+    /// stage `[T, D]` (the encoder's `mel`, `enc.…` and `blk.N.cross_k` / `cross_v` have a row per frame or
+    /// encoder position); every stage has its `floor.<id>` `[1]`, ≥ 0 (finite: [`GoldenFile::read_f32`]).
+    fn verify_audio_contents(&mut self) -> Result<()> {
+        let path = self.path.display().to_string();
+        let manifest = self.manifest.display().to_string();
+        let (t, n) = (self.entry.n_prompt_tokens, self.entry.n_decode_steps);
+        let tokens = self.read_tokens("tokens")?;
+        if tokens.len() != t || t == 0 {
+            bail!(
+                "{path}: array `tokens` holds {} ids, but {manifest} says n_prompt_tokens = {t}",
+                tokens.len()
+            );
+        }
+        if self.entry.arrays.contains_key("logits_positions") || self.entry.is_compact() {
+            bail!("{path}: an audio golden stores full logits at every prompt position and every stage's rows (no `logits_positions`, no `{STAGE_POSITIONS}`)");
+        }
+        let logits = self.read_f32("logits")?;
+        let v = logits.ncols();
+        if logits.nrows() != t || v == 0 {
+            bail!(
+                "{path}: array `logits` has shape {:?}, expected [{t}, V]",
+                logits.dim()
+            );
+        }
+        let decode = if n > 0 {
+            self.read_tokens("decode.tokens")?
+        } else {
+            Vec::new()
+        };
+        if decode.len() != n {
+            bail!(
+                "{path}: array `decode.tokens` holds {} ids, but {manifest} says n_decode_steps = {n}",
+                decode.len()
+            );
+        }
+        if let Some(&bad) = tokens.iter().chain(&decode).find(|&&x| x as usize >= v) {
+            bail!("{path}: token id {bad} is outside the vocabulary 0..{v} of its logits");
+        }
+        if n > 0 && self.read_f32("decode.logits")?.dim() != (n, v) {
+            bail!("{path}: array `decode.logits` must be [{n}, {v}]");
+        }
+        let prefill: Vec<String> = self.entry.prefill_stages().map(str::to_string).collect();
+        let decode_ids: Vec<String> = self
+            .entry
+            .decode_stages()
+            .map(|s| format!("decode.{s}"))
+            .collect();
+        for name in prefill.iter().chain(&decode_ids) {
+            let a = self.read_f32(name)?;
+            let once = name == "mel"
+                || name.starts_with("enc.")
+                || name.ends_with(".cross_k")
+                || name.ends_with(".cross_v");
+            let rows = if name.starts_with("decode.") { n } else { t };
+            if self.entry.arrays[name].shape.len() != 2 || (!once && a.nrows() != rows) {
+                bail!(
+                    "{path}: stage array `{name}` has shape {:?}, expected {rows} rows",
+                    self.entry.arrays[name].shape
+                );
+            }
+            let floor = format!("{FLOOR_PREFIX}{name}");
+            if !self.entry.arrays.contains_key(&floor) {
+                bail!(
+                    "{path}: stage array `{name}` has no `{floor}` (its float32-vs-float64 NMSE)"
+                );
+            }
+            let f = self.read_f32(&floor)?;
+            if f.len() != 1 || f[(0, 0)] < 0.0 {
+                bail!("{path}: `{floor}` must hold one finite NMSE ≥ 0, holds {f:?}");
             }
         }
         Ok(())
@@ -1161,6 +1356,51 @@ mod tests {
                 "{id}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn an_entry_names_its_input_kind_and_a_bad_one_is_refused_naming_the_golden() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden");
+        let m = load_manifest(&dir).unwrap();
+        let text = m
+            .entry(&dir, "synth-llama/transformers-f32/synth.npz")
+            .unwrap();
+        assert_eq!(text.input().unwrap(), CellInput::Tokens);
+        assert!(!text.is_audio());
+        let audio = m
+            .entry(&dir, "whisper-seeded/transformers-f32/chirp.npz")
+            .unwrap();
+        assert!(audio.is_audio());
+        match audio.input().unwrap() {
+            CellInput::Audio { path, sha256 } => {
+                assert_eq!(path, "whisper-seeded/audio/chirp.wav");
+                assert_eq!(sha256, sha256_file(&dir.join(&path)).unwrap());
+            }
+            other => panic!("{other:?}"),
+        }
+        // the stages of an audio golden are its stage arrays, not its floors or greedy tokens
+        let stages: Vec<&str> = audio.prefill_stages().collect();
+        assert!(stages.contains(&"mel") && stages.contains(&"enc.blk.0.k"));
+        assert!(!stages
+            .iter()
+            .any(|s| s.starts_with(FLOOR_PREFIX) || s.starts_with("greedy.")));
+        let mut e = audio.clone();
+        e.extra
+            .insert("input".into(), serde_json::json!({"kind": "video"}));
+        let err = format!("{:#}", e.input().unwrap_err());
+        assert!(err.contains("chirp.npz") && err.contains("video"), "{err}");
+        e.extra.insert(
+            "input".into(),
+            serde_json::json!({"kind": "audio", "path": "x.wav"}),
+        );
+        let err = format!("{:#}", e.input().unwrap_err());
+        assert!(err.contains("chirp.npz") && err.contains("sha256"), "{err}");
+        e.extra.insert(
+            "input".into(),
+            serde_json::json!({"kind": "audio", "path": "whisper-seeded/audio/none.wav", "sha256": "0"}),
+        );
+        let err = format!("{:#}", read_input_audio(&dir, &e).unwrap_err());
+        assert!(err.contains("none.wav") && err.contains("missing"), "{err}");
     }
 
     fn map() -> StageMap {

@@ -326,3 +326,270 @@ fn stages_list_both_stacks_in_forward_order() {
     assert!(at("blk.1.cross_v") < at("embed") && at("blk.0.cross_attn_proj") < at("blk.0.ffn_inp"));
     assert_eq!(ids.last().map(String::as_str), Some("logits"));
 }
+
+/// `lockstep run --model whisper-seeded`: the whisper cells of the default matrix (ci/matrix.toml; every
+/// golden of golden/whisper-seeded listed in golden/manifest.json with its input WAV) run the engine on
+/// audio through the run's own capture, compare and gate path: each cell compares `mel`, every encoder
+/// stage, the cross K/V, the prompt's and the decode steps' stages and both phases' logits, and passes;
+/// the report (json, md, junit) has the cells.
+#[test]
+fn lockstep_run_holds_the_whisper_cells() {
+    let tmp = tempfile::tempdir().unwrap();
+    let junit = tmp.path().join("junit.xml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .current_dir(root())
+        .args(["run", "--model", "whisper-seeded", "--reports"])
+        .arg(tmp.path().join("reports"))
+        .arg("--junit")
+        .arg(&junit)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let dir = std::fs::read_dir(tmp.path().join("reports"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let cells = r["cells"].as_array().unwrap();
+    // 4 WAVs × (reference off, reference avx2, ggml auto) in the default tier
+    assert_eq!(cells.len(), 12, "{stderr}");
+    for c in cells {
+        let id = format!("{}/{}", c["cell"]["prompt"], c["cell"]["mode"]);
+        assert_eq!(c["verdict"]["pass"], true, "{id}: {}", c["verdict"]);
+        let stages = c["comparison"]["stages"].as_array().unwrap();
+        let has = |name: &str, phase: &str| {
+            stages
+                .iter()
+                .any(|s| s["stage"] == name && s["phase"] == phase)
+        };
+        for s in [
+            "mel",
+            "enc.conv1",
+            "enc.conv2",
+            "enc.embed",
+            "enc.blk.0.k",
+            "enc.blk.1.out",
+            "enc.output_norm",
+            "blk.0.cross_k",
+            "blk.1.cross_v",
+            "blk.0.cross_attn_out",
+            "output_norm",
+        ] {
+            assert!(has(s, "prefill"), "{id}: no prefill stage {s} compared");
+        }
+        assert!(has("blk.1.cross_attn_out", "decode"), "{id}: decode stages");
+        // 107 golden stages less `mel`'s and the encoder's being prefill-only: every golden stage compared
+        assert_eq!(stages.len(), 105, "{id}: stages compared");
+        let logits = c["comparison"]["logits"].as_array().unwrap();
+        assert_eq!(logits.len(), 2, "{id}: prefill and decode logits");
+        assert_eq!(logits[0]["n_positions"], 4, "{id}");
+        assert_eq!(logits[1]["n_positions"], 6, "{id}");
+        let mel = stages.iter().find(|s| s["stage"] == "mel").unwrap();
+        assert!(
+            mel["max_abs"].as_f64().unwrap() < MEL_MAX_ABS,
+            "{id}: {mel}"
+        );
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(
+        md.contains("whisper-seeded/chirp/F32/reference/simd-off"),
+        "{md}"
+    );
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert_eq!(xml.matches("<testcase").count(), 12, "{xml}");
+    assert!(!xml.contains("<failure"), "{xml}");
+}
+
+/// A whisper cell whose input WAV is missing fails the run before any cell runs, naming the file (a
+/// missing input is a failure, never a skipped cell); so does a changed one.
+#[test]
+fn lockstep_run_refuses_a_missing_or_changed_whisper_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let golden = tmp.path().join("golden");
+    let sub = golden.join("whisper-seeded");
+    std::fs::create_dir_all(sub.join("audio")).unwrap();
+    std::fs::create_dir_all(sub.join("transformers-f32")).unwrap();
+    std::fs::copy(
+        root().join("golden/manifest.json"),
+        golden.join("manifest.json"),
+    )
+    .unwrap();
+    for name in WAVS {
+        for rel in [
+            format!("transformers-f32/{name}.npz"),
+            format!("audio/{name}.wav"),
+        ] {
+            std::fs::copy(verified(&rel), sub.join(&rel)).unwrap();
+        }
+    }
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"))
+            .current_dir(root())
+            .args(["run", "--model", "whisper-seeded", "--prompt", "chirp"])
+            .arg("--golden-dir")
+            .arg(&golden)
+            .arg("--reports")
+            .arg(tmp.path().join("reports"))
+            .output()
+            .unwrap()
+    };
+    std::fs::remove_file(sub.join("audio/chirp.wav")).unwrap();
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("audio/chirp.wav") && err.contains("missing"),
+        "{err}"
+    );
+    // another WAV in its place: its sha256 is not the manifest's
+    std::fs::copy(verified("audio/tones.wav"), sub.join("audio/chirp.wav")).unwrap();
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("audio/chirp.wav: sha256"), "{err}");
+}
+
+/// `lockstep bisect` on a whisper cell, with the engine given one of whisper's faults (or none): the
+/// report of the normal bisect path (golden → capture with the cell's WAV → compare → judge).
+fn bisect_whisper(
+    prompt: &str,
+    mode: NumericsMode,
+    fault: Option<Fault>,
+) -> lockstep::bisect::BisectReport {
+    let path = root().join("oracles/whisper/checkpoints/whisper-seeded");
+    let opts = lockstep::bisect::BisectOptions {
+        golden_dir: root().join("golden"),
+        thresholds: root().join("ci/thresholds.toml"),
+        model: "whisper-seeded".into(),
+        prompt: prompt.into(),
+        mode,
+        oracle: "transformers-f32".into(),
+        ggml_target: None,
+        floors: root().join("ci/floors.json"),
+        simd: lockstep_engine::Simd::detect(),
+    };
+    faults::set(fault);
+    let mut engine = lockstep::engine::LockstepEngine::load(&path)
+        .unwrap()
+        .with_simd(lockstep_engine::Simd::detect());
+    let r = lockstep::bisect::bisect_with(&opts, &path, &mut engine);
+    faults::set(None);
+    r.unwrap_or_else(|e| panic!("bisect {prompt} {mode} {fault:?}: {e:#}"))
+}
+
+/// Where bisect's structural finding is: the stage id as the golden names it (`decode.` for a decode step).
+fn bisect_names(r: &lockstep::bisect::BisectReport) -> Option<String> {
+    match &r.finding {
+        lockstep::judge::Finding::Structural { at, .. } => Some(match at.phase {
+            lockstep::compare::Phase::Decode => format!("decode.{}", at.stage),
+            lockstep::compare::Phase::Prefill => at.stage.clone(),
+        }),
+        _ => None,
+    }
+}
+
+/// The whisper faults and the stage each must be named at (the encoder's in the encoder).
+const WHISPER_FAULTS: [(Fault, &str); 14] = [
+    (Fault::MelFilterUnnormalised, "mel"),
+    (Fault::StftZeroPadding, "mel"),
+    (Fault::PosEmbdOffset, "enc.embed"),
+    (Fault::KProjBias, "enc.blk.0.k"),
+    (Fault::QkvBiasMissing, "enc.blk.0.q"),
+    (Fault::LayerNormBiasDropped, "enc.blk.0.attn_norm"),
+    (Fault::EncoderCausalMask, "enc.blk.0.attn_out"),
+    (Fault::AttnScale, "enc.blk.0.attn_out"),
+    (Fault::MissingResidual { layer: 0 }, "enc.blk.0.out"),
+    (Fault::FinalNormSkipped, "enc.output_norm"),
+    (Fault::CausalMaskOff, "blk.0.attn_out"),
+    (Fault::CrossAttnCausal, "blk.0.cross_attn_out"),
+    (Fault::CrossKvFromDecoder, "blk.0.cross_attn_out"),
+    (Fault::KvWritePosition, "decode.blk.0.attn_out"),
+];
+
+/// The mutation table of whisper in the mutants-report format (harness/tests/mutants.rs: one row per
+/// (mutant, mode, prompt), written to target/mutants-whisper.md): `lockstep bisect` walks both stacks —
+/// every fault the gate fails, and bisect names its own stage (an encoder fault in the encoder, not at the
+/// first decoder stage that reads the encoder output) in ≥ 95% of the cases; the unbroken engine gets no
+/// structural verdict.
+#[test]
+fn whisper_mutants_bisect_names_each_fault_in_its_stack() {
+    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let mut table = String::from(
+        "| model | prompt | oracle | mutant | mode | expected | gate | bisect names | right |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let (mut cases, mut right, mut gate_missed) = (0usize, 0usize, Vec::new());
+    let mut enc = (0usize, 0usize);
+    for prompt in ["chirp", "noise"] {
+        for mode in [NumericsMode::Reference, NumericsMode::Ggml] {
+            let clean = bisect_whisper(prompt, mode, None);
+            assert!(
+                clean.is_clean(),
+                "unbroken engine, {prompt} {mode}: {}",
+                lockstep::bisect::render(&clean)
+            );
+            for (fault, want) in WHISPER_FAULTS {
+                let r = bisect_whisper(prompt, mode, Some(fault));
+                let got = bisect_names(&r);
+                let ok = got.as_deref() == Some(want);
+                cases += 1;
+                right += usize::from(ok);
+                if want == "mel" || want.starts_with("enc.") {
+                    enc.0 += 1;
+                    enc.1 += usize::from(ok);
+                }
+                if r.gate.pass {
+                    gate_missed.push(format!("{prompt} {} {mode}", fault.name()));
+                }
+                let got_s = match (&r.finding, &got) {
+                    (_, Some(s)) => s.clone(),
+                    (lockstep::judge::Finding::AccumulatedDrift { at }, None) => {
+                        format!("drift at {}", at.stage)
+                    }
+                    _ => "none".into(),
+                };
+                table.push_str(&format!(
+                    "| whisper-seeded | {prompt} | transformers-f32 | {} | {mode} | {want} | {} | {got_s} | {} |\n",
+                    fault.name(),
+                    if r.gate.pass { "PASSED" } else { "fails" },
+                    if ok { "yes" } else { "NO" }
+                ));
+            }
+        }
+    }
+    table.push_str(&format!(
+        "\n{right}/{cases} named right ({:.1}%); encoder faults named in the encoder {}/{}; gate missed {}\n",
+        100.0 * right as f64 / cases as f64,
+        enc.1,
+        enc.0,
+        gate_missed.len()
+    ));
+    println!("{table}");
+    let _ = std::fs::write(root().join("target/mutants-whisper.md"), &table);
+    assert!(
+        gate_missed.is_empty(),
+        "the gate passed: {gate_missed:?}\n{table}"
+    );
+    assert!(right as f64 >= 0.95 * cases as f64, "{table}");
+    assert_eq!(
+        enc.0, enc.1,
+        "an encoder fault not named in the encoder\n{table}"
+    );
+}
+
+/// Bisect's table walks both stacks: the encoder's blocks (`enc.N`) before the decoder's, and a fault in
+/// the encoder marks its encoder block, not the decoder block of the same index.
+#[test]
+fn bisect_table_lists_the_encoder_blocks_before_the_decoder_blocks() {
+    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let r = bisect_whisper("chirp", NumericsMode::Reference, Some(Fault::KProjBias));
+    let rows: Vec<(bool, usize)> = r.layers.iter().map(|l| (l.encoder, l.layer)).collect();
+    assert_eq!(rows, [(true, 0), (true, 1), (false, 0), (false, 1)]);
+    let text = lockstep::bisect::render(&r);
+    let marked: Vec<&str> = text.lines().filter(|l| l.ends_with("<--")).collect();
+    assert_eq!(marked.len(), 1, "{text}");
+    assert!(marked[0].trim_start().starts_with("enc.0 "), "{text}");
+}

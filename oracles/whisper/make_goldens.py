@@ -178,7 +178,12 @@ def main():
     ap.add_argument("--golden-dir", default=os.path.join(ROOT, "golden", "whisper-seeded"))
     ap.add_argument("--n-decode", type=int, default=6)
     ap.add_argument("--make-audio", action="store_true", help="(re)write the WAVs first")
+    ap.add_argument("--run-entries-only", action="store_true",
+                    help="only (re)write the goldens' entries in golden/manifest.json from the files on disk")
     a = ap.parse_args()
+    if a.run_entries_only:
+        write_run_entries(a.golden_dir, a.hf_dir)
+        return
 
     import torch
     from tokenizers import Tokenizer
@@ -225,6 +230,95 @@ def main():
         print(f"{path}: {len(c32)} stages, greedy {greedy}, worst f32 floor {worst[0]:.3g} ({worst[1][6:]})",
               file=sys.stderr)
     write_manifest(a.golden_dir, a.hf_dir)
+    write_run_entries(a.golden_dir, a.hf_dir)
+
+
+def write_run_entries(golden_dir, hf_dir):
+    """The goldens' entries in golden/manifest.json, so that `lockstep run` holds the whisper cells like every
+    other cell (ci/matrix.toml `whisper-seeded`): one entry per WAV, `input` naming the WAV the cell feeds the
+    engine (kind `audio`, its path under golden/ and sha256), every array's shape and dtype (stored at the
+    captured precision: f32 / i32, no storage error). Replaces the entries of this directory, keeps the others."""
+    import hashlib
+    import json
+    import platform
+
+    import torch
+    import transformers
+
+    sys.path.insert(0, os.path.join(ROOT, "oracles", "transformers"))
+    from make_goldens import host_info  # noqa: E402  (oracles/transformers/make_goldens.py: the host CPU record)
+
+    root = os.path.dirname(os.path.abspath(golden_dir))
+    sub = os.path.basename(os.path.abspath(golden_dir))
+    main = os.path.join(root, "manifest.json")
+    with open(main) as f:
+        m = json.load(f)
+    sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()  # noqa: E731
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        cfg = json.load(f)
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json"))
+    import tomllib
+    with open(os.path.join(ROOT, "models.toml"), "rb") as f:
+        # the checkpoint's registered digest (harness/src/hash.rs sha256_hf_dir), which `lockstep run` checks
+        registered = next(c["sha256"] for c in tomllib.load(f)["checkpoints"] if c["id"] == sub)
+    entries = []
+    out_dir = os.path.join(golden_dir, "transformers-f32")
+    for n in sorted(os.listdir(out_dir)):
+        if not n.endswith(".npz"):
+            continue
+        name = n[:-4]
+        path = os.path.join(out_dir, n)
+        z = np.load(path)
+        arrays = {}
+        for k in z.files:
+            a = z[k]
+            arrays[k] = {"shape": list(a.shape), "dtype": {"float32": "f32", "int32": "i32"}[str(a.dtype)],
+                         "storage_max_abs_err": 0.0, "storage_max_rel_err": 0.0, "storage_min_cosine": 1.0}
+        wav = os.path.join(golden_dir, "audio", f"{name}.wav")
+        tokens = [int(t) for t in z["tokens"]]
+        decode = [int(t) for t in z["decode.tokens"]]
+        entries.append({
+            "path": f"{sub}/transformers-f32/{n}",
+            "sha256": sha(path),
+            "bytes": os.path.getsize(path),
+            "model_id": sub,
+            "model_sha256": registered,
+            "model_file": os.path.relpath(hf_dir, ROOT),
+            "arch": "whisper",
+            "prompt_id": name,
+            "prompt_kind": "audio",
+            "prompt": "".join(PROMPT),
+            "add_special": False,
+            "parse_special": True,
+            "input": {"kind": "audio", "path": os.path.relpath(wav, root), "sha256": sha(wav),
+                      "note": "16 kHz mono 16-bit PCM: the engine computes its log-mel (stage `mel`) and encodes it; "
+                              "the prompt is the decoder's control tokens"},
+            "oracle": {"name": "transformers", "torch": torch.__version__, "transformers": transformers.__version__,
+                       "numpy": np.__version__, **host_info(), "torch_threads": 1, "dtype": "float32",
+                       "attn_implementation": "eager",
+                       "loader": "WhisperForConditionalGeneration.from_pretrained(hf_dir, attn_implementation='eager'); "
+                                 "mel: WhisperFeatureExtractor (oracles/whisper/make_goldens.py)"},
+            "kv_type": "f32",
+            "settings": {"n_threads": 1, "seed": None, "cache": "transformers EncoderDecoderCache (float32)",
+                         "prefill": "encoder over the mel, then one decoder forward over the prompt",
+                         "decode": "one decoder forward per token through the cache",
+                         "sampling": "greedy: decode.tokens are transformers' own argmax (teacher-forced in the engine)"},
+            "n_prompt_tokens": len(tokens),
+            "n_decode_steps": len(decode),
+            "continuation": tok.decode(decode, skip_special_tokens=False),
+            "capture_changes_logits": 0.0,
+            "capture_note": "forward hooks only read tensors; floor.<id> is each stage's f32-vs-f64 NMSE",
+            "model_hparams": {"n_layer": cfg["decoder_layers"], "n_enc_layer": cfg["encoder_layers"],
+                              "n_embd": cfg["d_model"], "n_vocab": cfg["vocab_size"]},
+            "arrays": arrays,
+        })
+    m["goldens"] = [e for e in m["goldens"] if not e["path"].startswith(sub + "/")] + entries
+    sys.path.insert(0, os.path.join(ROOT, "oracles"))
+    import manifest_format  # noqa: E402  (golden/manifest.json's text layout, shared by the oracles)
+    with open(main, "w") as f:
+        f.write(manifest_format.dump_manifest(m))
+    print(f"{main}: {len(entries)} entries of {sub}", file=sys.stderr)
 
 
 def write_manifest(golden_dir, hf_dir):

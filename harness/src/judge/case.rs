@@ -94,6 +94,8 @@ pub struct Case<'m> {
     tokens: Vec<u32>,
     decode_tokens: Vec<u32>,
     own: Vec<u32>,
+    /// The audio the engine encodes before the prompt (an audio golden, [`crate::golden::CellInput::Audio`]).
+    audio: Option<Vec<f32>>,
     stage_map: Option<&'m StageMap>,
     forced_target: Option<GgmlTarget>,
 }
@@ -121,7 +123,8 @@ impl Pass {
 }
 
 impl<'m> Case<'m> {
-    /// Read the golden's sequence and tokenize its prompt with `engine`.
+    /// Read the golden's sequence and input (its WAV, for an audio golden: checked against the manifest's
+    /// sha256) and tokenize its prompt with `engine`.
     pub fn new(
         gf: &mut GoldenFile,
         engine: &mut dyn Engine,
@@ -131,11 +134,13 @@ impl<'m> Case<'m> {
         let entry = gf.entry().clone();
         let (tokens, decode_tokens) = gf.read_sequence()?;
         let own = engine.tokenize(&entry.prompt, entry.add_special, entry.parse_special)?;
+        let audio = crate::golden::read_input_audio(gf.golden_dir(), &entry)?;
         Ok(Case {
             entry,
             tokens,
             decode_tokens,
             own,
+            audio,
             stage_map,
             forced_target,
         })
@@ -199,6 +204,7 @@ impl<'m> Case<'m> {
         let out = capture(
             engine,
             self.own.clone(),
+            self.audio.as_deref(),
             &self.tokens,
             &self.decode_tokens,
             None,
@@ -251,6 +257,7 @@ impl<'m> Case<'m> {
         let mut out = capture(
             engine,
             self.own.clone(),
+            self.audio.as_deref(),
             &self.tokens,
             if decode { &self.decode_tokens } else { &[] },
             Some(&injection),
@@ -303,8 +310,10 @@ fn ggml_target_for(
     })
 }
 
-/// The capture step of the pipeline: run `tokens` as one prefill and then `decode_tokens` one per step
-/// (teacher forcing) through an engine already [`Engine::reset`], recording every stage and the logits.
+/// The capture step of the pipeline: encode `audio` first when the cell has one ([`Engine::encode_audio`]:
+/// its `mel`, `enc.…` and cross K/V stages are recorded with the prefill's, and its time counts in the
+/// prefill's), then run `tokens` as one prefill and then `decode_tokens` one per step (teacher forcing)
+/// through an engine already [`Engine::reset`], recording every stage and the logits.
 ///
 /// With `inject`, every stage the injection holds is replaced by the golden's rows *after* the engine's
 /// own value is recorded ([`InjectingSink`]), so each later layer computes from the reference input and
@@ -314,6 +323,7 @@ fn ggml_target_for(
 pub fn capture(
     engine: &mut dyn Engine,
     own_tokens: Vec<u32>,
+    audio: Option<&[f32]>,
     tokens: &[u32],
     decode_tokens: &[u32],
     inject: Option<&Injection>,
@@ -326,6 +336,9 @@ pub fn capture(
         engine.inject_next(*stage, rows.slice(ndarray::s![..n, ..]))?;
     }
     let t0 = Instant::now();
+    if let Some(samples) = audio {
+        engine.encode_audio(samples, &mut sink)?;
+    }
     let prefill_logits = engine.forward(tokens, &mut sink)?;
     let prefill_seconds = t0.elapsed().as_secs_f64();
     let mut prefill = recorded_arrays(sink.rec)?;
