@@ -1146,10 +1146,27 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                         .models
                         .into_iter()
                         .map(|m| m.id)
-                        .filter(|id| crate::registry::Registry::golden_model_of(id) == *id),
+                        .filter(|id| crate::registry::Registry::golden_model_of(id) == *id)
+                        .filter(|id| {
+                            let speech = crate::bench::speech_arch(id).is_some();
+                            if speech {
+                                eprintln!(
+                                    "lockstep bench: {id} left out of --matrix: a speech model (its decoder \
+                                     reads an encoded audio input; the bench measures token prefill and decode)"
+                                );
+                            }
+                            !speech
+                        }),
                 );
             }
             for m in &ids {
+                if let Some(arch) = crate::bench::speech_arch(m) {
+                    bail!(
+                        "lockstep bench cannot measure {m}: it is a speech model ({arch}), whose decoder reads \
+                         an encoded audio input, and the bench's samples are token prefill and decode \
+                         (lockstep generate --audio runs it)"
+                    );
+                }
                 opts.models.push((m.clone(), fetch::resolve_model(m)?));
             }
             let (dir, r) = crate::bench::bench(&opts)?;

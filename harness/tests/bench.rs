@@ -214,12 +214,18 @@ fn the_committed_speed_floors_cover_the_default_matrix() {
     let floors = lockstep::bench::SpeedFloors::load(&root().join("ci/speed-floors.toml")).unwrap();
     let matrix = lockstep::matrix::Matrix::load(&root().join("ci/matrix.toml")).unwrap();
     let mut want = std::collections::BTreeSet::new();
-    // the Hugging Face copies are not benched: the same weights as their source (cli.rs, bench --matrix)
+    // the Hugging Face copies are not benched: the same weights as their source (cli.rs, bench --matrix);
+    // nor are speech models (their decoder reads an encoded audio input)
+    let mut speech = Vec::new();
     for m in matrix
         .models
         .iter()
         .filter(|m| lockstep::registry::Registry::golden_model_of(&m.id) == m.id)
     {
+        if lockstep::bench::speech_arch(&m.id).is_some() {
+            speech.push(m.id.clone());
+            continue;
+        }
         want.insert((m.id.clone(), "pp64".to_string()));
         if !m.id.starts_with("synth-bert") {
             want.insert((m.id.clone(), "tg16".to_string()));
@@ -235,6 +241,75 @@ fn the_committed_speed_floors_cover_the_default_matrix() {
             .collect();
         assert_eq!(have, want, "the {} floors", h.simd);
     }
+    assert_eq!(
+        speech,
+        ["whisper-seeded"],
+        "the default matrix's speech models"
+    );
+}
+
+/// A speech model cannot be benched (a sample is token prefill or decode; its decoder reads an encoded
+/// audio input): named, it is refused before any sample with the reason; in `--matrix` it is left out
+/// with a note, and the other models are benched.
+#[test]
+fn the_bench_refuses_a_speech_model_and_leaves_it_out_of_a_matrix() {
+    let (code, _, stderr) = lockstep(&[
+        "bench",
+        "--model",
+        "whisper-seeded",
+        "-p",
+        "4",
+        "-n",
+        "0",
+        "-r",
+        "1",
+        "--no-llama",
+        "--reports",
+        "/nonexistent/never-written",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("cannot measure whisper-seeded: it is a speech model (whisper)"),
+        "{stderr}"
+    );
+    let work = tempfile::tempdir().unwrap();
+    let matrix = work.path().join("m.toml");
+    // the default matrix's settings with two of its models: synth-llama and whisper-seeded
+    let default = std::fs::read_to_string(root().join("ci/matrix.toml")).unwrap();
+    let header = &default[..default.find("\n[[models]]\n").unwrap() + 1];
+    std::fs::write(
+        &matrix,
+        format!(
+            "{header}[[models]]\nid = \"synth-llama\"\nquant = \"F32\"\nprompts = [\"synth\"]\n\n\
+             [[models]]\nid = \"whisper-seeded\"\nquant = \"F32\"\nprompts = [\"*\"]\n\
+             oracles = [\"transformers-f32\"]\n"
+        ),
+    )
+    .unwrap();
+    let reports = work.path().join("reports");
+    let (code, stdout, stderr) = lockstep(&[
+        "bench",
+        "--matrix",
+        matrix.to_str().unwrap(),
+        "-p",
+        "4",
+        "-n",
+        "0",
+        "-r",
+        "1",
+        "--no-llama",
+        "--reports",
+        reports.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("whisper-seeded left out of --matrix: a speech model"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("synth-llama") && !stdout.contains("whisper-seeded | "),
+        "{stdout}"
+    );
 }
 
 // ---- hostile input to `gate --speed` and `bench`: synthetic files and a fake llama-bench, no download ----

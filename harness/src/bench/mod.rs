@@ -139,6 +139,19 @@ impl Test {
     }
 }
 
+/// The architecture of registered model `id` when it is a speech model
+/// (`lockstep_engine::models::SPEECH_ARCHITECTURES`: Whisper), which the bench cannot sample — its decoder
+/// reads an encoded audio input, and a sample is token prefill or decode. `None` for any other id,
+/// registered or not (a path, an unknown id: those fail where they are resolved, with their own errors).
+pub fn speech_arch(id: &str) -> Option<String> {
+    let reg = crate::registry::Registry::active().ok()?;
+    let arch = reg.arch(id)?;
+    lockstep_engine::models::SPEECH_ARCHITECTURES
+        .iter()
+        .any(|(a, _)| *a == arch)
+        .then(|| arch.to_string())
+}
+
 /// The tests of `-p P -n G -d D` (llama-bench's expansion: one pp test per prompt size, one tg test per
 /// generation size, each at every depth; sizes 0 are skipped).
 pub fn tests_for(n_prompt: &[usize], n_gen: &[usize], n_depth: &[usize]) -> Vec<Test> {
