@@ -299,7 +299,10 @@ mod tests {
                         // SAFETY: AVX2 + FMA + F16C checked above; the slices hold whole rows.
                         unsafe {
                             matmul(ty, &wb, rb, n_rows, &xr, |r, t, v| {
-                                assert!(got[r * n_tok + t].replace(v).is_none(), "({r}, {t}) twice");
+                                assert!(
+                                    got[r * n_tok + t].replace(v).is_none(),
+                                    "({r}, {t}) twice"
+                                );
                             })
                         };
                         for r in 0..n_rows {
