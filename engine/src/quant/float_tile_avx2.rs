@@ -332,7 +332,7 @@ mod tests {
             return;
         }
         let w = vec![0u8; 24];
-        let x = vec![0f32; 12];
+        let x = [0f32; 12];
         for ty in [GgmlType::F16, GgmlType::Q8_0] {
             let r = std::panic::catch_unwind(|| {
                 // SAFETY: AVX2 + FMA + F16C checked above.
