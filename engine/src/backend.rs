@@ -305,6 +305,27 @@ impl CpuBackend {
             });
         });
     }
+
+    /// Ggml mode, F32/F16/BF16 weights on the AVX2 build's tinyBLAS
+    /// ([`quant::float_tinyblas_avx2_matmul`]): the row chunks in parallel, each through the tiles.
+    fn float_tinyblas_avx2_matmul(
+        &self,
+        w: &QMatrix<'_>,
+        prepared: &[PreparedRow],
+        out: &mut [f32],
+    ) {
+        let xs: Vec<&[f32]> = prepared.iter().map(|p| p.x()).collect();
+        let base = OutPtr(out.as_mut_ptr());
+        let (rows_total, rb) = (w.rows, w.row_bytes());
+        par_row_chunks(rows_total, |r0, n_rows| {
+            let rows = &w.data[r0 * rb..(r0 + n_rows) * rb];
+            quant::float_tinyblas_avx2_matmul(w.ty, rows, rb, n_rows, &xs, |i, t, v| {
+                // SAFETY: `out` holds n_tokens·rows floats (checked by `matmul`) and outlives this
+                // scope; the chunks' row ranges are disjoint, so each element is written by one task.
+                unsafe { *base.get().add(t * rows_total + r0 + i) = v }
+            });
+        });
+    }
 }
 
 thread_local! {
@@ -719,6 +740,19 @@ impl Backend for CpuBackend {
             self.dequantized_matmul(w, prepared, out, &path, Some(lanes), false);
             return Ok(());
         }
+        // float weights in a batch on the AVX2 build's tinyBLAS (one 8-lane accumulator per output):
+        // register tiles of rows × tokens with the weights widened inside (`float_tile_avx2.rs`)
+        if self.simd != Simd::Off
+            && n_tokens >= 2
+            && matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+            && w.cols.is_multiple_of(8)
+            && w.ty.bytes_for(w.cols as u64) == Some(w.row_bytes())
+            && quant::float_tiles_avx2_available()
+            && (0..n_tokens).all(|t| path(t) == quant::GgmlPath::TinyBlasAvx2)
+        {
+            self.float_tinyblas_avx2_matmul(w, prepared, out);
+            return Ok(());
+        }
         if let Some(pk) = self.q4_0x8_for(w, mode, prepared, &path) {
             let vnni = self.simd == Simd::Avx512;
             q4_0x8_matmul(w, pk, prepared, out, &mut scratch.q4_0x8_corr, vnni);
@@ -958,7 +992,7 @@ mod tests {
     }
 
     /// Ggml mode, float weights: a batched matmul with SIMD on (tiles of widened rows × tokens where the
-    /// path is a 16-lane tinyBLAS, the `dot_float` kernels elsewhere) gives the scalar kernel's bits
+    /// path is a 16-lane tinyBLAS or the AVX2 build's 8-lane one, the `dot_float` kernels elsewhere) gives the scalar kernel's bits
     /// ([`quant::vec_dot_path`] on the path llama.cpp takes) for every output, for every ggml target
     /// (tinyBLAS, tinyBLAS without AVX512-BF16, the AVX2 build's), batch sizes around the token groups,
     /// row counts that are (tinyBLAS) and are not (vec_dot) a multiple of 4, and values spanning many

@@ -5,6 +5,12 @@
 #
 #   oracles/llamacpp/build_tools.sh            # ~10-25 min the first time on 2 cores, ~1 s after
 #   LOCKSTEP_TOOLS_CACHED_ONLY=1 oracles/llamacpp/build_tools.sh   # only look (exit 1 if not built)
+#   LOCKSTEP_ORACLE_CPU=avx2 oracles/llamacpp/build_tools.sh       # AVX2-only tools, on any AVX2+FMA+F16C host
+#
+# LOCKSTEP_ORACLE_CPU selects the ggml-cpu target, as for the oracle venv (oracles/llamacpp/setup.sh):
+#   native (default)  GGML_NATIVE: this machine's CPU         -> llamacpp-tools/<version>-<flags hash>/
+#   avx2              -DGGML_NATIVE=OFF and AVX2_CMAKE_ARGS     -> llamacpp-tools/<version>-avx2-<flags hash>/
+#                     (AVX-512 off: what llama-bench runs on an AVX2-only CPU, for `lockstep bench --simd avx2`)
 #
 # Cache, outside the repository, keyed by the pinned version and this CPU's flags (GGML_NATIVE compiles
 # for the build host, so a binary built on an AVX-512 machine must not be reused on an AVX2-only one):
@@ -26,7 +32,15 @@ python="${PYTHON:-python3}"
 PINNED_VERSION="0.3.36"
 PINNED_SDIST_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 VENDORED_COMMIT="0c1e570"
-CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF)
+BASE_CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF)
+# the same AVX2-only flags as setup.sh's AVX2_CMAKE_ARGS
+AVX2_CMAKE_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF
+  -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF)
+case "${LOCKSTEP_ORACLE_CPU:-native}" in
+  native) cpu_build="native"; key_tag=""; CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON "${BASE_CMAKE_FLAGS[@]:1}") ;;
+  avx2) cpu_build="avx2"; key_tag="avx2-"; CMAKE_FLAGS=("${BASE_CMAKE_FLAGS[@]}" "${AVX2_CMAKE_FLAGS[@]}") ;;
+  *) echo "[llama.cpp tools] LOCKSTEP_ORACLE_CPU=${LOCKSTEP_ORACLE_CPU} is not native or avx2" >&2; exit 2 ;;
+esac
 TARGETS=(llama-bench llama-quantize llama-perplexity)
 
 log() { echo "[llama.cpp tools] $*" >&2; }
@@ -40,7 +54,12 @@ fi
 flags="$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2 | xargs)"
 cpu_model="$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 flags_hash="$(printf '%s' "$flags" | sha256sum | cut -c1-12)"
-out="$cache/llamacpp-tools/$version-$flags_hash"
+out="$cache/llamacpp-tools/$version-$key_tag$flags_hash"
+if [ "$cpu_build" = avx2 ]; then
+  for f in avx2 fma f16c; do
+    case " $flags " in *" $f "*) ;; *) log "LOCKSTEP_ORACLE_CPU=avx2 needs a CPU with $f (/proc/cpuinfo has not)"; exit 1 ;; esac
+  done
+fi
 bin="$out/bin"
 
 have_all() {
@@ -94,6 +113,7 @@ json.dump({
     "llama_cpp_python": "$version",
     "sdist_sha256": "$sdist_sha",
     "vendored_llama_cpp_commit": "$VENDORED_COMMIT",
+    "ggml_cpu_build": "$cpu_build",
     "cmake_flags": "${CMAKE_FLAGS[*]}".split(),
     "targets": "${TARGETS[*]}".split(),
     "compiler": "$compiler_version",

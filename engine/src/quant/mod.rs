@@ -147,6 +147,8 @@ mod dequantize_simd;
 #[cfg(target_arch = "x86_64")]
 mod f16_tile;
 mod float;
+#[cfg(target_arch = "x86_64")]
+mod float_tile_avx2;
 mod fp;
 mod iq4_nl;
 mod iq4_xs;
@@ -225,6 +227,44 @@ pub(crate) fn f16_tinyblas_matmul(
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (rows, row_bytes, n_rows, xs, put);
+}
+
+/// True when [`float_tinyblas_avx2_matmul`] can run on this CPU (AVX2, FMA, F16C).
+pub(crate) fn float_tiles_avx2_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return float_tile_avx2::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Ggml mode, F32/F16/BF16 weights (`ty`) on the AVX2 build's tinyBLAS ([`GgmlPath::TinyBlasAvx2`]):
+/// `put(i, t, ·)` for each of the `n_rows` rows of `row_bytes` bytes in `rows` and each activation row
+/// `xs[t]` ([`PreparedRow::x`]: rounded to `ty` and widened), in `tinyBLAS<8, __m256>`'s order with
+/// four rows × three tokens per register tile (`float_tile_avx2.rs`): the bits of [`vec_dot_path`] on
+/// that path.
+///
+/// # Panics
+/// If [`float_tiles_avx2_available`] is false, `ty` is not a float type, the row length is not a
+/// multiple of 8 elements, or a row is short.
+pub(crate) fn float_tinyblas_avx2_matmul(
+    ty: GgmlType,
+    rows: &[u8],
+    row_bytes: usize,
+    n_rows: usize,
+    xs: &[&[f32]],
+    put: impl FnMut(usize, usize, f32),
+) {
+    assert!(
+        float_tiles_avx2_available(),
+        "the AVX2 float tiles need AVX2, FMA and F16C"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX2, FMA and F16C checked just above.
+    unsafe {
+        float_tile_avx2::matmul(ty, rows, row_bytes, n_rows, xs, put)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ty, rows, row_bytes, n_rows, xs, put);
 }
 
 /// True when [`reference_fused_matmul`] has a kernel for weights of `ty` on this CPU
