@@ -96,6 +96,8 @@ pub fn whisper_vocab() -> Vec<String> {
 /// (transformers `models/whisper/modeling_whisper.py` `sinusoids`, which
 /// `WhisperPreTrainedModel._init_weights` copies into `embed_positions`), in f32 as torch computes it:
 /// the increment a double, `inv_i` = `expf(f32(−inc)·i)`, `t·inv_i` an f32 product, then `sinf`/`cosf`.
+/// Torch's vectorized exp/sin/cos are within an ulp of correctly rounded, Rust's f32 ones are correctly
+/// rounded here, so an entry may differ from torch's by one ulp (50 × 64: 151 of 3200 entries, at most 6e-8).
 ///
 /// `channels` must be even and at least 4 (the Python function refuses odd ones; 2 divides by zero).
 pub fn sinusoids(length: usize, channels: usize) -> Vec<f32> {
