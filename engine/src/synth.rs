@@ -13,6 +13,7 @@ use crate::gguf::{GgufWriter, MetaValue};
 use crate::quant::{quantize_row, GgmlType};
 
 pub mod bert;
+pub mod whisper;
 
 /// Shape and types of a synthetic decoder model: `llama` by default, or one of [`SYNTH_ARCHS`] through
 /// [`SynthModel::arch`]: `qwen2` (adds Q/K/V biases), `qwen3` (per-head Q/K norms, no biases), `gemma2`

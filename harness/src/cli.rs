@@ -150,19 +150,25 @@ pub enum Command {
     /// block — byte-level BPE, WordPiece for bert — the tensor names and metadata keys llama.cpp's converter
     /// writes): the same
     /// architecture and seed give the same bytes on every machine. Prints the path, size and sha256.
+    /// `--arch whisper` (no GGUF form) writes a Hugging Face checkpoint directory instead: --out is the
+    /// directory (config.json, model.safetensors, tokenizer.json, preprocessor_config.json), and the
+    /// printed registry entry is a `[[checkpoints]]` one.
     Synth {
         /// `general.architecture` to write (lockstep_engine::synth::SYNTH_ARCHS: llama, qwen2, qwen3, gemma2,
-        /// gemma3, starcoder2, stablelm, phi3, bert).
+        /// gemma3, gemma4, starcoder2, stablelm, phi3, gpt2, bert), or `whisper` (an HF checkpoint
+        /// directory, see --out).
         #[arg(long)]
         arch: String,
         /// Weight seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// The file to write (replaced atomically when it exists).
+        /// The file to write (replaced atomically when it exists); with `--arch whisper`, the checkpoint
+        /// directory to write (created if missing).
         #[arg(long)]
         out: PathBuf,
         /// Also write the Hugging Face copy of the model into this directory (`lockstep export-hf`:
-        /// config.json, model.safetensors, tokenizer.json, tokenizer_config.json).
+        /// config.json, model.safetensors, tokenizer.json, tokenizer_config.json). Refused with
+        /// `--arch whisper`, whose --out already is the Hugging Face checkpoint.
         #[arg(long)]
         hf_out: Option<PathBuf>,
     },
@@ -1334,6 +1340,30 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             out,
             hf_out,
         } => {
+            if arch == crate::synth::WHISPER_ARCH {
+                if let Some(dir) = &hf_out {
+                    bail!(
+                        "synth --arch whisper writes a Hugging Face checkpoint directory to --out (Whisper has \
+                         no GGUF form here): --hf-out {} has nothing to add; drop it",
+                        dir.display()
+                    );
+                }
+                let w = crate::synth::write_whisper_dir(seed, &out)?;
+                eprintln!(
+                    "lockstep synth: whisper seed {seed} -> {}/ ({} bytes, directory digest {})",
+                    out.display(),
+                    w.size,
+                    w.sha256
+                );
+                eprintln!(
+                    "lockstep synth: its registry entry (a --registry file of your own, or models.toml, in the \
+                     directory that holds {}):\n{}",
+                    out.display(),
+                    crate::synth::checkpoint_entry(&out, seed, &w)
+                );
+                println!("{}", out.display());
+                return Ok(ExitCode::SUCCESS);
+            }
             // both targets are checked before the model is written: a bad --hf-out leaves no .gguf
             crate::output::check_file_target(&out, "--out")?;
             if let Some(dir) = &hf_out {
