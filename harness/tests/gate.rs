@@ -585,7 +585,10 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
     let porter_goldens: std::collections::BTreeSet<String> = manifest
         .goldens
         .iter()
-        .filter(|g| reg.checkpoint(&g.model_id).is_some())
+        .filter(|g| {
+            reg.checkpoint(&g.model_id)
+                .is_some_and(|c| !engine_runs(&c.arch))
+        })
         .map(|g| g.path.clone())
         .collect();
     assert_eq!(
@@ -594,7 +597,7 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
             .map(lockstep::matrix::golden_path_for)
             .collect::<std::collections::BTreeSet<_>>(),
         porter_goldens,
-        "ci/matrix-porter.toml covers every golden of the [[checkpoints]] models, once"
+        "ci/matrix-porter.toml covers every golden of the porter's [[checkpoints]] models, once"
     );
     assert_eq!(porter_cells.len(), porter_goldens.len());
     assert!(reg.checkpoints.len() >= 2 && porter_goldens.len() >= 2 * 3);
@@ -610,6 +613,16 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         let n = pairs.iter().filter(|p| p.0 == *m).count();
         if reg.variant(m).is_some() || reg.synth(m).is_some() {
             assert_eq!(n, 1, "variant or seeded model {m}: its one golden prompt");
+        } else if reg.checkpoint(m).is_some() {
+            // a checkpoint the engine runs (whisper-seeded: its WAVs): every prompt it has goldens for
+            let prompts: std::collections::BTreeSet<&str> = manifest
+                .goldens
+                .iter()
+                .filter(|g| g.model_id == *m)
+                .map(|g| g.prompt_id.as_str())
+                .collect();
+            assert_eq!(n, prompts.len(), "{m}: every prompt with goldens");
+            assert!(n >= 4, "{m}: {n} prompts");
         } else {
             assert!(n >= 6, "{m}: every prompt ({n})");
         }
@@ -636,7 +649,7 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         .filter(|g| g.path.contains("/transformers-f32/"))
         .map(|g| g.model_id.as_str())
         // the porter's checkpoints: ci/matrix-porter.toml, above
-        .filter(|m| reg.checkpoint(m).is_none())
+        .filter(|m| reg.checkpoint(m).is_none_or(|c| engine_runs(&c.arch)))
         .collect();
     let (lc, tf_default): (Vec<_>, Vec<_>) =
         cells.iter().partition(|c| c.oracle == "llama.cpp-f32kv");
@@ -677,9 +690,15 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         .map(|c| (c.model.as_str(), c.prompt.as_str()))
         .collect::<std::collections::BTreeSet<_>>()
         .len();
+    // every model and prompt but a speech model's (llama.cpp does not run Whisper) is held to llama.cpp
+    let speech_pairs = pairs
+        .iter()
+        .filter(|p| lockstep::bench::speech_arch(p.0).is_some())
+        .count();
+    assert_eq!(speech_pairs, 4, "whisper-seeded's four WAVs");
     assert_eq!(
         lc.len(),
-        pairs.len() * 3,
+        (pairs.len() - speech_pairs) * 3,
         "llama.cpp: reference × 2 + ggml × 1 per model and prompt"
     );
     assert_eq!(
@@ -703,7 +722,7 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(
         full.len(),
-        (pairs.len() + tf_pairs) * (n_simd + 2),
+        (pairs.len() - speech_pairs + tf_pairs) * (n_simd + 2),
         "full tier: ggml × {n_simd} SIMD settings + reference × 2 per model, prompt and oracle"
     );
     assert!(
