@@ -243,22 +243,7 @@ fn whisper_greedy_tokens_equal_transformers() {
 fn whisper_faults_are_localized() {
     let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     let m = model();
-    let cases: [(Fault, &str); 14] = [
-        (Fault::MelFilterUnnormalised, "mel"),
-        (Fault::StftZeroPadding, "mel"),
-        (Fault::PosEmbdOffset, "enc.embed"),
-        (Fault::KProjBias, "enc.blk.0.k"),
-        (Fault::QkvBiasMissing, "enc.blk.0.q"),
-        (Fault::LayerNormBiasDropped, "enc.blk.0.attn_norm"),
-        (Fault::EncoderCausalMask, "enc.blk.0.attn_out"),
-        (Fault::AttnScale, "enc.blk.0.attn_out"),
-        (Fault::MissingResidual { layer: 0 }, "enc.blk.0.out"),
-        (Fault::FinalNormSkipped, "enc.output_norm"),
-        (Fault::CausalMaskOff, "blk.0.attn_out"),
-        (Fault::CrossAttnCausal, "blk.0.cross_attn_out"),
-        (Fault::CrossKvFromDecoder, "blk.0.cross_attn_out"),
-        (Fault::KvWritePosition, "decode.blk.0.attn_out"),
-    ];
+    let cases = WHISPER_FAULTS;
     let mut wrong = Vec::new();
     for (fault, want) in cases {
         faults::set(Some(fault));
