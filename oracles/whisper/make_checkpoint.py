@@ -144,6 +144,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--out", required=True, help="directory to write (created; existing files replaced)")
+    ap.add_argument("--ffn-dim", type=int, default=CONFIG["encoder_ffn_dim"],
+                    help="encoder and decoder FFN width (default 128, the committed checkpoint's; whisper.cpp "
+                         "holds only 4 x d_model = 256: oracles/whisper/whispercpp/)")
     a = ap.parse_args()
 
     import torch
@@ -158,7 +161,7 @@ def main():
         eos_token_id=ids["<|endoftext|>"],
         pad_token_id=ids["<|endoftext|>"],
         decoder_start_token_id=ids["<|startoftranscript|>"],
-        **CONFIG,
+        **{**CONFIG, "encoder_ffn_dim": a.ffn_dim, "decoder_ffn_dim": a.ffn_dim},
     )
     model = WhisperForConditionalGeneration(cfg).to(torch.float32).eval()
     init_weights(model, a.seed)

@@ -180,6 +180,9 @@ def main():
     ap.add_argument("--make-audio", action="store_true", help="(re)write the WAVs first")
     ap.add_argument("--run-entries-only", action="store_true",
                     help="only (re)write the goldens' entries in golden/manifest.json from the files on disk")
+    ap.add_argument("--no-run-entries", action="store_true",
+                    help="goldens outside golden/ (e.g. oracles/whisper/whispercpp/measure.sh's): leave "
+                         "golden/manifest.json alone")
     a = ap.parse_args()
     if a.run_entries_only:
         write_run_entries(a.golden_dir, a.hf_dir)
@@ -230,7 +233,8 @@ def main():
         print(f"{path}: {len(c32)} stages, greedy {greedy}, worst f32 floor {worst[0]:.3g} ({worst[1][6:]})",
               file=sys.stderr)
     write_manifest(a.golden_dir, a.hf_dir)
-    write_run_entries(a.golden_dir, a.hf_dir)
+    if not a.no_run_entries:
+        write_run_entries(a.golden_dir, a.hf_dir)
 
 
 def write_run_entries(golden_dir, hf_dir):
