@@ -1516,9 +1516,20 @@ fn generate(a: GenerateArgs) -> Result<()> {
         let tok = model.tokenizer();
         let prompt = tok.encode(a.prompt.as_deref().unwrap_or(WHISPER_PROMPT), false, true)?;
         let mode = a.kernels.numerics(a.mode).mode;
-        let ids =
-            lockstep_engine::models::speech::transcribe_greedy(&model, wav, &prompt, a.n, mode)
-                .with_context(|| format!("transcribing {}", wav.display()))?;
+        // greedy decoding stops at the decoder's context, as transformers' `generate` stops at
+        // `max_target_positions` (a seeded model without a trained <|endoftext|> never ends on its own)
+        let room = model.info().n_ctx_train.saturating_sub(prompt.len());
+        let n = a.n.min(room);
+        if n < a.n {
+            eprintln!(
+                "note: -n {} stops at {n} tokens: the decoder's context is {} positions, {} of them the prompt",
+                a.n,
+                model.info().n_ctx_train,
+                prompt.len()
+            );
+        }
+        let ids = lockstep_engine::models::speech::transcribe_greedy(&model, wav, &prompt, n, mode)
+            .with_context(|| format!("transcribing {}", wav.display()))?;
         let end = ids.iter().position(|&t| tok.is_eog(t)).unwrap_or(ids.len());
         let list: Vec<String> = ids[..end].iter().map(u32::to_string).collect();
         println!("{}", list.join(" "));

@@ -295,6 +295,37 @@ fn generate_audio_prints_transformers_greedy_tokens() {
 }
 
 #[test]
+fn generate_audio_stops_at_the_decoders_context() {
+    // the default -n (64) and the 4 control tokens are more than the seeded model's 64 positions: the
+    // transcription stops at the context (60 tokens, none of them <|endoftext|>) and says so
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockstep"))
+        .args(["generate", "--model"])
+        .arg(root().join("oracles/whisper/checkpoints/whisper-seeded"))
+        .arg("--audio")
+        .arg(verified("audio/tones.wav"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "-n 64 stops at 60 tokens: the decoder's context is 64 positions, 4 of them the prompt"
+        ),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let ids = stdout.lines().next().unwrap().split(' ').count();
+    assert_eq!(ids, 60, "{stdout}");
+    // the first tokens are transformers' greedy ones
+    let want: Vec<String> = golden("tones")["greedy.tokens"]
+        .0
+        .iter()
+        .map(|&x| (x as u32).to_string())
+        .collect();
+    assert!(stdout.starts_with(&want.join(" ")), "{stdout}");
+}
+
+#[test]
 fn stages_list_both_stacks_in_forward_order() {
     let m = model();
     let ids: Vec<String> = m.stages().iter().map(|(s, _)| s.to_string()).collect();
