@@ -695,7 +695,7 @@ fn committed_matrix_and_thresholds_cover_every_cell() {
         .iter()
         .filter(|p| lockstep::bench::speech_arch(p.0).is_some())
         .count();
-    assert_eq!(speech_pairs, 4, "whisper-seeded's four WAVs");
+    assert_eq!(speech_pairs, 5, "whisper-seeded's five WAVs");
     assert_eq!(
         lc.len(),
         (pairs.len() - speech_pairs) * 3,

@@ -32,7 +32,7 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-const WAVS: [&str; 4] = ["burst", "chirp", "noise", "tones"];
+const WAVS: [&str; 5] = ["burst", "chirp", "noise", "speech", "tones"];
 
 fn model() -> Model {
     Model::load(&root().join("oracles/whisper/checkpoints/whisper-seeded"))
@@ -371,8 +371,8 @@ fn lockstep_run_holds_the_whisper_cells() {
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
     let cells = r["cells"].as_array().unwrap();
-    // 4 WAVs × (reference off, reference avx2, ggml auto) in the default tier
-    assert_eq!(cells.len(), 12, "{stderr}");
+    // 5 WAVs × (reference off, reference avx2, ggml auto) in the default tier
+    assert_eq!(cells.len(), 15, "{stderr}");
     for c in cells {
         let id = format!("{}/{}", c["cell"]["prompt"], c["cell"]["mode"]);
         assert_eq!(c["verdict"]["pass"], true, "{id}: {}", c["verdict"]);
@@ -416,7 +416,7 @@ fn lockstep_run_holds_the_whisper_cells() {
         "{md}"
     );
     let xml = std::fs::read_to_string(&junit).unwrap();
-    assert_eq!(xml.matches("<testcase").count(), 12, "{xml}");
+    assert_eq!(xml.matches("<testcase").count(), 15, "{xml}");
     assert!(!xml.contains("<failure"), "{xml}");
 }
 

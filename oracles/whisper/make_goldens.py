@@ -54,6 +54,33 @@ def make_audio():
     }
 
 
+SPEECH_TEXT = "Hello world."
+SPEECH_VOICE = ["-v", "en-us", "-s", "190"]  # eSpeak NG 1.51 (Debian's espeak-ng): 0.94 s at 22050 Hz
+
+
+def make_speech():
+    """A spoken sentence (`SPEECH_TEXT`) from eSpeak NG if it is on PATH (`espeak-ng -w`, 22050 Hz 16-bit
+    mono), linearly resampled to 16 kHz and zero-padded to 1 s; None without it (the committed speech.wav
+    stays: another eSpeak NG version may speak other samples)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "s.wav")
+        subprocess.run([exe, *SPEECH_VOICE, "-w", path, SPEECH_TEXT], check=True)
+        with wave.open(path, "rb") as w:
+            rate = w.getframerate()
+            assert w.getnchannels() == 1 and w.getsampwidth() == 2, path
+            x = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float64) / 32768.0
+    t = np.arange(min(SR, int(len(x) * SR / rate))) / SR
+    y = np.interp(t, np.arange(len(x)) / rate, x)
+    return np.concatenate([y, np.zeros(SR - len(y))])
+
+
 def write_wav(path, x):
     pcm = np.clip(np.round(x * 32767.0), -32768, 32767).astype("<i2")
     with wave.open(path, "wb") as w:
@@ -200,6 +227,11 @@ def main():
     if a.make_audio:
         for name, x in make_audio().items():
             write_wav(os.path.join(audio_dir, f"{name}.wav"), x)
+        speech = make_speech()
+        if speech is None:
+            print("make_goldens: no espeak-ng on PATH: speech.wav kept as committed", file=sys.stderr)
+        else:
+            write_wav(os.path.join(audio_dir, "speech.wav"), speech)
     tok = Tokenizer.from_file(os.path.join(a.hf_dir, "tokenizer.json"))
     prompt = [tok.token_to_id(s) for s in PROMPT]
     m32 = WhisperForConditionalGeneration.from_pretrained(a.hf_dir, attn_implementation="eager").eval()
