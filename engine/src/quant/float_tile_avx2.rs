@@ -119,6 +119,114 @@ unsafe fn tile<const TY: u8, const R: usize, const T: usize>(
     std::array::from_fn(|r| std::array::from_fn(|t| hsum(acc[r][t])))
 }
 
+/// [`tile`] for the full tile (4 rows × 3 tokens) in assembly with a fixed register allocation: the
+/// twelve accumulators in `ymm0`–`ymm11`, the three tokens' vectors in `ymm12`–`ymm14`, the widened
+/// weight vector in `ymm15` — tinyBLAS's sixteen registers exactly. Compiled from the intrinsics, this
+/// tile spilled two accumulators to the stack in its loop (a store and a reload on their dependency
+/// chains every eight elements) and shuffled the others with ~20 `vmovaps`. The same fused multiply-adds
+/// on the same accumulators in the same order: the bits of [`tile`].
+///
+/// # Safety
+/// As [`tile`]; `n` is a multiple of 8.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(never)]
+unsafe fn tile43<const TY: u8>(
+    ws: [*const u8; ROWS],
+    xs: [*const f32; TOKENS],
+    n: usize,
+) -> [[f32; 3]; 4] {
+    let z = _mm256_setzero_ps();
+    let (mut c00, mut c01, mut c02) = (z, z, z);
+    let (mut c10, mut c11, mut c12) = (z, z, z);
+    let (mut c20, mut c21, mut c22) = (z, z, z);
+    let (mut c30, mut c31, mut c32) = (z, z, z);
+    // one asm block per weight type: the row loads (`ymm15` = row r's eight weights widened) differ
+    macro_rules! tile_asm {
+        ($l0:literal, $l1:literal, $l2:literal, $l3:literal) => {
+            std::arch::asm!(
+                "2:",
+                "vmovups ymm12, ymmword ptr [{x0} + {k}*4]",
+                "vmovups ymm13, ymmword ptr [{x1} + {k}*4]",
+                "vmovups ymm14, ymmword ptr [{x2} + {k}*4]",
+                $l0,
+                "vfmadd231ps ymm0, ymm15, ymm12",
+                "vfmadd231ps ymm1, ymm15, ymm13",
+                "vfmadd231ps ymm2, ymm15, ymm14",
+                $l1,
+                "vfmadd231ps ymm3, ymm15, ymm12",
+                "vfmadd231ps ymm4, ymm15, ymm13",
+                "vfmadd231ps ymm5, ymm15, ymm14",
+                $l2,
+                "vfmadd231ps ymm6, ymm15, ymm12",
+                "vfmadd231ps ymm7, ymm15, ymm13",
+                "vfmadd231ps ymm8, ymm15, ymm14",
+                $l3,
+                "vfmadd231ps ymm9, ymm15, ymm12",
+                "vfmadd231ps ymm10, ymm15, ymm13",
+                "vfmadd231ps ymm11, ymm15, ymm14",
+                "add {k}, 8",
+                "cmp {k}, {n}",
+                "jb 2b",
+                w0 = in(reg) ws[0],
+                w1 = in(reg) ws[1],
+                w2 = in(reg) ws[2],
+                w3 = in(reg) ws[3],
+                x0 = in(reg) xs[0],
+                x1 = in(reg) xs[1],
+                x2 = in(reg) xs[2],
+                k = inout(reg) 0usize => _,
+                n = in(reg) n,
+                inout("ymm0") c00,
+                inout("ymm1") c01,
+                inout("ymm2") c02,
+                inout("ymm3") c10,
+                inout("ymm4") c11,
+                inout("ymm5") c12,
+                inout("ymm6") c20,
+                inout("ymm7") c21,
+                inout("ymm8") c22,
+                inout("ymm9") c30,
+                inout("ymm10") c31,
+                inout("ymm11") c32,
+                out("ymm12") _,
+                out("ymm13") _,
+                out("ymm14") _,
+                out("ymm15") _,
+                options(nostack, readonly),
+            )
+        };
+    }
+    if n > 0 {
+        match TY {
+            F32 => tile_asm!(
+                "vmovups ymm15, ymmword ptr [{w0} + {k}*4]",
+                "vmovups ymm15, ymmword ptr [{w1} + {k}*4]",
+                "vmovups ymm15, ymmword ptr [{w2} + {k}*4]",
+                "vmovups ymm15, ymmword ptr [{w3} + {k}*4]"
+            ),
+            F16 => tile_asm!(
+                "vcvtph2ps ymm15, xmmword ptr [{w0} + {k}*2]",
+                "vcvtph2ps ymm15, xmmword ptr [{w1} + {k}*2]",
+                "vcvtph2ps ymm15, xmmword ptr [{w2} + {k}*2]",
+                "vcvtph2ps ymm15, xmmword ptr [{w3} + {k}*2]"
+            ),
+            _ => tile_asm!(
+                "vpmovzxwd ymm15, xmmword ptr [{w0} + {k}*2]\nvpslld ymm15, ymm15, 16",
+                "vpmovzxwd ymm15, xmmword ptr [{w1} + {k}*2]\nvpslld ymm15, ymm15, 16",
+                "vpmovzxwd ymm15, xmmword ptr [{w2} + {k}*2]\nvpslld ymm15, ymm15, 16",
+                "vpmovzxwd ymm15, xmmword ptr [{w3} + {k}*2]\nvpslld ymm15, ymm15, 16"
+            ),
+        }
+    }
+    let acc = [
+        [c00, c01, c02],
+        [c10, c11, c12],
+        [c20, c21, c22],
+        [c30, c31, c32],
+    ];
+    std::array::from_fn(|r| std::array::from_fn(|t| hsum(acc[r][t])))
+}
+
 /// Every row of one block of `T` tokens: tiles of [`ROWS`] rows, then the remaining rows one by one.
 ///
 /// # Safety
@@ -138,7 +246,13 @@ unsafe fn token_block<const TY: u8, const T: usize>(
     let xp: [*const f32; T] = std::array::from_fn(|j| xs[t0 + j].as_ptr());
     let mut r = 0;
     while r + ROWS <= n_rows {
-        let o = tile::<TY, ROWS, T>(std::array::from_fn(|i| row(r + i)), xp, n);
+        let ws = std::array::from_fn(|i| row(r + i));
+        let o: [[f32; T]; ROWS] = if T == TOKENS {
+            let o = tile43::<TY>(ws, std::array::from_fn(|j| xp[j % T]), n);
+            std::array::from_fn(|i| std::array::from_fn(|j| o[i][j]))
+        } else {
+            tile::<TY, ROWS, T>(ws, xp, n)
+        };
         for (i, ov) in o.iter().enumerate() {
             for (j, &v) in ov.iter().enumerate() {
                 put(r + i, t0 + j, v);
