@@ -64,7 +64,8 @@ impl<'a> Tile8<'a> {
                 for p in 0..4 {
                     let lo = bs[4 * p].wrapping_add(bs[4 * p + 1]);
                     let hi = bs[4 * p + 2].wrapping_add(bs[4 * p + 3]);
-                    words[TOKENS * (p + 1) + t] = u32::from(lo as u16) | (u32::from(hi as u16) << 16);
+                    words[TOKENS * (p + 1) + t] =
+                        u32::from(lo as u16) | (u32::from(hi as u16) << 16);
                 }
             }
         }
@@ -176,7 +177,11 @@ fn pair(lo: u8, hi: u8) -> i32 {
 /// token `t`, gemm (`GEMM`) or tiled.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn row_q4_k<const GEMM: bool>(w: &[u8], x: &[Q8kRow<'_>; TOKENS], tile: &Tile8<'_>) -> __m256 {
+unsafe fn row_q4_k<const GEMM: bool>(
+    w: &[u8],
+    x: &[Q8kRow<'_>; TOKENS],
+    tile: &Tile8<'_>,
+) -> __m256 {
     let nb = tile.blocks();
     debug_assert_eq!(w.len(), nb * q4_k::BYTES);
     let m4 = _mm256_set1_epi8(0x0F);

@@ -137,7 +137,9 @@ fn tiles_give_the_scalar_bits_on_extreme_blocks() {
         (0..n)
             .map(|i| if i % 2 == 0 { 2.0 } else { -2.0 })
             .collect(),
-        (0..n).map(|i| if i % 3 == 0 { -3.0 } else { 3.0 }).collect(),
+        (0..n)
+            .map(|i| if i % 3 == 0 { -3.0 } else { 3.0 })
+            .collect(),
         (0..n).map(|_| 0.0).collect(),
         (0..n).map(|_| rng.activation(512, true)).collect(),
         (0..n)
@@ -180,8 +182,11 @@ fn avx2_kernels_give_the_scalar_bits_with_and_without_the_tile() {
     }
     let mut rng = Rng(0x7e11_8a5e_0045_0004);
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
-        let k = simd_kernel(Numerics::ggml(GgmlTarget::default()).with_simd(Simd::Avx2), ty)
-            .expect("an AVX2 kernel");
+        let k = simd_kernel(
+            Numerics::ggml(GgmlTarget::default()).with_simd(Simd::Avx2),
+            ty,
+        )
+        .expect("an AVX2 kernel");
         let nb = 2;
         let w: [Vec<u8>; 3] = std::array::from_fn(|_| k_quant_row(ty, nb, &mut rng));
         let xs: Vec<PreparedRow> = (0..TOKENS)
@@ -246,7 +251,14 @@ fn matmul_with_avx2_k_tiles_gives_the_scalar_bits() {
                     let mut out = vec![0f32; n_tokens * rows];
                     let num = Numerics::ggml(GgmlTarget::default()).with_simd(simd);
                     CpuBackend::new(simd)
-                        .matmul(&m, &x, n_tokens, &mut out, num, &mut MatmulScratch::default())
+                        .matmul(
+                            &m,
+                            &x,
+                            n_tokens,
+                            &mut out,
+                            num,
+                            &mut MatmulScratch::default(),
+                        )
                         .unwrap();
                     out
                 };
