@@ -758,6 +758,7 @@ pub(crate) unsafe fn dot_q6_k_q8_k<const N: usize>(
 }
 
 pub(crate) mod kquant;
+pub(crate) mod ktile8;
 
 #[cfg(test)]
 mod tests;

@@ -9,7 +9,8 @@
 //! and `avx512` the SIMD kernels of ggml mode ([`crate::numerics::Simd`]), each bit-identical to the scalar
 //! replicas, and the 16-token AVX-512 tiles of prompt batches: `pair_tile` (Q5_0, Q8_0), `ktile`
 //! (Q4_K, Q6_K) and `nibble_tile` (the repacked Q4_0 / IQ4_NL gemm, sixteen weight rows at once),
-//! chosen per token group by `simd_rows` ([`Wide`]); `bf16_dp` BF16 weights on `vdpbf16ps` itself where the
+//! chosen per token group by `simd_rows` ([`Wide`]), and their AVX2 counterparts for Q4_K and Q6_K,
+//! one weight row against eight tokens (`avx2::ktile8`); `bf16_dp` BF16 weights on `vdpbf16ps` itself where the
 //! CPU has AVX512-BF16 (`avx2_float` emulates it elsewhere).
 //!
 //! | type | dequantize | quantize (`_ref`) | dot (both modes) | `vec_dot_type` |

@@ -22,7 +22,9 @@ pub(crate) enum SimdKernel {
     Q8_0Avx2,
     /// `ggml_vec_dot_q5_0_q8_0`, AVX2 (`avx2::dot_q5_0_q8_0`).
     Q5_0Avx2,
-    /// Q4_K's repacked gemv/gemm and tiled paths, AVX2 integer sums (`avx2::dot_q4_k_q8_k`).
+    /// Q4_K's repacked gemv/gemm and tiled paths, AVX2 integer sums (`avx2::dot_q4_k_q8_k`); a group of
+    /// eight tokens all on the repacked gemm or all on the tiled path through the 8-token tile
+    /// (`avx2::ktile8::dot_rows_q4_k`).
     Q4_KAvx2,
     /// Q4_0's repacked gemv/gemm (`avx2::dot_q4_0_repacked`); its vec_dot path stays scalar.
     Q4_0Avx2,
@@ -38,7 +40,8 @@ pub(crate) enum SimdKernel {
     /// BF16 weights: `ggml_vec_dot_bf16` and tinyBLAS of either build, the AVX-512 build's `dpbf16`
     /// emulated (`avx2_float::dot_float`).
     BF16Avx2,
-    /// `ggml_vec_dot_q6_K_q8_K` and the tiled path, AVX2 (`avx2::dot_q6_k_q8_k`).
+    /// `ggml_vec_dot_q6_K_q8_K` and the tiled path, AVX2 (`avx2::dot_q6_k_q8_k`); a group of eight
+    /// tokens all on the tiled path through the 8-token tile (`avx2::ktile8::dot_rows_q6_k`).
     Q6_KAvx2,
     /// `ggml_vec_dot_q2_K_q8_K`, the tiled path and the repacked `q2_K_8x8_q8_K` gemv/gemm, AVX2
     /// (`avx2::kquant::dot_q2_k_q8_k`).
@@ -498,6 +501,12 @@ unsafe fn dot_rows_avx2<const N: usize>(
         SimdKernel::Q4_KAvx2 if paths.contains(&GgmlPath::VecDot) => {
             each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_K, w, xs[t], paths[t])))
         }
+        // a group of eight tokens on one path: one weight row against all eight at once
+        SimdKernel::Q4_KAvx2 if avx2::ktile8::handles_q4_k(&paths) => {
+            let x8: [avx2::Q8kRow<'_>; 8] = std::array::from_fn(|j| q8k[j % N]);
+            let outs8: &mut [&mut [f32]; 8] = outs.as_mut_slice().try_into().expect("N is 8");
+            avx2::ktile8::dot_rows_q4_k(rows, row_bytes, n_rows, x8, paths[0], outs8)
+        }
         SimdKernel::Q4_KAvx2 => each!(w => avx2::dot_q4_k_q8_k(w, q8k, paths)),
         SimdKernel::Q4_0Avx2 if !repacked => {
             each!(w => std::array::from_fn(|t| vec_dot_path(GgmlType::Q4_0, w, xs[t], paths[t])))
@@ -524,6 +533,11 @@ unsafe fn dot_rows_avx2<const N: usize>(
                 raw: &x.blocks,
             });
             each!(w => avx2_float::dot_float(ty, w, xf, paths))
+        }
+        SimdKernel::Q6_KAvx2 if avx2::ktile8::handles_q6_k(&paths) => {
+            let x8: [avx2::Q8kRow<'_>; 8] = std::array::from_fn(|j| q8k[j % N]);
+            let outs8: &mut [&mut [f32]; 8] = outs.as_mut_slice().try_into().expect("N is 8");
+            avx2::ktile8::dot_rows_q6_k(rows, row_bytes, n_rows, x8, outs8)
         }
         SimdKernel::Q6_KAvx2 => each!(w => avx2::dot_q6_k_q8_k(w, q8k, paths)),
         SimdKernel::Q2_KAvx2 => each!(w => avx2::kquant::dot_q2_k_q8_k(w, q8k, paths)),
