@@ -574,8 +574,17 @@ impl CpuBackend {
         // AVX2 only: with AVX-512 VNNI the sixteen-row nibble tiles (prefill) and the eight-row gemv
         // (decode) on the file's layout measured faster than the copy (pp512 0.52x, tg128 0.64x
         // [0.35, 1.11] on a 2-core Xeon, issue 45); `gemm_vnni` stays tested for a later layout
+        // TEMP-EXPERIMENT
+        static XK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let xk = XK.get_or_init(|| std::env::var("LOCKSTEP_X_IQ4").unwrap_or_default());
+        if w.ty == GgmlType::IQ4_NL {
+            if xk.contains("off") || (xk.contains("batch") && prepared.len() < 2) {
+                return None;
+            }
+        }
+        let x512 = w.ty == GgmlType::IQ4_NL && xk.contains("avx512") && self.simd == Simd::Avx512;
         if mode != NumericsMode::Ggml
-            || self.simd != Simd::Avx2
+            || (self.simd != Simd::Avx2 && !x512)
             || !self.simd.avx2_kernels()
             || !cfg!(target_arch = "x86_64")
             || !matches!(w.ty, GgmlType::Q4_0 | GgmlType::IQ4_NL)

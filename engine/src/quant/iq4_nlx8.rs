@@ -27,8 +27,6 @@
 use super::q4_0x8::{GROUP_BLOCK_BYTES, ROWS};
 use super::q8::QK;
 
-pub(crate) use super::q4_0x8::{packable, repack};
-
 /// The per-block sums of one activation row's quants times −128 (`−128·Σ a`, the correction that
 /// turns the VNNI kernel's `Σ (v + 128)·a` into `Σ v·a`), `nb` of them into `out`.
 pub(crate) fn corrections(qs: &[i8], nb: usize, out: &mut [i32]) {
@@ -55,7 +53,7 @@ mod kernels {
         ($name:ident, $features:literal, $vnni:literal, $doc:literal) => {
             #[doc = $doc]
             ///
-            /// The outputs of the groups `packed` (whole groups of `nb` blocks, [`super::repack`]'s
+            /// The outputs of the groups `packed` (whole groups of `nb` blocks, `q4_0x8::repack`'s
             /// layout) against every token of `acts`: `out(t)[8·g + r]` = row `8g + r`'s output for token
             /// `t`, the bits of `q4_0::dot_q8_0_repacked_lut` with `iq4_nl::KVALUES` (module docs; no
             /// activation with a −128 quant on the gemv). `acts[t].corr` is read by the VNNI kernel only

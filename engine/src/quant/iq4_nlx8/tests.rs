@@ -4,10 +4,10 @@
 //! `from_float` (NaN inputs give −128 quants), the table's extremes, ragged row and token counts.
 use super::super::iq4_nl::{self, KVALUES};
 use super::super::q4_0::dot_q8_0_repacked_lut;
-use super::super::q4_0x8::{Act, GROUP_BLOCK_BYTES, ROWS};
+use super::super::q4_0x8::{packable, repack, Act, GROUP_BLOCK_BYTES, ROWS};
 use super::super::test_rng::{blocks_with_f16_scale, ggml_prepared, same, Rng};
 use super::super::{GgmlType, PreparedRow};
-use super::{corrections, packable, repack};
+use super::corrections;
 
 #[test]
 fn the_copy_interleaves_eight_rows_as_block_iq4_nlx8() {
