@@ -563,7 +563,8 @@ impl CpuBackend {
     /// Q4_0 or IQ4_NL kernels (`quant::q4_0x8`, `quant::iq4_nlx8`): ggml mode, this backend's setting
     /// `avx2`, `w` a Q4_0 or IQ4_NL matrix with a place for the copy and rows a multiple of 8, and every token on llama.cpp's repacked gemm or
     /// gemv — a gemv token without a −128 quant (the gemv's `sign` form wraps on one, which these
-    /// kernels, exact there, do not mirror: such a product takes the other kernels). `None` otherwise.
+    /// kernels, exact there, do not mirror: such a product takes the other kernels); for IQ4_NL a batch
+    /// of two tokens or more (a decode step keeps the file's layout). `None` otherwise.
     fn q4_0x8_for<'a>(
         &self,
         w: &QMatrix<'a>,
@@ -572,19 +573,17 @@ impl CpuBackend {
         path: &dyn Fn(usize) -> quant::GgmlPath,
     ) -> Option<&'a [u8]> {
         // AVX2 only: with AVX-512 VNNI the sixteen-row nibble tiles (prefill) and the eight-row gemv
-        // (decode) on the file's layout measured faster than the copy (pp512 0.52x, tg128 0.64x
-        // [0.35, 1.11] on a 2-core Xeon, issue 45); `gemm_vnni` stays tested for a later layout
-        // TEMP-EXPERIMENT
-        static XK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        let xk = XK.get_or_init(|| std::env::var("LOCKSTEP_X_IQ4").unwrap_or_default());
-        if w.ty == GgmlType::IQ4_NL {
-            if xk.contains("off") || (xk.contains("batch") && prepared.len() < 2) {
-                return None;
-            }
+        // (decode) on the file's layout measured faster than the copy (Q4_0 pp512 0.52x, tg128 0.64x
+        // [0.35, 1.11] on a 2-core Xeon; IQ4_NL pp512 0.84x [0.65, 0.97], issue 45); the `gemm_vnni`
+        // kernels stay tested for a later layout
+        // IQ4_NL on a batch only: a decode step through the copy measured 0.74x [0.66, 0.83] of the
+        // eight-row gemv on the file's layout (`avx2::dot_q4_0_repacked_rows8`), a prompt 1.4x faster
+        // (SmolLM2 IQ4_NL tg128 / pp512 on 2 cores, issue 45)
+        if w.ty == GgmlType::IQ4_NL && prepared.len() < 2 {
+            return None;
         }
-        let x512 = w.ty == GgmlType::IQ4_NL && xk.contains("avx512") && self.simd == Simd::Avx512;
         if mode != NumericsMode::Ggml
-            || (self.simd != Simd::Avx2 && !x512)
+            || self.simd != Simd::Avx2
             || !self.simd.avx2_kernels()
             || !cfg!(target_arch = "x86_64")
             || !matches!(w.ty, GgmlType::Q4_0 | GgmlType::IQ4_NL)

@@ -23,6 +23,12 @@
 //! The AVX-512 VNNI kernel ([`gemm_vnni`]) reads the table shifted by +128 (unsigned, `[1, 241]`),
 //! sums `(v + 128)·a` with `vpdpbusd` in i32 and adds the per-block correction `−128·Σ a`
 //! ([`corrections`]): the same integers.
+//!
+//! # Where they run
+//! The backend (`CpuBackend::q4_0x8_for`) runs [`gemm`] for batches of two tokens or more on the `avx2`
+//! setting: a decode step through the copy measured slower than the eight-row gemv on the file's layout,
+//! and with AVX-512 the sixteen-row nibble tiles measured faster than [`gemm_vnni`] (issue 45), which
+//! stays tested here for a later layout.
 
 use super::q4_0x8::{GROUP_BLOCK_BYTES, ROWS};
 use super::q8::QK;
@@ -87,7 +93,8 @@ mod kernels {
                 // the table in both 128-bit lanes (shifted by +128 for `vpdpbusd`'s unsigned operand)
                 let shift: i8 = if $vnni { -128 } else { 0 };
                 let table: [i8; 16] = std::array::from_fn(|i| KVALUES[i] ^ shift);
-                let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
+                let lut =
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
                 for g in 0..n_groups {
                     let base = packed.as_ptr().add(g * group_bytes);
                     for a in acc.iter_mut() {
