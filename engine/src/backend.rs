@@ -23,8 +23,9 @@ pub struct QMatrix<'a> {
     pub cols: usize,
     /// `rows · row_bytes` bytes.
     pub data: &'a [u8],
-    /// Where the load-time repacked copy of a Q4_0 matrix is kept once made (`quant::q4_0x8`: eight rows
-    /// interleaved, llama.cpp's `block_q4_0x8`), for the repacked gemv/gemm kernels; `None` for a matrix
+    /// Where the load-time repacked copy of a Q4_0 or IQ4_NL matrix is kept once made (`quant::q4_0x8`:
+    /// eight rows interleaved, llama.cpp's `block_q4_0x8` / `block_iq4_nlx8`, `quant::iq4_nlx8`), for
+    /// the repacked gemv/gemm kernels; `None` for a matrix
     /// without one (any other type, or a view made without its `Weight`). Made on first use by the
     /// backend, so a session that never runs those kernels holds only the memory map.
     pub repacked: Option<&'a std::sync::OnceLock<Vec<u8>>>,
@@ -43,12 +44,13 @@ impl<'a> QMatrix<'a> {
         &self.data[r * rb..(r + 1) * rb]
     }
 
-    /// The repacked copy of a Q4_0 matrix whose rows are a multiple of 8 (`quant::q4_0x8`), made now if
-    /// it was not yet; `None` for another matrix or one without a place for the copy.
+    /// The repacked copy of a Q4_0 or IQ4_NL matrix whose rows are a multiple of 8 (`quant::q4_0x8`, the
+    /// same interleave for both: `quant::iq4_nlx8`), made now if it was not yet; `None` for another
+    /// matrix or one without a place for the copy.
     pub(crate) fn q4_0x8(&self) -> Option<&'a [u8]> {
         let cell = self.repacked?;
         let rb = self.row_bytes();
-        let fits = self.ty == GgmlType::Q4_0
+        let fits = matches!(self.ty, GgmlType::Q4_0 | GgmlType::IQ4_NL)
             && quant::q4_0x8::packable(self.rows, rb)
             && self.ty.bytes_for(self.cols as u64) == Some(rb)
             && self.data.len() == self.rows * rb;
@@ -70,8 +72,8 @@ pub struct MatmulScratch {
     /// ([`quant::SimdKernel::wide`]): made once per matmul; `wide_ok[g]` says whether group `g` has one.
     wide_tiles: Vec<quant::ktile::Line>,
     wide_ok: Vec<bool>,
-    /// Per token and block `−8·Σ a` of the activation quants, for the repacked Q4_0 kernels
-    /// (`quant::q4_0x8`): made once per matmul.
+    /// Per token and block `−8·Σ a` (Q4_0) or `−128·Σ a` (IQ4_NL) of the activation quants, for the
+    /// repacked kernels (`quant::q4_0x8`, `quant::iq4_nlx8`): made once per matmul.
     q4_0x8_corr: Vec<i32>,
 }
 
@@ -368,19 +370,26 @@ thread_local! {
     static Q4_0X8_ACC: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Per token and block `−8·Σ a` of `prepared` (`nb` blocks each) into `corr`, grown as needed.
-fn q4_0x8_corrections(prepared: &[PreparedRow], nb: usize, corr: &mut Vec<i32>) {
+/// Per token and block the repacked kernels' correction of `prepared` (`nb` blocks each) into `corr`,
+/// grown as needed: `−8·Σ a` for Q4_0 (`ty`), `−128·Σ a` for IQ4_NL.
+fn q4_0x8_corrections(ty: GgmlType, prepared: &[PreparedRow], nb: usize, corr: &mut Vec<i32>) {
     corr.resize(prepared.len() * nb, 0);
     for (c, p) in corr.chunks_exact_mut(nb).zip(prepared) {
-        quant::q4_0x8::corrections(&p.qs, nb, c);
+        if ty == GgmlType::IQ4_NL {
+            quant::iq4_nlx8::corrections(&p.qs, nb, c);
+        } else {
+            quant::q4_0x8::corrections(&p.qs, nb, c);
+        }
     }
 }
 
-/// Rows `r0 .. r0 + n_rows` (a multiple of 8) of the product of a repacked Q4_0 matrix `pk` (`nb` blocks
-/// a row) with every token of `acts`, token `t`'s outputs written by `out(t)` (`n_rows` floats); `vnni`:
-/// the AVX-512 VNNI kernel (the same bits).
+/// Rows `r0 .. r0 + n_rows` (a multiple of 8) of the product of a repacked Q4_0 or IQ4_NL (`ty`) matrix
+/// `pk` (`nb` blocks a row) with every token of `acts`, token `t`'s outputs written by `out(t)` (`n_rows`
+/// floats); `vnni`: the AVX-512 VNNI kernel (the same bits).
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 fn q4_0x8_rows<'o>(
+    ty: GgmlType,
     pk: &[u8],
     nb: usize,
     r0: usize,
@@ -400,10 +409,11 @@ fn q4_0x8_rows<'o>(
         // SAFETY: the caller (`q4_0x8_for`) checked that this backend's AVX2 kernels run on this CPU,
         // and `vnni` is set for the Avx512 setting only, which runs only where AVX-512 VNNI is
         unsafe {
-            if vnni {
-                quant::q4_0x8::gemm_vnni(pk, nb, acts, acc, out)
-            } else {
-                quant::q4_0x8::gemm(pk, nb, acts, acc, out)
+            match (ty, vnni) {
+                (GgmlType::IQ4_NL, true) => quant::iq4_nlx8::gemm_vnni(pk, nb, acts, acc, out),
+                (GgmlType::IQ4_NL, false) => quant::iq4_nlx8::gemm(pk, nb, acts, acc, out),
+                (_, true) => quant::q4_0x8::gemm_vnni(pk, nb, acts, acc, out),
+                (_, false) => quant::q4_0x8::gemm(pk, nb, acts, acc, out),
             }
         }
     });
@@ -442,12 +452,12 @@ fn q4_0x8_matmul(
     #[cfg(target_arch = "x86_64")]
     {
         let nb = w.cols / 32;
-        q4_0x8_corrections(prepared, nb, corr);
+        q4_0x8_corrections(w.ty, prepared, nb, corr);
         let acts = q4_0x8_acts(prepared, corr, nb);
         let base = OutPtr(out.as_mut_ptr());
         let rows = w.rows;
         par_row_chunks(rows, |r0, n_rows| {
-            q4_0x8_rows(pk, nb, r0, n_rows, &acts, vnni, |t| {
+            q4_0x8_rows(w.ty, pk, nb, r0, n_rows, &acts, vnni, |t| {
                 // SAFETY: `out` holds n_tokens·rows floats (checked by `matmul`) and outlives this scope;
                 // chunks are disjoint row ranges, and the kernel holds one token's slice at a time.
                 unsafe { std::slice::from_raw_parts_mut(base.get().add(t * rows + r0), n_rows) }
@@ -471,7 +481,7 @@ fn q4_0x8_shared(
     #[cfg(target_arch = "x86_64")]
     {
         let nb = ws[0].cols / 32;
-        q4_0x8_corrections(std::slice::from_ref(x), nb, corr);
+        q4_0x8_corrections(ws[0].ty, std::slice::from_ref(x), nb, corr);
         let acts = q4_0x8_acts(std::slice::from_ref(x), corr, nb);
         let threads = rayon::current_num_threads();
         let mut chunk_rows = [1usize; SHARED_MAX];
@@ -487,7 +497,7 @@ fn q4_0x8_shared(
             let i = (0..ws.len()).rev().find(|&i| first[i] <= c).unwrap_or(0);
             let r0 = (c - first[i]) * chunk_rows[i];
             let n = chunk_rows[i].min(ws[i].rows - r0);
-            q4_0x8_rows(packed[i], nb, r0, n, &acts, vnni, |_| {
+            q4_0x8_rows(ws[i].ty, packed[i], nb, r0, n, &acts, vnni, |_| {
                 // SAFETY: task c alone writes rows r0 .. r0 + n of outs[i] (in bounds: r0 + n <= rows),
                 // and outs outlive this loop
                 unsafe { std::slice::from_raw_parts_mut(ptrs[i].get().add(r0), n) }
@@ -550,10 +560,11 @@ fn decode_rows(
 
 impl CpuBackend {
     /// The repacked copy of `w` (made now if it was not yet) when this product runs on the repacked
-    /// Q4_0 kernels (`quant::q4_0x8`): ggml mode, this backend's setting `avx2`, `w` a Q4_0 matrix with
-    /// a place for the copy and rows a multiple of 8, and every token on llama.cpp's repacked gemm or
+    /// Q4_0 or IQ4_NL kernels (`quant::q4_0x8`, `quant::iq4_nlx8`): ggml mode, this backend's setting
+    /// `avx2`, `w` a Q4_0 or IQ4_NL matrix with a place for the copy and rows a multiple of 8, and every token on llama.cpp's repacked gemm or
     /// gemv — a gemv token without a −128 quant (the gemv's `sign` form wraps on one, which these
-    /// kernels, exact there, do not mirror: such a product takes the other kernels). `None` otherwise.
+    /// kernels, exact there, do not mirror: such a product takes the other kernels); for IQ4_NL a batch
+    /// of two tokens or more (a decode step keeps the file's layout). `None` otherwise.
     fn q4_0x8_for<'a>(
         &self,
         w: &QMatrix<'a>,
@@ -562,13 +573,20 @@ impl CpuBackend {
         path: &dyn Fn(usize) -> quant::GgmlPath,
     ) -> Option<&'a [u8]> {
         // AVX2 only: with AVX-512 VNNI the sixteen-row nibble tiles (prefill) and the eight-row gemv
-        // (decode) on the file's layout measured faster than the copy (pp512 0.52x, tg128 0.64x
-        // [0.35, 1.11] on a 2-core Xeon, issue 45); `gemm_vnni` stays tested for a later layout
+        // (decode) on the file's layout measured faster than the copy (Q4_0 pp512 0.52x, tg128 0.64x
+        // [0.35, 1.11] on a 2-core Xeon; IQ4_NL pp512 0.84x [0.65, 0.97], issue 45); the `gemm_vnni`
+        // kernels stay tested for a later layout
+        // IQ4_NL on a batch only: a decode step through the copy measured 0.74x [0.66, 0.83] of the
+        // eight-row gemv on the file's layout (`avx2::dot_q4_0_repacked_rows8`), a prompt 1.4x faster
+        // (SmolLM2 IQ4_NL tg128 / pp512 on 2 cores, issue 45)
+        if w.ty == GgmlType::IQ4_NL && prepared.len() < 2 {
+            return None;
+        }
         if mode != NumericsMode::Ggml
             || self.simd != Simd::Avx2
             || !self.simd.avx2_kernels()
             || !cfg!(target_arch = "x86_64")
-            || w.ty != GgmlType::Q4_0
+            || !matches!(w.ty, GgmlType::Q4_0 | GgmlType::IQ4_NL)
             || w.repacked.is_none()
         {
             return None;

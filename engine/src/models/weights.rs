@@ -16,7 +16,7 @@ pub struct Weight {
     pub rows: usize,
     /// Input features.
     pub cols: usize,
-    /// The load-time repacked copy of a Q4_0 matrix (`quant::q4_0x8`), made by the backend on the first
+    /// The load-time repacked copy of a Q4_0 or IQ4_NL matrix (`quant::q4_0x8`, `quant::iq4_nlx8`), made by the backend on the first
     /// product that runs the repacked kernels and kept for the model's life (shared by its clones).
     repacked: std::sync::Arc<std::sync::OnceLock<Vec<u8>>>,
 }
@@ -74,7 +74,11 @@ impl Weight {
             rows: self.rows,
             cols: self.cols,
             data: gguf.tensor_data(&self.info),
-            repacked: (self.info.ggml_type == quant::GgmlType::Q4_0).then_some(&*self.repacked),
+            repacked: matches!(
+                self.info.ggml_type,
+                quant::GgmlType::Q4_0 | quant::GgmlType::IQ4_NL
+            )
+            .then_some(&*self.repacked),
         }
     }
 

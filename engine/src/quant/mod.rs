@@ -152,6 +152,7 @@ mod float;
 mod float_tile_avx2;
 mod fp;
 mod iq4_nl;
+pub(crate) mod iq4_nlx8;
 mod iq4_xs;
 mod kquant_ref;
 pub(crate) mod ktile;
