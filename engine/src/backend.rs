@@ -4,13 +4,13 @@
 //! blocks read in place from the memory map. [`CpuBackend`] runs the scalar kernels (the portable
 //! reference) or, per [`Simd`], the SIMD ones where they exist.
 //!
-//! Threads split output rows (rayon): each output value is computed by one thread with one fixed
-//! accumulation order, so results are bit-identical for any thread count.
-
-use rayon::prelude::*;
+//! Threads split output rows (the engine's persistent workers, [`crate::workers`]): each output value is
+//! computed by one thread with one fixed accumulation order, so results are bit-identical for any
+//! thread count.
 
 use crate::numerics::{Numerics, NumericsMode, Simd};
 use crate::quant::{self, ktile, GgmlType, PreparedRow, Wide};
+use crate::workers;
 
 /// A weight matrix `[rows, cols]` (ggml `ne = [cols, rows]`) stored as ggml blocks, row-major.
 #[derive(Clone, Copy, Debug)]
@@ -137,7 +137,8 @@ fn one_by_one<B: Backend + ?Sized>(
 }
 
 /// The CPU backend: ggml-mode and reference-mode kernels from [`crate::quant`], the SIMD ones where
-/// [`Simd`] selects them (scalar elsewhere), output rows split across rayon threads.
+/// [`Simd`] selects them (scalar elsewhere), output rows split across the engine's workers
+/// ([`crate::workers`]).
 ///
 /// With SIMD on, batched products run several activation rows against each weight row at once (the weight
 /// row is decoded once): groups of 16 tokens through the kernel's 16-token tiles where it has them
@@ -356,12 +357,12 @@ impl OutPtr {
 }
 
 /// `f(r0, n_rows)` for every chunk of a batched matmul's `rows` weight rows ([`batch_chunk_rows`]), the
-/// chunks as parallel tasks.
+/// chunks as tasks of the persistent workers ([`workers::for_each`]).
 fn par_row_chunks(rows: usize, f: impl Fn(usize, usize) + Sync + Send) {
-    let chunk_rows = batch_chunk_rows(rows, rayon::current_num_threads());
-    (0..rows.div_ceil(chunk_rows))
-        .into_par_iter()
-        .for_each(|c| f(c * chunk_rows, chunk_rows.min(rows - c * chunk_rows)));
+    let chunk_rows = batch_chunk_rows(rows, workers::threads());
+    workers::for_each(rows.div_ceil(chunk_rows), &|c| {
+        f(c * chunk_rows, chunk_rows.min(rows - c * chunk_rows))
+    });
 }
 
 thread_local! {
@@ -483,7 +484,7 @@ fn q4_0x8_shared(
         let nb = ws[0].cols / 32;
         q4_0x8_corrections(ws[0].ty, std::slice::from_ref(x), nb, corr);
         let acts = q4_0x8_acts(std::slice::from_ref(x), corr, nb);
-        let threads = rayon::current_num_threads();
+        let threads = workers::threads();
         let mut chunk_rows = [1usize; SHARED_MAX];
         let mut first = [0usize; SHARED_MAX + 1];
         let mut ptrs = [OutPtr(std::ptr::null_mut()); SHARED_MAX];
@@ -493,7 +494,7 @@ fn q4_0x8_shared(
             first[i + 1] = first[i] + w.rows.div_ceil(chunk_rows[i]);
             ptrs[i] = OutPtr(out.as_mut_ptr());
         }
-        (0..first[ws.len()]).into_par_iter().for_each(|c| {
+        workers::for_each(first[ws.len()], &|c| {
             let i = (0..ws.len()).rev().find(|&i| first[i] <= c).unwrap_or(0);
             let r0 = (c - first[i]) * chunk_rows[i];
             let n = chunk_rows[i].min(ws[i].rows - r0);
@@ -508,7 +509,7 @@ fn q4_0x8_shared(
     unreachable!("q4_0x8_for gives a repacked copy on x86-64 only: {ws:?} {packed:?} {x:?} {outs:?} {corr:?} {vnni}");
 }
 
-/// Rows per rayon task: large enough to amortise scheduling, small enough to balance two cores.
+/// Rows per task: large enough to amortise scheduling, small enough to balance two cores.
 const ROWS_PER_TASK: usize = 64;
 
 /// Weight rows per task of a matmul (a prompt batch or a decode step) of `rows` rows on `threads` workers: about
@@ -613,19 +614,33 @@ impl CpuBackend {
         if scratch.prepared.len() < n_tokens {
             scratch.prepared.resize_with(n_tokens, PreparedRow::new);
         }
-        // each row is quantized on its own (ggml quantizes per block), so the split changes nothing
-        scratch.prepared[..n_tokens]
-            .par_iter_mut()
-            .enumerate()
-            .try_for_each(|(t, p)| {
-                let xt = &x[t * w.cols..(t + 1) * w.cols];
-                let simd = self.simd != Simd::Off;
-                if self.input_rounding && mode == NumericsMode::Reference {
-                    p.prepare_rounded(w.ty, xt, simd)
-                } else {
-                    p.prepare_simd(w.ty, mode, xt, simd)
+        // each row is quantized on its own (ggml quantizes per block), so the split changes nothing;
+        // the first failing row's error is the one reported
+        let failed = std::sync::Mutex::new(None::<(usize, crate::Error)>);
+        workers::for_each_chunk_mut(&mut scratch.prepared[..n_tokens], 1, |t, p| {
+            let xt = &x[t * w.cols..(t + 1) * w.cols];
+            let simd = self.simd != Simd::Off;
+            let r = if self.input_rounding && mode == NumericsMode::Reference {
+                p[0].prepare_rounded(w.ty, xt, simd)
+            } else {
+                p[0].prepare_simd(w.ty, mode, xt, simd)
+            };
+            if let Err(e) = r {
+                let mut f = failed
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if f.as_ref().is_none_or(|(t0, _)| t < *t0) {
+                    *f = Some((t, e));
                 }
-            })
+            }
+        });
+        match failed
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 
@@ -683,7 +698,7 @@ impl Backend for CpuBackend {
         }
         let prepared = &scratch.prepared[0];
         let kernel = quant::simd_kernel(num.with_simd(self.simd), ws[0].ty);
-        let threads = rayon::current_num_threads();
+        let threads = workers::threads();
         // matrix i's chunks are tasks first[i] .. first[i + 1], of chunk_rows[i] rows each
         let mut chunk_rows = [1usize; SHARED_MAX];
         let mut first = [0usize; SHARED_MAX + 1];
@@ -696,7 +711,7 @@ impl Backend for CpuBackend {
             paths[i] = quant::ggml_path(w.ty, w.rows, w.cols, 1, 0, num.target);
             ptrs[i] = OutPtr(out.as_mut_ptr());
         }
-        (0..first[ws.len()]).into_par_iter().for_each(|c| {
+        workers::for_each(first[ws.len()], &|c| {
             let i = (0..ws.len()).rev().find(|&i| first[i] <= c).unwrap_or(0);
             let r0 = (c - first[i]) * chunk_rows[i];
             let n = chunk_rows[i].min(ws[i].rows - r0);
@@ -780,12 +795,10 @@ impl Backend for CpuBackend {
             let p = path(0);
             // an even split of the chunks: with fixed 64-row chunks a decode step's K and V (192 rows)
             // ran 2:1 on two workers, its 576-row matrices 5:4 (SmolLM2 Q4_0 tg128 sample 1.07x faster)
-            let chunk_rows = batch_chunk_rows(w.rows, rayon::current_num_threads());
-            out.par_chunks_mut(chunk_rows)
-                .enumerate()
-                .for_each(|(c, chunk)| {
-                    decode_rows(w, kernel, p, &prepared[0], c * chunk_rows, chunk)
-                });
+            let chunk_rows = batch_chunk_rows(w.rows, workers::threads());
+            workers::for_each_chunk_mut(out, chunk_rows, |c, chunk| {
+                decode_rows(w, kernel, p, &prepared[0], c * chunk_rows, chunk)
+            });
             return Ok(());
         }
         // Tasks are chunks of about ROWS_PER_TASK weight rows (batch_chunk_rows), each writing its rows of every token's output
@@ -797,16 +810,12 @@ impl Backend for CpuBackend {
         if tiled {
             let groups = full / TOKENS_PER_CALL;
             scratch.tiles.resize(groups * tile_len, 0.0);
-            scratch
-                .tiles
-                .par_chunks_mut(tile_len)
-                .enumerate()
-                .for_each(|(g, t)| {
-                    let t0 = g * TOKENS_PER_CALL;
-                    let xs: [&PreparedRow; TOKENS_PER_CALL] =
-                        std::array::from_fn(|j| &prepared[t0 + j]);
-                    quant::tile_scales(xs, t);
-                });
+            workers::for_each_chunk_mut(&mut scratch.tiles, tile_len, |g, t| {
+                let t0 = g * TOKENS_PER_CALL;
+                let xs: [&PreparedRow; TOKENS_PER_CALL] =
+                    std::array::from_fn(|j| &prepared[t0 + j]);
+                quant::tile_scales(xs, t);
+            });
         }
         let tiles = &scratch.tiles;
         // the 16-token tiles (quant::Wide) of each group of 16 tokens whose rows the tile accepts (one
@@ -828,14 +837,11 @@ impl Backend for CpuBackend {
                 .wide_tiles
                 .resize(scratch.wide_ok.len() * w_len, ktile::Line::default());
             let ok = &scratch.wide_ok;
-            scratch
-                .wide_tiles
-                .par_chunks_mut(w_len)
-                .enumerate()
-                .filter(|(g, _)| ok[*g])
-                .for_each(|(g, t)| {
+            workers::for_each_chunk_mut(&mut scratch.wide_tiles, w_len, |g, t| {
+                if ok[g] {
                     wd.build(std::array::from_fn(|j| &prepared[g * w16 + j]), t);
-                });
+                }
+            });
         }
         let (wide_ok, wide_tiles) = (&scratch.wide_ok, &scratch.wide_tiles);
         let base = OutPtr(out.as_mut_ptr());

@@ -16,6 +16,8 @@
 //! - [`tokenizer`] — tokenizers built from GGUF metadata (gpt2-style BPE on the `tokenizers` crate,
 //!   SentencePiece-style as llama.cpp's `llm_tokenizer_spm`).
 //! - [`backend`] — the matrix-multiply seam: kernel choice per [`Simd`] and thread splitting.
+//! - [`workers`] — the persistent worker threads the hot parallel loops run on (ggml's threadpool with
+//!   its spin barrier), sized by the engine's thread count.
 //! - [`numerics`] — the leaf every numeric module depends on: [`NumericsMode`], [`GgmlTarget`], [`Simd`]
 //!   (detected at run time) and [`Numerics`], the three carried as one value.
 //! - [`ops`] — the numerics of the shared blocks: RMSNorm, RoPE, softmax, SiLU/GELU gates, attention, and
@@ -43,6 +45,7 @@ pub mod quantize;
 pub mod sample;
 pub mod synth;
 pub mod tokenizer;
+pub mod workers;
 
 pub use error::{Error, Result};
 pub use hooks::{Stage, StageKind, StageSink};

@@ -28,8 +28,6 @@
 
 use std::ops::Range;
 
-use rayon::prelude::*;
-
 use crate::backend::{Backend, MatmulScratch};
 use crate::faults::{self, Fault};
 use crate::gguf::GgufFile;
@@ -39,6 +37,7 @@ use crate::models::weights::{load_vector, Weight};
 use crate::numerics::Numerics;
 use crate::ops::{self, AttnShape};
 use crate::quant;
+use crate::workers;
 use crate::Result;
 
 /// What one forward call shares with every block: the file, the numerics mode, the backend and its scratch,
@@ -303,6 +302,9 @@ pub struct AttnBufs {
 /// Tokens from which a batch's RoPE runs in parallel (below, one thread and the layer's own cache: a decode
 /// step allocates nothing).
 const ROPE_PAR_TOKENS: usize = 16;
+
+/// Tokens per task of a batch's parallel RoPE (one angle cache each).
+const ROPE_TASK_TOKENS: usize = 8;
 
 /// One self-attention sub-layer: projections, optional biases and Q/K norms, RoPE, cached causal GQA,
 /// output projection (llama.cpp `build_attn` and the Q/K/V lines of each `src/models/<arch>.cpp`).
@@ -693,16 +695,21 @@ impl Attention {
             rotate(qt, hd, dim, cache, num);
             rotate(kt, hd, dim, cache, num);
         };
-        if n >= ROPE_PAR_TOKENS && rayon::current_num_threads() > 1 {
-            // a prompt: tokens in parallel, each task with its own angle cache (every token is rotated
-            // on its own, so the split changes nothing)
-            q.par_chunks_exact_mut(qw)
-                .zip(k.par_chunks_exact_mut(kvw))
-                .enumerate()
-                .for_each_init(
-                    || vec![0.0f32; dim],
-                    |cache, (t, (qt, kt))| rope_token(t, qt, kt, cache),
-                );
+        if n >= ROPE_PAR_TOKENS && workers::threads() > 1 {
+            // a prompt: runs of ROPE_TASK_TOKENS tokens in parallel on the engine's workers, each task
+            // with its own angle cache (every token is rotated on its own, so the split changes nothing)
+            let (q, k) = (&mut q[..n * qw], &mut k[..n * kvw]);
+            let (tq, tk) = (ROPE_TASK_TOKENS * qw, ROPE_TASK_TOKENS * kvw);
+            workers::for_each_chunk_pair_mut(q, tq, k, tk, |c, qs, ks| {
+                let mut cache = vec![0.0f32; dim];
+                for (j, (qt, kt)) in qs
+                    .chunks_exact_mut(qw)
+                    .zip(ks.chunks_exact_mut(kvw))
+                    .enumerate()
+                {
+                    rope_token(c * ROPE_TASK_TOKENS + j, qt, kt, &mut cache);
+                }
+            });
         } else {
             for (t, (qt, kt)) in q
                 .chunks_exact_mut(qw)

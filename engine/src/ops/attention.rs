@@ -8,6 +8,7 @@ use super::{dot_f32, ggml_cpu, softmax_scaled};
 use crate::kv_cache::KvCache;
 use crate::numerics::{GgmlTarget, Numerics, NumericsMode, Simd};
 use crate::quant::x86::{Emulated, Fma, Hardware, HardwareAvx512};
+use crate::workers;
 
 /// The order in which ggml mode accumulates the KQV product `Σ_pos p[pos] · v[pos][d]` (one output per
 /// head dimension `d`). llama.cpp uses both, depending on the batch:
@@ -318,10 +319,10 @@ pub fn attention_ggml(
     // Runs of heads in parallel once the context makes them worth a task each; every head is computed
     // by one thread in one fixed order either way, so the bits do not depend on it.
     let out = &mut out[..shape.n_head * hd];
-    if (pos + 1) * shape.n_head >= PARALLEL_ATTENTION_WORK && rayon::current_num_threads() > 1 {
-        out.par_chunks_mut(run * hd)
-            .enumerate()
-            .for_each(|(r, oh)| with_head_scratch(run * n_pad, |s| heads(r * run, s, oh)));
+    if (pos + 1) * shape.n_head >= PARALLEL_ATTENTION_WORK && workers::threads() > 1 {
+        workers::for_each_chunk_mut(out, run * hd, |r, oh| {
+            with_head_scratch(run * n_pad, |s| heads(r * run, s, oh))
+        });
     } else {
         for (r, oh) in out.chunks_exact_mut(run * hd).enumerate() {
             // `scores` holds one row (`attention_scratch_len`); a run of heads takes `run` rows
@@ -369,7 +370,7 @@ pub fn attention_ggml_batch(
         "attention batch shapes"
     );
     let work: usize = (0..n).map(|t| (pos_of(t) + 1) * shape.n_head).sum();
-    if n == 1 || work < PARALLEL_ATTENTION_WORK || rayon::current_num_threads() == 1 {
+    if n == 1 || work < PARALLEL_ATTENTION_WORK || workers::threads() == 1 {
         for t in 0..n {
             let (qt, ot) = (&q[t * qw..][..qw], &mut out[t * qw..][..qw]);
             attention_ggml(qt, cache, layer, pos_of(t), shape, scores, ot, num, order);
@@ -378,28 +379,25 @@ pub fn attention_ggml_batch(
     }
     let run = head_run(shape);
     let runs = shape.n_head / run;
-    out[..n * qw]
-        .par_chunks_mut(run * hd)
-        .enumerate()
-        .for_each(|(i, oh)| {
-            let (t, r) = (i / runs, i % runs);
-            let pos = pos_of(t);
-            let qt = &q[t * qw..][..qw];
-            with_head_scratch(run * attention_scratch_len(pos + 1), |s| {
-                attention_ggml_run(
-                    qt,
-                    cache,
-                    layer,
-                    pos,
-                    shape,
-                    s,
-                    oh,
-                    (r * run, run),
-                    (num.target, order),
-                    num.simd,
-                )
-            })
-        });
+    workers::for_each_chunk_mut(&mut out[..n * qw], run * hd, |i, oh| {
+        let (t, r) = (i / runs, i % runs);
+        let pos = pos_of(t);
+        let qt = &q[t * qw..][..qw];
+        with_head_scratch(run * attention_scratch_len(pos + 1), |s| {
+            attention_ggml_run(
+                qt,
+                cache,
+                layer,
+                pos,
+                shape,
+                s,
+                oh,
+                (r * run, run),
+                (num.target, order),
+                num.simd,
+            )
+        })
+    });
 }
 
 /// Run `f` on this thread's softmax rows of [`HEAD_SCRATCH`], `len` long.

@@ -37,9 +37,8 @@ pub use attention::{
     attention_no_cache, attention_scratch_len, ggml_kqv_order, AttnShape, KqvOrder,
 };
 
-use rayon::prelude::*;
-
 use crate::numerics::{Numerics, NumericsMode, Simd};
+use crate::workers;
 
 /// RMSNorm in place on every row of `x` (`[n_rows, width]`), then multiply by `weight` (`[width]`).
 ///
@@ -103,16 +102,16 @@ pub fn layer_norm(x: &mut [f32], weight: &[f32], bias: Option<&[f32]>, eps: f32,
 /// until a chunk holds about this many, so that a task is worth its scheduling.
 const PAR_CHUNK_ELEMS: usize = 16 * 1024;
 
-/// `f` on consecutive chunks of whole rows of `x` (`[n_rows, width]`), in parallel when `x` holds more
-/// than one chunk of [`PAR_CHUNK_ELEMS`] (a prompt batch), else in one call on this thread (a decode
-/// step: no task, no allocation). For ops that treat each row on its own, so the split never changes a
+/// `f` on consecutive chunks of whole rows of `x` (`[n_rows, width]`), in parallel on the engine's
+/// workers ([`workers::for_each_chunk_mut`]) when `x` holds more than one chunk of [`PAR_CHUNK_ELEMS`]
+/// (a prompt batch), else in one call on this thread (a decode step: no task, no allocation). For ops that treat each row on its own, so the split never changes a
 /// bit.
 pub(crate) fn for_row_chunks(x: &mut [f32], width: usize, f: impl Fn(&mut [f32]) + Sync) {
     let rows_per = (PAR_CHUNK_ELEMS / width.max(1)).max(1);
-    if width == 0 || x.len() <= rows_per * width || rayon::current_num_threads() == 1 {
+    if width == 0 || x.len() <= rows_per * width || workers::threads() == 1 {
         f(x);
     } else {
-        x.par_chunks_mut(rows_per * width).for_each(&f);
+        workers::for_each_chunk_mut(x, rows_per * width, |_, c| f(c));
     }
 }
 
@@ -125,12 +124,11 @@ pub(crate) fn for_row_chunks2(
 ) {
     assert_eq!(x.len(), y.len());
     let rows_per = (PAR_CHUNK_ELEMS / width.max(1)).max(1);
-    if width == 0 || x.len() <= rows_per * width || rayon::current_num_threads() == 1 {
+    if width == 0 || x.len() <= rows_per * width || workers::threads() == 1 {
         f(x, y);
     } else {
-        x.par_chunks_mut(rows_per * width)
-            .zip(y.par_chunks(rows_per * width))
-            .for_each(|(a, b)| f(a, b));
+        let n = rows_per * width;
+        workers::for_each_chunk_mut(x, n, |c, a| f(a, &y[c * n..][..a.len()]));
     }
 }
 
