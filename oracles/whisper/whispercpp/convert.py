@@ -48,17 +48,15 @@ def stored_f16(oname):
 
 
 def bytes_to_unicode():
-    """GPT-2's byte <-> printable character table (the byte-level BPE alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
-        list(range(ord("\xae"), ord("\xff") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
+    """GPT-2's byte <-> printable character table: the porter's (oracles/porter/make_checkpoint.py), whose
+    byte-level BPE the seeded Whisper's tokenizer is."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "porter", "make_checkpoint.py")
+    spec = importlib.util.spec_from_file_location("porter_make_checkpoint", path)
+    porter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(porter)
+    return porter.bytes_to_unicode()
 
 
 def hf_to_openai(name):
